@@ -1,0 +1,21 @@
+# SPDX-License-Identifier: Apache-2.0
+"""rocketstore: Apache RocketMQ's message store, embedded in Python, byte-compatible with a
+broker's store directory. See README.md."""
+from ._version import __version__
+from .config import BrokerRole, FlushDiskType, StoreConfig
+from .errors import (ConfigError, CorruptRecordError, MessageIllegalError, StoreClosedError,
+                     StoreError, StoreLoadError, StoreLockedError)
+from .kernels import BACKEND
+from .message import Message, MessageExt
+from .recovery import RecoveryReport
+from .status import (AppendStatus, GetMessageResult, GetMessageStatus, PutMessageResult,
+                     PutMessagesResult, PutMessageStatus)
+from .store import MessageStore
+
+__all__ = [
+    "__version__", "BACKEND", "MessageStore", "StoreConfig", "FlushDiskType", "BrokerRole",
+    "Message", "MessageExt", "PutMessageStatus", "GetMessageStatus", "AppendStatus",
+    "PutMessageResult", "PutMessagesResult", "GetMessageResult", "RecoveryReport",
+    "StoreError", "StoreLockedError", "StoreClosedError", "StoreLoadError",
+    "MessageIllegalError", "CorruptRecordError", "ConfigError",
+]

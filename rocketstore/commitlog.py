@@ -1,0 +1,308 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CommitLog: every message of every topic, appended under one put lock (spec 01 §3-§6)."""
+import array
+import re
+import struct
+import threading
+
+import numpy as np
+
+from . import format as F
+from .errors import KernelBoundsError, MessageIllegalError
+from .mapped_file_queue import MappedFileQueue
+from .message import (PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, pack_host,
+                      properties_to_string)
+from .services.allocate import AllocateMappedFileService
+from .status import PutMessageResult, PutMessagesResult, PutMessageStatus
+
+TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+_I32 = struct.Struct(">i")
+_NOT_DISPATCHED = (F.TRANSACTION_PREPARED_TYPE, F.TRANSACTION_ROLLBACK_TYPE)
+_MAX_RECORD_OVERHEAD = 64 * 1024
+
+
+class _Encoded:
+    """One message encoded outside the put lock (what MessageExtEncoder leaves in its buffer)."""
+    __slots__ = ("size", "key", "dispatched", "store_raw")
+
+
+class CommitLog:
+    def __init__(self, root, config, kernels, fs, read_only=False):
+        self.config = config
+        self.file_size = config.mapped_file_size_commit_log
+        self._k = kernels
+        self.read_only = read_only
+        self.allocator = None
+        if not read_only:
+            self.allocator = AllocateMappedFileService(
+                self.file_size, kernels, fs,
+                prefault=config.prefault_next_file or config.warm_maped_file_enable)
+        self.mfq = MappedFileQueue(config.commitlog_dir(root), self.file_size, kernels, fs,
+                                   writable=not read_only, allocator=self.allocator)
+        self.put_lock = threading.Lock()
+        self.topic_queue_table = {}        # (topic, queue_id) -> next queue offset; put_lock
+        self.begin_time_in_lock = 0        # for OS_PAGECACHE_BUSY; guarded by put_lock
+        self.store_host_raw, v6 = pack_host(tuple(config.store_host))
+        self._store_host_v6 = F.STOREHOSTADDRESS_V6_FLAG if v6 else 0
+        self._max_body = config.max_message_size
+        self._delay_levels = config.delay_levels
+        self._topics = {}                  # validated topic -> UTF-8 bytes
+        self._tls = threading.local()
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def load(self):
+        return self.mfq.load()
+
+    def start(self):
+        if self.allocator is not None:
+            self.allocator.start()
+
+    def shutdown(self):
+        if self.allocator is not None:
+            self.allocator.shutdown()
+
+    @property
+    def min_offset(self):
+        """getMinOffset: the first file's start offset (-1 when empty)."""
+        return self.mfq.get_min_offset()
+
+    @property
+    def max_offset(self):
+        return self.mfq.get_max_offset()
+
+    def roll_next_file(self, offset):
+        return offset + self.file_size - offset % self.file_size
+
+    # ---- encoding (outside the lock) -----------------------------------------------------
+    def _topic_bytes(self, topic):
+        raw = self._topics.get(topic)
+        if raw is None:
+            if not isinstance(topic, str) or not TOPIC_PATTERN.match(topic):
+                raise MessageIllegalError(
+                    f"topic {topic!r} does not match RocketMQ's rule ^[%|a-zA-Z0-9_-]+$")
+            if len(topic) > F.MAX_TOPIC_LENGTH:
+                raise MessageIllegalError(
+                    f"topic is {len(topic)} chars; at most {F.MAX_TOPIC_LENGTH} are allowed")
+            raw = topic.encode("ascii")
+            self._topics[topic] = raw
+        return raw
+
+    def _scratch(self, size):
+        buf = getattr(self._tls, "buf", None)
+        if buf is None or len(buf) < size:
+            buf = bytearray(max(size, 1 << 16, 2 * (len(buf) if buf else 0)))
+            self._tls.buf = buf
+        return buf
+
+    def _grow(self, buf, need):
+        """A larger thread-local scratch holding the bytes of `buf` encoded so far."""
+        new = bytearray(max(need, 2 * len(buf)))
+        new[:len(buf)] = buf
+        self._tls.buf = new
+        return new
+
+    def _delay_rewrite(self, msg, topic, queue_id, props):
+        """4.9.x put-time rule: a DELAY level on a NOT/COMMIT message moves it to
+        SCHEDULE_TOPIC_XXXX, queue level-1, keeping the real topic and queue (spec 01 §4)."""
+        level = props.get(PROPERTY_DELAY)
+        try:
+            level = int(level) if level else 0
+        except ValueError:
+            raise MessageIllegalError(f"DELAY property is not a number: {level!r}") from None
+        if level <= 0:
+            return topic, queue_id, props
+        max_level = len(self._delay_levels)
+        props = dict(props)
+        if level > max_level:
+            level = max_level
+            props[PROPERTY_DELAY] = str(level)
+        props[PROPERTY_REAL_TOPIC] = topic
+        props[PROPERTY_REAL_QID] = str(queue_id)
+        return F.SCHEDULE_TOPIC, level - 1, props
+
+    def encode(self, msg, out, pos):
+        """Validate `msg` and encode its record at out[pos:] with queue offset, physical offset
+        and store time left 0 (patched under the lock). Raises MessageIllegalError."""
+        topic = msg.topic
+        topic_b = self._topic_bytes(topic)
+        body = msg.body
+        if body is None:
+            body = b""
+        if len(body) > self._max_body:
+            raise MessageIllegalError(
+                f"body is {len(body)} bytes; max_message_size is {self._max_body}")
+        queue_id = msg.queue_id
+        if not isinstance(queue_id, int) or queue_id < 0 or queue_id > 0x7FFFFFFF:
+            raise MessageIllegalError(f"queue id {queue_id!r} is not a valid queue")
+        sys_flag = msg.sys_flag & ~(F.BORNHOST_V6_FLAG | F.STOREHOSTADDRESS_V6_FLAG)
+        tx = sys_flag & F.TRANSACTION_TYPE_MASK
+        props = msg.properties
+        if PROPERTY_DELAY in props and tx in (F.TRANSACTION_NOT_TYPE, F.TRANSACTION_COMMIT_TYPE):
+            new_topic, queue_id, props = self._delay_rewrite(msg, topic, queue_id, props)
+            if new_topic is not topic:
+                topic_b = self._topic_bytes(new_topic)
+                topic = new_topic
+        props_b = properties_to_string(props).encode("utf-8") if props else b""
+        if len(props_b) > F.MAX_PROPERTIES_LENGTH:
+            raise MessageIllegalError(
+                f"properties are {len(props_b)} bytes; at most {F.MAX_PROPERTIES_LENGTH}",
+                status=PutMessageStatus.PROPERTIES_SIZE_EXCEEDED.name)
+        born_raw, born_v6 = pack_host(msg.born_host)
+        if msg.store_host is None:
+            store_raw = self.store_host_raw
+            if self._store_host_v6:
+                sys_flag |= F.STOREHOSTADDRESS_V6_FLAG
+        else:
+            store_raw, store_v6 = pack_host(msg.store_host)
+            if store_v6:
+                sys_flag |= F.STOREHOSTADDRESS_V6_FLAG
+        if born_v6:
+            sys_flag |= F.BORNHOST_V6_FLAG
+        size = self._k.msg_encode(out, pos, topic_b, body, props_b, queue_id, msg.flag, 0, 0,
+                                  sys_flag, msg.born_timestamp, born_raw, 0, store_raw,
+                                  msg.reconsume_times, msg.prepared_transaction_offset)
+        if size + F.END_FILE_MIN_BLANK_LENGTH > self.file_size:
+            raise MessageIllegalError(
+                f"a {size}-byte record cannot fit a {self.file_size}-byte CommitLog file")
+        e = _Encoded()
+        e.size = size
+        e.key = (topic, queue_id)
+        e.dispatched = tx not in _NOT_DISPATCHED
+        e.store_raw = store_raw
+        return e
+
+    def _record_bound(self, msg):
+        body = msg.body
+        return (len(body) if body is not None else 0) + F.MAX_PROPERTIES_LENGTH + 512
+
+    # ---- put (under the lock) -------------------------------------------------------------
+    def _writable_file(self):
+        mf = self.mfq.last_file
+        if mf is None or mf.is_full:
+            mf = self.mfq.get_last_mapped_file(self.mfq.committed_where)
+        return mf
+
+    def _end_file(self, mf, pos):
+        """Fill the rest of a file with the 8-byte blank record; the file becomes full."""
+        self._k.commitlog_blank(mf.mm, pos, self.file_size - pos)
+        mf.wrote_position = self.file_size
+        if mf.committed_position == pos:
+            mf.committed_position = self.file_size
+
+    def put_message(self, msg, clock):
+        buf = self._scratch(self._record_bound(msg))
+        e = self.encode(msg, buf, 0)
+        size = e.size
+        key = e.key
+        with self.put_lock:
+            ts = clock()
+            self.begin_time_in_lock = ts
+            mf = self._writable_file()
+            pos = mf.wrote_position
+            if size + F.END_FILE_MIN_BLANK_LENGTH > self.file_size - pos:
+                self._end_file(mf, pos)
+                mf = self._writable_file()
+                pos = mf.wrote_position
+            table = self.topic_queue_table
+            qoff = table.get(key, 0) if e.dispatched else 0
+            phy = mf.file_from_offset + pos
+            self._k.commitlog_append(mf.mm, pos, buf, qoff, phy, ts)
+            mf.wrote_position = mf.committed_position = pos + size
+            mf.store_timestamp = ts
+            if e.dispatched:
+                table[key] = qoff + 1
+            self.begin_time_in_lock = 0
+        return PutMessageResult(PutMessageStatus.PUT_OK, phy, qoff, ts, size, e.store_raw)
+
+    def put_messages(self, msgs, clock):
+        """Encode every message outside the lock, then append them under one lock, in as few
+        kernel calls as files touched. All are validated before anything is written."""
+        n = len(msgs)
+        buf = self._scratch(1 << 16)
+        encoded = []
+        pos = 0
+        encode = self.encode
+        for m in msgs:
+            try:
+                e = encode(m, buf, pos)
+            except KernelBoundsError:
+                buf = self._grow(buf, pos + self._record_bound(m))
+                e = encode(m, buf, pos)
+            pos += e.size
+            encoded.append(e)
+        total = pos
+        view = memoryview(buf)[:total]
+        qoffs = array.array("q", bytes(8 * n))
+        sizes = np.fromiter((e.size for e in encoded), dtype=np.int64, count=n)
+        phys = np.empty(n, dtype=np.int64)
+        try:
+            with self.put_lock:
+                ts = clock()
+                self.begin_time_in_lock = ts
+                table = self.topic_queue_table
+                for i, e in enumerate(encoded):
+                    if e.dispatched:
+                        q = table.get(e.key, 0)
+                        qoffs[i] = q
+                        table[e.key] = q + 1
+                done = 0
+                rd = 0
+                while done < n:
+                    mf = self._writable_file()
+                    wpos = mf.wrote_position
+                    base = mf.file_from_offset + wpos
+                    count, nbytes = self._k.commitlog_append_batch(
+                        mf.mm, wpos, self.file_size, view[rd:], qoffs[done:], base, ts)
+                    if count:
+                        phys[done:done + count] = base + np.concatenate(
+                            ([0], np.cumsum(sizes[done:done + count - 1])))
+                        mf.wrote_position = mf.committed_position = wpos + nbytes
+                        mf.store_timestamp = ts
+                        done += count
+                        rd += nbytes
+                    if done < n:
+                        self._end_file(mf, mf.wrote_position)
+                self.begin_time_in_lock = 0
+        finally:
+            view.release()
+        return PutMessagesResult(PutMessageStatus.PUT_OK, n, phys,
+                                 np.frombuffer(qoffs, dtype=np.int64), sizes, ts, total,
+                                 [e.store_raw for e in encoded])
+
+    # ---- reads ------------------------------------------------------------------------------
+    def get_data(self, offset, size):
+        """`size` bytes at `offset` (a copy), or None if not readable."""
+        mf = self.mfq.find_by_offset(offset, offset == 0)
+        if mf is None:
+            return None
+        rel = offset - mf.file_from_offset
+        if rel < 0 or rel + size > mf.read_position:
+            return None
+        try:
+            return mf.mm[rel:rel + size]
+        except ValueError:        # unmapped by cleaning meanwhile
+            return None
+
+    def get_message_bytes(self, offset):
+        """The whole record at `offset` (size read from its first 4 bytes), or None."""
+        head = self.get_data(offset, 4)
+        if head is None:
+            return None
+        size = _I32.unpack(head)[0]
+        if size <= 0:
+            return None
+        return self.get_data(offset, size)
+
+    def pickup_store_timestamp(self, offset, size):
+        rec = self.get_data(offset, min(size, 128))
+        if rec is None or len(rec) < 72:
+            return -1
+        sys_flag = _I32.unpack_from(rec, F.POS_SYSFLAG)[0]
+        pos = F.POS_BORNHOST + (20 if sys_flag & F.BORNHOST_V6_FLAG else 8)
+        return struct.unpack_from(">q", rec, pos)[0]
+
+    def flush(self, least_pages=0):
+        return self.mfq.flush(least_pages)
+
+    def close(self):
+        self.mfq.close()

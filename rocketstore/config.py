@@ -1,0 +1,630 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Store configuration: RocketMQ 4.9.x `MessageStoreConfig` as a snake_case dataclass.
+
+Every field of `org.apache.rocketmq.store.config.MessageStoreConfig` (4.9.x line) is here under
+its snake_case name with the Java default, Java's spellings kept (`maped`, `hight`, `d_leger`).
+A few rocketstore fields follow them; each says where its value lives in a Java broker.
+
+`StoreConfig.from_properties` reads a real `broker.conf` (java.util.Properties syntax) the way
+`BrokerStartup` + `MixAll.properties2Object` do, and `to_properties` writes one back.
+"""
+import dataclasses
+import enum
+import ipaddress
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Optional
+
+from rocketstore.errors import ConfigError
+from rocketstore.format import CQ_STORE_UNIT_SIZE
+
+__all__ = [
+    "BrokerRole",
+    "FlushDiskType",
+    "JAVA_KEYS",
+    "StoreConfig",
+    "camel_to_snake",
+    "parse_delay_level",
+    "parse_properties",
+]
+
+
+class FlushDiskType(enum.Enum):
+    """When a put is acknowledged relative to fsync (spec 03 §2)."""
+
+    ASYNC_FLUSH = "ASYNC_FLUSH"
+    SYNC_FLUSH = "SYNC_FLUSH"
+
+
+class BrokerRole(enum.Enum):
+    """Replication role (spec 05 §1)."""
+
+    ASYNC_MASTER = "ASYNC_MASTER"
+    SYNC_MASTER = "SYNC_MASTER"
+    SLAVE = "SLAVE"
+
+
+DEFAULT_MESSAGE_DELAY_LEVEL = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+# ScheduleMessageService#parseDelayLevel's unit table; the unit letter is case-sensitive there.
+_DELAY_UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+# Integer.parseInt / Long.parseLong accept an optional sign and digits, nothing else.
+_JAVA_INT_RE = re.compile(r"[+-]?[0-9]+")
+
+
+def _default_root_dir():
+    # Java: System.getProperty("user.home") + File.separator + "store", evaluated per instance.
+    return os.path.join(os.path.expanduser("~"), "store")
+
+
+@dataclass
+class StoreConfig:
+    """Configuration of one message store.
+
+    Fields up to `schedule_async_deliver_max_resend_num2_blocked` are MessageStoreConfig's, in
+    Java declaration order; times are milliseconds unless the name says otherwise
+    (`file_reserved_time` is hours). Java getters that derive a value are properties here:
+    `cq_file_size`, `effective_disk_max_used_space_ratio`,
+    `effective_transient_store_pool_enable`, `delay_levels`, `commitlog_dir()`.
+
+    Construction validates types and ranges and raises `ConfigError` naming the field;
+    enum fields also accept their names as strings.
+    """
+
+    # --- paths ---
+    store_path_root_dir: str = field(default_factory=_default_root_dir)
+    store_path_commit_log: Optional[str] = None          # None: <root>/commitlog (commitlog_dir)
+    store_path_d_ledger_commit_log: Optional[str] = None
+    read_only_commit_log_store_paths: Optional[str] = None
+    # --- file sizes ---
+    mapped_file_size_commit_log: int = 1024 * 1024 * 1024
+    mapped_file_size_consume_queue: int = 300_000 * CQ_STORE_UNIT_SIZE  # read via cq_file_size
+    enable_consume_queue_ext: bool = False
+    mapped_file_size_consume_queue_ext: int = 48 * 1024 * 1024
+    bit_map_length_consume_queue_ext: int = 64
+    # --- flush / commit services ---
+    flush_interval_commit_log: int = 500
+    commit_interval_commit_log: int = 200
+    use_reentrant_lock_when_put_message: bool = True
+    flush_commit_log_timed: bool = True
+    flush_interval_consume_queue: int = 1000
+    # --- cleaning ---
+    clean_resource_interval: int = 10_000
+    delete_commit_log_files_interval: int = 100
+    delete_consume_queue_files_interval: int = 100
+    destroy_maped_file_interval_forcibly: int = 120_000
+    redelete_hanged_file_interval: int = 120_000
+    delete_when: str = "04"                              # ';'-separated local hours
+    disk_max_used_space_ratio: int = 75                  # read via effective_disk_max_used_space_ratio
+    file_reserved_time: int = 72                         # hours
+    put_msg_index_hight_water: int = 600_000
+    max_message_size: int = 4 * 1024 * 1024
+    check_crc_on_recover: bool = True
+    flush_commit_log_least_pages: int = 4
+    commit_commit_log_least_pages: int = 4
+    flush_least_pages_when_warm_maped_file: int = 1024 // 4 * 16
+    flush_consume_queue_least_pages: int = 2
+    flush_commit_log_thorough_interval: int = 10_000
+    commit_commit_log_thorough_interval: int = 200
+    flush_consume_queue_thorough_interval: int = 60_000
+    # --- reads ---
+    max_transfer_bytes_on_message_in_memory: int = 256 * 1024
+    max_transfer_count_on_message_in_memory: int = 32
+    max_transfer_bytes_on_message_in_disk: int = 64 * 1024
+    max_transfer_count_on_message_in_disk: int = 8
+    access_message_in_memory_max_ratio: int = 40
+    # --- index ---
+    message_index_enable: bool = True
+    max_hash_slot_num: int = 5_000_000
+    max_index_num: int = 5_000_000 * 4
+    max_msgs_num_batch: int = 64
+    message_index_safe: bool = False
+    # --- HA ---
+    ha_listen_port: int = 10912
+    ha_send_heartbeat_interval: int = 5000
+    ha_housekeeping_interval: int = 20_000
+    ha_transfer_batch_size: int = 32 * 1024
+    ha_master_address: Optional[str] = None              # "host:port" of the master, on a slave
+    ha_slave_fallbehind_max: int = 256 * 1024 * 1024
+    broker_role: BrokerRole = BrokerRole.ASYNC_MASTER
+    flush_disk_type: FlushDiskType = FlushDiskType.ASYNC_FLUSH
+    sync_flush_timeout: int = 5000
+    slave_timeout: int = 3000
+    message_delay_level: str = DEFAULT_MESSAGE_DELAY_LEVEL
+    flush_delay_offset_interval: int = 10_000            # Java long
+    clean_file_forcibly_enable: bool = True
+    warm_maped_file_enable: bool = False
+    offset_check_in_slave: bool = False
+    debug_lock_enable: bool = False
+    duplication_enable: bool = False
+    disk_fall_recorded: bool = True
+    os_page_cache_busy_time_out_mills: int = 1000        # Java long
+    default_query_max_num: int = 32
+    # --- TransientStorePool ---
+    transient_store_pool_enable: bool = False            # read via effective_transient_store_pool_enable
+    transient_store_pool_size: int = 5
+    fast_fail_if_no_buffer_in_store_pool: bool = False
+    # --- DLedger and later 4.9.x additions (carried for round trips; rocketstore ignores them) ---
+    enable_d_leger_commit_log: bool = False
+    d_leger_group: Optional[str] = None
+    d_leger_peers: Optional[str] = None
+    d_leger_self_id: Optional[str] = None
+    preferred_leader_id: Optional[str] = None
+    enable_batch_push: bool = False                      # Java field `isEnableBatchPush`
+    enable_schedule_message_stats: bool = True
+    enable_lmq: bool = False
+    enable_multi_dispatch: bool = False
+    max_lmq_consume_queue_num: int = 20_000
+    enable_schedule_async_deliver: bool = False
+    schedule_async_deliver_max_pending_limit: int = 2000
+    schedule_async_deliver_max_resend_num2_blocked: int = 3
+
+    # --- rocketstore fields ---
+    # 4.9.x reads these two from system properties rocketmq.broker.diskSpaceWarningLevelRatio and
+    # rocketmq.broker.diskSpaceCleanForciblyRatio (fractions); 5.x made them config keys (percent).
+    disk_space_warning_level_ratio: float = 0.90
+    disk_space_clean_forcibly_ratio: float = 0.85
+    # 4.9.x constant DELETE_FILES_BATCH_MAX; a config key (deleteFileBatchMax) in 5.x.
+    delete_file_batch_max: int = 10
+    # The broker's own address, written into every record's STOREHOST. Java takes it from
+    # BrokerConfig.brokerIP1 and NettyServerConfig.listenPort.
+    store_host: tuple = ("127.0.0.1", 10911)
+    # Interface the HA listener binds; a Java master binds every interface (spec 05).
+    ha_bind_address: str = "127.0.0.1"
+    # Create the next CommitLog file ahead of time and pre-fault it (AllocateMappedFileService).
+    prefault_next_file: bool = True
+    # Keys of a broker.conf that are not store fields (brokerName, namesrvAddr, ...), kept so
+    # to_properties() writes them back.
+    extra_properties: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, _check_field(f.name, getattr(self, f.name)))
+        self._check_semantics()
+
+    def _check_semantics(self):
+        for name in _POSITIVE_FIELDS:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{_label(name)} must be > 0, got {getattr(self, name)}")
+        if self.cq_file_size > _INT32_MAX:
+            raise ConfigError(f"{_label('mapped_file_size_consume_queue')} rounds up to "
+                              f"{self.cq_file_size}, past Java's int range")
+        if not 0 <= self.ha_listen_port <= 65535:
+            raise ConfigError(f"{_label('ha_listen_port')} must be a port (0..65535), "
+                              f"got {self.ha_listen_port}")
+        for name in ("disk_space_warning_level_ratio", "disk_space_clean_forcibly_ratio"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise ConfigError(f"{_label(name)} must be a fraction in (0, 1], got {value}")
+        # UtilAll.isItTimeToDo runs Integer.parseInt on each hour; a bad entry would only
+        # surface in the clean thread, so reject it here.
+        for hour in _java_split(self.delete_when, ";"):
+            if not _JAVA_INT_RE.fullmatch(hour):
+                raise ConfigError(f"{_label('delete_when')}: {hour!r} in "
+                                  f"{self.delete_when!r} is not an hour")
+        try:
+            parse_delay_level(self.message_delay_level)
+        except ValueError as exc:
+            raise ConfigError(f"{_label('message_delay_level')}: {exc}") from None
+
+    # --- derived values (Java getters with logic) ---
+
+    @property
+    def cq_file_size(self):
+        """ConsumeQueue file size as Java's getter returns it: rounded up to a multiple of 20."""
+        return math.ceil(self.mapped_file_size_consume_queue / CQ_STORE_UNIT_SIZE) * CQ_STORE_UNIT_SIZE
+
+    @property
+    def effective_disk_max_used_space_ratio(self):
+        """`disk_max_used_space_ratio` clamped to 10..95 (percent), as Java's getter does."""
+        return min(max(self.disk_max_used_space_ratio, 10), 95)
+
+    @property
+    def effective_transient_store_pool_enable(self):
+        """Whether the TransientStorePool is used: Java's getter also requires ASYNC_FLUSH and a master."""
+        return (self.transient_store_pool_enable
+                and self.flush_disk_type is FlushDiskType.ASYNC_FLUSH
+                and self.broker_role is not BrokerRole.SLAVE)
+
+    @property
+    def delay_levels(self):
+        """Delay of each level in milliseconds; level 1 is index 0."""
+        return parse_delay_level(self.message_delay_level)
+
+    @property
+    def max_delay_level(self):
+        """Highest delay level (18 with the default `message_delay_level`)."""
+        return len(self.delay_levels)
+
+    def commitlog_dir(self, root=None):
+        """CommitLog directory: `store_path_commit_log`, else `<root>/commitlog`.
+
+        `root` defaults to `store_path_root_dir`. A multi-path value (',' separated in 4.9.x)
+        is returned as written.
+        """
+        if self.store_path_commit_log is not None:
+            return self.store_path_commit_log
+        return os.path.join(self.store_path_root_dir if root is None else root, "commitlog")
+
+    # --- broker.conf ---
+
+    @classmethod
+    def from_properties(cls, source, **overrides):
+        """Build a config from a broker.conf.
+
+        `source` is a path (`os.PathLike`, or a one-line `str` without '='), the text of a
+        properties file (any `str` with a newline or '='), or a mapping of keys to values.
+        Keys are Java's camelCase names (snake_case field names are accepted too);
+        `brokerIP1` and `listenPort` set `store_host`, and `listenPort` also sets
+        `ha_listen_port` to listenPort + 1 unless `haListenPort` is given. Other keys land in
+        `extra_properties`. `overrides` (field names, Python values) are applied last.
+        """
+        props = _read_source(source)
+        kwargs, extra = {}, {}
+        host, port = None, None
+        for key, raw in props.items():
+            if key == "brokerIP1":
+                host = raw.strip() if isinstance(raw, str) else raw
+                _check_ip("brokerIP1 (store_host)", host)
+            elif key == "listenPort":
+                port = _convert("store_host", key, raw, int)
+            else:
+                name = _KEY_ALIASES.get(key) or camel_to_snake(key)
+                if name in _FROM_PROPERTIES:
+                    kwargs[name] = _convert(name, key, raw, _KIND[name])
+                else:
+                    extra[key] = raw
+        if host is not None or port is not None:
+            default_host, default_port = _FIELD_DEFAULTS["store_host"]
+            kwargs["store_host"] = (default_host if host is None else host,
+                                    default_port if port is None else port)
+            # BrokerStartup derives the HA port from the remoting port.
+            if port is not None and "ha_listen_port" not in kwargs and isinstance(port, int):
+                kwargs["ha_listen_port"] = port + 1
+        kwargs["extra_properties"] = extra
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+    def to_properties(self):
+        """Render as broker.conf text with Java keys; `from_properties` reads it back equal.
+
+        None-valued fields are left out (Properties has no null); `store_host` becomes
+        `brokerIP1` + `listenPort`; `extra_properties` follow the store fields.
+        """
+        lines = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "extra_properties" or value is None:
+                continue
+            if f.name == "store_host":
+                lines.append(_prop_line("brokerIP1", value[0]))
+                lines.append(_prop_line("listenPort", str(value[1])))
+                continue
+            lines.append(_prop_line(JAVA_KEYS[f.name], _format_value(value)))
+        for key, value in self.extra_properties.items():
+            lines.append(_prop_line(str(key), _format_value(value)))
+        return "\n".join(lines) + "\n"
+
+
+# --- field tables, built once from the dataclass ---
+
+_FIELDS = {f.name: f for f in dataclasses.fields(StoreConfig)}
+_FIELD_DEFAULTS = {f.name: f.default for f in _FIELDS.values() if f.default is not dataclasses.MISSING}
+_KIND = {
+    name: {int: int, bool: bool, float: float, str: str, Optional[str]: Optional[str],
+           FlushDiskType: FlushDiskType, BrokerRole: BrokerRole, tuple: tuple, dict: dict}[f.type]
+    for name, f in _FIELDS.items()
+}
+# Java `long` fields; every other integer field is a Java `int`.
+_LONG_FIELDS = frozenset({"flush_delay_offset_interval", "os_page_cache_busy_time_out_mills"})
+# Sizes the file formats divide by or allocate; Java does not check them, but zero or negative
+# values only fail later, deep inside a MappedFile or IndexFile.
+_POSITIVE_FIELDS = (
+    "mapped_file_size_commit_log", "mapped_file_size_consume_queue",
+    "mapped_file_size_consume_queue_ext", "max_message_size", "max_hash_slot_num", "max_index_num",
+)
+# Fields whose Java key the generic snake→camel rule gets wrong.
+_JAVA_KEY_OVERRIDES = {"check_crc_on_recover": "checkCRCOnRecover"}
+# Keys the generic camel→snake rule does not map: Java's field name where it differs from the
+# setter-derived key (MixAll.object2Properties writes field names), and the 5.x rename.
+_KEY_ALIASES = {
+    "isEnableBatchPush": "enable_batch_push",
+    "haMaxGapNotInSync": "ha_slave_fallbehind_max",
+}
+# store_host comes from brokerIP1/listenPort, extra_properties from the leftovers.
+_FROM_PROPERTIES = frozenset(_FIELDS) - {"store_host", "extra_properties"}
+
+
+def camel_to_snake(key):
+    """`checkCRCOnRecover` → `check_crc_on_recover`; snake_case input comes back unchanged."""
+    s = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", key)
+    return re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", s).lower()
+
+
+def _snake_to_camel(name):
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+JAVA_KEYS = {name: _JAVA_KEY_OVERRIDES.get(name) or _snake_to_camel(name)
+             for name in _FIELDS if name not in ("store_host", "extra_properties")}
+"""Field name → broker.conf key (Java's setter-derived property name)."""
+
+
+def _label(name):
+    key = JAVA_KEYS.get(name)
+    return f"{name} ({key})" if key and key != name else name
+
+
+def _check_field(name, value):
+    """Type- and range-check one field value; return it normalised (enum, tuple, float)."""
+    kind = _KIND[name]
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{_label(name)} must be a bool, got {value!r}")
+    elif kind is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"{_label(name)} must be an int, got {value!r}")
+        lo, hi = (_INT64_MIN, _INT64_MAX) if name in _LONG_FIELDS else (_INT32_MIN, _INT32_MAX)
+        if not lo <= value <= hi:
+            java = "long" if name in _LONG_FIELDS else "int"
+            raise ConfigError(f"{_label(name)} = {value} does not fit a Java {java}")
+    elif kind is float:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{_label(name)} must be a number, got {value!r}")
+        value = float(value)
+    elif kind is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{_label(name)} must be a str, got {value!r}")
+    elif kind == Optional[str]:
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"{_label(name)} must be a str or None, got {value!r}")
+    elif kind in (FlushDiskType, BrokerRole):
+        if isinstance(value, str):
+            try:
+                value = kind[value.strip().upper()]
+            except KeyError:
+                names = ", ".join(m.name for m in kind)
+                raise ConfigError(f"{_label(name)} must be one of {names}, got {value!r}") from None
+        elif not isinstance(value, kind):
+            raise ConfigError(f"{_label(name)} must be a {kind.__name__}, got {value!r}")
+    elif kind is tuple:
+        value = _check_host(name, value)
+    elif kind is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{name} must be a dict, got {value!r}")
+    if name == "ha_bind_address":
+        _check_ip(name, value)
+    return value
+
+
+def _check_ip(name, host):
+    try:
+        ipaddress.ip_address(host)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: {host!r} is not an IPv4 or IPv6 address literal") from None
+
+
+def _check_host(name, value):
+    # STOREHOST is 4 or 16 address bytes plus a port in every record, so only literals will do.
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise ConfigError(f"{name} must be a (host, port) tuple, got {value!r}")
+    host, port = value
+    if not isinstance(host, str):
+        raise ConfigError(f"{name}: host must be a str, got {host!r}")
+    _check_ip(name, host)
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+        raise ConfigError(f"{name}: port must be an int in 0..65535, got {port!r}")
+    return (host, port)
+
+
+def _java_split(text, sep):
+    """String.split with a literal separator: trailing empty pieces are dropped."""
+    if text == "":
+        return [""]     # Java: "".split(x) is [""], which parseInt then rejects
+    parts = text.split(sep)
+    while parts and parts[-1] == "":
+        parts.pop()
+    return parts
+
+
+def parse_delay_level(text):
+    """Parse a `messageDelayLevel` string into milliseconds per level (level 1 first).
+
+    Follows ScheduleMessageService#parseDelayLevel: levels separated by single spaces, each a
+    number followed by one of s, m, h, d. Raises ValueError where Java would fail to start.
+    """
+    levels = []
+    for i, token in enumerate(_java_split(text, " ")):
+        unit = _DELAY_UNIT_MS.get(token[-1:])
+        number = token[:-1]
+        if unit is None or not _JAVA_INT_RE.fullmatch(number):
+            raise ValueError(f"level {i + 1}: {token!r} is not <number><s|m|h|d>")
+        levels.append(int(number) * unit)
+    return levels
+
+
+# --- java.util.Properties text format ---
+
+_WS = " \t\f"
+_UNESCAPE = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+def _read_source(source):
+    if isinstance(source, Mapping):
+        return {str(k): v for k, v in source.items()}
+    if isinstance(source, str) and ("\n" in source or "\r" in source or "=" in source):
+        return parse_properties(source)
+    if isinstance(source, (str, os.PathLike)):
+        with open(source, "rb") as fh:
+            data = fh.read()
+        # Java's Properties.load(InputStream) decodes ISO-8859-1; a UTF-8 broker.conf (non-ASCII
+        # paths) is what people actually write, so prefer it and fall back to Java's reading.
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = data.decode("latin-1")
+        return parse_properties(text)
+    raise TypeError(f"from_properties takes a path, properties text or a mapping, "
+                    f"not {type(source).__name__}")
+
+
+def parse_properties(text):
+    """Parse java.util.Properties text into an ordered dict; later keys win, as in Java.
+
+    Handles `key=value`, `key: value` and `key value`, `#`/`!` comment lines, backslash line
+    continuations (leading whitespace of the next line dropped) and the escapes \\t \\n \\r
+    \\f \\uXXXX; a backslash before any other character stands for that character.
+    """
+    props = {}
+    for line in _logical_lines(text):
+        key, value = _split_key_value(line)
+        props[key] = value
+    return props
+
+
+def _logical_lines(text):
+    natural = re.split(r"\r\n|\r|\n", text)
+    i, n = 0, len(natural)
+    while i < n:
+        line = natural[i].lstrip(_WS)
+        i += 1
+        # Only the first natural line can make a comment: a continued line starting with '#'
+        # is part of the value.
+        if not line or line[0] in "#!":
+            continue
+        while _odd_trailing_backslashes(line):
+            line = line[:-1]
+            if i >= n:          # Java drops a continuation backslash at end of input
+                break
+            line += natural[i].lstrip(_WS)
+            i += 1
+        yield line
+
+
+def _odd_trailing_backslashes(line):
+    count = len(line) - len(line.rstrip("\\"))
+    return count % 2 == 1
+
+
+def _split_key_value(line):
+    # Properties.load0: the key ends at the first unescaped '=', ':' or whitespace; then
+    # whitespace and at most one '=' or ':' are skipped before the value.
+    n = len(line)
+    key_end, value_start, has_sep, escaped = n, n, False, False
+    for k, c in enumerate(line):
+        if not escaped and c in "=:":
+            key_end, value_start, has_sep = k, k + 1, True
+            break
+        if not escaped and c in _WS:
+            key_end, value_start = k, k + 1
+            break
+        escaped = c == "\\" and not escaped
+    while value_start < n:
+        c = line[value_start]
+        if c not in _WS:
+            if has_sep or c not in "=:":
+                break
+            has_sep = True
+        value_start += 1
+    return _unescape(line[:key_end]), _unescape(line[value_start:])
+
+
+def _unescape(s):
+    if "\\" not in s:
+        return s
+    out, i, n = [], 0, len(s)
+    while i < n:
+        c = s[i]
+        i += 1
+        if c != "\\":
+            out.append(c)
+            continue
+        if i >= n:
+            break
+        c = s[i]
+        i += 1
+        if c == "u":
+            digits = s[i:i + 4]
+            if len(digits) != 4 or not all(d in "0123456789abcdefABCDEF" for d in digits):
+                raise ConfigError(f"malformed \\uxxxx escape in {s!r}")
+            out.append(chr(int(digits, 16)))
+            i += 4
+        else:
+            out.append(_UNESCAPE.get(c, c))
+    result = "".join(out)
+    # Java strings are UTF-16: \ud83d\ude00 is one character. Join such surrogate pairs.
+    if any("\ud800" <= ch <= "\udfff" for ch in result):
+        result = result.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+    return result
+
+
+def _escape(s, is_key):
+    # Properties.saveConvert: spaces are escaped in keys and at the start of a value; the
+    # separators and comment characters always; anything outside printable ASCII as \uXXXX.
+    out = []
+    for i, c in enumerate(s):
+        if c == " ":
+            out.append("\\ " if is_key or i == 0 else " ")
+        elif c in "\t\n\r\f":
+            out.append("\\" + {"\t": "t", "\n": "n", "\r": "r", "\f": "f"}[c])
+        elif c in "=:#!\\":
+            out.append("\\" + c)
+        elif " " < c <= "~":
+            out.append(c)
+        else:
+            units = c.encode("utf-16-be", "surrogatepass")
+            out.extend(f"\\u{units[j]:02X}{units[j + 1]:02X}" for j in range(0, len(units), 2))
+    return "".join(out)
+
+
+def _prop_line(key, value):
+    return f"{_escape(key, True)}={_escape(value, False)}"
+
+
+def _format_value(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, enum.Enum):
+        return value.name
+    return str(value)
+
+
+def _convert(name, key, raw, kind):
+    """Convert one broker.conf string to the field's Python type; non-strings pass through."""
+    if not isinstance(raw, str):
+        return raw
+    # Properties keeps trailing whitespace, where Integer.parseInt would fail and Java would
+    # silently keep the default; trimming is kinder and loses nothing.
+    s = raw.strip()
+    where = f"{key} ({name})" if key != name else key
+    if kind is int:
+        if not _JAVA_INT_RE.fullmatch(s):
+            raise ConfigError(f"{where}: {raw!r} is not an integer")
+        return int(s)
+    if kind is bool:
+        # Boolean.parseBoolean reads anything but "true" as false; a typo should not do that.
+        if s.lower() not in ("true", "false"):
+            raise ConfigError(f"{where}: {raw!r} is not true or false")
+        return s.lower() == "true"
+    if kind is float:
+        try:
+            value = float(s)
+        except ValueError:
+            raise ConfigError(f"{where}: {raw!r} is not a number") from None
+        # 5.x writes the disk ratios as percentages (90), 4.9.x as fractions (0.90).
+        if name in ("disk_space_warning_level_ratio", "disk_space_clean_forcibly_ratio") and value > 1:
+            value /= 100.0
+        return value
+    if kind in (FlushDiskType, BrokerRole):
+        if s.upper() not in kind.__members__:
+            names = ", ".join(kind.__members__)
+            raise ConfigError(f"{where}: {raw!r} is not one of {names}")
+        return kind[s.upper()]
+    return s

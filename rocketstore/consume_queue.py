@@ -1,0 +1,237 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ConsumeQueue: one per (topic, queue_id), fixed 20-byte units (spec 02 §1)."""
+import logging
+import os
+import struct
+
+import numpy as np
+
+from .format import CQ_DTYPE, CQ_STORE_UNIT_SIZE as UNIT
+from .mapped_file_queue import MappedFileQueue
+
+log = logging.getLogger(__name__)
+
+_UNIT = struct.Struct(">qiq")
+_FILLER = _UNIT.pack(0, 0x7FFFFFFF, 0)
+
+
+class ConsumeQueue:
+    """Units are written by the reput thread only; readers take `self.mfq.files` once."""
+
+    __slots__ = ("topic", "queue_id", "mfq", "file_size", "max_physic_offset",
+                 "min_logic_offset", "_k", "_commit_log_min")
+
+    def __init__(self, root, topic, queue_id, file_size, kernels, fs, writable=True):
+        self.topic = topic
+        self.queue_id = queue_id
+        # getMappedFileSizeConsumeQueue rounds the configured size up to whole units.
+        self.file_size = -(-file_size // UNIT) * UNIT
+        path = os.path.join(root, "consumequeue", topic, str(queue_id))
+        self.mfq = MappedFileQueue(path, self.file_size, kernels, fs, writable)
+        self.max_physic_offset = -1     # end (offset + size) of the last unit's record
+        self.min_logic_offset = 0       # byte offset of the first valid unit
+        self._k = kernels
+
+    # ---- load and recovery (spec 02 §1.5-1.6) --------------------------------------------
+    def load(self):
+        return self.mfq.load()
+
+    def recover(self):
+        """ConsumeQueue#recover: from the last three files, stop at the first invalid unit."""
+        files = self.mfq.files
+        if not files:
+            return
+        index = max(0, len(files) - 3)
+        f = files[index]
+        process = f.file_from_offset
+        while True:
+            units = np.frombuffer(f.mm, dtype=CQ_DTYPE, count=self.file_size // UNIT)
+            valid = (units["offset"] >= 0) & (units["size"] > 0)
+            n = int(np.argmin(valid)) if not valid.all() else len(units)
+            if n:
+                last = units[n - 1]
+                self.max_physic_offset = int(last["offset"]) + int(last["size"])
+            del units, valid
+            process = f.file_from_offset + n * UNIT
+            if n == len(files[index].mm) // UNIT and index + 1 < len(files):
+                index += 1
+                f = files[index]
+                continue
+            break
+        self.mfq.flushed_where = self.mfq.committed_where = process
+        self.mfq.truncate_dirty_files(process)
+
+    def truncate_dirty_logic_files(self, phy_offset):
+        """Drop units pointing at or past `phy_offset` (ConsumeQueue#truncateDirtyLogicFiles)."""
+        self.max_physic_offset = phy_offset
+        while True:
+            f = self.mfq.last_file
+            if f is None:
+                break
+            end = f.wrote_position
+            units = np.frombuffer(f.mm, dtype=CQ_DTYPE, count=end // UNIT)
+            offs = units["offset"]
+            sizes = units["size"]
+            if len(units) == 0 or int(offs[0]) >= phy_offset or sizes[0] <= 0:
+                del units, offs, sizes
+                if f.wrote_position == 0 and len(self.mfq.files) == 1:
+                    break
+                self.mfq.delete_last_file()
+                continue
+            ok = (offs >= 0) & (sizes > 0) & (offs < phy_offset)
+            n = int(np.argmin(ok)) if not ok.all() else len(ok)
+            self.max_physic_offset = int(offs[n - 1]) + int(sizes[n - 1])
+            del units, offs, sizes, ok
+            f.set_positions(n * UNIT)
+            if self.mfq.writable:
+                f.zero_tail(n * UNIT)
+            break
+
+    def correct_min_offset(self, min_commit_log_offset):
+        """The first unit whose record is still in the CommitLog sets min_logic_offset."""
+        f = self.mfq.first_file
+        if f is None:
+            return
+        end = f.read_position
+        i = self._k.cq_search(f.mm, 0, end, min_commit_log_offset)
+        if i * UNIT < end:
+            self.min_logic_offset = f.file_from_offset + i * UNIT
+
+    # ---- offsets ---------------------------------------------------------------------------
+    @property
+    def min_offset_in_queue(self):
+        return self.min_logic_offset // UNIT
+
+    @property
+    def max_offset_in_queue(self):
+        return self.mfq.get_max_offset() // UNIT
+
+    @property
+    def message_total_in_queue(self):
+        return self.max_offset_in_queue - self.min_offset_in_queue
+
+    def last_offset(self):
+        """commitLogOffset + size of the last unit, or -1."""
+        f = self.mfq.last_file
+        if f is None or f.wrote_position < UNIT:
+            return -1
+        off, size, _ = _UNIT.unpack_from(f.mm, f.wrote_position - UNIT)
+        return off + size
+
+    # ---- writes (reput thread only) ---------------------------------------------------------
+    def put_units(self, offsets, sizes, tags_codes, first_queue_offset):
+        """Append units for consecutive queue offsets starting at `first_queue_offset`
+        (putMessagePositionInfo, batched). Units already present are skipped (redispatch)."""
+        n = len(offsets)
+        start = 0
+        # Dedup: records this queue already has (offset + size <= max_physic_offset).
+        while start < n and offsets[start] + sizes[start] <= self.max_physic_offset:
+            start += 1
+        while start < n:
+            qoff = first_queue_offset + start
+            expect = qoff * UNIT
+            f = self.mfq.get_last_mapped_file(expect)
+            if f.first_create_in_queue and qoff != 0 and f.wrote_position == 0 \
+                    and f.file_from_offset + f.wrote_position != expect:
+                self._fill_pre_blank(f, expect)
+            current = f.file_from_offset + f.wrote_position
+            if qoff != 0 and expect < current:
+                # Already present: skip the overlap.
+                skip = min(n - start, (current - expect) // UNIT)
+                start += skip
+                continue
+            if qoff != 0 and expect != current:
+                log.warning("[BUG] logic queue order maybe wrong: %s-%d expected %d got %d",
+                            self.topic, self.queue_id, expect, current)
+            room = (f.file_size - f.wrote_position) // UNIT
+            k = min(room, n - start)
+            pos = f.wrote_position
+            self._k.cq_encode_batch(f.mm, pos, offsets[start:start + k], sizes[start:start + k],
+                                    tags_codes[start:start + k])
+            f.wrote_position = f.committed_position = pos + k * UNIT
+            self.max_physic_offset = int(offsets[start + k - 1]) + int(sizes[start + k - 1])
+            start += k
+
+    def put_unit(self, offset, size, tags_code, queue_offset):
+        """One unit (the common reput case): same rules as put_units."""
+        if offset + size <= self.max_physic_offset:
+            return
+        expect = queue_offset * UNIT
+        f = self.mfq.get_last_mapped_file(expect)
+        if f.first_create_in_queue and queue_offset != 0 and f.wrote_position == 0 \
+                and f.file_from_offset != expect:
+            self._fill_pre_blank(f, expect)
+        pos = f.wrote_position
+        current = f.file_from_offset + pos
+        if queue_offset != 0:
+            if expect < current:
+                return
+            if expect != current:
+                log.warning("[BUG] logic queue order maybe wrong: %s-%d expected %d got %d",
+                            self.topic, self.queue_id, expect, current)
+        self._k.cq_encode(f.mm, pos, offset, size, tags_code)
+        f.wrote_position = f.committed_position = pos + UNIT
+        self.max_physic_offset = offset + size
+
+    def _fill_pre_blank(self, f, expect):
+        """A queue whose first unit is not 0 starts with filler units (fillPreBlank)."""
+        self.min_logic_offset = expect
+        self.mfq.flushed_where = self.mfq.committed_where = expect
+        until = expect % f.file_size
+        if until:
+            f.mm[0:until] = _FILLER * (until // UNIT)
+        f.wrote_position = f.committed_position = until
+        f.flushed_position = 0
+
+    # ---- reads ------------------------------------------------------------------------------
+    def units(self, start, count):
+        """Units [start, start+count) as a read-only numpy structured array (CQ_DTYPE). Within
+        one file it is a zero-copy view; across files, a copy. Stops at the written end."""
+        parts = []
+        pos = start * UNIT
+        end = min(start + count, self.max_offset_in_queue) * UNIT
+        while pos < end:
+            f = self.mfq.find_by_offset(pos)
+            if f is None:
+                break
+            rel = pos - f.file_from_offset
+            stop = min(end - f.file_from_offset, f.read_position)
+            if stop <= rel:
+                break
+            arr = np.frombuffer(f.mm, dtype=CQ_DTYPE, count=(stop - rel) // UNIT, offset=rel)
+            arr.flags.writeable = False
+            parts.append(arr)
+            pos = f.file_from_offset + stop
+        if not parts:
+            return np.empty(0, dtype=CQ_DTYPE)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def read_units(self, index):
+        """(bytes of units from `index` to the end of its file's readable area, file) or
+        (None, None): getIndexBuffer."""
+        pos = index * UNIT
+        if pos < self.min_logic_offset:
+            return None, None
+        f = self.mfq.find_by_offset(pos)
+        if f is None:
+            return None, None
+        rel = pos - f.file_from_offset
+        end = f.read_position
+        if rel >= end:
+            return None, None
+        return f.mm[rel:end], f
+
+    def roll_next_file(self, index):
+        per_file = self.file_size // UNIT
+        return index + per_file - index % per_file
+
+    def flush(self, least_pages=0):
+        return self.mfq.flush(least_pages)
+
+    def destroy(self):
+        self.mfq.destroy()
+        self.max_physic_offset = -1
+        self.min_logic_offset = 0
+
+    def close(self):
+        self.mfq.close()

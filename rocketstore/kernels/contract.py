@@ -1,0 +1,92 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The kernel surface: what every backend (cext, cffi, pure) exports, written once.
+
+Kernels are stateless loops over bytes in caller-supplied buffers. They never keep a view of a
+buffer past the call and never decide policy (which file, whether to roll, what to do with a bad
+tail): that is Python's job in the modules that call them.
+
+Buffers: inputs accept any C-contiguous buffer (bytes, bytearray, memoryview, numpy array, mmap);
+outputs must be writable (bytearray, writable memoryview, numpy array, mmap opened for write).
+Bad arguments raise through rocketstore.errors.raise_for_status, identically in every backend.
+"""
+from typing import Protocol, Tuple
+
+KERNEL_NAMES = (
+    "crc32",
+    "java_hash",
+    "msg_size",
+    "msg_encode",
+    "commitlog_append",
+    "commitlog_append_batch",
+    "commitlog_blank",
+    "commitlog_scan",
+    "cq_encode",
+    "cq_encode_batch",
+    "cq_search",
+    "sync_range",
+)
+
+
+class Kernels(Protocol):
+    NAME: str
+
+    def crc32(self, data, value: int = 0) -> int:
+        """zlib.crc32(data, value): IEEE CRC-32, unsigned. RocketMQ's BODYCRC is this & 0x7FFFFFFF."""
+
+    def java_hash(self, data) -> int:
+        """Java String.hashCode of the UTF-8 text `data`, over UTF-16 code units, as a signed int32.
+
+        Invalid UTF-8 is decoded as Java and Python both do it: each maximal ill-formed subpart
+        (Unicode ch. 3, the WHATWG UTF-8 decoder) becomes one U+FFFD."""
+
+    def msg_size(self, sys_flag: int, body_len: int, topic_len: int, props_len: int,
+                 v2: bool = False) -> int:
+        """TOTALSIZE of a record (spec 01 §3.1, calMsgLength). Raises MessageIllegalError when
+        the topic is longer than its length field (127 for v1) or properties exceed 32767 bytes."""
+
+    def msg_encode(self, out, pos: int, topic, body, props, queue_id: int, flag: int,
+                   queue_offset: int, phy_offset: int, sys_flag: int, born_timestamp: int,
+                   born_host, store_timestamp: int, store_host, reconsume_times: int,
+                   prepared_tx_offset: int, v2: bool = False) -> int:
+        """Encode one CommitLog record at out[pos:], computing the masked body CRC.
+
+        born_host / store_host are packed socket addresses: 4-byte IPv4 + 4-byte port (8 bytes),
+        or 16-byte IPv6 + 4-byte port (20 bytes); their lengths must agree with sys_flag's
+        BORNHOST_V6_FLAG / STOREHOSTADDRESS_V6_FLAG. Returns the record size."""
+
+    def commitlog_append(self, out, pos: int, record, queue_offset: int, phy_offset: int,
+                         store_timestamp: int) -> int:
+        """Copy one encoded record to out[pos:] and patch QUEUEOFFSET, PHYSICALOFFSET and
+        STORETIMESTAMP (CommitLog.DefaultAppendMessageCallback#doAppend). Returns its size."""
+
+    def commitlog_append_batch(self, out, pos: int, limit: int, records, queue_offsets,
+                               phy_base: int, store_timestamp: int) -> Tuple[int, int]:
+        """Append whole records from the concatenated `records` to out[pos:limit], each only if
+        it leaves END_FILE_MIN_BLANK_LENGTH bytes before `limit` (spec 01 §3.9). Record k gets
+        QUEUEOFFSET queue_offsets[k] (int64 array), PHYSICALOFFSET phy_base + bytes before it,
+        and the one batch store timestamp. Returns (records appended, bytes appended)."""
+
+    def commitlog_blank(self, out, pos: int, size: int) -> int:
+        """Write the 8-byte END_OF_FILE marker: int `size` (bytes left in the file), BLANK magic."""
+
+    def commitlog_scan(self, buf, start: int, end: int, check_crc: bool,
+                       out) -> Tuple[int, int, int, int]:
+        """Validate records in buf[start:end] (CommitLog#checkMessageAndReturnSize) and fill one
+        SCAN_DTYPE row per valid record into `out` (a numpy array), at most len(out) rows.
+
+        Returns (count, stop_pos, reason, stop_size): reason is a format.SCAN_* value telling why
+        the scan stopped at stop_pos; stop_size is the blank's size for SCAN_BLANK and TOTALSIZE
+        for SCAN_MISMATCH, else 0. Never raises on bad data: that is what `reason` is for."""
+
+    def cq_encode(self, out, pos: int, offset: int, size: int, tags_code: int) -> int:
+        """Write one 20-byte ConsumeQueue unit at out[pos:]. Returns 20."""
+
+    def cq_encode_batch(self, out, pos: int, offsets, sizes, tags_codes) -> int:
+        """Write len(offsets) units (int64, int32, int64 arrays) from out[pos:]. Returns bytes."""
+
+    def cq_search(self, buf, start: int, end: int, phy_offset: int) -> int:
+        """Binary search over units in buf[start:end] (ascending commitLogOffset): the index,
+        relative to `start`, of the first unit whose offset >= phy_offset; the unit count if none."""
+
+    def sync_range(self, buf, fd: int, start: int, length: int) -> None:
+        """Make buf[start:start+length] (a writable mmap of `fd`) durable, without holding the GIL."""

@@ -1,0 +1,266 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Reference kernels in Python (struct, zlib, numpy). The compiled backends must match these
+byte for byte; tests/test_kernels.py holds them to it."""
+import os
+import struct
+import zlib
+
+import numpy as np
+
+from .. import format as F
+from ..errors import (RS_E_ARG, RS_E_BOUNDS, RS_E_TOO_LONG, raise_for_status)
+
+NAME = "pure"
+
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_HEAD = struct.Struct(">iiiiiqqiq")            # TOTALSIZE .. BORNTIMESTAMP (48 bytes)
+_MID = struct.Struct(">qiq")                   # RECONSUMETIMES is split: see _encode_tail
+_CQ = struct.Struct(">qiq")
+_BLANK = struct.Struct(">ii")
+_SCHEDULE = F.SCHEDULE_TOPIC.encode()
+
+
+def crc32(data, value=0):
+    return zlib.crc32(data, value) & 0xFFFFFFFF
+
+
+def java_hash(data):
+    text = bytes(data).decode("utf-8", "replace")
+    units = text.encode("utf-16-be", "surrogatepass")
+    h = 0
+    for (u,) in struct.iter_unpack(">H", units):
+        h = (31 * h + u) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def _host_len(sys_flag, v6_bit):
+    return 20 if sys_flag & v6_bit else 8
+
+
+def msg_size(sys_flag, body_len, topic_len, props_len, v2=False):
+    if body_len < 0 or topic_len < 0 or props_len < 0:
+        raise_for_status(RS_E_ARG, "msg_size")
+    if topic_len > (32767 if v2 else F.MAX_TOPIC_LENGTH) or props_len > F.MAX_PROPERTIES_LENGTH:
+        raise_for_status(RS_E_TOO_LONG, "msg_size")
+    bh = _host_len(sys_flag, F.BORNHOST_V6_FLAG)
+    sh = _host_len(sys_flag, F.STOREHOSTADDRESS_V6_FLAG)
+    size = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + bh + 8 + sh + 4 + 8 \
+        + 4 + body_len + (2 if v2 else 1) + topic_len + 2 + props_len
+    if size > 0x7FFFFFFF:
+        raise_for_status(RS_E_TOO_LONG, "msg_size")
+    return size
+
+
+def msg_encode(out, pos, topic, body, props, queue_id, flag, queue_offset, phy_offset, sys_flag,
+               born_timestamp, born_host, store_timestamp, store_host, reconsume_times,
+               prepared_tx_offset, v2=False):
+    bh = _host_len(sys_flag, F.BORNHOST_V6_FLAG)
+    sh = _host_len(sys_flag, F.STOREHOSTADDRESS_V6_FLAG)
+    if len(born_host) != bh or len(store_host) != sh:
+        raise_for_status(RS_E_ARG, "msg_encode: host length does not match sys_flag")
+    size = msg_size(sys_flag, len(body), len(topic), len(props), v2)
+    if pos < 0 or pos + size > len(out):
+        raise_for_status(RS_E_BOUNDS, "msg_encode")
+    crc = zlib.crc32(body) & 0x7FFFFFFF
+    magic = F.MESSAGE_MAGIC_CODE_V2 if v2 else F.MESSAGE_MAGIC_CODE
+    rec = b"".join((
+        _HEAD.pack(size, magic, crc, queue_id, flag, queue_offset, phy_offset, sys_flag,
+                   born_timestamp),
+        bytes(born_host), _I64.pack(store_timestamp), bytes(store_host),
+        _I32.pack(reconsume_times), _I64.pack(prepared_tx_offset),
+        _I32.pack(len(body)), bytes(body),
+        struct.pack(">h", len(topic)) if v2 else bytes((len(topic),)), bytes(topic),
+        struct.pack(">h", len(props)), bytes(props),
+    ))
+    out[pos:pos + size] = rec
+    return size
+
+
+def _store_ts_pos(sys_flag):
+    return F.POS_BORNHOST + _host_len(sys_flag, F.BORNHOST_V6_FLAG)
+
+
+def commitlog_append(out, pos, record, queue_offset, phy_offset, store_timestamp):
+    mv = memoryview(record).cast("B")
+    if len(mv) < F.POS_BORNHOST + 8:
+        raise_for_status(RS_E_BOUNDS, "commitlog_append: record too short")
+    size = _I32.unpack_from(mv, 0)[0]
+    sys_flag = _I32.unpack_from(mv, F.POS_SYSFLAG)[0]
+    ts_pos = _store_ts_pos(sys_flag)
+    if size < ts_pos + 8 or size > len(mv):
+        raise_for_status(RS_E_ARG, "commitlog_append: TOTALSIZE does not fit the record")
+    if pos < 0 or pos + size > len(out):
+        raise_for_status(RS_E_BOUNDS, "commitlog_append")
+    out[pos:pos + size] = mv[:size]
+    _I64.pack_into(out, pos + F.POS_QUEUEOFFSET, queue_offset)
+    _I64.pack_into(out, pos + F.POS_PHYSICALOFFSET, phy_offset)
+    _I64.pack_into(out, pos + ts_pos, store_timestamp)
+    return size
+
+
+def commitlog_append_batch(out, pos, limit, records, queue_offsets, phy_base, store_timestamp):
+    mv = memoryview(records).cast("B")
+    if pos < 0 or limit > len(out) or pos > limit:
+        raise_for_status(RS_E_BOUNDS, "commitlog_append_batch")
+    qo = np.asarray(queue_offsets, dtype=np.int64)
+    n = 0
+    rd = 0
+    wr = pos
+    total = len(mv)
+    while rd < total:
+        if total - rd < F.POS_BORNHOST + 8:
+            raise_for_status(RS_E_ARG, "commitlog_append_batch: truncated record")
+        size = _I32.unpack_from(mv, rd)[0]
+        if size < F.POS_BORNHOST + 8 or rd + size > total:
+            raise_for_status(RS_E_ARG, "commitlog_append_batch: bad TOTALSIZE")
+        if wr + size + F.END_FILE_MIN_BLANK_LENGTH > limit:
+            break
+        if n >= len(qo):
+            raise_for_status(RS_E_ARG, "commitlog_append_batch: too few queue offsets")
+        commitlog_append(out, wr, mv[rd:rd + size], int(qo[n]), phy_base + (wr - pos),
+                         store_timestamp)
+        wr += size
+        rd += size
+        n += 1
+    return n, wr - pos
+
+
+def commitlog_blank(out, pos, size):
+    if pos < 0 or pos + F.END_FILE_MIN_BLANK_LENGTH > len(out):
+        raise_for_status(RS_E_BOUNDS, "commitlog_blank")
+    _BLANK.pack_into(out, pos, size, F.BLANK_MAGIC_CODE)
+    return F.END_FILE_MIN_BLANK_LENGTH
+
+
+def _tags_code(props):
+    """tagsCode of a properties string (spec 01 §3.6-3.7); also whether TAGS was present."""
+    tags = None
+    for seg in props.split(b"\x02"):
+        if len(seg.decode("utf-8", "replace")) < 3:
+            continue
+        i = seg.find(b"\x01")
+        if i <= 0 or i == len(seg) - 1:
+            continue
+        if seg[:i] == b"TAGS":
+            tags = seg[i + 1:]
+    if tags is None:
+        return 0, False
+    return java_hash(tags), True
+
+
+def _check_one(mv, p, end, check_crc):
+    """One record at mv[p:end]: (reason or None, size, row tuple)."""
+    if end - p < 8:
+        return F.SCAN_PARTIAL, 0, None
+    size, magic = _BLANK.unpack_from(mv, p)
+    if magic == F.BLANK_MAGIC_CODE:
+        return F.SCAN_BLANK, size, None
+    if magic == 0:
+        return F.SCAN_EMPTY, 0, None
+    if magic not in (F.MESSAGE_MAGIC_CODE, F.MESSAGE_MAGIC_CODE_V2):
+        return F.SCAN_CORRUPT, 0, None
+    v2 = magic == F.MESSAGE_MAGIC_CODE_V2
+    if size < F.MSG_FIXED_V1_IPV4:
+        return F.SCAN_CORRUPT, 0, None
+    if size > end - p:
+        return F.SCAN_PARTIAL, size, None
+    rec = mv[p:p + size]
+    (_, _, body_crc, queue_id, flag, queue_offset, phy_offset, sys_flag,
+     born_ts) = _HEAD.unpack_from(rec, 0)
+    bh = _host_len(sys_flag, F.BORNHOST_V6_FLAG)
+    sh = _host_len(sys_flag, F.STOREHOSTADDRESS_V6_FLAG)
+    q = F.POS_BORNHOST + bh
+    fixed = q + 8 + sh + 4 + 8 + 4
+    if fixed > size:
+        return F.SCAN_CORRUPT, 0, None
+    store_ts = _I64.unpack_from(rec, q)[0]
+    q += 8 + sh
+    reconsume = _I32.unpack_from(rec, q)[0]
+    prepared = _I64.unpack_from(rec, q + 4)[0]
+    body_len = _I32.unpack_from(rec, q + 12)[0]
+    body_off = q + 16
+    if body_len < 0 or body_off + body_len > size:
+        return F.SCAN_CORRUPT, 0, None
+    q = body_off + body_len
+    tl = 2 if v2 else 1
+    if q + tl > size:
+        return F.SCAN_CORRUPT, 0, None
+    topic_len = struct.unpack_from(">h", rec, q)[0] if v2 else rec[q]
+    topic_off = q + tl
+    if topic_len < 0 or topic_off + topic_len + 2 > size:
+        return F.SCAN_CORRUPT, 0, None
+    q = topic_off + topic_len
+    props_len = struct.unpack_from(">h", rec, q)[0]
+    props_off = q + 2
+    if props_len < 0 or props_off + props_len > size:
+        return F.SCAN_CORRUPT, 0, None
+    if check_crc and (zlib.crc32(rec[body_off:body_off + body_len]) & 0x7FFFFFFF) != body_crc:
+        return F.SCAN_CORRUPT, 0, None
+    if props_off + props_len != size:
+        return F.SCAN_MISMATCH, size, None
+    props = bytes(rec[props_off:props_off + props_len])
+    tags_code, has_tags = _tags_code(props) if props_len else (0, False)
+    info = (F.SCAN_INFO_V2 if v2 else 0) | (F.SCAN_INFO_HAS_TAGS if has_tags else 0)
+    if bytes(rec[topic_off:topic_off + topic_len]) == _SCHEDULE:
+        info |= F.SCAN_INFO_SCHEDULE
+    row = (p, phy_offset, queue_offset, tags_code, store_ts, born_ts, prepared, size, queue_id,
+           sys_flag, flag, body_crc, reconsume, body_off, body_len, topic_off, topic_len,
+           props_off, props_len, info, 0)
+    return None, size, row
+
+
+def commitlog_scan(buf, start, end, check_crc, out):
+    mv = memoryview(buf).cast("B")
+    if start < 0 or end > len(mv) or start > end:
+        raise_for_status(RS_E_BOUNDS, "commitlog_scan")
+    if out.dtype != F.SCAN_DTYPE:
+        raise_for_status(RS_E_ARG, "commitlog_scan: out must be a SCAN_DTYPE array")
+    cap = len(out)
+    n = 0
+    p = start
+    while True:
+        if n >= cap or p >= end:
+            return n, p, F.SCAN_END, 0
+        reason, size, row = _check_one(mv, p, end, check_crc)
+        if reason is not None:
+            return n, p, reason, size if reason in (F.SCAN_BLANK, F.SCAN_MISMATCH) else 0
+        out[n] = row
+        n += 1
+        p += size
+
+
+def cq_encode(out, pos, offset, size, tags_code):
+    if pos < 0 or pos + F.CQ_STORE_UNIT_SIZE > len(out):
+        raise_for_status(RS_E_BOUNDS, "cq_encode")
+    _CQ.pack_into(out, pos, offset, size, tags_code)
+    return F.CQ_STORE_UNIT_SIZE
+
+
+def cq_encode_batch(out, pos, offsets, sizes, tags_codes):
+    n = len(offsets)
+    if len(sizes) != n or len(tags_codes) != n:
+        raise_for_status(RS_E_ARG, "cq_encode_batch: arrays differ in length")
+    nbytes = n * F.CQ_STORE_UNIT_SIZE
+    if pos < 0 or pos + nbytes > len(out):
+        raise_for_status(RS_E_BOUNDS, "cq_encode_batch")
+    units = np.empty(n, dtype=F.CQ_DTYPE)
+    units["offset"] = offsets
+    units["size"] = sizes
+    units["tags_code"] = tags_codes
+    out[pos:pos + nbytes] = units.tobytes()
+    return nbytes
+
+
+def cq_search(buf, start, end, phy_offset):
+    mv = memoryview(buf).cast("B")
+    if start < 0 or end > len(mv) or start > end:
+        raise_for_status(RS_E_BOUNDS, "cq_search")
+    units = np.frombuffer(mv[start:end], dtype=F.CQ_DTYPE,
+                          count=(end - start) // F.CQ_STORE_UNIT_SIZE)
+    return int(np.searchsorted(units["offset"], phy_offset, side="left"))
+
+
+def sync_range(buf, fd, start, length):
+    # fdatasync drops the GIL and, on Linux, also writes back pages dirtied through a mapping.
+    os.fdatasync(fd)

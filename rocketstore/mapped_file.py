@@ -1,0 +1,156 @@
+# SPDX-License-Identifier: Apache-2.0
+"""MappedFile: one fixed-size, memory-mapped segment file (spec 01 §2, RocketMQ MappedFile.java)."""
+import os
+import threading
+
+from .format import OS_PAGE_SIZE
+
+
+def offset_to_file_name(offset):
+    """UtilAll#offset2FileName: the decimal start offset, zero-padded to 20 digits."""
+    return "%020d" % offset
+
+
+class MappedFile:
+    """One segment. Positions are ints relative to the file start:
+
+    wrote_position      bytes appended           (guarded by the owner's writer: put lock / reput)
+    committed_position  bytes visible to readers (only below wrote_position with a write buffer)
+    flushed_position    bytes known durable      (written by the flush thread only)
+    """
+
+    __slots__ = ("path", "file_name", "file_from_offset", "file_size", "mm", "wrote_position",
+                 "committed_position", "flushed_position", "store_timestamp",
+                 "first_create_in_queue", "writable", "_k", "_fs", "_refs", "_available",
+                 "_cond")
+
+    def __init__(self, path, file_size, kernels, fs, writable=True, create=True):
+        self.path = path
+        self.file_name = os.path.basename(path)
+        self.file_from_offset = int(self.file_name)
+        self.file_size = file_size
+        self.writable = writable
+        self._k = kernels
+        self._fs = fs
+        if create:
+            fs.create_sized(path, file_size)
+        self.mm = fs.map(path, file_size, writable)
+        self.wrote_position = 0
+        self.committed_position = 0
+        self.flushed_position = 0
+        self.store_timestamp = 0          # store time of the last record appended
+        self.first_create_in_queue = False
+        self._refs = 0                    # views lent out between hold() and release()
+        self._available = True
+        self._cond = threading.Condition()
+
+    # ---- positions -------------------------------------------------------------------
+    @property
+    def read_position(self):
+        """Readers see up to here (MappedFile#getReadPosition)."""
+        return self.committed_position
+
+    @property
+    def is_full(self):
+        return self.wrote_position >= self.file_size
+
+    @property
+    def end_offset(self):
+        return self.file_from_offset + self.file_size
+
+    def set_positions(self, pos):
+        self.wrote_position = self.committed_position = self.flushed_position = pos
+
+    def zero_tail(self, pos, chunk=1 << 20):
+        """Zero [pos, file end). A truncated tail must not hold stale records that a later
+        recovery could take for valid ones once new data ends short of them."""
+        zeros = bytes(min(chunk, self.file_size))
+        while pos < self.file_size:
+            n = min(chunk, self.file_size - pos)
+            if self.mm[pos:pos + n] != zeros[:n]:
+                self.mm[pos:pos + n] = zeros[:n]
+            pos += n
+
+    # ---- writes ----------------------------------------------------------------------
+    def append_bytes(self, data):
+        """appendMessage(byte[]): raw bytes at wrote_position, if they fit (CQ writes, HA)."""
+        n = len(data)
+        pos = self.wrote_position
+        if pos + n > self.file_size:
+            return False
+        self.mm[pos:pos + n] = data
+        self.wrote_position = self.committed_position = pos + n
+        return True
+
+    def is_able_to_flush(self, least_pages):
+        flush = self.flushed_position
+        write = self.read_position
+        if self.is_full:
+            return write > flush
+        if least_pages > 0:
+            return write // OS_PAGE_SIZE - flush // OS_PAGE_SIZE >= least_pages
+        return write > flush
+
+    def flush(self, least_pages=0):
+        """Make [flushed_position, read_position) durable if at least `least_pages` are dirty."""
+        if not self.is_able_to_flush(least_pages) or not self.hold():
+            return self.flushed_position
+        try:
+            start = self.flushed_position
+            end = self.read_position
+            fd = self._fs.open_fd(self.path)
+            try:
+                self._k.sync_range(self.mm, fd, start, end - start)
+            finally:
+                self._fs.close_fd(fd)
+            self.flushed_position = end
+        finally:
+            self.release()
+        return self.flushed_position
+
+    # ---- reference counting (ReferenceResource) ---------------------------------------
+    def hold(self):
+        """Borrow the mapping; False once the file is being destroyed."""
+        with self._cond:
+            if not self._available:
+                return False
+            self._refs += 1
+            return True
+
+    def release(self):
+        with self._cond:
+            self._refs -= 1
+            if self._refs <= 0:
+                self._cond.notify_all()
+
+    def slice(self, pos, size):
+        """A copy of `size` bytes at `pos`, or None past the read position."""
+        if pos < 0 or pos + size > self.read_position:
+            return None
+        return self.mm[pos:pos + size]
+
+    # ---- lifecycle -------------------------------------------------------------------
+    def close(self, wait_s=1.0):
+        """Unmap once no borrower holds a view; returns False if borrowers remain."""
+        with self._cond:
+            self._available = False
+            if self._refs > 0:
+                self._cond.wait_for(lambda: self._refs <= 0, timeout=wait_s)
+            if self._refs > 0:
+                return False
+        try:
+            self.mm.close()
+        except BufferError:
+            return False
+        return True
+
+    def destroy(self, wait_s=1.0):
+        """Unmap and delete the file."""
+        closed = self.close(wait_s)
+        if closed:
+            self._fs.remove(self.path)
+        return closed
+
+    def __repr__(self):
+        return (f"MappedFile({self.file_name}, wrote={self.wrote_position}, "
+                f"committed={self.committed_position}, flushed={self.flushed_position})")

@@ -1,0 +1,184 @@
+# SPDX-License-Identifier: Apache-2.0
+"""MappedFileQueue: a directory of equally sized segments named by start offset (spec 01 §2)."""
+import logging
+import os
+import threading
+
+from .errors import StoreLoadError
+from .mapped_file import MappedFile, offset_to_file_name
+
+log = logging.getLogger(__name__)
+
+
+class MappedFileQueue:
+    """Segments in ascending offset order. The list is replaced, never mutated in place, so a
+    reader thread can take `self.files` once and walk it without a lock."""
+
+    def __init__(self, store_path, file_size, kernels, fs, writable=True, allocator=None):
+        self.store_path = store_path
+        self.file_size = file_size
+        self.files = []
+        self.flushed_where = 0
+        self.committed_where = 0
+        self.store_timestamp = 0     # last store time seen by a full flush (checkpoint feed)
+        self._k = kernels
+        self._fs = fs
+        self.writable = writable
+        self._allocator = allocator  # optional: creates files ahead of time (CommitLog only)
+        self._lock = threading.Lock()
+
+    # ---- load --------------------------------------------------------------------------
+    def load(self):
+        """MappedFileQueue#load: map every segment; positions = file size until recovery."""
+        files = []
+        for name in self._fs.list_dir(self.store_path):
+            path = os.path.join(self.store_path, name)
+            if self._fs.is_dir(path):
+                continue
+            if not name.isdigit():
+                log.warning("ignoring %s: not a segment name", path)
+                continue
+            size = self._fs.size(path)
+            if size != self.file_size:
+                raise StoreLoadError(
+                    f"{path} is {size} bytes but segments here are {self.file_size} bytes: "
+                    "the configured file size does not match the store")
+            mf = MappedFile(path, self.file_size, self._k, self._fs, self.writable, create=False)
+            mf.set_positions(self.file_size)
+            files.append(mf)
+        files.sort(key=lambda f: f.file_from_offset)
+        for a, b in zip(files, files[1:]):
+            if b.file_from_offset - a.file_from_offset != self.file_size:
+                log.error("segments %s and %s are not adjacent", a.file_name, b.file_name)
+        self.files = files
+        return True
+
+    # ---- offsets -----------------------------------------------------------------------
+    @property
+    def last_file(self):
+        files = self.files
+        return files[-1] if files else None
+
+    @property
+    def first_file(self):
+        files = self.files
+        return files[0] if files else None
+
+    def get_min_offset(self):
+        f = self.first_file
+        return f.file_from_offset if f else -1
+
+    def get_max_offset(self):
+        f = self.last_file
+        return f.file_from_offset + f.read_position if f else 0
+
+    def get_max_wrote_position(self):
+        f = self.last_file
+        return f.file_from_offset + f.wrote_position if f else 0
+
+    def find_by_offset(self, offset, return_first_on_not_found=False):
+        """findMappedFileByOffset: the segment holding `offset`, or None."""
+        files = self.files
+        if not files:
+            return None
+        first = files[0]
+        last = files[-1]
+        if offset < first.file_from_offset or offset >= last.file_from_offset + self.file_size:
+            return first if return_first_on_not_found else None
+        idx = offset // self.file_size - first.file_from_offset // self.file_size
+        if 0 <= idx < len(files):
+            f = files[idx]
+            if f.file_from_offset <= offset < f.file_from_offset + self.file_size:
+                return f
+        for f in files:
+            if f.file_from_offset <= offset < f.file_from_offset + self.file_size:
+                return f
+        return first if return_first_on_not_found else None
+
+    # ---- growth ------------------------------------------------------------------------
+    def get_last_mapped_file(self, start_offset=0, need_create=True):
+        """The file to append to: the last one unless full; else a new one when asked."""
+        last = self.last_file
+        if last is not None and not last.is_full:
+            return last
+        if not need_create:
+            return last
+        if last is None:
+            create_offset = start_offset - start_offset % self.file_size
+        else:
+            create_offset = last.file_from_offset + self.file_size
+        return self._create(create_offset)
+
+    def _create(self, offset):
+        with self._lock:
+            last = self.last_file
+            if last is not None and last.file_from_offset >= offset:
+                return last
+            self._fs.ensure_dir(self.store_path)
+            path = os.path.join(self.store_path, offset_to_file_name(offset))
+            if self._allocator is not None:
+                mf = self._allocator.take(path, offset + self.file_size)
+            else:
+                mf = MappedFile(path, self.file_size, self._k, self._fs)
+            if not self.files:
+                mf.first_create_in_queue = True
+            self.files = self.files + [mf]
+            return mf
+
+    # ---- flush -------------------------------------------------------------------------
+    def flush(self, least_pages=0):
+        """Flush the file holding flushed_where; True if nothing moved (MappedFileQueue#flush)."""
+        f = self.find_by_offset(self.flushed_where, self.flushed_where == 0)
+        if f is None:
+            return True
+        ts = f.store_timestamp
+        where = f.file_from_offset + f.flush(least_pages)
+        unchanged = where == self.flushed_where
+        self.flushed_where = where
+        if least_pages == 0:
+            self.store_timestamp = ts
+        return unchanged
+
+    # ---- truncation and deletion ---------------------------------------------------------
+    def truncate_dirty_files(self, offset):
+        """Drop everything at or after `offset`: later files are deleted, the containing one
+        gets its three positions set to offset % size (MappedFileQueue#truncateDirtyFiles)."""
+        keep = []
+        for f in self.files:
+            if f.file_from_offset + self.file_size > offset:
+                if offset >= f.file_from_offset:
+                    f.set_positions(offset % self.file_size)
+                    if self.writable:
+                        f.zero_tail(offset % self.file_size)
+                    keep.append(f)
+                else:
+                    if self.writable:
+                        f.destroy()
+                    else:
+                        f.close()
+            else:
+                keep.append(f)
+        self.files = keep
+
+    def delete_last_file(self):
+        files = self.files
+        if files:
+            self.files = files[:-1]
+            if self.writable:
+                files[-1].destroy()
+            else:
+                files[-1].close()
+
+    def destroy(self):
+        for f in self.files:
+            if self.writable:
+                f.destroy()
+            else:
+                f.close()
+        self.files = []
+        self.flushed_where = self.committed_where = 0
+
+    def close(self):
+        for f in self.files:
+            f.close()
+        self.files = []

@@ -1,0 +1,326 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Message value types and the properties codec (spec 01 §3.6-3.8)."""
+import ipaddress
+import socket
+import struct
+
+from . import format as F
+
+PROPERTY_KEYS = "KEYS"
+PROPERTY_TAGS = "TAGS"
+PROPERTY_DELAY = "DELAY"
+PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+PROPERTY_REAL_TOPIC = "REAL_TOPIC"
+PROPERTY_REAL_QID = "REAL_QID"
+PROPERTY_WAIT = "WAIT"
+KEY_SEPARATOR = " "
+
+
+# ---- Java String.hashCode and HashMap order ------------------------------------------------
+def java_string_hash(text):
+    """Java String.hashCode: int32 over UTF-16 code units (a non-BMP char counts twice)."""
+    h = 0
+    if text.isascii():
+        for ch in text.encode("ascii"):
+            h = (31 * h + ch) & 0xFFFFFFFF
+    else:
+        units = text.encode("utf-16-be", "surrogatepass")
+        for i in range(0, len(units), 2):
+            h = (31 * h + ((units[i] << 8) | units[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def _hashmap_order(names):
+    """Iteration order of a java.util.HashMap that had `names` put in this order (spec 01 §3.6).
+
+    Default capacity 16, load factor 0.75: the table doubles when size passes 3/4 of it, and a
+    bucket that would reach 9 entries in a table under 64 forces a doubling too (treeifyBin).
+    Resizes split buckets preserving order, so the final order is (bucket, insertion index).
+    """
+    cap = 16
+    spread = []
+    for name in names:
+        h = java_string_hash(name) & 0xFFFFFFFF
+        spread.append(h ^ (h >> 16))
+    size = 0
+    counts = {}
+    for s in spread:
+        b = s & (cap - 1)
+        counts[b] = counts.get(b, 0) + 1
+        if counts[b] >= 9 and cap < 64:
+            cap *= 2
+            counts = {}
+            for t in spread[:size + 1]:
+                counts[t & (cap - 1)] = counts.get(t & (cap - 1), 0) + 1
+        size += 1
+        if size > cap * 3 // 4:
+            cap *= 2
+            counts = {}
+            for t in spread[:size]:
+                counts[t & (cap - 1)] = counts.get(t & (cap - 1), 0) + 1
+    return sorted(range(len(names)), key=lambda i: (spread[i] & (cap - 1), i))
+
+
+_ORDER_CACHE = {}
+
+
+def hashmap_order(names):
+    """`names` (a tuple, insertion order) reordered as the broker's HashMap iterates them."""
+    order = _ORDER_CACHE.get(names)
+    if order is None:
+        order = tuple(names[i] for i in _hashmap_order(list(names)))
+        if len(_ORDER_CACHE) < 65536:
+            _ORDER_CACHE[names] = order
+    return order
+
+
+def properties_to_string(props):
+    """messageProperties2String (4.9.x): name\\x01value pairs joined by \\x02 in HashMap order,
+    with no separator after the last pair. None values are skipped."""
+    names = tuple(k for k, v in props.items() if v is not None)
+    if not names:
+        return ""
+    return "\x02".join(f"{k}\x01{props[k]}" for k in hashmap_order(names))
+
+
+def string_to_properties(text):
+    """string2messageProperties: a segment shorter than 3 chars, or whose first \\x01 is its
+    first or last char, is skipped; so an empty value is written but never read back."""
+    props = {}
+    if not text:
+        return props
+    for seg in text.split("\x02"):
+        if len(seg) < 3:
+            continue
+        i = seg.find("\x01")
+        if i <= 0 or i == len(seg) - 1:
+            continue
+        props[seg[:i]] = seg[i + 1:]
+    return props
+
+
+def tags_code_of(tags):
+    """tagsString2tagsCode: String.hashCode of TAGS, sign-extended; 0 without TAGS."""
+    return java_string_hash(tags) if tags else 0
+
+
+# ---- hosts ----------------------------------------------------------------------------------
+_HOST_CACHE = {}
+
+
+def pack_host(host):
+    """(ip, port) -> (packed address + 4-byte port, is_ipv6). Cached: hosts repeat."""
+    packed = _HOST_CACHE.get(host)
+    if packed is None:
+        ip, port = host
+        addr = ipaddress.ip_address(ip)
+        if not 0 <= port <= 0xFFFFFFFF:
+            raise ValueError(f"port out of range: {port}")
+        packed = (addr.packed + struct.pack(">i", port - (1 << 32) if port > 0x7FFFFFFF
+                                            else port), addr.version == 6)
+        if len(_HOST_CACHE) < 4096:
+            _HOST_CACHE[host] = packed
+    return packed
+
+
+def unpack_host(raw):
+    """Packed address + port -> (ip, port)."""
+    addr = socket.inet_ntop(socket.AF_INET6 if len(raw) == 20 else socket.AF_INET, raw[:-4])
+    return addr, struct.unpack(">i", raw[-4:])[0]
+
+
+def host_to_string(host):
+    """"ip:port" with the address as Java's getHostAddress prints it (IPv6 uncompressed)."""
+    ip, port = host
+    if ":" in ip:
+        groups = struct.unpack(">8H", socket.inet_pton(socket.AF_INET6, ip))
+        ip = ":".join("%x" % g for g in groups)
+    return f"{ip}:{port}"
+
+
+def make_msg_id(store_host_packed, phy_offset):
+    """Offset msgId: store address + port + commit-log offset, uppercase hex (spec 01 §3.8)."""
+    return (store_host_packed + struct.pack(">q", phy_offset)).hex().upper()
+
+
+def decode_msg_id(msg_id):
+    """Offset msgId -> ((ip, port), commit-log offset). 32 hex chars is IPv4, else IPv6."""
+    raw = bytes.fromhex(msg_id)
+    if len(raw) not in (16, 28):
+        raise ValueError(f"not an offset msgId: {msg_id!r}")
+    return unpack_host(raw[:-8]), struct.unpack(">q", raw[-8:])[0]
+
+
+# ---- value types ----------------------------------------------------------------------------
+class Message:
+    """A message to put: what a broker's MessageExtBrokerInner carries before the store.
+
+    Properties are put into the broker's HashMap in this order: TAGS, KEYS, then `properties`
+    in its own order; that insertion order is what decides ties in the stored order.
+    """
+
+    __slots__ = ("topic", "body", "queue_id", "flag", "properties", "born_timestamp",
+                 "born_host", "store_host", "sys_flag", "reconsume_times",
+                 "prepared_transaction_offset")
+
+    def __init__(self, topic, body=b"", tags=None, keys=None, queue_id=0, flag=0,
+                 properties=None, born_timestamp=0, born_host=("127.0.0.1", 0), store_host=None,
+                 sys_flag=0, reconsume_times=0, prepared_transaction_offset=0):
+        self.topic = topic
+        self.body = body
+        self.queue_id = queue_id
+        self.flag = flag
+        props = {}
+        if tags:
+            props[PROPERTY_TAGS] = tags
+        if keys:
+            props[PROPERTY_KEYS] = keys if isinstance(keys, str) else KEY_SEPARATOR.join(keys)
+        if properties:
+            props.update(properties)
+        self.properties = props
+        self.born_timestamp = born_timestamp
+        self.born_host = born_host
+        self.store_host = store_host
+        self.sys_flag = sys_flag
+        self.reconsume_times = reconsume_times
+        self.prepared_transaction_offset = prepared_transaction_offset
+
+    @property
+    def tags(self):
+        return self.properties.get(PROPERTY_TAGS)
+
+    @property
+    def keys(self):
+        return self.properties.get(PROPERTY_KEYS)
+
+    @property
+    def delay_time_level(self):
+        v = self.properties.get(PROPERTY_DELAY)
+        try:
+            return int(v) if v else 0
+        except ValueError:
+            return 0
+
+    def __repr__(self):
+        return (f"Message(topic={self.topic!r}, queue_id={self.queue_id}, "
+                f"body={len(self.body)}B, properties={self.properties!r})")
+
+
+_HEAD = struct.Struct(">iiiiiqqiq")
+
+
+class MessageExt:
+    """A stored record, decoded (MessageExt). Cheap fields are decoded at once; the properties
+    map, tags, keys and msgId on first use, since most consumers read only the body."""
+
+    __slots__ = ("store_size", "body_crc", "queue_id", "flag", "queue_offset",
+                 "commit_log_offset", "sys_flag", "born_timestamp", "born_host_raw",
+                 "store_timestamp", "store_host_raw", "reconsume_times",
+                 "prepared_transaction_offset", "body", "topic", "properties_string",
+                 "magic", "_props")
+
+    @classmethod
+    def decode(cls, rec, check_crc=False):
+        """Decode one record (bytes). Raises CorruptRecordError if it is not one."""
+        from .errors import CorruptRecordError
+        try:
+            (size, magic, crc, qid, flag, qoff, phy, sysf, born_ts) = _HEAD.unpack_from(rec, 0)
+            if magic not in (F.MESSAGE_MAGIC_CODE, F.MESSAGE_MAGIC_CODE_V2) or size > len(rec):
+                raise CorruptRecordError(f"no record here (magic {magic & 0xFFFFFFFF:#010x})")
+            m = cls.__new__(cls)
+            m.store_size = size
+            m.magic = magic
+            m.body_crc = crc
+            m.queue_id = qid
+            m.flag = flag
+            m.queue_offset = qoff
+            m.commit_log_offset = phy
+            m.sys_flag = sysf
+            m.born_timestamp = born_ts
+            p = 48
+            bh = 20 if sysf & F.BORNHOST_V6_FLAG else 8
+            m.born_host_raw = rec[p:p + bh]
+            p += bh
+            m.store_timestamp = struct.unpack_from(">q", rec, p)[0]
+            p += 8
+            sh = 20 if sysf & F.STOREHOSTADDRESS_V6_FLAG else 8
+            m.store_host_raw = rec[p:p + sh]
+            p += sh
+            m.reconsume_times, m.prepared_transaction_offset, blen = \
+                struct.unpack_from(">iqi", rec, p)
+            p += 16
+            m.body = rec[p:p + blen]
+            p += blen
+            if magic == F.MESSAGE_MAGIC_CODE_V2:
+                tlen = struct.unpack_from(">h", rec, p)[0]
+                p += 2
+            else:
+                tlen = rec[p]
+                p += 1
+            m.topic = rec[p:p + tlen].decode("utf-8", "replace")
+            p += tlen
+            plen = struct.unpack_from(">h", rec, p)[0]
+            p += 2
+            m.properties_string = rec[p:p + plen].decode("utf-8", "replace")
+            if blen < 0 or tlen < 0 or plen < 0 or p + plen != size:
+                raise CorruptRecordError("record lengths do not add up to TOTALSIZE")
+        except (struct.error, IndexError) as exc:
+            raise CorruptRecordError(f"truncated record: {exc}") from None
+        if check_crc:
+            import zlib
+            if zlib.crc32(m.body) & 0x7FFFFFFF != crc:
+                raise CorruptRecordError("body CRC mismatch")
+        m._props = None
+        return m
+
+    @property
+    def properties(self):
+        if self._props is None:
+            self._props = string_to_properties(self.properties_string)
+        return self._props
+
+    @property
+    def tags(self):
+        return self.properties.get(PROPERTY_TAGS)
+
+    @property
+    def keys(self):
+        return self.properties.get(PROPERTY_KEYS)
+
+    @property
+    def born_host(self):
+        return unpack_host(self.born_host_raw)
+
+    @property
+    def store_host(self):
+        return unpack_host(self.store_host_raw)
+
+    @property
+    def msg_id(self):
+        return make_msg_id(self.store_host_raw, self.commit_log_offset)
+
+    @property
+    def transaction_type(self):
+        return self.sys_flag & F.TRANSACTION_TYPE_MASK
+
+    def to_dict(self, cq_tags_code=None):
+        """The JSON object of `rocketstore dump` (RocketMQ's field names)."""
+        props = self.properties
+        return {
+            "topic": self.topic, "queueId": self.queue_id, "queueOffset": self.queue_offset,
+            "commitLogOffset": self.commit_log_offset, "storeSize": self.store_size,
+            "bodyCRC": self.body_crc, "sysFlag": self.sys_flag, "flag": self.flag,
+            "bornTimestamp": self.born_timestamp, "bornHost": host_to_string(self.born_host),
+            "storeTimestamp": self.store_timestamp,
+            "storeHost": host_to_string(self.store_host),
+            "reconsumeTimes": self.reconsume_times,
+            "preparedTransactionOffset": self.prepared_transaction_offset,
+            "tags": props.get(PROPERTY_TAGS), "keys": props.get(PROPERTY_KEYS),
+            "properties": self.properties_string, "cqTagsCode": cq_tags_code,
+            "bodyLen": len(self.body), "body": bytes(self.body).hex(), "msgId": self.msg_id,
+        }
+
+    def __repr__(self):
+        return (f"MessageExt(topic={self.topic!r}, queue_id={self.queue_id}, "
+                f"queue_offset={self.queue_offset}, commit_log_offset={self.commit_log_offset}, "
+                f"body={len(self.body)}B)")

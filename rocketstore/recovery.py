@@ -1,0 +1,180 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Startup recovery (spec 03 §5-§6), as plain functions over a loaded store.
+
+Recovery never raises on a bad tail: the scan stops at the last good record, everything after
+it is truncated, and the RecoveryReport says what was dropped.
+"""
+import dataclasses
+import logging
+import time
+
+import numpy as np
+
+from . import format as F
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class RecoveryReport:
+    normal: bool                 # clean shutdown (no abort file)
+    start_file: str = ""         # first CommitLog file scanned
+    scanned_bytes: int = 0
+    records: int = 0
+    process_offset: int = 0      # where the CommitLog now ends
+    truncated_bytes: int = 0     # CommitLog bytes dropped past process_offset
+    stop_reason: str = ""
+    dispatched: int = 0          # records re-dispatched into ConsumeQueues/index
+    seconds: float = 0.0
+
+
+_REASONS = {F.SCAN_END: "end", F.SCAN_BLANK: "blank", F.SCAN_EMPTY: "empty",
+            F.SCAN_CORRUPT: "corrupt", F.SCAN_MISMATCH: "length mismatch",
+            F.SCAN_PARTIAL: "partial record"}
+
+
+def scan_commitlog(commitlog, kernels, start_index, check_crc, dispatch=None, report=None):
+    """Walk records from file `start_index` until one fails; return the process offset.
+
+    With `dispatch`, every valid record is handed to it (abnormal recovery)."""
+    files = commitlog.mfq.files
+    rows = np.empty(4096, dtype=F.SCAN_DTYPE)
+    index = start_index
+    mf = files[index]
+    pos = 0
+    while True:
+        n, stop, reason, _ = kernels.commitlog_scan(mf.mm, pos, mf.file_size, check_crc, rows)
+        if report is not None:
+            report.records += n
+            report.scanned_bytes += stop - pos
+        if n and dispatch is not None:
+            dispatch(rows[:n].tolist(), mf.mm)
+            if report is not None:
+                report.dispatched += n
+        pos = stop
+        if reason == F.SCAN_END and pos < mf.file_size:
+            continue                       # the rows array filled up
+        if reason == F.SCAN_BLANK or (reason == F.SCAN_END and pos >= mf.file_size):
+            index += 1
+            if index >= len(files):
+                # The last file ends in a blank: data ends where the next file would start.
+                pos = mf.file_size
+                break
+            mf = files[index]
+            pos = 0
+            continue
+        if report is not None:
+            report.stop_reason = _REASONS.get(reason, str(reason))
+        break
+    return mf.file_from_offset + pos
+
+
+def recover_consume_queues(store):
+    """recoverConsumeQueue: each queue from its last three files; the max physical end."""
+    max_phy = -1
+    for cq in store.all_consume_queues():
+        cq.recover()
+        max_phy = max(max_phy, cq.max_physic_offset)
+    return max_phy
+
+
+def _truncate(store, process_offset, max_phy_of_cq, report):
+    commitlog = store.commitlog
+    mfq = commitlog.mfq
+    report.truncated_bytes = max(0, mfq.get_max_wrote_position() - process_offset) \
+        if mfq.files and mfq.last_file.wrote_position != mfq.file_size else 0
+    mfq.flushed_where = mfq.committed_where = process_offset
+    mfq.truncate_dirty_files(process_offset)
+    if max_phy_of_cq >= process_offset:
+        for cq in store.all_consume_queues():
+            cq.truncate_dirty_logic_files(process_offset)
+
+
+def recover_normally(store, max_phy_of_cq, report):
+    """recoverNormally (4.9.x): scan the last three files; truncate after the last good one."""
+    commitlog = store.commitlog
+    files = commitlog.mfq.files
+    if not files:
+        commitlog.mfq.flushed_where = commitlog.mfq.committed_where = 0
+        if store.writable:
+            for cq in store.all_consume_queues():
+                cq.destroy()
+        return 0
+    start = max(0, len(files) - 3)
+    report.start_file = files[start].file_name
+    process = scan_commitlog(commitlog, store.kernels, start, store.config.check_crc_on_recover,
+                             report=report)
+    _truncate(store, process, max_phy_of_cq, report)
+    return process
+
+
+def _matched_for_abnormal(mf, checkpoint, config):
+    """isMappedFileMatchedRecover: the file starts with a record stored no later than what
+    the checkpoint says every ConsumeQueue (and index, when messageIndexSafe) had."""
+    mm = mf.mm
+    magic = int.from_bytes(mm[4:8], "big", signed=True)
+    if magic not in (F.MESSAGE_MAGIC_CODE, F.MESSAGE_MAGIC_CODE_V2):
+        return False
+    sys_flag = int.from_bytes(mm[F.POS_SYSFLAG:F.POS_SYSFLAG + 4], "big", signed=True)
+    p = F.POS_BORNHOST + (20 if sys_flag & F.BORNHOST_V6_FLAG else 8)
+    store_ts = int.from_bytes(mm[p:p + 8], "big", signed=True)
+    if store_ts == 0:
+        return False
+    if config.message_index_enable and config.message_index_safe:
+        return store_ts <= checkpoint.min_timestamp_index
+    return store_ts <= checkpoint.min_timestamp
+
+
+def recover_abnormally(store, max_phy_of_cq, report):
+    """recoverAbnormally: from the newest file the checkpoint vouches for, re-dispatching every
+    valid record (ConsumeQueues skip units they already have)."""
+    commitlog = store.commitlog
+    files = commitlog.mfq.files
+    if not files:
+        commitlog.mfq.flushed_where = commitlog.mfq.committed_where = 0
+        if store.writable:
+            for cq in store.all_consume_queues():
+                cq.destroy()
+        return 0
+    start = 0
+    for i in range(len(files) - 1, -1, -1):
+        if _matched_for_abnormal(files[i], store.checkpoint, store.config):
+            start = i
+            break
+    report.start_file = files[start].file_name
+
+    def dispatch(rows, buf):
+        for d in store.dispatchers:
+            d.dispatch(rows, buf)
+
+    process = scan_commitlog(commitlog, store.kernels, start, store.config.check_crc_on_recover,
+                             dispatch=dispatch if store.writable else None, report=report)
+    _truncate(store, process, max_phy_of_cq, report)
+    return process
+
+
+def recover_topic_queue_table(store):
+    """recoverTopicQueueTable: next queue offsets from the ConsumeQueues; min offsets corrected
+    to the CommitLog's first offset."""
+    min_phy = store.commitlog.min_offset
+    table = {}
+    for cq in store.all_consume_queues():
+        table[(cq.topic, cq.queue_id)] = cq.max_offset_in_queue
+        if min_phy >= 0:
+            cq.correct_min_offset(min_phy)
+    store.commitlog.topic_queue_table = table
+
+
+def recover(store, last_exit_ok):
+    t0 = time.monotonic()
+    report = RecoveryReport(normal=last_exit_ok)
+    max_phy = recover_consume_queues(store)
+    if last_exit_ok:
+        process = recover_normally(store, max_phy, report)
+    else:
+        process = recover_abnormally(store, max_phy, report)
+    report.process_offset = process
+    recover_topic_queue_table(store)
+    report.seconds = time.monotonic() - t0
+    log.info("recovery: %s", report)
+    return report

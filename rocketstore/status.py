@@ -1,0 +1,137 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Statuses and results with RocketMQ's names (PutMessageStatus.java, GetMessageStatus.java)."""
+import enum
+
+
+class PutMessageStatus(enum.Enum):
+    PUT_OK = "PUT_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+    SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
+    CREATE_MAPEDFILE_FAILED = "CREATE_MAPEDFILE_FAILED"
+    MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"
+    PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
+    OS_PAGECACHE_BUSY = "OS_PAGECACHE_BUSY"
+    UNKNOWN_ERROR = "UNKNOWN_ERROR"
+    LMQ_CONSUME_QUEUE_NUM_EXCEEDED = "LMQ_CONSUME_QUEUE_NUM_EXCEEDED"
+
+    @property
+    def ok(self):
+        """The message is stored (a flush or slave timeout still stored it)."""
+        return self in (PutMessageStatus.PUT_OK, PutMessageStatus.FLUSH_DISK_TIMEOUT,
+                        PutMessageStatus.FLUSH_SLAVE_TIMEOUT,
+                        PutMessageStatus.SLAVE_NOT_AVAILABLE)
+
+
+class GetMessageStatus(enum.Enum):
+    FOUND = "FOUND"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+    MESSAGE_WAS_REMOVING = "MESSAGE_WAS_REMOVING"
+    OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"
+    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
+    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
+    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+
+
+class AppendStatus(enum.Enum):
+    """AppendMessageStatus: the outcome of one append into the current file."""
+    PUT_OK = "PUT_OK"
+    END_OF_FILE = "END_OF_FILE"
+    MESSAGE_SIZE_EXCEEDED = "MESSAGE_SIZE_EXCEEDED"
+    PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
+    UNKNOWN_ERROR = "UNKNOWN_ERROR"
+
+
+class PutMessageResult:
+    """What put_message returns. msg_id is derived on first use."""
+
+    __slots__ = ("status", "commit_log_offset", "queue_offset", "store_timestamp",
+                 "wrote_bytes", "_store_host_raw")
+
+    def __init__(self, status, commit_log_offset=-1, queue_offset=-1, store_timestamp=0,
+                 wrote_bytes=0, store_host_raw=b""):
+        self.status = status
+        self.commit_log_offset = commit_log_offset
+        self.queue_offset = queue_offset
+        self.store_timestamp = store_timestamp
+        self.wrote_bytes = wrote_bytes
+        self._store_host_raw = store_host_raw
+
+    @property
+    def msg_id(self):
+        from .message import make_msg_id
+        if self.commit_log_offset < 0:
+            return None
+        return make_msg_id(self._store_host_raw, self.commit_log_offset)
+
+    @property
+    def ok(self):
+        return self.status.ok
+
+    def __repr__(self):
+        return (f"PutMessageResult({self.status.name}, commit_log_offset="
+                f"{self.commit_log_offset}, queue_offset={self.queue_offset}, "
+                f"wrote_bytes={self.wrote_bytes})")
+
+
+class PutMessagesResult:
+    """What put_messages returns: arrays, not one object per message."""
+
+    __slots__ = ("status", "count", "commit_log_offsets", "queue_offsets", "sizes",
+                 "store_timestamp", "wrote_bytes", "_store_host_raws")
+
+    def __init__(self, status, count, commit_log_offsets, queue_offsets, sizes,
+                 store_timestamp, wrote_bytes, store_host_raws=()):
+        self.status = status
+        self.count = count
+        self.commit_log_offsets = commit_log_offsets
+        self.queue_offsets = queue_offsets
+        self.sizes = sizes
+        self.store_timestamp = store_timestamp
+        self.wrote_bytes = wrote_bytes
+        self._store_host_raws = store_host_raws
+
+    @property
+    def msg_ids(self):
+        """Offset msgIds of every stored message, in order."""
+        from .message import make_msg_id
+        return [make_msg_id(h, int(o))
+                for h, o in zip(self._store_host_raws, self.commit_log_offsets)]
+
+    @property
+    def msg_id(self):
+        """RocketMQ's batch answer: the comma-joined offset msgIds."""
+        return ",".join(self.msg_ids)
+
+    @property
+    def ok(self):
+        return self.status.ok
+
+    def __repr__(self):
+        return f"PutMessagesResult({self.status.name}, count={self.count})"
+
+
+class GetMessageResult:
+    __slots__ = ("status", "next_begin_offset", "min_offset", "max_offset", "messages",
+                 "suggest_pulling_from_slave")
+
+    def __init__(self, status, next_begin_offset, min_offset, max_offset, messages=None,
+                 suggest_pulling_from_slave=False):
+        self.status = status
+        self.next_begin_offset = next_begin_offset
+        self.min_offset = min_offset
+        self.max_offset = max_offset
+        self.messages = messages if messages is not None else []
+        self.suggest_pulling_from_slave = suggest_pulling_from_slave
+
+    @property
+    def message_count(self):
+        return len(self.messages)
+
+    def __repr__(self):
+        return (f"GetMessageResult({self.status.name}, next_begin_offset="
+                f"{self.next_begin_offset}, min={self.min_offset}, max={self.max_offset}, "
+                f"messages={len(self.messages)})")

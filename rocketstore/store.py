@@ -1,0 +1,375 @@
+# SPDX-License-Identifier: Apache-2.0
+"""MessageStore: the composition root (DefaultMessageStore). It wires the CommitLog, the
+ConsumeQueues, the services and recovery together, and delegates every real job to them."""
+import dataclasses
+import logging
+import os
+import struct
+import threading
+
+from . import format as F
+from . import kernels as _kernels
+from . import recovery
+from .checkpoint import StoreCheckpoint
+from .clock import system_clock
+from .commitlog import CommitLog
+from .config import BrokerRole, FlushDiskType, StoreConfig
+from .consume_queue import ConsumeQueue
+from .dispatch import ConsumeQueueDispatcher
+from .errors import ConfigError, StoreClosedError, StoreLoadError
+from .fs import DEFAULT as DEFAULT_FS
+from .lockfile import StoreLock, abort_path
+from .message import MessageExt
+from .services.flush import FlushConsumeQueueService, FlushRealTimeService
+from .services.reput import ReputMessageService
+from .status import GetMessageResult, GetMessageStatus as G
+
+log = logging.getLogger(__name__)
+_UNIT = struct.Struct(">qiq")
+
+
+def _total_physical_memory():
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+class MessageStore:
+    """An embedded RocketMQ store rooted at `root`.
+
+    `with MessageStore(root, config) as store:` loads (recovering if needed), starts the
+    services, and shuts down cleanly on exit. `kernels` picks a backend ("cext", "cffi",
+    "pure" or a module) for this instance; `clock` returns epoch milliseconds and stamps
+    every record; `read_only=True` opens without the lock, never writes, starts nothing.
+    """
+
+    def __init__(self, root, config=None, clock=None, kernels=None, fs=None, read_only=False):
+        self.root = os.fspath(root)
+        self.config = config if config is not None else StoreConfig(store_path_root_dir=self.root)
+        if not isinstance(self.config, StoreConfig):
+            raise ConfigError("config must be a StoreConfig")
+        if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            raise ConfigError("flush_disk_type=SYNC_FLUSH is not available yet: group commit "
+                              "lands with the durability work (issue 3); use ASYNC_FLUSH")
+        self.kernels = _kernels.resolve(kernels)
+        self.clock = clock or system_clock
+        self.fs = fs or DEFAULT_FS
+        self.read_only = read_only
+        self.writable = not read_only
+        self.is_slave = self.config.broker_role is BrokerRole.SLAVE
+        self.commitlog = CommitLog(self.root, self.config, self.kernels, self.fs, read_only)
+        self.consume_queue_table = {}      # topic -> {queue_id: ConsumeQueue}
+        self._cq_raw = {}                  # (topic bytes, queue_id) -> ConsumeQueue, for reput
+        self._cq_lock = threading.Lock()
+        self.dispatchers = [ConsumeQueueDispatcher(self)]
+        self.checkpoint = None
+        self.recovery_report = None
+        self.reput_service = None
+        self.flush_service = None
+        self.flush_cq_service = None
+        self._lock = None if read_only else StoreLock(self.root)
+        self._loaded = False
+        self._running = False
+        self._mem_limit = _total_physical_memory() * \
+            self.config.access_message_in_memory_max_ratio // 100
+
+    @classmethod
+    def open_read_only(cls, root, config=None, kernels=None):
+        """Open an existing store (ours or a broker's) for reading: no lock, no writes, file
+        sizes taken from the files themselves. Returns a loaded store; call shutdown()."""
+        root = os.fspath(root)
+        sizes = {}
+        cl_dir = os.path.join(root, "commitlog")
+        names = [n for n in DEFAULT_FS.list_dir(cl_dir) if n.isdigit()]
+        if names:
+            sizes["mapped_file_size_commit_log"] = os.path.getsize(os.path.join(cl_dir, names[0]))
+        cq_base = os.path.join(root, "consumequeue")
+        for topic in DEFAULT_FS.list_dir(cq_base):
+            qdirs = [q for q in DEFAULT_FS.list_dir(os.path.join(cq_base, topic)) if q.isdigit()]
+            for q in qdirs:
+                files = [n for n in DEFAULT_FS.list_dir(os.path.join(cq_base, topic, q))
+                         if n.isdigit()]
+                if files:
+                    sizes["mapped_file_size_consume_queue"] = os.path.getsize(
+                        os.path.join(cq_base, topic, q, files[0]))
+                    break
+            if "mapped_file_size_consume_queue" in sizes:
+                break
+        if config is None:
+            config = StoreConfig(store_path_root_dir=root, **sizes)
+        else:
+            config = dataclasses.replace(config, **sizes)
+        store = cls(root, config, kernels=kernels, read_only=True)
+        store.load()
+        return store
+
+    # ---- lifecycle --------------------------------------------------------------------------
+    def __enter__(self):
+        self.load()
+        if not self.read_only:
+            self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+    def load(self):
+        """Map every file and recover (DefaultMessageStore#load). Takes the lock first: two
+        processes recovering one directory would truncate each other's data."""
+        if self._loaded:
+            return self.recovery_report
+        if not self.read_only:
+            self.fs.ensure_dir(self.root)
+            self._lock.acquire()
+        elif not self.fs.is_dir(self.root):
+            raise StoreLoadError(f"{self.root} is not a store directory")
+        try:
+            last_exit_ok = not self.fs.exists(abort_path(self.root))
+            self.commitlog.load()
+            self._load_consume_queues()
+            self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"), self.fs,
+                                              self.read_only)
+            self.recovery_report = recovery.recover(self, last_exit_ok)
+        except BaseException:
+            self._close_files()
+            if self._lock is not None:
+                self._lock.release()
+            raise
+        self._loaded = True
+        return self.recovery_report
+
+    def _load_consume_queues(self):
+        base = os.path.join(self.root, "consumequeue")
+        for topic in self.fs.list_dir(base):
+            tdir = os.path.join(base, topic)
+            if not self.fs.is_dir(tdir):
+                continue
+            for qid in self.fs.list_dir(tdir):
+                if not qid.isdigit():       # loadConsumeQueue ignores non-numeric names
+                    continue
+                cq = self._new_cq(topic, int(qid))
+                cq.load()
+
+    def start(self):
+        """Start the services (DefaultMessageStore#start): reput first, caught up before the
+        store accepts puts, then flushing; the abort file marks the store as running."""
+        if self.read_only:
+            raise StoreClosedError("a read-only store does not start")
+        if not self._loaded:
+            self.load()
+        if self._running:
+            return
+        reput_from = max(0, self.commitlog.min_offset)
+        for cq in self.all_consume_queues():
+            reput_from = max(reput_from, cq.max_physic_offset)
+        self.reput_service = ReputMessageService(self, reput_from)
+        self.reput_service.do_reput()               # catch up before accepting puts
+        recovery.recover_topic_queue_table(self)
+        self.reput_service.start()
+        self.commitlog.start()
+        self.flush_cq_service = FlushConsumeQueueService(self)
+        self.flush_cq_service.start()
+        self.flush_service = FlushRealTimeService(self)
+        self.flush_service.start()
+        self.fs.write_bytes(abort_path(self.root), b"", sync=False)
+        self._running = True
+
+    def shutdown(self):
+        """Stop services in reverse order, flush everything, write the checkpoint, and remove
+        the abort file only if reput caught up (otherwise the next open recovers)."""
+        if not self._loaded:
+            return
+        caught_up = True
+        if self._running:
+            self._running = False
+            self.reput_service.shutdown()
+            caught_up = self.reput_service.behind() <= 0
+            self.flush_service.shutdown()
+            self.flush_cq_service.shutdown()
+            self.commitlog.shutdown()
+            self.checkpoint.flush()
+            if caught_up:
+                self.fs.remove(abort_path(self.root))
+        self._close_files()
+        if self._lock is not None:
+            self._lock.release()
+        self._loaded = False
+
+    def _close_files(self):
+        self.commitlog.close()
+        for cq in self.all_consume_queues():
+            cq.close()
+        if self.checkpoint is not None:
+            self.checkpoint.close()
+
+    def _check_running(self):
+        if not self._running:
+            raise StoreClosedError("the store is not running (shut down, read-only or not "
+                                   "started)")
+
+    # ---- ConsumeQueue table -------------------------------------------------------------------
+    def _new_cq(self, topic, queue_id):
+        with self._cq_lock:
+            queues = self.consume_queue_table.setdefault(topic, {})
+            cq = queues.get(queue_id)
+            if cq is None:
+                cq = ConsumeQueue(self.root, topic, queue_id, self.config.cq_file_size,
+                                  self.kernels, self.fs, writable=self.writable)
+                queues[queue_id] = cq
+                self._cq_raw[(topic.encode("utf-8"), queue_id)] = cq
+            return cq
+
+    def find_consume_queue(self, topic, queue_id):
+        """The queue object (created empty when missing, as findConsumeQueue does)."""
+        queues = self.consume_queue_table.get(topic)
+        if queues is not None:
+            cq = queues.get(queue_id)
+            if cq is not None:
+                return cq
+        return self._new_cq(topic, queue_id)
+
+    consume_queue = find_consume_queue
+
+    def find_consume_queue_raw(self, topic_bytes, queue_id):
+        cq = self._cq_raw.get((topic_bytes, queue_id))
+        if cq is None:
+            cq = self._new_cq(bytes(topic_bytes).decode("utf-8", "replace"), queue_id)
+        return cq
+
+    def all_consume_queues(self):
+        return [cq for queues in list(self.consume_queue_table.values())
+                for cq in list(queues.values())]
+
+    # ---- put ----------------------------------------------------------------------------------
+    def put_message(self, msg):
+        """Store one message (asyncPutMessage + wait). Bad input raises MessageIllegalError."""
+        self._check_running()
+        return self.commitlog.put_message(msg, self.clock)
+
+    def put_messages(self, msgs):
+        """Store a list of messages of any topics and queues under one lock acquisition."""
+        self._check_running()
+        return self.commitlog.put_messages(list(msgs), self.clock)
+
+    # ---- get ----------------------------------------------------------------------------------
+    def get_min_offset_in_queue(self, topic, queue_id):
+        return self.find_consume_queue(topic, queue_id).min_offset_in_queue
+
+    def get_max_offset_in_queue(self, topic, queue_id):
+        return self.find_consume_queue(topic, queue_id).max_offset_in_queue
+
+    def get_min_phy_offset(self):
+        return self.commitlog.min_offset
+
+    def get_max_phy_offset(self):
+        return self.commitlog.max_offset
+
+    def dispatch_behind_bytes(self):
+        return self.reput_service.behind() if self.reput_service else 0
+
+    def _next_offset_correction(self, old, new):
+        if self.is_slave and not self.config.offset_check_in_slave:
+            return old
+        return new
+
+    def get_message(self, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None):
+        """Pull up to `max_msg_nums` messages from a queue (DefaultMessageStore#getMessage).
+
+        `message_filter`, if given, is called with each unit's tagsCode and skips the unit when
+        it returns False. Messages come back decoded as MessageExt."""
+        if not self._loaded:
+            raise StoreClosedError("the store is not loaded")
+        cfg = self.config
+        max_py = self.commitlog.max_offset
+        cq = self.find_consume_queue(topic, queue_id)
+        min_off = cq.min_offset_in_queue
+        max_off = cq.max_offset_in_queue
+        corr = self._next_offset_correction
+        if max_off == 0:
+            return GetMessageResult(G.NO_MESSAGE_IN_QUEUE, corr(offset, 0), min_off, max_off)
+        if offset < min_off:
+            return GetMessageResult(G.OFFSET_TOO_SMALL, corr(offset, min_off), min_off, max_off)
+        if offset == max_off:
+            return GetMessageResult(G.OFFSET_OVERFLOW_ONE, offset, min_off, max_off)
+        if offset > max_off:
+            return GetMessageResult(G.OFFSET_OVERFLOW_BADLY, corr(offset, max_off), min_off,
+                                    max_off)
+        units, _ = cq.read_units(offset)
+        if units is None:
+            return GetMessageResult(G.OFFSET_FOUND_NULL, corr(offset, cq.roll_next_file(offset)),
+                                    min_off, max_off)
+        status = G.NO_MATCHED_MESSAGE
+        messages = []
+        next_phy_file_start = -1
+        max_phy_seen = 0
+        nbytes = 0
+        mem_limit = self._mem_limit
+        get_data = self.commitlog.get_data
+        decode = MessageExt.decode
+        limit = min(len(units), max(16000, max_msg_nums * F.CQ_STORE_UNIT_SIZE))
+        i = 0
+        for phy, size, tags in _UNIT.iter_unpack(units[:limit - limit % F.CQ_STORE_UNIT_SIZE]):
+            if phy < next_phy_file_start:
+                i += F.CQ_STORE_UNIT_SIZE
+                continue
+            in_disk = max_py - phy > mem_limit
+            if messages and self._is_batch_full(size, nbytes, len(messages), max_msg_nums,
+                                                in_disk):
+                break
+            i += F.CQ_STORE_UNIT_SIZE
+            if message_filter is not None and not message_filter(tags):
+                continue
+            rec = get_data(phy, size)
+            if rec is None:
+                if not messages:
+                    status = G.MESSAGE_WAS_REMOVING
+                next_phy_file_start = self.commitlog.roll_next_file(phy)
+                continue
+            messages.append(decode(rec))
+            nbytes += size
+            max_phy_seen = phy
+            status = G.FOUND
+        next_begin = offset + i // F.CQ_STORE_UNIT_SIZE
+        suggest = max_py - max_phy_seen > mem_limit if messages else False
+        return GetMessageResult(status, next_begin, min_off, max_off, messages, suggest)
+
+    def _is_batch_full(self, size, nbytes, count, max_msg_nums, in_disk):
+        cfg = self.config
+        if count >= max_msg_nums:
+            return True
+        if in_disk:
+            return (nbytes + size > cfg.max_transfer_bytes_on_message_in_disk
+                    or count > cfg.max_transfer_count_on_message_in_disk - 1)
+        return (nbytes + size > cfg.max_transfer_bytes_on_message_in_memory
+                or count > cfg.max_transfer_count_on_message_in_memory - 1)
+
+    def look_message_by_offset(self, phy_offset):
+        """The record at a commit-log offset, decoded; None if there is none."""
+        rec = self.commitlog.get_message_bytes(phy_offset)
+        if rec is None:
+            return None
+        return MessageExt.decode(rec)
+
+    def iter_messages(self, from_offset=None):
+        """Every record in commit-log order, decoded (blank records skipped)."""
+        import numpy as np
+        rows = np.empty(1024, dtype=F.SCAN_DTYPE)
+        offset = self.commitlog.min_offset if from_offset is None else from_offset
+        end = self.commitlog.max_offset
+        while 0 <= offset < end:
+            mf = self.commitlog.mfq.find_by_offset(offset)
+            if mf is None:
+                break
+            start = offset - mf.file_from_offset
+            n, stop, reason, _ = self.kernels.commitlog_scan(mf.mm, start, mf.read_position,
+                                                             False, rows)
+            for row in rows[:n].tolist():
+                pos, size = row[0], row[7]
+                yield MessageExt.decode(mf.mm[pos:pos + size])
+            offset = mf.file_from_offset + stop
+            if reason == F.SCAN_BLANK or (reason == F.SCAN_END and stop >= mf.read_position
+                                          and mf.is_full):
+                offset = self.commitlog.roll_next_file(offset)
+            elif reason != F.SCAN_END:
+                break
