@@ -177,10 +177,12 @@ class CommitLog:
 
     # ---- put (under the lock) -------------------------------------------------------------
     def _writable_file(self):
-        mf = self.mfq.last_file
-        if mf is None or mf.is_full:
-            mf = self.mfq.get_last_mapped_file(self.mfq.committed_where)
-        return mf
+        files = self.mfq.files
+        if files:
+            mf = files[-1]
+            if mf.wrote_position < self.file_size:
+                return mf
+        return self.mfq.get_last_mapped_file(self.mfq.committed_where)
 
     def _end_file(self, mf, pos):
         """Fill the rest of a file with the 8-byte blank record; the file becomes full."""

@@ -3,8 +3,14 @@
 import ipaddress
 import socket
 import struct
+import zlib
 
 from . import format as F
+from .errors import CorruptRecordError
+
+_I16 = struct.Struct(">h")
+_I64 = struct.Struct(">q")
+_TAIL = struct.Struct(">iqi")
 
 PROPERTY_KEYS = "KEYS"
 PROPERTY_TAGS = "TAGS"
@@ -206,12 +212,15 @@ class Message:
                 f"body={len(self.body)}B, properties={self.properties!r})")
 
 
+# Everything up to BODYLENGTH when both hosts are IPv4 (the common case): one unpack.
+_FIXED_V4 = struct.Struct(">iiiiiqqiq8sq8siqi")
 _HEAD = struct.Struct(">iiiiiqqiq")
+_MAGICS = (F.MESSAGE_MAGIC_CODE, F.MESSAGE_MAGIC_CODE_V2)
 
 
 class MessageExt:
-    """A stored record, decoded (MessageExt). Cheap fields are decoded at once; the properties
-    map, tags, keys and msgId on first use, since most consumers read only the body."""
+    """A stored record, decoded (MessageExt). Header fields, body and topic are decoded at once;
+    the properties map, tags, keys and msgId on first use."""
 
     __slots__ = ("store_size", "body_crc", "queue_id", "flag", "queue_offset",
                  "commit_log_offset", "sys_flag", "born_timestamp", "born_host_raw",
@@ -222,54 +231,53 @@ class MessageExt:
     @classmethod
     def decode(cls, rec, check_crc=False):
         """Decode one record (bytes). Raises CorruptRecordError if it is not one."""
-        from .errors import CorruptRecordError
+        m = cls.__new__(cls)
         try:
-            (size, magic, crc, qid, flag, qoff, phy, sysf, born_ts) = _HEAD.unpack_from(rec, 0)
-            if magic not in (F.MESSAGE_MAGIC_CODE, F.MESSAGE_MAGIC_CODE_V2) or size > len(rec):
+            (size, magic, crc, m.queue_id, m.flag, m.queue_offset, m.commit_log_offset, sysf,
+             m.born_timestamp, bh, sts, sh, m.reconsume_times, m.prepared_transaction_offset,
+             blen) = _FIXED_V4.unpack_from(rec, 0)
+            if magic not in _MAGICS or size > len(rec):
                 raise CorruptRecordError(f"no record here (magic {magic & 0xFFFFFFFF:#010x})")
-            m = cls.__new__(cls)
+            if sysf & (F.BORNHOST_V6_FLAG | F.STOREHOSTADDRESS_V6_FLAG):
+                p = 48
+                n = 20 if sysf & F.BORNHOST_V6_FLAG else 8
+                bh = rec[p:p + n]
+                p += n
+                sts = _I64.unpack_from(rec, p)[0]
+                p += 8
+                n = 20 if sysf & F.STOREHOSTADDRESS_V6_FLAG else 8
+                sh = rec[p:p + n]
+                p += n
+                m.reconsume_times, m.prepared_transaction_offset, blen = _TAIL.unpack_from(rec, p)
+                p += 16
+            else:
+                p = 88
             m.store_size = size
             m.magic = magic
             m.body_crc = crc
-            m.queue_id = qid
-            m.flag = flag
-            m.queue_offset = qoff
-            m.commit_log_offset = phy
             m.sys_flag = sysf
-            m.born_timestamp = born_ts
-            p = 48
-            bh = 20 if sysf & F.BORNHOST_V6_FLAG else 8
-            m.born_host_raw = rec[p:p + bh]
-            p += bh
-            m.store_timestamp = struct.unpack_from(">q", rec, p)[0]
-            p += 8
-            sh = 20 if sysf & F.STOREHOSTADDRESS_V6_FLAG else 8
-            m.store_host_raw = rec[p:p + sh]
-            p += sh
-            m.reconsume_times, m.prepared_transaction_offset, blen = \
-                struct.unpack_from(">iqi", rec, p)
-            p += 16
+            m.born_host_raw = bh
+            m.store_timestamp = sts
+            m.store_host_raw = sh
             m.body = rec[p:p + blen]
             p += blen
-            if magic == F.MESSAGE_MAGIC_CODE_V2:
-                tlen = struct.unpack_from(">h", rec, p)[0]
-                p += 2
-            else:
+            if magic == F.MESSAGE_MAGIC_CODE:
                 tlen = rec[p]
                 p += 1
+            else:
+                tlen = _I16.unpack_from(rec, p)[0]
+                p += 2
             m.topic = rec[p:p + tlen].decode("utf-8", "replace")
             p += tlen
-            plen = struct.unpack_from(">h", rec, p)[0]
+            plen = _I16.unpack_from(rec, p)[0]
             p += 2
-            m.properties_string = rec[p:p + plen].decode("utf-8", "replace")
+            m.properties_string = rec[p:p + plen].decode("utf-8", "replace") if plen else ""
             if blen < 0 or tlen < 0 or plen < 0 or p + plen != size:
                 raise CorruptRecordError("record lengths do not add up to TOTALSIZE")
         except (struct.error, IndexError) as exc:
-            raise CorruptRecordError(f"truncated record: {exc}") from None
-        if check_crc:
-            import zlib
-            if zlib.crc32(m.body) & 0x7FFFFFFF != crc:
-                raise CorruptRecordError("body CRC mismatch")
+            raise CorruptRecordError(f"not a decodable record: {exc}") from None
+        if check_crc and zlib.crc32(m.body) & 0x7FFFFFFF != crc:
+            raise CorruptRecordError("body CRC mismatch")
         m._props = None
         return m
 

@@ -305,44 +305,59 @@ class MessageStore:
         max_phy_seen = 0
         nbytes = 0
         mem_limit = self._mem_limit
-        get_data = self.commitlog.get_data
+        commitlog = self.commitlog
         decode = MessageExt.decode
+        append = messages.append
+        # The batch-full limits (isTheBatchFull), for records in memory and on disk.
+        mem_bytes = cfg.max_transfer_bytes_on_message_in_memory
+        mem_count = cfg.max_transfer_count_on_message_in_memory
+        disk_bytes = cfg.max_transfer_bytes_on_message_in_disk
+        disk_count = cfg.max_transfer_count_on_message_in_disk
+        mf = None
+        mf_start = mf_end = 0
         limit = min(len(units), max(16000, max_msg_nums * F.CQ_STORE_UNIT_SIZE))
-        i = 0
-        for phy, size, tags in _UNIT.iter_unpack(units[:limit - limit % F.CQ_STORE_UNIT_SIZE]):
+        limit -= limit % F.CQ_STORE_UNIT_SIZE
+        scanned = 0
+        for phy, size, tags in _UNIT.iter_unpack(units[:limit]):
             if phy < next_phy_file_start:
-                i += F.CQ_STORE_UNIT_SIZE
+                scanned += 1
                 continue
-            in_disk = max_py - phy > mem_limit
-            if messages and self._is_batch_full(size, nbytes, len(messages), max_msg_nums,
-                                                in_disk):
-                break
-            i += F.CQ_STORE_UNIT_SIZE
+            count = len(messages)
+            if count:
+                if count >= max_msg_nums:
+                    break
+                if max_py - phy > mem_limit:
+                    if nbytes + size > disk_bytes or count >= disk_count:
+                        break
+                elif nbytes + size > mem_bytes or count >= mem_count:
+                    break
+            scanned += 1
             if message_filter is not None and not message_filter(tags):
                 continue
-            rec = get_data(phy, size)
+            # Units of one queue mostly point into the same CommitLog file: reuse it.
+            if not (mf_start <= phy and phy + size <= mf_end):
+                mf = commitlog.mfq.find_by_offset(phy)
+                if mf is not None:
+                    mf_start = mf.file_from_offset
+                    mf_end = mf_start + mf.read_position
+            rec = None
+            if mf is not None and mf_start <= phy and phy + size <= mf_end:
+                try:
+                    rec = mf.mm[phy - mf_start:phy - mf_start + size]
+                except ValueError:            # unmapped by cleaning meanwhile
+                    rec = None
             if rec is None:
                 if not messages:
                     status = G.MESSAGE_WAS_REMOVING
-                next_phy_file_start = self.commitlog.roll_next_file(phy)
+                next_phy_file_start = commitlog.roll_next_file(phy)
                 continue
-            messages.append(decode(rec))
+            append(decode(rec))
             nbytes += size
             max_phy_seen = phy
             status = G.FOUND
-        next_begin = offset + i // F.CQ_STORE_UNIT_SIZE
+        next_begin = offset + scanned
         suggest = max_py - max_phy_seen > mem_limit if messages else False
         return GetMessageResult(status, next_begin, min_off, max_off, messages, suggest)
-
-    def _is_batch_full(self, size, nbytes, count, max_msg_nums, in_disk):
-        cfg = self.config
-        if count >= max_msg_nums:
-            return True
-        if in_disk:
-            return (nbytes + size > cfg.max_transfer_bytes_on_message_in_disk
-                    or count > cfg.max_transfer_count_on_message_in_disk - 1)
-        return (nbytes + size > cfg.max_transfer_bytes_on_message_in_memory
-                or count > cfg.max_transfer_count_on_message_in_memory - 1)
 
     def look_message_by_offset(self, phy_offset):
         """The record at a commit-log offset, decoded; None if there is none."""

@@ -1,0 +1,217 @@
+# SPDX-License-Identifier: Apache-2.0
+"""cffi kernel backend: rocketstore.kernels._cffi_lib (csrc/ built by csrc/build_cffi.py) adapted
+to rocketstore.kernels.contract, NAME = "cffi".
+
+cffi drops the GIL on every call, so nothing here decides about it. `bytes` arguments go to C
+as they are; other buffers through `ffi.from_buffer`, released in `finally` so that no view
+outlives the call (an mmap with a live export cannot close, and PyPy frees cdata late).
+"""
+import sys as _sys
+from array import array as _array
+
+from ..errors import RS_E_ARG as _RS_E_ARG
+from ..errors import RS_E_BOUNDS as _RS_E_BOUNDS
+from ..errors import raise_for_status as _raise_for_status
+from ..format import SCAN_DTYPE as _SCAN_DTYPE
+from ._cffi_lib import ffi as _ffi
+from ._cffi_lib import lib as _lib
+
+NAME = "cffi"
+
+__all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_append",
+           "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
+           "cq_encode_batch", "cq_search", "sync_range")
+
+_from_buffer = _ffi.from_buffer
+_release_cdata = _ffi.release
+_new = _ffi.new
+_NATIVE = "<" if _sys.byteorder == "little" else ">"
+# memoryview formats of native-order signed integers of each size (numpy says 'l' for int64 on
+# LP64 platforms and 'q' on Windows).
+_INT_FORMATS = {8: {"q", "l", "@q", "@l", "=q", "=l", _NATIVE + "q", _NATIVE + "l"},
+                4: {"i", "l", "@i", "@l", "=i", "=l", _NATIVE + "i", _NATIVE + "l"}}
+
+
+def _ro(obj):
+    """A read-only argument for C: bytes as they are, anything else as a borrowed uint8_t[]."""
+    return obj if type(obj) is bytes else _from_buffer("uint8_t[]", obj)
+
+
+def _rw(obj, ctype="uint8_t[]"):
+    return _from_buffer(ctype, obj, require_writable=True)
+
+
+def _release(*views):
+    for v in views:
+        if v is not None and type(v) is not bytes:
+            _release_cdata(v)
+
+
+def _ints(seq, itemsize, typecode):
+    """A C-contiguous native array of `itemsize`-byte ints, converting (one copy) what is not,
+    as numpy.asarray does in the pure backend; cffi itself would reinterpret any buffer."""
+    try:
+        mv = memoryview(seq)
+    except TypeError:
+        return _array(typecode, seq)
+    with mv:
+        if mv.ndim == 1 and mv.itemsize == itemsize and mv.c_contiguous \
+                and mv.format in _INT_FORMATS[itemsize]:
+            return seq
+    return _array(typecode, seq)
+
+
+def _check(code, what):
+    if code < 0:
+        _raise_for_status(code, what)
+    return code
+
+
+def crc32(data, value=0):
+    value &= 0xFFFFFFFF
+    if type(data) is bytes:
+        return _lib.rs_crc32(value, data, len(data))
+    v = _from_buffer("uint8_t[]", data)
+    try:
+        return _lib.rs_crc32(value, v, len(v))
+    finally:
+        _release_cdata(v)
+
+
+def java_hash(data):
+    h = _new("int32_t *")
+    v = _ro(data)
+    try:
+        _lib.rs_java_hash(v, len(v), h)
+    finally:
+        _release(v)
+    return h[0]
+
+
+def msg_size(sys_flag, body_len, topic_len, props_len, v2=False):
+    return _check(_lib.rs_msg_size(sys_flag, body_len, topic_len, props_len, bool(v2)),
+                  "msg_size")
+
+
+def msg_encode(out, pos, topic, body, props, queue_id, flag, queue_offset, phy_offset, sys_flag,
+               born_timestamp, born_host, store_timestamp, store_host, reconsume_times,
+               prepared_tx_offset, v2=False):
+    o = t = b = p = bh = sh = None
+    try:
+        o = _rw(out)
+        t = _ro(topic)
+        b = _ro(body)
+        p = _ro(props)
+        bh = _ro(born_host)
+        sh = _ro(store_host)
+        r = _lib.rs_msg_encode(o, len(o), pos, t, len(t), b, len(b), p, len(p), queue_id, flag,
+                               queue_offset, phy_offset, sys_flag, born_timestamp, bh, len(bh),
+                               store_timestamp, sh, len(sh), reconsume_times, prepared_tx_offset,
+                               bool(v2))
+    finally:
+        _release(o, t, b, p, bh, sh)
+    return _check(r, "msg_encode")
+
+
+def commitlog_append(out, pos, record, queue_offset, phy_offset, store_timestamp):
+    o = rec = None
+    try:
+        o = _rw(out)
+        rec = _ro(record)
+        r = _lib.rs_commitlog_append(o, len(o), pos, rec, len(rec), queue_offset, phy_offset,
+                                     store_timestamp)
+    finally:
+        _release(o, rec)
+    return _check(r, "commitlog_append")
+
+
+def commitlog_append_batch(out, pos, limit, records, queue_offsets, phy_base, store_timestamp):
+    res = _new("int64_t[2]")
+    o = recs = qo = None
+    try:
+        o = _rw(out)
+        recs = _ro(records)
+        qo = _from_buffer("int64_t[]", _ints(queue_offsets, 8, "q"))
+        r = _lib.rs_commitlog_append_batch(o, len(o), pos, limit, recs, len(recs), qo, len(qo),
+                                           phy_base, store_timestamp, res, res + 1)
+    finally:
+        _release(o, recs, qo)
+    _check(r, "commitlog_append_batch")
+    return res[0], res[1]
+
+
+def commitlog_blank(out, pos, size):
+    o = _rw(out)
+    try:
+        r = _lib.rs_commitlog_blank(o, len(o), pos, size)
+    finally:
+        _release_cdata(o)
+    return _check(r, "commitlog_blank")
+
+
+def commitlog_scan(buf, start, end, check_crc, out):
+    res = _new("int64_t[2]")
+    codes = _new("int32_t[2]")
+    b = o = None
+    try:
+        b = _ro(buf)
+        # The reference checks bounds before the output's type: keep that order.
+        if start < 0 or end > len(b) or start > end:
+            _raise_for_status(_RS_E_BOUNDS, "commitlog_scan")
+        dtype = getattr(out, "dtype", None)
+        if dtype is not None and dtype != _SCAN_DTYPE:
+            _raise_for_status(_RS_E_ARG, "commitlog_scan: out must be a SCAN_DTYPE array")
+        o = _rw(out, "rs_scan_rec[]")
+        r = _lib.rs_commitlog_scan(b, len(b), start, end, bool(check_crc), o, len(o),
+                                   res, res + 1, codes, codes + 1)
+    finally:
+        _release(b, o)
+    _check(r, "commitlog_scan")
+    return res[0], res[1], codes[0], codes[1]
+
+
+def cq_encode(out, pos, offset, size, tags_code):
+    o = _rw(out)
+    try:
+        r = _lib.rs_cq_encode(o, len(o), pos, offset, size, tags_code)
+    finally:
+        _release_cdata(o)
+    return _check(r, "cq_encode")
+
+
+def cq_encode_batch(out, pos, offsets, sizes, tags_codes):
+    if not (len(offsets) == len(sizes) == len(tags_codes)):
+        _raise_for_status(_RS_E_ARG, "cq_encode_batch: arrays differ in length")
+    nbytes = _new("int64_t *")
+    o = off = siz = tag = None
+    try:
+        off = _from_buffer("int64_t[]", _ints(offsets, 8, "q"))
+        siz = _from_buffer("int32_t[]", _ints(sizes, 4, "i"))
+        tag = _from_buffer("int64_t[]", _ints(tags_codes, 8, "q"))
+        o = _rw(out)
+        r = _lib.rs_cq_encode_batch(o, len(o), pos, off, siz, tag, len(off), nbytes)
+    finally:
+        _release(o, off, siz, tag)
+    _check(r, "cq_encode_batch")
+    return nbytes[0]
+
+
+def cq_search(buf, start, end, phy_offset):
+    index = _new("int64_t *")
+    b = _ro(buf)
+    try:
+        r = _lib.rs_cq_search(b, len(b), start, end, phy_offset, index)
+    finally:
+        _release(b)
+    _check(r, "cq_search")
+    return index[0]
+
+
+def sync_range(buf, fd, start, length):
+    # `fd` serves the pure backend's fdatasync; msync needs only the mapping's address.
+    b = _ro(buf)
+    try:
+        r = _lib.rs_sync_range(b, len(b), start, length)
+    finally:
+        _release(b)
+    _check(r, "sync_range")

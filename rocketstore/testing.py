@@ -1,0 +1,62 @@
+# SPDX-License-Identifier: Apache-2.0
+"""pytest helpers shared by tests/ and bench/: the backend parameter and a store factory.
+
+ROCKETSTORE_EXPECT_BACKENDS=cext,cffi,pure (set by .ci/run) turns a backend that fails to
+import into a test failure instead of a silently shorter matrix.
+"""
+import os
+
+import pytest
+
+from . import kernels
+from .clock import StepClock
+from .config import StoreConfig
+from .store import MessageStore
+
+ALL_BACKENDS = ("cext", "cffi", "pure")
+
+
+def expected_backends():
+    raw = os.environ.get("ROCKETSTORE_EXPECT_BACKENDS", "")
+    return [b.strip() for b in raw.split(",") if b.strip()]
+
+
+def backend_params():
+    """Every backend that should be tested: those expected plus those that import."""
+    names = set(kernels.available()) | set(expected_backends())
+    return [b for b in ALL_BACKENDS if b in names]
+
+
+def load_backend(name):
+    """The kernel module, or a test failure (never a skip) when it does not import."""
+    try:
+        return kernels.load(name)
+    except ImportError as exc:
+        pytest.fail(f"backend {name!r} is expected but does not import: {exc}")
+
+
+def small_config(**overrides):
+    """A config with small files so tests roll files quickly."""
+    base = dict(mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=100 * 20,
+                max_index_num=500, max_hash_slot_num=64, prefault_next_file=True)
+    base.update(overrides)
+    return StoreConfig(**base)
+
+
+def open_store(root, backend, config=None, clock=None, **kwargs):
+    """A loaded and started store on `root` with a deterministic clock."""
+    store = MessageStore(root, config or small_config(), clock=clock or StepClock(),
+                         kernels=backend, **kwargs)
+    store.load()
+    store.start()
+    return store
+
+
+def wait_dispatched(store, timeout=5.0):
+    """Block until reput has dispatched everything written so far."""
+    import time
+    deadline = time.monotonic() + timeout
+    while store.dispatch_behind_bytes() > 0:
+        if time.monotonic() > deadline:
+            raise AssertionError("reput did not catch up")
+        time.sleep(0.001)

@@ -1,0 +1,258 @@
+# SPDX-License-Identifier: Apache-2.0
+"""MessageStore behaviour: put/get paths, the broker's put-time rules, bad input, locking."""
+import multiprocessing
+import os
+
+import numpy as np
+import pytest
+
+from rocketstore import (GetMessageStatus as G, Message, MessageIllegalError, MessageStore,
+                         PutMessageStatus, StoreLockedError, testing)
+from rocketstore import format as F
+from rocketstore.message import properties_to_string, string_to_properties
+
+
+@pytest.fixture
+def store(tmp_path, backend):
+    s = testing.open_store(tmp_path / "store", backend)
+    yield s
+    s.shutdown()
+
+
+def test_put_then_get_returns_the_message_with_every_field(store):
+    r = store.put_message(Message("TopicA", b"body", tags="TagA", keys="k1 k2", queue_id=1,
+                                  flag=7, properties={"a": "b"}, born_timestamp=1700000000000,
+                                  born_host=("127.0.0.1", 52345)))
+    assert r.status is PutMessageStatus.PUT_OK
+    assert (r.commit_log_offset, r.queue_offset) == (0, 0)
+    assert r.msg_id == "7F00000100002A9F0000000000000000"
+    testing.wait_dispatched(store)
+    g = store.get_message("g", "TopicA", 1, 0, 32)
+    assert g.status is G.FOUND and (g.next_begin_offset, g.min_offset, g.max_offset) == (1, 0, 1)
+    m = g.messages[0]
+    assert (m.topic, m.queue_id, m.flag, m.body, m.tags, m.keys) == \
+        ("TopicA", 1, 7, b"body", "TagA", "k1 k2")
+    assert m.properties == {"a": "b", "KEYS": "k1 k2", "TAGS": "TagA"}
+    assert m.born_host == ("127.0.0.1", 52345) and m.store_host == ("127.0.0.1", 10911)
+    assert m.store_timestamp == r.store_timestamp and m.msg_id == r.msg_id
+    assert store.consume_queue("TopicA", 1).units(0, 1)[0]["tags_code"] == 2598919
+
+
+def test_queue_offsets_count_per_topic_and_queue(store):
+    offs = [store.put_message(Message(t, b"x", queue_id=q)).queue_offset
+            for t, q in [("A", 0), ("A", 1), ("A", 0), ("B", 0), ("A", 0)]]
+    assert offs == [0, 0, 1, 0, 2]
+
+
+def test_put_messages_assigns_offsets_like_single_puts(store, tmp_path, backend):
+    msgs = [Message(f"T{i % 3}", b"m%d" % i, queue_id=i % 2) for i in range(3000)]
+    rs = store.put_messages(msgs)
+    assert rs.status is PutMessageStatus.PUT_OK and rs.count == 3000
+    assert isinstance(rs.commit_log_offsets, np.ndarray)
+    assert np.all(np.diff(rs.commit_log_offsets) > 0)
+    testing.wait_dispatched(store)
+    for i in (0, 1, 2, 1500, 2999):
+        m = store.look_message_by_offset(int(rs.commit_log_offsets[i]))
+        assert m.body == b"m%d" % i and m.queue_offset == rs.queue_offsets[i]
+    assert store.get_max_offset_in_queue("T0", 0) == 500
+    assert rs.msg_ids[0] == store.look_message_by_offset(int(rs.commit_log_offsets[0])).msg_id
+
+
+def test_a_batch_shares_one_store_timestamp(store):
+    rs = store.put_messages([Message("T", b"a"), Message("U", b"b", queue_id=3)])
+    stamps = {store.look_message_by_offset(int(o)).store_timestamp
+              for o in rs.commit_log_offsets}
+    assert stamps == {rs.store_timestamp}
+
+
+def test_full_file_ends_with_blank_record_and_next_file_starts_at_its_name(store):
+    size = store.config.mapped_file_size_commit_log
+    body = b"z" * 1000
+    results = [store.put_message(Message("Roll", body)) for _ in range(70)]
+    second = [r for r in results if r.commit_log_offset >= size][0]
+    assert second.commit_log_offset == size
+    prev = [r for r in results if r.commit_log_offset < size][-1]
+    end = prev.commit_log_offset + prev.wrote_bytes
+    blank = store.commitlog.mfq.files[0].mm[end:end + 8]
+    assert blank == (size - end).to_bytes(4, "big") + (F.BLANK_MAGIC_CODE & 0xFFFFFFFF).to_bytes(4, "big")
+    names = sorted(os.listdir(os.path.join(store.root, "commitlog")))
+    assert names[:2] == ["%020d" % 0, "%020d" % size]
+    testing.wait_dispatched(store)
+    got = store.get_message("g", "Roll", 0, 0, 70)
+    assert [m.commit_log_offset for m in got.messages] == \
+        [r.commit_log_offset for r in results][:len(got.messages)]
+
+
+def test_get_message_statuses_follow_rocketmq(store):
+    assert store.get_message("g", "Nope", 0, 0).status is G.NO_MESSAGE_IN_QUEUE
+    for i in range(3):
+        store.put_message(Message("S", b"%d" % i))
+    testing.wait_dispatched(store)
+    r = store.get_message("g", "S", 0, 3)
+    assert r.status is G.OFFSET_OVERFLOW_ONE and r.next_begin_offset == 3
+    r = store.get_message("g", "S", 0, 9)
+    assert r.status is G.OFFSET_OVERFLOW_BADLY and r.next_begin_offset == 3
+    r = store.get_message("g", "S", 0, 1, 1)
+    assert r.status is G.FOUND and r.next_begin_offset == 2 and r.messages[0].body == b"1"
+    r = store.get_message("g", "S", 0, 0, 32, message_filter=lambda tags: False)
+    assert r.status is G.NO_MATCHED_MESSAGE and r.next_begin_offset == 3
+
+
+def test_delay_level_moves_message_to_schedule_topic(store):
+    r = store.put_message(Message("Real", b"d", queue_id=2, properties={"DELAY": "99"}))
+    testing.wait_dispatched(store)
+    m = store.look_message_by_offset(r.commit_log_offset)
+    assert (m.topic, m.queue_id) == (F.SCHEDULE_TOPIC, 17)
+    assert m.properties == {"DELAY": "18", "REAL_TOPIC": "Real", "REAL_QID": "2"}
+    unit = store.consume_queue(F.SCHEDULE_TOPIC, 17).units(0, 1)[0]
+    assert unit["tags_code"] == m.store_timestamp + 7_200_000
+
+
+def test_prepared_transaction_is_stored_but_not_dispatched(store):
+    p = store.put_message(Message("Tx", b"half", sys_flag=F.TRANSACTION_PREPARED_TYPE))
+    c = store.put_message(Message("Tx", b"commit", sys_flag=F.TRANSACTION_COMMIT_TYPE))
+    assert p.queue_offset == 0 and c.queue_offset == 0
+    testing.wait_dispatched(store)
+    assert store.get_max_offset_in_queue("Tx", 0) == 1
+    assert store.get_message("g", "Tx", 0, 0).messages[0].body == b"commit"
+
+
+def test_empty_property_value_is_written_but_not_read_back(store):
+    r = store.put_message(Message("E", b"", properties={"TAGS": "", "k": "v"}))
+    m = store.look_message_by_offset(r.commit_log_offset)
+    assert "TAGS\x01" in m.properties_string and m.properties == {"k": "v"}
+    testing.wait_dispatched(store)
+    assert store.consume_queue("E", 0).units(0, 1)[0]["tags_code"] == 0
+
+
+def test_ipv6_hosts_set_the_sysflag_bits(store):
+    r = store.put_message(Message("V6", b"six", born_host=("::1", 7),
+                                  store_host=("fe80::1", 10911)))
+    m = store.look_message_by_offset(r.commit_log_offset)
+    assert m.sys_flag == F.BORNHOST_V6_FLAG | F.STOREHOSTADDRESS_V6_FLAG
+    assert m.born_host == ("::1", 7) and len(r.msg_id) == 56
+
+
+def test_properties_follow_java_hashmap_iteration_order():
+    assert properties_to_string({"KEYS": "k", "TAGS": "t"}) == "KEYS\x01k\x02TAGS\x01t"
+    assert properties_to_string({"TAGS": "t", "KEYS": "k"}) == "KEYS\x01k\x02TAGS\x01t"
+    many = {f"p{i}": str(i) for i in range(30)}          # forces 32 then 64 buckets
+    assert string_to_properties(properties_to_string(many)) == many
+
+
+@pytest.mark.parametrize("msg, status", [
+    (Message("bad topic", b""), "MESSAGE_ILLEGAL"),
+    (Message("../escape", b""), "MESSAGE_ILLEGAL"),
+    (Message("T" * 128, b""), "MESSAGE_ILLEGAL"),
+    (Message("T", b"x" * (4 * 1024 * 1024 + 1)), "MESSAGE_ILLEGAL"),
+    (Message("T", b"", properties={"big": "v" * 40000}), "PROPERTIES_SIZE_EXCEEDED"),
+    (Message("T", b"", queue_id=-1), "MESSAGE_ILLEGAL"),
+])
+def test_bad_input_raises_with_the_rocketmq_status_and_stores_nothing(store, msg, status):
+    store.put_message(Message("Keep", b"kept"))
+    before = store.get_max_phy_offset()
+    with pytest.raises(MessageIllegalError) as exc:
+        store.put_message(msg)
+    assert exc.value.status == status
+    with pytest.raises(MessageIllegalError):
+        store.put_messages([Message("Fine", b"ok"), msg])
+    assert store.get_max_phy_offset() == before
+    assert store.look_message_by_offset(0).body == b"kept"
+
+
+def test_second_store_in_this_process_gets_store_locked_error(store, backend):
+    with pytest.raises(StoreLockedError):
+        MessageStore(store.root, store.config, kernels=backend).load()
+    assert store.put_message(Message("StillOpen", b"x")).ok
+
+
+def _try_open(root, conn):
+    try:
+        MessageStore(root, testing.small_config(), kernels="pure").load()
+        conn.send("opened")
+    except StoreLockedError:
+        conn.send("locked")
+
+
+def test_second_process_gets_store_locked_error(store):
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=_try_open, args=(store.root, child))
+    p.start()
+    p.join(60)
+    assert parent.recv() == "locked"
+
+
+def test_reopen_recovers_offsets_and_keeps_appending(tmp_path, backend):
+    root = tmp_path / "s"
+    s = testing.open_store(root, backend)
+    results = [s.put_message(Message("R", b"%d" % i, queue_id=i % 2)) for i in range(500)]
+    s.shutdown()
+    assert not os.path.exists(root / "abort")
+    with open(root / "lock", "rb") as f:
+        assert f.read() == b"lock"
+    s = testing.open_store(root, backend)
+    try:
+        assert s.recovery_report.normal
+        assert s.get_max_phy_offset() == results[-1].commit_log_offset + results[-1].wrote_bytes
+        assert s.get_max_offset_in_queue("R", 0) == 250
+        r = s.put_message(Message("R", b"next", queue_id=0))
+        assert r.queue_offset == 250
+        testing.wait_dispatched(s)
+        assert s.get_message("g", "R", 0, 250).messages[0].body == b"next"
+    finally:
+        s.shutdown()
+
+
+def test_store_left_running_recovers_and_redispatches(tmp_path, backend):
+    """An abort file forces abnormal recovery, which rebuilds lost ConsumeQueue units."""
+    root = tmp_path / "s"
+    s = testing.open_store(root, backend)
+    for i in range(300):
+        s.put_message(Message("A", b"%d" % i))
+    s.shutdown()
+    cq_dir = root / "consumequeue" / "A" / "0"
+    for name in os.listdir(cq_dir):
+        os.remove(cq_dir / name)
+    (root / "abort").write_bytes(b"")
+    s = testing.open_store(root, backend)
+    try:
+        assert not s.recovery_report.normal
+        testing.wait_dispatched(s)
+        assert s.get_max_offset_in_queue("A", 0) == 300
+    finally:
+        s.shutdown()
+
+
+def test_corrupt_tail_is_truncated_on_open(tmp_path, backend):
+    root = tmp_path / "s"
+    s = testing.open_store(root, backend)
+    rs = [s.put_message(Message("C", b"%05d" % i)) for i in range(100)]
+    s.shutdown()
+    path = root / "commitlog" / ("%020d" % 0)
+    with open(path, "r+b") as f:        # flip a byte in the body of the last record
+        f.seek(rs[-1].commit_log_offset + 90)
+        f.write(b"\xff")
+    s = testing.open_store(root, backend)
+    try:
+        assert s.recovery_report.stop_reason == "corrupt"
+        assert s.get_max_phy_offset() == rs[-1].commit_log_offset
+        assert s.get_max_offset_in_queue("C", 0) == 99
+    finally:
+        s.shutdown()
+
+
+def test_wrong_file_size_config_refuses_to_load_and_touches_nothing(tmp_path, backend):
+    root = tmp_path / "s"
+    s = testing.open_store(root, backend)
+    s.put_message(Message("W", b"w"))
+    s.shutdown()
+    from rocketstore import StoreLoadError
+    with pytest.raises(StoreLoadError):
+        MessageStore(root, testing.small_config(mapped_file_size_commit_log=128 * 1024),
+                     kernels=backend).load()
+    s = testing.open_store(root, backend)
+    try:
+        assert s.look_message_by_offset(0).body == b"w"
+    finally:
+        s.shutdown()
