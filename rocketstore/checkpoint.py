@@ -41,7 +41,7 @@ class StoreCheckpoint:
         else:
             _V49.pack_into(self.mm, 0, self.physic_msg_timestamp, self.logics_msg_timestamp,
                            self.index_msg_timestamp)
-        self.mm.flush()
+        self._fs.sync_checkpoint(self.mm, self.path)
 
     @property
     def min_timestamp(self):

@@ -13,6 +13,7 @@ from .mapped_file_queue import MappedFileQueue
 from .message import (PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, pack_host,
                       properties_to_string)
 from .services.allocate import AllocateMappedFileService
+from .transient_pool import TransientStorePool
 from .status import PutMessageResult, PutMessagesResult, PutMessageStatus
 
 TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
@@ -33,10 +34,17 @@ class CommitLog:
         self._k = kernels
         self.read_only = read_only
         self.allocator = None
+        self.pool = None
         if not read_only:
+            if config.effective_transient_store_pool_enable:
+                self.pool = TransientStorePool(config.transient_store_pool_size, self.file_size)
             self.allocator = AllocateMappedFileService(
                 self.file_size, kernels, fs,
-                prefault=config.prefault_next_file or config.warm_maped_file_enable)
+                prefault=config.prefault_next_file or config.warm_maped_file_enable,
+                pool=self.pool)
+        # Decides what a put waits for after the lock (sync flush, replication); set by the
+        # store when its services start. None: return at once (ASYNC_FLUSH).
+        self.after_put = None
         self.mfq = MappedFileQueue(config.commitlog_dir(root), self.file_size, kernels, fs,
                                    writable=not read_only, allocator=self.allocator)
         self.put_lock = threading.Lock()
@@ -60,6 +68,11 @@ class CommitLog:
     def shutdown(self):
         if self.allocator is not None:
             self.allocator.shutdown()
+
+    def close(self):
+        self.mfq.close()
+        if self.pool is not None:
+            self.pool.destroy()
 
     @property
     def min_offset(self):
@@ -186,9 +199,9 @@ class CommitLog:
 
     def _end_file(self, mf, pos):
         """Fill the rest of a file with the 8-byte blank record; the file becomes full."""
-        self._k.commitlog_blank(mf.mm, pos, self.file_size - pos)
+        self._k.commitlog_blank(mf.write_target, pos, self.file_size - pos)
         mf.wrote_position = self.file_size
-        if mf.committed_position == pos:
+        if mf.wbuf is None:
             mf.committed_position = self.file_size
 
     def put_message(self, msg, clock):
@@ -208,13 +221,20 @@ class CommitLog:
             table = self.topic_queue_table
             qoff = table.get(key, 0) if e.dispatched else 0
             phy = mf.file_from_offset + pos
-            self._k.commitlog_append(mf.mm, pos, buf, qoff, phy, ts)
-            mf.wrote_position = mf.committed_position = pos + size
+            if mf.wbuf is None:
+                self._k.commitlog_append(mf.mm, pos, buf, qoff, phy, ts)
+                mf.wrote_position = mf.committed_position = pos + size
+            else:
+                self._k.commitlog_append(mf.wbuf, pos, buf, qoff, phy, ts)
+                mf.wrote_position = pos + size
             mf.store_timestamp = ts
             if e.dispatched:
                 table[key] = qoff + 1
             self.begin_time_in_lock = 0
-        return PutMessageResult(PutMessageStatus.PUT_OK, phy, qoff, ts, size, e.store_raw)
+        status = PutMessageStatus.PUT_OK
+        if self.after_put is not None:
+            status = self.after_put(phy + size, msg)
+        return PutMessageResult(status, phy, qoff, ts, size, e.store_raw)
 
     def put_messages(self, msgs, clock):
         """Encode every message outside the lock, then append them under one lock, in as few
@@ -254,11 +274,14 @@ class CommitLog:
                     wpos = mf.wrote_position
                     base = mf.file_from_offset + wpos
                     count, nbytes = self._k.commitlog_append_batch(
-                        mf.mm, wpos, self.file_size, view[rd:], qoffs[done:], base, ts)
+                        mf.write_target, wpos, self.file_size, view[rd:], qoffs[done:], base,
+                        ts)
                     if count:
                         phys[done:done + count] = base + np.concatenate(
                             ([0], np.cumsum(sizes[done:done + count - 1])))
-                        mf.wrote_position = mf.committed_position = wpos + nbytes
+                        mf.wrote_position = wpos + nbytes
+                        if mf.wbuf is None:
+                            mf.committed_position = wpos + nbytes
                         mf.store_timestamp = ts
                         done += count
                         rd += nbytes
@@ -267,7 +290,10 @@ class CommitLog:
                 self.begin_time_in_lock = 0
         finally:
             view.release()
-        return PutMessagesResult(PutMessageStatus.PUT_OK, n, phys,
+        status = PutMessageStatus.PUT_OK
+        if self.after_put is not None and n:
+            status = self.after_put(int(phys[-1]) + int(sizes[-1]), msgs[-1])
+        return PutMessagesResult(status, n, phys,
                                  np.frombuffer(qoffs, dtype=np.int64), sizes, ts, total,
                                  [e.store_raw for e in encoded])
 
@@ -305,6 +331,3 @@ class CommitLog:
 
     def flush(self, least_pages=0):
         return self.mfq.flush(least_pages)
-
-    def close(self):
-        self.mfq.close()

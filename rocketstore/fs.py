@@ -40,13 +40,23 @@ class FileSystem:
         os.utime(path)
 
     def create_sized(self, path, size):
-        """Create (or extend) `path` to `size` bytes; new space reads as zeros (sparse)."""
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        """Create `path` with `size` bytes (sparse zeros), or extend an existing one. A new file
+        is sized under a temporary name and renamed, so a crash never leaves a short file."""
+        if os.path.exists(path):
+            fd = os.open(path, os.O_RDWR)
+            try:
+                if os.fstat(fd).st_size < size:
+                    os.ftruncate(fd, size)
+            finally:
+                os.close(fd)
+            return
+        tmp = path + ".creating"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            if os.fstat(fd).st_size < size:
-                os.ftruncate(fd, size)
+            os.ftruncate(fd, size)
         finally:
             os.close(fd)
+        os.replace(tmp, path)
 
     def map(self, path, size, writable=True):
         """Map the first `size` bytes of an existing file. The descriptor is closed at once:
@@ -68,6 +78,19 @@ class FileSystem:
         # Older kernels: write one zero byte per page (RocketMQ's warmMappedFile).
         for pos in range(0, len(mm), mmap.PAGESIZE):
             mm[pos] = 0
+
+    def sync_mapped(self, kernels, mm, path, start, length):
+        """Make mm[start:start+length] of the file at `path` durable (the kernel's msync, or
+        fdatasync on the file for the pure backend). Fault-injecting doubles hook here."""
+        fd = os.open(path, os.O_RDWR)
+        try:
+            kernels.sync_range(mm, fd, start, length)
+        finally:
+            os.close(fd)
+
+    def sync_checkpoint(self, mm, path):
+        """msync the small checkpoint mapping (4 KiB: holding the GIL is cheaper than a call)."""
+        mm.flush()
 
     def open_fd(self, path, writable=True):
         return os.open(path, os.O_RDWR if writable else os.O_RDONLY)

@@ -21,10 +21,10 @@ class MappedFile:
 
     __slots__ = ("path", "file_name", "file_from_offset", "file_size", "mm", "wrote_position",
                  "committed_position", "flushed_position", "store_timestamp",
-                 "first_create_in_queue", "writable", "_k", "_fs", "_refs", "_available",
-                 "_cond")
+                 "first_create_in_queue", "writable", "wbuf", "_pool", "_k", "_fs", "_refs",
+                 "_available", "_cond")
 
-    def __init__(self, path, file_size, kernels, fs, writable=True, create=True):
+    def __init__(self, path, file_size, kernels, fs, writable=True, create=True, pool=None):
         self.path = path
         self.file_name = os.path.basename(path)
         self.file_from_offset = int(self.file_name)
@@ -40,6 +40,10 @@ class MappedFile:
         self.flushed_position = 0
         self.store_timestamp = 0          # store time of the last record appended
         self.first_create_in_queue = False
+        # With a TransientStorePool, appends go to a pooled write buffer and reach the mapping
+        # only when committed; readers see committed bytes only.
+        self._pool = pool
+        self.wbuf = pool.borrow() if pool is not None else None
         self._refs = 0                    # views lent out between hold() and release()
         self._available = True
         self._cond = threading.Condition()
@@ -49,6 +53,11 @@ class MappedFile:
     def read_position(self):
         """Readers see up to here (MappedFile#getReadPosition)."""
         return self.committed_position
+
+    @property
+    def write_target(self):
+        """Where appends go: the pooled write buffer if this file has one, else the mapping."""
+        return self.mm if self.wbuf is None else self.wbuf
 
     @property
     def is_full(self):
@@ -82,6 +91,30 @@ class MappedFile:
         self.wrote_position = self.committed_position = pos + n
         return True
 
+    def is_able_to_commit(self, least_pages):
+        commit = self.committed_position
+        write = self.wrote_position
+        if self.is_full:
+            return write > commit
+        if least_pages > 0:
+            return write // OS_PAGE_SIZE - commit // OS_PAGE_SIZE >= least_pages
+        return write > commit
+
+    def commit(self, least_pages=0):
+        """Copy [committed, wrote) from the write buffer into the mapping (MappedFile#commit);
+        a file committed to its end gives its buffer back to the pool."""
+        if self.wbuf is None:
+            return self.wrote_position
+        if self.is_able_to_commit(least_pages):
+            start = self.committed_position
+            end = self.wrote_position
+            self.mm[start:end] = self.wbuf[start:end]
+            self.committed_position = end
+        if self.committed_position >= self.file_size:
+            wbuf, self.wbuf = self.wbuf, None
+            self._pool.give_back(wbuf)
+        return self.committed_position
+
     def is_able_to_flush(self, least_pages):
         flush = self.flushed_position
         write = self.read_position
@@ -98,11 +131,7 @@ class MappedFile:
         try:
             start = self.flushed_position
             end = self.read_position
-            fd = self._fs.open_fd(self.path)
-            try:
-                self._k.sync_range(self.mm, fd, start, end - start)
-            finally:
-                self._fs.close_fd(fd)
+            self._fs.sync_mapped(self._k, self.mm, self.path, start, end - start)
             self.flushed_position = end
         finally:
             self.release()
@@ -134,6 +163,9 @@ class MappedFile:
         """Unmap once no borrower holds a view; returns False if borrowers remain."""
         with self._cond:
             self._available = False
+            if self.wbuf is not None:
+                wbuf, self.wbuf = self.wbuf, None
+                self._pool.give_back(wbuf)
             if self._refs > 0:
                 self._cond.wait_for(lambda: self._refs <= 0, timeout=wait_s)
             if self._refs > 0:

@@ -31,6 +31,7 @@ class MappedFileQueue:
     def load(self):
         """MappedFileQueue#load: map every segment; positions = file size until recovery."""
         files = []
+        names = [n for n in self._fs.list_dir(self.store_path) if n.isdigit()]
         for name in self._fs.list_dir(self.store_path):
             path = os.path.join(self.store_path, name)
             if self._fs.is_dir(path):
@@ -39,6 +40,13 @@ class MappedFileQueue:
                 log.warning("ignoring %s: not a segment name", path)
                 continue
             size = self._fs.size(path)
+            if size == 0 and name == names[-1]:
+                # A file created but never sized (a crash at the wrong moment): nothing was
+                # ever written to it, so drop it, as RocketMQ 5.x does.
+                log.warning("removing empty last segment %s", path)
+                if self.writable:
+                    self._fs.remove(path)
+                continue
             if size != self.file_size:
                 raise StoreLoadError(
                     f"{path} is {size} bytes but segments here are {self.file_size} bytes: "
@@ -159,6 +167,16 @@ class MappedFileQueue:
             else:
                 keep.append(f)
         self.files = keep
+
+    def commit(self, least_pages=0):
+        """Commit the file holding committed_where; True if nothing moved."""
+        f = self.find_by_offset(self.committed_where, self.committed_where == 0)
+        if f is None:
+            return True
+        where = f.file_from_offset + f.commit(least_pages)
+        unchanged = where == self.committed_where
+        self.committed_where = where
+        return unchanged
 
     def delete_last_file(self):
         files = self.files

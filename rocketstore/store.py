@@ -19,10 +19,11 @@ from .dispatch import ConsumeQueueDispatcher
 from .errors import ConfigError, StoreClosedError, StoreLoadError
 from .fs import DEFAULT as DEFAULT_FS
 from .lockfile import StoreLock, abort_path
-from .message import MessageExt
-from .services.flush import FlushConsumeQueueService, FlushRealTimeService
+from .message import PROPERTY_WAIT, MessageExt
+from .services.flush import (CommitRealTimeService, FlushConsumeQueueService,
+                             FlushRealTimeService, GroupCommitService)
 from .services.reput import ReputMessageService
-from .status import GetMessageResult, GetMessageStatus as G
+from .status import GetMessageResult, GetMessageStatus as G, PutMessageStatus
 
 log = logging.getLogger(__name__)
 _UNIT = struct.Struct(">qiq")
@@ -49,9 +50,6 @@ class MessageStore:
         self.config = config if config is not None else StoreConfig(store_path_root_dir=self.root)
         if not isinstance(self.config, StoreConfig):
             raise ConfigError("config must be a StoreConfig")
-        if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH:
-            raise ConfigError("flush_disk_type=SYNC_FLUSH is not available yet: group commit "
-                              "lands with the durability work (issue 3); use ASYNC_FLUSH")
         self.kernels = _kernels.resolve(kernels)
         self.clock = clock or system_clock
         self.fs = fs or DEFAULT_FS
@@ -67,6 +65,7 @@ class MessageStore:
         self.recovery_report = None
         self.reput_service = None
         self.flush_service = None
+        self.commit_service = None
         self.flush_cq_service = None
         self._lock = None if read_only else StoreLock(self.root)
         self._loaded = False
@@ -170,8 +169,19 @@ class MessageStore:
         self.commitlog.start()
         self.flush_cq_service = FlushConsumeQueueService(self)
         self.flush_cq_service.start()
-        self.flush_service = FlushRealTimeService(self)
+        cfg = self.config
+        if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            self.flush_service = GroupCommitService(self)
+            self.commitlog.after_put = self._after_put_sync
+        else:
+            self.flush_service = FlushRealTimeService(self)
+            if not cfg.flush_commit_log_timed:
+                self.commitlog.after_put = self._after_put_async
         self.flush_service.start()
+        if self.commitlog.pool is not None:
+            self.commit_service = CommitRealTimeService(self)
+            self.commit_service.start()
+            self.commitlog.after_put = self._after_put_async
         self.fs.write_bytes(abort_path(self.root), b"", sync=False)
         self._running = True
 
@@ -183,6 +193,9 @@ class MessageStore:
         caught_up = True
         if self._running:
             self._running = False
+            self.commitlog.after_put = None
+            if self.commit_service is not None:
+                self.commit_service.shutdown()      # commit write buffers before the drain
             self.reput_service.shutdown()
             caught_up = self.reput_service.behind() <= 0
             self.flush_service.shutdown()
@@ -207,6 +220,20 @@ class MessageStore:
         if not self._running:
             raise StoreClosedError("the store is not running (shut down, read-only or not "
                                    "started)")
+
+    def _after_put_sync(self, end_offset, msg):
+        """SYNC_FLUSH: wait for the group commit unless the message says WAIT=false."""
+        if msg.properties.get(PROPERTY_WAIT) == "false":
+            self.flush_service.wakeup()
+            return PutMessageStatus.PUT_OK
+        if self.flush_service.wait_flushed(end_offset, self.config.sync_flush_timeout):
+            return PutMessageStatus.PUT_OK
+        return PutMessageStatus.FLUSH_DISK_TIMEOUT
+
+    def _after_put_async(self, end_offset, msg):
+        """ASYNC_FLUSH with an untimed flusher or a write-buffer pool: wake the next stage."""
+        (self.commit_service or self.flush_service).wakeup()
+        return PutMessageStatus.PUT_OK
 
     # ---- ConsumeQueue table -------------------------------------------------------------------
     def _new_cq(self, topic, queue_id):
@@ -383,8 +410,8 @@ class MessageStore:
                 pos, size = row[0], row[7]
                 yield MessageExt.decode(mf.mm[pos:pos + size])
             offset = mf.file_from_offset + stop
-            if reason == F.SCAN_BLANK or (reason == F.SCAN_END and stop >= mf.read_position
-                                          and mf.is_full):
+            if reason == F.SCAN_BLANK or (reason == F.SCAN_END
+                                          and stop >= mf.read_position >= mf.file_size):
                 offset = self.commitlog.roll_next_file(offset)
             elif reason != F.SCAN_END:
                 break

@@ -14,8 +14,9 @@ log = logging.getLogger(__name__)
 class AllocateMappedFileService(ServiceThread):
     name = "AllocateMappedFileService"
 
-    def __init__(self, file_size, kernels, fs, prefault=True):
+    def __init__(self, file_size, kernels, fs, prefault=True, pool=None):
         super().__init__()
+        self.pool = pool
         self.file_size = file_size
         self._k = kernels
         self._fs = fs
@@ -26,7 +27,7 @@ class AllocateMappedFileService(ServiceThread):
         self._ready = {}           # path -> MappedFile prepared in the background
 
     def _make(self, path):
-        mf = MappedFile(path, self.file_size, self._k, self._fs)
+        mf = MappedFile(path, self.file_size, self._k, self._fs, pool=self.pool)
         if self._prefault:
             self._fs.prefault(mf.mm)
         return mf

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Flush services (spec 03 §2): CommitLog async flush and ConsumeQueue flush + checkpoint."""
 import logging
+import threading
 import time
 
 from .base import ServiceThread
@@ -46,6 +47,88 @@ class FlushRealTimeService(ServiceThread):
         mfq = self._store.commitlog.mfq
         for _ in range(10):
             if mfq.flush(0):
+                break
+
+
+class GroupCommitService(ServiceThread):
+    """SYNC_FLUSH group commit: a put waits until the flushed offset passes its record's end;
+    one flush (one msync per file touched) serves every put waiting at that moment, and puts
+    arriving during a flush are served by the next one (spec 03 §2.2)."""
+
+    name = "GroupCommitService"
+
+    def __init__(self, store):
+        super().__init__()
+        self._store = store
+        self._mfq = store.commitlog.mfq
+        self._cond = threading.Condition()
+        self._flushed = self._mfq.flushed_where   # published under _cond
+
+    def wait_flushed(self, offset, timeout_ms):
+        """Block until `offset` is durable; False after `timeout_ms` (FLUSH_DISK_TIMEOUT)."""
+        if self._flushed >= offset:
+            return True
+        self.wakeup()
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        with self._cond:
+            while self._flushed < offset:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self.is_stopped:
+                    return self._flushed >= offset
+                self._cond.wait(remaining)
+        return True
+
+    def run_once(self):
+        self.wait_for_running(10)
+        self.flush_all()
+
+    def flush_all(self):
+        mfq = self._mfq
+        target = mfq.get_max_offset()
+        # One call flushes one file: a batch that crossed into a new file needs a second.
+        for _ in range(len(mfq.files) + 1):
+            if mfq.flush(0) or mfq.flushed_where >= target:
+                break
+        if mfq.store_timestamp > 0:
+            self._store.checkpoint.physic_msg_timestamp = mfq.store_timestamp
+        with self._cond:
+            self._flushed = mfq.flushed_where
+            self._cond.notify_all()
+
+    def on_shutdown(self):
+        self.flush_all()
+
+
+class CommitRealTimeService(ServiceThread):
+    """With a TransientStorePool: copy write buffers into the files every
+    commit_interval_commit_log ms (4 pages at least, everything every thorough interval), then
+    wake the flusher (spec 03 §2.4)."""
+
+    name = "CommitRealTimeService"
+
+    def __init__(self, store):
+        super().__init__()
+        self._store = store
+        self._last_commit = 0
+
+    def run_once(self):
+        cfg = self._store.config
+        least = cfg.commit_commit_log_least_pages
+        now = _now_ms()
+        if now >= self._last_commit + cfg.commit_commit_log_thorough_interval:
+            least = 0
+        mfq = self._store.commitlog.mfq
+        if not mfq.commit(least):
+            self._last_commit = now
+            flusher = self._store.flush_service
+            if flusher is not None:
+                flusher.wakeup()
+        self.wait_for_running(cfg.commit_interval_commit_log)
+
+    def on_shutdown(self):
+        mfq = self._store.commitlog.mfq
+        for _ in range(len(mfq.files) + 10):
+            if mfq.commit(0):
                 break
 
 

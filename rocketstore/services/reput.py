@@ -48,7 +48,7 @@ class ReputMessageService(ServiceThread):
                 start = offset - mf.file_from_offset
                 end = mf.read_position
                 if start >= end:
-                    if mf.is_full:
+                    if end >= mf.file_size:
                         self.reput_from_offset = cl.roll_next_file(offset)
                         continue
                     break

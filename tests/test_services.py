@@ -1,0 +1,144 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Flush, commit and reput services: what each flush mode promises, observed."""
+import threading
+import time
+import types
+
+import pytest
+
+from rocketstore import (FlushDiskType, GetMessageStatus as G, Message, PutMessageStatus,
+                         testing)
+
+
+def sync_config(**kw):
+    return testing.small_config(flush_disk_type=FlushDiskType.SYNC_FLUSH, **kw)
+
+
+def test_sync_flush_put_returns_after_its_bytes_are_flushed(tmp_path, backend):
+    store = testing.open_store(tmp_path / "s", backend, sync_config())
+    try:
+        for i in range(50):
+            r = store.put_message(Message("Sync", b"%d" % i))
+            assert r.status is PutMessageStatus.PUT_OK
+            assert store.commitlog.mfq.flushed_where >= r.commit_log_offset + r.wrote_bytes
+        rs = store.put_messages([Message("Sync", b"b%d" % i) for i in range(2000)])
+        assert rs.status is PutMessageStatus.PUT_OK
+        assert store.commitlog.mfq.flushed_where >= int(rs.commit_log_offsets[-1])
+    finally:
+        store.shutdown()
+
+
+def test_group_commit_serves_concurrent_producers(tmp_path, backend):
+    store = testing.open_store(tmp_path / "s", backend, sync_config())
+    results = []
+
+    def produce(t):
+        for i in range(100):
+            results.append(store.put_message(Message("G", b"%d-%d" % (t, i), queue_id=t)))
+    try:
+        threads = [threading.Thread(target=produce, args=(t,)) for t in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(results) == 800
+        assert all(r.status is PutMessageStatus.PUT_OK for r in results)
+        end = max(r.commit_log_offset + r.wrote_bytes for r in results)
+        assert store.commitlog.mfq.flushed_where >= end
+    finally:
+        store.shutdown()
+
+
+class _SlowSync:
+    """A kernel module whose msync takes `delay` seconds: a disk that stalls."""
+
+    def __init__(self, inner, delay):
+        self._inner = inner
+        self._delay = delay
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def sync_range(self, *args):
+        time.sleep(self._delay)
+        return self._inner.sync_range(*args)
+
+
+def test_sync_flush_answers_flush_disk_timeout_when_the_disk_stalls(tmp_path, backend):
+    kernels = _SlowSync(backend, 0.5)
+    store = testing.open_store(tmp_path / "s", kernels, sync_config(sync_flush_timeout=50))
+    try:
+        time.sleep(0.6)   # let a first flush of the empty store pass
+        r = store.put_message(Message("Slow", b"x"))
+        assert r.status is PutMessageStatus.FLUSH_DISK_TIMEOUT
+        assert r.status.ok                      # stored, just not known durable yet
+        assert store.look_message_by_offset(r.commit_log_offset).body == b"x"
+    finally:
+        store.shutdown()
+
+
+def test_wait_false_does_not_wait_for_the_flush(tmp_path, backend):
+    kernels = _SlowSync(backend, 0.3)
+    store = testing.open_store(tmp_path / "s", kernels, sync_config(sync_flush_timeout=5000))
+    try:
+        t0 = time.monotonic()
+        r = store.put_message(Message("NoWait", b"x", properties={"WAIT": "false"}))
+        assert r.status is PutMessageStatus.PUT_OK and time.monotonic() - t0 < 0.25
+    finally:
+        store.shutdown()
+
+
+def test_transient_pool_shows_readers_only_committed_bytes(tmp_path, backend):
+    cfg = testing.small_config(transient_store_pool_enable=True, transient_store_pool_size=3,
+                               commit_interval_commit_log=200,
+                               commit_commit_log_thorough_interval=200)
+    store = testing.open_store(tmp_path / "s", backend, cfg)
+    try:
+        assert store.commitlog.pool is not None and store.commit_service is not None
+        r = store.put_message(Message("Pool", b"buffered"))
+        deadline = time.monotonic() + 5
+        while store.get_max_phy_offset() <= r.commit_log_offset and time.monotonic() < deadline:
+            time.sleep(0.01)
+        testing.wait_dispatched(store)
+        g = store.get_message("g", "Pool", 0, 0)
+        assert g.status is G.FOUND and g.messages[0].body == b"buffered"
+        for i in range(300):                    # roll through several files and buffers
+            store.put_message(Message("Pool", b"y" * 500))
+    finally:
+        store.shutdown()
+    store = testing.open_store(tmp_path / "s", backend, cfg)
+    try:
+        assert store.get_max_offset_in_queue("Pool", 0) == 301
+    finally:
+        store.shutdown()
+
+
+def test_async_flush_eventually_flushes_and_writes_the_checkpoint(tmp_path, backend):
+    cfg = testing.small_config(flush_interval_commit_log=20, flush_commit_log_least_pages=0,
+                               flush_interval_consume_queue=20)
+    clock = iter(range(1_700_000_000_000, 1_800_000_000_000, 1000)).__next__
+    store = testing.open_store(tmp_path / "s", backend, cfg, clock=clock)
+    try:
+        r = store.put_message(Message("A", b"x"))
+        deadline = time.monotonic() + 5
+        while store.commitlog.mfq.flushed_where < r.commit_log_offset + r.wrote_bytes:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        testing.wait_dispatched(store)
+    finally:
+        store.shutdown()
+    raw = (tmp_path / "s" / "checkpoint").read_bytes()
+    assert len(raw) == 4096
+    assert int.from_bytes(raw[8:16], "big") == r.store_timestamp      # logicsMsgTimestamp
+
+
+def test_reput_makes_a_put_visible_within_milliseconds(tmp_path, backend):
+    store = testing.open_store(tmp_path / "s", backend)
+    try:
+        store.put_message(Message("Fast", b"x"))
+        deadline = time.monotonic() + 1.0
+        while store.get_message("g", "Fast", 0, 0).status is not G.FOUND:
+            assert time.monotonic() < deadline
+            time.sleep(0.0005)
+    finally:
+        store.shutdown()
