@@ -7,6 +7,7 @@ faults (google/leveldb's Env). Paths are plain strings.
 import errno
 import mmap
 import os
+import time
 
 # Linux 5.14+: fault every page of a range in, writable, in one call (no per-page first touch).
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
@@ -68,16 +69,24 @@ class FileSystem:
         finally:
             os.close(fd)
 
-    def prefault(self, mm):
-        """Fault in every page of a fresh writable mapping, so appends never pay first touch."""
+    def prefault(self, mm, chunk=1 << 20):
+        """Fault in every page of a fresh writable mapping, so appends never pay first touch.
+
+        mmap.madvise holds the GIL, so a whole 1 GiB file at once would stall every producer
+        for seconds: go a chunk at a time and let other threads run in between."""
+        size = len(mm)
         try:
-            mm.madvise(MADV_POPULATE_WRITE)
+            for pos in range(0, size, chunk):
+                mm.madvise(MADV_POPULATE_WRITE, pos, min(chunk, size - pos))
+                time.sleep(0)
             return
         except (OSError, ValueError, AttributeError):
             pass
         # Older kernels: write one zero byte per page (RocketMQ's warmMappedFile).
-        for pos in range(0, len(mm), mmap.PAGESIZE):
+        for pos in range(0, size, mmap.PAGESIZE):
             mm[pos] = 0
+            if pos % chunk == 0:
+                time.sleep(0)
 
     def sync_mapped(self, kernels, mm, path, start, length):
         """Make mm[start:start+length] of the file at `path` durable (the kernel's msync, or

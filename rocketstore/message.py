@@ -81,12 +81,19 @@ def hashmap_order(names):
 
 
 def properties_to_string(props):
-    """messageProperties2String (4.9.x): name\\x01value pairs joined by \\x02 in HashMap order,
+    """messageProperties2String (4.9.x): name\x01value pairs joined by \x02 in HashMap order,
     with no separator after the last pair. None values are skipped."""
-    names = tuple(k for k, v in props.items() if v is not None)
-    if not names:
+    if not props:
         return ""
-    return "\x02".join(f"{k}\x01{props[k]}" for k in hashmap_order(names))
+    order = _ORDER_CACHE.get(tuple(props))
+    if order is None or None in props.values():
+        names = tuple(k for k, v in props.items() if v is not None)
+        if not names:
+            return ""
+        order = hashmap_order(names)
+        if len(names) == len(props) and len(_ORDER_CACHE) < 65536:
+            _ORDER_CACHE[tuple(props)] = order
+    return "\x02".join([f"{k}\x01{props[k]}" for k in order])
 
 
 def string_to_properties(text):

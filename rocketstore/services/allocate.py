@@ -26,9 +26,9 @@ class AllocateMappedFileService(ServiceThread):
         self._making = None        # path being prepared right now
         self._ready = {}           # path -> MappedFile prepared in the background
 
-    def _make(self, path):
+    def _make(self, path, prefault):
         mf = MappedFile(path, self.file_size, self._k, self._fs, pool=self.pool)
-        if self._prefault:
+        if prefault:
             self._fs.prefault(mf.mm)
         return mf
 
@@ -42,7 +42,9 @@ class AllocateMappedFileService(ServiceThread):
             if self._wanted == path:
                 self._wanted = None
         if mf is None:
-            mf = self._make(path)
+            # Created while a producer waits: faulting a whole file in now would cost more
+            # than the first touches it saves.
+            mf = self._make(path, prefault=False)
         nxt = os.path.join(os.path.dirname(path), "%020d" % next_offset)
         with self._lock:
             self._wanted = nxt
@@ -59,7 +61,7 @@ class AllocateMappedFileService(ServiceThread):
             self._making = path
         mf = None
         try:
-            mf = self._make(path)
+            mf = self._make(path, self._prefault)
         except OSError:
             log.exception("could not pre-allocate %s", path)
         finally:
