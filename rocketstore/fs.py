@@ -64,6 +64,13 @@ class FileSystem:
         a mapping does not need it, and a store with 40 000 queues must not hold 40 000 fds."""
         fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
         try:
+            actual = os.fstat(fd).st_size
+            if not writable and actual < size:
+                # A short file opened read-only: map a zero-padded private copy instead, so
+                # no read past its end can fault (SIGBUS), and the file stays untouched.
+                mm = mmap.mmap(-1, size)
+                mm[:actual] = os.pread(fd, actual, 0)
+                return mm
             return mmap.mmap(fd, size, mmap.MAP_SHARED,
                              mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
         finally:
