@@ -43,6 +43,174 @@ def _cq_tags_code(store, m):
     return int(units[0]["tags_code"])
 
 
+def _lock_holder(path):
+    """(file exists, pid holding its OS lock or 0, or None when it cannot tell). F_GETLK
+    only asks: taking the lock, even briefly, could fail a broker starting at that moment."""
+    import fcntl
+    import os
+    import struct
+    if not os.path.exists(path):
+        return False, None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return True, None
+    try:
+        # struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid (+ padding).
+        query = struct.pack("hhqqi", fcntl.F_WRLCK, 0, 0, 1, 0).ljust(32, b"\0")
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, query)
+        l_type, _, _, _, pid = struct.unpack_from("hhqqi", answer)
+        return True, (0 if l_type == fcntl.F_UNLCK else pid)
+    except (OSError, struct.error):
+        return True, None
+    finally:
+        os.close(fd)
+
+
+def _files_per_kind(store):
+    """{kind: {"files": n, "bytes": total}} for commitlog, consumequeue, index and config."""
+    import os
+    fs = store.fs
+
+    def walk(path):
+        count = size = 0
+        for name in fs.list_dir(path):
+            p = os.path.join(path, name)
+            if fs.is_dir(p):
+                c, b = walk(p)
+                count, size = count + c, size + b
+            else:
+                count, size = count + 1, size + fs.size(p)
+        return count, size
+
+    kinds = {}
+    dirs = {"commitlog": store.config.commitlog_dir(store.root),
+            "consumequeue": os.path.join(store.root, "consumequeue"),
+            "index": os.path.join(store.root, "index"),
+            "config": os.path.join(store.root, "config")}
+    for kind, path in dirs.items():
+        count, size = walk(path)
+        kinds[kind] = {"files": count, "bytes": size}
+    return kinds
+
+
+def _ms_to_iso(ms):
+    import datetime
+    if not ms:
+        return None
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat(
+        timespec="milliseconds")
+
+
+def store_stat(store):
+    """The `stat` report of an open (read-only) store as a JSON-ready dict."""
+    import os
+    root = store.root
+    topics = []
+    for topic in sorted(store.consume_queue_table):
+        queues = store.consume_queue_table[topic]
+        tc = store.topic_config(topic)
+        topics.append({
+            "topic": topic,
+            "config": tc.to_json_obj() if tc else None,
+            "queues": [{"queue_id": q, "min_offset": queues[q].min_offset_in_queue,
+                        "max_offset": queues[q].max_offset_in_queue}
+                       for q in sorted(queues)]})
+    for name in sorted(set(store.topic_configs.topic_config_table) -
+                       set(store.consume_queue_table)):
+        topics.append({"topic": name, "config": store.topic_config(name).to_json_obj(),
+                       "queues": []})
+    groups = {}
+    for group, topic, offsets in store.consumer_offsets.entries():
+        table = store.consume_queue_table.get(topic, {})
+        queues = []
+        for qid in sorted(offsets):
+            cq = table.get(qid)
+            max_off = cq.max_offset_in_queue if cq is not None else None
+            lag = max(0, max_off - offsets[qid]) if max_off is not None else None
+            queues.append({"queue_id": qid, "offset": offsets[qid], "max_offset": max_off,
+                           "lag": lag})
+        entry = groups.setdefault(group, {"group": group, "lag": 0, "topics": []})
+        entry["topics"].append({"topic": topic, "queues": queues,
+                                "lag": sum(q["lag"] or 0 for q in queues)})
+        entry["lag"] += entry["topics"][-1]["lag"]
+    for group in store.subscription_groups.subscription_group_table:
+        groups.setdefault(group, {"group": group, "lag": 0, "topics": []})
+    cp = store.checkpoint
+    lock_file, holder = _lock_holder(os.path.join(root, "lock"))
+    try:
+        disk = store.fs.disk_usage_ratio(root)
+    except OSError:
+        disk = None
+    return {
+        "store_dir": root,
+        "commitlog": {"min_offset": store.get_min_phy_offset(),
+                      "max_offset": store.get_max_phy_offset()},
+        "files": _files_per_kind(store),
+        "checkpoint": {name: {"ms": value, "utc": _ms_to_iso(value)} for name, value in (
+            ("physic_msg_timestamp", cp.physic_msg_timestamp),
+            ("logics_msg_timestamp", cp.logics_msg_timestamp),
+            ("index_msg_timestamp", cp.index_msg_timestamp))},
+        "abort_file": store.fs.exists(os.path.join(root, "abort")),
+        "lock_file": lock_file,
+        "locked_by_pid": holder,
+        "disk_used_ratio": disk,
+        "topics": topics,
+        "groups": [groups[g] for g in sorted(groups)],
+    }
+
+
+def _print_stat(st, out):
+    w = out.write
+    w(f"store      {st['store_dir']}\n")
+    cl = st["commitlog"]
+    w(f"commitlog  offsets {cl['min_offset']} .. {cl['max_offset']}\n")
+    state = "present (running, or not shut down cleanly)" if st["abort_file"] else "absent"
+    holder = st["locked_by_pid"]
+    lock = ("absent" if not st["lock_file"] else
+            "present, not held" if holder == 0 else
+            f"present, held by pid {holder}" if holder else "present")
+    w(f"abort      {state}\nlock       {lock}\n")
+    disk = st["disk_used_ratio"]
+    w(f"disk       {'unknown' if disk is None else f'{disk:.1%} used'}\n")
+    w("files\n")
+    for kind, f in st["files"].items():
+        w(f"  {kind:<13}{f['files']:>7} files {f['bytes']:>15,} bytes\n")
+    w("checkpoint\n")
+    for name, v in st["checkpoint"].items():
+        w(f"  {name:<22}{v['ms']:>15}  {v['utc'] or '-'}\n")
+    w("topics\n")
+    for t in st["topics"]:
+        cfg = t["config"]
+        extra = (f"  (read {cfg['readQueueNums']}, write {cfg['writeQueueNums']}, "
+                 f"perm {cfg['perm']})" if cfg else "")
+        w(f"  {t['topic']}{extra}\n")
+        for q in t["queues"]:
+            w(f"    queue {q['queue_id']:<4} min {q['min_offset']:<10} max {q['max_offset']}\n")
+    w("groups\n")
+    for g in st["groups"]:
+        w(f"  {g['group']}  lag {g['lag']}\n")
+        for t in g["topics"]:
+            for q in t["queues"]:
+                w(f"    {t['topic']} queue {q['queue_id']:<4} offset {q['offset']:<10} "
+                  f"max {q['max_offset']}  lag {q['lag']}\n")
+
+
+def _stat(args):
+    from .store import MessageStore
+    store = MessageStore.open_read_only(args.store_dir, kernels=args.backend)
+    try:
+        st = store_stat(store)
+    finally:
+        store.shutdown()
+    if args.json:
+        json.dump(st, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_stat(st, sys.stdout)
+    return 0
+
+
 def _bench(args):
     from .bench_job import run_bench
     return run_bench(args)
@@ -80,6 +248,12 @@ def build_parser():
     d.add_argument("--queue", type=int, default=None, help="only this queue id")
     d.add_argument("--limit", type=int, default=None, help="stop after this many messages")
     d.set_defaults(func=_dump)
+
+    s = sub.add_parser("stat", help="summarise a store directory (read-only): topics, queues, "
+                                    "consumer lag, files, checkpoint, lock and disk")
+    s.add_argument("store_dir", help="store root (holds commitlog/, consumequeue/, config/)")
+    s.add_argument("--json", action="store_true", help="print the report as JSON")
+    s.set_defaults(func=_stat)
     return p
 
 

@@ -55,6 +55,9 @@ class CommitLog:
         self._max_body = config.max_message_size
         self._delay_levels = config.delay_levels
         self._topics = {}                  # validated topic -> UTF-8 bytes
+        # topic -> writeQueueNums of its TopicConfig; set by the store (config manager). A
+        # dict rebound on change, never mutated, so encode reads it without a lock.
+        self.write_queue_limits = {}
         self._tls = threading.local()
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -147,6 +150,11 @@ class CommitLog:
         queue_id = msg.queue_id
         if not isinstance(queue_id, int) or queue_id < 0 or queue_id > 0x7FFFFFFF:
             raise MessageIllegalError(f"queue id {queue_id!r} is not a valid queue")
+        limit = self.write_queue_limits.get(topic)
+        if limit is not None and queue_id >= limit:
+            # The broker's SendMessageProcessor rule: "request queueId[..] is illegal".
+            raise MessageIllegalError(
+                f"queue id {queue_id} is illegal: topic {topic} has {limit} write queues")
         sys_flag = msg.sys_flag & ~(F.BORNHOST_V6_FLAG | F.STOREHOSTADDRESS_V6_FLAG)
         tx = sys_flag & F.TRANSACTION_TYPE_MASK
         props = msg.properties
@@ -212,12 +220,19 @@ class CommitLog:
         with self.put_lock:
             ts = clock()
             self.begin_time_in_lock = ts
-            mf = self._writable_file()
-            pos = mf.wrote_position
-            if size + F.END_FILE_MIN_BLANK_LENGTH > self.file_size - pos:
-                self._end_file(mf, pos)
+            try:
                 mf = self._writable_file()
                 pos = mf.wrote_position
+                if size + F.END_FILE_MIN_BLANK_LENGTH > self.file_size - pos:
+                    self._end_file(mf, pos)
+                    mf = self._writable_file()
+                    pos = mf.wrote_position
+            except OSError as exc:
+                # ENOSPC and friends while rolling: nothing of this message was written and
+                # the blank record closing the full file is valid, so refuse and go on.
+                self.begin_time_in_lock = 0
+                return PutMessageResult(PutMessageStatus.CREATE_MAPEDFILE_FAILED,
+                                        reason=f"create mapped file failed: {exc}")
             table = self.topic_queue_table
             qoff = table.get(key, 0) if e.dispatched else 0
             phy = mf.file_from_offset + pos
@@ -270,7 +285,20 @@ class CommitLog:
                 done = 0
                 rd = 0
                 while done < n:
-                    mf = self._writable_file()
+                    try:
+                        mf = self._writable_file()
+                    except OSError as exc:
+                        # Messages not written give their queue offsets back (highest
+                        # first per queue, as assigned), so the next put leaves no gap.
+                        for e in reversed(encoded[done:]):
+                            if e.dispatched:
+                                table[e.key] -= 1
+                        self.begin_time_in_lock = 0
+                        return PutMessagesResult(
+                            PutMessageStatus.CREATE_MAPEDFILE_FAILED, done, phys[:done],
+                            np.frombuffer(qoffs, dtype=np.int64)[:done].copy(),
+                            sizes[:done], ts, rd, [e.store_raw for e in encoded[:done]],
+                            reason=f"create mapped file failed: {exc}")
                     wpos = mf.wrote_position
                     base = mf.file_from_offset + wpos
                     count, nbytes = self._k.commitlog_append_batch(

@@ -179,6 +179,9 @@ class StoreConfig:
     ha_bind_address: str = "127.0.0.1"
     # Create the next CommitLog file ahead of time and pre-fault it (AllocateMappedFileService).
     prefault_next_file: bool = True
+    # Beyond RocketMQ (no Java key): keep a CommitLog file while a committed consumer offset
+    # still needs it, unless disk usage passes disk_space_clean_forcibly_ratio.
+    clean_protect_unconsumed: bool = False
     # Keys of a broker.conf that are not store fields (brokerName, namesrvAddr, ...), kept so
     # to_properties() writes them back.
     extra_properties: dict = field(default_factory=dict, repr=False)

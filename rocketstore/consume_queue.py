@@ -97,6 +97,14 @@ class ConsumeQueue:
         if i * UNIT < end:
             self.min_logic_offset = f.file_from_offset + i * UNIT
 
+    def delete_expired_file(self, min_commit_log_offset, now_ms):
+        """ConsumeQueue#deleteExpiredFile (spec 02 §1.8): destroy whole files whose units all
+        point below the CommitLog minimum (never the last file), then correct the minimum
+        logical offset. Returns the number of files deleted. Called by the clean thread."""
+        count = self.mfq.delete_expired_file_by_offset(min_commit_log_offset, UNIT, now_ms)
+        self.correct_min_offset(min_commit_log_offset)
+        return count
+
     # ---- offsets ---------------------------------------------------------------------------
     @property
     def min_offset_in_queue(self):
@@ -219,7 +227,10 @@ class ConsumeQueue:
         end = f.read_position
         if rel >= end:
             return None, None
-        return f.mm[rel:end], f
+        try:
+            return f.mm[rel:end], f
+        except ValueError:              # unmapped by cleaning meanwhile
+            return None, None
 
     def roll_next_file(self, index):
         per_file = self.file_size // UNIT

@@ -22,7 +22,7 @@ class MappedFile:
     __slots__ = ("path", "file_name", "file_from_offset", "file_size", "mm", "wrote_position",
                  "committed_position", "flushed_position", "store_timestamp",
                  "first_create_in_queue", "writable", "wbuf", "_pool", "_k", "_fs", "_refs",
-                 "_available", "_cond")
+                 "_available", "_cond", "_first_shutdown_ms")
 
     def __init__(self, path, file_size, kernels, fs, writable=True, create=True, pool=None):
         self.path = path
@@ -34,7 +34,14 @@ class MappedFile:
         self._fs = fs
         if create:
             fs.create_sized(path, file_size)
-        self.mm = fs.map(path, file_size, writable)
+        try:
+            self.mm = fs.map(path, file_size, writable)
+        except OSError:
+            # A file created here but never mapped (ENOSPC, EMFILE) would load on reopen as
+            # an empty segment past the end; leave nothing behind.
+            if create:
+                fs.remove(path)
+            raise
         self.wrote_position = 0
         self.committed_position = 0
         self.flushed_position = 0
@@ -47,6 +54,7 @@ class MappedFile:
         self._refs = 0                    # views lent out between hold() and release()
         self._available = True
         self._cond = threading.Condition()
+        self._first_shutdown_ms = 0
 
     # ---- positions -------------------------------------------------------------------
     @property
@@ -182,6 +190,42 @@ class MappedFile:
         if closed:
             self._fs.remove(self.path)
         return closed
+
+    @property
+    def is_available(self):
+        """False once a destroy has started (ReferenceResource#isAvailable)."""
+        return self._available
+
+    @property
+    def ref_count(self):
+        """Views currently lent out by hold()."""
+        return self._refs
+
+    def try_destroy(self, now_ms, interval_forcibly_ms):
+        """MappedFile#destroy(intervalForcibly) without blocking: the first call marks the file
+        unavailable (no new hold()); it is unmapped and deleted once no borrower remains, or
+        once `interval_forcibly_ms` has passed since that first call. Returns True when the
+        file is gone, False if it must be retried (the "hanged file")."""
+        with self._cond:
+            if self._available:
+                self._available = False
+                self._first_shutdown_ms = now_ms
+                if self.wbuf is not None:
+                    wbuf, self.wbuf = self.wbuf, None
+                    self._pool.give_back(wbuf)
+            forced = now_ms - self._first_shutdown_ms >= interval_forcibly_ms
+            if self._refs > 0 and not forced:
+                return False
+        try:
+            self.mm.close()
+        except BufferError:
+            # An exported view (numpy array, memoryview) pins the mapping and Python cannot
+            # unmap under it, unlike Java's forced cleaner. Forced: unlink the file anyway;
+            # the pages stay valid for the last view and go with it.
+            if not forced:
+                return False
+        self._fs.remove(self.path)
+        return True
 
     def __repr__(self):
         return (f"MappedFile({self.file_name}, wrote={self.wrote_position}, "

@@ -29,17 +29,23 @@ class MappedFileQueue:
 
     # ---- load --------------------------------------------------------------------------
     def load(self):
-        """MappedFileQueue#load: map every segment; positions = file size until recovery."""
+        """MappedFileQueue#load: map every segment; positions = file size until recovery.
+
+        Segments that all have one other size mean the configured size is wrong
+        (StoreLoadError). A segment shorter than its neighbours was damaged or cut short: its
+        missing tail reads as never-written space, which recovery takes for the end of data."""
         files = []
-        names = [n for n in self._fs.list_dir(self.store_path) if n.isdigit()]
+        names = [n for n in self._fs.list_dir(self.store_path)
+                 if n.isdigit() and not self._fs.is_dir(os.path.join(self.store_path, n))]
         for name in self._fs.list_dir(self.store_path):
-            path = os.path.join(self.store_path, name)
-            if self._fs.is_dir(path):
-                continue
             if not name.isdigit():
-                log.warning("ignoring %s: not a segment name", path)
-                continue
-            size = self._fs.size(path)
+                log.warning("ignoring %s: not a segment name", os.path.join(self.store_path,
+                                                                            name))
+        sizes = {n: self._fs.size(os.path.join(self.store_path, n)) for n in names}
+        damaged_ok = self.file_size in sizes.values() or len(set(sizes.values())) > 1
+        for name in names:
+            path = os.path.join(self.store_path, name)
+            size = sizes[name]
             if size == 0 and name == names[-1]:
                 # A file created but never sized (a crash at the wrong moment): nothing was
                 # ever written to it, so drop it, as RocketMQ 5.x does.
@@ -47,7 +53,12 @@ class MappedFileQueue:
                 if self.writable:
                     self._fs.remove(path)
                 continue
-            if size != self.file_size:
+            if size < self.file_size and damaged_ok:
+                log.warning("%s is %d bytes, not %d: treating the missing tail as empty",
+                            path, size, self.file_size)
+                if self.writable:
+                    self._fs.create_sized(path, self.file_size)
+            elif size != self.file_size:
                 raise StoreLoadError(
                     f"{path} is {size} bytes but segments here are {self.file_size} bytes: "
                     "the configured file size does not match the store")
@@ -177,6 +188,55 @@ class MappedFileQueue:
         unchanged = where == self.committed_where
         self.committed_where = where
         return unchanged
+
+    def delete_files(self, files):
+        """Drop destroyed files from the list (MappedFileQueue#deleteExpiredFile). Under the
+        queue lock: a put rolling to a new file rebinds the list concurrently."""
+        gone = set(map(id, files))
+        with self._lock:
+            current = self.files
+            n = len(files)
+            if all(id(f) in gone for f in current[:n]):
+                self.files = current[n:]        # the usual case: a prefix, sliced in C
+            else:
+                self.files = [f for f in current if id(f) not in gone]
+
+    def retry_delete_first_file(self, now_ms, interval_forcibly_ms):
+        """retryDeleteFirstFile: finish destroying a first file that an earlier destroy left
+        marked unavailable because a reader still held it. True if it is gone now."""
+        first = self.first_file
+        if first is None or first.is_available:
+            return False
+        log.warning("the mapped file %s was destroyed once, but is still alive", first.path)
+        if first.try_destroy(now_ms, interval_forcibly_ms):
+            self.delete_files([first])
+            return True
+        return False
+
+    def delete_expired_file_by_offset(self, offset, unit_size, now_ms,
+                                      interval_forcibly_ms=60_000):
+        """deleteExpiredFileByOffset: destroy leading files whose last unit's physical offset is
+        below `offset`; never the last file. Returns the number deleted."""
+        files = self.files[:-1]
+        deleted = []
+        for f in files:
+            if not f.is_available:      # a hanged file from an earlier round
+                destroy = True
+            else:
+                try:
+                    last_phy = int.from_bytes(
+                        f.mm[self.file_size - unit_size:self.file_size - unit_size + 8], "big",
+                        signed=True)
+                except ValueError:      # unmapped meanwhile
+                    break
+                destroy = last_phy < offset
+            if destroy and f.try_destroy(now_ms, interval_forcibly_ms):
+                deleted.append(f)
+            else:
+                break
+        if deleted:
+            self.delete_files(deleted)
+        return len(deleted)
 
     def delete_last_file(self):
         files = self.files

@@ -46,14 +46,16 @@ class AppendStatus(enum.Enum):
 
 
 class PutMessageResult:
-    """What put_message returns. msg_id is derived on first use."""
+    """What put_message returns. msg_id is derived on first use; `reason` says why a put was
+    refused (disk full, file creation failed), None otherwise."""
 
     __slots__ = ("status", "commit_log_offset", "queue_offset", "store_timestamp",
-                 "wrote_bytes", "_store_host_raw")
+                 "wrote_bytes", "_store_host_raw", "reason")
 
     def __init__(self, status, commit_log_offset=-1, queue_offset=-1, store_timestamp=0,
-                 wrote_bytes=0, store_host_raw=b""):
+                 wrote_bytes=0, store_host_raw=b"", reason=None):
         self.status = status
+        self.reason = reason
         self.commit_log_offset = commit_log_offset
         self.queue_offset = queue_offset
         self.store_timestamp = store_timestamp
@@ -72,20 +74,23 @@ class PutMessageResult:
         return self.status.ok
 
     def __repr__(self):
+        why = f", reason={self.reason!r}" if self.reason else ""
         return (f"PutMessageResult({self.status.name}, commit_log_offset="
                 f"{self.commit_log_offset}, queue_offset={self.queue_offset}, "
-                f"wrote_bytes={self.wrote_bytes})")
+                f"wrote_bytes={self.wrote_bytes}{why})")
 
 
 class PutMessagesResult:
-    """What put_messages returns: arrays, not one object per message."""
+    """What put_messages returns: arrays, not one object per message. On a refusal `count`
+    says how many of the first messages were stored and `reason` says why."""
 
     __slots__ = ("status", "count", "commit_log_offsets", "queue_offsets", "sizes",
-                 "store_timestamp", "wrote_bytes", "_store_host_raws")
+                 "store_timestamp", "wrote_bytes", "_store_host_raws", "reason")
 
     def __init__(self, status, count, commit_log_offsets, queue_offsets, sizes,
-                 store_timestamp, wrote_bytes, store_host_raws=()):
+                 store_timestamp, wrote_bytes, store_host_raws=(), reason=None):
         self.status = status
+        self.reason = reason
         self.count = count
         self.commit_log_offsets = commit_log_offsets
         self.queue_offsets = queue_offsets

@@ -12,18 +12,23 @@ from . import kernels as _kernels
 from . import recovery
 from .checkpoint import StoreCheckpoint
 from .clock import system_clock
-from .commitlog import CommitLog
+from .commitlog import TOPIC_PATTERN, CommitLog
 from .config import BrokerRole, FlushDiskType, StoreConfig
+from .config_manager import SubscriptionGroupConfig, TopicConfig, all_managers
 from .consume_queue import ConsumeQueue
 from .dispatch import ConsumeQueueDispatcher
-from .errors import ConfigError, StoreClosedError, StoreLoadError
+from .errors import ConfigError, CorruptRecordError, StoreClosedError, StoreLoadError
 from .fs import DEFAULT as DEFAULT_FS
 from .lockfile import StoreLock, abort_path
 from .message import PROPERTY_WAIT, MessageExt
+from .running_flags import NOT_WRITEABLE_MASK, RunningFlags
+from .services.clean import (CleanCommitLogService, CleanConsumeQueueService,
+                             StoreScheduledService, disk_usage_source)
 from .services.flush import (CommitRealTimeService, FlushConsumeQueueService,
                              FlushRealTimeService, GroupCommitService)
 from .services.reput import ReputMessageService
-from .status import GetMessageResult, GetMessageStatus as G, PutMessageStatus
+from .status import (GetMessageResult, GetMessageStatus as G, PutMessageResult,
+                     PutMessagesResult, PutMessageStatus)
 
 log = logging.getLogger(__name__)
 _UNIT = struct.Struct(">qiq")
@@ -43,9 +48,18 @@ class MessageStore:
     services, and shuts down cleanly on exit. `kernels` picks a backend ("cext", "cffi",
     "pure" or a module) for this instance; `clock` returns epoch milliseconds and stamps
     every record; `read_only=True` opens without the lock, never writes, starts nothing.
+    `disk_usage(path)` returns the used fraction of the disk holding `path` (default: the
+    file system's), which cleaning and disk-full protection read.
     """
 
-    def __init__(self, root, config=None, clock=None, kernels=None, fs=None, read_only=False):
+    # First run and period of the scheduled jobs (ms): RocketMQ's addScheduleTask values.
+    CLEAN_INITIAL_DELAY_MS = 60_000
+    DISK_CHECK_INITIAL_DELAY_MS = 1000
+    DISK_CHECK_INTERVAL_MS = 10_000
+    CONSUMER_OFFSET_PERSIST_INTERVAL_MS = 5000   # BrokerConfig.flushConsumerOffsetInterval
+
+    def __init__(self, root, config=None, clock=None, kernels=None, fs=None, read_only=False,
+                 disk_usage=None):
         self.root = os.fspath(root)
         self.config = config if config is not None else StoreConfig(store_path_root_dir=self.root)
         if not isinstance(self.config, StoreConfig):
@@ -68,6 +82,17 @@ class MessageStore:
         self.commit_service = None
         self.flush_cq_service = None
         self._lock = None if read_only else StoreLock(self.root)
+        self.running_flags = RunningFlags()
+        self.disk_usage = disk_usage or disk_usage_source(self.fs)
+        self.disk_full_reason = "disk full"
+        (self.topic_configs, self.subscription_groups, self.consumer_offsets,
+         self.delay_offsets) = all_managers(self.root, self.fs, self.clock, read_only)
+        self.topic_configs.on_change = self._topic_configs_changed
+        # Set by the IndexFile work; cleaning calls its delete_expired_file(min_offset).
+        self.index_service = None
+        self.clean_commitlog_service = CleanCommitLogService(self)
+        self.clean_consume_queue_service = CleanConsumeQueueService(self)
+        self.scheduled_service = None
         self._loaded = False
         self._running = False
         self._mem_limit = _total_physical_memory() * \
@@ -130,6 +155,7 @@ class MessageStore:
             self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"), self.fs,
                                               self.read_only)
             self.recovery_report = recovery.recover(self, last_exit_ok)
+            self._load_configs()
         except BaseException:
             self._close_files()
             if self._lock is not None:
@@ -137,6 +163,22 @@ class MessageStore:
             raise
         self._loaded = True
         return self.recovery_report
+
+    def _load_configs(self):
+        """ConfigManager#load for each JSON file; a file whose `.bak` is corrupt too stops
+        the load, as it stops a broker's start."""
+        for manager in (self.topic_configs, self.subscription_groups, self.consumer_offsets,
+                        self.delay_offsets):
+            if not manager.load():
+                raise StoreLoadError(f"{manager.path} and its .bak are both corrupt")
+
+    def persist_configs(self):
+        """Write every config file that changed since it was last written."""
+        if self.read_only:
+            return
+        for manager in (self.topic_configs, self.subscription_groups, self.consumer_offsets,
+                        self.delay_offsets):
+            manager.persist_if_dirty()
 
     def _load_consume_queues(self):
         base = os.path.join(self.root, "consumequeue")
@@ -184,6 +226,17 @@ class MessageStore:
             self.commitlog.after_put = self._after_put_async
         self.fs.write_bytes(abort_path(self.root), b"", sync=False)
         self._running = True
+        self.scheduled_service = StoreScheduledService([
+            ("clean", self.CLEAN_INITIAL_DELAY_MS, cfg.clean_resource_interval,
+             self.clean_files_periodically),
+            ("disk-check", self.DISK_CHECK_INITIAL_DELAY_MS, self.DISK_CHECK_INTERVAL_MS,
+             self.clean_commitlog_service.is_space_full),
+            ("consumer-offsets", self.CONSUMER_OFFSET_PERSIST_INTERVAL_MS,
+             self.CONSUMER_OFFSET_PERSIST_INTERVAL_MS, self.consumer_offsets.persist_if_dirty),
+            ("delay-offsets", cfg.flush_delay_offset_interval, cfg.flush_delay_offset_interval,
+             self.delay_offsets.persist_if_dirty),
+        ])
+        self.scheduled_service.start()
 
     def shutdown(self):
         """Stop services in reverse order, flush everything, write the checkpoint, and remove
@@ -193,6 +246,10 @@ class MessageStore:
         caught_up = True
         if self._running:
             self._running = False
+            if self.scheduled_service is not None:
+                # Started last, stopped first: no file deletion during the final flush.
+                self.scheduled_service.shutdown()
+                self.scheduled_service = None
             self.commitlog.after_put = None
             if self.commit_service is not None:
                 self.commit_service.shutdown()      # commit write buffers before the drain
@@ -201,6 +258,7 @@ class MessageStore:
             self.flush_service.shutdown()
             self.flush_cq_service.shutdown()
             self.commitlog.shutdown()
+            self.persist_configs()
             self.checkpoint.flush()
             if caught_up:
                 self.fs.remove(abort_path(self.root))
@@ -270,14 +328,117 @@ class MessageStore:
 
     # ---- put ----------------------------------------------------------------------------------
     def put_message(self, msg):
-        """Store one message (asyncPutMessage + wait). Bad input raises MessageIllegalError."""
+        """Store one message (asyncPutMessage + wait). Bad input raises MessageIllegalError;
+        a store that is not writeable (disk full) answers SERVICE_NOT_AVAILABLE with a reason."""
         self._check_running()
+        if self.running_flags.flag_bits & NOT_WRITEABLE_MASK:
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
+                                    reason=self._not_writeable_reason())
         return self.commitlog.put_message(msg, self.clock)
 
     def put_messages(self, msgs):
         """Store a list of messages of any topics and queues under one lock acquisition."""
         self._check_running()
+        if self.running_flags.flag_bits & NOT_WRITEABLE_MASK:
+            import numpy as np
+            empty = np.empty(0, dtype=np.int64)
+            return PutMessagesResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, 0, empty, empty,
+                                     empty, 0, 0, reason=self._not_writeable_reason())
         return self.commitlog.put_messages(list(msgs), self.clock)
+
+    def _not_writeable_reason(self):
+        flags = self.running_flags
+        if flags.is_disk_full:
+            return self.disk_full_reason
+        return "the message store is not writeable: " + ", ".join(flags.describe())
+
+    # ---- topics, groups, consumer offsets (config/*.json) --------------------------------------
+    def _check_writable_config(self):
+        if not self._loaded:
+            raise StoreClosedError("the store is not loaded")
+        if self.read_only:
+            raise StoreClosedError("a read-only store does not change its config files")
+
+    def _topic_configs_changed(self, table):
+        # Rebound, not mutated: encode() reads the dict without a lock.
+        self.commitlog.write_queue_limits = {name: tc.write_queue_nums
+                                             for name, tc in table.items()}
+
+    def topic_config(self, topic):
+        """The topic's TopicConfig, or None."""
+        return self.topic_configs.select(topic)
+
+    def update_topic_config(self, topic, read_queue_nums=16, write_queue_nums=16, perm=6,
+                            topic_filter_type="SINGLE_TAG", topic_sys_flag=0, order=False):
+        """Create or replace a topic's config and persist topics.json. From then on a put to
+        queue_id >= write_queue_nums raises MessageIllegalError."""
+        self._check_writable_config()
+        if not isinstance(topic, str) or not TOPIC_PATTERN.match(topic):
+            raise ConfigError(f"topic {topic!r} does not match ^[%|a-zA-Z0-9_-]+$")
+        if read_queue_nums < 0 or write_queue_nums < 0:
+            raise ConfigError("queue numbers must be >= 0")
+        old = self.topic_configs.select(topic)
+        tc = TopicConfig(topic, read_queue_nums, write_queue_nums, perm, topic_filter_type,
+                         topic_sys_flag, order, extra=dict(old.extra) if old else {})
+        return self.topic_configs.update(tc)
+
+    def delete_topic_config(self, topic):
+        """Remove a topic's config (its queues and messages stay); returns the old one."""
+        self._check_writable_config()
+        return self.topic_configs.delete(topic)
+
+    def subscription_group(self, group):
+        """The group's SubscriptionGroupConfig, or None."""
+        return self.subscription_groups.find(group)
+
+    def update_subscription_group(self, group, **fields):
+        """Create or update a subscription group (fields as SubscriptionGroupConfig's, e.g.
+        retry_max_times=3) and persist subscriptionGroup.json."""
+        self._check_writable_config()
+        old = self.subscription_groups.find(group)
+        base = dataclasses.asdict(old) if old else {}
+        base.update(fields, group_name=group)
+        try:
+            cfg = SubscriptionGroupConfig(**base)
+        except TypeError as exc:
+            raise ConfigError(str(exc)) from None
+        return self.subscription_groups.update(cfg)
+
+    def delete_subscription_group(self, group):
+        self._check_writable_config()
+        return self.subscription_groups.delete(group)
+
+    def commit_offset(self, group, topic, queue_id, offset):
+        """Record `offset` (the next message to consume) for the group on a queue; written to
+        consumerOffset.json as `topic@group` by the periodic service and at shutdown."""
+        self._check_writable_config()
+        self.consumer_offsets.commit_offset(group, topic, queue_id, offset)
+
+    def query_offset(self, group, topic, queue_id):
+        """The committed offset, or -1 when the group never committed one for the queue."""
+        return self.consumer_offsets.query_offset(group, topic, queue_id)
+
+    # ---- cleaning -----------------------------------------------------------------------------
+    def clean_files_periodically(self, now_ms=None):
+        """One cleaning round (cleanFilesPeriodically): expired CommitLog files, then the
+        ConsumeQueue and index files below the new minimum. Returns the CommitLog files
+        deleted."""
+        if now_ms is None:
+            now_ms = self.clock()
+        deleted = self.clean_commitlog_service.run_once(now_ms)
+        self.clean_consume_queue_service.run_once(now_ms)
+        return deleted
+
+    def clean_plan(self, now_ms=None):
+        """What the next cleaning round would delete and the unconsumed messages per group it
+        would cost (a CleanPlan), without deleting anything."""
+        if not self._loaded:
+            raise StoreClosedError("the store is not loaded")
+        return self.clean_commitlog_service.plan(now_ms)
+
+    def execute_delete_files_manually(self):
+        """Make the next 20 cleaning rounds delete expired files whatever the hour."""
+        self.clean_commitlog_service.execute_delete_files_manually()
 
     # ---- get ----------------------------------------------------------------------------------
     def get_min_offset_in_queue(self, topic, queue_id):
@@ -378,7 +539,14 @@ class MessageStore:
                     status = G.MESSAGE_WAS_REMOVING
                 next_phy_file_start = commitlog.roll_next_file(phy)
                 continue
-            append(decode(rec))
+            try:
+                m = decode(rec)
+            except CorruptRecordError as exc:
+                m = None
+                log.warning("%s-%d unit at %d: %s", topic, queue_id, offset + scanned - 1, exc)
+            if m is None or m.commit_log_offset != phy:
+                continue                      # a damaged unit: skip it, as a filter would
+            append(m)
             nbytes += size
             max_phy_seen = phy
             status = G.FOUND
@@ -391,7 +559,11 @@ class MessageStore:
         rec = self.commitlog.get_message_bytes(phy_offset)
         if rec is None:
             return None
-        return MessageExt.decode(rec)
+        try:
+            return MessageExt.decode(rec)
+        except CorruptRecordError as exc:
+            log.warning("no record at offset %d: %s", phy_offset, exc)
+            return None
 
     def iter_messages(self, from_offset=None):
         """Every record in commit-log order, decoded (blank records skipped)."""

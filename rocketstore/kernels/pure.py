@@ -73,7 +73,7 @@ def msg_encode(out, pos, topic, body, props, queue_id, flag, queue_offset, phy_o
         struct.pack(">h", len(topic)) if v2 else bytes((len(topic),)), bytes(topic),
         struct.pack(">h", len(props)), bytes(props),
     ))
-    out[pos:pos + size] = rec
+    out[pos:pos + size] = memoryview(rec)
     return size
 
 
@@ -248,7 +248,7 @@ def cq_encode_batch(out, pos, offsets, sizes, tags_codes):
     units["offset"] = offsets
     units["size"] = sizes
     units["tags_code"] = tags_codes
-    out[pos:pos + nbytes] = units.tobytes()
+    out[pos:pos + nbytes] = memoryview(units.tobytes())
     return nbytes
 
 

@@ -1,0 +1,239 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * rs_msg.c - one CommitLog record: size, encode, validate.
+ */
+#include "rs_msg.h"
+#include "rs_crc32.h"
+
+/* BODYCRC keeps 31 bits: UtilAll#crc32 returns crc & 0x7FFFFFFF so it fits a positive int. */
+#define RS_CRC_MASK 0x7FFFFFFFu
+
+static inline int32_t rs_host_len(int32_t sys_flag, int32_t v6_bit)
+{
+    return (sys_flag & v6_bit) ? RS_HOST_V6_LENGTH : RS_HOST_V4_LENGTH;
+}
+
+int rs_msg_size(int32_t sys_flag, int64_t body_len, int64_t topic_len, int64_t props_len, int v2)
+{
+    int64_t size;
+
+    if (body_len < 0 || topic_len < 0 || props_len < 0)
+        return RS_E_ARG;
+    if (topic_len > (v2 ? RS_MAX_TOPIC_LENGTH_V2 : RS_MAX_TOPIC_LENGTH) ||
+        props_len > RS_MAX_PROPERTIES_LENGTH || body_len > INT32_MAX)
+        return RS_E_TOO_LONG;
+    size = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8                    /* TOTALSIZE .. BORNTIMESTAMP */
+         + rs_host_len(sys_flag, RS_BORNHOST_V6_FLAG) + 8      /* BORNHOST, STORETIMESTAMP */
+         + rs_host_len(sys_flag, RS_STOREHOSTADDRESS_V6_FLAG)  /* STOREHOST */
+         + 4 + 8                                               /* RECONSUMETIMES, PREPARED */
+         + 4 + body_len + (v2 ? 2 : 1) + topic_len + 2 + props_len;
+    if (size > INT32_MAX)
+        return RS_E_TOO_LONG;   /* TOTALSIZE is a Java int */
+    return (int)size;
+}
+
+int rs_msg_encode(uint8_t *out, size_t out_len, int64_t pos,
+                  const uint8_t *topic, size_t topic_len,
+                  const uint8_t *body, size_t body_len,
+                  const uint8_t *props, size_t props_len,
+                  int32_t queue_id, int32_t flag, int64_t queue_offset, int64_t phy_offset,
+                  int32_t sys_flag, int64_t born_timestamp,
+                  const uint8_t *born_host, size_t born_host_len,
+                  int64_t store_timestamp,
+                  const uint8_t *store_host, size_t store_host_len,
+                  int32_t reconsume_times, int64_t prepared_tx_offset, int v2)
+{
+    size_t bh = (size_t)rs_host_len(sys_flag, RS_BORNHOST_V6_FLAG);
+    size_t sh = (size_t)rs_host_len(sys_flag, RS_STOREHOSTADDRESS_V6_FLAG);
+    uint32_t crc;
+    uint8_t *p;
+    int size;
+
+    if (born_host_len != bh || store_host_len != sh)
+        return RS_E_ARG;
+    size = rs_msg_size(sys_flag, (int64_t)(body_len > INT64_MAX ? INT64_MAX : body_len),
+                       (int64_t)(topic_len > INT64_MAX ? INT64_MAX : topic_len),
+                       (int64_t)(props_len > INT64_MAX ? INT64_MAX : props_len), v2);
+    if (size < 0)
+        return size;
+    if (!rs_in_bounds(pos, (uint64_t)size, out_len))
+        return RS_E_BOUNDS;
+
+    crc = rs_crc32(0, body, body_len) & RS_CRC_MASK;
+    p = out + pos;
+    rs_store_be32(p + 0, (uint32_t)size);
+    rs_store_be32(p + 4, (uint32_t)(v2 ? RS_MESSAGE_MAGIC_CODE_V2 : RS_MESSAGE_MAGIC_CODE));
+    rs_store_be32(p + 8, crc);
+    rs_store_be32(p + 12, (uint32_t)queue_id);
+    rs_store_be32(p + 16, (uint32_t)flag);
+    rs_store_be64(p + 20, (uint64_t)queue_offset);
+    rs_store_be64(p + 28, (uint64_t)phy_offset);
+    rs_store_be32(p + 36, (uint32_t)sys_flag);
+    rs_store_be64(p + 40, (uint64_t)born_timestamp);
+    p += RS_POS_BORNHOST;
+    memmove(p, born_host, bh);
+    p += bh;
+    rs_store_be64(p, (uint64_t)store_timestamp);
+    p += 8;
+    memmove(p, store_host, sh);
+    p += sh;
+    rs_store_be32(p, (uint32_t)reconsume_times);
+    rs_store_be64(p + 4, (uint64_t)prepared_tx_offset);
+    rs_store_be32(p + 12, (uint32_t)body_len);
+    p += 16;
+    if (body_len)
+        memmove(p, body, body_len);   /* memmove: the caller may encode from its own window */
+    p += body_len;
+    if (v2) {
+        rs_store_be16(p, (uint16_t)topic_len);
+        p += 2;
+    } else {
+        *p++ = (uint8_t)topic_len;
+    }
+    if (topic_len)
+        memmove(p, topic, topic_len);
+    p += topic_len;
+    rs_store_be16(p, (uint16_t)props_len);
+    if (props_len)
+        memmove(p + 2, props, props_len);
+    assert(p + 2 + props_len == out + pos + size);   /* the layout agrees with calMsgLength */
+    return size;
+}
+
+/*
+ * tagsCode of a properties string (spec 01 §3.6-3.7): split on 0x02; in each segment the first
+ * 0x01 must be neither its first nor its last byte, else the segment is skipped.  Java also
+ * skips segments shorter than 3 chars, but a segment passing the 0x01 test always has at least
+ * name + 0x01 + value = 3 chars, so that test can never decide anything and is not repeated.
+ * 0x01 and 0x02 are ASCII, so byte positions and char positions agree on first/last.
+ */
+static int rs_tags_code(const uint8_t *props, size_t len, int64_t *tags_code)
+{
+    const uint8_t *tags = NULL;
+    size_t tags_len = 0, a = 0;
+
+    while (a <= len) {
+        const uint8_t *seg = props + a;
+        const uint8_t *sep = memchr(seg, RS_PROPERTY_SEPARATOR, len - a);
+        size_t seg_len = sep ? (size_t)(sep - seg) : len - a;
+        const uint8_t *kv = seg_len ? memchr(seg, RS_NAME_VALUE_SEPARATOR, seg_len) : NULL;
+
+        if (kv && kv != seg && kv != seg + seg_len - 1 && kv - seg == 4 && memcmp(seg, "TAGS", 4) == 0) {
+            tags = kv + 1;   /* HashMap#put: a later TAGS replaces an earlier one */
+            tags_len = seg_len - 5;
+        }
+        if (!sep)
+            break;
+        a += seg_len + 1;
+    }
+    if (!tags) {
+        *tags_code = 0;
+        return 0;
+    }
+    {
+        int32_t h;
+        rs_java_hash(tags, tags_len, &h);
+        *tags_code = (int64_t)h;   /* (long) String.hashCode(): sign-extended, as the CQ stores it */
+    }
+    return 1;
+}
+
+int rs_msg_check(const uint8_t *buf, size_t len, int64_t pos, int check_crc,
+                 rs_scan_rec *row, int32_t *size_out)
+{
+    const uint8_t *rec;
+    int32_t size, magic, sys_flag, body_len, props_len, topic_len, info;
+    int64_t q, fixed, body_off, topic_off, props_off, tags_code;
+    int v2, has_tags;
+    size_t avail;
+
+    *size_out = 0;
+    if (pos < 0 || (uint64_t)pos > (uint64_t)len)
+        return RS_E_BOUNDS;
+    avail = len - (size_t)pos;
+    if (avail < 8)
+        return RS_SCAN_PARTIAL;
+    rec = buf + pos;
+    size = rs_load_i32(rec);
+    magic = rs_load_i32(rec + RS_POS_MAGIC);
+    if (magic == RS_BLANK_MAGIC_CODE) {
+        *size_out = size;
+        return RS_SCAN_BLANK;
+    }
+    if (magic == 0)
+        return RS_SCAN_EMPTY;
+    if (magic != RS_MESSAGE_MAGIC_CODE && magic != RS_MESSAGE_MAGIC_CODE_V2)
+        return RS_SCAN_CORRUPT;
+    v2 = magic == RS_MESSAGE_MAGIC_CODE_V2;
+    if (size < RS_MSG_FIXED_V1_IPV4)
+        return RS_SCAN_CORRUPT;
+    if ((uint64_t)size > (uint64_t)avail) {
+        *size_out = size;
+        return RS_SCAN_PARTIAL;
+    }
+
+    /* From here every read is inside rec[0, size), checked field by field. */
+    sys_flag = rs_load_i32(rec + RS_POS_SYSFLAG);
+    q = RS_POS_BORNHOST + rs_host_len(sys_flag, RS_BORNHOST_V6_FLAG);
+    fixed = q + 8 + rs_host_len(sys_flag, RS_STOREHOSTADDRESS_V6_FLAG) + 4 + 8 + 4;
+    if (fixed > size)
+        return RS_SCAN_CORRUPT;
+    body_len = rs_load_i32(rec + fixed - 4);
+    body_off = fixed;
+    if (body_len < 0 || body_off + body_len > size)
+        return RS_SCAN_CORRUPT;
+    q = body_off + body_len;
+    if (q + (v2 ? 2 : 1) > size)
+        return RS_SCAN_CORRUPT;
+    /* v1's topic length is read unsigned (0..255); v2's is a signed short. */
+    topic_len = v2 ? rs_load_i16(rec + q) : rec[q];
+    topic_off = q + (v2 ? 2 : 1);
+    if (topic_len < 0 || topic_off + topic_len + 2 > size)
+        return RS_SCAN_CORRUPT;
+    q = topic_off + topic_len;
+    props_len = rs_load_i16(rec + q);
+    props_off = q + 2;
+    if (props_len < 0 || props_off + props_len > size)
+        return RS_SCAN_CORRUPT;
+    if (check_crc &&
+        (rs_crc32(0, rec + body_off, (size_t)body_len) & RS_CRC_MASK) !=
+            rs_load_be32(rec + RS_POS_BODYCRC))
+        return RS_SCAN_CORRUPT;   /* a stored CRC with bit 31 set can never match */
+    if (props_off + props_len != size) {
+        *size_out = size;
+        return RS_SCAN_MISMATCH;
+    }
+
+    tags_code = 0;
+    has_tags = props_len ? rs_tags_code(rec + props_off, (size_t)props_len, &tags_code) : 0;
+    info = (v2 ? RS_SCAN_INFO_V2 : 0) | (has_tags ? RS_SCAN_INFO_HAS_TAGS : 0);
+    if (topic_len == (int32_t)(sizeof(RS_SCHEDULE_TOPIC) - 1) &&
+        memcmp(rec + topic_off, RS_SCHEDULE_TOPIC, sizeof(RS_SCHEDULE_TOPIC) - 1) == 0)
+        info |= RS_SCAN_INFO_SCHEDULE;   /* the caller derives tagsCode from DELAY (§3.7) */
+
+    q = RS_POS_BORNHOST + rs_host_len(sys_flag, RS_BORNHOST_V6_FLAG);
+    row->pos = pos;
+    row->phy_offset = rs_load_i64(rec + RS_POS_PHYSICALOFFSET);
+    row->queue_offset = rs_load_i64(rec + RS_POS_QUEUEOFFSET);
+    row->tags_code = tags_code;
+    row->store_timestamp = rs_load_i64(rec + q);
+    row->born_timestamp = rs_load_i64(rec + RS_POS_BORNTIMESTAMP);
+    row->prepared_tx_offset = rs_load_i64(rec + fixed - 12);
+    row->size = size;
+    row->queue_id = rs_load_i32(rec + RS_POS_QUEUEID);
+    row->sys_flag = sys_flag;
+    row->flag = rs_load_i32(rec + RS_POS_FLAG);
+    row->body_crc = rs_load_i32(rec + RS_POS_BODYCRC);
+    row->reconsume_times = rs_load_i32(rec + fixed - 16);
+    row->body_off = (int32_t)body_off;
+    row->body_len = body_len;
+    row->topic_off = (int32_t)topic_off;
+    row->topic_len = topic_len;
+    row->props_off = (int32_t)props_off;
+    row->props_len = props_len;
+    row->info = info;
+    row->reserved = 0;
+    assert(props_off + props_len == size && topic_off + topic_len + 2 == props_off);
+    *size_out = size;
+    return RS_OK;
+}

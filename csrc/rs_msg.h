@@ -1,0 +1,60 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * rs_msg.h - size, encode and validate one CommitLog record (spec 01 §3; layout in rs_format.h).
+ */
+#ifndef RS_MSG_H
+#define RS_MSG_H
+
+#include "rs_common.h"
+#include "rs_format.h"
+
+/*
+ * rs_msg_size - TOTALSIZE of a record with these field lengths.
+ *
+ * Returns the size (> 0), RS_E_ARG for a negative length, or RS_E_TOO_LONG when the topic
+ * exceeds its length field (127 for v1, 32767 for v2), the properties exceed 32767 bytes
+ * (Short.MAX_VALUE) or the record would not fit TOTALSIZE's int.
+ * GIL: trivial, keep it.
+ * Java: MessageExtEncoder#calMsgLength (4.9.x: CommitLog#calMsgLength).
+ */
+int rs_msg_size(int32_t sys_flag, int64_t body_len, int64_t topic_len, int64_t props_len, int v2);
+
+/*
+ * rs_msg_encode - encode one record at out[pos, pos + size), computing BODYCRC.
+ *
+ * born_host / store_host are packed socket addresses: 4-byte IPv4 + 4-byte port (8 bytes) or
+ * 16-byte IPv6 + port (20 bytes); their lengths must agree with sys_flag's BORNHOST_V6_FLAG /
+ * STOREHOSTADDRESS_V6_FLAG.  The checks run in the reference backend's order: host lengths
+ * (RS_E_ARG), then rs_msg_size's, then bounds (RS_E_BOUNDS).  Nothing is written on error.
+ * Returns the record size.
+ * GIL: the body CRC grows with the body; wrappers release the GIL for large bodies.
+ * Java: MessageExtEncoder#encode (4.9.x: CommitLog.MessageExtEncoder#encode).
+ */
+int rs_msg_encode(uint8_t *out, size_t out_len, int64_t pos,
+                  const uint8_t *topic, size_t topic_len,
+                  const uint8_t *body, size_t body_len,
+                  const uint8_t *props, size_t props_len,
+                  int32_t queue_id, int32_t flag, int64_t queue_offset, int64_t phy_offset,
+                  int32_t sys_flag, int64_t born_timestamp,
+                  const uint8_t *born_host, size_t born_host_len,
+                  int64_t store_timestamp,
+                  const uint8_t *store_host, size_t store_host_len,
+                  int32_t reconsume_times, int64_t prepared_tx_offset, int v2);
+
+/*
+ * rs_msg_check - validate the record at buf[pos, len) and extract its dispatch fields.
+ *
+ * len is the end of readable data: a record running past it is RS_SCAN_PARTIAL.
+ * Returns RS_OK with *row filled and *size = TOTALSIZE for a good record; otherwise the
+ * positive RS_SCAN_* reason (BLANK, EMPTY, CORRUPT, MISMATCH, PARTIAL) with *size = the
+ * blank's or record's TOTALSIZE where one was read (0 otherwise) and *row untouched;
+ * RS_E_BOUNDS if pos is outside [0, len].
+ * The order of checks is CommitLog#checkMessageAndReturnSize's, as pure._check_one spells it.
+ * TAGS is found like MessageDecoder#string2messageProperties (last valid TAGS wins) and hashed
+ * with rs_java_hash, sign-extended to 64 bits because the ConsumeQueue stores a long.
+ * GIL: callable without it.
+ */
+int rs_msg_check(const uint8_t *buf, size_t len, int64_t pos, int check_crc,
+                 rs_scan_rec *row, int32_t *size);
+
+#endif /* RS_MSG_H */

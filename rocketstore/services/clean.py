@@ -1,0 +1,393 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Expired-file cleaning and disk-full protection (spec 04 §1-§3).
+
+CleanCommitLogService and CleanConsumeQueueService are plain objects whose `run_once(now_ms)`
+does one round, so tests drive them with an injected clock and disk-usage source and no
+thread; StoreScheduledService is the one thread that calls them (and the other periodic jobs)
+on RocketMQ's schedule.
+"""
+import dataclasses
+import logging
+import os
+import time
+
+import numpy as np
+
+from .base import ServiceThread
+
+log = logging.getLogger(__name__)
+
+HOUR_MS = 3_600_000
+MAX_MANUAL_DELETE_FILE_TIMES = 20
+DISK_FULL_REASON = ("disk full: the CommitLog disk is {ratio:.0%} used, past "
+                    "disk_space_warning_level_ratio {warning:.0%}; puts are refused until "
+                    "cleaning brings it down")
+
+
+def disk_usage_source(fs):
+    """The default disk-usage source: `fs.disk_usage_ratio` of the nearest existing directory
+    (a fresh store has no commitlog/ yet), -1 on error as UtilAll does (which reads as full
+    for deletion and as not full for the disk-full flag)."""
+    def usage(path):
+        p = os.path.abspath(path)
+        while not fs.exists(p) and os.path.dirname(p) != p:
+            p = os.path.dirname(p)
+        try:
+            return fs.disk_usage_ratio(p)
+        except OSError:
+            return -1.0
+    return usage
+
+
+def is_it_time_to_do(when, now_ms):
+    """UtilAll#isItTimeToDo: is the local hour of `now_ms` one of the ';'-separated hours?"""
+    hour = time.localtime(now_ms / 1000.0).tm_hour
+    for part in when.split(";"):
+        part = part.strip()
+        if part and int(part) == hour:
+            return True
+    return False
+
+
+@dataclasses.dataclass
+class CleanPlan:
+    """What the next CommitLog cleaning round would do, computed without deleting.
+
+    `files`: (file name, start offset, end offset) of each file it would delete, oldest first;
+    `lost`: group -> committed-but-unconsumed messages those files hold; `protected`: files
+    kept only because `clean_protect_unconsumed` is on."""
+    time_up: bool
+    space_to_delete: bool
+    manual: bool
+    clean_at_once: bool
+    disk_ratio: float
+    files: list
+    lost: dict
+    protected: list
+
+    @property
+    def bytes(self):
+        return sum(end - start for _, start, end in self.files)
+
+    def to_dict(self):
+        d = dataclasses.asdict(self)
+        d["files"] = [{"name": n, "start": s, "end": e} for n, s, e in self.files]
+        d["protected"] = [{"name": n, "start": s, "end": e} for n, s, e in self.protected]
+        d["bytes"] = self.bytes
+        return d
+
+
+class CleanCommitLogService:
+    """DefaultMessageStore.CleanCommitLogService: deletes expired CommitLog files at the
+    delete_when hour, when the disk passes its ratio, or on manual request; sets and clears
+    the disk-full running flag. `sleep` is injectable so tests skip the pauses."""
+
+    def __init__(self, store, sleep=time.sleep):
+        self.store = store
+        self.sleep = sleep
+        self.manual_delete_file_several_times = 0
+        self.clean_immediately = False
+        self.last_redelete_ms = 0
+        self.last_ratio = 0.0
+
+    # ---- disk measurements ---------------------------------------------------------------
+    def _commitlog_paths(self):
+        store = self.store
+        return [p for p in store.config.commitlog_dir(store.root).split(",") if p]
+
+    def physic_ratio(self):
+        """The least used CommitLog disk (minPhysicRatio); -1 when unreadable."""
+        usage = self.store.disk_usage
+        return min(usage(p) for p in self._commitlog_paths())
+
+    def logics_ratio(self):
+        store = self.store
+        return store.disk_usage(os.path.join(store.root, "consumequeue"))
+
+    def _assess(self):
+        """isSpaceToDelete (4.9.x) as a pure function: (space_to_delete, clean_immediately,
+        flag changes [True = mark full, False = mark OK] to apply in order, physic ratio)."""
+        cfg = self.store.config
+        limit = cfg.effective_disk_max_used_space_ratio / 100.0
+        warning = cfg.disk_space_warning_level_ratio
+        forcibly = cfg.disk_space_clean_forcibly_ratio
+        immediately = False
+        actions = []
+        physic = None
+        for measure in (self.physic_ratio, self.logics_ratio):
+            ratio = measure()
+            if physic is None:
+                physic = ratio
+            if ratio > warning:
+                actions.append(True)
+                immediately = True
+            elif ratio > forcibly:
+                immediately = True
+            else:
+                actions.append(False)
+            if ratio < 0 or ratio > limit:
+                return True, immediately, actions, physic
+        return False, immediately, actions, physic
+
+    def _apply_flags(self, actions, ratio):
+        flags = self.store.running_flags
+        cfg = self.store.config
+        for full in actions:
+            if full:
+                if flags.get_and_make_disk_full():
+                    log.error("disk maybe full soon (%.2f used), so mark disk full", ratio)
+                self.store.disk_full_reason = DISK_FULL_REASON.format(
+                    ratio=ratio, warning=cfg.disk_space_warning_level_ratio)
+            elif not flags.get_and_make_disk_ok():
+                log.info("disk space OK (%.2f used), so mark disk ok", ratio)
+
+    def is_space_to_delete(self):
+        """isSpaceToDelete: measure, set/clear the disk-full flag, remember cleanImmediately."""
+        space, immediately, actions, ratio = self._assess()
+        self.clean_immediately = immediately
+        self.last_ratio = ratio
+        self._apply_flags(actions, ratio)
+        return space
+
+    def is_space_full(self):
+        """isSpaceFull (the 10 s disk check): mark the disk full past the warning ratio, OK
+        below it. True when full."""
+        ratio = self.physic_ratio()
+        self.last_ratio = ratio
+        full = ratio > self.store.config.disk_space_warning_level_ratio
+        self._apply_flags([full], ratio)
+        return full
+
+    # ---- which files ---------------------------------------------------------------------
+    def execute_delete_files_manually(self):
+        """The admin "deleteExpiredCommitLog": the next 20 rounds act as if the hour had come."""
+        self.manual_delete_file_several_times = MAX_MANUAL_DELETE_FILE_TIMES
+        log.info("executeDeleteFilesManually was invoked")
+
+    def last_modified_ms(self, mf):
+        """RocketMQ reads the file's mtime. We prefer the store time of the last record
+        appended, which comes from the same clock that ages it, so an injected clock ages
+        files deterministically; files loaded from disk fall back to their mtime."""
+        return mf.store_timestamp or self.store.fs.mtime_ms(mf.path)
+
+    def select(self, now_ms, clean_at_once, protect_below=None):
+        """deleteExpiredFileByTime's choice: leading files (never the last one) that expired
+        or, with clean_at_once, any; at most delete_file_batch_max; stop at the first one
+        kept, so a newer file never goes while an older remains. With `protect_below`, a file
+        reaching past that physical offset is kept. Returns (files, protected)."""
+        cfg = self.store.config
+        expired_ms = cfg.file_reserved_time * HOUR_MS
+        chosen, protected = [], []
+        for mf in self.store.commitlog.mfq.files[:-1]:
+            if len(chosen) >= cfg.delete_file_batch_max:
+                break
+            if not (clean_at_once or now_ms >= self.last_modified_ms(mf) + expired_ms):
+                break
+            if protect_below is not None and mf.end_offset > protect_below:
+                protected.append(mf)
+                break
+            chosen.append(mf)
+        return chosen, protected
+
+    def _protect_below(self, immediately):
+        cfg = self.store.config
+        if not cfg.clean_protect_unconsumed or immediately:
+            return None
+        return min_unconsumed_phy(self.store)
+
+    # ---- one round -----------------------------------------------------------------------
+    def delete_expired_files(self, now_ms):
+        """deleteExpiredFiles: one round. Returns the destroyed MappedFiles."""
+        cfg = self.store.config
+        time_up = is_it_time_to_do(cfg.delete_when, now_ms)
+        space = self.is_space_to_delete()
+        manual = self.manual_delete_file_several_times > 0
+        if manual:
+            self.manual_delete_file_several_times -= 1
+        if not (time_up or space or manual):
+            return []
+        clean_at_once = cfg.clean_file_forcibly_enable and self.clean_immediately
+        log.info("begin to delete before %d hours file. timeup: %s spacefull: %s "
+                 "manualDeleteFileSeveralTimes: %d cleanAtOnce: %s", cfg.file_reserved_time,
+                 time_up, space, self.manual_delete_file_several_times, clean_at_once)
+        files, protected = self.select(now_ms, clean_at_once,
+                                       self._protect_below(self.clean_immediately))
+        if protected:
+            log.info("keeping %s: a consumer group has not consumed it "
+                     "(clean_protect_unconsumed)", protected[0].file_name)
+        mfq = self.store.commitlog.mfq
+        interval = cfg.delete_commit_log_files_interval
+        deleted = []
+        for i, mf in enumerate(files):
+            if not mf.try_destroy(now_ms, cfg.destroy_maped_file_interval_forcibly):
+                log.warning("%s is still in use; it will be retried", mf.path)
+                break
+            # Out of the list at once: readers find the new minimum, not a closed mapping.
+            mfq.delete_files([mf])
+            deleted.append(mf)
+            if interval > 0 and i + 1 < len(files):
+                self.sleep(interval / 1000.0)
+        if deleted:
+            log.info("deleted %d expired CommitLog file(s), min offset now %d", len(deleted),
+                     mfq.get_min_offset())
+        return deleted
+
+    def redelete_hanged_file(self, now_ms):
+        """redeleteHangedFile: every redelete_hanged_file_interval, finish a first file that
+        an earlier destroy left marked unavailable."""
+        cfg = self.store.config
+        if now_ms - self.last_redelete_ms < cfg.redelete_hanged_file_interval:
+            return False
+        self.last_redelete_ms = now_ms
+        return self.store.commitlog.mfq.retry_delete_first_file(
+            now_ms, cfg.destroy_maped_file_interval_forcibly)
+
+    def run_once(self, now_ms=None):
+        """One CleanCommitLogService.run(): delete expired files, then retry a hanged one."""
+        if now_ms is None:
+            now_ms = self.store.clock()
+        deleted = self.delete_expired_files(now_ms)
+        self.redelete_hanged_file(now_ms)
+        return deleted
+
+    def plan(self, now_ms=None):
+        """The next round's decision, with no deletion and no flag change."""
+        store = self.store
+        cfg = store.config
+        if now_ms is None:
+            now_ms = store.clock()
+        time_up = is_it_time_to_do(cfg.delete_when, now_ms)
+        space, immediately, _, ratio = self._assess()
+        manual = self.manual_delete_file_several_times > 0
+        clean_at_once = cfg.clean_file_forcibly_enable and immediately
+        files, protected = [], []
+        if time_up or space or manual:
+            files, protected = self.select(now_ms, clean_at_once,
+                                           self._protect_below(immediately))
+        new_min = files[-1].end_offset if files else None
+        lost = unconsumed_below(store, new_min) if new_min is not None else {}
+        return CleanPlan(time_up, space, manual, clean_at_once, ratio,
+                         [(f.file_name, f.file_from_offset, f.end_offset) for f in files],
+                         lost, [(f.file_name, f.file_from_offset, f.end_offset)
+                                for f in protected])
+
+
+class CleanConsumeQueueService:
+    """DefaultMessageStore.CleanConsumeQueueService: once the CommitLog minimum moved, delete
+    ConsumeQueue files wholly below it, correct each queue's minimum, then the index files."""
+
+    def __init__(self, store, sleep=time.sleep):
+        self.store = store
+        self.sleep = sleep
+        self.last_physical_min_offset = 0
+
+    def run_once(self, now_ms=None):
+        """deleteExpiredFiles: returns the number of ConsumeQueue files deleted."""
+        store = self.store
+        min_offset = store.commitlog.min_offset
+        if min_offset <= self.last_physical_min_offset:
+            return 0
+        self.last_physical_min_offset = min_offset
+        if now_ms is None:
+            now_ms = store.clock()
+        interval = store.config.delete_consume_queue_files_interval
+        total = 0
+        for cq in store.all_consume_queues():
+            n = cq.delete_expired_file(min_offset, now_ms)
+            total += n
+            if n and interval > 0:
+                self.sleep(interval / 1000.0)
+        # Hook for the IndexFile service (spec 02 §2.8), which trails the ConsumeQueues.
+        index_service = getattr(store, "index_service", None)
+        if index_service is not None:
+            index_service.delete_expired_file(min_offset)
+        return total
+
+
+# ---- consumption state (clean_protect_unconsumed, clean_plan) ---------------------------------
+
+def _committed_positions(store):
+    """(group, ConsumeQueue, committed offset) for each committed offset below its queue's
+    max, the offset raised to the queue's minimum."""
+    out = []
+    for group, topic, queues in store.consumer_offsets.entries():
+        table = store.consume_queue_table.get(topic)
+        if not table:
+            continue
+        for qid, offset in queues.items():
+            cq = table.get(qid)
+            if cq is None:
+                continue
+            start = max(offset, cq.min_offset_in_queue)
+            if start < cq.max_offset_in_queue:
+                out.append((group, cq, start))
+    return out
+
+
+def min_unconsumed_phy(store):
+    """The lowest CommitLog offset a committed consumer offset still needs, or None."""
+    best = None
+    for _, cq, start in _committed_positions(store):
+        units = cq.units(start, 1)
+        if len(units):
+            phy = int(units[0]["offset"])
+            best = phy if best is None else min(best, phy)
+        del units                   # a numpy view pins the CQ mapping
+    return best
+
+
+def unconsumed_below(store, phy_offset, chunk=65_536):
+    """group -> messages at or past its committed offset whose records lie below
+    `phy_offset` (what deleting the CommitLog below it would cost the group)."""
+    lost = {}
+    for group, cq, start in _committed_positions(store):
+        end = cq.max_offset_in_queue
+        count = 0
+        pos = start
+        while pos < end:
+            units = cq.units(pos, min(chunk, end - pos))
+            if not len(units):
+                break
+            offs = units["offset"]
+            k = int(np.searchsorted(offs, phy_offset))
+            count += k
+            full = k == len(units)
+            pos += len(units)
+            del units, offs
+            if not full:
+                break
+        if count:
+            lost[group] = lost.get(group, 0) + count
+    return lost
+
+
+class StoreScheduledService(ServiceThread):
+    """The store's scheduled thread: cleaning every clean_resource_interval after 60 s, the
+    disk-full check every 10 s after 1 s, and config persistence. Each task is
+    (name, first delay ms, period ms, callable); timing is monotonic, the decisions inside
+    the callables use the store clock."""
+
+    name = "StoreScheduledService"
+    join_time_s = 30.0
+
+    def __init__(self, tasks):
+        super().__init__()
+        now = time.monotonic() * 1000.0
+        self.tasks = [[name, now + delay, period, fn] for name, delay, period, fn in tasks]
+
+    def run_once(self):
+        now = time.monotonic() * 1000.0
+        due = min(t[1] for t in self.tasks)
+        if due > now:
+            self.wait_for_running(due - now)
+            return
+        for task in self.tasks:
+            if self.is_stopped:
+                return
+            name, at, period, fn = task
+            if at <= now:
+                task[1] = now + period
+                try:
+                    fn()
+                except Exception:
+                    log.exception("%s: scheduled task %s failed", self.name, name)

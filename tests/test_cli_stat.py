@@ -1,0 +1,83 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`rocketstore stat STORE_DIR [--json]`, driven as a user would (subprocess)."""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+from rocketstore import Message, testing
+
+
+def rocketstore(*args, check=True):
+    return subprocess.run([sys.executable, "-m", "rocketstore", *args], capture_output=True,
+                          text=True, check=check)
+
+
+def tree_digest(root):
+    out = {}
+    for d, _, files in os.walk(root):
+        for name in files:
+            p = os.path.join(d, name)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, root)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def test_stat_of_a_broker_store_lists_its_queues_and_files_without_changing_it(broker_store):
+    before = tree_digest(broker_store)
+    st = json.loads(rocketstore("stat", str(broker_store), "--json").stdout)
+    assert tree_digest(broker_store) == before
+    topics = {t["topic"]: t for t in st["topics"]}
+    assert set(topics) == {"LogTopic", "OrderTopic", "PayTopic"}
+    assert [q["queue_id"] for q in topics["OrderTopic"]["queues"]] == [0, 1, 2, 3]
+    assert sum(q["max_offset"] for t in topics.values() for q in t["queues"]) == \
+        sum(1 for _ in open(os.path.join(os.path.dirname(__file__), "data", "rmq-4.9.8-basic",
+                                         "messages.jsonl")))
+    assert st["files"]["commitlog"] == {"files": 11, "bytes": 11 * 32768}
+    assert st["files"]["index"]["files"] == 6 and st["files"]["config"]["files"] == 1
+    assert st["checkpoint"]["physic_msg_timestamp"]["ms"] > 0
+    assert st["abort_file"] is False and st["lock_file"] is True and st["locked_by_pid"] == 0
+    assert 0 <= st["disk_used_ratio"] <= 1 and st["groups"] == []
+
+
+def test_stat_text_report_names_each_section(broker_store):
+    out = rocketstore("stat", str(broker_store)).stdout
+    for word in ("commitlog", "abort", "lock", "disk", "files", "checkpoint", "topics",
+                 "groups", "PayTopic", "queue 0"):
+        assert word in out
+
+
+def test_stat_shows_consumer_lag_topic_configs_and_the_running_owner(tmp_path, backend):
+    store = testing.open_store(tmp_path / "s", backend)
+    try:
+        store.update_topic_config("T", read_queue_nums=2, write_queue_nums=2)
+        for i in range(10):
+            store.put_message(Message("T", b"m", queue_id=i % 2))
+        testing.wait_dispatched(store)
+        store.commit_offset("G", "T", 0, 2)
+        store.commit_offset("G", "T", 1, 5)
+        store.update_subscription_group("Idle")
+        store.persist_configs()
+        st = json.loads(rocketstore("stat", str(tmp_path / "s"), "--json").stdout)
+    finally:
+        store.shutdown()
+    groups = {g["group"]: g for g in st["groups"]}
+    assert groups["G"]["lag"] == 3 and groups["Idle"] == {"group": "Idle", "lag": 0,
+                                                          "topics": []}
+    queues = groups["G"]["topics"][0]["queues"]
+    assert [(q["queue_id"], q["offset"], q["max_offset"], q["lag"]) for q in queues] == \
+        [(0, 2, 5, 3), (1, 5, 5, 0)]
+    topic = st["topics"][0]
+    assert topic["config"]["writeQueueNums"] == 2
+    assert st["abort_file"] is True and st["locked_by_pid"] == os.getpid()
+
+
+def test_stat_of_a_missing_directory_is_one_clear_error(tmp_path):
+    out = rocketstore("stat", str(tmp_path / "nope"), check=False)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert out.stderr.strip().count("\n") == 0 and "error" in out.stderr
+
+
+def test_help_lists_stat():
+    assert "stat" in rocketstore("--help").stdout
