@@ -40,9 +40,10 @@ class FileSystem:
     def touch_mtime(self, path):
         os.utime(path)
 
-    def create_sized(self, path, size):
+    def create_sized(self, path, size, preallocate=False):
         """Create `path` with `size` bytes (sparse zeros), or extend an existing one. A new file
-        is sized under a temporary name and renamed, so a crash never leaves a short file."""
+        is sized under a temporary name and renamed, so a crash never leaves a short file.
+        `preallocate` reserves its blocks (ENOSPC now rather than SIGBUS on a later write)."""
         if os.path.exists(path):
             fd = os.open(path, os.O_RDWR)
             try:
@@ -54,9 +55,20 @@ class FileSystem:
         tmp = path + ".creating"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.ftruncate(fd, size)
-        finally:
+            if preallocate:
+                try:
+                    os.posix_fallocate(fd, 0, size)
+                except OSError as exc:
+                    if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                        raise
+                    os.ftruncate(fd, size)
+            else:
+                os.ftruncate(fd, size)
+        except BaseException:
             os.close(fd)
+            os.remove(tmp)
+            raise
+        os.close(fd)
         os.replace(tmp, path)
 
     def map(self, path, size, writable=True):
@@ -154,10 +166,17 @@ class FileSystem:
             os.close(fd)
 
     def disk_usage_ratio(self, path):
-        st = os.statvfs(path)
-        total = st.f_blocks * st.f_frsize
-        free = st.f_bavail * st.f_frsize
-        return (total - free) / total if total else 0.0
+        """UtilAll#getDiskPartitionSpaceUsedPercent: used / (used + usable), rounded up to a
+        whole percent, as a fraction; -1 on error (callers treat that as full)."""
+        try:
+            st = os.statvfs(path)
+        except OSError:
+            return -1.0
+        used = (st.f_blocks - st.f_bfree) * st.f_frsize
+        entire = used + st.f_bavail * st.f_frsize
+        if entire <= 0:
+            return -1.0
+        return -(-used * 100 // entire) / 100
 
 
 DEFAULT = FileSystem()

@@ -24,7 +24,8 @@ class MappedFile:
                  "first_create_in_queue", "writable", "wbuf", "_pool", "_k", "_fs", "_refs",
                  "_available", "_cond", "_first_shutdown_ms")
 
-    def __init__(self, path, file_size, kernels, fs, writable=True, create=True, pool=None):
+    def __init__(self, path, file_size, kernels, fs, writable=True, create=True, pool=None,
+                 preallocate=False):
         self.path = path
         self.file_name = os.path.basename(path)
         self.file_from_offset = int(self.file_name)
@@ -33,7 +34,7 @@ class MappedFile:
         self._k = kernels
         self._fs = fs
         if create:
-            fs.create_sized(path, file_size)
+            fs.create_sized(path, file_size, preallocate)
         try:
             self.mm = fs.map(path, file_size, writable)
         except OSError:

@@ -377,10 +377,10 @@ class FullDisk(FileSystem):
                 and os.path.basename(path) != "%020d" % 0:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
 
-    def create_sized(self, path, size):
+    def create_sized(self, path, size, preallocate=False):
         if self.where == "create":
             self._check(path)
-        super().create_sized(path, size)
+        super().create_sized(path, size, preallocate)
 
     def map(self, path, size, writable=True):
         if self.where == "map" and writable:

@@ -27,7 +27,11 @@ class AllocateMappedFileService(ServiceThread):
         self._ready = {}           # path -> MappedFile prepared in the background
 
     def _make(self, path, prefault):
-        mf = MappedFile(path, self.file_size, self._k, self._fs, pool=self.pool)
+        # CommitLog files get their blocks up front: a full disk then fails the file's
+        # creation (CREATE_MAPEDFILE_FAILED) instead of a later write through the mapping,
+        # which would kill the process with SIGBUS.
+        mf = MappedFile(path, self.file_size, self._k, self._fs, pool=self.pool,
+                        preallocate=True)
         if prefault:
             self._fs.prefault(mf.mm)
         return mf
