@@ -213,15 +213,22 @@ class CommitLog:
             mf.committed_position = self.file_size
 
     def put_message(self, msg, clock):
-        buf = self._scratch(self._record_bound(msg))
-        e = self.encode(msg, buf, 0)
+        try:
+            buf = self._tls.buf
+            e = self.encode(msg, buf, 0)
+        except (AttributeError, KernelBoundsError):
+            buf = self._scratch(self._record_bound(msg))
+            e = self.encode(msg, buf, 0)
         size = e.size
         key = e.key
         with self.put_lock:
             ts = clock()
             self.begin_time_in_lock = ts
             try:
-                mf = self._writable_file()
+                files = self.mfq.files
+                mf = files[-1] if files else None
+                if mf is None or mf.wrote_position >= self.file_size:
+                    mf = self._writable_file()
                 pos = mf.wrote_position
                 if size + F.END_FILE_MIN_BLANK_LENGTH > self.file_size - pos:
                     self._end_file(mf, pos)

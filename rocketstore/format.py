@@ -46,10 +46,27 @@ CQ_STORE_UNIT_SIZE = 20
 CQ_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
 assert CQ_DTYPE.itemsize == CQ_STORE_UNIT_SIZE
 
-# IndexFile (spec 02 §2)
+# IndexFile (spec 02 §2; byte tables in rs_format.h)
 INDEX_HEADER_SIZE = 40
 INDEX_SLOT_SIZE = 4
 INDEX_ENTRY_SIZE = 20
+INDEX_POS_BEGIN_TIMESTAMP = 0
+INDEX_POS_END_TIMESTAMP = 8
+INDEX_POS_BEGIN_PHY_OFFSET = 16
+INDEX_POS_END_PHY_OFFSET = 24
+INDEX_POS_HASH_SLOT_COUNT = 32
+INDEX_POS_INDEX_COUNT = 36
+INDEX_ENTRY_POS_KEY_HASH = 0
+INDEX_ENTRY_POS_PHY_OFFSET = 4
+INDEX_ENTRY_POS_TIME_DIFF = 12
+INDEX_ENTRY_POS_PREV_INDEX = 16
+INDEX_HEADER_DTYPE = np.dtype([
+    ("begin_timestamp", ">i8"), ("end_timestamp", ">i8"), ("begin_phy_offset", ">i8"),
+    ("end_phy_offset", ">i8"), ("hash_slot_count", ">i4"), ("index_count", ">i4")])
+INDEX_ENTRY_DTYPE = np.dtype([("key_hash", ">i4"), ("phy_offset", ">i8"), ("time_diff", ">i4"),
+                              ("prev_index", ">i4")])
+assert INDEX_HEADER_DTYPE.itemsize == INDEX_HEADER_SIZE
+assert INDEX_ENTRY_DTYPE.itemsize == INDEX_ENTRY_SIZE
 
 # Checkpoint (spec 03 §3)
 CHECKPOINT_FILE_SIZE = 4096

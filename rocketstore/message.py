@@ -86,13 +86,17 @@ def properties_to_string(props):
     if not props:
         return ""
     order = _ORDER_CACHE.get(tuple(props))
-    if order is None or None in props.values():
-        names = tuple(k for k, v in props.items() if v is not None)
-        if not names:
-            return ""
-        order = hashmap_order(names)
-        if len(names) == len(props) and len(_ORDER_CACHE) < 65536:
-            _ORDER_CACHE[tuple(props)] = order
+    if order is not None:
+        try:
+            return "\x02".join([k + "\x01" + props[k] for k in order])
+        except TypeError:       # a None or non-str value: the general path below
+            pass
+    names = tuple(k for k, v in props.items() if v is not None)
+    if not names:
+        return ""
+    order = hashmap_order(names)
+    if len(names) == len(props) and len(_ORDER_CACHE) < 65536:
+        _ORDER_CACHE[tuple(props)] = order
     return "\x02".join([f"{k}\x01{props[k]}" for k in order])
 
 

@@ -330,7 +330,8 @@ class MessageStore:
     def put_message(self, msg):
         """Store one message (asyncPutMessage + wait). Bad input raises MessageIllegalError;
         a store that is not writeable (disk full) answers SERVICE_NOT_AVAILABLE with a reason."""
-        self._check_running()
+        if not self._running:
+            self._check_running()
         if self.running_flags.flag_bits & NOT_WRITEABLE_MASK:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
                                     reason=self._not_writeable_reason())
