@@ -12,8 +12,8 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HEADERS = ["rs_common.h", "rs_format.h", "rs_crc32.h", "rs_msg.h", "rs_commitlog.h", "rs_cq.h",
-           "rs_sync.h"]
-SOURCES = ["rs_crc32.c", "rs_msg.c", "rs_commitlog.c", "rs_cq.c", "rs_sync.c"]
+           "rs_index.h", "rs_sync.h"]
+SOURCES = ["rs_crc32.c", "rs_msg.c", "rs_commitlog.c", "rs_cq.c", "rs_index.c", "rs_sync.c"]
 _DEFINE = re.compile(r"^#define\s+(RS_\w+)\s+\(?-?(?:0x[0-9A-Fa-f]+|\d+)\)?(?:\s|$)", re.M)
 
 CDEF = """
@@ -75,6 +75,15 @@ int rs_cq_encode_batch(uint8_t *out, size_t out_len, int64_t pos,
                        size_t n, int64_t *nbytes);
 int rs_cq_search(const uint8_t *buf, size_t len, int64_t start, int64_t end,
                  int64_t phy_offset, int64_t *index);
+int rs_index_hash(const uint8_t *buf, size_t len, int32_t *hash);
+int rs_index_put(uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
+                 int32_t key_hash, int64_t phy_offset, int64_t store_timestamp);
+int rs_index_put_batch(uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
+                       const int32_t *key_hashes, const int64_t *phy_offsets,
+                       const int64_t *store_timestamps, size_t n, int64_t *count);
+int rs_index_lookup(const uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
+                    int32_t key_hash, int64_t begin, int64_t end,
+                    int64_t *out, int64_t cap, int64_t *count);
 int rs_sync_range(const uint8_t *buf, size_t len, int64_t start, int64_t length);
 """
 

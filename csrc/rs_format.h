@@ -90,12 +90,40 @@
 #define RS_CQ_STORE_UNIT_SIZE 20
 
 /*
- * IndexFile, spec 02 §2: 40-byte header, 4-byte hash slots, 20-byte entries
- * (keyHash int | phyOffset long | timeDiff int | prevIndex int).
+ * IndexFile, spec 02 §2.1 (IndexHeader, IndexFile#putKey).  File = header, then slot_num
+ * 4-byte hash slots (int: newest entry number of the slot's chain, 0 = empty), then
+ * index_num 20-byte entries; total 40 + slot_num * 4 + index_num * 20 bytes.  Entry number 0
+ * is never written, so a full file (indexCount == index_num) holds index_num - 1 entries.
+ *
+ * Header (40 bytes):
+ *   off  size  field
+ *   0    8     beginTimestamp   store time of the first entry (pre-seeded on roll)
+ *   8    8     endTimestamp     store time of the last entry
+ *   16   8     beginPhyOffset   CommitLog offset of the first entry (pre-seeded on roll)
+ *   24   8     endPhyOffset     CommitLog offset of the last entry
+ *   32   4     hashSlotCount    slots that went from empty to used
+ *   36   4     indexCount       next entry number; 0 on a fresh file reads as 1
+ *
+ * Entry (20 bytes) at 40 + slot_num * 4 + n * 20:
+ *   off  size  field
+ *   0    4     keyHash          abs(String.hashCode("topic#key")), MIN_VALUE -> 0
+ *   4    8     phyOffset        CommitLog offset of the record
+ *   12   4     timeDiff         (storeTimestamp - beginTimestamp) / 1000, seconds
+ *   16   4     prevIndex        previous entry of the same slot in this file, 0 = end
  */
 #define RS_INDEX_HEADER_SIZE 40
 #define RS_INDEX_SLOT_SIZE 4
 #define RS_INDEX_ENTRY_SIZE 20
+#define RS_INDEX_POS_BEGIN_TIMESTAMP 0
+#define RS_INDEX_POS_END_TIMESTAMP 8
+#define RS_INDEX_POS_BEGIN_PHY_OFFSET 16
+#define RS_INDEX_POS_END_PHY_OFFSET 24
+#define RS_INDEX_POS_HASH_SLOT_COUNT 32
+#define RS_INDEX_POS_INDEX_COUNT 36
+#define RS_INDEX_ENTRY_POS_KEY_HASH 0
+#define RS_INDEX_ENTRY_POS_PHY_OFFSET 4
+#define RS_INDEX_ENTRY_POS_TIME_DIFF 12
+#define RS_INDEX_ENTRY_POS_PREV_INDEX 16
 
 /* Checkpoint, spec 03 §3. */
 #define RS_CHECKPOINT_FILE_SIZE 4096

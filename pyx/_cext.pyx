@@ -27,7 +27,8 @@ NAME = "cext"
 
 __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_append",
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
-           "cq_encode_batch", "cq_search", "sync_range")
+           "cq_encode_batch", "cq_search", "index_hash", "index_put", "index_put_batch",
+           "index_lookup", "sync_range")
 
 # GIL release thresholds.  Releasing and re-taking an uncontended GIL costs ~50-100 ns: it pays
 # once the kernel runs for microseconds.  CRC-32 runs at >10 GB/s here, so 4 KiB of CRC is
@@ -301,6 +302,93 @@ def cq_search(buf, int64_t start, int64_t end, int64_t phy_offset):
     PyBuffer_Release(&b)
     _check(r, "cq_search")
     return index
+
+
+def index_hash(key):
+    """IndexFile key hash: abs(String.hashCode) of the UTF-8 key, Integer.MIN_VALUE -> 0."""
+    cdef Py_buffer v
+    cdef int32_t h = 0
+    memset(&v, 0, sizeof(v))
+    _ro(key, &v)
+    try:
+        rs_index_hash(<const uint8_t *>v.buf, <size_t>v.len, &h)
+    finally:
+        PyBuffer_Release(&v)
+    return h
+
+
+def index_put(buf, int32_t slot_num, int32_t index_num, int32_t key_hash, int64_t phy_offset,
+              int64_t store_timestamp):
+    """IndexFile#putKey into a whole index file; the new indexCount, or 0 when full.  A fixed
+    handful of loads and stores: keeps the GIL."""
+    cdef Py_buffer b
+    cdef int r
+    _rw(buf, &b)
+    r = rs_index_put(<uint8_t *>b.buf, <size_t>b.len, slot_num, index_num, key_hash, phy_offset,
+                     store_timestamp)
+    PyBuffer_Release(&b)
+    return _check(r, "index_put")
+
+
+def index_put_batch(buf, int32_t slot_num, int32_t index_num, key_hashes, phy_offsets,
+                    store_timestamps):
+    """index_put for each key in order until the file is full; returns the keys put."""
+    cdef Py_buffer b
+    cdef const int32_t[::1] kh
+    cdef const int64_t[::1] po
+    cdef const int64_t[::1] ts
+    cdef int64_t count = 0
+    cdef Py_ssize_t n
+    cdef int r
+    if not (len(key_hashes) == len(phy_offsets) == len(store_timestamps)):
+        _raise_for_status(RS_E_ARG, "index_put_batch: arrays differ in length")
+    try:
+        kh = key_hashes
+    except (TypeError, ValueError, BufferError):
+        kh = _as_array(key_hashes, "i")
+    try:
+        po = phy_offsets
+    except (TypeError, ValueError, BufferError):
+        po = _as_array(phy_offsets, "q")
+    try:
+        ts = store_timestamps
+    except (TypeError, ValueError, BufferError):
+        ts = _as_array(store_timestamps, "q")
+    n = kh.shape[0]
+    _rw(buf, &b)
+    try:
+        with nogil:
+            r = rs_index_put_batch(<uint8_t *>b.buf, <size_t>b.len, slot_num, index_num,
+                                   &kh[0] if n else NULL, &po[0] if n else NULL,
+                                   &ts[0] if n else NULL, <size_t>n, &count)
+    finally:
+        PyBuffer_Release(&b)
+    _check(r, "index_put_batch")
+    return count
+
+
+def index_lookup(buf, int32_t slot_num, int32_t index_num, int32_t key_hash, int64_t begin,
+                 int64_t end, int64_t max_num, out_offsets):
+    """IndexFile#selectPhyOffset: phyOffsets of key_hash's entries in [begin, end], newest
+    first, into out_offsets (int64); returns how many (<= max_num, <= len(out_offsets))."""
+    cdef Py_buffer b
+    cdef int64_t[::1] out = out_offsets
+    cdef int64_t count = 0
+    cdef int64_t cap = out.shape[0]
+    cdef int r
+    if max_num < cap:
+        cap = max_num if max_num > 0 else 0
+    memset(&b, 0, sizeof(b))
+    _ro(buf, &b)
+    try:
+        with nogil:
+            r = rs_index_lookup(<const uint8_t *>b.buf, <size_t>b.len, slot_num, index_num,
+                                key_hash, begin, end, &out[0] if out.shape[0] else NULL, cap,
+                                &count)
+    finally:
+        PyBuffer_Release(&b)
+    _check(r, "index_lookup")
+    return count
 
 
 def sync_range(buf, int fd, int64_t start, int64_t length):

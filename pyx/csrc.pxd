@@ -12,6 +12,7 @@ cdef extern from * nogil:
     #include "rs_msg.h"
     #include "rs_commitlog.h"
     #include "rs_cq.h"
+    #include "rs_index.h"
     #include "rs_sync.h"
     """
     # rs_common.h / rs_format.h
@@ -85,6 +86,17 @@ cdef extern from * nogil:
                            const int64_t *tags_codes, size_t n, int64_t *nbytes)
     int rs_cq_search(const uint8_t *buf, size_t len, int64_t start, int64_t end,
                      int64_t phy_offset, int64_t *index)
+
+    # rs_index.h
+    int rs_index_hash(const uint8_t *buf, size_t len, int32_t *hash)
+    int rs_index_put(uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
+                     int32_t key_hash, int64_t phy_offset, int64_t store_timestamp)
+    int rs_index_put_batch(uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
+                           const int32_t *key_hashes, const int64_t *phy_offsets,
+                           const int64_t *store_timestamps, size_t n, int64_t *count)
+    int rs_index_lookup(const uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
+                        int32_t key_hash, int64_t begin, int64_t end,
+                        int64_t *out, int64_t cap, int64_t *count)
 
     # rs_sync.h
     int rs_sync_range(const uint8_t *buf, size_t len, int64_t start, int64_t length)

@@ -9,13 +9,14 @@ from .kernels import BACKEND
 from .message import Message, MessageExt
 from .recovery import RecoveryReport
 from .status import (AppendStatus, GetMessageResult, GetMessageStatus, PutMessageResult,
-                     PutMessagesResult, PutMessageStatus)
+                     PutMessagesResult, PutMessageStatus, QueryMessageResult)
 from .store import MessageStore
 
 __all__ = [
     "__version__", "BACKEND", "MessageStore", "StoreConfig", "FlushDiskType", "BrokerRole",
     "Message", "MessageExt", "PutMessageStatus", "GetMessageStatus", "AppendStatus",
-    "PutMessageResult", "PutMessagesResult", "GetMessageResult", "RecoveryReport",
+    "PutMessageResult", "PutMessagesResult", "GetMessageResult", "QueryMessageResult",
+    "RecoveryReport",
     "StoreError", "StoreLockedError", "StoreClosedError", "StoreLoadError",
     "MessageIllegalError", "CorruptRecordError", "ConfigError",
 ]

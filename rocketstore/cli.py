@@ -10,24 +10,136 @@ from .errors import StoreError
 log = logging.getLogger("rocketstore")
 
 
+def _selected(store, args):
+    """Messages of a store in commit-log order, filtered by the dump/export options."""
+    start = getattr(args, "from_offset", None)
+    count = 0
+    for m in store.iter_messages(start):
+        if args.to_offset is not None and m.commit_log_offset >= args.to_offset:
+            break
+        if args.topic is not None and m.topic != args.topic:
+            continue
+        if args.queue is not None and m.queue_id != args.queue:
+            continue
+        if args.from_time is not None and m.store_timestamp < args.from_time:
+            continue
+        if args.to_time is not None and m.store_timestamp > args.to_time:
+            continue
+        yield m
+        count += 1
+        if args.limit is not None and count >= args.limit:
+            break
+
+
 def _dump(args):
     from .store import MessageStore
     store = MessageStore.open_read_only(args.store_dir, kernels=args.backend)
     out = sys.stdout
-    count = 0
     try:
-        for m in store.iter_messages():
-            if args.topic is not None and m.topic != args.topic:
-                continue
-            if args.queue is not None and m.queue_id != args.queue:
-                continue
+        for m in _selected(store, args):
             out.write(json.dumps(m.to_dict(_cq_tags_code(store, m)), separators=(",", ":")))
             out.write("\n")
-            count += 1
-            if args.limit is not None and count >= args.limit:
-                break
     finally:
         store.shutdown()
+    return 0
+
+
+def _export(args):
+    """Messages of one topic for analysis: JSON lines with the body as text (UTF-8, invalid
+    bytes replaced) or base64, properties as an object."""
+    import base64
+    import csv
+    from .store import MessageStore
+    store = MessageStore.open_read_only(args.store_dir, kernels=args.backend)
+    out = sys.stdout
+    writer = None
+    try:
+        for m in _selected(store, args):
+            row = {"topic": m.topic, "queueId": m.queue_id, "queueOffset": m.queue_offset,
+                   "commitLogOffset": m.commit_log_offset, "storeTimestamp": m.store_timestamp,
+                   "bornTimestamp": m.born_timestamp, "msgId": m.msg_id, "tags": m.tags,
+                   "keys": m.keys,
+                   "body": (base64.b64encode(m.body).decode() if args.body == "base64"
+                            else bytes(m.body).decode("utf-8", "replace"))}
+            if args.format == "csv":
+                if writer is None:
+                    writer = csv.DictWriter(out, fieldnames=list(row) + ["properties"])
+                    writer.writeheader()
+                writer.writerow(dict(row, properties=json.dumps(m.properties)))
+            else:
+                row["properties"] = m.properties
+                out.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")))
+                out.write("\n")
+    finally:
+        store.shutdown()
+    return 0
+
+
+def _verify(args):
+    from .progress import progress_bar
+    from .store import MessageStore
+    from .verify import verify_store
+    store = MessageStore.open_read_only(args.store_dir, kernels=args.backend)
+    try:
+        total = max(0, store.get_max_phy_offset() - max(0, store.get_min_phy_offset()))
+        with progress_bar(total, "verify", unit="B") as bar:
+            report = verify_store(store, bar.update)
+    finally:
+        store.shutdown()
+    if args.json:
+        json.dump(report.to_dict(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for problem in report.problems:
+            print(problem)
+        print(f"{report.records} records, {report.units} consume-queue units, "
+              f"{report.index_entries} index entries checked: "
+              f"{'OK' if report.ok else f'{len(report.problems)} problem(s)'}")
+    return 0 if report.ok else 1
+
+
+def _recover(args):
+    from . import repair
+    plan = repair.plan_recovery(args.store_dir, kernels=args.backend)
+    if args.json and args.dry_run:
+        json.dump(plan.to_dict(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    print(f"scan from file {plan.start_file}: the CommitLog ends at {plan.process_offset} "
+          f"({plan.stop_reason or 'clean'}); {plan.truncated_bytes} bytes past it would be "
+          f"truncated")
+    for queue, units in sorted(plan.truncated_units.items()):
+        print(f"  consume queue {queue}: {units} unit(s) past the end would be dropped")
+    print(f"{plan.redispatch_records} record(s) would be dispatched again")
+    if args.dry_run:
+        print("dry run: nothing changed")
+        return 0
+    report = repair.recover(args.store_dir, kernels=args.backend)
+    if args.json:
+        import dataclasses
+        json.dump(dataclasses.asdict(report), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(f"recovered: {report.records} records scanned, {report.dispatched} dispatched, "
+              f"CommitLog ends at {report.process_offset}")
+    return 0
+
+
+def _rebuild(args):
+    import dataclasses
+    from . import repair
+    rebuild = (repair.rebuild_consume_queues if args.command == "rebuild-cq"
+               else repair.rebuild_index)
+    if args.command == "rebuild-cq":
+        report = rebuild(args.store_dir, kernels=args.backend, cq_file_size=args.cq_file_size)
+    else:
+        report = rebuild(args.store_dir, kernels=args.backend)
+    if args.json:
+        json.dump(dataclasses.asdict(report), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(f"{args.command}: {report.records} records scanned, {report.dispatched} "
+              f"dispatched in {report.seconds:.2f} s")
     return 0
 
 
@@ -216,6 +328,20 @@ def _bench(args):
     return run_bench(args)
 
 
+def _add_selection(p):
+    p.add_argument("--topic", default=None, help="only this topic")
+    p.add_argument("--queue", type=int, default=None, help="only this queue id")
+    p.add_argument("--from", dest="from_offset", type=int, default=None,
+                   help="first commit-log offset (a record start)")
+    p.add_argument("--to", dest="to_offset", type=int, default=None,
+                   help="stop before this commit-log offset")
+    p.add_argument("--from-time", type=int, default=None,
+                   help="only records stored at or after this epoch-ms time")
+    p.add_argument("--to-time", type=int, default=None,
+                   help="only records stored at or before this epoch-ms time")
+    p.add_argument("--limit", type=int, default=None, help="stop after this many messages")
+
+
 def build_parser():
     p = argparse.ArgumentParser(
         prog="rocketstore",
@@ -244,10 +370,43 @@ def build_parser():
     d = sub.add_parser("dump", help="print every message as one JSON object per line",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d.add_argument("store_dir", help="store root (holds commitlog/, consumequeue/)")
-    d.add_argument("--topic", default=None, help="only this topic")
-    d.add_argument("--queue", type=int, default=None, help="only this queue id")
-    d.add_argument("--limit", type=int, default=None, help="stop after this many messages")
+    _add_selection(d)
     d.set_defaults(func=_dump)
+
+    e = sub.add_parser("export", help="stream messages out for analysis (read-only)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    e.add_argument("store_dir", help="store root")
+    e.add_argument("--format", choices=["jsonl", "csv"], default="jsonl", help="output format")
+    e.add_argument("--body", choices=["text", "base64"], default="text",
+                   help="how bodies are written")
+    _add_selection(e)
+    e.set_defaults(func=_export)
+
+    v = sub.add_parser("verify", help="check every record, consume-queue unit, index entry, "
+                                      "the checkpoint and config files (read-only); exit 1 on "
+                                      "problems")
+    v.add_argument("store_dir", help="store root")
+    v.add_argument("--json", action="store_true", help="print the report as JSON")
+    v.set_defaults(func=_verify)
+
+    r = sub.add_parser("recover", help="run abnormal recovery offline: truncate a damaged tail, "
+                                       "re-dispatch what the queues miss")
+    r.add_argument("store_dir", help="store root")
+    r.add_argument("--dry-run", action="store_true",
+                   help="only show what would be truncated and re-dispatched")
+    r.add_argument("--json", action="store_true", help="print the plan or report as JSON")
+    r.set_defaults(func=_recover)
+
+    for name, what in (("rebuild-cq", "ConsumeQueues"), ("rebuild-index", "IndexFiles")):
+        rb = sub.add_parser(name, help=f"delete and rebuild every one of the {what} from the "
+                                       "CommitLog")
+        rb.add_argument("store_dir", help="store root")
+        rb.add_argument("--json", action="store_true", help="print the report as JSON")
+        if name == "rebuild-cq":
+            rb.add_argument("--cq-file-size", type=int, default=None,
+                            help="bytes per ConsumeQueue file (default: the existing files', "
+                                 "else 6000000)")
+        rb.set_defaults(func=_rebuild)
 
     s = sub.add_parser("stat", help="summarise a store directory (read-only): topics, queues, "
                                     "consumer lag, files, checkpoint, lock and disk")

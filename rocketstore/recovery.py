@@ -78,11 +78,27 @@ def recover_consume_queues(store):
     return max_phy
 
 
+def dirty_tail_bytes(mfq, offset, chunk=1 << 20):
+    """Bytes from `offset` to the last non-zero byte of the queue: the data a truncation at
+    `offset` drops (the zeros of never-written space do not count)."""
+    for f in reversed(mfq.files):
+        if f.file_from_offset + f.file_size <= offset:
+            break
+        lo = max(0, offset - f.file_from_offset)
+        end = f.file_size
+        while end > lo:
+            start = max(lo, end - chunk)
+            data = f.mm[start:end].rstrip(b"\0")
+            if data:
+                return f.file_from_offset + start + len(data) - offset
+            end = start
+    return 0
+
+
 def _truncate(store, process_offset, max_phy_of_cq, report):
     commitlog = store.commitlog
     mfq = commitlog.mfq
-    report.truncated_bytes = max(0, mfq.get_max_wrote_position() - process_offset) \
-        if mfq.files and mfq.last_file.wrote_position != mfq.file_size else 0
+    report.truncated_bytes = dirty_tail_bytes(mfq, process_offset)
     mfq.flushed_where = mfq.committed_where = process_offset
     mfq.truncate_dirty_files(process_offset)
     if max_phy_of_cq >= process_offset:

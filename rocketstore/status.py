@@ -140,3 +140,29 @@ class GetMessageResult:
         return (f"GetMessageResult({self.status.name}, next_begin_offset="
                 f"{self.next_begin_offset}, min={self.min_offset}, max={self.max_offset}, "
                 f"messages={len(self.messages)})")
+
+
+class QueryMessageResult:
+    """QueryMessageResult: the messages a key query found (MessageExt, ascending offset), and
+    the newest index file's end timestamp and phy offset when the query ran
+    (indexLastUpdateTimestamp / indexLastUpdatePhyoffset, which a client uses to tell how
+    current the index was)."""
+
+    __slots__ = ("messages", "index_last_update_timestamp", "index_last_update_phy_offset",
+                 "buffer_total_size")
+
+    def __init__(self, messages=None, index_last_update_timestamp=0,
+                 index_last_update_phy_offset=0, buffer_total_size=0):
+        self.messages = messages if messages is not None else []
+        self.index_last_update_timestamp = index_last_update_timestamp
+        self.index_last_update_phy_offset = index_last_update_phy_offset
+        self.buffer_total_size = buffer_total_size
+
+    @property
+    def message_count(self):
+        return len(self.messages)
+
+    def __repr__(self):
+        return (f"QueryMessageResult(messages={len(self.messages)}, index_last_update_timestamp="
+                f"{self.index_last_update_timestamp}, index_last_update_phy_offset="
+                f"{self.index_last_update_phy_offset})")

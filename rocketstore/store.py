@@ -9,7 +9,7 @@ import threading
 
 from . import format as F
 from . import kernels as _kernels
-from . import recovery
+from . import query, recovery
 from .checkpoint import StoreCheckpoint
 from .clock import system_clock
 from .commitlog import TOPIC_PATTERN, CommitLog
@@ -17,6 +17,8 @@ from .config import BrokerRole, FlushDiskType, StoreConfig
 from .config_manager import SubscriptionGroupConfig, TopicConfig, all_managers
 from .consume_queue import ConsumeQueue
 from .dispatch import ConsumeQueueDispatcher
+from .index_file import infer_geometry
+from .index_service import IndexService
 from .errors import ConfigError, CorruptRecordError, StoreClosedError, StoreLoadError
 from .fs import DEFAULT as DEFAULT_FS
 from .lockfile import StoreLock, abort_path
@@ -88,8 +90,11 @@ class MessageStore:
         (self.topic_configs, self.subscription_groups, self.consumer_offsets,
          self.delay_offsets) = all_managers(self.root, self.fs, self.clock, read_only)
         self.topic_configs.on_change = self._topic_configs_changed
-        # Set by the IndexFile work; cleaning calls its delete_expired_file(min_offset).
-        self.index_service = None
+        # Cleaning calls its delete_expired_file(min_offset); it dispatches after the CQs.
+        # The store's own reference drives load/flush/close even if a test swaps the hook.
+        self._indexer = self.index_service = IndexService(self)
+        if self.config.message_index_enable:
+            self.dispatchers.append(self._indexer)
         self.clean_commitlog_service = CleanCommitLogService(self)
         self.clean_consume_queue_service = CleanConsumeQueueService(self)
         self.scheduled_service = None
@@ -124,6 +129,15 @@ class MessageStore:
             config = StoreConfig(store_path_root_dir=root, **sizes)
         else:
             config = dataclasses.replace(config, **sizes)
+        idx_dir = os.path.join(root, "index")
+        idx = [os.path.join(idx_dir, n) for n in DEFAULT_FS.list_dir(idx_dir) if n.isdigit()]
+        geometry = infer_geometry(idx, DEFAULT_FS, config.max_hash_slot_num, config.max_index_num)
+        if geometry is not None:
+            config = dataclasses.replace(config, max_hash_slot_num=geometry[0],
+                                         max_index_num=geometry[1])
+        else:
+            log.warning("%s: index file sizes fit no hash slot / index number pair tried; "
+                        "key queries will find nothing", idx_dir)
         store = cls(root, config, kernels=kernels, read_only=True)
         store.load()
         return store
@@ -138,9 +152,10 @@ class MessageStore:
     def __exit__(self, *exc):
         self.shutdown()
 
-    def load(self):
+    def load(self, force_recovery=False):
         """Map every file and recover (DefaultMessageStore#load). Takes the lock first: two
-        processes recovering one directory would truncate each other's data."""
+        processes recovering one directory would truncate each other's data.
+        `force_recovery` runs abnormal recovery even after a clean shutdown."""
         if self._loaded:
             return self.recovery_report
         if not self.read_only:
@@ -149,11 +164,14 @@ class MessageStore:
         elif not self.fs.is_dir(self.root):
             raise StoreLoadError(f"{self.root} is not a store directory")
         try:
-            last_exit_ok = not self.fs.exists(abort_path(self.root))
+            last_exit_ok = not force_recovery and not self.fs.exists(abort_path(self.root))
             self.commitlog.load()
             self._load_consume_queues()
             self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"), self.fs,
                                               self.read_only)
+            # Before recovery: an abnormal exit drops index files past the checkpoint, and
+            # recovery's re-dispatch rebuilds them.
+            self._indexer.load(last_exit_ok)
             self.recovery_report = recovery.recover(self, last_exit_ok)
             self._load_configs()
         except BaseException:
@@ -257,6 +275,7 @@ class MessageStore:
             caught_up = self.reput_service.behind() <= 0
             self.flush_service.shutdown()
             self.flush_cq_service.shutdown()
+            self._indexer.flush()
             self.commitlog.shutdown()
             self.persist_configs()
             self.checkpoint.flush()
@@ -271,6 +290,7 @@ class MessageStore:
         self.commitlog.close()
         for cq in self.all_consume_queues():
             cq.close()
+        self._indexer.close()
         if self.checkpoint is not None:
             self.checkpoint.close()
 
@@ -565,6 +585,27 @@ class MessageStore:
         except CorruptRecordError as exc:
             log.warning("no record at offset %d: %s", phy_offset, exc)
             return None
+
+    # ---- queries (rocketstore/query.py) ---------------------------------------------------------
+    def query_message(self, topic, key, max_num=32, begin=0, end=None):
+        """Messages carrying `key` (a KEYS piece or UNIQ_KEY) under `topic`, stored in
+        [begin, end] ms (end None: no bound), at most min(max_num, max_msgs_num_batch), newest
+        kept, in ascending offset order: a QueryMessageResult (DefaultMessageStore#queryMessage,
+        but every hit is checked against its record, so a hash collision never answers)."""
+        return query.query_message(self, topic, key, max_num, begin, end)
+
+    def query_message_by_unique_key(self, topic, uniq_key):
+        """The MessageExt whose UNIQ_KEY is `uniq_key` under `topic`, or None."""
+        return query.query_message_by_unique_key(self, topic, uniq_key)
+
+    def view_message_by_id(self, msg_id):
+        """The MessageExt an offset msgId names, or None (ValueError if it is no msgId)."""
+        return query.view_message_by_id(self, msg_id)
+
+    def get_offset_in_queue_by_time(self, topic, queue_id, timestamp):
+        """The queue offset of the message stored nearest `timestamp` (4.9.x algorithm,
+        ConsumeQueue#getOffsetInQueueByTime; the file is chosen by its mtime)."""
+        return query.get_offset_in_queue_by_time(self, topic, queue_id, timestamp)
 
     def iter_messages(self, from_offset=None):
         """Every record in commit-log order, decoded (blank records skipped)."""

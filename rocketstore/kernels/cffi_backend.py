@@ -20,7 +20,8 @@ NAME = "cffi"
 
 __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_append",
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
-           "cq_encode_batch", "cq_search", "sync_range")
+           "cq_encode_batch", "cq_search", "index_hash", "index_put", "index_put_batch",
+           "index_lookup", "sync_range")
 
 _from_buffer = _ffi.from_buffer
 _release_cdata = _ffi.release
@@ -205,6 +206,58 @@ def cq_search(buf, start, end, phy_offset):
         _release(b)
     _check(r, "cq_search")
     return index[0]
+
+
+def index_hash(key):
+    h = _new("int32_t *")
+    v = _ro(key)
+    try:
+        _lib.rs_index_hash(v, len(v), h)
+    finally:
+        _release(v)
+    return h[0]
+
+
+def index_put(buf, slot_num, index_num, key_hash, phy_offset, store_timestamp):
+    b = _rw(buf)
+    try:
+        r = _lib.rs_index_put(b, len(b), slot_num, index_num, key_hash, phy_offset,
+                              store_timestamp)
+    finally:
+        _release_cdata(b)
+    return _check(r, "index_put")
+
+
+def index_put_batch(buf, slot_num, index_num, key_hashes, phy_offsets, store_timestamps):
+    if not (len(key_hashes) == len(phy_offsets) == len(store_timestamps)):
+        _raise_for_status(_RS_E_ARG, "index_put_batch: arrays differ in length")
+    count = _new("int64_t *")
+    b = kh = po = ts = None
+    try:
+        kh = _from_buffer("int32_t[]", _ints(key_hashes, 4, "i"))
+        po = _from_buffer("int64_t[]", _ints(phy_offsets, 8, "q"))
+        ts = _from_buffer("int64_t[]", _ints(store_timestamps, 8, "q"))
+        b = _rw(buf)
+        r = _lib.rs_index_put_batch(b, len(b), slot_num, index_num, kh, po, ts, len(kh), count)
+    finally:
+        _release(b, kh, po, ts)
+    _check(r, "index_put_batch")
+    return count[0]
+
+
+def index_lookup(buf, slot_num, index_num, key_hash, begin, end, max_num, out_offsets):
+    count = _new("int64_t *")
+    b = o = None
+    try:
+        o = _rw(out_offsets, "int64_t[]")
+        cap = max(0, min(max_num, len(o)))
+        b = _ro(buf)
+        r = _lib.rs_index_lookup(b, len(b), slot_num, index_num, key_hash, begin, end, o, cap,
+                                 count)
+    finally:
+        _release(b, o)
+    _check(r, "index_lookup")
+    return count[0]
 
 
 def sync_range(buf, fd, start, length):

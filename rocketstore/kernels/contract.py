@@ -23,6 +23,10 @@ KERNEL_NAMES = (
     "cq_encode",
     "cq_encode_batch",
     "cq_search",
+    "index_hash",
+    "index_put",
+    "index_put_batch",
+    "index_lookup",
     "sync_range",
 )
 
@@ -87,6 +91,35 @@ class Kernels(Protocol):
     def cq_search(self, buf, start: int, end: int, phy_offset: int) -> int:
         """Binary search over units in buf[start:end] (ascending commitLogOffset): the index,
         relative to `start`, of the first unit whose offset >= phy_offset; the unit count if none."""
+
+    def index_hash(self, key) -> int:
+        """IndexFile key hash (IndexFile#indexKeyHashMethod): abs(String.hashCode) of the UTF-8
+        key (callers pass `topic#key`), with Integer.MIN_VALUE, whose Java Math.abs is still
+        negative, mapped to 0. Always >= 0."""
+
+    def index_put(self, buf, slot_num: int, index_num: int, key_hash: int, phy_offset: int,
+                  store_timestamp: int) -> int:
+        """IndexFile#putKey (spec 02 §2.3) into `buf`, a whole index file of `slot_num` slots
+        and `index_num` entries (len(buf) >= 40 + 4 slot_num + 20 index_num, else bounds
+        error): write entry number indexCount, link it at the head of slot key_hash % slot_num,
+        and update the header in place (first entry: begin fields; every entry: hashSlotCount,
+        indexCount, end fields). Returns the new indexCount (>= 2), or 0 when the file is full
+        (nothing written). A negative key_hash is an argument error."""
+
+    def index_put_batch(self, buf, slot_num: int, index_num: int, key_hashes, phy_offsets,
+                        store_timestamps) -> int:
+        """index_put for each key (int32, int64, int64 arrays of one length) in order, stopping
+        at the first that does not fit. Returns the number put: fewer than len(key_hashes)
+        means the file is full and the caller rolls to a new file for the rest."""
+
+    def index_lookup(self, buf, slot_num: int, index_num: int, key_hash: int, begin: int,
+                     end: int, max_num: int, out_offsets) -> int:
+        """IndexFile#selectPhyOffset (spec 02 §2.6): walk key_hash's chain newest-first and
+        write into `out_offsets` (a writable int64 array) the phyOffset of every entry whose
+        keyHash equals key_hash and whose time lies in [begin, end]. Returns the count, at most
+        min(max_num, len(out_offsets)). The walk also stops after index_num hops and on any
+        out-of-range prevIndex, so a corrupt chain that loops terminates; it never reads
+        outside the file's geometry."""
 
     def sync_range(self, buf, fd: int, start: int, length: int) -> None:
         """Make buf[start:start+length] (a writable mmap of `fd`) durable, without holding the GIL."""

@@ -264,3 +264,122 @@ def cq_search(buf, start, end, phy_offset):
 def sync_range(buf, fd, start, length):
     # fdatasync drops the GIL and, on Linux, also writes back pages dirtied through a mapping.
     os.fdatasync(fd)
+
+
+# ---- IndexFile (spec 02 §2) -------------------------------------------------------------------
+_I32_MIN = -(1 << 31)
+_I32_MAX = (1 << 31) - 1
+_IDX_HEAD = struct.Struct(">qqqqii")
+_IDX_ENTRY = struct.Struct(">iqii")
+
+
+def _wrap64(v):
+    """Java long arithmetic: wrap to a signed 64-bit value."""
+    return ((v + (1 << 63)) & 0xFFFFFFFFFFFFFFFF) - (1 << 63)
+
+
+def _java_div(a, b):
+    """Java's long division truncates toward zero; Python's // floors."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b > 0) else -q
+
+
+def index_hash(key):
+    h = java_hash(key)
+    # Math.abs(Integer.MIN_VALUE) stays negative in Java; indexKeyHashMethod then uses 0.
+    return 0 if h == _I32_MIN else abs(h)
+
+
+def _index_geometry(buf, slot_num, index_num, what):
+    if slot_num < 1 or index_num < 1:
+        raise_for_status(RS_E_ARG, what)
+    if F.INDEX_HEADER_SIZE + slot_num * F.INDEX_SLOT_SIZE + index_num * F.INDEX_ENTRY_SIZE \
+            > len(buf):
+        raise_for_status(RS_E_BOUNDS, what)
+
+
+def _index_count(mv):
+    n = _I32.unpack_from(mv, F.INDEX_POS_INDEX_COUNT)[0]
+    return 1 if n <= 0 else n
+
+
+def _index_put1(mv, slot_num, index_num, key_hash, phy_offset, store_timestamp):
+    count = _index_count(mv)
+    if count >= index_num:
+        return 0
+    slot_pos = F.INDEX_HEADER_SIZE + (key_hash % slot_num) * F.INDEX_SLOT_SIZE
+    slot_value = _I32.unpack_from(mv, slot_pos)[0]
+    if slot_value <= 0 or slot_value > count:
+        slot_value = 0
+    begin_ts, end_ts, begin_phy, end_phy, slots_used, _ = _IDX_HEAD.unpack_from(mv, 0)
+    diff = _java_div(_wrap64(store_timestamp - begin_ts), 1000)
+    if begin_ts <= 0 or diff < 0:
+        diff = 0
+    elif diff > _I32_MAX:
+        diff = _I32_MAX
+    entry = F.INDEX_HEADER_SIZE + slot_num * F.INDEX_SLOT_SIZE + count * F.INDEX_ENTRY_SIZE
+    _IDX_ENTRY.pack_into(mv, entry, key_hash, phy_offset, diff, slot_value)
+    _I32.pack_into(mv, slot_pos, count)
+    if count <= 1:
+        begin_phy, begin_ts = phy_offset, store_timestamp
+    if slot_value == 0:
+        slots_used = (slots_used + 1 + (1 << 31)) % (1 << 32) - (1 << 31)
+    _IDX_HEAD.pack_into(mv, 0, begin_ts, store_timestamp, begin_phy, phy_offset, slots_used,
+                        count + 1)
+    return count + 1
+
+
+def index_put(buf, slot_num, index_num, key_hash, phy_offset, store_timestamp):
+    mv = memoryview(buf).cast("B")
+    _index_geometry(mv, slot_num, index_num, "index_put")
+    if key_hash < 0:
+        raise_for_status(RS_E_ARG, "index_put")
+    return _index_put1(mv, slot_num, index_num, key_hash, phy_offset, store_timestamp)
+
+
+def index_put_batch(buf, slot_num, index_num, key_hashes, phy_offsets, store_timestamps):
+    n = len(key_hashes)
+    if len(phy_offsets) != n or len(store_timestamps) != n:
+        raise_for_status(RS_E_ARG, "index_put_batch: arrays differ in length")
+    mv = memoryview(buf).cast("B")
+    _index_geometry(mv, slot_num, index_num, "index_put_batch")
+    hashes = np.asarray(key_hashes, dtype=np.int32).tolist()
+    offsets = np.asarray(phy_offsets, dtype=np.int64).tolist()
+    stamps = np.asarray(store_timestamps, dtype=np.int64).tolist()
+    if any(h < 0 for h in hashes):
+        raise_for_status(RS_E_ARG, "index_put_batch")
+    for i in range(n):
+        if not _index_put1(mv, slot_num, index_num, hashes[i], offsets[i], stamps[i]):
+            return i
+    return n
+
+
+def index_lookup(buf, slot_num, index_num, key_hash, begin, end, max_num, out_offsets):
+    mv = memoryview(buf).cast("B")
+    _index_geometry(mv, slot_num, index_num, "index_lookup")
+    if key_hash < 0:
+        raise_for_status(RS_E_ARG, "index_lookup")
+    cap = max(0, min(max_num, len(out_offsets)))
+    count = _index_count(mv)
+    n = _I32.unpack_from(mv, F.INDEX_HEADER_SIZE + (key_hash % slot_num) * F.INDEX_SLOT_SIZE)[0]
+    if n <= 0 or n > count or n >= index_num or count <= 1:
+        return 0
+    begin_ts = _I64.unpack_from(mv, F.INDEX_POS_BEGIN_TIMESTAMP)[0]
+    entries = F.INDEX_HEADER_SIZE + slot_num * F.INDEX_SLOT_SIZE
+    found = 0
+    hops = 0
+    # At most index_num hops: a corrupt chain that loops still ends.
+    while hops < index_num and found < cap:
+        hops += 1
+        hash_read, phy_read, diff, prev = _IDX_ENTRY.unpack_from(
+            mv, entries + n * F.INDEX_ENTRY_SIZE)
+        if diff < 0:
+            break
+        time_read = _wrap64(begin_ts + diff * 1000)
+        if hash_read == key_hash and begin <= time_read <= end:
+            out_offsets[found] = phy_read
+            found += 1
+        if prev <= 0 or prev > count or prev >= index_num or prev == n or time_read < begin:
+            break
+        n = prev
+    return found

@@ -144,6 +144,12 @@ class FlushConsumeQueueService(ServiceThread):
         self._last_thorough = 0
 
     def do_flush(self, retry_times, force=False):
+        # Index files that filled up are flushed here, each advancing the checkpoint's
+        # indexMsgTimestamp (the broker starts a thread per full file for the same job).
+        flush_pending = getattr(getattr(self._store, "index_service", None), "flush_pending",
+                                None)
+        if flush_pending is not None:
+            flush_pending()
         cfg = self._store.config
         least = cfg.flush_consume_queue_least_pages
         now = _now_ms()

@@ -1,0 +1,65 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * rs_index.h - IndexFile hash slots and entry chains (spec 02 §2; layout in rs_format.h).
+ *
+ * Every kernel takes the whole mapped file as buf and the file's geometry (slot_num slots,
+ * index_num entries).  buf must hold at least RS_INDEX_HEADER_SIZE + slot_num * 4 +
+ * index_num * 20 bytes, else RS_E_BOUNDS; slot_num or index_num < 1 is RS_E_ARG.  The header
+ * in buf is the only state: Java's IndexHeader writes every setter through to the mapping,
+ * so reading it back gives the same values.
+ */
+#ifndef RS_INDEX_H
+#define RS_INDEX_H
+
+#include "rs_common.h"
+#include "rs_format.h"
+
+/*
+ * rs_index_hash - IndexFile#indexKeyHashMethod: abs(String.hashCode) of the UTF-8 key
+ * buf[0, len), with Integer.MIN_VALUE (whose Math.abs is still negative) mapped to 0.
+ * Returns RS_OK and the hash (>= 0) in *hash.
+ * GIL: O(len) but keys are short; wrappers keep it.
+ * Java: IndexFile#indexKeyHashMethod over IndexService#buildKey(topic, key).
+ */
+int rs_index_hash(const uint8_t *buf, size_t len, int32_t *hash);
+
+/*
+ * rs_index_put - IndexFile#putKey: append one entry for key_hash (>= 0, else RS_E_ARG),
+ * link it at the head of its slot's chain and update the header (first-entry begin fields,
+ * hashSlotCount, indexCount, end fields).  timeDiff is in seconds from the header's
+ * beginTimestamp as it is *before* this put (so a rolled file's first entry is relative to
+ * the pre-seeded previous end), 0 when beginTimestamp <= 0, clamped to [0, INT32_MAX].
+ * Returns the new indexCount (>= 2), or 0 when the file is full (indexCount >= index_num),
+ * writing nothing.
+ * GIL: fixed work, wrappers keep it.
+ */
+int rs_index_put(uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
+                 int32_t key_hash, int64_t phy_offset, int64_t store_timestamp);
+
+/*
+ * rs_index_put_batch - rs_index_put for keys 0..n-1 in order, stopping at the first that does
+ * not fit.  Returns RS_OK with *count = keys put (< n means the file filled up; the caller
+ * rolls to a new file and continues at key *count), or RS_E_ARG / RS_E_BOUNDS before any
+ * write if a hash is negative or the geometry does not fit buf.
+ * GIL: grows with n; wrappers release it.
+ * Java: IndexService#buildIndex's putKey loop over UNIQ_KEY and each KEYS piece.
+ */
+int rs_index_put_batch(uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
+                       const int32_t *key_hashes, const int64_t *phy_offsets,
+                       const int64_t *store_timestamps, size_t n, int64_t *count);
+
+/*
+ * rs_index_lookup - IndexFile#selectPhyOffset: walk key_hash's slot chain newest-first and
+ * write to out[0, cap) the phyOffset of each entry whose keyHash equals key_hash and whose
+ * time (beginTimestamp + timeDiff * 1000) lies in [begin, end].  Stops at cap results, at a
+ * negative timeDiff, at a prevIndex <= 0, > indexCount, >= index_num or equal to itself, at
+ * an entry older than begin, and after index_num hops, so a corrupt chain that loops ends.
+ * An out-of-range slot value (<= 0, > indexCount, >= index_num) or indexCount <= 1 gives 0
+ * results.  Returns RS_OK with *count.
+ * GIL: walks up to index_num entries; wrappers release it.
+ */
+int rs_index_lookup(const uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
+                    int32_t key_hash, int64_t begin, int64_t end,
+                    int64_t *out, int64_t cap, int64_t *count);
+
+#endif /* RS_INDEX_H */

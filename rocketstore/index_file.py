@@ -1,0 +1,251 @@
+# SPDX-License-Identifier: Apache-2.0
+"""IndexFile: one hash-indexed file of message keys (spec 02 §2; layout in csrc/rs_format.h).
+
+A 40-byte header, `slot_num` 4-byte hash slots and `index_num` 20-byte entries, mapped through
+a MappedFile (so `fs.py` does every file operation and clean-up waits for borrowers). The
+kernels do the byte work on the mapping; this class only knows where the file is and what its
+header says. Written by the reput thread only; readers borrow the mapping with hold/release.
+"""
+import datetime
+import struct
+import time
+
+import numpy as np
+
+from . import format as F
+from .mapped_file import MappedFile
+
+_HEAD = struct.Struct(">qqqqii")
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+
+
+def index_file_size(slot_num, index_num):
+    """Bytes of an index file: 40 + slot_num * 4 + index_num * 20."""
+    return F.INDEX_HEADER_SIZE + slot_num * F.INDEX_SLOT_SIZE + index_num * F.INDEX_ENTRY_SIZE
+
+
+def time_millis_to_human_string(ms):
+    """UtilAll#timeMillisToHumanString: local time as yyyyMMddHHmmssSSS."""
+    t = time.localtime(ms // 1000)
+    return time.strftime("%Y%m%d%H%M%S", t) + "%03d" % (ms % 1000)
+
+
+def human_string_to_time_millis(name):
+    """The epoch milliseconds a yyyyMMddHHmmssSSS local-time file name stands for."""
+    dt = datetime.datetime.strptime(name[:14], "%Y%m%d%H%M%S")
+    return int(time.mktime(dt.timetuple())) * 1000 + int(name[14:17])
+
+
+class IndexFile:
+    """One index file. `end_phy_offset` / `end_timestamp` pre-seed a new file's header with
+    the previous file's end values (IndexFile's constructor), as the broker does on roll."""
+
+    __slots__ = ("mf", "slot_num", "index_num", "file_size", "_k", "_fs")
+
+    def __init__(self, path, slot_num, index_num, kernels, fs, writable=True,
+                 end_phy_offset=0, end_timestamp=0):
+        self.slot_num = slot_num
+        self.index_num = index_num
+        self.file_size = index_file_size(slot_num, index_num)
+        self._k = kernels
+        self._fs = fs
+        fresh = writable and not fs.exists(path)
+        # Writable: create, or extend a short file (Java's RandomAccessFile.setLength does).
+        # Read-only: map as is; a short file becomes a zero-padded private copy.
+        self.mf = MappedFile(path, self.file_size, kernels, fs, writable=writable,
+                             create=writable)
+        if fresh:
+            mm = self.mf.mm
+            if end_phy_offset > 0:
+                _I64.pack_into(mm, F.INDEX_POS_BEGIN_PHY_OFFSET, end_phy_offset)
+                _I64.pack_into(mm, F.INDEX_POS_END_PHY_OFFSET, end_phy_offset)
+            if end_timestamp > 0:
+                _I64.pack_into(mm, F.INDEX_POS_BEGIN_TIMESTAMP, end_timestamp)
+                _I64.pack_into(mm, F.INDEX_POS_END_TIMESTAMP, end_timestamp)
+
+    # ---- header (read back from the mapping, where every put writes it) ----------------------
+    @property
+    def path(self):
+        return self.mf.path
+
+    @property
+    def file_name(self):
+        return self.mf.file_name
+
+    @property
+    def mm(self):
+        return self.mf.mm
+
+    def header(self):
+        """(beginTimestamp, endTimestamp, beginPhyOffset, endPhyOffset, hashSlotCount,
+        indexCount), indexCount <= 0 read as 1 (IndexHeader#load)."""
+        h = _HEAD.unpack_from(self.mf.mm, 0)
+        return h if h[5] > 0 else h[:5] + (1,)
+
+    @property
+    def begin_timestamp(self):
+        return _I64.unpack_from(self.mf.mm, F.INDEX_POS_BEGIN_TIMESTAMP)[0]
+
+    @property
+    def end_timestamp(self):
+        return _I64.unpack_from(self.mf.mm, F.INDEX_POS_END_TIMESTAMP)[0]
+
+    @property
+    def begin_phy_offset(self):
+        return _I64.unpack_from(self.mf.mm, F.INDEX_POS_BEGIN_PHY_OFFSET)[0]
+
+    @property
+    def end_phy_offset(self):
+        return _I64.unpack_from(self.mf.mm, F.INDEX_POS_END_PHY_OFFSET)[0]
+
+    @property
+    def hash_slot_count(self):
+        return _I32.unpack_from(self.mf.mm, F.INDEX_POS_HASH_SLOT_COUNT)[0]
+
+    @property
+    def index_count(self):
+        n = _I32.unpack_from(self.mf.mm, F.INDEX_POS_INDEX_COUNT)[0]
+        return n if n > 0 else 1
+
+    @property
+    def is_write_full(self):
+        return self.index_count >= self.index_num
+
+    def is_time_matched(self, begin, end):
+        """IndexFile#isTimeMatched: [begin, end] overlaps [beginTimestamp, endTimestamp]."""
+        fb = self.begin_timestamp
+        fe = self.end_timestamp
+        return (begin < fb and end > fe) or fb <= begin <= fe or fb <= end <= fe
+
+    # ---- writes (reput thread only) -----------------------------------------------------------
+    def put_key(self, key, phy_offset, store_timestamp):
+        """IndexFile#putKey of the UTF-8 key (`topic#key`, str or bytes); False when full."""
+        if isinstance(key, str):
+            key = key.encode("utf-8")
+        return self._k.index_put(self.mf.mm, self.slot_num, self.index_num,
+                                 self._k.index_hash(key), phy_offset, store_timestamp) > 0
+
+    def put_batch(self, key_hashes, phy_offsets, store_timestamps):
+        """Put keys in order until the file is full; returns how many were put."""
+        return self._k.index_put_batch(self.mf.mm, self.slot_num, self.index_num, key_hashes,
+                                       phy_offsets, store_timestamps)
+
+    # ---- reads --------------------------------------------------------------------------------
+    def select_phy_offsets(self, key_hash, max_num, begin, end, out=None):
+        """IndexFile#selectPhyOffset: phyOffsets of `key_hash` stored in [begin, end], newest
+        first, at most max_num. `out` (an int64 array) avoids an allocation per call."""
+        if out is None:
+            out = np.empty(max(0, max_num), dtype=np.int64)
+        if not self.mf.hold():
+            return []
+        try:
+            n = self._k.index_lookup(self.mf.mm, self.slot_num, self.index_num, key_hash, begin,
+                                     end, max_num, out)
+        finally:
+            self.mf.release()
+        return out[:n].tolist()
+
+    def arrays(self):
+        """Zero-copy numpy views of the whole file, for analytics: (header, slots, entries) with
+        format.INDEX_HEADER_DTYPE (one row), big-endian int32 slots, and INDEX_ENTRY_DTYPE rows
+        (entry 0 included, unused). The views pin the mapping: drop them before close()."""
+        mm = self.mf.mm
+        header = np.frombuffer(mm, dtype=F.INDEX_HEADER_DTYPE, count=1)
+        slots = np.frombuffer(mm, dtype=">i4", count=self.slot_num, offset=F.INDEX_HEADER_SIZE)
+        entries = np.frombuffer(mm, dtype=F.INDEX_ENTRY_DTYPE, count=self.index_num,
+                                offset=F.INDEX_HEADER_SIZE + self.slot_num * F.INDEX_SLOT_SIZE)
+        return header, slots, entries
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def flush(self):
+        """Make the whole file durable (IndexFile#flush: the header is already written through)."""
+        if not self.mf.writable or not self.mf.hold():
+            return
+        try:
+            self._fs.sync_mapped(self._k, self.mf.mm, self.mf.path, 0, self.file_size)
+        finally:
+            self.mf.release()
+
+    def close(self):
+        return self.mf.close()
+
+    def destroy(self, wait_s=3.0):
+        """Unmap and delete; False while a borrower (or a numpy view) still pins it."""
+        return self.mf.destroy(wait_s)
+
+    def __repr__(self):
+        return f"IndexFile({self.file_name}, count={self.index_count}/{self.index_num})"
+
+
+def valid_geometry(path, fs, slot_num, index_num):
+    """True when the file at `path` reads consistently as `slot_num` slots and `index_num`
+    entries: the size matches, every used slot points at an entry of its own slot and every
+    entry's prevIndex at an older entry of the same slot. Used to infer a foreign store's
+    sizes; O(file), numpy only."""
+    size = fs.size(path)
+    if slot_num < 1 or index_num < 2 or size != index_file_size(slot_num, index_num):
+        return False
+    raw = fs.read_bytes(path)
+    count = max(1, _I32.unpack_from(raw, F.INDEX_POS_INDEX_COUNT)[0])
+    if count > index_num:
+        return False
+    slots = np.frombuffer(raw, dtype=">i4", count=slot_num, offset=F.INDEX_HEADER_SIZE)
+    entries = np.frombuffer(raw, dtype=F.INDEX_ENTRY_DTYPE, count=count,
+                            offset=F.INDEX_HEADER_SIZE + slot_num * F.INDEX_SLOT_SIZE)
+    if entries[0].tobytes() != bytes(F.INDEX_ENTRY_SIZE):
+        return False
+    if ((slots < 0) | (slots >= count)).any():
+        return False
+    hashes = entries["key_hash"].astype(np.int64)
+    if (hashes < 0).any():
+        return False
+    used = np.nonzero(slots)[0]
+    if (hashes[slots[used]] % slot_num != used).any():
+        return False
+    prev = entries["prev_index"][1:].astype(np.int64)
+    idx = np.arange(1, count)
+    linked = prev > 0
+    if ((prev < 0) | (prev >= idx)).any():
+        return False
+    return bool((hashes[prev[linked]] % slot_num == hashes[idx[linked]] % slot_num).all())
+
+
+__all__ = ["IndexFile", "index_file_size", "time_millis_to_human_string",
+           "human_string_to_time_millis", "valid_geometry"]
+
+
+def infer_geometry(paths, fs, slot_num, index_num):
+    """(slot_num, index_num) of the index files at `paths` (a store written with unknown
+    maxHashSlotNum / maxIndexNum), or None when nothing fits.
+
+    A file's size alone does not fix both numbers, so candidates are tried in order and must
+    fit every file's size: the given numbers (accepted on size alone: the common case, and
+    cheap for 420 MB files); then, for each file, indexCount as index_num (exact for a full
+    file); then RocketMQ's default ratio index_num = 4 * slot_num. A candidate other than the
+    given one must also pass `valid_geometry` on the fullest file."""
+    if not paths:
+        return slot_num, index_num
+    sizes = {fs.size(p) for p in paths}
+    if len(sizes) != 1:
+        return None
+    size = sizes.pop()
+    if size == index_file_size(slot_num, index_num):
+        return slot_num, index_num
+    counts = []
+    for p in paths:
+        raw = fs.read_bytes(p)[:F.INDEX_HEADER_SIZE].ljust(F.INDEX_HEADER_SIZE, b"\0")
+        counts.append((_I32.unpack_from(raw, F.INDEX_POS_INDEX_COUNT)[0], p))
+    count, fullest = max(counts)
+    candidates = []
+    for c, _ in sorted(counts, reverse=True):
+        rest = size - F.INDEX_HEADER_SIZE - c * F.INDEX_ENTRY_SIZE
+        if c >= 2 and rest > 0 and rest % F.INDEX_SLOT_SIZE == 0:
+            candidates.append((rest // F.INDEX_SLOT_SIZE, c))
+    if (size - F.INDEX_HEADER_SIZE) % 84 == 0:
+        s = (size - F.INDEX_HEADER_SIZE) // 84
+        candidates.append((s, 4 * s))
+    for s, n in dict.fromkeys(candidates):
+        if count <= n and valid_geometry(fullest, fs, s, n):
+            return s, n
+    return None

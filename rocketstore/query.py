@@ -1,0 +1,148 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Message queries of MessageStore, as plain functions over a loaded store: by key and unique
+key through the index (spec 02 §2.6), by msgId, and a queue offset by time (spec 02 §1.9).
+"""
+import logging
+import struct
+
+from .format import CQ_STORE_UNIT_SIZE as UNIT
+from .message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, decode_msg_id
+from .status import QueryMessageResult
+
+log = logging.getLogger(__name__)
+
+LONG_MAX = (1 << 63) - 1
+_UNIT = struct.Struct(">qi")
+
+
+def message_has_key(msg, topic, key):
+    """The record really carries `key` under `topic`: its UNIQ_KEY, or a KEYS piece. The index
+    matches hashes only, so this is what keeps a collision out of a query's answer."""
+    if msg.topic != topic or key not in msg.properties_string:
+        return False
+    props = msg.properties
+    if props.get(PROPERTY_UNIQ_KEY) == key:
+        return True
+    keys = props.get(PROPERTY_KEYS)
+    return bool(key) and keys is not None and key in keys.split(KEY_SEPARATOR)
+
+
+def query_message(store, topic, key, max_num=32, begin=0, end=None):
+    """DefaultMessageStore#queryMessage: up to 3 index rounds, each narrowing `end` to the
+    store time of the oldest hit when none of the hits was kept; hits are read back and kept
+    only if the record carries the key (see message_has_key). Ascending offset order."""
+    result = QueryMessageResult()
+    index = store._indexer
+    last_query_time = LONG_MAX if end is None else end
+    seen = set()
+    for _ in range(3):
+        offsets, last_ts, last_phy = index.query_offset(topic, key, max_num, begin,
+                                                        last_query_time)
+        if not offsets:
+            break
+        offsets.sort()
+        result.index_last_update_timestamp = last_ts
+        result.index_last_update_phy_offset = last_phy
+        for i, offset in enumerate(offsets):
+            msg = store.look_message_by_offset(offset)
+            if msg is None:
+                continue
+            if i == 0:
+                last_query_time = msg.store_timestamp
+            if offset in seen or msg.commit_log_offset != offset:
+                continue
+            seen.add(offset)
+            if message_has_key(msg, topic, key):
+                result.messages.append(msg)
+                result.buffer_total_size += msg.store_size
+        if result.messages or last_query_time < begin:
+            break
+    return result
+
+
+def query_message_by_unique_key(store, topic, uniq_key):
+    """The message whose UNIQ_KEY (the client-side msgId) is `uniq_key`, or None; the oldest
+    when a retry stored it more than once."""
+    for msg in query_message(store, topic, uniq_key).messages:
+        if msg.properties.get(PROPERTY_UNIQ_KEY) == uniq_key:
+            return msg
+    return None
+
+
+def view_message_by_id(store, msg_id):
+    """The message an offset msgId (store host + commit-log offset) names, or None. A msgId
+    that is not 16 or 28 hex bytes raises ValueError."""
+    _, offset = decode_msg_id(msg_id)
+    msg = store.look_message_by_offset(offset)
+    if msg is None or msg.commit_log_offset != offset:
+        return None
+    return msg
+
+
+def _java_div(a, b):
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b > 0) else -q
+
+
+def get_offset_in_queue_by_time(store, topic, queue_id, timestamp):
+    """ConsumeQueue#getOffsetInQueueByTime as 4.9.x does it (spec 02 §1.9).
+
+    The file is the first whose last-modified time is >= timestamp, else the last: the
+    broker's own rule, so a store whose files were copied (new mtimes) answers from its first
+    file, as a broker would. Within the file: binary search on the records' store
+    timestamps, the nearer neighbour when there is no exact match. 0 without a queue."""
+    queues = store.consume_queue_table.get(topic)
+    cq = queues.get(queue_id) if queues else None
+    if cq is None:
+        return 0
+    files = list(cq.mfq.files)
+    if not files:
+        return 0
+    mf = files[-1]
+    for f in files:
+        if store.fs.mtime_ms(f.path) >= timestamp:
+            mf = f
+            break
+    if not mf.hold():
+        return 0
+    try:
+        base = mf.file_from_offset
+        low = max(0, cq.min_logic_offset - base)
+        high = mf.read_position - UNIT
+        target = left = right = -1
+        left_value = right_value = -1
+        min_phy = store.commitlog.min_offset
+        pickup = store.commitlog.pickup_store_timestamp
+        mm = mf.mm
+        while high >= low:
+            mid = (low + high) // (2 * UNIT) * UNIT
+            phy, size = _UNIT.unpack_from(mm, mid)
+            if phy < min_phy:
+                low = mid + UNIT
+                left = mid
+                continue
+            store_time = pickup(phy, size)
+            if store_time < 0:
+                return 0
+            if store_time == timestamp:
+                target = mid
+                break
+            if store_time > timestamp:
+                high = mid - UNIT
+                right, right_value = mid, store_time
+            else:
+                low = mid + UNIT
+                left, left_value = mid, store_time
+        if target != -1:
+            offset = target
+        elif left_value == -1:
+            offset = right
+        elif right_value == -1:
+            offset = left
+        else:
+            offset = right if abs(timestamp - left_value) > abs(timestamp - right_value) \
+                else left
+        # Java's int division truncates toward zero: offset -1 in file 0 gives 0.
+        return _java_div(base + offset, UNIT)
+    finally:
+        mf.release()
