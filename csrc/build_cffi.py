@@ -38,7 +38,7 @@ typedef struct rs_scan_rec {
     int32_t props_off;
     int32_t props_len;
     int32_t info;
-    int32_t reserved;
+    int32_t topic_hash;
 } rs_scan_rec;
 
 uint32_t rs_crc32(uint32_t crc, const uint8_t *buf, size_t len);

@@ -169,7 +169,7 @@ typedef struct rs_scan_rec {
     int32_t props_off;
     int32_t props_len;
     int32_t info;
-    int32_t reserved;    /* always 0: keeps the row a multiple of 8 bytes */
+    int32_t topic_hash;  /* FNV-1a (32-bit) of the topic bytes, for grouping rows by queue */
 } rs_scan_rec;
 
 /* C99 static assert: a negative array size fails the build if the layout drifts from SCAN_DTYPE. */

@@ -138,6 +138,20 @@ static int rs_tags_code(const uint8_t *props, size_t len, int64_t *tags_code)
     return 1;
 }
 
+/* 32-bit FNV-1a of the topic bytes, as a signed int. Dispatch groups rows by (topic_hash,
+ * queue_id) with numpy instead of slicing every topic out in Python; it compares the topic
+ * bytes of each group before trusting it, so a collision costs speed, never correctness. */
+static int32_t rs_topic_hash(const uint8_t *p, size_t n)
+{
+    uint32_t h = 2166136261u;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 16777619u;
+    }
+    return (int32_t)h;
+}
+
 int rs_msg_check(const uint8_t *buf, size_t len, int64_t pos, int check_crc,
                  rs_scan_rec *row, int32_t *size_out)
 {
@@ -232,7 +246,7 @@ int rs_msg_check(const uint8_t *buf, size_t len, int64_t pos, int check_crc,
     row->props_off = (int32_t)props_off;
     row->props_len = props_len;
     row->info = info;
-    row->reserved = 0;
+    row->topic_hash = rs_topic_hash(rec + topic_off, (size_t)topic_len);
     assert(props_off + props_len == size && topic_off + topic_len + 2 == props_off);
     *size_out = size;
     return RS_OK;

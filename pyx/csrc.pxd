@@ -42,7 +42,7 @@ cdef extern from * nogil:
         int32_t props_off
         int32_t props_len
         int32_t info
-        int32_t reserved
+        int32_t topic_hash
 
     # rs_crc32.h
     uint32_t rs_crc32(uint32_t crc, const uint8_t *buf, size_t len)

@@ -323,6 +323,58 @@ def _stat(args):
     return 0
 
 
+def _query(args):
+    """`query key|id|offset|time`: JSON lines as `dump` prints them; exit 1 when nothing is
+    found, 2 on a bad argument or store."""
+    from .config import StoreConfig
+    from .store import MessageStore
+    explicit = args.max_hash_slot_num is not None or args.max_index_num is not None
+    defaults = StoreConfig()
+    slots = args.max_hash_slot_num or defaults.max_hash_slot_num
+    entries = args.max_index_num or defaults.max_index_num
+    config = StoreConfig(store_path_root_dir=args.store_dir, max_hash_slot_num=slots,
+                         max_index_num=entries)
+    store = MessageStore.open_read_only(args.store_dir, config=config, kernels=args.backend)
+    try:
+        if args.what == "key":
+            got = (store.config.max_hash_slot_num, store.config.max_index_num)
+            if explicit and got != (slots, entries):
+                raise ValueError(f"the index files do not have {slots} hash slots and "
+                                 f"{entries} entries")
+            files = store._indexer.index_file_list
+            if not files and any(n.isdigit() for n in store.fs.list_dir(
+                    store._indexer.store_path)):
+                raise ValueError("cannot tell the index files' hash slot and entry numbers; "
+                                 "pass --max-hash-slot-num and --max-index-num")
+            messages = store.query_message(args.topic, args.key, args.max, args.begin,
+                                           args.end).messages
+            what = f"key {args.key!r} in topic {args.topic!r}"
+        elif args.what == "id":
+            m = store.view_message_by_id(args.msg_id)
+            messages = [m] if m is not None else []
+            what = f"msgId {args.msg_id}"
+        elif args.what == "offset":
+            m = store.look_message_by_offset(args.phy_offset)
+            messages = [m] if m is not None and m.commit_log_offset == args.phy_offset else []
+            what = f"commit-log offset {args.phy_offset}"
+        else:
+            offset = store.get_offset_in_queue_by_time(args.topic, args.queue, args.timestamp)
+            json.dump({"topic": args.topic, "queueId": args.queue, "timestamp": args.timestamp,
+                       "queueOffset": offset}, sys.stdout, separators=(",", ":"))
+            sys.stdout.write("\n")
+            return 0
+        for m in messages:
+            sys.stdout.write(json.dumps(m.to_dict(_cq_tags_code(store, m)),
+                                        separators=(",", ":")))
+            sys.stdout.write("\n")
+    finally:
+        store.shutdown()
+    if not messages:
+        print(f"rocketstore query: no message with {what}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _bench(args):
     from .bench_job import run_bench
     return run_bench(args)
@@ -413,6 +465,42 @@ def build_parser():
     s.add_argument("store_dir", help="store root (holds commitlog/, consumequeue/, config/)")
     s.add_argument("--json", action="store_true", help="print the report as JSON")
     s.set_defaults(func=_stat)
+
+    q = sub.add_parser("query", help="find messages by key, msgId, commit-log offset, or a "
+                                     "queue offset by time (read-only)")
+    qsub = q.add_subparsers(dest="what", required=True, metavar="KIND")
+    index_opts = argparse.ArgumentParser(add_help=False)
+    index_opts.add_argument("--max-hash-slot-num", type=int, default=None,
+                            help="hash slots per index file (default: inferred from the "
+                                 "files, trying 5000000 first)")
+    index_opts.add_argument("--max-index-num", type=int, default=None,
+                            help="entries per index file (default: inferred, trying 20000000)")
+    qk = qsub.add_parser("key", parents=[index_opts],
+                         help="messages whose KEYS or UNIQ_KEY hold KEY, through the index")
+    qk.add_argument("store_dir", help="store root")
+    qk.add_argument("topic")
+    qk.add_argument("key")
+    qk.add_argument("--begin", type=int, default=0, help="earliest store time, epoch ms")
+    qk.add_argument("--end", type=int, default=None, help="latest store time, epoch ms")
+    qk.add_argument("--max", type=int, default=32,
+                    help="at most this many (newest kept; capped by maxMsgsNumBatch, 64)")
+    qi = qsub.add_parser("id", parents=[index_opts], help="the message an offset msgId names")
+    qi.add_argument("store_dir", help="store root")
+    qi.add_argument("msg_id")
+    qo = qsub.add_parser("offset", parents=[index_opts],
+                         help="the message at a commit-log offset")
+    qo.add_argument("store_dir", help="store root")
+    qo.add_argument("phy_offset", type=int)
+    qt = qsub.add_parser("time", parents=[index_opts],
+                         help="the queue offset of the message stored nearest TIMESTAMP")
+    qt.add_argument("store_dir", help="store root")
+    qt.add_argument("topic")
+    qt.add_argument("queue", type=int)
+    qt.add_argument("timestamp", type=int, help="epoch ms")
+    q.set_defaults(func=_query)
+
+    from .serve import add_serve_parser
+    add_serve_parser(sub)
     return p
 
 

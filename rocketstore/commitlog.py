@@ -332,6 +332,36 @@ class CommitLog:
                                  np.frombuffer(qoffs, dtype=np.int64), sizes, ts, total,
                                  [e.store_raw for e in encoded])
 
+    # ---- HA slave (spec 05 §4.1) ------------------------------------------------------------
+    def append_data(self, start_offset, data):
+        """CommitLog#appendData: append raw replicated bytes that begin at `start_offset`,
+        which must be this CommitLog's max offset; a full last file rolls to the next one and
+        an empty CommitLog starts with the file named `start_offset`, which must be a file
+        boundary. The bytes must fit the file (master frames never span files). False, with
+        nothing written, when any of this does not hold: files stay byte-identical to the
+        master's because nothing is ever written out of place."""
+        n = len(data)
+        with self.put_lock:
+            files = self.mfq.files
+            last = files[-1] if files else None
+            if last is None:
+                if start_offset % self.file_size:
+                    return False
+            elif last.wrote_position >= self.file_size:
+                if start_offset != last.end_offset:
+                    return False
+            elif start_offset != last.file_from_offset + last.wrote_position:
+                return False
+            if n == 0:
+                return True
+            if last is None or last.wrote_position >= self.file_size:
+                mf = self.mfq.get_last_mapped_file(start_offset)
+            else:
+                mf = last
+            if mf.file_from_offset + mf.wrote_position != start_offset:
+                return False
+            return mf.append_bytes(data)
+
     # ---- reads ------------------------------------------------------------------------------
     def get_data(self, offset, size):
         """`size` bytes at `offset` (a copy), or None if not readable."""

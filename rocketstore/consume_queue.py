@@ -131,10 +131,10 @@ class ConsumeQueue:
         """Append units for consecutive queue offsets starting at `first_queue_offset`
         (putMessagePositionInfo, batched). Units already present are skipped (redispatch)."""
         n = len(offsets)
-        start = 0
-        # Dedup: records this queue already has (offset + size <= max_physic_offset).
-        while start < n and offsets[start] + sizes[start] <= self.max_physic_offset:
-            start += 1
+        # Dedup: records this queue already has (offset + size <= max_physic_offset); the
+        # ends ascend, since a queue's records are in commit-log order.
+        ends = np.asarray(offsets, dtype=np.int64) + np.asarray(sizes, dtype=np.int64)
+        start = int(np.searchsorted(ends, self.max_physic_offset, side="right"))
         while start < n:
             qoff = first_queue_offset + start
             expect = qoff * UNIT

@@ -3,10 +3,13 @@
 
 A dispatcher gets a batch: `rows`, tuples in format.SCAN_DTYPE field order as commitlog_scan
 returned them, and `buf`, the buffer they were scanned from (so topic and properties bytes can
-be sliced at row.pos + *_off). The index dispatcher of issue 2 plugs in here.
+be sliced at row.pos + *_off). A dispatcher that works on whole columns defines
+`dispatch_array(arr, buf)` instead and gets the SCAN_DTYPE array itself.
 """
 import array
 import logging
+
+import numpy as np
 
 from . import format as F
 from .message import PROPERTY_DELAY, string_to_properties
@@ -25,6 +28,19 @@ _SKIP_CQ = (F.TRANSACTION_PREPARED_TYPE, F.TRANSACTION_ROLLBACK_TYPE)
 class Dispatcher:
     def dispatch(self, rows, buf):
         raise NotImplementedError  # pragma: no cover
+
+
+def dispatch_all(dispatchers, arr, buf):
+    """Hand one scanned batch to every dispatcher, converting to tuples at most once."""
+    rows = None
+    for d in dispatchers:
+        by_array = getattr(d, "dispatch_array", None)
+        if by_array is not None:
+            by_array(arr, buf)
+        else:
+            if rows is None:
+                rows = arr.tolist()
+            d.dispatch(rows, buf)
 
 
 def row_properties(row, buf):
@@ -84,6 +100,60 @@ class ConsumeQueueDispatcher(Dispatcher):
             self._flush_group(cq, g)
         if last_ts:
             store.checkpoint.logics_msg_timestamp = last_ts
+            if store.is_slave:
+                # A slave appends raw bytes with no store time at hand, so its CQ writer
+                # feeds physicMsgTimestamp, as ConsumeQueue#putMessagePositionInfoWrapper does.
+                store.checkpoint.physic_msg_timestamp = last_ts
+
+    def dispatch_array(self, arr, buf):
+        """The same as dispatch(), by columns: rows are grouped by (topic hash, queue id) with
+        numpy, each group's topic bytes are compared before it is trusted (a hash collision
+        falls back to the row-by-row path), and each run of consecutive queue offsets becomes
+        one batch kernel call."""
+        tx = arr["sys_flag"] & F.TRANSACTION_TYPE_MASK
+        keep = (tx != F.TRANSACTION_PREPARED_TYPE) & (tx != F.TRANSACTION_ROLLBACK_TYPE)
+        if not keep.all():
+            arr = arr[keep]
+        if not len(arr):
+            return
+        key = (arr["topic_hash"].astype(np.int64) << 32) | \
+            (arr["queue_id"].astype(np.int64) & 0xFFFFFFFF)
+        order = np.argsort(key, kind="stable")
+        cuts = np.flatnonzero(np.diff(key[order])) + 1
+        data = np.frombuffer(buf, dtype=np.uint8)
+        try:
+            for idx in np.split(order, cuts):
+                self._dispatch_group(arr[idx], buf, data)
+        finally:
+            del data            # no view of the mapping may outlive the call
+        self._store.checkpoint.logics_msg_timestamp = int(arr["store_timestamp"][-1])
+
+    def _dispatch_group(self, g, buf, data):
+        tpos = int(g["pos"][0] + g["topic_off"][0])
+        tlen = int(g["topic_len"][0])
+        topic = bytes(buf[tpos:tpos + tlen])
+        if len(g) > 1:
+            starts = (g["pos"] + g["topic_off"]).astype(np.int64)
+            same = (g["topic_len"] == tlen).all() and (
+                data[starts[:, None] + np.arange(tlen)] ==
+                np.frombuffer(topic, dtype=np.uint8)).all()
+            if not same:                # two topics share a hash: go row by row
+                self.dispatch(g.tolist(), buf)
+                return
+        cq = self._store.find_consume_queue_raw(topic, int(g["queue_id"][0]))
+        tags = np.ascontiguousarray(g["tags_code"])
+        schedule = np.flatnonzero(g["info"] & F.SCAN_INFO_SCHEDULE)
+        for j in schedule:
+            tags[j] = self._schedule_tags_code(g[j].item(), buf)
+        offsets = np.ascontiguousarray(g["phy_offset"])
+        sizes = np.ascontiguousarray(g["size"])
+        qoffs = g["queue_offset"]
+        if len(g) == 1:
+            cq.put_unit(int(offsets[0]), int(sizes[0]), int(tags[0]), int(qoffs[0]))
+            return
+        breaks = np.flatnonzero(np.diff(qoffs) != 1) + 1
+        for a, b in zip(np.concatenate(([0], breaks)), np.concatenate((breaks, [len(g)]))):
+            cq.put_units(offsets[a:b], sizes[a:b], tags[a:b], int(qoffs[a]))
 
     @staticmethod
     def _flush_group(cq, g):

@@ -73,14 +73,15 @@ CHECKPOINT_FILE_SIZE = 4096
 OS_PAGE_SIZE = 4096
 
 # One row of commitlog_scan output: the C struct rs_scan_rec, native byte order.
-# Offsets *_off are relative to the record start; pos is relative to the scanned buffer.
+# Offsets *_off are relative to the record start; pos is relative to the scanned buffer;
+# topic_hash is the 32-bit FNV-1a of the topic bytes (signed), for grouping rows by queue.
 SCAN_DTYPE = np.dtype([
     ("pos", "=i8"), ("phy_offset", "=i8"), ("queue_offset", "=i8"), ("tags_code", "=i8"),
     ("store_timestamp", "=i8"), ("born_timestamp", "=i8"), ("prepared_tx_offset", "=i8"),
     ("size", "=i4"), ("queue_id", "=i4"), ("sys_flag", "=i4"), ("flag", "=i4"),
     ("body_crc", "=i4"), ("reconsume_times", "=i4"), ("body_off", "=i4"), ("body_len", "=i4"),
     ("topic_off", "=i4"), ("topic_len", "=i4"), ("props_off", "=i4"), ("props_len", "=i4"),
-    ("info", "=i4"), ("reserved", "=i4"),
+    ("info", "=i4"), ("topic_hash", "=i4"),
 ])
 assert SCAN_DTYPE.itemsize == 112
 

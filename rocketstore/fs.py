@@ -179,4 +179,26 @@ class FileSystem:
         return -(-used * 100 // entire) / 100
 
 
+def raise_fd_limit(want=1 << 20):
+    """CPython's mmap keeps a duplicate descriptor per mapping (until 3.13's trackfd), and a
+    broker-sized store maps one file per queue (RocketMQ keeps a FileChannel per file too and
+    asks for ulimit -n 655350). Lift the soft limit to the hard one, and the hard one too
+    where we may (root). Returns the soft limit now in force."""
+    try:
+        import resource
+    except ImportError:         # not POSIX
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    for new_soft, new_hard in ((want, want), (hard, hard)):
+        if hard != resource.RLIM_INFINITY and new_hard < hard:
+            continue
+        try:
+            if new_soft > soft:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (new_soft, new_hard))
+                break
+        except (ValueError, OSError):
+            continue
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
 DEFAULT = FileSystem()

@@ -72,7 +72,10 @@ def query_message_by_unique_key(store, topic, uniq_key):
 def view_message_by_id(store, msg_id):
     """The message an offset msgId (store host + commit-log offset) names, or None. A msgId
     that is not 16 or 28 hex bytes raises ValueError."""
-    _, offset = decode_msg_id(msg_id)
+    try:
+        _, offset = decode_msg_id(msg_id)
+    except ValueError:
+        raise ValueError(f"{msg_id!r} is not an offset msgId (32 or 56 hex digits)") from None
     msg = store.look_message_by_offset(offset)
     if msg is None or msg.commit_log_offset != offset:
         return None

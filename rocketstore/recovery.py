@@ -11,6 +11,7 @@ import time
 import numpy as np
 
 from . import format as F
+from .dispatch import dispatch_all
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ def scan_commitlog(commitlog, kernels, start_index, check_crc, dispatch=None, re
             report.records += n
             report.scanned_bytes += stop - pos
         if n and dispatch is not None:
-            dispatch(rows[:n].tolist(), mf.mm)
+            dispatch(rows[:n], mf.mm)
             if report is not None:
                 report.dispatched += n
         pos = stop
@@ -165,9 +166,8 @@ def recover_abnormally(store, max_phy_of_cq, report):
             break
     report.start_file = files[start].file_name
 
-    def dispatch(rows, buf):
-        for d in store.dispatchers:
-            d.dispatch(rows, buf)
+    def dispatch(arr, buf):
+        dispatch_all(store.dispatchers, arr, buf)
 
     process = scan_commitlog(commitlog, store.kernels, start, store.config.check_crc_on_recover,
                              dispatch=dispatch if store.writable else None, report=report)

@@ -17,10 +17,11 @@ from .config import BrokerRole, FlushDiskType, StoreConfig
 from .config_manager import SubscriptionGroupConfig, TopicConfig, all_managers
 from .consume_queue import ConsumeQueue
 from .dispatch import ConsumeQueueDispatcher
+from .ha.master import HAService
 from .index_file import infer_geometry
 from .index_service import IndexService
 from .errors import ConfigError, CorruptRecordError, StoreClosedError, StoreLoadError
-from .fs import DEFAULT as DEFAULT_FS
+from .fs import DEFAULT as DEFAULT_FS, raise_fd_limit
 from .lockfile import StoreLock, abort_path
 from .message import PROPERTY_WAIT, MessageExt
 from .running_flags import NOT_WRITEABLE_MASK, RunningFlags
@@ -33,6 +34,7 @@ from .status import (GetMessageResult, GetMessageStatus as G, PutMessageResult,
                      PutMessagesResult, PutMessageStatus)
 
 log = logging.getLogger(__name__)
+_SLAVE_REASON = "message store is slave mode, so putMessage is forbidden"
 _UNIT = struct.Struct(">qiq")
 
 
@@ -83,6 +85,7 @@ class MessageStore:
         self.flush_service = None
         self.commit_service = None
         self.flush_cq_service = None
+        self.ha_service = None             # HAService once started (spec 05)
         self._lock = None if read_only else StoreLock(self.root)
         self.running_flags = RunningFlags()
         self.disk_usage = disk_usage or disk_usage_source(self.fs)
@@ -158,6 +161,7 @@ class MessageStore:
         `force_recovery` runs abnormal recovery even after a clean shutdown."""
         if self._loaded:
             return self.recovery_report
+        raise_fd_limit()
         if not self.read_only:
             self.fs.ensure_dir(self.root)
             self._lock.acquire()
@@ -225,6 +229,9 @@ class MessageStore:
         self.reput_service = ReputMessageService(self, reput_from)
         self.reput_service.do_reput()               # catch up before accepting puts
         recovery.recover_topic_queue_table(self)
+        # HA next (spec 03 §7); bound before any thread starts, so a taken port fails clean.
+        self.ha_service = HAService(self)
+        self.ha_service.start()
         self.reput_service.start()
         self.commitlog.start()
         self.flush_cq_service = FlushConsumeQueueService(self)
@@ -242,6 +249,8 @@ class MessageStore:
             self.commit_service = CommitRealTimeService(self)
             self.commit_service.start()
             self.commitlog.after_put = self._after_put_async
+        if cfg.broker_role is BrokerRole.SYNC_MASTER:
+            self.commitlog.after_put = self.ha_service.make_after_put(self.commitlog.after_put)
         self.fs.write_bytes(abort_path(self.root), b"", sync=False)
         self._running = True
         self.scheduled_service = StoreScheduledService([
@@ -268,6 +277,7 @@ class MessageStore:
                 # Started last, stopped first: no file deletion during the final flush.
                 self.scheduled_service.shutdown()
                 self.scheduled_service = None
+            self.ha_service.shutdown()              # HA first: spec 03 §7 reversed
             self.commitlog.after_put = None
             if self.commit_service is not None:
                 self.commit_service.shutdown()      # commit write buffers before the drain
@@ -352,6 +362,8 @@ class MessageStore:
         a store that is not writeable (disk full) answers SERVICE_NOT_AVAILABLE with a reason."""
         if not self._running:
             self._check_running()
+        if self.is_slave:
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, reason=_SLAVE_REASON)
         if self.running_flags.flag_bits & NOT_WRITEABLE_MASK:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
                                     reason=self._not_writeable_reason())
@@ -360,11 +372,12 @@ class MessageStore:
     def put_messages(self, msgs):
         """Store a list of messages of any topics and queues under one lock acquisition."""
         self._check_running()
-        if self.running_flags.flag_bits & NOT_WRITEABLE_MASK:
+        if self.is_slave or self.running_flags.flag_bits & NOT_WRITEABLE_MASK:
             import numpy as np
             empty = np.empty(0, dtype=np.int64)
             return PutMessagesResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, 0, empty, empty,
-                                     empty, 0, 0, reason=self._not_writeable_reason())
+                                     empty, 0, 0, reason=_SLAVE_REASON if self.is_slave
+                                     else self._not_writeable_reason())
         return self.commitlog.put_messages(list(msgs), self.clock)
 
     def _not_writeable_reason(self):
@@ -473,6 +486,13 @@ class MessageStore:
 
     def get_max_phy_offset(self):
         return self.commitlog.max_offset
+
+    def update_ha_master_address(self, addr):
+        """DefaultMessageStore#updateHaMasterAddress: the "host:port" a slave follows, used
+        from its next connection on (a broker learns it from the name server)."""
+        self.config.ha_master_address = addr
+        if self.ha_service is not None:
+            self.ha_service.update_master_address(addr)
 
     def dispatch_behind_bytes(self):
         return self.reput_service.behind() if self.reput_service else 0

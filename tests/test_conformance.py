@@ -80,6 +80,17 @@ def test_replay_of_broker_inputs_writes_the_brokers_bytes(tmp_path, backend):
         assert sorted(ours) == sorted(theirs)
         for name in theirs:
             assert ours[name] == theirs[name], f"{sub}/{name} differs"
+    # Index files are named by creation time, so only their contents (in name order) compare.
+    ours = tree_bytes(tmp_path / "ours", "index")
+    theirs = tree_bytes(os.path.join(BASIC, "store"), "index")
+    assert len(ours) == len(theirs) == 6
+    for i, (mine, broker) in enumerate(zip(sorted(ours), sorted(theirs))):
+        assert ours[mine] == theirs[broker], f"index file {i} ({broker}) differs"
+    # indexMsgTimestamp: the endTimestamp of the last full index file.
+    with open(os.path.join(BASIC, "store", "checkpoint"), "rb") as f:
+        broker_checkpoint = f.read()
+    with open(tmp_path / "ours" / "checkpoint", "rb") as f:
+        assert f.read()[16:24] == broker_checkpoint[16:24]
 
 
 def test_broker_store_opens_and_serves_every_message(broker_store, backend):

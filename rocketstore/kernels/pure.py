@@ -149,6 +149,14 @@ def _tags_code(props):
     return java_hash(tags), True
 
 
+def _topic_hash(topic):
+    """32-bit FNV-1a of the topic bytes, signed (rs_scan_rec.topic_hash)."""
+    h = 2166136261
+    for b in bytes(topic):
+        h = ((h ^ b) * 16777619) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
 def _check_one(mv, p, end, check_crc):
     """One record at mv[p:end]: (reason or None, size, row tuple)."""
     if end - p < 8:
@@ -206,7 +214,7 @@ def _check_one(mv, p, end, check_crc):
         info |= F.SCAN_INFO_SCHEDULE
     row = (p, phy_offset, queue_offset, tags_code, store_ts, born_ts, prepared, size, queue_id,
            sys_flag, flag, body_crc, reconsume, body_off, body_len, topic_off, topic_len,
-           props_off, props_len, info, 0)
+           props_off, props_len, info, _topic_hash(rec[topic_off:topic_off + topic_len]))
     return None, size, row
 
 

@@ -5,6 +5,7 @@ import logging
 import numpy as np
 
 from .. import format as F
+from ..dispatch import dispatch_all
 from .base import ServiceThread
 
 log = logging.getLogger(__name__)
@@ -21,6 +22,7 @@ class ReputMessageService(ServiceThread):
         self._k = store.kernels
         self.reput_from_offset = reput_from_offset    # written by the reput thread only
         self._rows = np.empty(self.BATCH, dtype=F.SCAN_DTYPE)
+        self._failures = 0
 
     def behind(self):
         return self._commitlog.max_offset - self.reput_from_offset
@@ -54,10 +56,8 @@ class ReputMessageService(ServiceThread):
                     break
                 n, stop, reason, stop_size = self._k.commitlog_scan(mf.mm, start, end, False,
                                                                     rows)
-                if n:
-                    batch = rows[:n].tolist()
-                    for d in dispatchers:
-                        d.dispatch(batch, mf.mm)
+                if n and not self._dispatch(dispatchers, rows[:n], mf.mm):
+                    break
                 self.reput_from_offset = mf.file_from_offset + stop
             finally:
                 mf.release()
@@ -77,6 +77,26 @@ class ReputMessageService(ServiceThread):
                               self.reput_from_offset, reason, mf.file_from_offset + end)
                     self.reput_from_offset = mf.file_from_offset + end
                 break
+
+    MAX_DISPATCH_FAILURES = 30      # putMessagePositionInfoWrapper's attempts
+
+    def _dispatch(self, dispatchers, arr, buf):
+        """Dispatch a batch; on an OS error (no descriptors left, no space) retry the batch a
+        second later, and after 30 failures in a row mark the logic-queue error flag, which
+        stops puts, as the broker does. Units already written are skipped on the retry."""
+        try:
+            dispatch_all(dispatchers, arr, buf)
+        except OSError as exc:
+            self._failures += 1
+            log.error("reput: dispatch failed (%d in a row): %s%s", self._failures, exc,
+                      " -- raise the open-file limit (ulimit -n): every mapped file holds "
+                      "a descriptor" if getattr(exc, "errno", None) == 24 else "")
+            if self._failures >= self.MAX_DISPATCH_FAILURES:
+                self._store.running_flags.make_logics_queue_error()
+            self._stopped.wait(1.0)
+            return False
+        self._failures = 0
+        return True
 
     def on_shutdown(self):
         # Drain what was written before shutdown (the broker waits up to 5 s).

@@ -1,0 +1,416 @@
+# SPDX-License-Identifier: Apache-2.0
+"""HAService (spec 05 §3): the master's accept loop and one HAConnection per slave, with a
+reader thread (offset reports) and a writer thread (CommitLog frames); on a slave it runs
+the HAClient instead.
+
+Differences from 4.9.x, all invisible on the wire:
+- The listener binds `ha_bind_address` (default 127.0.0.1); 4.9.x binds every interface and
+  has no such setting. Set it to 0.0.0.0 (or ::) for the Java behaviour.
+- A slave does not listen; a master does not run the client (4.9.x starts both, idle).
+- Sockets are blocking with 1 s timeouts, one thread per direction, instead of NIO selectors.
+- A writer that makes no progress for `ha_housekeeping_interval` closes the connection (a slave
+  that stops reading but keeps reporting would otherwise pin it forever; memory is bounded
+  either way: one frame, sent straight from the mapping).
+- A first report beyond the master's max offset closes the connection like any later one
+  (4.9.x accepts it, and then counts it as an acknowledgement for SYNC_MASTER producers).
+- Frames are never cut out of the wrong file: 4.9.x's getData(0) on a master whose first file
+  expired reads the first file at position 0 and labels it offset 0.
+"""
+import logging
+import socket
+import threading
+import time
+
+from ..config import BrokerRole
+from ..message import PROPERTY_WAIT
+from ..status import PutMessageStatus
+from . import wire
+from .group_transfer import GroupTransferService
+
+log = logging.getLogger(__name__)
+
+__all__ = ["HAService", "HAConnection"]
+
+READ_BUFFER_SIZE = 1024 * 1024     # ReadSocketService: 1 MiB, reused when full
+SOCKET_TIMEOUT_S = 1.0             # the 1 s select of every 4.9.x HA loop
+
+
+def _now_ms():
+    return time.monotonic_ns() // 1_000_000
+
+
+class _DataNotifier:
+    """WaitNotifyObject: puts on a SYNC_MASTER wake every idle writer. A generation counter
+    keeps a wakeup that lands before the writer starts waiting from being lost."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self.generation = 0
+
+    def wakeup_all(self):
+        with self._cond:
+            self.generation += 1
+            self._cond.notify_all()
+
+    def wait(self, seen_generation, timeout_s):
+        with self._cond:
+            if self.generation == seen_generation:
+                self._cond.wait(timeout_s)
+
+
+class HAService:
+    """Replication for one store: the listener and its connections on a master, the client
+    on a slave, and the SYNC_MASTER acknowledgement wait."""
+
+    def __init__(self, store):
+        self.store = store
+        self.config = store.config
+        self.role = self.config.broker_role
+        self.group_transfer = GroupTransferService()
+        self.notifier = _DataNotifier()
+        self.connections = []              # rebound under _conn_lock, read without it
+        self._conn_lock = threading.Lock()
+        self._listen = None
+        self._accept_thread = None
+        self._stopped = threading.Event()
+        self.client = None
+        self.port = None                   # the bound HA port (master), for ha_listen_port 0
+        self.listen_error = None           # why an ASYNC_MASTER runs without a listener
+        if self.role is BrokerRole.SLAVE:
+            from .slave import HAClient
+            self.client = HAClient(store, self.config.ha_master_address)
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def start(self):
+        """Bind and start accepting (master) or start following the master (slave)."""
+        self._stopped.clear()
+        self.group_transfer.start()
+        if self.client is not None:
+            self.client.start()
+            return
+        cfg = self.config
+        family = socket.AF_INET6 if ":" in cfg.ha_bind_address else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((cfg.ha_bind_address, cfg.ha_listen_port))
+            sock.listen(64)
+            sock.settimeout(SOCKET_TIMEOUT_S)
+        except OSError as exc:
+            sock.close()
+            self.listen_error = exc
+            if self.role is BrokerRole.SYNC_MASTER:
+                raise           # every put would answer SLAVE_NOT_AVAILABLE: fail the start
+            # An embedded ASYNC_MASTER is mostly a standalone store, and every store starts
+            # on the default port: a second one in a process must still open.
+            log.error("HA listener disabled: cannot bind %s:%d (%s); no slave can follow this "
+                      "store", cfg.ha_bind_address, cfg.ha_listen_port, exc)
+            return
+        self._listen = sock
+        self.port = sock.getsockname()[1]
+        self._accept_thread = threading.Thread(target=self._accept_loop, daemon=True,
+                                               name="HAAcceptSocketService")
+        self._accept_thread.start()
+        log.info("HA master listening on %s:%d", cfg.ha_bind_address, self.port)
+
+    def shutdown(self):
+        """Stop accepting, close every connection, release waiting producers."""
+        self._stopped.set()
+        if self.client is not None:
+            self.client.shutdown()
+        if self._listen is not None:
+            try:
+                self._listen.shutdown(socket.SHUT_RDWR)     # wakes a blocked accept (Linux)
+            except OSError:
+                pass
+        if self._accept_thread is not None:
+            self._accept_thread.join(5)
+            self._accept_thread = None
+        if self._listen is not None:
+            self._listen.close()
+            self._listen = None
+        for conn in list(self.connections):
+            conn.shutdown()
+        self.group_transfer.shutdown()
+        self.notifier.wakeup_all()
+
+    def _accept_loop(self):
+        while not self._stopped.is_set():
+            try:
+                sock, addr = self._listen.accept()
+            except socket.timeout:
+                continue
+            except OSError as exc:
+                if not self._stopped.is_set():
+                    log.warning("HA accept failed: %s", exc)
+                    self._stopped.wait(0.1)
+                continue
+            if self._stopped.is_set():
+                sock.close()
+                break
+            log.info("HA: slave %s connected", addr)
+            conn = HAConnection(self, sock, addr)
+            with self._conn_lock:
+                self.connections = self.connections + [conn]
+            conn.start()
+
+    def _remove(self, conn):
+        with self._conn_lock:
+            self.connections = [c for c in self.connections if c is not conn]
+
+    # ---- slave -----------------------------------------------------------------------------
+    def update_master_address(self, addr):
+        """HAClient#updateMasterAddress: used from the next connection on."""
+        if self.client is not None:
+            self.client.update_master_address(addr)
+
+    # ---- acknowledgements ------------------------------------------------------------------
+    @property
+    def connection_count(self):
+        return len(self.connections)
+
+    @property
+    def push2slave_max_offset(self):
+        """The highest offset any slave acknowledged."""
+        return self.group_transfer.push2slave_max_offset
+
+    def is_slave_ok(self, master_put_where):
+        """A slave is connected and within `ha_slave_fallbehind_max` of `master_put_where`."""
+        return (len(self.connections) > 0 and master_put_where - self.push2slave_max_offset
+                < self.config.ha_slave_fallbehind_max)
+
+    def slave_fall_behind_much(self):
+        return self.store.commitlog.max_offset - self.push2slave_max_offset
+
+    def wakeup_writers(self):
+        self.notifier.wakeup_all()
+
+    def make_after_put(self, flush_after_put):
+        """The SYNC_MASTER put tail (01 §4 step 12): request the flush and the replica, wait
+        for both; the replica's failure status wins over the flush's."""
+        gt = self.group_transfer
+        timeout_ms = self.config.slave_timeout
+        ok = PutMessageStatus.PUT_OK
+
+        def after_put(end_offset, msg):
+            if msg.properties.get(PROPERTY_WAIT) == "false":
+                return flush_after_put(end_offset, msg) if flush_after_put else ok
+            if not self.is_slave_ok(end_offset):
+                replica = PutMessageStatus.SLAVE_NOT_AVAILABLE
+            else:
+                self.notifier.wakeup_all()
+                replica = None
+            flush = flush_after_put(end_offset, msg) if flush_after_put else ok
+            if replica is None:
+                replica = ok if gt.wait_for(end_offset, timeout_ms) else \
+                    PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+            return replica if replica is not ok else flush
+        return after_put
+
+
+class HAConnection:
+    """One slave: ReadSocketService and WriteSocketService on one socket (spec 05 §3.2-3.3).
+    The reader thread owns the teardown: it joins the writer and closes the socket."""
+
+    def __init__(self, service, sock, addr):
+        self.service = service
+        self.store = service.store
+        self.addr = addr
+        self.sock = sock
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(SOCKET_TIMEOUT_S)
+        self.slave_request_offset = -1      # written by the reader thread only
+        self.slave_ack_offset = -1          # written by the reader thread only
+        self.next_transfer_from_where = -1  # written by the writer thread only
+        self._stopped = threading.Event()
+        self._reader = threading.Thread(target=self._read_loop, daemon=True,
+                                        name=f"HAReadSocketService-{addr}")
+        self._writer = threading.Thread(target=self._write_loop, daemon=True,
+                                        name=f"HAWriteSocketService-{addr}")
+
+    def start(self):
+        # Writer first: the reader's teardown joins it, and the reader may end at once.
+        self._writer.start()
+        self._reader.start()
+
+    @property
+    def is_stopped(self):
+        return self._stopped.is_set()
+
+    def stop(self, why=None):
+        """Make both threads leave; shutting the socket down wakes a blocked recv or send."""
+        if self._stopped.is_set():
+            return
+        if why:
+            log.warning("HA: closing connection to slave %s: %s", self.addr, why)
+        self._stopped.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.service.notifier.wakeup_all()
+
+    def shutdown(self, timeout=5.0):
+        """Stop and wait for both threads to end."""
+        self.stop()
+        if self._reader.is_alive() and self._reader is not threading.current_thread():
+            self._reader.join(timeout)
+
+    # ---- ReadSocketService ------------------------------------------------------------------
+    def _read_loop(self):
+        buf = bytearray(READ_BUFFER_SIZE)
+        view = memoryview(buf)
+        pos = process = 0
+        last_read = _now_ms()
+        housekeeping = self.service.config.ha_housekeeping_interval
+        try:
+            while not self._stopped.is_set():
+                if pos == len(buf):           # full: reuse from the start, as 4.9.x does
+                    pos = process = 0
+                try:
+                    n = self.sock.recv_into(view[pos:])
+                except socket.timeout:
+                    n = None
+                except OSError as exc:
+                    self.stop(f"read failed: {exc}")
+                    break
+                now = _now_ms()
+                if n == 0:
+                    self.stop("the slave closed the connection")
+                    break
+                if n:
+                    pos += n
+                    last_read = now
+                    offset, process = wire.last_report(buf, process, pos)
+                    if offset is not None and not self._on_report(offset):
+                        break
+                elif now - last_read > housekeeping:
+                    self.stop(f"housekeeping: nothing read for {now - last_read} ms")
+                    break
+        except Exception:
+            log.exception("HA: reader for %s failed", self.addr)
+            self.stop()
+        finally:
+            view.release()
+            self._teardown()
+
+    def _on_report(self, offset):
+        master_max = self.store.commitlog.max_offset
+        self.slave_ack_offset = offset
+        if offset > master_max:
+            self.stop(f"slave reports offset {offset} beyond the master's max {master_max}")
+            return False
+        if self.slave_request_offset < 0:
+            self.slave_request_offset = offset
+            log.info("HA: slave %s requests offset %d", self.addr, offset)
+        self.service.group_transfer.notify_transfer_some(offset)
+        return True
+
+    def _teardown(self):
+        self._writer.join(10)
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        self.service._remove(self)
+        log.info("HA: connection to slave %s closed", self.addr)
+
+    # ---- WriteSocketService -----------------------------------------------------------------
+    def _write_loop(self):
+        try:
+            self._write_loop_inner()
+        except Exception:
+            log.exception("HA: writer for %s failed", self.addr)
+        finally:
+            self.stop()
+
+    def _write_loop_inner(self):
+        svc = self.service
+        cfg = svc.config
+        commitlog = self.store.commitlog
+        file_size = commitlog.file_size
+        heartbeat = cfg.ha_send_heartbeat_interval
+        batch = cfg.ha_transfer_batch_size
+        notifier = svc.notifier
+        self._last_write = _now_ms()
+        stopped = self._stopped
+        while not stopped.is_set():
+            if self.slave_request_offset < 0:
+                stopped.wait(0.01)
+                continue
+            if self.next_transfer_from_where < 0:
+                if self.slave_request_offset == 0:
+                    # A brand-new slave gets the master's last file, not its history.
+                    master_max = commitlog.max_offset
+                    self.next_transfer_from_where = max(0, master_max - master_max % file_size)
+                else:
+                    self.next_transfer_from_where = self.slave_request_offset
+                log.info("HA: transfer to slave %s starts at %d", self.addr,
+                         self.next_transfer_from_where)
+            if _now_ms() - self._last_write > heartbeat:
+                if not self._send([wire.encode_header(self.next_transfer_from_where, 0)]):
+                    return
+            generation = notifier.generation
+            if not self._transfer(commitlog, batch):
+                if stopped.is_set():
+                    return
+                notifier.wait(generation, 0.1)
+
+    def _transfer(self, commitlog, batch):
+        """Send one frame from next_transfer_from_where; False if there is nothing to send."""
+        offset = self.next_transfer_from_where
+        mf = commitlog.mfq.find_by_offset(offset)
+        if mf is None or not mf.hold():
+            return False
+        try:
+            rel = offset - mf.file_from_offset
+            end = mf.read_position
+            if not 0 <= rel < end:
+                return False
+            size = min(end - rel, batch)
+            with memoryview(mf.mm) as whole, whole[rel:rel + size] as body:
+                if not self._send([wire.encode_header(offset, size), body]):
+                    return True
+        except ValueError:           # unmapped by cleaning meanwhile
+            return False
+        finally:
+            mf.release()
+        self.next_transfer_from_where = offset + size
+        return True
+
+    def _send(self, parts):
+        """Write every byte of `parts` (a frame), waiting in 1 s slices; stop the connection on
+        error, shutdown, or no progress for ha_housekeeping_interval."""
+        housekeeping = self.service.config.ha_housekeeping_interval
+        sock = self.sock
+        parts = [memoryview(p) for p in parts]
+        try:
+            while parts:
+                if self._stopped.is_set():
+                    return False
+                try:
+                    n = sock.sendmsg(parts)
+                except socket.timeout:
+                    stalled = _now_ms() - self._last_write
+                    if stalled > housekeeping:
+                        self.stop(f"housekeeping: the slave read nothing for {stalled} ms")
+                        return False
+                    continue
+                except OSError as exc:
+                    self.stop(f"write failed: {exc}")
+                    return False
+                self._last_write = _now_ms()
+                while n:
+                    head = parts[0]
+                    if n >= len(head):
+                        n -= len(head)
+                        head.release()
+                        parts.pop(0)
+                    else:
+                        parts[0] = head[n:]
+                        head.release()
+                        n = 0
+            return True
+        finally:
+            for p in parts:
+                p.release()

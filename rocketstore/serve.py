@@ -1,0 +1,133 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`rocketstore serve`: run one store with its HA service in the foreground, so two terminals
+can show replication:
+
+    rocketstore serve /tmp/m --role master --listen 10912 --produce 100000
+    rocketstore serve /tmp/s --role slave --master 127.0.0.1:10912
+
+SIGINT (Ctrl-C) or SIGTERM shuts the store down cleanly and exits 0.
+"""
+import collections
+import logging
+import signal
+import sys
+import threading
+
+log = logging.getLogger("rocketstore.serve")
+
+ROLES = {"master": "ASYNC_MASTER", "sync-master": "SYNC_MASTER", "slave": "SLAVE"}
+
+
+def add_serve_parser(sub):
+    """Register the `serve` subcommand on an argparse subparsers object."""
+    import argparse
+    sv = sub.add_parser("serve", help="run a store and its HA replication in the foreground "
+                                      "(Ctrl-C for a clean shutdown)",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    sv.add_argument("store_dir", help="store root (created if missing)")
+    sv.add_argument("--role", choices=sorted(ROLES), default="master",
+                    help="master = ASYNC_MASTER, sync-master = SYNC_MASTER, slave = SLAVE")
+    sv.add_argument("--listen", type=int, default=10912,
+                    help="master: HA port to listen on (0: any free port)")
+    sv.add_argument("--bind", default="127.0.0.1",
+                    help="master: interface to bind (RocketMQ 4.9 binds all: 0.0.0.0)")
+    sv.add_argument("--master", default=None, help="slave: the master's HA HOST:PORT")
+    sv.add_argument("--flush", choices=["async", "sync"], default="async",
+                    help="CommitLog flush mode")
+    sv.add_argument("--file-size", type=int, default=1 << 30,
+                    help="CommitLog file size in bytes (master and slave must agree)")
+    sv.add_argument("--produce", type=int, default=0,
+                    help="master: put this many demo messages after starting")
+    sv.add_argument("--body-size", type=int, default=128, help="demo message body size")
+    sv.add_argument("--batch", type=int, default=1,
+                    help="demo messages per put_messages call (1: put_message)")
+    sv.add_argument("--status-interval", type=float, default=5.0,
+                    help="seconds between status lines (0: none)")
+    sv.set_defaults(func=run_serve)
+    return sv
+
+
+def _config(args):
+    from .config import BrokerRole, FlushDiskType, StoreConfig
+    role = BrokerRole[ROLES[args.role]]
+    if role is BrokerRole.SLAVE and not args.master:
+        raise ValueError("--role slave needs --master HOST:PORT")
+    return StoreConfig(
+        store_path_root_dir=args.store_dir, broker_role=role,
+        flush_disk_type=FlushDiskType.SYNC_FLUSH if args.flush == "sync"
+        else FlushDiskType.ASYNC_FLUSH,
+        mapped_file_size_commit_log=args.file_size, ha_listen_port=args.listen,
+        ha_bind_address=args.bind, ha_master_address=args.master)
+
+
+def _status(store):
+    ha = store.ha_service
+    if store.is_slave:
+        client = ha.client
+        return (f"slave: max offset {store.get_max_phy_offset()}, "
+                f"{'connected to' if client.connected else 'waiting for'} "
+                f"{client.master_address}, dispatch behind {store.dispatch_behind_bytes()}")
+    return (f"master: max offset {store.get_max_phy_offset()}, slaves {ha.connection_count}, "
+            f"acked by a slave up to {ha.push2slave_max_offset}")
+
+
+def _produce(store, args, stop):
+    from .workload import make_messages
+    counts = collections.Counter()
+    done = 0
+    chunk = max(args.batch, 1000)
+    while done < args.produce and not stop.is_set():
+        msgs = make_messages(min(chunk, args.produce - done), body_size=args.body_size,
+                             start=done)
+        if args.batch > 1:
+            for i in range(0, len(msgs), args.batch):
+                r = store.put_messages(msgs[i:i + args.batch])
+                counts[r.status.name] += r.count
+        else:
+            for m in msgs:
+                counts[store.put_message(m).status.name] += 1
+        done += len(msgs)
+    log.info("produced %d messages: %s", done, dict(counts))
+    print(f"produced {done} {dict(counts)}", flush=True)
+
+
+def run_serve(args):
+    """Run until SIGINT/SIGTERM; 0 after a clean shutdown."""
+    from .store import MessageStore
+    if not args.debug:
+        logging.getLogger("rocketstore").setLevel(logging.INFO)
+    store = MessageStore(args.store_dir, _config(args), kernels=args.backend)
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        log.info("signal %d: shutting down", signum)
+        stop.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        store.load()
+        store.start()
+        if store.is_slave:
+            print(f"slave of {args.master}, max offset {store.get_max_phy_offset()}",
+                  flush=True)
+        else:
+            print(f"listening {args.bind}:{store.ha_service.port} role "
+                  f"{store.config.broker_role.name}", flush=True)
+        if args.produce and not store.is_slave:
+            threading.Thread(target=_produce, args=(store, args, stop), daemon=True,
+                             name="produce").start()
+        interval = args.status_interval if args.status_interval > 0 else None
+        while not stop.wait(interval):
+            log.info("%s", _status(store))
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        log.info("%s", _status(store) if store.ha_service is not None else "stopping")
+        store.shutdown()
+    print("stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from .cli import main
+    sys.exit(main(["serve"] + sys.argv[1:]))

@@ -1,0 +1,662 @@
+# SPDX-License-Identifier: Apache-2.0
+"""HA replication (spec 05): wire bytes, the slave's append rule, and master/slave runs across
+processes on 127.0.0.1 ephemeral ports, with kills, cut sockets and hostile peers."""
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from rocketstore import MessageStore, testing
+from rocketstore.config import BrokerRole
+from rocketstore.ha import wire
+from rocketstore.message import Message
+from rocketstore.status import PutMessageStatus as P
+
+from crashers.ha_node import node_config
+from crashers.writer import message
+
+NODE = os.path.join(os.path.dirname(__file__), "crashers", "ha_node.py")
+BACKEND = testing.backend_params()[0]
+FILE = 64 * 1024
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+def wait_until(pred, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+class Node:
+    """A store in a child process (tests/crashers/ha_node.py)."""
+
+    def __init__(self, root, role, tmp_path, master=None, produce=0, wait_slave=False,
+                 batch_every=0):
+        cmd = [sys.executable, NODE, str(root), "--role", role, "--backend", BACKEND,
+               "--file-size", str(FILE), "--produce", str(produce),
+               "--batch-every", str(batch_every)]
+        if master:
+            cmd += ["--master", master]
+        if wait_slave:
+            cmd.append("--wait-slave")
+        self.err_path = tmp_path / f"{os.path.basename(str(root))}-{time.monotonic_ns()}.err"
+        self._err = open(self.err_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self._err)
+        self.lines = queue.Queue()
+        self.acks = []
+        self.done_offset = None
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.port = None
+        first = self.next_line()
+        if first.startswith("port "):
+            self.port = int(first.split()[1])
+            first = self.next_line()
+        assert first == "ready", first
+
+    def _pump(self):
+        for raw in self.proc.stdout:
+            line = raw.decode().rstrip("\n")
+            parts = line.split()
+            if len(parts) == 5 and parts[0] == "ack":
+                self.acks.append((int(parts[1]), int(parts[2]), int(parts[3]), parts[4]))
+            elif len(parts) == 2 and parts[0] == "done":
+                self.done_offset = int(parts[1])
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def next_line(self, timeout=20.0):
+        while True:
+            line = self.lines.get(timeout=timeout)
+            if line is None:
+                raise AssertionError("child exited: " + self.err_path.read_text()[-3000:])
+            if not line.startswith("ack "):
+                return line
+
+    @property
+    def address(self):
+        return f"127.0.0.1:{self.port}"
+
+    def wait_done(self, timeout=30.0):
+        line = self.next_line(timeout)
+        assert line.startswith("done "), line
+        return self.done_offset
+
+    def stop(self):
+        """Clean shutdown (stdin closed), exit status 0."""
+        self.proc.stdin.close()
+        assert self.proc.wait(20) == 0, self.err_path.read_text()[-3000:]
+        self._err.close()
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(20)
+        self._err.close()
+        time.sleep(0.05)                     # let the pump read the last lines
+
+
+def open_node(root, role, file_size=FILE, **cfg):
+    store = MessageStore(root, node_config(role, file_size, **cfg), kernels=BACKEND)
+    store.load()
+    store.start()
+    return store
+
+
+def commitlog_files(root):
+    d = os.path.join(root, "commitlog")
+    out = {}
+    for name in sorted(os.listdir(d)):
+        with open(os.path.join(d, name), "rb") as f:
+            out[name] = f.read()
+    return out
+
+
+def assert_same_commitlog(master_root, slave_root):
+    """Every slave file equals the master's file of that name, byte for byte."""
+    m, s = commitlog_files(master_root), commitlog_files(slave_root)
+    assert s, "the slave has no CommitLog file"
+    for name, data in s.items():
+        assert name in m, f"slave file {name} is not on the master"
+        assert data == m[name], f"file {name} differs"
+    return m, s
+
+
+def assert_prefix(master_root, slave_store):
+    """The slave's CommitLog is a byte prefix of the master's, from its first file on."""
+    m = commitlog_files(master_root)
+    for mf in slave_store.commitlog.mfq.files:
+        n = mf.wrote_position
+        assert bytes(mf.mm[:n]) == m[mf.file_name][:n], f"{mf.file_name} is no prefix"
+
+
+def acked_from_master(master, timeout=15.0):
+    wait_until(lambda: master.ha_service.push2slave_max_offset >= master.get_max_phy_offset(),
+               timeout, "the slave to acknowledge everything")
+
+
+def producer(store, count, start=0, batch_every=7):
+    """Put `count` messages from `start` in a thread; returns (thread, stop event)."""
+    stop = threading.Event()
+
+    def run():
+        i = start
+        while i < start + count and not stop.is_set():
+            if i % batch_every == 0:
+                n = 2 + i % 13
+                assert store.put_messages([message(j) for j in range(i, i + n)]).ok
+                i += n
+            else:
+                assert store.put_message(message(i)).ok
+                i += 1
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, stop
+
+
+def all_messages(store):
+    """Every message the store serves through get_message, keyed by its index."""
+    out = {}
+    for topic, queues in store.consume_queue_table.items():
+        for qid, cq in queues.items():
+            off = cq.min_offset_in_queue
+            while off < cq.max_offset_in_queue:
+                r = store.get_message("g", topic, qid, off, 64)
+                assert r.messages, r
+                for m in r.messages:
+                    out[int(m.keys[1:])] = m
+                off = r.next_begin_offset
+    return out
+
+
+# ---- wire --------------------------------------------------------------------------------------
+def test_wire_frames_match_the_spec_example_bytes():
+    assert wire.encode_report(0) == bytes.fromhex("0000000000000000")
+    assert wire.encode_header(0, 405) == bytes.fromhex("0000000000000000 00000195")
+    assert wire.encode_report(405) == bytes.fromhex("0000000000000195")
+    assert wire.encode_header(405, 0) == bytes.fromhex("0000000000000195 00000000")
+    assert wire.decode_report(bytes.fromhex("0000000000000195")) == 405
+    assert wire.decode_header(bytes.fromhex("00000000000001950000000000")) == (405, 0)
+    assert wire.REPORT_SIZE == 8 and wire.HEADER_SIZE == 12
+
+
+def test_wire_takes_only_the_last_complete_report():
+    buf = wire.encode_report(1) + wire.encode_report(2) + wire.encode_report(3)[:5]
+    assert wire.last_report(buf, 0, len(buf)) == (2, 16)
+    assert wire.last_report(buf, 16, len(buf)) == (None, 16)
+    assert wire.last_report(buf, 8, 16) == (2, 16)
+
+
+def test_wire_rejects_negative_and_oversized_frames():
+    with pytest.raises(wire.FrameError):
+        wire.decode_header(wire.encode_header(0, -1))
+    with pytest.raises(wire.FrameError):
+        wire.decode_header(wire.encode_header(0, wire.MAX_FRAME_BODY + 1))
+    with pytest.raises(wire.FrameError):
+        wire.decode_header(wire.encode_header(-5, 1))
+    assert wire.decode_header(wire.encode_header(7, wire.MAX_FRAME_BODY)) == (
+        7, wire.MAX_FRAME_BODY)
+    assert wire.parse_address("127.0.0.1:10912") == ("127.0.0.1", 10912)
+    assert wire.parse_address("[::1]:5") == ("::1", 5)
+    with pytest.raises(ValueError):
+        wire.parse_address("nohost")
+
+
+# ---- the slave's append rule -------------------------------------------------------------------
+def test_append_data_writes_only_at_the_max_offset_and_rolls_at_file_boundaries(tmp_path):
+    store = MessageStore(tmp_path / "s", node_config("SLAVE", FILE), kernels=BACKEND)
+    store.load()
+    cl = store.commitlog
+    try:
+        assert not cl.append_data(100, b"x" * 10)             # empty: only a file boundary
+        assert cl.mfq.files == []
+        assert cl.append_data(2 * FILE, b"a" * (FILE - 8))    # first file named by the offset
+        assert cl.min_offset == 2 * FILE and cl.max_offset == 3 * FILE - 8
+        assert not cl.append_data(3 * FILE - 9, b"b")         # behind
+        assert not cl.append_data(3 * FILE - 7, b"b")         # a gap
+        assert not cl.append_data(3 * FILE - 8, b"b" * 9)     # past the file's end
+        assert cl.append_data(3 * FILE - 8, b"c" * 8)         # fills the file exactly
+        assert not cl.append_data(3 * FILE + 1, b"d")
+        assert cl.append_data(3 * FILE, b"d" * 3)             # rolls to the next file
+        assert [f.file_name for f in cl.mfq.files] == ["%020d" % (2 * FILE),
+                                                       "%020d" % (3 * FILE)]
+        assert cl.max_offset == 3 * FILE + 3
+    finally:
+        store.shutdown()
+
+
+# ---- replication across processes --------------------------------------------------------------
+def test_slave_commitlog_is_byte_identical_across_files_and_serves_the_same_messages(tmp_path):
+    master = Node(tmp_path / "m", "ASYNC_MASTER", tmp_path, produce=3000, wait_slave=True,
+                  batch_every=5)
+    slave = open_node(tmp_path / "s", "SLAVE", master=master.address)
+    try:
+        end = master.wait_done()
+        assert end > 10 * FILE                            # several files, blank tails included
+        wait_until(lambda: slave.get_max_phy_offset() == end, 20, "the slave to catch up")
+        testing.wait_dispatched(slave)
+        served = all_messages(slave)
+        assert sorted(served) == [a[0] for a in sorted(master.acks)]
+        for index, offset, size, _ in master.acks:
+            m = served[index]
+            assert (m.commit_log_offset, m.store_size) == (offset, size)
+            assert m.body == message(index).body and m.topic == message(index).topic
+    finally:
+        slave.shutdown()
+        master.stop()
+    m, s = assert_same_commitlog(tmp_path / "m", tmp_path / "s")
+    assert sorted(m) == sorted(s)
+
+
+def test_sigkilled_slave_recovers_and_catches_up(tmp_path):
+    master = open_node(tmp_path / "m", "ASYNC_MASTER")
+    try:
+        slave = Node(tmp_path / "s", "SLAVE", tmp_path, master=f"127.0.0.1:"
+                     f"{master.ha_service.port}")
+        wait_until(lambda: master.ha_service.connections and
+                   master.ha_service.connections[0].next_transfer_from_where >= 0, 10, "slave")
+        t, _ = producer(master, 6000)
+        wait_until(lambda: master.ha_service.push2slave_max_offset > 4 * FILE, 20, "transfer")
+        slave.kill()                                      # mid-transfer: the master still puts
+        killed_at = master.ha_service.push2slave_max_offset
+        wait_until(lambda: not master.ha_service.connections, 10, "the dead connection to go")
+        slave = Node(tmp_path / "s", "SLAVE", tmp_path, master=f"127.0.0.1:"
+                     f"{master.ha_service.port}")
+        t.join(60)
+        acked_from_master(master, 20)
+        assert master.get_max_phy_offset() > killed_at
+        slave.stop()
+    finally:
+        master.shutdown()
+    m, s = assert_same_commitlog(tmp_path / "m", tmp_path / "s")
+    assert sorted(m) == sorted(s)
+
+
+class CuttableProxy:
+    """Forwards 127.0.0.1 connections to a target port; cut() drops every live one."""
+
+    def __init__(self, target_port):
+        self.target = target_port
+        self.listen = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listen.getsockname()[1]
+        self.socks = []
+        self.accepted = 0
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                a, _ = self.listen.accept()
+            except OSError:
+                return
+            b = socket.create_connection(("127.0.0.1", self.target))
+            with self._lock:
+                self.socks += [a, b]
+                self.accepted += 1
+            for src, dst in ((a, b), (b, a)):
+                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst):
+        try:
+            while True:
+                data = src.recv(1 << 16)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self):
+        with self._lock:
+            socks, self.socks = self.socks, []
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def close(self):
+        self.listen.close()
+        self.cut()
+
+
+def test_cut_connection_reconnects_and_resumes_byte_identical(tmp_path):
+    master = open_node(tmp_path / "m", "ASYNC_MASTER")
+    proxy = CuttableProxy(master.ha_service.port)
+    try:
+        slave = Node(tmp_path / "s", "SLAVE", tmp_path, master=f"127.0.0.1:{proxy.port}")
+        wait_until(lambda: master.ha_service.connections and
+                   master.ha_service.connections[0].next_transfer_from_where >= 0, 10, "slave")
+        t, _ = producer(master, 5000)
+        for _ in range(2):
+            wait_until(lambda: master.ha_service.push2slave_max_offset > 2 * FILE, 20, "data")
+            proxy.cut()
+            time.sleep(0.1)
+        t.join(60)
+        acked_from_master(master, 20)
+        assert proxy.accepted >= 3                       # it came back after every cut
+        # The master can drop the connection too.
+        for conn in master.ha_service.connections:
+            conn.stop("test: closed from the master side")
+        assert master.put_message(message(10 ** 6)).ok
+        acked_from_master(master, 20)
+        slave.stop()
+    finally:
+        proxy.close()
+        master.shutdown()
+    m, s = assert_same_commitlog(tmp_path / "m", tmp_path / "s")
+    assert sorted(m) == sorted(s)
+
+
+def test_sigkilled_sync_master_left_every_acknowledged_message_on_the_slave(tmp_path):
+    master = Node(tmp_path / "m", "SYNC_MASTER", tmp_path, produce=-1, wait_slave=True,
+                  batch_every=4)
+    slave = open_node(tmp_path / "s", "SLAVE", master=master.address)
+    try:
+        wait_until(lambda: sum(a[3] == "PUT_OK" for a in master.acks) > 1500, 30, "acks")
+        master.kill()
+        acks = list(master.acks)
+        ok = [a for a in acks if a[3] == "PUT_OK"]
+        assert len(ok) > 1500
+        # Once a slave was in sync, the master has nothing to answer but PUT_OK.
+        assert {a[3] for a in acks} == {"PUT_OK"}
+        for index, offset, size, _ in ok:
+            m = slave.look_message_by_offset(offset)
+            assert m is not None and m.store_size == size, f"acked message {index} lost"
+            assert m.body == message(index).body
+        assert_prefix(tmp_path / "m", slave)     # the master may hold more than it sent
+    finally:
+        slave.shutdown()
+
+
+# ---- in-process behaviour ----------------------------------------------------------------------
+def test_empty_slave_starts_at_the_masters_last_file(tmp_path):
+    master = open_node(tmp_path / "m", "ASYNC_MASTER")
+    slave = None
+    try:
+        i = 0
+        while master.get_max_phy_offset() < 3 * FILE + 5000:
+            assert master.put_message(message(i)).ok
+            i += 1
+        last_start = master.commitlog.mfq.files[-1].file_from_offset
+        assert last_start == 3 * FILE
+        slave = open_node(tmp_path / "s", "SLAVE", master=f"127.0.0.1:{master.ha_service.port}")
+        acked_from_master(master)
+        assert slave.get_min_phy_offset() == last_start
+        for j in range(i, i + 300):                       # more after it joined, into file 4
+            assert master.put_message(message(j)).ok
+        acked_from_master(master)
+        testing.wait_dispatched(slave)
+        served = all_messages(slave)
+        first = min(served)
+        assert served[first].commit_log_offset >= last_start
+        assert sorted(served) == list(range(first, i + 300))
+        assert_prefix(tmp_path / "m", slave)
+    finally:
+        if slave is not None:
+            slave.shutdown()
+        master.shutdown()
+    m, s = assert_same_commitlog(tmp_path / "m", tmp_path / "s")
+    assert min(s) == "%020d" % (3 * FILE)
+
+
+def test_sync_master_answers_slave_not_available_timeout_or_ok(tmp_path):
+    master = open_node(tmp_path / "m", "SYNC_MASTER", slave_timeout=300, flush="sync")
+    try:
+        r = master.put_message(message(0))
+        assert r.status is P.SLAVE_NOT_AVAILABLE and r.commit_log_offset == 0   # stored
+        # A slave that reports once and then never acknowledges: timeouts.
+        fake = socket.create_connection(("127.0.0.1", master.ha_service.port))
+        fake.sendall(wire.encode_report(master.get_max_phy_offset()))
+        wait_until(lambda: master.ha_service.push2slave_max_offset == r.wrote_bytes, 5, "ack")
+        t0 = time.monotonic()
+        assert master.put_message(message(1)).status is P.FLUSH_SLAVE_TIMEOUT
+        assert 0.25 < time.monotonic() - t0 < 2.0
+        assert master.put_messages([message(2), message(3)]).status is P.FLUSH_SLAVE_TIMEOUT
+        nowait = Message("NoWait", b"x", properties={"WAIT": "false"})
+        t0 = time.monotonic()
+        assert master.put_message(nowait).status is P.PUT_OK
+        assert time.monotonic() - t0 < 0.2
+        fake.close()
+        wait_until(lambda: not master.ha_service.connections, 5, "the fake to go")
+        assert master.put_message(message(4)).status is P.SLAVE_NOT_AVAILABLE
+        slave = open_node(tmp_path / "s", "SLAVE", master=f"127.0.0.1:{master.ha_service.port}")
+        try:
+            acked_from_master(master)
+            assert master.put_message(message(5)).status is P.PUT_OK
+            assert master.put_messages([message(6), message(7)]).status is P.PUT_OK
+        finally:
+            slave.shutdown()
+    finally:
+        master.shutdown()
+
+
+def test_sync_master_counts_a_slave_too_far_behind_as_not_available(tmp_path):
+    master = MessageStore(tmp_path / "m", node_config("SYNC_MASTER", FILE, slave_timeout=50),
+                          kernels=BACKEND)
+    master.config.ha_slave_fallbehind_max = 1000
+    master.load()
+    master.start()
+    try:
+        fake = socket.create_connection(("127.0.0.1", master.ha_service.port))
+        wait_until(lambda: master.ha_service.connections, 5, "connection")
+        for i in range(10):                  # 0 acknowledged, so the gap passes 1000 bytes
+            r = master.put_message(message(i))
+        assert r.status is P.SLAVE_NOT_AVAILABLE
+        fake.close()
+    finally:
+        master.shutdown()
+
+
+def test_slave_refuses_puts_with_service_not_available(tmp_path):
+    slave = open_node(tmp_path / "s", "SLAVE")
+    try:
+        r = slave.put_message(message(0))
+        assert r.status is P.SERVICE_NOT_AVAILABLE and not r.ok
+        rs = slave.put_messages([message(1), message(2)])
+        assert rs.status is P.SERVICE_NOT_AVAILABLE and rs.count == 0
+        assert slave.get_max_phy_offset() == 0
+    finally:
+        slave.shutdown()
+
+
+def test_update_ha_master_address_at_run_time_starts_replication(tmp_path):
+    master = open_node(tmp_path / "m", "ASYNC_MASTER")
+    slave = open_node(tmp_path / "s", "SLAVE")          # no address yet
+    try:
+        for i in range(50):
+            master.put_message(message(i))
+        time.sleep(0.3)
+        assert slave.get_max_phy_offset() == 0
+        slave.update_ha_master_address(f"127.0.0.1:{master.ha_service.port}")
+        acked_from_master(master)
+        assert slave.get_max_phy_offset() == master.get_max_phy_offset()
+    finally:
+        slave.shutdown()
+        master.shutdown()
+
+
+# ---- hostile peers -----------------------------------------------------------------------------
+class FakeMaster:
+    """Accepts one slave, reads its report, sends what the test says; tells whether the slave
+    closed the connection."""
+
+    def __init__(self):
+        self.listen = socket.create_server(("127.0.0.1", 0))
+        self.listen.settimeout(10)
+        self.port = self.listen.getsockname()[1]
+        self.conn = None
+
+    def accept(self):
+        self.conn, _ = self.listen.accept()
+        self.conn.settimeout(10)
+        report = b""
+        while len(report) < 8:
+            report += self.conn.recv(8 - len(report))
+        return wire.decode_report(report)
+
+    def send(self, data):
+        self.conn.sendall(data)
+
+    def closed_by_peer(self, timeout=10.0):
+        """True once the slave closed its end (reports are read and dropped)."""
+        self.conn.settimeout(timeout)
+        try:
+            while self.conn.recv(4096):
+                pass
+        except (ConnectionResetError, socket.timeout) as exc:
+            return not isinstance(exc, socket.timeout)
+        return True
+
+    def close(self):
+        if self.conn is not None:
+            self.conn.close()
+        self.listen.close()
+
+
+def real_records(tmp_path, count=20):
+    """The CommitLog bytes of a real store holding `count` messages."""
+    store = open_node(tmp_path / "src", "ASYNC_MASTER")
+    try:
+        for i in range(count):
+            store.put_message(message(i))
+        return bytes(store.commitlog.get_data(0, store.get_max_phy_offset()))
+    finally:
+        store.shutdown()
+
+
+@pytest.mark.parametrize("attack", ["offset-ahead", "offset-behind", "oversized", "negative",
+                                    "half-frame", "unaligned-first", "past-file-end"])
+def test_slave_drops_a_hostile_master_and_appends_nothing_out_of_place(tmp_path, attack):
+    data = real_records(tmp_path)
+    fake = FakeMaster()
+    slave = open_node(tmp_path / "s", "SLAVE", master=f"127.0.0.1:{fake.port}",
+                      housekeeping=800)
+    try:
+        assert fake.accept() == 0
+        good = 0 if attack == "unaligned-first" else 1000
+        if good:
+            fake.send(wire.encode_header(0, good) + data[:good])
+            wait_until(lambda: slave.get_max_phy_offset() == good, 5, "the good frame")
+        frame = {
+            "offset-ahead": wire.encode_header(good + 1, 10) + data[good:good + 10],
+            "offset-behind": wire.encode_header(good - 10, 10) + data[good - 10:good],
+            "oversized": wire.encode_header(good, wire.MAX_FRAME_BODY + 1) + b"\0" * 4096,
+            "negative": wire.encode_header(good, -1),
+            "half-frame": wire.encode_header(good, 500) + data[good:good + 250],
+            "unaligned-first": wire.encode_header(100, 10) + data[:10],
+            "past-file-end": wire.encode_header(good, FILE) + b"\0" * FILE,
+        }[attack]
+        fake.send(frame)
+        assert fake.closed_by_peer(), "the slave kept the connection"
+        assert slave.get_max_phy_offset() == good
+        if good:
+            assert bytes(slave.commitlog.get_data(0, good)) == data[:good]
+        else:
+            assert slave.commitlog.mfq.files == []
+        # It reconnects and reports its real offset again.
+        assert fake.accept() == good
+    finally:
+        slave.shutdown()
+        fake.close()
+
+
+def test_master_closes_a_slave_that_never_reads(tmp_path):
+    master = open_node(tmp_path / "m", "ASYNC_MASTER", file_size=16 << 20, housekeeping=1000)
+    try:
+        payload = [Message("Big", os.urandom(4000) * 16) for _ in range(200)]
+        for m in payload:
+            assert master.put_message(m).ok                # ~12.8 MB in file 0
+        fake = socket.create_connection(("127.0.0.1", master.ha_service.port))
+        fake.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        fake.sendall(wire.encode_report(0))
+        wait_until(lambda: master.ha_service.connections, 5, "connection")
+        conn = master.ha_service.connections[0]
+        stop = threading.Event()
+
+        def heartbeats():                 # keeps reporting, so only the stalled writer can tell
+            while not stop.wait(0.1):
+                try:
+                    fake.sendall(wire.encode_report(0))
+                except OSError:
+                    return
+        threading.Thread(target=heartbeats, daemon=True).start()
+        wait_until(lambda: not master.ha_service.connections, 10, "the master to give up")
+        stop.set()
+        assert conn.next_transfer_from_where < master.get_max_phy_offset()
+        fake.close()
+    finally:
+        master.shutdown()
+
+
+def test_master_closes_a_silent_slave_and_one_reporting_beyond_its_data(tmp_path):
+    master = open_node(tmp_path / "m", "ASYNC_MASTER", housekeeping=500)
+    try:
+        master.put_message(message(0))
+        silent = socket.create_connection(("127.0.0.1", master.ha_service.port))
+        wait_until(lambda: master.ha_service.connections, 5, "connection")
+        wait_until(lambda: not master.ha_service.connections, 5, "housekeeping")
+        silent.close()
+        liar = socket.create_connection(("127.0.0.1", master.ha_service.port))
+        liar.sendall(wire.encode_report(master.get_max_phy_offset() + 1))
+        wait_until(lambda: master.ha_service.connections == [] and
+                   master.ha_service.push2slave_max_offset == 0, 5, "the liar to go")
+        liar.settimeout(5)
+        assert liar.recv(100) == b""
+        liar.close()
+    finally:
+        master.shutdown()
+
+
+# ---- CLI ----------------------------------------------------------------------------------------
+def test_cli_serve_replicates_between_two_processes_and_stops_on_sigint(tmp_path):
+    env = dict(os.environ, ROCKETSTORE_BACKEND=BACKEND)
+    base = [sys.executable, "-m", "rocketstore", "serve", "--file-size", str(1 << 20),
+            "--status-interval", "0.2"]
+    m = subprocess.Popen(base + [str(tmp_path / "m"), "--role", "master", "--listen", "0",
+                                 "--produce", "3000", "--batch", "100"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    s = None
+    try:
+        line = m.stdout.readline().decode()
+        assert line.startswith("listening 127.0.0.1:"), line + m.stderr.read().decode()
+        port = int(line.split()[1].rsplit(":", 1)[1])
+        assert m.stdout.readline().decode().startswith("produced 3000 {'PUT_OK': 3000}")
+        s = subprocess.Popen(base + [str(tmp_path / "s"), "--role", "slave", "--master",
+                                     f"127.0.0.1:{port}"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        assert s.stdout.readline().decode().startswith(f"slave of 127.0.0.1:{port}")
+        name = "%020d" % 0
+
+        def same():
+            try:
+                return (commitlog_files(tmp_path / "s")[name] ==
+                        commitlog_files(tmp_path / "m")[name])
+            except (OSError, KeyError):
+                return False
+        wait_until(same, 15, "the slave's file to match the master's")
+    finally:
+        for p in (s, m):
+            if p is not None:
+                p.send_signal(signal.SIGINT)
+        for p in (s, m):
+            if p is not None:
+                out, err = p.communicate(timeout=20)
+                assert p.returncode == 0, err.decode()[-2000:]
+                assert out.decode().rstrip().endswith("stopped")
+    assert_same_commitlog(tmp_path / "m", tmp_path / "s")

@@ -1,0 +1,615 @@
+# SPDX-License-Identifier: Apache-2.0
+"""IndexFile kernels and IndexService: golden bytes from spec 02 §3.2, cext == cffi == pure,
+terminating walks over corrupt chains, the broker's own index files and query answers, and
+queries that never return a message for a colliding key."""
+import json
+import mmap
+import os
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rocketstore import Message, MessageStore, QueryMessageResult, testing
+from rocketstore import format as F
+from rocketstore.clock import StepClock
+from rocketstore.errors import KernelArgumentError, KernelBoundsError
+from rocketstore.index_file import (IndexFile, index_file_size, infer_geometry,
+                                    time_millis_to_human_string)
+from rocketstore.index_service import index_keys
+from rocketstore.message import java_string_hash
+from rocketstore.status import PutMessageStatus
+
+from conftest import DATA
+from test_conformance import BASIC, broker_config, broker_messages
+
+BACKENDS = testing.backend_params()
+LONG_MAX = (1 << 63) - 1
+STAMPS = [1796046348973, 1796046349996, 1796046350997]     # spec 02 §3
+SLOTS, ENTRIES = 5_000_000, 20_000_000                       # the defaults of §3.2
+
+
+@pytest.fixture(scope="module")
+def backends():
+    return [testing.load_backend(name) for name in BACKENDS]
+
+
+def _entry_pos(slot_num, n):
+    return F.INDEX_HEADER_SIZE + slot_num * F.INDEX_SLOT_SIZE + n * F.INDEX_ENTRY_SIZE
+
+
+def _put(k, buf, slots, entries, key, phy, ts):
+    return k.index_put(buf, slots, entries, k.index_hash(key.encode()), phy, ts)
+
+
+# ---- golden bytes: spec 02 §3.2 --------------------------------------------------------------
+
+def test_index_put_writes_the_broker_written_entries_slots_and_header(backend):
+    # An anonymous mapping: 420 MB of address space, only the touched pages are real.
+    buf = mmap.mmap(-1, index_file_size(SLOTS, ENTRIES))
+    assert len(buf) == 420_000_040
+    for i in range(3):
+        assert _put(backend, buf, SLOTS, ENTRIES, f"TopicTest#key{i}", 135 * i, STAMPS[i]) == i + 2
+    assert buf[20_000_040:20_000_060] == bytes(20)
+    assert buf[20_000_060:20_000_080].hex().upper() == "62B4514D" "0000000000000000" "00000000" "00000000"
+    assert buf[20_000_080:20_000_100].hex().upper() == "62B4514C" "0000000000000087" "00000001" "00000000"
+    assert buf[20_000_100:20_000_120].hex().upper() == "62B4514B" "000000000000010E" "00000002" "00000000"
+    assert buf[3_937_884:3_937_888] == bytes.fromhex("00000001")
+    assert buf[3_937_880:3_937_884] == bytes.fromhex("00000002")
+    assert buf[3_937_876:3_937_880] == bytes.fromhex("00000003")
+    assert buf[:40].hex().upper() == ("000001A22CB462AD" "000001A22CB46A95" "0000000000000000"
+                                      "000000000000010E" "00000003" "00000004")
+    out = np.zeros(8, dtype=np.int64)
+    h = backend.index_hash(b"TopicTest#key1")
+    assert backend.index_lookup(buf, SLOTS, ENTRIES, h, 0, LONG_MAX, 32, out) == 1
+    assert out[0] == 135
+    # The derived example: a second key1 at 405, 3.5 s later, chains to entry 2.
+    assert _put(backend, buf, SLOTS, ENTRIES, "TopicTest#key1", 405, STAMPS[0] + 3500) == 5
+    assert buf[20_000_120:20_000_140].hex().upper() == "62B4514C" "0000000000000195" "00000003" "00000002"
+    assert buf[3_937_880:3_937_884] == bytes.fromhex("00000004")
+    assert backend.index_lookup(buf, SLOTS, ENTRIES, h, 0, LONG_MAX, 32, out) == 2
+    assert out[:2].tolist() == [405, 135]          # newest first
+    assert backend.index_lookup(buf, SLOTS, ENTRIES, h, 0, LONG_MAX, 1, out) == 1
+    assert out[0] == 405
+    buf.close()
+
+
+@pytest.mark.parametrize("key, code", [("TopicTest#key0", 1655984461), ("TopicTest#key1", 1655984460),
+                                       ("TopicTest#key2", 1655984459)])
+def test_index_hash_is_the_absolute_java_string_hash(backend, key, code):
+    assert java_string_hash(key) == -code
+    assert backend.index_hash(key.encode()) == code
+
+
+def test_index_hash_maps_integer_min_value_to_zero(backend):
+    assert java_string_hash("polygenelubricants") == -2 ** 31
+    assert backend.index_hash(b"polygenelubricants") == 0
+
+
+def test_index_hash_counts_utf16_units_of_non_bmp_keys(backend):
+    key = "T#\U0001F600ключ"
+    assert backend.index_hash(key.encode()) == abs(java_string_hash(key))
+
+
+# ---- put and lookup rules ----------------------------------------------------------------------
+
+def test_a_full_file_refuses_a_put_and_writes_nothing(backend):
+    buf = bytearray(index_file_size(4, 3))
+    assert backend.index_put(buf, 4, 3, 7, 100, 5000) == 2
+    assert backend.index_put(buf, 4, 3, 8, 200, 6000) == 3
+    before = bytes(buf)
+    assert backend.index_put(buf, 4, 3, 9, 300, 7000) == 0
+    assert bytes(buf) == before
+
+
+def test_first_entry_of_a_rolled_file_is_timed_from_the_pre_seeded_begin(backend):
+    buf = bytearray(index_file_size(4, 10))
+    struct.pack_into(">qqqq", buf, 0, 10_000, 10_000, 50, 50)      # previous file's end
+    backend.index_put(buf, 4, 10, 1, 60, 15_999)
+    backend.index_put(buf, 4, 10, 2, 70, 18_000)
+    e1 = struct.unpack_from(">iqii", buf, _entry_pos(4, 1))
+    e2 = struct.unpack_from(">iqii", buf, _entry_pos(4, 2))
+    assert e1 == (1, 60, 5, 0)          # (15999 - 10000) / 1000, truncated
+    assert e2 == (2, 70, 2, 0)          # relative to the new begin, 15999
+    assert struct.unpack_from(">qqqqii", buf, 0) == (15_999, 18_000, 60, 70, 2, 3)
+
+
+def test_time_diff_is_clamped_to_zero_and_int_max(backend):
+    buf = bytearray(index_file_size(4, 10))
+    backend.index_put(buf, 4, 10, 1, 0, 1_000_000)
+    backend.index_put(buf, 4, 10, 2, 1, 999_000)                 # earlier than begin
+    backend.index_put(buf, 4, 10, 3, 2, 1_000_000 + 10 ** 13)    # > Integer.MAX_VALUE s
+    diffs = [struct.unpack_from(">i", buf, _entry_pos(4, n) + 12)[0] for n in (1, 2, 3)]
+    assert diffs == [0, 0, 2 ** 31 - 1]
+
+
+def test_hash_slot_count_counts_slots_not_entries(backend):
+    buf = bytearray(index_file_size(4, 10))
+    for h in (1, 5, 9, 2):          # 1, 5 and 9 share slot 1
+        backend.index_put(buf, 4, 10, h, h, 1000)
+    assert struct.unpack_from(">ii", buf, 32) == (2, 5)
+    out = np.zeros(10, dtype=np.int64)
+    assert backend.index_lookup(buf, 4, 10, 5, 0, LONG_MAX, 10, out) == 1
+    assert out[0] == 5
+
+
+def test_lookup_stops_at_entries_older_than_begin(backend):
+    buf = bytearray(index_file_size(4, 10))
+    for i, ts in enumerate((1000, 3000, 5000, 7000)):
+        backend.index_put(buf, 4, 10, 4, i, ts)
+    out = np.zeros(10, dtype=np.int64)
+    n = backend.index_lookup(buf, 4, 10, 4, 3000, 5000, 10, out)
+    assert out[:n].tolist() == [2, 1]
+
+
+def test_batch_put_stops_where_the_file_fills_and_equals_single_puts(backend):
+    a = bytearray(index_file_size(8, 6))
+    b = bytearray(index_file_size(8, 6))
+    hashes = np.array([3, 11, 19, 4, 3, 7, 8], dtype=np.int32)
+    offs = np.arange(7, dtype=np.int64) * 100
+    stamps = 1_700_000_000_000 + np.arange(7, dtype=np.int64) * 1500
+    assert backend.index_put_batch(a, 8, 6, hashes, offs, stamps) == 5
+    for i in range(5):
+        backend.index_put(b, 8, 6, int(hashes[i]), int(offs[i]), int(stamps[i]))
+    assert a == b
+
+
+def test_a_looping_chain_terminates(backend):
+    buf = bytearray(index_file_size(4, 8))
+    struct.pack_into(">qqqqii", buf, 0, 1000, 1000, 0, 0, 1, 4)
+    struct.pack_into(">i", buf, F.INDEX_HEADER_SIZE + 4 * 1, 3)        # slot 1 -> entry 3
+    for n, prev in ((1, 3), (2, 1), (3, 2)):                          # 3 -> 2 -> 1 -> 3 ...
+        struct.pack_into(">iqii", buf, _entry_pos(4, n), 5, 100 * n, 0, prev)
+    out = np.zeros(1000, dtype=np.int64)
+    n = backend.index_lookup(buf, 4, 8, 5, 0, LONG_MAX, 1000, out)
+    assert n == 8                      # bounded by index_num hops
+    assert out[:4].tolist() == [300, 200, 100, 300]
+
+
+def test_out_of_range_slot_and_prev_values_end_the_walk(backend):
+    buf = bytearray(index_file_size(4, 8))
+    struct.pack_into(">qqqqii", buf, 0, 1000, 1000, 0, 0, 1, 3)
+    out = np.zeros(8, dtype=np.int64)
+    for slot_value in (-1, 3, 8, 10 ** 6):
+        struct.pack_into(">i", buf, F.INDEX_HEADER_SIZE + 4, slot_value)
+        assert backend.index_lookup(buf, 4, 8, 1, 0, LONG_MAX, 8, out) == 0
+    struct.pack_into(">i", buf, F.INDEX_HEADER_SIZE + 4, 2)
+    for prev in (-5, 3, 2, 9999):
+        struct.pack_into(">iqii", buf, _entry_pos(4, 2), 1, 42, 0, prev)
+        assert backend.index_lookup(buf, 4, 8, 1, 0, LONG_MAX, 8, out) == 1
+    struct.pack_into(">iqii", buf, _entry_pos(4, 2), 1, 42, -1, 0)      # negative timeDiff
+    assert backend.index_lookup(buf, 4, 8, 1, 0, LONG_MAX, 8, out) == 0
+
+
+def test_a_header_claiming_more_entries_than_the_file_holds_never_reads_past_it(backend):
+    buf = bytearray(index_file_size(2, 4))
+    struct.pack_into(">qqqqii", buf, 0, 1000, 1000, 0, 0, 1, 10 ** 6)
+    struct.pack_into(">i", buf, F.INDEX_HEADER_SIZE, 4)                 # entry 4 is past the end
+    out = np.zeros(8, dtype=np.int64)
+    assert backend.index_lookup(buf, 2, 4, 0, 0, LONG_MAX, 8, out) == 0
+    assert backend.index_put(buf, 2, 4, 0, 1, 1) == 0                   # reads as full
+
+
+def test_kernels_reject_a_short_buffer_a_bad_geometry_and_a_negative_hash(backend):
+    out = np.zeros(4, dtype=np.int64)
+    with pytest.raises(KernelBoundsError):
+        backend.index_put(bytearray(index_file_size(4, 4) - 1), 4, 4, 1, 0, 0)
+    with pytest.raises(KernelBoundsError):
+        backend.index_lookup(bytes(index_file_size(4, 4) - 1), 4, 4, 1, 0, 1, 4, out)
+    for slots, entries in ((0, 4), (4, 0), (-1, 4)):
+        with pytest.raises(KernelArgumentError):
+            backend.index_put(bytearray(100), slots, entries, 1, 0, 0)
+    with pytest.raises(KernelArgumentError):
+        backend.index_put(bytearray(index_file_size(4, 4)), 4, 4, -1, 0, 0)
+    with pytest.raises(KernelArgumentError):
+        backend.index_lookup(bytes(index_file_size(4, 4)), 4, 4, -1, 0, 1, 4, out)
+    buf = bytearray(index_file_size(4, 4))
+    with pytest.raises(KernelArgumentError):
+        backend.index_put_batch(buf, 4, 4, [1, -1], [0, 0], [0, 0])
+    assert buf == bytes(len(buf))                                       # validated first
+    with pytest.raises(KernelArgumentError):
+        backend.index_put_batch(buf, 4, 4, [1, 2], [0], [0, 0])
+
+
+# ---- cext == cffi == pure ------------------------------------------------------------------------
+
+_OPS = st.lists(st.tuples(st.integers(0, 2 ** 31 - 1), st.integers(-2 ** 40, 2 ** 40),
+                          st.integers(-2 ** 42, 2 ** 42)), max_size=40)
+
+
+@given(st.integers(1, 9), st.integers(1, 12), _OPS, st.booleans(),
+       st.integers(-2 ** 42, 2 ** 42), st.integers(-2 ** 42, 2 ** 62), st.integers(-1, 50))
+def test_put_and_lookup_agree_across_backends(backends, slots, entries, ops, batch, begin, end,
+                                              max_num):
+    results = []
+    for k in backends:
+        buf = bytearray(index_file_size(slots, entries))
+        if batch:
+            counts = [k.index_put_batch(buf, slots, entries,
+                                        np.array([o[0] for o in ops], dtype=np.int32),
+                                        np.array([o[1] for o in ops], dtype=np.int64),
+                                        np.array([o[2] for o in ops], dtype=np.int64))]
+        else:
+            counts = [k.index_put(buf, slots, entries, *o) for o in ops]
+        found = []
+        for h, _, _ in ops[:6]:
+            out = np.zeros(64, dtype=np.int64)
+            n = k.index_lookup(buf, slots, entries, h, begin, end, max_num, out)
+            found.append(out[:n].tolist())
+        results.append((bytes(buf), counts, found))
+    assert all(r == results[0] for r in results[1:])
+
+
+@given(st.integers(1, 6), st.integers(1, 10), st.data())
+def test_lookup_agrees_across_backends_on_random_bytes(backends, slots, entries, data):
+    buf = data.draw(st.binary(min_size=index_file_size(slots, entries),
+                              max_size=index_file_size(slots, entries) + 8))
+    h = data.draw(st.integers(0, 2 ** 31 - 1))
+    begin = data.draw(st.integers(-2 ** 63, 2 ** 63 - 1))
+    end = data.draw(st.integers(-2 ** 63, 2 ** 63 - 1))
+    answers = []
+    for k in backends:
+        out = np.zeros(32, dtype=np.int64)
+        n = k.index_lookup(buf, slots, entries, h, begin, end, 32, out)
+        assert n <= entries
+        answers.append(out[:n].tolist())
+    assert all(a == answers[0] for a in answers[1:])
+
+
+@given(st.one_of(st.binary(max_size=40), st.text(max_size=20).map(str.encode)))
+def test_index_hash_agrees_across_backends(backends, key):
+    hashes = {k.index_hash(key) for k in backends}
+    assert len(hashes) == 1 and hashes.pop() >= 0
+
+
+# ---- which keys: spec 02 §2.4 ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("props, keys", [
+    (b"KEYS\x01a b\x02UNIQ_KEY\x01U1", [b"U1", b"a", b"b"]),
+    (b"UNIQ_KEY\x01U1\x02KEYS\x01 a  b ", [b"U1", b"a", b"b"]),
+    (b"KEYS\x01", []),
+    (b"TAGS\x01t\x02KEYS\x01x\x02KEYS\x01y", [b"y"]),            # the last one wins
+    (b"KEYS\x01x\x02KEYS\x01", [b"x"]),                         # an empty value is not read
+    (b"XKEYS\x01x\x02UNIQ_KEYS\x01y", []),
+    (b"KEYS\x01a\x01b", [b"a\x01b"]),
+])
+def test_index_keys_follow_string2message_properties(props, keys):
+    assert index_keys(props) == keys
+
+
+# ---- the broker's index (tests/data/rmq-4.9.8-basic) ---------------------------------------------
+
+def _queries():
+    with open(os.path.join(BASIC, "queries.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture
+def broker_ro(broker_store, backend):
+    store = MessageStore.open_read_only(broker_store, kernels=backend)
+    yield store
+    store.shutdown()
+
+
+def test_read_only_open_infers_the_brokers_index_geometry(broker_ro):
+    assert (broker_ro.config.max_hash_slot_num, broker_ro.config.max_index_num) == (64, 500)
+    assert len(broker_ro._indexer.index_file_list) == 6
+
+
+def test_every_broker_query_gets_the_brokers_commit_log_offsets(broker_ro):
+    for q in _queries():
+        r = broker_ro.query_message(q["topic"], q["key"], q["maxNum"], q["begin"], q["end"])
+        assert isinstance(r, QueryMessageResult)
+        assert [m.commit_log_offset for m in r.messages] == q["commitLogOffsets"], q["key"]
+        assert [m.msg_id for m in r.messages] == [h["msgId"] for h in q["hits"]]
+
+
+def test_every_key_of_every_broker_message_finds_exactly_its_messages(broker_ro):
+    by_key = {}
+    for m in broker_messages():
+        props = m["properties"].encode()
+        for key in index_keys(props):
+            by_key.setdefault((m["topic"], key.decode()), []).append(m["commitLogOffset"])
+    assert len(by_key) > 900
+    for (topic, key), offsets in by_key.items():
+        got = broker_ro.query_message(topic, key, max_num=64)
+        assert [m.commit_log_offset for m in got.messages] == sorted(offsets)[-64:], (topic, key)
+
+
+def test_index_last_update_is_the_newest_files_end(broker_ro):
+    r = broker_ro.query_message("OrderTopic", "ord-0")
+    last = broker_ro._indexer.index_file_list[-1]
+    assert r.index_last_update_timestamp == last.end_timestamp == broker_messages()[-1]["storeTimestamp"]
+    assert r.index_last_update_phy_offset == last.end_phy_offset
+
+
+def test_broker_index_files_hold_one_entry_per_indexed_key(broker_ro):
+    files = broker_ro._indexer.index_file_list
+    assert [f.index_count for f in files] == [500] * 5 + [143]
+    header, slots, entries = files[0].arrays()
+    assert header["index_count"][0] == 500 and header["hash_slot_count"][0] == files[0].hash_slot_count
+    assert (slots >= 0).all() and entries[0].tobytes() == bytes(20)
+    assert int(entries["phy_offset"][1]) == 0 == files[0].begin_phy_offset
+    del header, slots, entries
+
+
+def test_unique_key_and_msg_id_and_offset_lookups_on_the_broker_store(broker_ro):
+    msgs = broker_messages()
+    m10 = msgs[10]
+    uniq = m10["properties"].split("UNIQ_KEY\x01")[1].split("\x02")[0]
+    got = broker_ro.query_message_by_unique_key("PayTopic", uniq)
+    assert got.commit_log_offset == m10["commitLogOffset"]
+    assert broker_ro.query_message_by_unique_key("OrderTopic", uniq) is None
+    for m in (msgs[0], msgs[777], msgs[-1]):
+        assert broker_ro.view_message_by_id(m["msgId"]).to_dict(m["cqTagsCode"]) == m
+        assert broker_ro.look_message_by_offset(m["commitLogOffset"]).msg_id == m["msgId"]
+    assert broker_ro.view_message_by_id("0A00000100002A9F" + "%016X" % 5) is None
+    with pytest.raises(ValueError):
+        broker_ro.view_message_by_id("zz")
+
+
+def test_geometry_inference_rejects_sizes_that_fit_nothing(tmp_path):
+    p = tmp_path / "20260101000000000"
+    p.write_bytes(bytes(1001))
+    from rocketstore.fs import DEFAULT
+    assert infer_geometry([str(p)], DEFAULT, 64, 500) is None
+    q = tmp_path / "20260101000000001"
+    q.write_bytes(bytes(index_file_size(64, 500)))
+    assert infer_geometry([str(q)], DEFAULT, 64, 500) == (64, 500)
+
+
+# ---- IndexService in a running store ---------------------------------------------------------------
+
+def _store(root, backend, **cfg):
+    return testing.open_store(root, backend, testing.small_config(**cfg),
+                              clock=StepClock(1_800_000_000_000, 7))
+
+
+def test_a_hash_collision_never_returns_the_other_message(tmp_path, backend):
+    assert java_string_hash("Aa") == java_string_hash("BB")
+    store = _store(tmp_path, backend)
+    try:
+        store.put_message(Message("T", b"x", keys="Aa"))
+        store.put_message(Message("T", b"y", keys="BB CC"))
+        testing.wait_dispatched(store)
+        assert len(store._indexer.query_offset("T", "Aa", 32, 0, LONG_MAX)[0]) == 2   # hashes
+        assert [m.keys for m in store.query_message("T", "Aa").messages] == ["Aa"]
+        assert [m.keys for m in store.query_message("T", "BB").messages] == ["BB CC"]
+        assert store.query_message("U", "Aa").messages == []
+    finally:
+        store.shutdown()
+
+
+def test_rollback_records_and_redispatched_records_are_not_indexed(tmp_path, backend):
+    store = _store(tmp_path, backend)
+    try:
+        store.put_message(Message("T", b"x", keys="k1", sys_flag=F.TRANSACTION_ROLLBACK_TYPE))
+        store.put_message(Message("T", b"x", keys="k2", sys_flag=F.TRANSACTION_PREPARED_TYPE))
+        store.put_message(Message("T", b"x", keys="k3"))
+        testing.wait_dispatched(store)
+        f = store._indexer.index_file_list[-1]
+        assert f.index_count == 3
+        assert store.query_message("T", "k1").messages == []
+        assert len(store.query_message("T", "k2").messages) == 1
+        # Re-dispatching the same records (abnormal recovery does) adds only the last one
+        # again, as the broker's `offset < endPhyOffset` check does.
+        rows = np.empty(8, dtype=F.SCAN_DTYPE)
+        mf = store.commitlog.mfq.files[0]
+        n, *_ = store.kernels.commitlog_scan(mf.mm, 0, mf.read_position, False, rows)
+        store._indexer.dispatch(rows[:n].tolist(), mf.mm)
+        assert f.index_count == 4
+    finally:
+        store.shutdown()
+
+
+def test_full_files_roll_with_names_from_the_triggering_records_store_time(tmp_path, backend):
+    store = _store(tmp_path, backend, max_index_num=5, max_hash_slot_num=4)
+    try:
+        results = [store.put_message(Message("T", b"x", keys=f"a{i} b{i}")) for i in range(5)]
+        testing.wait_dispatched(store)
+        files = store._indexer.index_file_list
+        # 4 entries per file: record 0 and 1, then 2 and 3, then 4.
+        assert [f.file_name for f in files] == [
+            time_millis_to_human_string(results[i].store_timestamp) for i in (0, 2, 4)]
+        assert [f.index_count for f in files] == [5, 5, 3]
+        assert files[1].begin_phy_offset == results[2].commit_log_offset
+        for i, r in enumerate(results):
+            for key in (f"a{i}", f"b{i}"):
+                assert [m.commit_log_offset for m in store.query_message("T", key).messages] \
+                    == [r.commit_log_offset]
+    finally:
+        store.shutdown()
+    cp = (tmp_path / "checkpoint").read_bytes()
+    assert struct.unpack_from(">q", cp, 16)[0] == results[3].store_timestamp
+
+
+def test_a_roll_inside_one_record_names_the_next_file_after_the_last(tmp_path, backend):
+    store = _store(tmp_path, backend, max_index_num=3, max_hash_slot_num=4)
+    try:
+        store.put_message(Message("T", b"x", keys="a b c d e"))
+        testing.wait_dispatched(store)
+        names = [f.file_name for f in store._indexer.index_file_list]
+        assert len(names) == 3 and names == sorted(set(names))
+        assert [m.keys for m in store.query_message("T", "e").messages] == ["a b c d e"]
+    finally:
+        store.shutdown()
+
+
+def test_abnormal_recovery_destroys_and_rebuilds_index_files_past_the_checkpoint(tmp_path,
+                                                                                  backend):
+    root = tmp_path / "s"
+    store = _store(root, backend)
+    msgs = [Message(f"T{i % 3}", b"b" * (i % 50), keys=f"k{i} g{i % 7}",
+                    properties={"UNIQ_KEY": f"U{i:08X}"}) for i in range(700)]
+    try:
+        store.put_messages(msgs[:300])
+        for m in msgs[300:]:
+            store.put_message(m)
+    finally:
+        store.shutdown()
+    index_dir = root / "index"
+    before = {p.name: p.read_bytes() for p in index_dir.iterdir()}
+    assert len(before) == 5          # 2100 keys, 499 per file
+    # A crash before any checkpoint write: every index file is past indexMsgTimestamp 0.
+    (root / "abort").write_bytes(b"")
+    (root / "checkpoint").write_bytes(bytes(4096))
+    destroyed = []
+
+    class Watch(type(store.fs)):
+        def remove(self, path):
+            destroyed.append(os.path.basename(path))
+            super().remove(path)
+    store = testing.open_store(root, backend, testing.small_config(), fs=Watch())
+    try:
+        assert not store.recovery_report.normal
+        assert sorted(destroyed) == sorted(before)
+        for i in (0, 299, 699):
+            assert [m.keys for m in store.query_message(f"T{i % 3}", f"k{i}").messages] == \
+                [f"k{i} g{i % 7}"]
+    finally:
+        store.shutdown()
+    assert {p.name: p.read_bytes() for p in index_dir.iterdir()} == before
+
+
+def test_abnormal_load_keeps_index_files_the_checkpoint_vouches_for(tmp_path, backend):
+    root = tmp_path / "s"
+    cfg = dict(max_index_num=10)
+    store = _store(root, backend, **cfg)
+    try:
+        for i in range(30):
+            store.put_message(Message("T", b"x", keys=f"k{i}"))
+    finally:
+        store.shutdown()
+    index_dir = root / "index"
+    before = [p.read_bytes() for p in sorted(index_dir.iterdir())]
+    index_ts = struct.unpack_from(">q", (root / "checkpoint").read_bytes(), 16)[0]
+    ends = [struct.unpack_from(">q", b, 8)[0] for b in before]
+    vouched = sum(1 for e in ends if e <= index_ts)
+    assert index_ts == ends[-2] and vouched == len(before) - 1   # the last full file
+    (root / "abort").write_bytes(b"")
+    store = MessageStore(root, testing.small_config(**cfg), kernels=backend)
+    store.load()
+    try:
+        names = [f.file_name for f in store._indexer.index_file_list]
+        assert names[:vouched] == sorted(os.listdir(index_dir))[:vouched]
+    finally:
+        store.shutdown()
+    after = [p.read_bytes() for p in sorted(index_dir.iterdir())]
+    assert after[:vouched] == before[:vouched]
+    # Rebuilt by recovery's re-dispatch, which, like the broker's `offset < endPhyOffset`
+    # check, indexes the record at the kept file's endPhyOffset once more.
+    assert struct.unpack_from(">i", after[-1], 36)[0] == struct.unpack_from(">i", before[-1], 36)[0] + 1
+    store = MessageStore.open_read_only(root, kernels=backend)
+    try:
+        for i in range(30):
+            assert len(store.query_message("T", f"k{i}").messages) == 1
+    finally:
+        store.shutdown()
+
+
+def test_delete_expired_file_removes_files_ending_below_the_offset_but_never_the_last(tmp_path,
+                                                                                    backend):
+    store = _store(tmp_path, backend, max_index_num=5, max_hash_slot_num=4)
+    try:
+        results = [store.put_message(Message("T", b"x", keys=f"k{i}")) for i in range(13)]
+        testing.wait_dispatched(store)
+        svc = store.index_service
+        files = list(svc.index_file_list)
+        assert len(files) == 4
+        assert svc.delete_expired_file(files[0].end_phy_offset) == 0
+        assert svc.delete_expired_file(files[1].end_phy_offset) == 1
+        assert svc.delete_expired_file(10 ** 12) == 2
+        assert svc.index_file_list == files[3:]
+        assert sorted(os.listdir(tmp_path / "index")) == [files[3].file_name]
+        assert store.query_message("T", "k12").messages[0].commit_log_offset == \
+            results[12].commit_log_offset
+    finally:
+        store.shutdown()
+
+
+def test_message_index_disabled_writes_no_index(tmp_path, backend):
+    store = _store(tmp_path, backend, message_index_enable=False)
+    try:
+        store.put_message(Message("T", b"x", keys="k"))
+        testing.wait_dispatched(store)
+        assert store.query_message("T", "k").messages == []
+    finally:
+        store.shutdown()
+    assert not (tmp_path / "index").exists() or os.listdir(tmp_path / "index") == []
+
+
+def test_query_rounds_narrow_end_and_max_num_is_capped(tmp_path, backend):
+    # Whole seconds apart: an entry keeps its time as seconds after the file's begin.
+    store = testing.open_store(tmp_path, backend, testing.small_config(max_msgs_num_batch=4),
+                               clock=StepClock(1_800_000_000_000, 1000))
+    try:
+        rs = [store.put_message(Message("T", b"x", keys="same")) for _ in range(10)]
+        testing.wait_dispatched(store)
+        r = store.query_message("T", "same", max_num=100)
+        assert [m.commit_log_offset for m in r.messages] == [x.commit_log_offset for x in rs[-4:]]
+        r = store.query_message("T", "same", begin=rs[2].store_timestamp,
+                                end=rs[5].store_timestamp)
+        assert [m.commit_log_offset for m in r.messages] == \
+            [x.commit_log_offset for x in rs[2:6]]
+        assert store.query_message("T", "same", begin=rs[-1].store_timestamp + 10 ** 7).messages == []
+    finally:
+        store.shutdown()
+
+
+# ---- get_offset_in_queue_by_time: spec 02 §1.9 ----------------------------------------------
+
+def test_offset_by_time_finds_exact_nearest_and_edge_entries(tmp_path, backend):
+    store = _store(tmp_path, backend)
+    try:
+        rs = [store.put_message(Message("T", b"x")) for _ in range(250)]   # 3 CQ files
+        testing.wait_dispatched(store)
+        cq = store.consume_queue_table["T"][0]
+        # mtime = store time of each file's last unit, as if written in real time.
+        for f in cq.mfq.files:
+            last = (f.file_from_offset + f.read_position) // 20 - 1
+            t = rs[last].store_timestamp / 1000
+            os.utime(f.path, (t, t))
+        ts = [r.store_timestamp for r in rs]                # 7 ms apart
+        q = store.get_offset_in_queue_by_time
+        assert q("T", 0, ts[0]) == 0
+        assert q("T", 0, ts[137]) == 137
+        assert q("T", 0, ts[137] + 3) == 137               # nearer the left
+        assert q("T", 0, ts[137] + 4) == 138               # nearer the right
+        assert q("T", 0, ts[0] - 10 ** 6) == 0
+        assert q("T", 0, ts[-1] + 10 ** 6) == 249
+        assert q("T", 1, ts[5]) == 0 and q("Nope", 0, ts[5]) == 0
+    finally:
+        store.shutdown()
+
+
+def test_offset_by_time_on_the_broker_store_with_broker_like_mtimes(broker_store, backend):
+    msgs = [m for m in broker_messages() if m["topic"] == "LogTopic" and m["queueId"] == 1]
+    qdir = broker_store / "consumequeue" / "LogTopic" / "1"
+    for name in sorted(os.listdir(qdir)):
+        last = min(int(name) // 20 + 49, len(msgs) - 1)
+        t = msgs[last]["storeTimestamp"] / 1000
+        os.utime(qdir / name, (t, t))
+    store = MessageStore.open_read_only(broker_store, kernels=backend)
+    try:
+        for m in msgs[::17]:
+            got = store.get_offset_in_queue_by_time("LogTopic", 1, m["storeTimestamp"])
+            # Equal store times are possible: the answer is a unit with that time.
+            assert msgs[got]["storeTimestamp"] == m["storeTimestamp"]
+    finally:
+        store.shutdown()
+
+
+def test_numpy_views_of_an_index_file_are_zero_copy(tmp_path, backend):
+    from rocketstore.fs import DEFAULT
+    f = IndexFile(str(tmp_path / "20300101000000000"), 8, 16, backend, DEFAULT)
+    assert f.put_key("T#a", 10, 1000) and f.put_key("T#b", 20, 2000)
+    header, slots, entries = f.arrays()
+    assert header["index_count"][0] == 3 and header["end_phy_offset"][0] == 20
+    assert entries["phy_offset"][1:3].tolist() == [10, 20]
+    assert int(slots[backend.index_hash(b"T#b") % 8]) == 2
+    f.put_key("T#c", 30, 3000)
+    assert entries["phy_offset"][3] == 30                  # a view, not a copy
+    del header, slots, entries
+    assert f.close()
