@@ -1,13 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`rocketstore bench`: produce, consume and reopen an embedded store; print one table."""
+"""`rocketstore bench`: produce, consume, query by key and reopen an embedded store; print one
+table of msgs/s, MB/s and latency percentiles per phase, with this disk's fdatasync latency
+for reference."""
 import json
 import os
+import random
 import shutil
 import tempfile
+import threading
 import time
 
 from . import kernels as _kernels
-from .config import StoreConfig
+from .config import FlushDiskType, StoreConfig
+from .progress import progress_bar
 from .store import MessageStore
 from .workload import make_messages
 
@@ -42,55 +47,101 @@ def _phase(name, count, nbytes, seconds, latencies_us):
             "max_us": round(latencies_us[-1], 1) if n else 0.0}
 
 
+def _produce(store, msgs, batch, threads, bar):
+    """Put `msgs` from `threads` producer threads; per-message latencies in microseconds."""
+    perf = time.perf_counter
+    chunks = [msgs[i::threads] for i in range(threads)]
+    latencies = []
+    lock = threading.Lock()
+
+    def work(chunk):
+        local = []
+        if batch <= 1:
+            put = store.put_message
+            for m in chunk:
+                t = perf()
+                put(m)
+                local.append((perf() - t) * 1e6)
+                if len(local) % 1000 == 0:
+                    bar.update(1000)
+        else:
+            for i in range(0, len(chunk), batch):
+                part = chunk[i:i + batch]
+                t = perf()
+                store.put_messages(part)
+                local.append((perf() - t) * 1e6 / len(part))
+                bar.update(len(part))
+        with lock:
+            latencies.extend(local)
+
+    if threads == 1:
+        work(msgs)
+    else:
+        ts = [threading.Thread(target=work, args=(c,)) for c in chunks]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    return latencies
+
+
 def run_bench(args):
     backend = _kernels.resolve(args.backend)
     root = args.dir or tempfile.mkdtemp(prefix="rocketstore-bench-")
     cleanup = args.dir is None
-    cfg = StoreConfig(store_path_root_dir=root, mapped_file_size_commit_log=args.file_size)
+    flush = FlushDiskType.SYNC_FLUSH if args.flush == "sync" else FlushDiskType.ASYNC_FLUSH
+    cfg = StoreConfig(store_path_root_dir=root, mapped_file_size_commit_log=args.file_size,
+                      flush_disk_type=flush)
     msgs = make_messages(args.messages, args.size, args.topics, args.queues)
     results = []
+    perf = time.perf_counter
     try:
-        # produce
-        lat = []
-        perf = time.perf_counter
         with MessageStore(root, cfg, kernels=backend) as store:
-            t0 = perf()
-            if args.batch <= 1:
-                put = store.put_message
-                for m in msgs:
-                    t = perf()
-                    put(m)
-                    lat.append((perf() - t) * 1e6)
-            else:
-                for i in range(0, len(msgs), args.batch):
-                    chunk = msgs[i:i + args.batch]
-                    t = perf()
-                    store.put_messages(chunk)
-                    lat.append((perf() - t) * 1e6 / len(chunk))
-            produce_s = perf() - t0
+            with progress_bar(len(msgs), "produce", unit="msg") as bar:
+                t0 = perf()
+                lat = _produce(store, msgs, args.batch, args.threads, bar)
+                produce_s = perf() - t0
             nbytes = store.get_max_phy_offset()
             results.append(_phase("produce", len(msgs), nbytes, produce_s, lat))
-            # consume every queue through its ConsumeQueue
             while store.dispatch_behind_bytes() > 0:
                 time.sleep(0.001)
+            # consume every queue through its ConsumeQueue
             lat = []
             got = 0
-            t0 = perf()
-            for t in range(args.topics):
-                topic = f"BenchTopic{t}"
-                for q in range(args.queues):
-                    offset = 0
-                    while True:
-                        t1 = perf()
-                        r = store.get_message("bench", topic, q, offset, 32)
-                        if not r.messages:
-                            break
-                        lat.append((perf() - t1) * 1e6 / len(r.messages))
-                        got += len(r.messages)
-                        offset = r.next_begin_offset
-            results.append(_phase("consume", got, nbytes, perf() - t0, lat))
+            with progress_bar(len(msgs), "consume", unit="msg") as bar:
+                t0 = perf()
+                for t in range(args.topics):
+                    topic = f"BenchTopic{t}"
+                    for q in range(args.queues):
+                        offset = 0
+                        while True:
+                            t1 = perf()
+                            r = store.get_message("bench", topic, q, offset, 32)
+                            if not r.messages:
+                                break
+                            lat.append((perf() - t1) * 1e6 / len(r.messages))
+                            got += len(r.messages)
+                            bar.update(len(r.messages))
+                            offset = r.next_begin_offset
+                consume_s = perf() - t0
+            results.append(_phase("consume", got, nbytes, consume_s, lat))
             if got != len(msgs):
                 raise RuntimeError(f"consumed {got} of {len(msgs)} messages")
+            # look up random keys through the IndexFile
+            rng = random.Random(1)
+            picks = [msgs[rng.randrange(len(msgs))] for _ in range(min(args.queries, len(msgs)))]
+            lat = []
+            with progress_bar(len(picks), "query", unit="key") as bar:
+                t0 = perf()
+                for m in picks:
+                    t1 = perf()
+                    r = store.query_message(m.topic, m.keys, 1)
+                    lat.append((perf() - t1) * 1e6)
+                    if not r.messages:
+                        raise RuntimeError(f"key {m.keys!r} not found")
+                    bar.update(1)
+                query_s = perf() - t0
+            results.append(_phase("query by key", len(picks), 0, query_s, lat))
         # reopen: recovery of what was just written
         t0 = perf()
         store = MessageStore(root, cfg, kernels=backend)
@@ -104,16 +155,17 @@ def run_bench(args):
             shutil.rmtree(root, ignore_errors=True)
     report = {"backend": backend.NAME, "messages": args.messages, "body_size": args.size,
               "topics": args.topics, "queues": args.queues, "batch": args.batch,
-              "flush": args.flush, "fdatasync_p50_us": round(fsync_us, 1), "phases": results}
+              "threads": args.threads, "flush": args.flush,
+              "fdatasync_p50_us": round(fsync_us, 1), "phases": results}
     if args.json:
         print(json.dumps(report, indent=2))
-    else:
-        print(f"rocketstore bench: backend={backend.NAME} messages={args.messages} "
-              f"size={args.size}B topics={args.topics} queues={args.queues} "
-              f"batch={args.batch} flush={args.flush}")
-        cols = ["phase", "msgs_per_s", "mb_per_s", "p50_us", "p99_us", "max_us"]
-        print("  ".join(f"{c:>12}" for c in cols))
-        for r in results:
-            print("  ".join(f"{r[c]:>12}" for c in cols))
-        print(f"fdatasync of 4 KiB on this disk (p50): {fsync_us:.1f} us")
+        return 0
+    print(f"rocketstore bench: backend={backend.NAME} messages={args.messages} "
+          f"size={args.size}B topics={args.topics} queues={args.queues} batch={args.batch} "
+          f"threads={args.threads} flush={args.flush}")
+    cols = ["phase", "msgs_per_s", "mb_per_s", "p50_us", "p99_us", "max_us"]
+    print("  ".join(f"{c:>12}" for c in cols))
+    for r in results:
+        print("  ".join(f"{r[c]:>12}" for c in cols))
+    print(f"fdatasync of 4 KiB on this disk (p50): {fsync_us:.1f} us")
     return 0

@@ -413,7 +413,10 @@ def build_parser():
     b.add_argument("--queues", type=int, default=4, help="queues per topic")
     b.add_argument("--batch", type=int, default=1,
                    help="messages per put_messages call (1: put_message)")
-    b.add_argument("--flush", choices=["async"], default="async", help="flush mode")
+    b.add_argument("--flush", choices=["async", "sync"], default="async",
+                   help="ASYNC_FLUSH or SYNC_FLUSH (group commit)")
+    b.add_argument("--threads", type=int, default=1, help="producer threads")
+    b.add_argument("--queries", type=int, default=10_000, help="random key lookups")
     b.add_argument("--file-size", type=int, default=64 << 20,
                    help="CommitLog file size in bytes")
     b.add_argument("--json", action="store_true", help="print the results as JSON")

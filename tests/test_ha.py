@@ -13,7 +13,6 @@ import time
 import pytest
 
 from rocketstore import MessageStore, testing
-from rocketstore.config import BrokerRole
 from rocketstore.ha import wire
 from rocketstore.message import Message
 from rocketstore.status import PutMessageStatus as P
