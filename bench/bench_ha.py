@@ -54,7 +54,7 @@ sock.sendall(b"ok")
 
 
 def _config(root, role, **kw):
-    base = dict(store_path_root_dir=str(root), broker_role=role, ha_listen_port=0,
+    base = dict(store_path_root_dir=str(root), broker_role=role, ha_listen_port=0, ha_listen=True,
                 mapped_file_size_commit_log=FILE, prefault_next_file=False)
     base.update(kw)
     return StoreConfig(**base)

@@ -177,6 +177,10 @@ class StoreConfig:
     store_host: tuple = ("127.0.0.1", 10911)
     # Interface the HA listener binds; a Java master binds every interface (spec 05).
     ha_bind_address: str = "127.0.0.1"
+    # Whether an ASYNC_MASTER opens its HA port. A broker always does; an embedded store
+    # should not open a TCP port unless asked (`rocketstore serve` asks). A SYNC_MASTER always
+    # listens: its puts wait for a slave.
+    ha_listen: bool = False
     # Create the next CommitLog file ahead of time and pre-fault it (AllocateMappedFileService).
     prefault_next_file: bool = True
     # Beyond RocketMQ (no Java key): keep a CommitLog file while a committed consumer offset

@@ -57,7 +57,7 @@ def _config(args):
         flush_disk_type=FlushDiskType.SYNC_FLUSH if args.flush == "sync"
         else FlushDiskType.ASYNC_FLUSH,
         mapped_file_size_commit_log=args.file_size, ha_listen_port=args.listen,
-        ha_bind_address=args.bind, ha_master_address=args.master)
+        ha_bind_address=args.bind, ha_master_address=args.master, ha_listen=True)
 
 
 def _status(store):

@@ -89,6 +89,8 @@ class HAService:
             self.client.start()
             return
         cfg = self.config
+        if self.role is BrokerRole.ASYNC_MASTER and not cfg.ha_listen:
+            return              # an embedded store opens no port unless asked (ha_listen)
         family = socket.AF_INET6 if ":" in cfg.ha_bind_address else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:

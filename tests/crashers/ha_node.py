@@ -29,6 +29,7 @@ def node_config(role, file_size=64 * 1024, master=None, heartbeat=200, housekeep
     """The config every HA test store uses (child and parent must agree on file size)."""
     return small_config(
         broker_role=BrokerRole[role], mapped_file_size_commit_log=file_size, ha_listen_port=0,
+        ha_listen=True,
         ha_master_address=master, ha_send_heartbeat_interval=heartbeat,
         ha_housekeeping_interval=housekeeping, slave_timeout=slave_timeout,
         ha_transfer_batch_size=batch,
