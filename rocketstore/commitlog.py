@@ -110,6 +110,20 @@ class CommitLog:
             self._tls.buf = buf
         return buf
 
+    def _check_batch(self, msgs, batch_properties):
+        """DefaultMessageStore#checkMessages and the batch encoder's rules (spec 01 §5)."""
+        if {(m.topic, m.queue_id) for m in msgs}.__len__() > 1:
+            raise MessageIllegalError("a broker batch holds one topic and queue")
+        if any(m.sys_flag & F.TRANSACTION_TYPE_MASK for m in msgs):
+            raise MessageIllegalError("a batch cannot hold transaction messages")
+        level = batch_properties.get(PROPERTY_DELAY)
+        if level and level.strip() not in ("", "0"):
+            raise MessageIllegalError("a batch cannot be delayed")
+        if sum(len(m.body or b"") for m in msgs) > self._max_body:
+            raise MessageIllegalError(
+                f"the batch's bodies exceed max_message_size ({self._max_body})")
+        return properties_to_string(batch_properties)
+
     def _grow(self, buf, need):
         """A larger thread-local scratch holding the bytes of `buf` encoded so far."""
         new = bytearray(max(need, 2 * len(buf)))
@@ -136,7 +150,7 @@ class CommitLog:
         props[PROPERTY_REAL_QID] = str(queue_id)
         return F.SCHEDULE_TOPIC, level - 1, props
 
-    def encode(self, msg, out, pos):
+    def encode(self, msg, out, pos, batch_props=None):
         """Validate `msg` and encode its record at out[pos:] with queue offset, physical offset
         and store time left 0 (patched under the lock). Raises MessageIllegalError."""
         topic = msg.topic
@@ -158,12 +172,20 @@ class CommitLog:
         sys_flag = msg.sys_flag & ~(F.BORNHOST_V6_FLAG | F.STOREHOSTADDRESS_V6_FLAG)
         tx = sys_flag & F.TRANSACTION_TYPE_MASK
         props = msg.properties
-        if PROPERTY_DELAY in props and tx in (F.TRANSACTION_NOT_TYPE, F.TRANSACTION_COMMIT_TYPE):
+        if batch_props is not None:
+            # A broker batch (MessageExtBatch, spec 01 §5): no delay rewrite, and 4.9.x appends
+            # the batch's own properties string to each item's, 0x02 between when both exist.
+            item = properties_to_string(props) if props else ""
+            joined = item + "\x02" + batch_props if item and batch_props else item or batch_props
+            props_b = joined.encode("utf-8")
+        elif PROPERTY_DELAY in props and tx in (F.TRANSACTION_NOT_TYPE,
+                                                F.TRANSACTION_COMMIT_TYPE):
             new_topic, queue_id, props = self._delay_rewrite(msg, topic, queue_id, props)
             if new_topic is not topic:
                 topic_b = self._topic_bytes(new_topic)
                 topic = new_topic
-        props_b = properties_to_string(props).encode("utf-8") if props else b""
+        if batch_props is None:
+            props_b = properties_to_string(props).encode("utf-8") if props else b""
         if len(props_b) > F.MAX_PROPERTIES_LENGTH:
             raise MessageIllegalError(
                 f"properties are {len(props_b)} bytes; at most {F.MAX_PROPERTIES_LENGTH}",
@@ -258,20 +280,27 @@ class CommitLog:
             status = self.after_put(phy + size, msg)
         return PutMessageResult(status, phy, qoff, ts, size, e.store_raw)
 
-    def put_messages(self, msgs, clock):
+    def put_messages(self, msgs, clock, batch_properties=None):
         """Encode every message outside the lock, then append them under one lock, in as few
-        kernel calls as files touched. All are validated before anything is written."""
+        kernel calls as files touched. All are validated before anything is written.
+
+        With `batch_properties` (a dict) the list is one broker batch (MessageExtBatch): one
+        topic and queue, no transaction or delay, bodies within max_message_size together,
+        and the batch's properties appended to every item's, byte for byte as 4.9.x does."""
         n = len(msgs)
+        batch_props = None
+        if batch_properties is not None:
+            batch_props = self._check_batch(msgs, batch_properties)
         buf = self._scratch(1 << 16)
         encoded = []
         pos = 0
         encode = self.encode
         for m in msgs:
             try:
-                e = encode(m, buf, pos)
+                e = encode(m, buf, pos, batch_props)
             except KernelBoundsError:
                 buf = self._grow(buf, pos + self._record_bound(m))
-                e = encode(m, buf, pos)
+                e = encode(m, buf, pos, batch_props)
             pos += e.size
             encoded.append(e)
         total = pos

@@ -369,8 +369,10 @@ class MessageStore:
                                     reason=self._not_writeable_reason())
         return self.commitlog.put_message(msg, self.clock)
 
-    def put_messages(self, msgs):
-        """Store a list of messages of any topics and queues under one lock acquisition."""
+    def put_messages(self, msgs, batch_properties=None):
+        """Store a list of messages of any topics and queues under one lock acquisition.
+        `batch_properties` makes it a broker batch (one topic and queue; see
+        CommitLog.put_messages), so a broker's MessageBatch replays byte for byte."""
         self._check_running()
         if self.is_slave or self.running_flags.flag_bits & NOT_WRITEABLE_MASK:
             import numpy as np
@@ -378,7 +380,7 @@ class MessageStore:
             return PutMessagesResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, 0, empty, empty,
                                      empty, 0, 0, reason=_SLAVE_REASON if self.is_slave
                                      else self._not_writeable_reason())
-        return self.commitlog.put_messages(list(msgs), self.clock)
+        return self.commitlog.put_messages(list(msgs), self.clock, batch_properties)
 
     def _not_writeable_reason(self):
         flags = self.running_flags

@@ -256,3 +256,26 @@ def test_wrong_file_size_config_refuses_to_load_and_touches_nothing(tmp_path, ba
         assert s.look_message_by_offset(0).body == b"w"
     finally:
         s.shutdown()
+
+
+def test_broker_batch_appends_its_properties_to_every_item(store):
+    items = [Message("Batch", b"a", keys="k1", queue_id=1),
+             Message("Batch", b"b", queue_id=1)]
+    rs = store.put_messages(items, batch_properties={"WAIT": "true", "TAGS": "T"})
+    first = store.look_message_by_offset(int(rs.commit_log_offsets[0]))
+    second = store.look_message_by_offset(int(rs.commit_log_offsets[1]))
+    batch = properties_to_string({"WAIT": "true", "TAGS": "T"})
+    assert first.properties_string == "KEYS\x01k1\x02" + batch
+    assert second.properties_string == batch
+    assert first.store_timestamp == second.store_timestamp
+
+
+@pytest.mark.parametrize("items, props", [
+    ([Message("A", b""), Message("B", b"")], {}),
+    ([Message("A", b"", sys_flag=F.TRANSACTION_PREPARED_TYPE)], {}),
+    ([Message("A", b"")], {"DELAY": "2"}),
+])
+def test_a_broker_batch_breaking_its_rules_is_refused(store, items, props):
+    with pytest.raises(MessageIllegalError):
+        store.put_messages(items, batch_properties=props)
+    assert store.get_max_phy_offset() == 0
