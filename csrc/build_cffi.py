@@ -106,13 +106,23 @@ def _rel(path):
         return path
 
 
+def sanitize_args():
+    """ROCKETSTORE_SANITIZE=address,undefined: the sanitizer flags, for compile and link alike
+    (kept equal to setup.py's _sanitize_args). The last -O wins, so -O1 overrides -O3."""
+    sanitize = os.environ.get("ROCKETSTORE_SANITIZE", "").strip()
+    if not sanitize or os.name == "nt":
+        return []
+    return [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer", "-g", "-O1"]
+
+
 def compile_args():
-    """The C flags shared with setup.py: -O3 (or -O0 -g with asserts for ROCKETSTORE_DEBUG=1)."""
+    """The C flags shared with setup.py: -O3 (or -O0 -g with asserts for ROCKETSTORE_DEBUG=1),
+    plus the sanitizer flags of ROCKETSTORE_SANITIZE."""
     if os.name == "nt":
         return ["/O2"]
     if os.environ.get("ROCKETSTORE_DEBUG", "0") == "1":
-        return ["-O0", "-g", "-std=c99", "-Wall", "-Wextra", "-UNDEBUG"]
-    return ["-O3", "-std=c99", "-Wall", "-Wextra"]
+        return ["-O0", "-g", "-std=c99", "-Wall", "-Wextra", "-UNDEBUG"] + sanitize_args()
+    return ["-O3", "-std=c99", "-Wall", "-Wextra"] + sanitize_args()
 
 
 ffibuilder = FFI()
@@ -123,6 +133,7 @@ ffibuilder.set_source(
     sources=[_rel(os.path.join(HERE, s)) for s in SOURCES],
     include_dirs=[_rel(HERE)],
     extra_compile_args=compile_args(),
+    extra_link_args=sanitize_args(),
 )
 
 if __name__ == "__main__":

@@ -206,13 +206,60 @@ def _check_consume_queues(store, report, good, progress):
 
 
 def _check_index(store, report, good):
-    """Every entry of every index file must point at a valid record carrying that key."""
-    service = getattr(store, "index_service", None)
-    if service is None or not hasattr(service, "verify"):
+    """Every entry of every IndexFile: it points at a valid record that carries its key
+    (topic#UNIQ_KEY or topic#each KEYS piece), its chain link points back inside the file,
+    and the header agrees with the entries and slots."""
+    service = getattr(store, "_indexer", None)
+    if service is None:
         return
-    entries, problems = service.verify(good.size_at)
-    report.index_entries += entries
-    report.problems.extend(problems)
+    from .index_service import index_keys
+    k = store.kernels
+    for f in list(service.index_file_list):
+        rel = _rel(store, f.path)
+        header, slots, entries = f.arrays()
+        try:
+            count = int(header["index_count"][0])
+            if not 1 <= count <= f.index_num:
+                report.problems.append(Problem("index", rel, 36,
+                                               f"indexCount {count} outside 1..{f.index_num}"))
+                continue
+            used = entries[1:count]
+            report.index_entries += len(used)
+            base = F.INDEX_HEADER_SIZE + f.slot_num * F.INDEX_SLOT_SIZE
+            if int(np.count_nonzero(slots)) != int(header["hash_slot_count"][0]):
+                report.problems.append(Problem(
+                    "index", rel, 32, f"hashSlotCount {int(header['hash_slot_count'][0])} but "
+                    f"{int(np.count_nonzero(slots))} slots are in use"))
+            for bad in np.flatnonzero((slots < 0) | (slots >= count)):
+                report.problems.append(Problem(
+                    "index", rel, F.INDEX_HEADER_SIZE + int(bad) * F.INDEX_SLOT_SIZE,
+                    f"slot {int(bad)} points at entry {int(slots[bad])} of {count}"))
+            numbers = np.arange(1, count)
+            prev = used["prev_index"].astype(np.int64)
+            for j in np.flatnonzero((prev < 0) | (prev >= numbers)):
+                report.problems.append(Problem(
+                    "index", rel, base + int(numbers[j]) * F.INDEX_ENTRY_SIZE,
+                    f"entry {int(numbers[j])} links to {int(prev[j])}, not an earlier entry"))
+            offsets = used["phy_offset"].astype(np.int64)
+            found = good.size_at(offsets)
+            hashes = used["key_hash"].tolist()
+            for j, (off, size) in enumerate(zip(offsets.tolist(), found.tolist())):
+                where = base + (j + 1) * F.INDEX_ENTRY_SIZE
+                if size < 0:
+                    report.problems.append(Problem(
+                        "index", rel, where, f"entry {j + 1} points at {off}, where no valid "
+                        "record starts"))
+                    continue
+                m = MessageExt.decode(store.commitlog.get_data(off, size))
+                topic = m.topic.encode()
+                keys = {k.index_hash(topic + b"#" + key)
+                        for key in index_keys(m.properties_string.encode())}
+                if hashes[j] not in keys:
+                    report.problems.append(Problem(
+                        "index", rel, where, f"entry {j + 1}: no key of the record at {off} "
+                        f"hashes to {hashes[j]}"))
+        finally:
+            del header, slots, entries        # the views pin the mapping
 
 
 def _check_checkpoint(store, report, good):

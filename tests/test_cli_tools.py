@@ -54,6 +54,18 @@ def test_verify_finds_each_planted_fault(broker_store):
     assert len(report["problems"]) <= 5          # one flipped byte is one problem, not a file
 
 
+def test_verify_checks_every_index_entry(broker_store):
+    out = rocketstore("verify", str(broker_store), "--json")
+    assert json.loads(out.stdout)["indexEntries"] == 2637
+    name = sorted(os.listdir(broker_store / "index"))[2]
+    with open(broker_store / "index" / name, "r+b") as f:
+        f.seek(40 + 64 * 4 + 20 * 7 + 4)               # entry 7's physical offset
+        f.write((999999).to_bytes(8, "big"))
+    report = json.loads(rocketstore("verify", str(broker_store), "--json").stdout)
+    assert [(p["kind"], p["file"], p["offset"]) for p in report["problems"]] == \
+        [("index", f"index/{name}", 40 + 64 * 4 + 20 * 7)]
+
+
 def test_recover_dry_run_changes_nothing_and_recover_truncates(broker_store):
     flip(broker_store / "commitlog" / "00000000000000327680", 200)
     before = tree_digest(broker_store)
