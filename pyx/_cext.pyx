@@ -381,10 +381,11 @@ def index_lookup(buf, int32_t slot_num, int32_t index_num, int32_t key_hash, int
     memset(&b, 0, sizeof(b))
     _ro(buf, &b)
     try:
-        with nogil:
-            r = rs_index_lookup(<const uint8_t *>b.buf, <size_t>b.len, slot_num, index_num,
-                                key_hash, begin, end, &out[0] if out.shape[0] else NULL, cap,
-                                &count)
+        # Keeps the GIL: a chain is a few hops (slots outnumber keys per file), and giving the
+        # GIL up for a microsecond lets any other thread hold it for a whole switch interval.
+        r = rs_index_lookup(<const uint8_t *>b.buf, <size_t>b.len, slot_num, index_num,
+                            key_hash, begin, end, &out[0] if out.shape[0] else NULL, cap,
+                            &count)
     finally:
         PyBuffer_Release(&b)
     _check(r, "index_lookup")

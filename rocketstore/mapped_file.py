@@ -22,7 +22,7 @@ class MappedFile:
     __slots__ = ("path", "file_name", "file_from_offset", "file_size", "mm", "wrote_position",
                  "committed_position", "flushed_position", "store_timestamp",
                  "first_create_in_queue", "writable", "wbuf", "_pool", "_k", "_fs", "_refs",
-                 "_available", "_cond", "_first_shutdown_ms")
+                 "_available", "_lock", "_cond", "_first_shutdown_ms")
 
     def __init__(self, path, file_size, kernels, fs, writable=True, create=True, pool=None,
                  preallocate=False):
@@ -54,7 +54,10 @@ class MappedFile:
         self.wbuf = pool.borrow() if pool is not None else None
         self._refs = 0                    # views lent out between hold() and release()
         self._available = True
-        self._cond = threading.Condition()
+        # hold()/release() run per read: a bare Lock's C-level `with` is far cheaper than a
+        # Condition's; the Condition (on the same lock) only serves close() waiting.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._first_shutdown_ms = 0
 
     # ---- positions -------------------------------------------------------------------
@@ -149,17 +152,17 @@ class MappedFile:
     # ---- reference counting (ReferenceResource) ---------------------------------------
     def hold(self):
         """Borrow the mapping; False once the file is being destroyed."""
-        with self._cond:
+        with self._lock:
             if not self._available:
                 return False
             self._refs += 1
             return True
 
     def release(self):
-        with self._cond:
+        with self._lock:
             self._refs -= 1
-            if self._refs <= 0:
-                self._cond.notify_all()
+            if self._refs <= 0 and not self._available:
+                self._cond.notify_all()         # a close() is waiting for the last borrower
 
     def slice(self, pos, size):
         """A copy of `size` bytes at `pos`, or None past the read position."""

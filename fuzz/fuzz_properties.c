@@ -1,0 +1,63 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * fuzz_properties - the PROPERTIES string parser (MessageDecoder#string2messageProperties as
+ * rs_msg_check's tagsCode uses it) and the topic bytes, wrapped in an otherwise valid record so
+ * every input reaches the parser.  Input: 1 control byte (v2, topic length), then topic +
+ * properties bytes.  Invariants: the record is accepted, HAS_TAGS agrees with a direct search
+ * for a well-formed TAGS segment, and tags_code is 0 without one.
+ */
+#include "fuzz_common.h"
+#include "rs_crc32.h"
+#include "rs_msg.h"
+
+/* Independent statement of the rule: some \x02-separated segment is "TAGS\x01<1+ bytes>". */
+static int has_tags(const uint8_t *p, size_t n)
+{
+    size_t a = 0, b;
+    for (;;) {
+        for (b = a; b < n && p[b] != 0x02; b++)
+            ;
+        if (b - a >= 6 && memcmp(p + a, "TAGS\x01", 5) == 0)
+            return 1;
+        if (b >= n)
+            return 0;
+        a = b + 1;
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static const uint8_t host[8] = {127, 0, 0, 1, 0, 0, 0x27, 0x10};
+    uint8_t ctl = (uint8_t)rs_fuzz_take(&data, &size, 1);
+    int v2 = ctl & 1;
+    size_t topic_len = (size_t)(ctl >> 1) % 32, props_len;
+    int64_t tags_code = 0;
+    uint8_t *props, *rec;
+    rs_scan_rec row;
+    int32_t rec_size;
+    int n, r;
+
+    if (topic_len > size)
+        topic_len = size;
+    props_len = size - topic_len;
+    if (props_len > RS_MAX_PROPERTIES_LENGTH)
+        props_len = RS_MAX_PROPERTIES_LENGTH;
+    n = rs_msg_size(0, 3, (int64_t)topic_len, (int64_t)props_len, v2);
+    RS_FUZZ_CHECK(n > 0);
+    rec = malloc((size_t)n);
+    props = rs_fuzz_dup(data + topic_len, props_len);
+    if (!rec)
+        abort();
+    r = rs_msg_encode(rec, (size_t)n, 0, data, topic_len, (const uint8_t *)"abc", 3, props,
+                      props_len, 1, 0, 7, 0, 0, 1, host, 8, 2, host, 8, 0, 0, v2);
+    RS_FUZZ_CHECK(r == n);
+    r = rs_msg_check(rec, (size_t)n, 0, 1, &row, &rec_size);
+    RS_FUZZ_CHECK(r == RS_OK && rec_size == n);
+    RS_FUZZ_CHECK(!!(row.info & RS_SCAN_INFO_HAS_TAGS) == has_tags(props, props_len));
+    if (!(row.info & RS_SCAN_INFO_HAS_TAGS))
+        RS_FUZZ_CHECK(row.tags_code == 0);
+    (void)tags_code;
+    free(props);
+    free(rec);
+    return 0;
+}
