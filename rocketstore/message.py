@@ -169,7 +169,20 @@ def decode_msg_id(msg_id):
 
 
 # ---- value types ----------------------------------------------------------------------------
-class Message:
+class _Keyed:
+    """TAGS and KEYS, read from a `properties` mapping."""
+    __slots__ = ()
+
+    @property
+    def tags(self):
+        return self.properties.get(PROPERTY_TAGS)
+
+    @property
+    def keys(self):
+        return self.properties.get(PROPERTY_KEYS)
+
+
+class Message(_Keyed):
     """A message to put: what a broker's MessageExtBrokerInner carries before the store.
 
     Properties are put into the broker's HashMap in this order: TAGS, KEYS, then `properties`
@@ -203,14 +216,6 @@ class Message:
         self.prepared_transaction_offset = prepared_transaction_offset
 
     @property
-    def tags(self):
-        return self.properties.get(PROPERTY_TAGS)
-
-    @property
-    def keys(self):
-        return self.properties.get(PROPERTY_KEYS)
-
-    @property
     def delay_time_level(self):
         v = self.properties.get(PROPERTY_DELAY)
         try:
@@ -229,7 +234,7 @@ _HEAD = struct.Struct(">iiiiiqqiq")
 _MAGICS = (F.MESSAGE_MAGIC_CODE, F.MESSAGE_MAGIC_CODE_V2)
 
 
-class MessageExt:
+class MessageExt(_Keyed):
     """A stored record, decoded (MessageExt). Header fields, body and topic are decoded at once;
     the properties map, tags, keys and msgId on first use."""
 
@@ -297,14 +302,6 @@ class MessageExt:
         if self._props is None:
             self._props = string_to_properties(self.properties_string)
         return self._props
-
-    @property
-    def tags(self):
-        return self.properties.get(PROPERTY_TAGS)
-
-    @property
-    def keys(self):
-        return self.properties.get(PROPERTY_KEYS)
 
     @property
     def born_host(self):

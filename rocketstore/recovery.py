@@ -107,16 +107,21 @@ def _truncate(store, process_offset, max_phy_of_cq, report):
             cq.truncate_dirty_logic_files(process_offset)
 
 
+def _recover_empty(store):
+    """No CommitLog at all: nothing the ConsumeQueues point at exists, so they go too."""
+    store.commitlog.mfq.flushed_where = store.commitlog.mfq.committed_where = 0
+    if store.writable:
+        for cq in store.all_consume_queues():
+            cq.destroy()
+    return 0
+
+
 def recover_normally(store, max_phy_of_cq, report):
     """recoverNormally (4.9.x): scan the last three files; truncate after the last good one."""
     commitlog = store.commitlog
     files = commitlog.mfq.files
     if not files:
-        commitlog.mfq.flushed_where = commitlog.mfq.committed_where = 0
-        if store.writable:
-            for cq in store.all_consume_queues():
-                cq.destroy()
-        return 0
+        return _recover_empty(store)
     # 4.9.x scans the last three files. After a clean shutdown every record was dispatched,
     # so the file holding the ConsumeQueues' end is enough (5.3.x starts there): a restart
     # then costs at most one file's scan whatever the store's size.
@@ -154,11 +159,7 @@ def recover_abnormally(store, max_phy_of_cq, report):
     commitlog = store.commitlog
     files = commitlog.mfq.files
     if not files:
-        commitlog.mfq.flushed_where = commitlog.mfq.committed_where = 0
-        if store.writable:
-            for cq in store.all_consume_queues():
-                cq.destroy()
-        return 0
+        return _recover_empty(store)
     start = 0
     for i in range(len(files) - 1, -1, -1):
         if _matched_for_abnormal(files[i], store.checkpoint, store.config):
