@@ -35,7 +35,8 @@ Stores and their durability settings; every peer commits once per 1000 messages:
 Peers store each message as one record (born timestamp, queue id, topic, keys, tags, body) and
 decode it back to a tuple; rocketstore stores RocketMQ's CommitLog record and decodes a
 MessageExt. Ratios against LMDB (>1: faster than LMDB) go into extra_info and, at the end, a
-table on the terminal. LMDB runs first so every later variant can be compared with it.
+table on the terminal; scripts/bench-table turns --benchmark-json output into README's tables.
+LMDB runs first so every later variant can be compared with it.
 """
 import dataclasses
 import os
@@ -398,7 +399,7 @@ def _ratio_items(op, name, mean, means):
 
 
 def _report(config, means):
-    """A table of speed ratios against LMDB, printed after the benchmark tables."""
+    """A table of speed ratios against LMDB, printed at module teardown (above the tables)."""
     tr = config.pluginmanager.getplugin("terminalreporter")
     capman = config.pluginmanager.getplugin("capturemanager")
     if tr is None or not means:

@@ -11,10 +11,11 @@ def rocketstore(*args, check=True):
 
 
 def test_bench_runs_on_a_temp_store_and_reports_every_phase():
-    out = rocketstore("bench", "--messages", "3000", "--json")
+    out = rocketstore("bench", "--messages", "3000", "--queries", "3000", "--json")
     report = json.loads(out.stdout)
-    assert [p["phase"] for p in report["phases"]] == ["produce", "consume", "reopen"]
-    assert all(p["messages"] == 3000 for p in report["phases"])
+    assert [p["phase"] for p in report["phases"]] == ["produce", "consume", "query by key",
+                                                      "reopen"]
+    assert [p["messages"] for p in report["phases"]] == [3000, 3000, 3000, 3000]
     assert report["phases"][0]["msgs_per_s"] > 0
 
 
