@@ -81,6 +81,9 @@ int rs_index_put(uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
 int rs_index_put_batch(uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
                        const int32_t *key_hashes, const int64_t *phy_offsets,
                        const int64_t *store_timestamps, size_t n, int64_t *count);
+int rs_index_keys(const uint8_t *buf, size_t len, const rs_scan_rec *rows, size_t nrows,
+                  int32_t *out_hashes, int32_t *out_rows, size_t cap, size_t *count,
+                  size_t *rows_done);
 int rs_index_lookup(const uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
                     int32_t key_hash, int64_t begin, int64_t end,
                     int64_t *out, int64_t cap, int64_t *count);

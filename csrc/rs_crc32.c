@@ -322,7 +322,13 @@ uint32_t rs_crc32(uint32_t crc, const uint8_t *buf, size_t len)
 
 int rs_java_hash(const uint8_t *buf, size_t len, int32_t *hash)
 {
-    uint32_t h = 0;    /* unsigned: Java's int overflow wraps, C's signed overflow is undefined */
+    *hash = (int32_t)rs_java_hash_continue(0, buf, len);
+    return RS_OK;
+}
+
+uint32_t rs_java_hash_continue(uint32_t h, const uint8_t *buf, size_t len)
+{
+    /* h is unsigned: Java's int overflow wraps, C's signed overflow is undefined */
     size_t i = 0;
 
     while (i < len) {
@@ -381,6 +387,5 @@ int rs_java_hash(const uint8_t *buf, size_t len, int32_t *hash)
             h = 31 * h + cp;
         }
     }
-    *hash = (int32_t)h;
-    return RS_OK;
+    return h;
 }

@@ -34,4 +34,11 @@ uint32_t rs_crc32(uint32_t crc, const uint8_t *buf, size_t len);
  */
 int rs_java_hash(const uint8_t *buf, size_t len, int32_t *hash);
 
+/*
+ * rs_java_hash_continue - the hash of (text already hashed to h) + buf[0, len): String.hashCode
+ * is a polynomial, so "topic#" can be hashed once and each key appended.  Exact only when the
+ * first part ends on a character boundary (it ends in ASCII '#' where this is used).
+ */
+uint32_t rs_java_hash_continue(uint32_t h, const uint8_t *buf, size_t len);
+
 #endif /* RS_CRC32_H */

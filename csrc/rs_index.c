@@ -2,6 +2,8 @@
 /*
  * rs_index.c - IndexFile put and chain walk (spec 02 §2.3, §2.6).
  */
+#include <string.h>
+
 #include "rs_index.h"
 #include "rs_crc32.h"
 
@@ -12,6 +14,94 @@ int rs_index_hash(const uint8_t *buf, size_t len, int32_t *hash)
     rs_java_hash(buf, len, &h);
     /* Math.abs(Integer.MIN_VALUE) is still negative in Java; indexKeyHashMethod then uses 0. */
     *hash = h == INT32_MIN ? 0 : (h < 0 ? -h : h);
+    return RS_OK;
+}
+
+/* The last valid `name` segment's value in a properties string (see rs_tags_code in rs_msg.c:
+ * a segment counts when its first 0x01 is neither its first nor its last byte). */
+static const uint8_t *rs_prop_value(const uint8_t *props, size_t len, const char *name,
+                                    size_t name_len, size_t *value_len)
+{
+    const uint8_t *value = NULL;
+    size_t a = 0;
+
+    while (a <= len) {
+        const uint8_t *seg = props + a;
+        const uint8_t *sep = memchr(seg, RS_PROPERTY_SEPARATOR, len - a);
+        size_t seg_len = sep ? (size_t)(sep - seg) : len - a;
+        const uint8_t *kv = seg_len ? memchr(seg, RS_NAME_VALUE_SEPARATOR, seg_len) : NULL;
+
+        if (kv && kv != seg && kv != seg + seg_len - 1 && (size_t)(kv - seg) == name_len &&
+            memcmp(seg, name, name_len) == 0) {
+            value = kv + 1;
+            *value_len = seg_len - name_len - 1;
+        }
+        if (!sep)
+            break;
+        a += seg_len + 1;
+    }
+    return value;
+}
+
+static inline int32_t rs_index_abs(uint32_t h)
+{
+    int32_t s = (int32_t)h;
+    return s == INT32_MIN ? 0 : (s < 0 ? -s : s);
+}
+
+int rs_index_keys(const uint8_t *buf, size_t len, const rs_scan_rec *rows, size_t nrows,
+                  int32_t *out_hashes, int32_t *out_rows, size_t cap, size_t *count,
+                  size_t *rows_done)
+{
+    size_t i, n = 0;
+
+    *count = 0;
+    *rows_done = 0;
+    for (i = 0; i < nrows; i++) {
+        const rs_scan_rec *r = &rows[i];
+        const uint8_t *props, *topic, *uniq, *keys;
+        size_t uniq_len = 0, keys_len = 0, need = 0, a;
+        uint32_t prefix;
+        int64_t t0 = r->pos + r->topic_off, p0 = r->pos + r->props_off;
+
+        if ((r->sys_flag & RS_TRANSACTION_TYPE_MASK) == RS_TRANSACTION_ROLLBACK_TYPE)
+            continue;
+        if (r->pos < 0 || r->topic_off < 0 || r->topic_len < 0 || r->props_off < 0 ||
+            r->props_len < 0 || (uint64_t)(t0 + r->topic_len) > (uint64_t)len ||
+            (uint64_t)(p0 + r->props_len) > (uint64_t)len)
+            return RS_E_BOUNDS;
+        topic = buf + t0;
+        props = buf + p0;
+        uniq = rs_prop_value(props, (size_t)r->props_len, "UNIQ_KEY", 8, &uniq_len);
+        keys = rs_prop_value(props, (size_t)r->props_len, "KEYS", 4, &keys_len);
+        if (uniq)
+            need++;
+        for (a = 0; keys && a < keys_len; a++)      /* pieces: runs of non-space bytes */
+            if (keys[a] != ' ' && (a == 0 || keys[a - 1] == ' '))
+                need++;
+        if (need == 0)
+            continue;
+        if (n + need > cap)
+            break;
+        prefix = rs_java_hash_continue(0, topic, (size_t)r->topic_len);
+        prefix = 31 * prefix + '#';
+        if (uniq) {
+            out_hashes[n] = rs_index_abs(rs_java_hash_continue(prefix, uniq, uniq_len));
+            out_rows[n++] = (int32_t)i;
+        }
+        for (a = 0; keys && a < keys_len;) {
+            size_t b = a;
+            while (b < keys_len && keys[b] != ' ')
+                b++;
+            if (b > a) {
+                out_hashes[n] = rs_index_abs(rs_java_hash_continue(prefix, keys + a, b - a));
+                out_rows[n++] = (int32_t)i;
+            }
+            a = b + 1;
+        }
+    }
+    *count = n;
+    *rows_done = i;
     return RS_OK;
 }
 

@@ -24,6 +24,22 @@
 int rs_index_hash(const uint8_t *buf, size_t len, int32_t *hash);
 
 /*
+ * rs_index_keys - the keys IndexService#buildIndex puts for scanned records: for each row i of
+ * rows[0, nrows) (commitlog_scan output over buf) that is not a ROLLBACK record, the index hash
+ * of topic#UNIQ_KEY (if the properties hold a non-empty UNIQ_KEY) and then of topic#piece for
+ * each non-empty piece of KEYS split on single spaces; the last valid segment of a name wins,
+ * as string2messageProperties reads them.  out_hashes[k] / out_rows[k] receive the hash and
+ * its row.  A row's keys are written all or none: when the next row's would pass cap, stop.
+ * Returns RS_OK with *count keys and *rows_done rows consumed (< nrows: call again with more
+ * room), or RS_E_BOUNDS if a row's topic or properties lie outside buf.
+ * GIL: grows with nrows; wrappers release it.
+ * Java: IndexService#buildIndex + buildKey over DispatchRequest keys/uniqKey.
+ */
+int rs_index_keys(const uint8_t *buf, size_t len, const rs_scan_rec *rows, size_t nrows,
+                  int32_t *out_hashes, int32_t *out_rows, size_t cap, size_t *count,
+                  size_t *rows_done);
+
+/*
  * rs_index_put - IndexFile#putKey: append one entry for key_hash (>= 0, else RS_E_ARG),
  * link it at the head of its slot's chain and update the header (first-entry begin fields,
  * hashSlotCount, indexCount, end fields).  timeDiff is in seconds from the header's

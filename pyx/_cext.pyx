@@ -28,7 +28,7 @@ NAME = "cext"
 __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_append",
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
            "cq_encode_batch", "cq_search", "index_hash", "index_put", "index_put_batch",
-           "index_lookup", "sync_range")
+           "index_keys", "index_lookup", "sync_range")
 
 # GIL release thresholds.  Releasing and re-taking an uncontended GIL costs ~50-100 ns: it pays
 # once the kernel runs for microseconds.  CRC-32 runs at >10 GB/s here, so 4 KiB of CRC is
@@ -365,6 +365,36 @@ def index_put_batch(buf, int32_t slot_num, int32_t index_num, key_hashes, phy_of
         PyBuffer_Release(&b)
     _check(r, "index_put_batch")
     return count
+
+
+def index_keys(buf, rows, out_hashes, out_rows):
+    """Index key hashes of scanned records (IndexService#buildIndex): for each SCAN_DTYPE row
+    of `rows`, topic#UNIQ_KEY then topic#each KEYS piece, skipping ROLLBACK records, into
+    out_hashes / out_rows (int32).  Returns (keys written, rows consumed)."""
+    cdef Py_buffer b, rv
+    cdef int32_t[::1] oh = out_hashes
+    cdef int32_t[::1] orow = out_rows
+    cdef size_t count = 0, done = 0
+    cdef size_t cap = min(oh.shape[0], orow.shape[0])
+    cdef int r
+    dtype = getattr(rows, "dtype", None)
+    if dtype is not None and dtype != _SCAN_DTYPE:
+        _raise_for_status(RS_E_ARG, "index_keys: rows must be a SCAN_DTYPE array")
+    memset(&b, 0, sizeof(b))
+    memset(&rv, 0, sizeof(rv))
+    try:
+        _ro(buf, &b)
+        _ro(rows, &rv)
+        with nogil:
+            r = rs_index_keys(<const uint8_t *>b.buf, <size_t>b.len,
+                              <const rs_scan_rec *>rv.buf, <size_t>(rv.len // SCAN_REC_SIZE),
+                              &oh[0] if cap else NULL, &orow[0] if cap else NULL, cap,
+                              &count, &done)
+    finally:
+        PyBuffer_Release(&b)
+        PyBuffer_Release(&rv)
+    _check(r, "index_keys")
+    return count, done
 
 
 def index_lookup(buf, int32_t slot_num, int32_t index_num, int32_t key_hash, int64_t begin,

@@ -99,7 +99,10 @@ def bean(**members):
 
 # A string (skipped whole, so digits inside strings are never touched) or an unquoted
 # integer object key after `{` or `,`.
-_BARE_KEY = re.compile(r'"(?:[^"\\]|\\.)*"|([{,]\s*)(-?\d+)(\s*:)', re.S)
+# An unterminated string also matches, up to the end of the text: without that, each `"` of a
+# hostile file like `"\"\"\"…` rescans to the end and the substitution goes quadratic (a 100 KB
+# file took minutes); json.loads still rejects the unterminated string afterwards.
+_BARE_KEY = re.compile(r'"(?:[^"\\]|\\.)*(?:"|\\?\Z)|([{,]\s*)(-?\d+)(\s*:)', re.S)
 
 
 def _quote_key(m):
@@ -110,7 +113,21 @@ def _quote_key(m):
 
 def parse_fastjson(text):
     """Parse fastjson's dialect (unquoted integer keys) or strict JSON. Raises ValueError."""
-    return json.loads(_BARE_KEY.sub(_quote_key, text))
+    try:
+        return json.loads(_BARE_KEY.sub(_quote_key, text))
+    except RecursionError:
+        # json's C decoder recurses per nesting level; a hostile file nested a million deep
+        # must read as corrupt (-> .bak), not escape load() as a RecursionError.
+        raise ValueError("JSON nested too deeply") from None
+
+
+def _int(value):
+    """int(value), with fastjson's number forms; OverflowError (1e400 -> inf) becomes the
+    ValueError every decode() is allowed to raise."""
+    try:
+        return int(value)
+    except OverflowError as exc:
+        raise ValueError(f"not an int: {value!r}") from exc
 
 
 def _int_map(obj, what):
@@ -118,7 +135,7 @@ def _int_map(obj, what):
         return {}
     if not isinstance(obj, dict):
         raise ValueError(f"{what} is not an object")
-    return {int(k): int(v) for k, v in obj.items()}
+    return {int(k): _int(v) for k, v in obj.items()}
 
 
 def _object(obj, what):
@@ -162,7 +179,7 @@ class _JsonBean:
 def _coerce(f, value):
     kind = f.type
     if kind in ("int", int):
-        return int(value)
+        return _int(value)
     if kind in ("bool", bool):
         return value if isinstance(value, bool) else str(value).lower() == "true"
     if kind in ("str", str):
@@ -248,9 +265,12 @@ class ConfigManager:
     # -- load (spec 04 §4.2) --
     def _read(self, path):
         try:
-            return self._fs.read_bytes(path).decode("utf-8")
+            data = self._fs.read_bytes(path)
         except FileNotFoundError:
             return None
+        # Invalid UTF-8 decodes to U+FFFD as MixAll#file2String's new String(bytes) does; a
+        # strict decode raised UnicodeDecodeError out of load() before any .bak fallback.
+        return data.decode("utf-8", "replace")
 
     def load(self):
         """Load the file, else its `.bak`. False only when the main file was unusable and the

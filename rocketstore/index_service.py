@@ -5,7 +5,6 @@
 The reput thread is the only writer of index files. Readers (queries) and the clean thread take
 `index_file_list` once: it is replaced, never mutated, under `_lock`.
 """
-import array
 import logging
 import os
 import threading
@@ -13,8 +12,7 @@ import threading
 import numpy as np
 
 from . import format as F
-from .dispatch import (R_PHY, R_POS, R_PROPS_LEN, R_PROPS_OFF, R_STORE_TS, R_SYSFLAG,
-                       R_TOPIC_LEN, R_TOPIC_OFF, Dispatcher)
+from .dispatch import Dispatcher
 from .index_file import (IndexFile, human_string_to_time_millis, time_millis_to_human_string)
 
 log = logging.getLogger(__name__)
@@ -127,60 +125,57 @@ class IndexService(Dispatcher):
             return files[-1]
         return self._new_file(store_timestamp)
 
-    def dispatch(self, rows, buf):
+    def dispatch_array(self, arr, buf):
         """CommitLogDispatcherBuildIndex over a batch of scanned records (spec 02 §2.4): per
-        record, UNIQ_KEY then each KEYS piece under `topic#key`; ROLLBACK records and records
-        below the current file's endPhyOffset (a re-dispatch) are skipped. Keys go to the C
-        kernel a batch at a time; a full file rolls exactly where the broker would roll."""
-        if not rows or not self.writable or self.index_num < 2:
-            return      # a file of fewer than 2 entries holds none (entry 0 is reserved)
-        f = self._writable_file(rows[0][R_STORE_TS])
-        end_phy = f.end_phy_offset
-        khash = self._k.index_hash
-        hashes = array.array("i")
-        phys = array.array("q")
-        stamps = array.array("q")
-        key_rows = []
-        rollback = F.TRANSACTION_ROLLBACK_TYPE
-        mask = F.TRANSACTION_TYPE_MASK
-        for i, row in enumerate(rows):
-            # Offsets grow within a batch, and the entries put for earlier rows of it are
-            # below this row: only the end offset at the start of the batch can skip a row.
-            if row[R_PHY] < end_phy or row[R_SYSFLAG] & mask == rollback:
-                continue
-            plen = row[R_PROPS_LEN]
-            if plen <= 5:
-                continue
-            p = row[R_POS] + row[R_PROPS_OFF]
-            props = buf[p:p + plen]
-            if _KEYS not in props and _UNIQ_KEY not in props:
-                continue
-            keys = index_keys(props)
-            if not keys:
-                continue
-            t = row[R_POS] + row[R_TOPIC_OFF]
-            prefix = buf[t:t + row[R_TOPIC_LEN]] + b"#"
-            phy = row[R_PHY]
-            ts = row[R_STORE_TS]
-            for key in keys:
-                hashes.append(khash(prefix + key))
-                phys.append(phy)
-                stamps.append(ts)
-                key_rows.append(i)
-        n = len(hashes)
+        record, UNIQ_KEY then each KEYS piece under `topic#key` (hashed by the index_keys
+        kernel); ROLLBACK records and records below the current file's endPhyOffset (a
+        re-dispatch) are skipped, the latter with numpy before any per-row work. A full file
+        rolls exactly where the broker would roll."""
+        if not len(arr) or not self.writable or self.index_num < 2:
+            return
+        files = self.index_file_list
+        if files:
+            end_phy = files[-1].end_phy_offset
+            phy = arr["phy_offset"]
+            if int(phy[-1]) < end_phy:
+                return
+            if int(phy[0]) < end_phy:
+                arr = arr[phy >= end_phy]
+        stamps_all = arr["store_timestamp"]
+        f = self._writable_file(int(stamps_all[0]))
+        # The keys of every row, hashed in C (UNIQ_KEY then each KEYS piece, ROLLBACK skipped).
+        cap = 4 * len(arr) + 16
+        while True:
+            hashes = np.empty(cap, dtype=np.int32)
+            key_rows = np.empty(cap, dtype=np.int32)
+            n, rows_done = self._k.index_keys(buf, arr, hashes, key_rows)
+            if rows_done == len(arr):
+                break
+            cap *= 4
+        if not n:
+            return
+        hashes = hashes[:n]
+        key_rows = key_rows[:n]
+        phys = arr["phy_offset"][key_rows]
+        stamps = stamps_all[key_rows]
         done = 0
         while done < n:
-            done += f.put_batch(memoryview(hashes)[done:], memoryview(phys)[done:],
-                                memoryview(stamps)[done:])
+            done += f.put_batch(hashes[done:], phys[done:], stamps[done:])
             if done < n:
                 # Full. The broker rolls on the failed put when the same record has more
                 # keys, else when the next record starts.
-                row = key_rows[done]
-                if row != key_rows[done - 1]:
-                    row = key_rows[done - 1] + 1
-                f = self._new_file(rows[row][R_STORE_TS])
-        if n and f.is_write_full and key_rows[-1] + 1 < len(rows):
-            self._new_file(rows[key_rows[-1] + 1][R_STORE_TS])
+                row = int(key_rows[done])
+                if row != int(key_rows[done - 1]):
+                    row = int(key_rows[done - 1]) + 1
+                f = self._new_file(int(stamps_all[row]))
+        last = int(key_rows[-1])
+        if f.is_write_full and last + 1 < len(arr):
+            self._new_file(int(stamps_all[last + 1]))
+
+    def dispatch(self, rows, buf):
+        """CommitLogDispatcherBuildIndex over rows given as tuples (see dispatch_array)."""
+        if rows:
+            self.dispatch_array(np.array(rows, dtype=F.SCAN_DTYPE), buf)
 
     # ---- query ---------------------------------------------------------------------------------
     def query_offset(self, topic, key, max_num, begin, end):

@@ -34,6 +34,13 @@ from .status import (GetMessageResult, GetMessageStatus as G, PutMessageResult,
                      PutMessagesResult, PutMessageStatus)
 
 log = logging.getLogger(__name__)
+
+
+def _resolves_outside(root, path):
+    """True when `path`, symlinks resolved, is not `root` or below it."""
+    root = os.path.realpath(root)
+    real = os.path.realpath(path)
+    return not (real == root or real.startswith(root.rstrip(os.sep) + os.sep))
 _SLAVE_REASON = "message store is slave mode, so putMessage is forbidden"
 _UNIT = struct.Struct(">qiq")
 
@@ -118,7 +125,10 @@ class MessageStore:
             sizes["mapped_file_size_commit_log"] = os.path.getsize(os.path.join(cl_dir, names[0]))
         cq_base = os.path.join(root, "consumequeue")
         for topic in DEFAULT_FS.list_dir(cq_base):
-            qdirs = [q for q in DEFAULT_FS.list_dir(os.path.join(cq_base, topic)) if q.isdigit()]
+            if _resolves_outside(root, os.path.join(cq_base, topic)):
+                continue                    # never size the store from a planted symlink
+            qdirs = [q for q in DEFAULT_FS.list_dir(os.path.join(cq_base, topic)) if q.isdigit()
+                     and not _resolves_outside(root, os.path.join(cq_base, topic, q))]
             for q in qdirs:
                 files = [n for n in DEFAULT_FS.list_dir(os.path.join(cq_base, topic, q))
                          if n.isdigit()]
@@ -202,14 +212,30 @@ class MessageStore:
                         self.delay_offsets):
             manager.persist_if_dirty()
 
+    def _outside_root(self, path):
+        """True (and logged) when `path` resolves outside the store root: a symlink planted
+        in consumequeue/ must not make us read, truncate or write files elsewhere. A
+        writable store refuses to load (later puts would write through the link); a
+        read-only one (verify, dump) skips the entry."""
+        if not _resolves_outside(self.root, path):
+            return False
+        root, real = os.path.realpath(self.root), os.path.realpath(path)
+        if not self.read_only:
+            raise StoreLoadError(f"{path} resolves to {real}, outside the store {root}: "
+                                 f"remove the symlink")
+        log.warning("skipping %s: it resolves to %s, outside the store %s", path, real, root)
+        return True
+
     def _load_consume_queues(self):
         base = os.path.join(self.root, "consumequeue")
         for topic in self.fs.list_dir(base):
             tdir = os.path.join(base, topic)
-            if not self.fs.is_dir(tdir):
+            if not self.fs.is_dir(tdir) or self._outside_root(tdir):
                 continue
             for qid in self.fs.list_dir(tdir):
                 if not qid.isdigit():       # loadConsumeQueue ignores non-numeric names
+                    continue
+                if self._outside_root(os.path.join(tdir, qid)):
                     continue
                 cq = self._new_cq(topic, int(qid))
                 cq.load()

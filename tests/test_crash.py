@@ -19,7 +19,6 @@ import time
 import pytest
 
 from rocketstore import MessageStore, testing
-from rocketstore.format import CQ_STORE_UNIT_SIZE
 
 from crashers.writer import crash_config, message
 

@@ -613,3 +613,57 @@ def test_numpy_views_of_an_index_file_are_zero_copy(tmp_path, backend):
     assert entries["phy_offset"][3] == 30                  # a view, not a copy
     del header, slots, entries
     assert f.close()
+
+
+def _scan_rows(kernels, data):
+    from rocketstore import format as F
+    rows = np.zeros(len(data) // 91 + 1, dtype=F.SCAN_DTYPE)
+    n, _, _, _ = kernels.commitlog_scan(data, 0, len(data), False, rows)
+    return rows[:n]
+
+
+def test_index_keys_kernel_matches_the_broker_key_rule_in_every_backend():
+    """rs_index_keys hashes exactly what IndexService#buildIndex indexes, in every backend."""
+    from rocketstore import testing
+    from rocketstore.index_service import index_keys
+    store_dir = os.path.join(os.path.dirname(__file__), "data", "rmq-4.9.8-basic", "store")
+    pure = testing.load_backend("pure")
+    for name in sorted(os.listdir(os.path.join(store_dir, "commitlog"))):
+        with open(os.path.join(store_dir, "commitlog", name), "rb") as f:
+            data = f.read()
+        rows = _scan_rows(pure, data)
+        expected = []
+        for i, row in enumerate(rows.tolist()):
+            p, t = row[0] + row[17], row[0] + row[15]
+            for key in index_keys(data[p:p + row[18]]):
+                expected.append((pure.index_hash(data[t:t + row[16]] + b"#" + key), i))
+        for backend in testing.backend_params():
+            k = testing.load_backend(backend)
+            hashes = np.zeros(4 * len(rows) + 1, np.int32)
+            krows = np.zeros(4 * len(rows) + 1, np.int32)
+            n, done = k.index_keys(data, rows, hashes, krows)
+            assert done == len(rows)
+            assert list(zip(hashes[:n].tolist(), krows[:n].tolist())) == expected, backend
+
+
+def test_index_keys_writes_a_row_all_or_none_and_skips_rollback():
+    from rocketstore import Message, format as F, testing
+    buf = bytearray(4096)
+    pos = 0
+    pure = testing.load_backend("pure")
+    for sys_flag, keys in ((0, "a b  c"), (F.TRANSACTION_ROLLBACK_TYPE, "x"), (0, "d")):
+        props = f"KEYS\x01{keys}\x02UNIQ_KEY\x01U".encode()
+        pos += pure.msg_encode(buf, pos, b"T", b"", props, 0, 0, 0, pos, sys_flag, 0,
+                               bytes(8), 0, bytes(8), 0, 0)
+    for backend in testing.backend_params():
+        k = testing.load_backend(backend)
+        rows = _scan_rows(k, bytes(buf[:pos]))
+        h = np.zeros(5, np.int32)
+        r = np.zeros(5, np.int32)
+        assert k.index_keys(bytes(buf[:pos]), rows, h, r) == (4, 2)   # row 2 did not fit
+        assert r[:4].tolist() == [0, 0, 0, 0]
+        assert h[0] == k.index_hash(b"T#U") and h[3] == k.index_hash(b"T#c")
+        h = np.zeros(8, np.int32)
+        r = np.zeros(8, np.int32)
+        assert k.index_keys(bytes(buf[:pos]), rows, h, r) == (6, 3)    # rollback row skipped
+        assert r[:6].tolist() == [0, 0, 0, 0, 2, 2]

@@ -21,7 +21,7 @@ NAME = "cffi"
 __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_append",
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
            "cq_encode_batch", "cq_search", "index_hash", "index_put", "index_put_batch",
-           "index_lookup", "sync_range")
+           "index_keys", "index_lookup", "sync_range")
 
 _from_buffer = _ffi.from_buffer
 _release_cdata = _ffi.release
@@ -243,6 +243,25 @@ def index_put_batch(buf, slot_num, index_num, key_hashes, phy_offsets, store_tim
         _release(b, kh, po, ts)
     _check(r, "index_put_batch")
     return count[0]
+
+
+def index_keys(buf, rows, out_hashes, out_rows):
+    dtype = getattr(rows, "dtype", None)
+    if dtype is not None and dtype != _SCAN_DTYPE:
+        _raise_for_status(_RS_E_ARG, "index_keys: rows must be a SCAN_DTYPE array")
+    res = _new("size_t[2]")
+    b = rv = oh = orow = None
+    try:
+        b = _ro(buf)
+        rv = _from_buffer("rs_scan_rec[]", rows)
+        oh = _rw(out_hashes, "int32_t[]")
+        orow = _rw(out_rows, "int32_t[]")
+        r = _lib.rs_index_keys(b, len(b), rv, len(rv), oh, orow, min(len(oh), len(orow)),
+                               res, res + 1)
+    finally:
+        _release(b, rv, oh, orow)
+    _check(r, "index_keys")
+    return res[0], res[1]
 
 
 def index_lookup(buf, slot_num, index_num, key_hash, begin, end, max_num, out_offsets):

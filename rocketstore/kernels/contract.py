@@ -26,6 +26,7 @@ KERNEL_NAMES = (
     "index_hash",
     "index_put",
     "index_put_batch",
+    "index_keys",
     "index_lookup",
     "sync_range",
 )
@@ -111,6 +112,15 @@ class Kernels(Protocol):
         """index_put for each key (int32, int64, int64 arrays of one length) in order, stopping
         at the first that does not fit. Returns the number put: fewer than len(key_hashes)
         means the file is full and the caller rolls to a new file for the rest."""
+
+    def index_keys(self, buf, rows, out_hashes, out_rows) -> Tuple[int, int]:
+        """The index keys IndexService#buildIndex puts for scanned records: for each SCAN_DTYPE
+        row of `rows` (commitlog_scan output over `buf`) that is not a ROLLBACK record, the
+        index_hash of topic#UNIQ_KEY (when non-empty) then of topic#piece for each non-empty
+        piece of KEYS split on single spaces (the last valid property segment of a name wins).
+        Hashes and their row numbers go to out_hashes / out_rows (int32 arrays); a row's keys
+        are written all or none. Returns (keys written, rows consumed): fewer rows than given
+        means the outputs filled up."""
 
     def index_lookup(self, buf, slot_num: int, index_num: int, key_hash: int, begin: int,
                      end: int, max_num: int, out_offsets) -> int:

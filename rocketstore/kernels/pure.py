@@ -298,6 +298,52 @@ def index_hash(key):
     return 0 if h == _I32_MIN else abs(h)
 
 
+def _prop_value(props, name):
+    """The last valid `name` segment's value (as _tags_code reads TAGS), bytes or None."""
+    value = None
+    for seg in props.split(b"\x02"):
+        i = seg.find(b"\x01")
+        if i <= 0 or i == len(seg) - 1:
+            continue
+        if seg[:i] == name:
+            value = seg[i + 1:]
+    return value
+
+
+def index_keys(buf, rows, out_hashes, out_rows):
+    mv = memoryview(buf).cast("B")
+    if getattr(rows, "dtype", None) != F.SCAN_DTYPE:
+        raise_for_status(RS_E_ARG, "index_keys: rows must be a SCAN_DTYPE array")
+    cap = min(len(out_hashes), len(out_rows))
+    n = 0
+    for i, row in enumerate(rows.tolist()):
+        pos, sys_flag = row[0], row[9]
+        topic_off, topic_len, props_off, props_len = row[15], row[16], row[17], row[18]
+        if sys_flag & F.TRANSACTION_TYPE_MASK == F.TRANSACTION_ROLLBACK_TYPE:
+            continue
+        if min(pos, topic_off, topic_len, props_off, props_len) < 0 or \
+                pos + topic_off + topic_len > len(mv) or pos + props_off + props_len > len(mv):
+            raise_for_status(RS_E_BOUNDS, "index_keys")
+        props = bytes(mv[pos + props_off:pos + props_off + props_len])
+        keys = []
+        uniq = _prop_value(props, b"UNIQ_KEY")
+        if uniq is not None:
+            keys.append(uniq)
+        pieces = _prop_value(props, b"KEYS")
+        if pieces is not None:
+            keys.extend(k for k in pieces.split(b" ") if k)
+        if not keys:
+            continue
+        if n + len(keys) > cap:
+            return n, i
+        prefix = bytes(mv[pos + topic_off:pos + topic_off + topic_len]) + b"#"
+        for key in keys:
+            out_hashes[n] = index_hash(prefix + key)
+            out_rows[n] = i
+            n += 1
+    return n, len(rows)
+
+
 def _index_geometry(buf, slot_num, index_num, what):
     if slot_num < 1 or index_num < 1:
         raise_for_status(RS_E_ARG, what)
