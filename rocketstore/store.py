@@ -4,12 +4,10 @@ ConsumeQueues, the services and recovery together, and delegates every real job 
 import dataclasses
 import logging
 import os
-import struct
 import threading
 
-from . import format as F
 from . import kernels as _kernels
-from . import query, recovery
+from . import query, read_path, recovery
 from .checkpoint import StoreCheckpoint
 from .clock import system_clock
 from .commitlog import TOPIC_PATTERN, CommitLog
@@ -30,8 +28,7 @@ from .services.clean import (CleanCommitLogService, CleanConsumeQueueService,
 from .services.flush import (CommitRealTimeService, FlushConsumeQueueService,
                              FlushRealTimeService, GroupCommitService)
 from .services.reput import ReputMessageService
-from .status import (GetMessageResult, GetMessageStatus as G, PutMessageResult,
-                     PutMessagesResult, PutMessageStatus)
+from .status import PutMessageResult, PutMessagesResult, PutMessageStatus
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +39,6 @@ def _resolves_outside(root, path):
     real = os.path.realpath(path)
     return not (real == root or real.startswith(root.rstrip(os.sep) + os.sep))
 _SLAVE_REASON = "message store is slave mode, so putMessage is forbidden"
-_UNIT = struct.Struct(">qiq")
 
 
 def _total_physical_memory():
@@ -535,93 +531,8 @@ class MessageStore:
 
         `message_filter`, if given, is called with each unit's tagsCode and skips the unit when
         it returns False. Messages come back decoded as MessageExt."""
-        if not self._loaded:
-            raise StoreClosedError("the store is not loaded")
-        cfg = self.config
-        max_py = self.commitlog.max_offset
-        cq = self.find_consume_queue(topic, queue_id)
-        min_off = cq.min_offset_in_queue
-        max_off = cq.max_offset_in_queue
-        corr = self._next_offset_correction
-        if max_off == 0:
-            return GetMessageResult(G.NO_MESSAGE_IN_QUEUE, corr(offset, 0), min_off, max_off)
-        if offset < min_off:
-            return GetMessageResult(G.OFFSET_TOO_SMALL, corr(offset, min_off), min_off, max_off)
-        if offset == max_off:
-            return GetMessageResult(G.OFFSET_OVERFLOW_ONE, offset, min_off, max_off)
-        if offset > max_off:
-            return GetMessageResult(G.OFFSET_OVERFLOW_BADLY, corr(offset, max_off), min_off,
-                                    max_off)
-        units, _ = cq.read_units(offset)
-        if units is None:
-            return GetMessageResult(G.OFFSET_FOUND_NULL, corr(offset, cq.roll_next_file(offset)),
-                                    min_off, max_off)
-        status = G.NO_MATCHED_MESSAGE
-        messages = []
-        next_phy_file_start = -1
-        max_phy_seen = 0
-        nbytes = 0
-        mem_limit = self._mem_limit
-        commitlog = self.commitlog
-        decode = MessageExt.decode
-        append = messages.append
-        # The batch-full limits (isTheBatchFull), for records in memory and on disk.
-        mem_bytes = cfg.max_transfer_bytes_on_message_in_memory
-        mem_count = cfg.max_transfer_count_on_message_in_memory
-        disk_bytes = cfg.max_transfer_bytes_on_message_in_disk
-        disk_count = cfg.max_transfer_count_on_message_in_disk
-        mf = None
-        mf_start = mf_end = 0
-        limit = min(len(units), max(16000, max_msg_nums * F.CQ_STORE_UNIT_SIZE))
-        limit -= limit % F.CQ_STORE_UNIT_SIZE
-        scanned = 0
-        for phy, size, tags in _UNIT.iter_unpack(units[:limit]):
-            if phy < next_phy_file_start:
-                scanned += 1
-                continue
-            count = len(messages)
-            if count:
-                if count >= max_msg_nums:
-                    break
-                if max_py - phy > mem_limit:
-                    if nbytes + size > disk_bytes or count >= disk_count:
-                        break
-                elif nbytes + size > mem_bytes or count >= mem_count:
-                    break
-            scanned += 1
-            if message_filter is not None and not message_filter(tags):
-                continue
-            # Units of one queue mostly point into the same CommitLog file: reuse it.
-            if not (mf_start <= phy and phy + size <= mf_end):
-                mf = commitlog.mfq.find_by_offset(phy)
-                if mf is not None:
-                    mf_start = mf.file_from_offset
-                    mf_end = mf_start + mf.read_position
-            rec = None
-            if mf is not None and mf_start <= phy and phy + size <= mf_end:
-                try:
-                    rec = mf.mm[phy - mf_start:phy - mf_start + size]
-                except ValueError:            # unmapped by cleaning meanwhile
-                    rec = None
-            if rec is None:
-                if not messages:
-                    status = G.MESSAGE_WAS_REMOVING
-                next_phy_file_start = commitlog.roll_next_file(phy)
-                continue
-            try:
-                m = decode(rec)
-            except CorruptRecordError as exc:
-                m = None
-                log.warning("%s-%d unit at %d: %s", topic, queue_id, offset + scanned - 1, exc)
-            if m is None or m.commit_log_offset != phy:
-                continue                      # a damaged unit: skip it, as a filter would
-            append(m)
-            nbytes += size
-            max_phy_seen = phy
-            status = G.FOUND
-        next_begin = offset + scanned
-        suggest = max_py - max_phy_seen > mem_limit if messages else False
-        return GetMessageResult(status, next_begin, min_off, max_off, messages, suggest)
+        return read_path.get_message(self, group, topic, queue_id, offset, max_msg_nums,
+                                     message_filter)
 
     def look_message_by_offset(self, phy_offset):
         """The record at a commit-log offset, decoded; None if there is none."""
@@ -657,23 +568,4 @@ class MessageStore:
 
     def iter_messages(self, from_offset=None):
         """Every record in commit-log order, decoded (blank records skipped)."""
-        import numpy as np
-        rows = np.empty(1024, dtype=F.SCAN_DTYPE)
-        offset = self.commitlog.min_offset if from_offset is None else from_offset
-        end = self.commitlog.max_offset
-        while 0 <= offset < end:
-            mf = self.commitlog.mfq.find_by_offset(offset)
-            if mf is None:
-                break
-            start = offset - mf.file_from_offset
-            n, stop, reason, _ = self.kernels.commitlog_scan(mf.mm, start, mf.read_position,
-                                                             False, rows)
-            for row in rows[:n].tolist():
-                pos, size = row[0], row[7]
-                yield MessageExt.decode(mf.mm[pos:pos + size])
-            offset = mf.file_from_offset + stop
-            if reason == F.SCAN_BLANK or (reason == F.SCAN_END
-                                          and stop >= mf.read_position >= mf.file_size):
-                offset = self.commitlog.roll_next_file(offset)
-            elif reason != F.SCAN_END:
-                break
+        return read_path.iter_messages(self, from_offset)
