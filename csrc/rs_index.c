@@ -62,13 +62,19 @@ int rs_index_keys(const uint8_t *buf, size_t len, const rs_scan_rec *rows, size_
         const uint8_t *props, *topic, *uniq, *keys;
         size_t uniq_len = 0, keys_len = 0, need = 0, a;
         uint32_t prefix;
-        int64_t t0 = r->pos + r->topic_off, p0 = r->pos + r->props_off;
+        uint64_t t0, p0;
 
         if ((r->sys_flag & RS_TRANSACTION_TYPE_MASK) == RS_TRANSACTION_ROLLBACK_TYPE)
             continue;
+        /* Rows normally come from rs_commitlog_scan over the same buf; check them anyway, in
+         * unsigned arithmetic that cannot overflow (each term is below 2^63 + 2^32). */
         if (r->pos < 0 || r->topic_off < 0 || r->topic_len < 0 || r->props_off < 0 ||
-            r->props_len < 0 || (uint64_t)(t0 + r->topic_len) > (uint64_t)len ||
-            (uint64_t)(p0 + r->props_len) > (uint64_t)len)
+            r->props_len < 0 || (uint64_t)r->pos > (uint64_t)len)
+            return RS_E_BOUNDS;
+        t0 = (uint64_t)r->pos + (uint64_t)r->topic_off;
+        p0 = (uint64_t)r->pos + (uint64_t)r->props_off;
+        if (t0 + (uint64_t)r->topic_len > (uint64_t)len ||
+            p0 + (uint64_t)r->props_len > (uint64_t)len)
             return RS_E_BOUNDS;
         topic = buf + t0;
         props = buf + p0;

@@ -26,7 +26,7 @@ from rocketstore.kernels import pure
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FUZZ = os.path.join(ROOT, "fuzz")
 REGRESSIONS = os.path.join(ROOT, "tests", "data", "fuzz-regressions")
-C_TARGETS = ("msg_check", "commitlog_scan", "properties", "cq_search", "index")
+C_TARGETS = ("msg_check", "commitlog_scan", "properties", "cq_search", "index", "index_keys")
 PY_TARGETS = ("py_record", "py_config", "py_checkpoint", "py_ha")
 SMOKE_SECONDS = os.environ.get("FUZZ_SMOKE_SECONDS", "2")
 
@@ -104,9 +104,29 @@ def replay_index(k, data):
     return r1, put, out[:n2].tolist(), bytes(buf)
 
 
+def replay_index_keys(k, data):
+    """fuzz_index_keys.c: rows scanned from the buffer, or raw bytes taken as rows."""
+    head, buf = data[:2].ljust(2, b"\0"), data[2:]
+    cap, raw = head[0] % 17, head[1] & 1
+    if raw:
+        n = min(8, len(buf) // F.SCAN_DTYPE.itemsize)
+        rows = np.frombuffer(buf[:n * F.SCAN_DTYPE.itemsize], dtype=F.SCAN_DTYPE).copy()
+    else:
+        rows = np.zeros(8, dtype=F.SCAN_DTYPE)
+        n = k.commitlog_scan(buf, 0, len(buf), False, rows)[0]
+        rows = rows[:n]
+    hashes = np.zeros(16, dtype=np.int32)
+    key_rows = np.zeros(16, dtype=np.int32)
+    try:
+        count, done = k.index_keys(buf, rows, hashes[:cap], key_rows[:cap])
+    except StoreError as exc:
+        return type(exc).__name__
+    return count, done, hashes[:count].tolist(), key_rows[:count].tolist()
+
+
 REPLAY = {"msg_check": replay_msg_check, "commitlog_scan": replay_commitlog_scan,
           "properties": replay_properties, "cq_search": replay_cq_search,
-          "index": replay_index}
+          "index": replay_index, "index_keys": replay_index_keys}
 
 
 @pytest.mark.parametrize("target", C_TARGETS)
