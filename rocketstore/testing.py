@@ -52,6 +52,26 @@ def open_store(root, backend, config=None, clock=None, **kwargs):
     return store
 
 
+def run_cli(*args, check=False):
+    """`python -m rocketstore ARGS` in a subprocess, as a user runs it (text output)."""
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "rocketstore", *args], capture_output=True,
+                          text=True, check=check)
+
+
+def tree_digest(root):
+    """SHA-256 of every file under `root`, keyed by its path relative to `root`."""
+    import hashlib
+    out = {}
+    for d, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(d, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
 def wait_dispatched(store, timeout=5.0):
     """Block until reput has dispatched everything written so far."""
     import time

@@ -1,13 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """The `rocketstore` command, driven as a user would (subprocess)."""
 import json
-import subprocess
-import sys
+
+from rocketstore import testing
 
 
 def rocketstore(*args, check=True):
-    return subprocess.run([sys.executable, "-m", "rocketstore", *args], capture_output=True,
-                          text=True, check=check)
+    return testing.run_cli(*args, check=check)
 
 
 def test_bench_runs_on_a_temp_store_and_reports_every_phase():

@@ -1,27 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """`rocketstore stat STORE_DIR [--json]`, driven as a user would (subprocess)."""
-import hashlib
 import json
 import os
-import subprocess
-import sys
 
 from rocketstore import Message, testing
 
 
 def rocketstore(*args, check=True):
-    return subprocess.run([sys.executable, "-m", "rocketstore", *args], capture_output=True,
-                          text=True, check=check)
+    return testing.run_cli(*args, check=check)
 
 
-def tree_digest(root):
-    out = {}
-    for d, _, files in os.walk(root):
-        for name in files:
-            p = os.path.join(d, name)
-            with open(p, "rb") as f:
-                out[os.path.relpath(p, root)] = hashlib.sha256(f.read()).hexdigest()
-    return out
+tree_digest = testing.tree_digest
 
 
 def test_stat_of_a_broker_store_lists_its_queues_and_files_without_changing_it(broker_store):

@@ -1,27 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """verify, recover, rebuild-cq, rebuild-index, export and dump filters, driven as a user would."""
-import hashlib
 import json
 import os
-import subprocess
-import sys
 
-from rocketstore import MessageStore
+from rocketstore import MessageStore, testing
 
 
 def rocketstore(*args, check=False):
-    return subprocess.run([sys.executable, "-m", "rocketstore", *args], capture_output=True,
-                          text=True, check=check)
+    return testing.run_cli(*args, check=check)
 
 
-def tree_digest(root):
-    out = {}
-    for d, _, names in os.walk(root):
-        for name in names:
-            path = os.path.join(d, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
-    return out
+tree_digest = testing.tree_digest
 
 
 def flip(path, offset, mask=0xFF):
