@@ -103,42 +103,39 @@ def test_async_flush_overhead(benchmark, backend, tmp_path, flusher):
         store.shutdown()
 
 
-def test_abnormal_recovery_with_crc(benchmark, backend, tmp_path):
-    root = tmp_path / "s"
+def _filled_store(root, backend, count):
+    """A closed store holding `count` 1 KiB messages; returns its CommitLog size."""
     store = _store(root, backend)
-    for i in range(0, 200_000, BATCH):
+    for i in range(0, count, BATCH):
         store.put_messages(make_messages(BATCH, body_size=1024, start=i))
     size = store.get_max_phy_offset()
     store.shutdown()
+    return size
+
+
+def _open_and_close(root, backend, expect_normal):
+    s = MessageStore(root, StoreConfig(mapped_file_size_commit_log=256 << 20), kernels=backend)
+    s.load()
+    assert s.recovery_report.normal is expect_normal
+    s.shutdown()
+
+
+def test_abnormal_recovery_with_crc(benchmark, backend, tmp_path):
+    root = tmp_path / "s"
+    size = _filled_store(root, backend, 200_000)
 
     def crash():
         (root / "abort").write_bytes(b"")          # as if the process had died
 
-    def recover():
-        s = MessageStore(root, StoreConfig(mapped_file_size_commit_log=256 << 20),
-                         kernels=backend)
-        s.load()
-        assert not s.recovery_report.normal
-        s.shutdown()
     benchmark.group = "abnormal recovery (CRC checked)"
     benchmark.extra_info["commitlog_bytes"] = size
-    benchmark.pedantic(recover, setup=crash, rounds=3, iterations=1)
+    benchmark.pedantic(_open_and_close, args=(root, backend, False), setup=crash, rounds=3,
+                       iterations=1)
 
 
 def test_clean_restart(benchmark, backend, tmp_path):
     root = tmp_path / "s"
-    store = _store(root, backend)
-    for i in range(0, 100_000, BATCH):
-        store.put_messages(make_messages(BATCH, body_size=1024, start=i))
-    size = store.get_max_phy_offset()
-    store.shutdown()
-
-    def reopen():
-        s = MessageStore(root, StoreConfig(mapped_file_size_commit_log=256 << 20),
-                         kernels=backend)
-        s.load()
-        s.shutdown()
+    size = _filled_store(root, backend, 100_000)
     benchmark.group = "clean restart"
     benchmark.extra_info["commitlog_bytes"] = size
-    benchmark.pedantic(reopen, rounds=3, iterations=1)
-
+    benchmark.pedantic(_open_and_close, args=(root, backend, True), rounds=3, iterations=1)
