@@ -18,6 +18,7 @@ from .index_file import (IndexFile, human_string_to_time_millis, time_millis_to_
 log = logging.getLogger(__name__)
 
 LONG_MAX = (1 << 63) - 1
+_SECOND_MS = 1000              # an entry's time resolution
 _KEYS = b"KEYS\x01"
 _UNIQ_KEY = b"UNIQ_KEY\x01"
 
@@ -182,10 +183,21 @@ class IndexService(Dispatcher):
         """IndexService#queryOffset: (phyOffsets newest first per file, newest file first;
         index last-update timestamp; index last-update phy offset). max_num is capped by
         max_msgs_num_batch. Hash matches only: the caller checks the records."""
-        max_num = min(max_num, self._store.config.max_msgs_num_batch)
+        return self.lookup_offsets(topic, key,
+                                   min(max_num, self._store.config.max_msgs_num_batch),
+                                   begin, end)
+
+    def lookup_offsets(self, topic, key, max_num, begin, end):
+        """query_offset without the batch cap.
+
+        An entry keeps its time as whole seconds after its file's begin, rounded down, so a
+        record stored at `begin` may read up to 999 ms earlier: the window starts that much
+        sooner, and the caller filters on the records' exact store times."""
         files = self.index_file_list
         if not files or max_num <= 0:
             return [], 0, 0
+        if begin > 0:
+            begin = max(0, begin - (_SECOND_MS - 1))
         key_hash = self._k.index_hash((topic + "#" + key).encode("utf-8"))
         out = np.empty(max_num, dtype=np.int64)
         found = []

@@ -560,6 +560,24 @@ def test_query_rounds_narrow_end_and_max_num_is_capped(tmp_path, backend):
 
 # ---- get_offset_in_queue_by_time: spec 02 §1.9 ----------------------------------------------
 
+def test_a_time_window_holds_exactly_the_messages_stored_inside_it(tmp_path, backend):
+    # 7 ms apart, so store times fall between the whole seconds an entry keeps.
+    store = _store(tmp_path, backend)
+    try:
+        rs = [store.put_message(Message("T", b"x", keys="same")) for i in range(300)]
+        testing.wait_dispatched(store)
+        for lo, hi in ((200, 220), (143, 151), (0, 3), (299, 299), (150, 150)):
+            got = store.query_message("T", "same", max_num=64, begin=rs[lo].store_timestamp,
+                                      end=rs[hi].store_timestamp)
+            assert [m.commit_log_offset for m in got.messages] == \
+                [r.commit_log_offset for r in rs[lo:hi + 1]], (lo, hi)
+        got = store.query_message("T", "same", begin=rs[200].store_timestamp + 1,
+                                  end=rs[201].store_timestamp - 1)
+        assert got.messages == []
+    finally:
+        store.shutdown()
+
+
 def test_offset_by_time_finds_exact_nearest_and_edge_entries(tmp_path, backend):
     store = _store(tmp_path, backend)
     try:
