@@ -13,7 +13,9 @@ import numpy as np
 
 from . import format as F
 from .dispatch import Dispatcher
-from .index_file import (IndexFile, human_string_to_time_millis, time_millis_to_human_string)
+from .errors import StoreLoadError
+from .index_file import (IndexFile, human_string_to_time_millis, index_file_size,
+                         infer_geometry, time_millis_to_human_string)
 
 log = logging.getLogger(__name__)
 
@@ -70,23 +72,64 @@ class IndexService(Dispatcher):
         self.index_file_list = []       # replaced (never mutated) under _lock
         self._lock = threading.Lock()
         self._pending_flush = []        # full files awaiting flush; guarded by _lock
+        self.unreadable = []            # paths load() left out: their geometry is unknown
+        self.dropped = []               # names load() destroyed as past the checkpoint
 
     # ---- load ---------------------------------------------------------------------------------
     def load(self, last_exit_ok):
-        """IndexService#load: open the files in name order. After an abnormal exit, destroy
-        those whose endTimestamp is past the checkpoint's indexMsgTimestamp: recovery
-        re-dispatches their records (spec 02 §2.7). A read-only store destroys nothing."""
-        files = []
-        index_ts = self._store.checkpoint.index_msg_timestamp
-        for name in self._fs.list_dir(self.store_path):
+        """IndexService#load: open the files in name order, with the hash slot and entry
+        numbers the files were written with (infer_geometry), whatever the config says: a
+        file is never resized or its header rewritten. A writable store refuses files whose
+        numbers cannot be told (StoreLoadError); a read-only one leaves them out (listed in
+        `unreadable`).
+
+        After an abnormal exit, destroy the files whose endTimestamp is past the checkpoint's
+        indexMsgTimestamp, and every file after the first of them, so the survivors are a
+        flushed prefix and `end_phy_offset` says where recovery must rebuild from (spec 02
+        §2.7). A read-only store destroys nothing."""
+        paths = []
+        for name in sorted(self._fs.list_dir(self.store_path)):
             path = os.path.join(self.store_path, name)
             if not name.isdigit() or self._fs.is_dir(path):
                 continue
+            if self._fs.size(path) == 0:
+                # Sized under a temporary name and renamed, so only damage leaves an empty
+                # file: it holds nothing.
+                log.warning("ignoring empty index file %s", path)
+                if self.writable:
+                    self._fs.remove(path)
+                continue
+            paths.append(path)
+        geometry = infer_geometry(paths, self._fs, self.hash_slot_num, self.index_num)
+        if geometry is None:
+            sizes = sorted({self._fs.size(p) for p in paths})
+            what = (f"{self.store_path}: cannot tell the hash slot and entry numbers of the "
+                    f"index files (sizes {', '.join(map(str, sizes))} bytes; configured "
+                    f"{self.hash_slot_num} slots and {self.index_num} entries make "
+                    f"{index_file_size(self.hash_slot_num, self.index_num)})")
+            if self.writable:
+                raise StoreLoadError(what + ": set max_hash_slot_num and max_index_num to "
+                                     "the values they were written with")
+            log.warning("%s; key queries will find nothing", what)
+            self.unreadable = paths
+            self.index_file_list = []
+            return True
+        if geometry != (self.hash_slot_num, self.index_num):
+            log.warning("%s: index files have %d hash slots and %d entries, not the configured "
+                        "%d and %d: using the files' numbers", self.store_path, geometry[0],
+                        geometry[1], self.hash_slot_num, self.index_num)
+            self.hash_slot_num, self.index_num = geometry
+        files = []
+        index_ts = self._store.checkpoint.index_msg_timestamp
+        drop = False
+        for path in paths:
             f = IndexFile(path, self.hash_slot_num, self.index_num, self._k, self._fs,
                           writable=self.writable)
-            if not last_exit_ok and self.writable and f.end_timestamp > index_ts:
+            if not last_exit_ok and self.writable and (drop or f.end_timestamp > index_ts):
                 log.info("index file %s ends after the checkpoint (%d > %d): destroyed, to be "
-                         "rebuilt", name, f.end_timestamp, index_ts)
+                         "rebuilt", f.file_name, f.end_timestamp, index_ts)
+                drop = True
+                self.dropped.append(f.file_name)
                 f.destroy(0)
                 continue
             files.append(f)

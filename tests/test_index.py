@@ -360,6 +360,112 @@ def test_geometry_inference_rejects_sizes_that_fit_nothing(tmp_path):
     assert infer_geometry([str(q)], DEFAULT, 64, 500) == (64, 500)
 
 
+def _index_bytes(root):
+    return {p.name: p.read_bytes() for p in sorted((root / "index").iterdir())}
+
+
+def _keyed_store(root, backend, n, **cfg):
+    """A store of n messages keyed k0..k{n-1} (three topics), shut down cleanly."""
+    store = _store(root, backend, **cfg)
+    try:
+        store.put_messages([Message(f"T{i % 3}", b"x" * (i % 40), keys=f"k{i}")
+                            for i in range(n)])
+    finally:
+        store.shutdown()
+
+
+def _assert_every_key_found(store, n):
+    for i in range(n):
+        assert [m.keys for m in store.query_message(f"T{i % 3}", f"k{i}").messages] == \
+            [f"k{i}"], i
+
+
+def test_geometry_inference_tells_apart_two_geometries_of_one_file_size(tmp_path, backend):
+    assert index_file_size(64, 500) == index_file_size(164, 480)
+    from rocketstore.fs import DEFAULT
+    paths = {}
+    for slots, entries in ((64, 500), (164, 480)):
+        path = str(tmp_path / f"20260101000{slots:06d}")
+        f = IndexFile(path, slots, entries, backend, DEFAULT)
+        for i in range(37):
+            f.put_key(f"T#k{i}", 1000 + i, 1_800_000_000_000 + i)
+        f.close()
+        paths[slots, entries] = path
+    for geometry, path in paths.items():
+        for configured in ((64, 500), (164, 480), (SLOTS, ENTRIES)):
+            assert infer_geometry([path], DEFAULT, *configured) == geometry, configured
+
+
+def test_verify_finds_no_problem_in_a_clean_store_with_64_slots_and_500_entries(tmp_path,
+                                                                                 backend):
+    from rocketstore.verify import verify_store
+    _keyed_store(tmp_path, backend, 300)
+    store = MessageStore.open_read_only(tmp_path, kernels=backend)
+    try:
+        report = verify_store(store)
+        assert [str(p) for p in report.problems] == []
+        assert report.index_entries == 300
+        _assert_every_key_found(store, 300)
+    finally:
+        store.shutdown()
+
+
+def test_a_writable_open_with_other_index_settings_keeps_the_files_geometry(tmp_path,
+                                                                            backend):
+    _keyed_store(tmp_path, backend, 1200)
+    before = _index_bytes(tmp_path)
+    assert len(before) == 3
+    default_index = dict(max_hash_slot_num=SLOTS, max_index_num=ENTRIES)
+    _store(tmp_path, backend, **default_index).shutdown()
+    assert _index_bytes(tmp_path) == before
+    store = _store(tmp_path, backend, **default_index)
+    try:
+        assert (store.index_service.hash_slot_num, store.index_service.index_num) == (64, 500)
+        store.put_messages([Message(f"T{i % 3}", b"y", keys=f"k{i}") for i in range(1200, 1700)])
+        testing.wait_dispatched(store)
+        _assert_every_key_found(store, 1700)
+    finally:
+        store.shutdown()
+    after = _index_bytes(tmp_path)
+    assert len(after) == 4 and {len(b) for b in after.values()} == {index_file_size(64, 500)}
+    names = sorted(before)
+    assert [after[n] for n in names[:2]] == [before[n] for n in names[:2]]
+
+
+def test_recover_and_rebuild_keep_the_index_files_geometry(tmp_path, backend):
+    from rocketstore import repair
+    _keyed_store(tmp_path, backend, 300)
+    before = _index_bytes(tmp_path)
+    repair.recover(str(tmp_path), kernels=backend)
+    assert {n: len(b) for n, b in _index_bytes(tmp_path).items()} == \
+        {n: len(b) for n, b in before.items()}
+    repair.rebuild_index(str(tmp_path), kernels=backend)
+    repair.rebuild_consume_queues(str(tmp_path), kernels=backend)
+    assert {len(b) for b in _index_bytes(tmp_path).values()} == {index_file_size(64, 500)}
+    store = MessageStore.open_read_only(tmp_path, kernels=backend)
+    try:
+        _assert_every_key_found(store, 300)
+    finally:
+        store.shutdown()
+
+
+def test_a_writable_open_refuses_index_files_of_unknown_geometry_and_keeps_them(tmp_path,
+                                                                                backend):
+    from rocketstore.errors import StoreLoadError
+    _keyed_store(tmp_path, backend, 10)
+    odd = tmp_path / "index" / "20990101000000000"
+    odd.write_bytes(b"\1" * 1001)
+    before = _index_bytes(tmp_path)
+    with pytest.raises(StoreLoadError, match="max_hash_slot_num and max_index_num"):
+        _store(tmp_path, backend)
+    assert _index_bytes(tmp_path) == before
+    store = MessageStore.open_read_only(tmp_path, kernels=backend)
+    try:
+        assert store.index_service.unreadable == [str(odd.parent / p) for p in sorted(before)]
+    finally:
+        store.shutdown()
+
+
 # ---- IndexService in a running store ---------------------------------------------------------------
 
 def _store(root, backend, **cfg):
