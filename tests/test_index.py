@@ -466,6 +466,47 @@ def test_a_writable_open_refuses_index_files_of_unknown_geometry_and_keeps_them(
         store.shutdown()
 
 
+def test_verify_names_every_record_whose_keys_the_index_lost(tmp_path, backend):
+    from rocketstore.verify import verify_store
+    _keyed_store(tmp_path, backend, 1200)
+    ro = MessageStore.open_read_only(tmp_path, kernels=backend)
+    try:
+        assert verify_store(ro).ok
+        lost = ro.index_service.index_file_list[1]
+        lo, hi = lost.begin_phy_offset, lost.end_phy_offset
+        records = [(m.commit_log_offset, m.topic, m.keys) for m in
+                   (ro.look_message_by_offset(o) for o in _record_offsets(ro))]
+    finally:
+        ro.shutdown()
+    os.remove(lost.path)
+    ro = MessageStore.open_read_only(tmp_path, kernels=backend)
+    try:
+        problems = verify_store(ro).problems
+    finally:
+        ro.shutdown()
+    want = [(f"commitlog/{off // 65536 * 65536:020d}", off % 65536, f"key '{topic}#{keys}' of the "
+             f"record at {off} has no index entry: key queries miss the record")
+            for off, topic, keys in records if lo <= off <= hi]
+    assert 400 < len(want) < 500
+    assert [(p.kind, p.file, p.offset, p.detail) for p in problems] == \
+        [("index",) + w for w in want[:100]] + \
+        [("index", "index", -1, f"{len(want)} record keys in all are missing from the index "
+          "(the first 100 are listed)")]
+
+
+def _record_offsets(store):
+    offsets = []
+    offset = 0
+    while offset < store.get_max_phy_offset():
+        m = store.look_message_by_offset(offset)
+        if m is None:                            # a file's blank tail
+            offset = (offset // 65536 + 1) * 65536
+            continue
+        offsets.append(offset)
+        offset += m.store_size
+    return offsets
+
+
 # ---- IndexService in a running store ---------------------------------------------------------------
 
 def _store(root, backend, **cfg):
