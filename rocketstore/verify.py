@@ -329,7 +329,8 @@ def _check_index_coverage(store, report, good, indexed):
     index files shows here: queries would not find those records)."""
     if not store.config.message_index_enable:
         return
-    have = np.sort(np.concatenate(indexed)) if indexed else np.empty(0, dtype=_KEY_PAIR)
+    have = np.concatenate(indexed) if indexed else np.empty(0, dtype=_KEY_PAIR)
+    have = have[np.lexsort((have["hash"], have["phy"]))]     # far faster than sorting records
     missing = 0
     for phys, hashes, mf, positions in _record_keys(store, good):
         want = _key_pairs(phys, hashes)
