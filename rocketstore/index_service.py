@@ -126,8 +126,9 @@ class IndexService(Dispatcher):
             f = IndexFile(path, self.hash_slot_num, self.index_num, self._k, self._fs,
                           writable=self.writable)
             if not last_exit_ok and self.writable and (drop or f.end_timestamp > index_ts):
-                log.info("index file %s ends after the checkpoint (%d > %d): destroyed, to be "
-                         "rebuilt", f.file_name, f.end_timestamp, index_ts)
+                log.info("index file %s ends after the checkpoint (%d > %d) or follows one "
+                         "that does: destroyed, to be rebuilt", f.file_name, f.end_timestamp,
+                         index_ts)
                 drop = True
                 self.dropped.append(f.file_name)
                 f.destroy(0)
@@ -276,6 +277,26 @@ class IndexService(Dispatcher):
         self.flush_pending()
         for f in self.index_file_list:
             f.flush()
+
+    def drop_past(self, offset):
+        """Destroy the files (a suffix) that hold an entry at or past CommitLog `offset`,
+        which recovery truncated; returns their names. Recovery only, before the reput
+        thread starts."""
+        files = self.index_file_list
+        keep = 0
+        while keep < len(files) and files[keep].end_phy_offset < offset:
+            keep += 1
+        gone = files[keep:]
+        for f in gone:
+            log.info("index file %s has entries past the CommitLog's end %d: destroyed, to "
+                     "be rebuilt", f.file_name, offset)
+            f.destroy(0)
+        with self._lock:
+            self.index_file_list = files[:keep]
+            self._pending_flush = [g for g in self._pending_flush if g not in gone]
+        names = [f.file_name for f in gone]
+        self.dropped += names
+        return names
 
     def delete_expired_file(self, offset):
         """IndexService#deleteExpiredFile (spec 02 §2.8): when the first file ends below

@@ -183,30 +183,26 @@ def recover_abnormally(store, max_phy_of_cq, report):
     process = scan_commitlog(commitlog, store.kernels, start, store.config.check_crc_on_recover,
                              dispatch=dispatch if store.writable else None, report=report)
     _truncate(store, process, max_phy_of_cq, report)
+    if index_from >= 0:
+        _drop_index_past(store, process, report)
     return process
 
 
-def _redispatch_index(store, start, report):
-    """Rebuild the index up to CommitLog file `start`, where the re-dispatch of every record
-    begins. The index's own end is the newest surviving file's endPhyOffset (load() kept a
-    flushed prefix of files), or the CommitLog's start when none survived; the records from
-    there up to file `start` go to the index alone, so the ConsumeQueues and the process
-    offset are untouched. The index dispatcher skips what it already has. Returns where the
-    index was rebuilt from, -1 when it is not rebuilt (read-only store, index disabled)."""
+def _index_end(store):
+    """Where the index ends: the newest surviving file's endPhyOffset (load() keeps a flushed
+    prefix of files), or the CommitLog's start when no file survived."""
+    survivors = store._indexer.index_file_list
+    begin = max(0, store.commitlog.min_offset)
+    return max(begin, survivors[-1].end_phy_offset) if survivors else begin
+
+
+def _index_only_pass(store, begin, stop_index, report):
+    """Hand the records from `begin` (a record's start) to the index alone, up to file
+    `stop_index` (None: the end of data). The ConsumeQueues and the process offset are not
+    touched, so a bad record here stops only this pass. Returns where it stopped."""
     indexer = store._indexer
-    if not store.writable or indexer not in store.dispatchers:
-        return -1
-    report.index_files_dropped = list(indexer.dropped)
-    commitlog = store.commitlog
-    files = commitlog.mfq.files
-    survivors = indexer.index_file_list
-    begin = max(0, commitlog.min_offset)
-    if survivors:
-        begin = max(begin, survivors[-1].end_phy_offset)
-    report.index_rebuilt_from = begin
-    if begin >= files[start].file_from_offset:
-        return begin
-    holder = commitlog.mfq.find_by_offset(begin)
+    files = store.commitlog.mfq.files
+    holder = store.commitlog.mfq.find_by_offset(begin)
     first = files.index(holder) if holder is not None else 0
     pos = begin - files[first].file_from_offset if holder is not None else 0
 
@@ -214,15 +210,49 @@ def _redispatch_index(store, start, report):
         indexer.dispatch_array(arr, buf)
         report.index_redispatched += len(arr)
 
-    log.info("rebuilding the index from offset %d (file %s) to file %s", begin,
-             files[first].file_name, files[start].file_name)
-    reached = scan_commitlog(commitlog, store.kernels, first,
-                             store.config.check_crc_on_recover, dispatch=to_index,
-                             start_pos=pos, stop_index=start)
-    if reached < files[start].file_from_offset:
-        log.warning("index rebuild stopped at a bad record at offset %d: records between it "
-                    "and file %s stay unindexed", reached, files[start].file_name)
+    log.info("rebuilding the index from offset %d (file %s)", begin, files[first].file_name)
+    return scan_commitlog(store.commitlog, store.kernels, first,
+                          store.config.check_crc_on_recover, dispatch=to_index,
+                          start_pos=pos, stop_index=stop_index)
+
+
+def _redispatch_index(store, start, report):
+    """Rebuild the index up to CommitLog file `start`, where the re-dispatch of every record
+    begins: 4.9.8 starts the index there too, and loses the keys of older records whose index
+    file load() destroyed. The index dispatcher skips what it already has. Returns where the
+    index is rebuilt from, -1 when it is not (read-only store, index disabled)."""
+    indexer = store._indexer
+    if not store.writable or indexer not in store.dispatchers:
+        return -1
+    report.index_files_dropped = list(indexer.dropped)
+    begin = report.index_rebuilt_from = _index_end(store)
+    stop = store.commitlog.mfq.files[start]
+    if begin < stop.file_from_offset and \
+            _index_only_pass(store, begin, start, report) < stop.file_from_offset:
+        log.warning("the index rebuild stopped at a bad record: records up to file %s stay "
+                    "unindexed", stop.file_name)
     return begin
+
+
+def _drop_index_past(store, process, report):
+    """A power cut can keep a flushed index file whose records never reached the disk, so
+    recovery truncated them. Its entries would stand for whatever is stored there next, and
+    the dispatcher would skip those new records as indexed already: destroy such files and
+    rebuild the index from the survivors' end up to `process`."""
+    dropped = store._indexer.drop_past(process)
+    if not dropped:
+        return
+    report.index_files_dropped += dropped
+    survivors = store._indexer.index_file_list
+    # The checkpoint vouched for the dropped files: it must not vouch for their rebuilds.
+    checkpoint = store.checkpoint
+    checkpoint.index_msg_timestamp = min(checkpoint.index_msg_timestamp,
+                                         survivors[-1].end_timestamp if survivors else 0)
+    checkpoint.flush()
+    begin = _index_end(store)
+    report.index_rebuilt_from = min(report.index_rebuilt_from, begin)
+    if begin < process:
+        _index_only_pass(store, begin, None, report)
 
 
 def recover_topic_queue_table(store):

@@ -507,6 +507,48 @@ def _record_offsets(store):
     return offsets
 
 
+def test_index_files_pointing_past_a_truncated_commit_log_are_rebuilt(tmp_path, backend):
+    """A power cut kept flushed index files whose records never reached the disk."""
+    from rocketstore.verify import verify_store
+    _keyed_store(tmp_path, backend, 1200)
+    ro = MessageStore.open_read_only(tmp_path, kernels=backend)
+    try:
+        cut = ro.query_message("T0", "k900").messages[0].commit_log_offset
+        names = [f.file_name for f in ro.index_service.index_file_list]
+        ends = [f.end_timestamp for f in ro.index_service.index_file_list]
+    finally:
+        ro.shutdown()
+    for f in sorted((tmp_path / "commitlog").iterdir()):
+        start = int(f.name)
+        if start + 65536 <= cut:
+            continue
+        data = f.read_bytes()
+        keep = max(0, cut - start)
+        f.write_bytes(data[:keep] + bytes(len(data) - keep))
+    cp = bytearray((tmp_path / "checkpoint").read_bytes())
+    cp[16:24] = struct.pack(">q", max(ends))          # it vouches for every index file
+    (tmp_path / "checkpoint").write_bytes(bytes(cp))
+    (tmp_path / "abort").write_bytes(b"")
+    store = _store(tmp_path, backend)
+    try:
+        report = store.recovery_report
+        assert report.process_offset == cut
+        assert report.index_files_dropped == names[1:]
+        store.put_messages([Message(f"T{i % 3}", b"z", keys=f"n{i}") for i in range(300)])
+        testing.wait_dispatched(store)
+        for i in range(300):
+            assert len(store.query_message(f"T{i % 3}", f"n{i}").messages) == 1, i
+        _assert_every_key_found(store, 900)
+        assert store.query_message("T0", "k900").messages == []
+    finally:
+        store.shutdown()
+    ro = MessageStore.open_read_only(tmp_path, kernels=backend)
+    try:
+        assert [str(p) for p in verify_store(ro).problems] == []
+    finally:
+        ro.shutdown()
+
+
 # ---- IndexService in a running store ---------------------------------------------------------------
 
 def _store(root, backend, **cfg):
