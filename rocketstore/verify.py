@@ -296,7 +296,8 @@ def _record_keys(store, good):
             n, stop, _, _ = k.commitlog_scan(mf.mm, int(starts[i]), mf.file_size, False, rows)
             chunk = rows[:n]
             chunk = chunk[good.size_at(base + chunk["pos"].astype(np.int64)) >= 0]
-            # A record the CRC check rejected stops this scan only where verify's did not.
+            # This scan skips the CRC: keep the rows verify found valid, and go on from the
+            # next valid record past where it stopped.
             i = max(i + 1, int(np.searchsorted(starts, stop)))
             if not len(chunk):
                 continue
