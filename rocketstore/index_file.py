@@ -182,61 +182,142 @@ def valid_geometry(path, fs, slot_num, index_num):
     """True when the file at `path` reads consistently as `slot_num` slots and `index_num`
     entries: the size matches, every used slot points at an entry of its own slot and every
     entry's prevIndex at an older entry of the same slot. Used to infer a foreign store's
-    sizes; O(file), numpy only."""
+    sizes; numpy over a read-only mapping, so only the slots and used entries are read."""
     size = fs.size(path)
     if slot_num < 1 or index_num < 2 or size != index_file_size(slot_num, index_num):
         return False
-    raw = fs.read_bytes(path)
-    count = max(1, _I32.unpack_from(raw, F.INDEX_POS_INDEX_COUNT)[0])
+    mm = fs.map(path, size, writable=False)
+    try:
+        return _consistent(mm, slot_num, index_num)
+    finally:
+        mm.close()
+
+
+def _consistent(mm, slot_num, index_num):
+    count = max(1, _I32.unpack_from(mm, F.INDEX_POS_INDEX_COUNT)[0])
     if count > index_num:
         return False
-    slots = np.frombuffer(raw, dtype=">i4", count=slot_num, offset=F.INDEX_HEADER_SIZE)
-    entries = np.frombuffer(raw, dtype=F.INDEX_ENTRY_DTYPE, count=count,
-                            offset=F.INDEX_HEADER_SIZE + slot_num * F.INDEX_SLOT_SIZE)
-    if entries[0].tobytes() != bytes(F.INDEX_ENTRY_SIZE):
+    base = F.INDEX_HEADER_SIZE + slot_num * F.INDEX_SLOT_SIZE
+    if any(mm[base:base + F.INDEX_ENTRY_SIZE]):
         return False
-    if ((slots < 0) | (slots >= count)).any():
+    slots = np.frombuffer(mm, dtype=">i4", count=slot_num, offset=F.INDEX_HEADER_SIZE)
+    entries = np.frombuffer(mm, dtype=F.INDEX_ENTRY_DTYPE, count=count, offset=base)
+    try:
+        if ((slots < 0) | (slots >= count)).any():
+            return False
+        hashes = entries["key_hash"].astype(np.int64)
+        if (hashes < 0).any():
+            return False
+        used = np.nonzero(slots)[0]
+        if (hashes[slots[used]] % slot_num != used).any():
+            return False
+        prev = entries["prev_index"][1:].astype(np.int64)
+        idx = np.arange(1, count)
+        linked = prev > 0
+        if ((prev < 0) | (prev >= idx)).any():
+            return False
+        return bool((hashes[prev[linked]] % slot_num == hashes[idx[linked]] % slot_num).all())
+    finally:
+        del slots, entries                # the views pin the mapping
+
+
+def _ends_where_entries_end(mm, slot_num, index_num, count):
+    """O(1) check of a geometry against a file holding `count` - 1 entries: the last used
+    entry holds data and the first unused one is zero. Two geometries of one file size shift
+    the entries by whole entries, so at most one of them passes."""
+    if count > index_num:
         return False
-    hashes = entries["key_hash"].astype(np.int64)
-    if (hashes < 0).any():
+    last = F.INDEX_HEADER_SIZE + slot_num * F.INDEX_SLOT_SIZE + \
+        (count - 1) * F.INDEX_ENTRY_SIZE
+    entry = mm[last:last + F.INDEX_ENTRY_SIZE]
+    key_hash = _I32.unpack_from(entry, 0)[0]
+    prev = _I32.unpack_from(entry, 16)[0]
+    if not any(entry) or key_hash < 0 or not 0 <= prev < count - 1:
         return False
-    used = np.nonzero(slots)[0]
-    if (hashes[slots[used]] % slot_num != used).any():
-        return False
-    prev = entries["prev_index"][1:].astype(np.int64)
-    idx = np.arange(1, count)
-    linked = prev > 0
-    if ((prev < 0) | (prev >= idx)).any():
-        return False
-    return bool((hashes[prev[linked]] % slot_num == hashes[idx[linked]] % slot_num).all())
+    return count == index_num or not any(mm[last + F.INDEX_ENTRY_SIZE:
+                                            last + 2 * F.INDEX_ENTRY_SIZE])
+
+
+def _data_end(mm, lo, chunk=1 << 20):
+    """One past the last non-zero byte of `mm` at or after `lo` (`lo` if none)."""
+    end = len(mm)
+    while end > lo:
+        start = max(lo, end - chunk)
+        data = mm[start:end].rstrip(b"\0")
+        if data:
+            return start + len(data)
+        end = start
+    return lo
+
+
+def _geometry_from_data_end(mm, size, count):
+    """The (slot_num, index_num) of file size `size` whose `count` - 1 entries end where the
+    file's data ends, or None."""
+    end = _data_end(mm, F.INDEX_HEADER_SIZE)
+    fixed = F.INDEX_HEADER_SIZE + count * F.INDEX_ENTRY_SIZE
+    # The last entry spans (end - 20, end]: 4 * slot_num lies in [end - fixed, end - fixed + 20).
+    for s in range(max(1, (end - fixed) // 4), (end - fixed + F.INDEX_ENTRY_SIZE) // 4 + 1):
+        rest = size - F.INDEX_HEADER_SIZE - s * F.INDEX_SLOT_SIZE
+        if rest <= 0 or rest % F.INDEX_ENTRY_SIZE:
+            continue
+        n = rest // F.INDEX_ENTRY_SIZE
+        if n >= max(count, 2) and _ends_where_entries_end(mm, s, n, count):
+            return s, n
+    return None
 
 
 __all__ = ["IndexFile", "index_file_size", "time_millis_to_human_string",
-           "human_string_to_time_millis", "valid_geometry"]
+           "human_string_to_time_millis", "valid_geometry", "infer_geometry"]
 
 
 def infer_geometry(paths, fs, slot_num, index_num):
-    """(slot_num, index_num) of the index files at `paths` (a store written with unknown
-    maxHashSlotNum / maxIndexNum), or None when nothing fits.
+    """(slot_num, index_num) of the index files at `paths` (written with a maxHashSlotNum /
+    maxIndexNum that may not be the configured ones), or None when the files do not tell.
 
-    A file's size alone does not fix both numbers, so candidates are tried in order and must
-    fit every file's size: the given numbers (accepted on size alone: the common case, and
-    cheap for 420 MB files); then, for each file, indexCount as index_num (exact for a full
-    file); then RocketMQ's default ratio index_num = 4 * slot_num. A candidate other than the
-    given one must also pass `valid_geometry` on the fullest file."""
+    A file's size alone does not fix both numbers (64 slots and 500 entries make the same
+    size as 164 and 480), so the fullest file decides: its indexCount says how many entries
+    are used, and the geometry must put the last of them where the file's data ends. The
+    configured numbers are tried first, in O(1); a file of the configured size is read to its
+    data end only when they fail that test, and another geometry must then also pass
+    `valid_geometry`. Files without a single entry say nothing: the configured numbers are
+    taken if the size fits, else RocketMQ's ratio index_num = 4 * slot_num if it fits."""
     if not paths:
         return slot_num, index_num
     sizes = {fs.size(p) for p in paths}
     if len(sizes) != 1:
         return None
     size = sizes.pop()
-    if size == index_file_size(slot_num, index_num):
-        return slot_num, index_num
+    configured = size == index_file_size(slot_num, index_num)
+    if size < F.INDEX_HEADER_SIZE:
+        return None
     counts = []
     for p in paths:
-        raw = fs.read_bytes(p)[:F.INDEX_HEADER_SIZE].ljust(F.INDEX_HEADER_SIZE, b"\0")
-        counts.append((_I32.unpack_from(raw, F.INDEX_POS_INDEX_COUNT)[0], p))
+        mm = fs.map(p, F.INDEX_HEADER_SIZE, writable=False)
+        try:
+            counts.append((_I32.unpack_from(mm, F.INDEX_POS_INDEX_COUNT)[0], p))
+        finally:
+            mm.close()
     count, fullest = max(counts)
+    if count <= 1:
+        if configured:
+            return slot_num, index_num
+        if (size - F.INDEX_HEADER_SIZE) % 84 == 0:
+            s = (size - F.INDEX_HEADER_SIZE) // 84
+            return s, 4 * s
+        return None
+    mm = fs.map(fullest, size, writable=False)
+    try:
+        if configured and _ends_where_entries_end(mm, slot_num, index_num, count):
+            return slot_num, index_num
+        found = _geometry_from_data_end(mm, size, count)
+    finally:
+        mm.close()
+    if found is not None and found != (slot_num, index_num) and \
+            valid_geometry(fullest, fs, *found):
+        return found
+    if configured:
+        return slot_num, index_num
+    # The last entry is all zeros (key hash 0 at offset 0): try the counts and the ratio.
     candidates = []
     for c, _ in sorted(counts, reverse=True):
         rest = size - F.INDEX_HEADER_SIZE - c * F.INDEX_ENTRY_SIZE

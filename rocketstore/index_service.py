@@ -13,11 +13,14 @@ import numpy as np
 
 from . import format as F
 from .dispatch import Dispatcher
-from .index_file import (IndexFile, human_string_to_time_millis, time_millis_to_human_string)
+from .errors import StoreLoadError
+from .index_file import (IndexFile, human_string_to_time_millis, index_file_size,
+                         infer_geometry, time_millis_to_human_string)
 
 log = logging.getLogger(__name__)
 
 LONG_MAX = (1 << 63) - 1
+_SECOND_MS = 1000              # an entry's time resolution
 _KEYS = b"KEYS\x01"
 _UNIQ_KEY = b"UNIQ_KEY\x01"
 
@@ -69,23 +72,65 @@ class IndexService(Dispatcher):
         self.index_file_list = []       # replaced (never mutated) under _lock
         self._lock = threading.Lock()
         self._pending_flush = []        # full files awaiting flush; guarded by _lock
+        self.unreadable = []            # paths load() left out: their geometry is unknown
+        self.dropped = []               # names load() destroyed as past the checkpoint
 
     # ---- load ---------------------------------------------------------------------------------
     def load(self, last_exit_ok):
-        """IndexService#load: open the files in name order. After an abnormal exit, destroy
-        those whose endTimestamp is past the checkpoint's indexMsgTimestamp: recovery
-        re-dispatches their records (spec 02 §2.7). A read-only store destroys nothing."""
-        files = []
-        index_ts = self._store.checkpoint.index_msg_timestamp
-        for name in self._fs.list_dir(self.store_path):
+        """IndexService#load: open the files in name order, with the hash slot and entry
+        numbers the files were written with (infer_geometry), whatever the config says: a
+        file is never resized or its header rewritten. A writable store refuses files whose
+        numbers cannot be told (StoreLoadError); a read-only one leaves them out (listed in
+        `unreadable`).
+
+        After an abnormal exit, destroy the files whose endTimestamp is past the checkpoint's
+        indexMsgTimestamp, and every file after the first of them, so the survivors are a
+        flushed prefix and `end_phy_offset` says where recovery must rebuild from (spec 02
+        §2.7). A read-only store destroys nothing."""
+        paths = []
+        for name in sorted(self._fs.list_dir(self.store_path)):
             path = os.path.join(self.store_path, name)
             if not name.isdigit() or self._fs.is_dir(path):
                 continue
+            if self._fs.size(path) == 0:
+                # Sized under a temporary name and renamed, so only damage leaves an empty
+                # file: it holds nothing.
+                log.warning("ignoring empty index file %s", path)
+                if self.writable:
+                    self._fs.remove(path)
+                continue
+            paths.append(path)
+        geometry = infer_geometry(paths, self._fs, self.hash_slot_num, self.index_num)
+        if geometry is None:
+            sizes = sorted({self._fs.size(p) for p in paths})
+            what = (f"{self.store_path}: cannot tell the hash slot and entry numbers of the "
+                    f"index files (sizes {', '.join(map(str, sizes))} bytes; configured "
+                    f"{self.hash_slot_num} slots and {self.index_num} entries make "
+                    f"{index_file_size(self.hash_slot_num, self.index_num)})")
+            if self.writable:
+                raise StoreLoadError(what + ": set max_hash_slot_num and max_index_num to "
+                                     "the values they were written with")
+            log.warning("%s; key queries will find nothing", what)
+            self.unreadable = paths
+            self.index_file_list = []
+            return True
+        if geometry != (self.hash_slot_num, self.index_num):
+            log.warning("%s: index files have %d hash slots and %d entries, not the configured "
+                        "%d and %d: using the files' numbers", self.store_path, geometry[0],
+                        geometry[1], self.hash_slot_num, self.index_num)
+            self.hash_slot_num, self.index_num = geometry
+        files = []
+        index_ts = self._store.checkpoint.index_msg_timestamp
+        drop = False
+        for path in paths:
             f = IndexFile(path, self.hash_slot_num, self.index_num, self._k, self._fs,
                           writable=self.writable)
-            if not last_exit_ok and self.writable and f.end_timestamp > index_ts:
-                log.info("index file %s ends after the checkpoint (%d > %d): destroyed, to be "
-                         "rebuilt", name, f.end_timestamp, index_ts)
+            if not last_exit_ok and self.writable and (drop or f.end_timestamp > index_ts):
+                log.info("index file %s ends after the checkpoint (%d > %d) or follows one "
+                         "that does: destroyed, to be rebuilt", f.file_name, f.end_timestamp,
+                         index_ts)
+                drop = True
+                self.dropped.append(f.file_name)
                 f.destroy(0)
                 continue
             files.append(f)
@@ -182,10 +227,21 @@ class IndexService(Dispatcher):
         """IndexService#queryOffset: (phyOffsets newest first per file, newest file first;
         index last-update timestamp; index last-update phy offset). max_num is capped by
         max_msgs_num_batch. Hash matches only: the caller checks the records."""
-        max_num = min(max_num, self._store.config.max_msgs_num_batch)
+        return self.lookup_offsets(topic, key,
+                                   min(max_num, self._store.config.max_msgs_num_batch),
+                                   begin, end)
+
+    def lookup_offsets(self, topic, key, max_num, begin, end):
+        """query_offset without the batch cap.
+
+        An entry keeps its time as whole seconds after its file's begin, rounded down, so a
+        record stored at `begin` may read up to 999 ms earlier: the window starts that much
+        sooner, and the caller filters on the records' exact store times."""
         files = self.index_file_list
         if not files or max_num <= 0:
             return [], 0, 0
+        if begin > 0:
+            begin = max(0, begin - (_SECOND_MS - 1))
         key_hash = self._k.index_hash((topic + "#" + key).encode("utf-8"))
         out = np.empty(max_num, dtype=np.int64)
         found = []
@@ -221,6 +277,26 @@ class IndexService(Dispatcher):
         self.flush_pending()
         for f in self.index_file_list:
             f.flush()
+
+    def drop_past(self, offset):
+        """Destroy the files (a suffix) that hold an entry at or past CommitLog `offset`,
+        which recovery truncated; returns their names. Recovery only, before the reput
+        thread starts."""
+        files = self.index_file_list
+        keep = 0
+        while keep < len(files) and files[keep].end_phy_offset < offset:
+            keep += 1
+        gone = files[keep:]
+        for f in gone:
+            log.info("index file %s has entries past the CommitLog's end %d: destroyed, to "
+                     "be rebuilt", f.file_name, offset)
+            f.destroy(0)
+        with self._lock:
+            self.index_file_list = files[:keep]
+            self._pending_flush = [g for g in self._pending_flush if g not in gone]
+        names = [f.file_name for f in gone]
+        self.dropped += names
+        return names
 
     def delete_expired_file(self, offset):
         """IndexService#deleteExpiredFile (spec 02 §2.8): when the first file ends below

@@ -28,35 +28,46 @@ def message_has_key(msg, topic, key):
 
 
 def query_message(store, topic, key, max_num=32, begin=0, end=None):
-    """DefaultMessageStore#queryMessage: up to 3 index rounds, each narrowing `end` to the
-    store time of the oldest hit when none of the hits was kept; hits are read back and kept
-    only if the record carries the key (see message_has_key). Ascending offset order."""
+    """DefaultMessageStore#queryMessage: the newest messages (at most max_num, capped by
+    max_msgs_num_batch) that carry the key (see message_has_key) and were stored in
+    [begin, end], in ascending offset order.
+
+    The index matches hashes, and times only to the second (see IndexService.query_offset),
+    so hits are read back and judged. When judging throws hits out (collisions, records
+    stored just outside the window), the lookup is repeated for more hits until enough are
+    kept or the index has no more: the broker's three rounds could come back empty while
+    matching messages sat behind a second's worth of misses."""
     result = QueryMessageResult()
     index = store._indexer
-    last_query_time = LONG_MAX if end is None else end
-    seen = set()
-    for _ in range(3):
-        offsets, last_ts, last_phy = index.query_offset(topic, key, max_num, begin,
-                                                        last_query_time)
-        if not offsets:
-            break
-        offsets.sort()
+    end_time = LONG_MAX if end is None else end
+    want = min(max_num, store.config.max_msgs_num_batch)
+    judged = {}                 # offset -> the message kept there, or None
+    kept = {}                   # offset -> message, of the current lookup
+    limit = want
+    while want > 0:
+        offsets, last_ts, last_phy = index.lookup_offsets(topic, key, limit, begin, end_time)
         result.index_last_update_timestamp = last_ts
         result.index_last_update_phy_offset = last_phy
-        for i, offset in enumerate(offsets):
-            msg = store.look_message_by_offset(offset)
-            if msg is None:
-                continue
-            if i == 0:
-                last_query_time = msg.store_timestamp
-            if offset in seen or msg.commit_log_offset != offset:
-                continue
-            seen.add(offset)
-            if message_has_key(msg, topic, key):
-                result.messages.append(msg)
-                result.buffer_total_size += msg.store_size
-        if result.messages or last_query_time < begin:
+        kept = {}
+        for offset in offsets:
+            if offset not in judged:
+                msg = store.look_message_by_offset(offset)
+                ok = (msg is not None and msg.commit_log_offset == offset
+                      and begin <= msg.store_timestamp <= end_time
+                      and message_has_key(msg, topic, key))
+                judged[offset] = msg if ok else None
+            msg = judged[offset]
+            if msg is not None:
+                kept[offset] = msg
+                if len(kept) == want:
+                    break
+        if len(kept) == want or len(offsets) < limit:
             break
+        limit *= 4
+    for offset in sorted(kept):
+        msg = kept[offset]
+        result.messages.append(msg)
+        result.buffer_total_size += msg.store_size
     return result
 
 

@@ -27,6 +27,11 @@ class RecoveryReport:
     stop_reason: str = ""
     dispatched: int = 0          # records re-dispatched into ConsumeQueues/index
     seconds: float = 0.0
+    # Abnormal recovery rebuilds the index from where its surviving files end, which may be
+    # well before start_file: -1 when the index was not rebuilt.
+    index_rebuilt_from: int = -1
+    index_redispatched: int = 0  # records handed to the index from index_rebuilt_from
+    index_files_dropped: list = dataclasses.field(default_factory=list)  # past the checkpoint
 
 
 _REASONS = {F.SCAN_END: "end", F.SCAN_BLANK: "blank", F.SCAN_EMPTY: "empty",
@@ -34,15 +39,17 @@ _REASONS = {F.SCAN_END: "end", F.SCAN_BLANK: "blank", F.SCAN_EMPTY: "empty",
             F.SCAN_PARTIAL: "partial record"}
 
 
-def scan_commitlog(commitlog, kernels, start_index, check_crc, dispatch=None, report=None):
-    """Walk records from file `start_index` until one fails; return the process offset.
+def scan_commitlog(commitlog, kernels, start_index, check_crc, dispatch=None, report=None,
+                   start_pos=0, stop_index=None):
+    """Walk records from file `start_index` (at `start_pos`, a record's start) until one
+    fails, or until file `stop_index` begins; return the offset where the walk stopped.
 
     With `dispatch`, every valid record is handed to it (abnormal recovery)."""
     files = commitlog.mfq.files
     rows = np.empty(4096, dtype=F.SCAN_DTYPE)
     index = start_index
     mf = files[index]
-    pos = 0
+    pos = start_pos
     while True:
         n, stop, reason, _ = kernels.commitlog_scan(mf.mm, pos, mf.file_size, check_crc, rows)
         if report is not None:
@@ -57,7 +64,7 @@ def scan_commitlog(commitlog, kernels, start_index, check_crc, dispatch=None, re
             continue                       # the rows array filled up
         if reason == F.SCAN_BLANK or (reason == F.SCAN_END and pos >= mf.file_size):
             index += 1
-            if index >= len(files):
+            if index >= len(files) or index == stop_index:
                 # The last file ends in a blank: data ends where the next file would start.
                 pos = mf.file_size
                 break
@@ -166,14 +173,86 @@ def recover_abnormally(store, max_phy_of_cq, report):
             start = i
             break
     report.start_file = files[start].file_name
+    index_from = _redispatch_index(store, start, report)
 
     def dispatch(arr, buf):
         dispatch_all(store.dispatchers, arr, buf)
+        if index_from >= 0:
+            report.index_redispatched += int(np.count_nonzero(arr["phy_offset"] >= index_from))
 
     process = scan_commitlog(commitlog, store.kernels, start, store.config.check_crc_on_recover,
                              dispatch=dispatch if store.writable else None, report=report)
     _truncate(store, process, max_phy_of_cq, report)
+    if index_from >= 0:
+        _drop_index_past(store, process, report)
     return process
+
+
+def _index_end(store):
+    """Where the index ends: the newest surviving file's endPhyOffset (load() keeps a flushed
+    prefix of files), or the CommitLog's start when no file survived."""
+    survivors = store._indexer.index_file_list
+    begin = max(0, store.commitlog.min_offset)
+    return max(begin, survivors[-1].end_phy_offset) if survivors else begin
+
+
+def _index_only_pass(store, begin, stop_index, report):
+    """Hand the records from `begin` (a record's start) to the index alone, up to file
+    `stop_index` (None: the end of data). The ConsumeQueues and the process offset are not
+    touched, so a bad record here stops only this pass. Returns where it stopped."""
+    indexer = store._indexer
+    files = store.commitlog.mfq.files
+    holder = store.commitlog.mfq.find_by_offset(begin)
+    first = files.index(holder) if holder is not None else 0
+    pos = begin - files[first].file_from_offset if holder is not None else 0
+
+    def to_index(arr, buf):
+        indexer.dispatch_array(arr, buf)
+        report.index_redispatched += len(arr)
+
+    log.info("rebuilding the index from offset %d (file %s)", begin, files[first].file_name)
+    return scan_commitlog(store.commitlog, store.kernels, first,
+                          store.config.check_crc_on_recover, dispatch=to_index,
+                          start_pos=pos, stop_index=stop_index)
+
+
+def _redispatch_index(store, start, report):
+    """Rebuild the index up to CommitLog file `start`, where the re-dispatch of every record
+    begins: 4.9.8 starts the index there too, and loses the keys of older records whose index
+    file load() destroyed. The index dispatcher skips what it already has. Returns where the
+    index is rebuilt from, -1 when it is not (read-only store, index disabled)."""
+    indexer = store._indexer
+    if not store.writable or indexer not in store.dispatchers:
+        return -1
+    report.index_files_dropped = list(indexer.dropped)
+    begin = report.index_rebuilt_from = _index_end(store)
+    stop = store.commitlog.mfq.files[start]
+    if begin < stop.file_from_offset and \
+            _index_only_pass(store, begin, start, report) < stop.file_from_offset:
+        log.warning("the index rebuild stopped at a bad record: records up to file %s stay "
+                    "unindexed", stop.file_name)
+    return begin
+
+
+def _drop_index_past(store, process, report):
+    """A power cut can keep a flushed index file whose records never reached the disk, so
+    recovery truncated them. Its entries would stand for whatever is stored there next, and
+    the dispatcher would skip those new records as indexed already: destroy such files and
+    rebuild the index from the survivors' end up to `process`."""
+    dropped = store._indexer.drop_past(process)
+    if not dropped:
+        return
+    report.index_files_dropped += dropped
+    survivors = store._indexer.index_file_list
+    # The checkpoint vouched for the dropped files: it must not vouch for their rebuilds.
+    checkpoint = store.checkpoint
+    checkpoint.index_msg_timestamp = min(checkpoint.index_msg_timestamp,
+                                         survivors[-1].end_timestamp if survivors else 0)
+    checkpoint.flush()
+    begin = _index_end(store)
+    report.index_rebuilt_from = min(report.index_rebuilt_from, begin)
+    if begin < process:
+        _index_only_pass(store, begin, None, report)
 
 
 def recover_topic_queue_table(store):

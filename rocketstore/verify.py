@@ -208,12 +208,18 @@ def _check_consume_queues(store, report, good, progress):
 def _check_index(store, report, good):
     """Every entry of every IndexFile: it points at a valid record that carries its key
     (topic#UNIQ_KEY or topic#each KEYS piece), its chain link points back inside the file,
-    and the header agrees with the entries and slots."""
+    and the header agrees with the entries and slots. Then the other way round: every key
+    of every valid record has an entry (see _check_index_coverage)."""
     service = getattr(store, "_indexer", None)
     if service is None:
         return
     from .index_service import index_keys
     k = store.kernels
+    for path in service.unreadable:
+        report.problems.append(Problem(
+            "index", _rel(store, path), -1, "its hash slot and entry numbers cannot be told "
+            "(the index files' sizes or contents disagree): not checked"))
+    indexed = []
     for f in list(service.index_file_list):
         rel = _rel(store, f.path)
         header, slots, entries = f.arrays()
@@ -241,6 +247,7 @@ def _check_index(store, report, good):
                     "index", rel, base + int(numbers[j]) * F.INDEX_ENTRY_SIZE,
                     f"entry {int(numbers[j])} links to {int(prev[j])}, not an earlier entry"))
             offsets = used["phy_offset"].astype(np.int64)
+            indexed.append(_key_pairs(offsets, used["key_hash"]))
             found = good.size_at(offsets)
             hashes = used["key_hash"].tolist()
             for j, (off, size) in enumerate(zip(offsets.tolist(), found.tolist())):
@@ -260,6 +267,88 @@ def _check_index(store, report, good):
                         f"hashes to {hashes[j]}"))
         finally:
             del header, slots, entries        # the views pin the mapping
+    if not service.unreadable:
+        _check_index_coverage(store, report, good, indexed)
+
+
+_KEY_PAIR = np.dtype([("phy", "<i8"), ("hash", "<i8")])
+MAX_UNINDEXED_PROBLEMS = 100     # then one summary: a lost index would list every record
+
+
+def _key_pairs(phys, hashes):
+    out = np.empty(len(phys), dtype=_KEY_PAIR)
+    out["phy"] = phys
+    out["hash"] = hashes
+    return out
+
+
+def _record_keys(store, good):
+    """(phy offsets, key hashes, file, position) of every key the index dispatcher puts for
+    the valid records, hashed by the same index_keys kernel."""
+    k = store.kernels
+    rows = np.empty(4096, dtype=F.SCAN_DTYPE)
+    for mf in store.commitlog.mfq.files:
+        base = mf.file_from_offset
+        lo, hi = np.searchsorted(good.offsets, [base, base + mf.file_size])
+        starts = good.offsets[lo:hi] - base
+        i = 0
+        while i < len(starts):
+            n, stop, _, _ = k.commitlog_scan(mf.mm, int(starts[i]), mf.file_size, False, rows)
+            chunk = rows[:n]
+            chunk = chunk[good.size_at(base + chunk["pos"].astype(np.int64)) >= 0]
+            # This scan skips the CRC: keep the rows verify found valid, and go on from the
+            # next valid record past where it stopped.
+            i = max(i + 1, int(np.searchsorted(starts, stop)))
+            if not len(chunk):
+                continue
+            cap = 4 * len(chunk) + 16
+            while True:
+                hashes = np.empty(cap, dtype=np.int32)
+                key_rows = np.empty(cap, dtype=np.int32)
+                nkeys, done = k.index_keys(mf.mm, chunk, hashes, key_rows)
+                if done == len(chunk):
+                    break
+                cap *= 4
+            key_rows = key_rows[:nkeys]
+            yield (chunk["phy_offset"][key_rows].astype(np.int64), hashes[:nkeys], mf,
+                   chunk["pos"][key_rows].astype(np.int64))
+
+
+def _key_named(store, good, phy, key_hash):
+    """The `topic#key` of the record at `phy` that hashes to key_hash."""
+    from .index_service import index_keys
+    m = MessageExt.decode(store.commitlog.get_data(phy, int(good.size_at(np.array([phy]))[0])))
+    topic = m.topic.encode()
+    for key in index_keys(m.properties_string.encode()):
+        if store.kernels.index_hash(topic + b"#" + key) == key_hash:
+            return (topic + b"#" + key).decode("utf-8", "replace")
+    return f"hash {key_hash}"
+
+
+def _check_index_coverage(store, report, good, indexed):
+    """Every key of every valid record has an index entry at that record (a crash that lost
+    index files shows here: queries would not find those records)."""
+    if not store.config.message_index_enable:
+        return
+    have = np.concatenate(indexed) if indexed else np.empty(0, dtype=_KEY_PAIR)
+    have = have[np.lexsort((have["hash"], have["phy"]))]     # far faster than sorting records
+    missing = 0
+    for phys, hashes, mf, positions in _record_keys(store, good):
+        want = _key_pairs(phys, hashes)
+        at = np.minimum(np.searchsorted(have, want), max(len(have) - 1, 0))
+        absent = np.ones(len(want), dtype=bool) if not len(have) else have[at] != want
+        for j in np.flatnonzero(absent):
+            missing += 1
+            if missing > MAX_UNINDEXED_PROBLEMS:
+                continue
+            report.problems.append(Problem(
+                "index", _rel(store, mf.path), int(positions[j]),
+                f"key {_key_named(store, good, int(phys[j]), int(hashes[j]))!r} of the record "
+                f"at {int(phys[j])} has no index entry: key queries miss the record"))
+    if missing > MAX_UNINDEXED_PROBLEMS:
+        report.problems.append(Problem(
+            "index", "index", -1, f"{missing} record keys in all are missing from the index "
+            f"(the first {MAX_UNINDEXED_PROBLEMS} are listed)"))
 
 
 def _check_checkpoint(store, report, good):

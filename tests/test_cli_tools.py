@@ -49,10 +49,15 @@ def test_verify_checks_every_index_entry(broker_store):
     name = sorted(os.listdir(broker_store / "index"))[2]
     with open(broker_store / "index" / name, "r+b") as f:
         f.seek(40 + 64 * 4 + 20 * 7 + 4)               # entry 7's physical offset
+        was = int.from_bytes(f.read(8), "big")
+        f.seek(-8, os.SEEK_CUR)
         f.write((999999).to_bytes(8, "big"))
     report = json.loads(rocketstore("verify", str(broker_store), "--json").stdout)
+    # The bad entry, and the record whose key it held, now found by no entry.
+    cl_size = os.path.getsize(broker_store / "commitlog" / "00000000000000000000")
     assert [(p["kind"], p["file"], p["offset"]) for p in report["problems"]] == \
-        [("index", f"index/{name}", 40 + 64 * 4 + 20 * 7)]
+        [("index", f"index/{name}", 40 + 64 * 4 + 20 * 7),
+         ("index", f"commitlog/{was // cl_size * cl_size:020d}", was % cl_size)]
 
 
 def test_recover_dry_run_changes_nothing_and_recover_truncates(broker_store):

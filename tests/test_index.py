@@ -360,6 +360,195 @@ def test_geometry_inference_rejects_sizes_that_fit_nothing(tmp_path):
     assert infer_geometry([str(q)], DEFAULT, 64, 500) == (64, 500)
 
 
+def _index_bytes(root):
+    return {p.name: p.read_bytes() for p in sorted((root / "index").iterdir())}
+
+
+def _keyed_store(root, backend, n, **cfg):
+    """A store of n messages keyed k0..k{n-1} (three topics), shut down cleanly."""
+    store = _store(root, backend, **cfg)
+    try:
+        store.put_messages([Message(f"T{i % 3}", b"x" * (i % 40), keys=f"k{i}")
+                            for i in range(n)])
+    finally:
+        store.shutdown()
+
+
+def _assert_every_key_found(store, n):
+    for i in range(n):
+        assert [m.keys for m in store.query_message(f"T{i % 3}", f"k{i}").messages] == \
+            [f"k{i}"], i
+
+
+def test_geometry_inference_tells_apart_two_geometries_of_one_file_size(tmp_path, backend):
+    assert index_file_size(64, 500) == index_file_size(164, 480)
+    from rocketstore.fs import DEFAULT
+    paths = {}
+    for slots, entries in ((64, 500), (164, 480)):
+        path = str(tmp_path / f"20260101000{slots:06d}")
+        f = IndexFile(path, slots, entries, backend, DEFAULT)
+        for i in range(37):
+            f.put_key(f"T#k{i}", 1000 + i, 1_800_000_000_000 + i)
+        f.close()
+        paths[slots, entries] = path
+    for geometry, path in paths.items():
+        for configured in ((64, 500), (164, 480), (SLOTS, ENTRIES)):
+            assert infer_geometry([path], DEFAULT, *configured) == geometry, configured
+
+
+def test_verify_finds_no_problem_in_a_clean_store_with_64_slots_and_500_entries(tmp_path,
+                                                                                 backend):
+    from rocketstore.verify import verify_store
+    _keyed_store(tmp_path, backend, 300)
+    store = MessageStore.open_read_only(tmp_path, kernels=backend)
+    try:
+        report = verify_store(store)
+        assert [str(p) for p in report.problems] == []
+        assert report.index_entries == 300
+        _assert_every_key_found(store, 300)
+    finally:
+        store.shutdown()
+
+
+def test_a_writable_open_with_other_index_settings_keeps_the_files_geometry(tmp_path,
+                                                                            backend):
+    _keyed_store(tmp_path, backend, 1200)
+    before = _index_bytes(tmp_path)
+    assert len(before) == 3
+    default_index = dict(max_hash_slot_num=SLOTS, max_index_num=ENTRIES)
+    _store(tmp_path, backend, **default_index).shutdown()
+    assert _index_bytes(tmp_path) == before
+    store = _store(tmp_path, backend, **default_index)
+    try:
+        assert (store.index_service.hash_slot_num, store.index_service.index_num) == (64, 500)
+        store.put_messages([Message(f"T{i % 3}", b"y", keys=f"k{i}") for i in range(1200, 1700)])
+        testing.wait_dispatched(store)
+        _assert_every_key_found(store, 1700)
+    finally:
+        store.shutdown()
+    after = _index_bytes(tmp_path)
+    assert len(after) == 4 and {len(b) for b in after.values()} == {index_file_size(64, 500)}
+    names = sorted(before)
+    assert [after[n] for n in names[:2]] == [before[n] for n in names[:2]]
+
+
+def test_recover_and_rebuild_keep_the_index_files_geometry(tmp_path, backend):
+    from rocketstore import repair
+    _keyed_store(tmp_path, backend, 300)
+    before = _index_bytes(tmp_path)
+    repair.recover(str(tmp_path), kernels=backend)
+    assert {n: len(b) for n, b in _index_bytes(tmp_path).items()} == \
+        {n: len(b) for n, b in before.items()}
+    repair.rebuild_index(str(tmp_path), kernels=backend)
+    repair.rebuild_consume_queues(str(tmp_path), kernels=backend)
+    assert {len(b) for b in _index_bytes(tmp_path).values()} == {index_file_size(64, 500)}
+    store = MessageStore.open_read_only(tmp_path, kernels=backend)
+    try:
+        _assert_every_key_found(store, 300)
+    finally:
+        store.shutdown()
+
+
+def test_a_writable_open_refuses_index_files_of_unknown_geometry_and_keeps_them(tmp_path,
+                                                                                backend):
+    from rocketstore.errors import StoreLoadError
+    _keyed_store(tmp_path, backend, 10)
+    odd = tmp_path / "index" / "20990101000000000"
+    odd.write_bytes(b"\1" * 1001)
+    before = _index_bytes(tmp_path)
+    with pytest.raises(StoreLoadError, match="max_hash_slot_num and max_index_num"):
+        _store(tmp_path, backend)
+    assert _index_bytes(tmp_path) == before
+    store = MessageStore.open_read_only(tmp_path, kernels=backend)
+    try:
+        assert store.index_service.unreadable == [str(odd.parent / p) for p in sorted(before)]
+    finally:
+        store.shutdown()
+
+
+def test_verify_names_every_record_whose_keys_the_index_lost(tmp_path, backend):
+    from rocketstore.verify import verify_store
+    _keyed_store(tmp_path, backend, 1200)
+    ro = MessageStore.open_read_only(tmp_path, kernels=backend)
+    try:
+        assert verify_store(ro).ok
+        lost = ro.index_service.index_file_list[1]
+        lo, hi = lost.begin_phy_offset, lost.end_phy_offset
+        records = [(m.commit_log_offset, m.topic, m.keys) for m in
+                   (ro.look_message_by_offset(o) for o in _record_offsets(ro))]
+    finally:
+        ro.shutdown()
+    os.remove(lost.path)
+    ro = MessageStore.open_read_only(tmp_path, kernels=backend)
+    try:
+        problems = verify_store(ro).problems
+    finally:
+        ro.shutdown()
+    want = [(f"commitlog/{off // 65536 * 65536:020d}", off % 65536, f"key '{topic}#{keys}' of the "
+             f"record at {off} has no index entry: key queries miss the record")
+            for off, topic, keys in records if lo <= off <= hi]
+    assert 400 < len(want) < 500
+    assert [(p.kind, p.file, p.offset, p.detail) for p in problems] == \
+        [("index",) + w for w in want[:100]] + \
+        [("index", "index", -1, f"{len(want)} record keys in all are missing from the index "
+          "(the first 100 are listed)")]
+
+
+def _record_offsets(store):
+    offsets = []
+    offset = 0
+    while offset < store.get_max_phy_offset():
+        m = store.look_message_by_offset(offset)
+        if m is None:                            # a file's blank tail
+            offset = (offset // 65536 + 1) * 65536
+            continue
+        offsets.append(offset)
+        offset += m.store_size
+    return offsets
+
+
+def test_index_files_pointing_past_a_truncated_commit_log_are_rebuilt(tmp_path, backend):
+    """A power cut kept flushed index files whose records never reached the disk."""
+    from rocketstore.verify import verify_store
+    _keyed_store(tmp_path, backend, 1200)
+    ro = MessageStore.open_read_only(tmp_path, kernels=backend)
+    try:
+        cut = ro.query_message("T0", "k900").messages[0].commit_log_offset
+        names = [f.file_name for f in ro.index_service.index_file_list]
+        ends = [f.end_timestamp for f in ro.index_service.index_file_list]
+    finally:
+        ro.shutdown()
+    for f in sorted((tmp_path / "commitlog").iterdir()):
+        start = int(f.name)
+        if start + 65536 <= cut:
+            continue
+        data = f.read_bytes()
+        keep = max(0, cut - start)
+        f.write_bytes(data[:keep] + bytes(len(data) - keep))
+    cp = bytearray((tmp_path / "checkpoint").read_bytes())
+    cp[16:24] = struct.pack(">q", max(ends))          # it vouches for every index file
+    (tmp_path / "checkpoint").write_bytes(bytes(cp))
+    (tmp_path / "abort").write_bytes(b"")
+    store = _store(tmp_path, backend)
+    try:
+        report = store.recovery_report
+        assert report.process_offset == cut
+        assert report.index_files_dropped == names[1:]
+        store.put_messages([Message(f"T{i % 3}", b"z", keys=f"n{i}") for i in range(300)])
+        testing.wait_dispatched(store)
+        for i in range(300):
+            assert len(store.query_message(f"T{i % 3}", f"n{i}").messages) == 1, i
+        _assert_every_key_found(store, 900)
+        assert store.query_message("T0", "k900").messages == []
+    finally:
+        store.shutdown()
+    ro = MessageStore.open_read_only(tmp_path, kernels=backend)
+    try:
+        assert [str(p) for p in verify_store(ro).problems] == []
+    finally:
+        ro.shutdown()
+
+
 # ---- IndexService in a running store ---------------------------------------------------------------
 
 def _store(root, backend, **cfg):
@@ -559,6 +748,24 @@ def test_query_rounds_narrow_end_and_max_num_is_capped(tmp_path, backend):
 
 
 # ---- get_offset_in_queue_by_time: spec 02 §1.9 ----------------------------------------------
+
+def test_a_time_window_holds_exactly_the_messages_stored_inside_it(tmp_path, backend):
+    # 7 ms apart, so store times fall between the whole seconds an entry keeps.
+    store = _store(tmp_path, backend)
+    try:
+        rs = [store.put_message(Message("T", b"x", keys="same")) for i in range(300)]
+        testing.wait_dispatched(store)
+        for lo, hi in ((200, 220), (143, 151), (0, 3), (299, 299), (150, 150)):
+            got = store.query_message("T", "same", max_num=64, begin=rs[lo].store_timestamp,
+                                      end=rs[hi].store_timestamp)
+            assert [m.commit_log_offset for m in got.messages] == \
+                [r.commit_log_offset for r in rs[lo:hi + 1]], (lo, hi)
+        got = store.query_message("T", "same", begin=rs[200].store_timestamp + 1,
+                                  end=rs[201].store_timestamp - 1)
+        assert got.messages == []
+    finally:
+        store.shutdown()
+
 
 def test_offset_by_time_finds_exact_nearest_and_edge_entries(tmp_path, backend):
     store = _store(tmp_path, backend)

@@ -9,6 +9,7 @@ import argparse
 import os
 import random
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
@@ -63,6 +64,8 @@ def main():
     ap.add_argument("--backend", default=None)
     ap.add_argument("--start", type=int, default=0, help="index of the first message")
     ap.add_argument("--durability-log", default=None)
+    ap.add_argument("--count", type=int, default=None,
+                    help="put this many messages, print `done`, then wait to be killed")
     args = ap.parse_args()
     fs = RecordingFS(args.durability_log) if args.durability_log else None
     store = MessageStore(args.store, crash_config(args.mode), kernels=args.backend, fs=fs)
@@ -73,9 +76,12 @@ def main():
     out.flush()
     rng = random.Random(args.start)
     i = args.start
-    while True:
+    end = None if args.count is None else args.start + args.count
+    while end is None or i < end:
         if rng.random() < 0.2:
             n = rng.randrange(2, 40)
+            if end is not None:
+                n = min(n, end - i)
             rs = store.put_messages([message(j) for j in range(i, i + n)])
             assert rs.ok, rs.status
             durable = int(rs.status.name == "PUT_OK")
@@ -91,6 +97,10 @@ def main():
                       f"{durable}\n")
             i += 1
         out.flush()
+    out.write("done\n")
+    out.flush()
+    while True:
+        time.sleep(60)
 
 
 if __name__ == "__main__":
