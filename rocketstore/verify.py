@@ -17,7 +17,8 @@ from .message import MessageExt, java_string_hash, PROPERTY_DELAY
 
 _REASONS = {F.SCAN_CORRUPT: "corrupt record (bad magic, length or body CRC)",
             F.SCAN_MISMATCH: "record fields do not add up to its TOTALSIZE",
-            F.SCAN_PARTIAL: "record runs past the end of its file"}
+            F.SCAN_PARTIAL: "record runs past the end of its file",
+            F.SCAN_TOPIC: "corrupt record (topic bytes are not a valid topic name)"}
 
 
 @dataclasses.dataclass

@@ -15,6 +15,9 @@ Differences from 4.9.x, all invisible on the wire:
   (4.9.x accepts it, and then counts it as an acknowledgement for SYNC_MASTER producers).
 - Frames are never cut out of the wrong file: 4.9.x's getData(0) on a master whose first file
   expired reads the first file at position 0 and labels it offset 0.
+- At most `ha_max_connections` slaves at once; a further connection is closed on accept.
+- Housekeeping counts complete offset reports, not bytes: a peer that trickles a byte now and
+  then without ever completing a report is closed like a silent one.
 """
 import logging
 import socket
@@ -76,6 +79,7 @@ class HAService:
         self.client = None
         self.port = None                   # the bound HA port (master), for ha_listen_port 0
         self.listen_error = None           # why an ASYNC_MASTER runs without a listener
+        self.refused_connections = 0       # closed on accept: ha_max_connections reached
         if self.role is BrokerRole.SLAVE:
             from .slave import HAClient
             self.client = HAClient(store, self.config.ha_master_address)
@@ -150,10 +154,19 @@ class HAService:
             if self._stopped.is_set():
                 sock.close()
                 break
-            log.info("HA: slave %s connected", addr)
-            conn = HAConnection(self, sock, addr)
+            cap = self.config.ha_max_connections
             with self._conn_lock:
-                self.connections = self.connections + [conn]
+                full = len(self.connections) >= cap
+                if not full:
+                    conn = HAConnection(self, sock, addr)
+                    self.connections = self.connections + [conn]
+            if full:
+                self.refused_connections += 1
+                log.warning("HA: refusing slave %s: already %d connections "
+                            "(ha_max_connections)", addr, cap)
+                sock.close()
+                continue
+            log.info("HA: slave %s connected", addr)
             conn.start()
 
     def _remove(self, conn):
@@ -263,7 +276,7 @@ class HAConnection:
         buf = bytearray(READ_BUFFER_SIZE)
         view = memoryview(buf)
         pos = process = 0
-        last_read = _now_ms()
+        last_report = _now_ms()
         housekeeping = self.service.config.ha_housekeeping_interval
         try:
             while not self._stopped.is_set():
@@ -282,12 +295,13 @@ class HAConnection:
                     break
                 if n:
                     pos += n
-                    last_read = now
                     offset, process = wire.last_report(buf, process, pos)
-                    if offset is not None and not self._on_report(offset):
-                        break
-                elif now - last_read > housekeeping:
-                    self.stop(f"housekeeping: nothing read for {now - last_read} ms")
+                    if offset is not None:
+                        last_report = now
+                        if not self._on_report(offset):
+                            break
+                if now - last_report > housekeeping:
+                    self.stop(f"housekeeping: no offset report for {now - last_report} ms")
                     break
         except Exception:
             log.exception("HA: reader for %s failed", self.addr)

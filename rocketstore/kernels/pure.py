@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import format as F
 from ..errors import (RS_E_ARG, RS_E_BOUNDS, RS_E_TOO_LONG, raise_for_status)
+from ..message import valid_topic_bytes
 
 NAME = "pure"
 
@@ -205,16 +206,19 @@ def _check_one(mv, p, end, check_crc):
         return F.SCAN_CORRUPT, 0, None
     if check_crc and (zlib.crc32(rec[body_off:body_off + body_len]) & 0x7FFFFFFF) != body_crc:
         return F.SCAN_CORRUPT, 0, None
+    topic = bytes(rec[topic_off:topic_off + topic_len])
+    if not valid_topic_bytes(topic):
+        return F.SCAN_TOPIC, 0, None
     if props_off + props_len != size:
         return F.SCAN_MISMATCH, size, None
     props = bytes(rec[props_off:props_off + props_len])
     tags_code, has_tags = _tags_code(props) if props_len else (0, False)
     info = (F.SCAN_INFO_V2 if v2 else 0) | (F.SCAN_INFO_HAS_TAGS if has_tags else 0)
-    if bytes(rec[topic_off:topic_off + topic_len]) == _SCHEDULE:
+    if topic == _SCHEDULE:
         info |= F.SCAN_INFO_SCHEDULE
     row = (p, phy_offset, queue_offset, tags_code, store_ts, born_ts, prepared, size, queue_id,
            sys_flag, flag, body_crc, reconsume, body_off, body_len, topic_off, topic_len,
-           props_off, props_len, info, _topic_hash(rec[topic_off:topic_off + topic_len]))
+           props_off, props_len, info, _topic_hash(topic))
     return None, size, row
 
 
