@@ -61,6 +61,11 @@ class HAClient:
         self._last_read = 0
         self.error = None                         # why replication stopped for good
 
+    @property
+    def following(self):
+        """Whether the client thread still (re)connects and appends."""
+        return self._thread is not None and self._thread.is_alive()
+
     def update_master_address(self, addr):
         """Use `addr` ("host:port") from the next connection on (HAClient#updateMasterAddress
         keeps the current connection)."""
