@@ -117,9 +117,9 @@ def recover(root, kernels=None):
 
 # ---- rebuilds, and the marker that makes an interrupted one finish ----------------------------
 # `rebuild` in the store root names, one per line, a directory being rebuilt and the config
-# values its files are sized by (the wipe removes the files they were read from). It is written durably before anything is
-# wiped and removed only once the rebuilt files are flushed, so a rebuild killed at any point is
-# redone by the next open (MessageStore.load) or run.
+# values its files are sized by (the wipe removes the files they were read from). It is written
+# durably before anything is wiped and removed only once the rebuilt files are flushed, so a
+# rebuild killed at any point is redone by the next open (MessageStore.load) or run.
 REBUILD_MARKER = "rebuild"
 # What each rebuilt directory's files are sized by, kept in the marker.
 _GEOMETRY = {"consumequeue": ("mapped_file_size_consume_queue",),

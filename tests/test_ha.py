@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from rocketstore import MessageStore, testing
+from rocketstore import MessageStore, serve, testing
 from rocketstore.ha import wire
 from rocketstore.message import Message
 from rocketstore.status import PutMessageStatus as P
@@ -748,6 +748,7 @@ def test_a_master_slave_file_size_mismatch_stops_the_slave_with_a_reason(tmp_pat
         assert "file-size mismatch" in client.error
         wait_until(lambda: not client.following, 5, "the client to stop")
         wait_until(lambda: not master.ha_service.connections, 5, "the master to see it go")
+        assert "stopped following" in serve._status(slave)
     finally:
         slave.shutdown()
         master.shutdown()

@@ -13,9 +13,10 @@ import pytest
 from rocketstore import Message, MessageStore, repair, testing
 from rocketstore.commitlog import TOPIC_PATTERN
 from rocketstore.dispatch import ConsumeQueueDispatcher
-from rocketstore.errors import CorruptRecordError, MessageIllegalError
-from rocketstore.verify import verify_store
 from rocketstore import format as F
+from rocketstore.errors import CorruptRecordError, MessageIllegalError
+from rocketstore.kernels import pure
+from rocketstore.verify import verify_store
 
 GOOD = "GoodTopic"
 
@@ -34,7 +35,6 @@ def forge_topic(root, old, new):
         f.write(data)
     rows = np.zeros(64, dtype=F.SCAN_DTYPE)
     # The record's start: the last record that begins before the topic bytes.
-    from rocketstore.kernels import pure
     n, _, _, _ = pure.commitlog_scan(bytes(data), 0, at, False, rows)
     return int(rows["pos"][n - 1]) + int(rows["size"][n - 1]) if n else 0
 

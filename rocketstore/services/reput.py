@@ -88,9 +88,10 @@ class ReputMessageService(ServiceThread):
                 elif reason in (F.SCAN_CORRUPT, F.SCAN_TOPIC):
                     # Replicated bytes that are not a record: nothing after them can be
                     # trusted, and a partial record never turns into a valid one.
+                    why = ("invalid topic" if reason == F.SCAN_TOPIC else
+                           "bad magic, length or CRC")
                     self._stop_following(
-                        f"corrupt record from the master at {self.reput_from_offset} "
-                        f"({'invalid topic' if reason == F.SCAN_TOPIC else 'bad magic, length or CRC'})")
+                        f"corrupt record from the master at {self.reput_from_offset} ({why})")
                 elif reason == F.SCAN_PARTIAL and end >= mf.file_size:
                     # A full file whose last record runs past its end: the master's files are
                     # larger than ours, so that record will never be complete here.
