@@ -749,8 +749,35 @@ def test_a_master_slave_file_size_mismatch_stops_the_slave_with_a_reason(tmp_pat
         wait_until(lambda: not client.following, 5, "the client to stop")
         wait_until(lambda: not master.ha_service.connections, 5, "the master to see it go")
         assert "stopped following" in serve._status(slave)
+        assert master.ha_service.slave_error is None      # one drop, no loop: no stall
     finally:
         slave.shutdown()
+        master.shutdown()
+
+
+def test_master_names_a_slave_that_keeps_dropping_the_stream_at_one_offset(tmp_path):
+    """What a 4.9.x slave with other file sizes does: refuse the frame, reconnect, report the
+    same offset again, forever."""
+    master = open_node(tmp_path / "m", "ASYNC_MASTER")
+    try:
+        for i in range(50):
+            assert master.put_message(message(i)).ok
+        for attempt in range(3):
+            assert master.ha_service.slave_error is None
+            s = socket.create_connection(("127.0.0.1", master.ha_service.port))
+            s.sendall(wire.encode_report(0))
+            s.settimeout(5)
+            got = b""
+            while len(got) < wire.HEADER_SIZE:
+                got += s.recv(wire.HEADER_SIZE - len(got))
+            assert wire.decode_header(got)[0] == 0
+            s.close()
+            wait_until(lambda: not master.ha_service.connections, 5, "the drop")
+        assert "dropped the connection 3 times in a row at offset 0" in \
+            master.ha_service.slave_error
+        assert "mapped_file_size_commit_log" in master.ha_service.slave_error
+        assert master.ha_service.slave_error in serve._status(master)
+    finally:
         master.shutdown()
 
 

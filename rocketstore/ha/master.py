@@ -18,6 +18,11 @@ Differences from 4.9.x, all invisible on the wire:
 - At most `ha_max_connections` slaves at once; a further connection is closed on accept.
 - Housekeeping counts complete offset reports, not bytes: a peer that trickles a byte now and
   then without ever completing a report is closed like a silent one.
+- A slave that drops the connection DROPS_BEFORE_ERROR times in a row at the same acknowledged
+  offset, with more to send, is logged as an error and named in `slave_error`. That is how a
+  CommitLog file-size mismatch or damaged data looks from here: a 4.9.x slave refuses the frame,
+  reconnects at the same offset and stalls forever. (Its reports only echo our frames, so the
+  slave's file size cannot be seen directly; our slave names the cause itself and stops.)
 """
 import logging
 import socket
@@ -35,6 +40,7 @@ log = logging.getLogger(__name__)
 __all__ = ["HAService", "HAConnection"]
 
 READ_BUFFER_SIZE = 1024 * 1024     # ReadSocketService: 1 MiB, reused when full
+DROPS_BEFORE_ERROR = 3
 SOCKET_TIMEOUT_S = 1.0             # the 1 s select of every 4.9.x HA loop
 
 
@@ -80,6 +86,8 @@ class HAService:
         self.port = None                   # the bound HA port (master), for ha_listen_port 0
         self.listen_error = None           # why an ASYNC_MASTER runs without a listener
         self.refused_connections = 0       # closed on accept: ha_max_connections reached
+        self.slave_error = None            # a slave that keeps stalling at one offset
+        self._drops = {}                   # slave host -> (acked offset, drops there in a row)
         if self.role is BrokerRole.SLAVE:
             from .slave import HAClient
             self.client = HAClient(store, self.config.ha_master_address)
@@ -172,6 +180,28 @@ class HAService:
     def _remove(self, conn):
         with self._conn_lock:
             self.connections = [c for c in self.connections if c is not conn]
+            self._note_drop(conn)
+
+    def _note_drop(self, conn):
+        """Count drops at one offset per slave host (under _conn_lock)."""
+        if self._stopped.is_set() or conn.slave_request_offset < 0:
+            return
+        host = conn.addr[0] if isinstance(conn.addr, tuple) else conn.addr
+        ack = conn.slave_ack_offset
+        master_max = self.store.commitlog.max_offset
+        if ack >= master_max:
+            self._drops.pop(host, None)      # caught up: a drop now is no stall
+            return
+        last, count = self._drops.get(host, (None, 0))
+        count = count + 1 if last == ack else 1
+        self._drops[host] = (ack, count)
+        if count == DROPS_BEFORE_ERROR:
+            self.slave_error = (
+                f"slave {host} dropped the connection {count} times in a row at offset {ack} "
+                f"(master max {master_max}): it cannot take our data there; check that its "
+                f"mapped_file_size_commit_log is {self.config.mapped_file_size_commit_log} "
+                "and that its CommitLog is not damaged")
+            log.error("HA: %s", self.slave_error)
 
     # ---- slave -----------------------------------------------------------------------------
     def update_master_address(self, addr):
