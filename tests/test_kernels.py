@@ -172,6 +172,19 @@ def test_commitlog_scan_takes_every_character_of_the_topic_rule(backend):
     assert backend.commitlog_scan(buf, 0, n, True, out) == (1, n, F.SCAN_END, 0)
 
 
+def test_msg_encode_takes_a_multibyte_buffer_body_as_its_bytes(backends):
+    import array
+    body = array.array("i", range(25))
+    records = []
+    for k in backends:
+        buf = bytearray(1024)
+        n = k.msg_encode(buf, 0, b"T", body, b"", 0, 0, 0, 0, 0, 1, BORN_HOST, 2, STORE_HOST, 0, 0)
+        assert n == k.msg_size(0, 100, 1, 0)
+        records.append(bytes(buf[:n]))
+    assert records[0].find(body.tobytes()) > 0
+    assert all(r == records[0] for r in records)
+
+
 def test_commitlog_scan_reports_a_length_mismatch_with_its_totalsize(backend):
     rec = bytearray(GOLDEN_RECORDS[0] + b"\0")
     struct.pack_into(">i", rec, 0, 136)         # fields end at 135: Java's "[BUG]" record

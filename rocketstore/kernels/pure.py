@@ -60,6 +60,8 @@ def msg_encode(out, pos, topic, body, props, queue_id, flag, queue_offset, phy_o
     sh = _host_len(sys_flag, F.STOREHOSTADDRESS_V6_FLAG)
     if len(born_host) != bh or len(store_host) != sh:
         raise_for_status(RS_E_ARG, "msg_encode: host length does not match sys_flag")
+    if type(body) is not bytes:
+        body = memoryview(body).cast("B")    # lengths in bytes, as C reads any buffer
     size = msg_size(sys_flag, len(body), len(topic), len(props), v2)
     if pos < 0 or pos + size > len(out):
         raise_for_status(RS_E_BOUNDS, "msg_encode")
