@@ -632,7 +632,8 @@ def test_master_closes_a_silent_slave_and_one_reporting_beyond_its_data(tmp_path
 
 
 def test_master_refuses_connections_beyond_ha_max_connections(tmp_path):
-    cfg = dataclasses.replace(node_config("ASYNC_MASTER"), ha_max_connections=2)
+    cfg = dataclasses.replace(node_config("ASYNC_MASTER", housekeeping=60_000),
+                              ha_max_connections=2)
     master = MessageStore(tmp_path / "m", cfg, kernels=BACKEND)
     master.load()
     master.start()
