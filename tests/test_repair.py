@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from rocketstore import MessageStore, repair, testing
+from rocketstore.verify import verify_store
 from rocketstore.workload import make_messages
 
 REBUILDER = os.path.join(os.path.dirname(__file__), "crashers", "rebuilder.py")
@@ -87,6 +88,18 @@ def test_a_rebuild_killed_midway_is_finished_by_the_next_open_or_run(tmp_path, p
     finally:
         store.shutdown()
     assert not os.path.exists(root / "abort")
+
+
+def test_verify_reports_an_interrupted_rebuild(tmp_path, pristine):
+    root = copy_store(pristine, tmp_path / "store")
+    kill_rebuild(root, "index", 1)
+    ro = MessageStore.open_read_only(root, kernels=BACKEND)
+    try:
+        problems = [str(p) for p in verify_store(ro).problems]
+    finally:
+        ro.shutdown()
+    assert "repair: rebuild: a rebuild of index was interrupted; the next writable open (or " \
+        "rebuild run) finishes it" in problems
 
 
 def test_a_finished_rebuild_leaves_no_marker_and_a_clean_store(tmp_path, pristine):
