@@ -152,6 +152,21 @@ static int32_t rs_topic_hash(const uint8_t *p, size_t n)
     return (int32_t)h;
 }
 
+/* The put-side topic rule, ^[%|a-zA-Z0-9_-]+$ (Validators#regularExpressionMatcher). */
+static int rs_topic_ok(const uint8_t *p, int32_t n)
+{
+    int32_t i;
+    if (n <= 0)
+        return 0;
+    for (i = 0; i < n; i++) {
+        uint8_t c = p[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '%' || c == '|' || c == '_' || c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
 int rs_msg_check(const uint8_t *buf, size_t len, int64_t pos, int check_crc,
                  rs_scan_rec *row, int32_t *size_out)
 {
@@ -213,6 +228,8 @@ int rs_msg_check(const uint8_t *buf, size_t len, int64_t pos, int check_crc,
         (rs_crc32(0, rec + body_off, (size_t)body_len) & RS_CRC_MASK) !=
             rs_load_be32(rec + RS_POS_BODYCRC))
         return RS_SCAN_CORRUPT;   /* a stored CRC with bit 31 set can never match */
+    if (!rs_topic_ok(rec + topic_off, topic_len))
+        return RS_SCAN_TOPIC;
     if (props_off + props_len != size) {
         *size_out = size;
         return RS_SCAN_MISMATCH;

@@ -46,10 +46,12 @@ int rs_msg_encode(uint8_t *out, size_t out_len, int64_t pos,
  *
  * len is the end of readable data: a record running past it is RS_SCAN_PARTIAL.
  * Returns RS_OK with *row filled and *size = TOTALSIZE for a good record; otherwise the
- * positive RS_SCAN_* reason (BLANK, EMPTY, CORRUPT, MISMATCH, PARTIAL) with *size = the
+ * positive RS_SCAN_* reason (BLANK, EMPTY, CORRUPT, MISMATCH, PARTIAL, TOPIC) with *size = the
  * blank's or record's TOTALSIZE where one was read (0 otherwise) and *row untouched;
  * RS_E_BOUNDS if pos is outside [0, len].
- * The order of checks is CommitLog#checkMessageAndReturnSize's, as pure._check_one spells it.
+ * The order of checks is CommitLog#checkMessageAndReturnSize's, as pure._check_one spells it,
+ * plus the put-side topic rule (RS_SCAN_TOPIC, after the CRC): the topic names a directory
+ * under consumequeue/, so bytes a put would refuse ("../x", "/x", "") never reach a dispatcher.
  * TAGS is found like MessageDecoder#string2messageProperties (last valid TAGS wins) and hashed
  * with rs_java_hash, sign-extended to 64 bits because the ConsumeQueue stores a long.
  * GIL: callable without it.

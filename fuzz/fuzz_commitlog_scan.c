@@ -29,7 +29,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         RS_FUZZ_CHECK(r == RS_E_BOUNDS);
     } else {
         RS_FUZZ_CHECK(r == RS_OK && count >= 0 && count <= cap);
-        RS_FUZZ_CHECK(reason >= RS_SCAN_END && reason <= RS_SCAN_PARTIAL);
+        RS_FUZZ_CHECK(reason >= RS_SCAN_END && reason <= RS_SCAN_TOPIC);
         for (i = 0, p = start; i < count; i++) {
             RS_FUZZ_CHECK(out[i].pos == p && out[i].size >= RS_MSG_FIXED_V1_IPV4);
             p += out[i].size;

@@ -33,7 +33,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         RS_FUZZ_CHECK(!(row.info & RS_SCAN_INFO_V2) || row.topic_off == row.body_off + row.body_len + 2);
         RS_FUZZ_CHECK((row.info & RS_SCAN_INFO_HAS_TAGS) || row.tags_code == 0);
     } else {
-        RS_FUZZ_CHECK(r >= RS_SCAN_BLANK && r <= RS_SCAN_PARTIAL);
+        RS_FUZZ_CHECK(r >= RS_SCAN_BLANK && r <= RS_SCAN_TOPIC);
     }
     free(buf);
     return 0;

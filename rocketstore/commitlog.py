@@ -1,7 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """CommitLog: every message of every topic, appended under one put lock (spec 01 §3-§6)."""
 import array
-import re
 import struct
 import threading
 
@@ -10,13 +9,12 @@ import numpy as np
 from . import format as F
 from .errors import KernelBoundsError, MessageIllegalError
 from .mapped_file_queue import MappedFileQueue
-from .message import (PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, pack_host,
-                      properties_to_string)
+from .message import (PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, TOPIC_PATTERN,
+                      body_bytes, pack_host, properties_to_string)
 from .services.allocate import AllocateMappedFileService
 from .transient_pool import TransientStorePool
 from .status import PutMessageResult, PutMessagesResult, PutMessageStatus
 
-TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 _I32 = struct.Struct(">i")
 _NOT_DISPATCHED = (F.TRANSACTION_PREPARED_TYPE, F.TRANSACTION_ROLLBACK_TYPE)
 _MAX_RECORD_OVERHEAD = 64 * 1024
@@ -119,7 +117,7 @@ class CommitLog:
         level = batch_properties.get(PROPERTY_DELAY)
         if level and level.strip() not in ("", "0"):
             raise MessageIllegalError("a batch cannot be delayed")
-        if sum(len(m.body or b"") for m in msgs) > self._max_body:
+        if sum(len(body_bytes(m.body)) for m in msgs) > self._max_body:
             raise MessageIllegalError(
                 f"the batch's bodies exceed max_message_size ({self._max_body})")
         return properties_to_string(batch_properties)
@@ -155,9 +153,7 @@ class CommitLog:
         and store time left 0 (patched under the lock). Raises MessageIllegalError."""
         topic = msg.topic
         topic_b = self._topic_bytes(topic)
-        body = msg.body
-        if body is None:
-            body = b""
+        body = body_bytes(msg.body)
         if len(body) > self._max_body:
             raise MessageIllegalError(
                 f"body is {len(body)} bytes; max_message_size is {self._max_body}")
@@ -215,8 +211,7 @@ class CommitLog:
         return e
 
     def _record_bound(self, msg):
-        body = msg.body
-        return (len(body) if body is not None else 0) + F.MAX_PROPERTIES_LENGTH + 512
+        return len(body_bytes(msg.body)) + F.MAX_PROPERTIES_LENGTH + 512
 
     # ---- put (under the lock) -------------------------------------------------------------
     def _writable_file(self):

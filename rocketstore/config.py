@@ -181,6 +181,9 @@ class StoreConfig:
     # should not open a TCP port unless asked (`rocketstore serve` asks). A SYNC_MASTER always
     # listens: its puts wait for a slave.
     ha_listen: bool = False
+    # Most slave connections a master keeps at once; more are closed on accept. Each costs two
+    # threads and a 1 MiB read buffer, and 4.9.x has no cap (a port scan could exhaust it).
+    ha_max_connections: int = 16
     # Create the next CommitLog file ahead of time and pre-fault it (AllocateMappedFileService).
     prefault_next_file: bool = True
     # Beyond RocketMQ (no Java key): keep a CommitLog file while a committed consumer offset
@@ -335,6 +338,7 @@ _LONG_FIELDS = frozenset({"flush_delay_offset_interval", "os_page_cache_busy_tim
 _POSITIVE_FIELDS = (
     "mapped_file_size_commit_log", "mapped_file_size_consume_queue",
     "mapped_file_size_consume_queue_ext", "max_message_size", "max_hash_slot_num", "max_index_num",
+    "ha_max_connections",
 )
 # Fields whose Java key the generic snake→camel rule gets wrong.
 _JAVA_KEY_OVERRIDES = {"check_crc_on_recover": "checkCRCOnRecover"}

@@ -12,7 +12,8 @@ import logging
 import numpy as np
 
 from . import format as F
-from .message import PROPERTY_DELAY, string_to_properties
+from .errors import CorruptRecordError
+from .message import PROPERTY_DELAY, string_to_properties, valid_topic_bytes
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,15 @@ def row_topic(row, buf):
     return bytes(buf[pos:pos + row[R_TOPIC_LEN]]).decode("utf-8", "replace")
 
 
+def _queue_of(store, topic, queue_id):
+    """The ConsumeQueue a record goes to. Its topic names a directory under consumequeue/, so
+    bytes a put would refuse ("../x", "/x") are refused here too, whoever scanned them."""
+    if not valid_topic_bytes(topic):
+        raise CorruptRecordError(f"record topic {bytes(topic)!r} is not a valid topic name; "
+                                 "not dispatched")
+    return store.find_consume_queue_raw(topic, queue_id)
+
+
 class ConsumeQueueDispatcher(Dispatcher):
     """CommitLogDispatcherBuildConsumeQueue: NOT and COMMIT records get a unit in their queue."""
 
@@ -75,14 +85,13 @@ class ConsumeQueueDispatcher(Dispatcher):
 
     def dispatch(self, rows, buf):
         store = self._store
-        find = store.find_consume_queue_raw
         groups = {}
         last_ts = 0
         for row in rows:
             if row[R_SYSFLAG] & F.TRANSACTION_TYPE_MASK in _SKIP_CQ:
                 continue
             pos = row[R_POS] + row[R_TOPIC_OFF]
-            cq = find(buf[pos:pos + row[R_TOPIC_LEN]], row[R_QID])
+            cq = _queue_of(store, buf[pos:pos + row[R_TOPIC_LEN]], row[R_QID])
             tags = row[R_TAGS]
             if row[R_INFO] & F.SCAN_INFO_SCHEDULE:
                 tags = self._schedule_tags_code(row, buf)
@@ -140,7 +149,7 @@ class ConsumeQueueDispatcher(Dispatcher):
             if not same:                # two topics share a hash: go row by row
                 self.dispatch(g.tolist(), buf)
                 return
-        cq = self._store.find_consume_queue_raw(topic, int(g["queue_id"][0]))
+        cq = _queue_of(self._store, topic, int(g["queue_id"][0]))
         tags = np.ascontiguousarray(g["tags_code"])
         schedule = np.flatnonzero(g["info"] & F.SCAN_INFO_SCHEDULE)
         for j in schedule:

@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """Message value types and the properties codec (spec 01 §3.6-3.8)."""
 import ipaddress
+import re
 import socket
 import struct
 import zlib
 
 from . import format as F
-from .errors import CorruptRecordError
+from .errors import CorruptRecordError, MessageIllegalError
 
 _I16 = struct.Struct(">h")
 _I64 = struct.Struct(">q")
@@ -20,6 +21,37 @@ PROPERTY_REAL_TOPIC = "REAL_TOPIC"
 PROPERTY_REAL_QID = "REAL_QID"
 PROPERTY_WAIT = "WAIT"
 KEY_SEPARATOR = " "
+
+# The one topic rule, shared by put, topic config and the scan kernels (rs_msg.c rs_topic_ok,
+# pure._check_one). \Z, not $: $ also matches before a final newline, and a topic names a
+# directory under consumequeue/.
+TOPIC_PATTERN = re.compile(r"[%|a-zA-Z0-9_-]+\Z")
+TOPIC_CHARS = frozenset(b"%|_-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_TOPIC_DELETE = bytes(sorted(TOPIC_CHARS))
+
+
+def valid_topic_bytes(raw):
+    """Whether stored topic bytes obey TOPIC_PATTERN (non-empty, no byte outside the set)."""
+    raw = bytes(raw)
+    return bool(raw) and not raw.translate(None, _TOPIC_DELETE)
+
+
+def body_bytes(body):
+    """A message body as a flat byte buffer: bytes as they are, any other buffer (bytearray,
+    memoryview, numpy array, array('i')) as its raw bytes. Lengths are then bytes on every
+    backend; the compiled ones read raw bytes anyway, and the pure one counted elements."""
+    if body is None:
+        return b""
+    if type(body) is bytes:
+        return body
+    try:
+        mv = memoryview(body)
+    except TypeError:
+        raise MessageIllegalError(
+            f"message body must be bytes or a buffer, not {type(body).__name__}") from None
+    if not mv.c_contiguous:
+        return mv.tobytes()
+    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
 
 
 # ---- Java String.hashCode and HashMap order ------------------------------------------------
@@ -82,13 +114,15 @@ def hashmap_order(names):
 
 def properties_to_string(props):
     """messageProperties2String (4.9.x): name\x01value pairs joined by \x02 in HashMap order,
-    with no separator after the last pair. None values are skipped."""
+    with no separator after the last pair. None values are skipped. A name or value holding
+    \x01 or \x02 raises MessageIllegalError: it would be read back as other properties (a
+    forged UNIQ_KEY, say), so the client's Validators refuse it too."""
     if not props:
         return ""
     order = _ORDER_CACHE.get(tuple(props))
     if order is not None:
         try:
-            return "\x02".join([k + "\x01" + props[k] for k in order])
+            return _checked("\x02".join([k + "\x01" + props[k] for k in order]), len(order))
         except TypeError:       # a None or non-str value: the general path below
             pass
     names = tuple(k for k, v in props.items() if v is not None)
@@ -97,7 +131,16 @@ def properties_to_string(props):
     order = hashmap_order(names)
     if len(names) == len(props) and len(_ORDER_CACHE) < 65536:
         _ORDER_CACHE[tuple(props)] = order
-    return "\x02".join([f"{k}\x01{props[k]}" for k in order])
+    return _checked("\x02".join([f"{k}\x01{props[k]}" for k in order]), len(order))
+
+
+def _checked(text, pairs):
+    """`text` if it holds exactly the separators its `pairs` put there."""
+    if text.count("\x01") != pairs or text.count("\x02") != pairs - 1:
+        raise MessageIllegalError(
+            "a property name or value (TAGS and KEYS included) holds \\x01 or \\x02, "
+            "the properties separators")
+    return text
 
 
 def string_to_properties(text):

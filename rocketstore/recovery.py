@@ -36,7 +36,8 @@ class RecoveryReport:
 
 _REASONS = {F.SCAN_END: "end", F.SCAN_BLANK: "blank", F.SCAN_EMPTY: "empty",
             F.SCAN_CORRUPT: "corrupt", F.SCAN_MISMATCH: "length mismatch",
-            F.SCAN_PARTIAL: "partial record"}
+            F.SCAN_PARTIAL: "partial record",
+            F.SCAN_TOPIC: "corrupt (topic bytes are not a valid topic name)"}
 
 
 def scan_commitlog(commitlog, kernels, start_index, check_crc, dispatch=None, report=None,

@@ -64,11 +64,15 @@ def _status(store):
     ha = store.ha_service
     if store.is_slave:
         client = ha.client
+        if client.error is not None:
+            return (f"slave: max offset {store.get_max_phy_offset()}, stopped following "
+                    f"{client.master_address}: {client.error}")
         return (f"slave: max offset {store.get_max_phy_offset()}, "
                 f"{'connected to' if client.connected else 'waiting for'} "
                 f"{client.master_address}, dispatch behind {store.dispatch_behind_bytes()}")
     return (f"master: max offset {store.get_max_phy_offset()}, slaves {ha.connection_count}, "
-            f"acked by a slave up to {ha.push2slave_max_offset}")
+            f"acked by a slave up to {ha.push2slave_max_offset}" +
+            (f"; {ha.slave_error}" if ha.slave_error else ""))
 
 
 def _produce(store, args, stop):

@@ -174,7 +174,12 @@ class MessageStore:
         elif not self.fs.is_dir(self.root):
             raise StoreLoadError(f"{self.root} is not a store directory")
         try:
-            last_exit_ok = not force_recovery and not self.fs.exists(abort_path(self.root))
+            rebuilding = None
+            if not self.read_only:
+                from . import repair        # imports this module: bound late
+                rebuilding = repair.begin_pending_rebuild(self.fs, self.root)
+            last_exit_ok = (not force_recovery and rebuilding is None and
+                            not self.fs.exists(abort_path(self.root)))
             self.commitlog.load()
             self._load_consume_queues()
             self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"), self.fs,
@@ -183,6 +188,8 @@ class MessageStore:
             # recovery's re-dispatch rebuilds them.
             self._indexer.load(last_exit_ok)
             self.recovery_report = recovery.recover(self, last_exit_ok)
+            if rebuilding is not None:
+                repair.end_pending_rebuild(self)
             self._load_configs()
         except BaseException:
             self._close_files()

@@ -14,15 +14,17 @@ import numpy as np
 from . import format as F
 from .errors import CorruptRecordError
 from .message import MessageExt, java_string_hash, PROPERTY_DELAY
+from .repair import REBUILD_MARKER, pending_rebuild
 
 _REASONS = {F.SCAN_CORRUPT: "corrupt record (bad magic, length or body CRC)",
             F.SCAN_MISMATCH: "record fields do not add up to its TOTALSIZE",
-            F.SCAN_PARTIAL: "record runs past the end of its file"}
+            F.SCAN_PARTIAL: "record runs past the end of its file",
+            F.SCAN_TOPIC: "corrupt record (topic bytes are not a valid topic name)"}
 
 
 @dataclasses.dataclass
 class Problem:
-    kind: str          # commitlog | consumequeue | index | checkpoint | config
+    kind: str          # commitlog | consumequeue | index | checkpoint | config | repair
     file: str          # path relative to the store root
     offset: int        # byte offset inside that file (-1: the file as a whole)
     detail: str
@@ -399,4 +401,15 @@ def verify_store(store, progress=None):
     _check_index(store, report, good)
     _check_checkpoint(store, report, good)
     _check_configs(store, report)
+    _check_pending_rebuild(store, report)
     return report
+
+
+def _check_pending_rebuild(store, report):
+    """A rebuild killed midway: what it wiped is missing until a writable open finishes it."""
+    dirs = pending_rebuild(store.fs, store.root)
+    if dirs:
+        report.problems.append(Problem(
+            "repair", REBUILD_MARKER, -1,
+            f"a rebuild of {', '.join(dirs)} was interrupted; the next writable open (or "
+            "rebuild run) finishes it"))

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """HA replication (spec 05): wire bytes, the slave's append rule, and master/slave runs across
 processes on 127.0.0.1 ephemeral ports, with kills, cut sockets and hostile peers."""
+import dataclasses
 import os
 import queue
 import signal
@@ -12,7 +13,7 @@ import time
 
 import pytest
 
-from rocketstore import MessageStore, testing
+from rocketstore import MessageStore, serve, testing
 from rocketstore.ha import wire
 from rocketstore.message import Message
 from rocketstore.status import PutMessageStatus as P
@@ -542,6 +543,8 @@ def real_records(tmp_path, count=20):
 @pytest.mark.parametrize("attack", ["offset-ahead", "offset-behind", "oversized", "negative",
                                     "half-frame", "unaligned-first", "past-file-end"])
 def test_slave_drops_a_hostile_master_and_appends_nothing_out_of_place(tmp_path, attack):
+    """Bad frames close the connection; frames cut for files of another size ("unaligned-first",
+    "past-file-end") also stop the following, with the reason in HAClient.error."""
     data = real_records(tmp_path)
     fake = FakeMaster()
     slave = open_node(tmp_path / "s", "SLAVE", master=f"127.0.0.1:{fake.port}",
@@ -568,8 +571,14 @@ def test_slave_drops_a_hostile_master_and_appends_nothing_out_of_place(tmp_path,
             assert bytes(slave.commitlog.get_data(0, good)) == data[:good]
         else:
             assert slave.commitlog.mfq.files == []
+        client = slave.ha_service.client
+        if attack in ("unaligned-first", "past-file-end"):
+            wait_until(lambda: not client.following, 5, "the client to stop")
+            assert "file-size mismatch" in client.error
+            return
         # It reconnects and reports its real offset again.
         assert fake.accept() == good
+        assert client.error is None
     finally:
         slave.shutdown()
         fake.close()
@@ -618,6 +627,157 @@ def test_master_closes_a_silent_slave_and_one_reporting_beyond_its_data(tmp_path
         liar.settimeout(5)
         assert liar.recv(100) == b""
         liar.close()
+    finally:
+        master.shutdown()
+
+
+def test_master_refuses_connections_beyond_ha_max_connections(tmp_path):
+    cfg = dataclasses.replace(node_config("ASYNC_MASTER", housekeeping=60_000),
+                              ha_max_connections=2)
+    master = MessageStore(tmp_path / "m", cfg, kernels=BACKEND)
+    master.load()
+    master.start()
+    socks = []
+    try:
+        for _ in range(5):
+            s = socket.create_connection(("127.0.0.1", master.ha_service.port))
+            s.sendall(wire.encode_report(0))
+            socks.append(s)
+        wait_until(lambda: master.ha_service.refused_connections == 3, 5, "refusals")
+        assert len(master.ha_service.connections) == 2
+        closed = 0
+        for s in socks:
+            s.settimeout(0.5)
+            try:
+                closed += s.recv(100) == b""
+            except socket.timeout:
+                pass
+            except ConnectionResetError:
+                closed += 1
+        assert closed == 3
+        for s in socks[:2]:
+            s.close()
+        socks = socks[2:]
+        wait_until(lambda: len(master.ha_service.connections) == 0, 10, "the two to close")
+        late = socket.create_connection(("127.0.0.1", master.ha_service.port))
+        socks.append(late)
+        wait_until(lambda: len(master.ha_service.connections) == 1, 5, "a freed slot is used")
+    finally:
+        for s in socks:
+            s.close()
+        master.shutdown()
+
+
+def test_master_closes_a_peer_that_trickles_bytes_but_never_reports_in_time(tmp_path):
+    master = open_node(tmp_path / "m", "ASYNC_MASTER", housekeeping=500)
+    stop = threading.Event()
+    try:
+        peer = socket.create_connection(("127.0.0.1", master.ha_service.port))
+        report = wire.encode_report(0)
+
+        def trickle():                # a byte every 150 ms: one report per 1.2 s
+            i = 0
+            while not stop.wait(0.15):
+                try:
+                    peer.sendall(report[i % 8:i % 8 + 1])
+                except OSError:
+                    return
+                i += 1
+        threading.Thread(target=trickle, daemon=True).start()
+        wait_until(lambda: master.ha_service.connections, 5, "connection")
+        wait_until(lambda: not master.ha_service.connections, 10, "housekeeping")
+        peer.settimeout(5)
+        try:
+            while peer.recv(65536):
+                pass
+        except ConnectionResetError:
+            pass
+        peer.close()
+    finally:
+        stop.set()
+        master.shutdown()
+
+
+def test_slave_fed_a_record_with_a_path_topic_stops_following_and_dispatches_nothing(tmp_path):
+    forged = b"../../../outside/X"
+    master = open_node(tmp_path / "a" / "b" / "m", "ASYNC_MASTER")
+    slave = None
+    try:
+        for i in range(5):
+            assert master.put_message(Message("Good", b"%d" % i)).ok
+        victim = master.put_message(Message("T" * len(forged), b"forged"))
+        for i in range(5, 10):
+            assert master.put_message(Message("Good", b"%d" % i)).ok
+        testing.wait_dispatched(master)
+        # Damage in the master's CommitLog after its own dispatch: what a slave is then fed.
+        mm = master.commitlog.mfq.files[0].mm
+        at = mm.find(bytes([len(forged)]) + b"T" * len(forged), victim.commit_log_offset)
+        mm[at + 1:at + 1 + len(forged)] = forged
+        slave = open_node(tmp_path / "a" / "b" / "s", "SLAVE",
+                          master=f"127.0.0.1:{master.ha_service.port}")
+        client = slave.ha_service.client
+        wait_until(lambda: client.error is not None, 10, "the slave to refuse the record")
+        assert "corrupt record from the master at %d" % victim.commit_log_offset in client.error
+        wait_until(lambda: not client.following, 5, "the client to stop")
+        assert slave.reput_service.reput_from_offset == victim.commit_log_offset
+        assert sorted(slave.consume_queue_table) == ["Good"]
+        assert slave.get_message("g", "Good", 0, 0, 32).messages.__len__() == 5
+    finally:
+        if slave is not None:
+            slave.shutdown()
+        master.shutdown()
+    assert sorted(os.listdir(tmp_path)) == ["a"] and sorted(os.listdir(tmp_path / "a")) == ["b"]
+    assert sorted(os.listdir(tmp_path / "a" / "b" / "s" / "consumequeue")) == ["Good"]
+
+
+@pytest.mark.parametrize("master_size,slave_size", [(FILE, 2 * FILE), (2 * FILE, FILE)])
+def test_a_master_slave_file_size_mismatch_stops_the_slave_with_a_reason(tmp_path, master_size,
+                                                                        slave_size):
+    master = open_node(tmp_path / "m", "ASYNC_MASTER", file_size=master_size)
+    slave = open_node(tmp_path / "s", "SLAVE", file_size=slave_size,
+                      master=f"127.0.0.1:{master.ha_service.port}")
+    try:
+        wait_until(lambda: master.ha_service.connections and
+                   master.ha_service.connections[0].next_transfer_from_where >= 0, 10,
+                   "the slave to join")
+        i = 0
+        while master.get_max_phy_offset() < 3 * max(master_size, slave_size):
+            assert master.put_message(message(i)).ok
+            i += 1
+        client = slave.ha_service.client
+        wait_until(lambda: client.error is not None, 15, "the mismatch to be detected")
+        assert "file-size mismatch" in client.error
+        wait_until(lambda: not client.following, 5, "the client to stop")
+        wait_until(lambda: not master.ha_service.connections, 5, "the master to see it go")
+        assert "stopped following" in serve._status(slave)
+        assert master.ha_service.slave_error is None      # one drop, no loop: no stall
+    finally:
+        slave.shutdown()
+        master.shutdown()
+
+
+def test_master_names_a_slave_that_keeps_dropping_the_stream_at_one_offset(tmp_path):
+    """What a 4.9.x slave with other file sizes does: refuse the frame, reconnect, report the
+    same offset again, forever."""
+    master = open_node(tmp_path / "m", "ASYNC_MASTER")
+    try:
+        for i in range(50):
+            assert master.put_message(message(i)).ok
+        for attempt in range(3):
+            assert master.ha_service.slave_error is None
+            s = socket.create_connection(("127.0.0.1", master.ha_service.port))
+            s.sendall(wire.encode_report(0))
+            s.settimeout(5)
+            got = b""
+            while len(got) < wire.HEADER_SIZE:
+                got += s.recv(wire.HEADER_SIZE - len(got))
+            assert wire.decode_header(got)[0] == 0
+            s.close()
+            wait_until(lambda: not master.ha_service.connections, 5, "the drop")
+        assert "dropped the connection 3 times in a row at offset 0" in \
+            master.ha_service.slave_error
+        assert "mapped_file_size_commit_log" in master.ha_service.slave_error
+        assert master.ha_service.slave_error in serve._status(master)
     finally:
         master.shutdown()
 

@@ -148,6 +148,43 @@ def test_commitlog_scan_reports_a_corrupt_body_crc_only_when_checking(backend):
     assert backend.commitlog_scan(buf, 0, len(buf), False, out) == (3, 405, F.SCAN_EMPTY, 0)
 
 
+@pytest.mark.parametrize("topic", [b"../../../outside/X", b"/tmp/outside/XXX", b"abc\n",
+                                   b"a b", b"TopicTes\xff", b""])
+def test_commitlog_scan_stops_at_topic_bytes_a_put_would_refuse(backend, topic):
+    """The topic names a directory under consumequeue/: the scan refuses what a put refuses."""
+    out = np.zeros(4, dtype=F.SCAN_DTYPE)
+    buf = bytearray(8192)
+    pos = 0
+    for t in (b"TopicTest", topic, b"TopicTest"):
+        pos += backend.msg_encode(buf, pos, t, b"body", b"", 0, 0, 0, pos, 0, 1, BORN_HOST, 2,
+                                  STORE_HOST, 0, 0)
+    size0 = backend.msg_size(0, 4, 9, 0)
+    assert backend.commitlog_scan(buf, 0, pos, True, out) == (1, size0, F.SCAN_TOPIC, 0)
+    assert backend.commitlog_scan(buf, 0, pos, False, out) == (1, size0, F.SCAN_TOPIC, 0)
+
+
+def test_commitlog_scan_takes_every_character_of_the_topic_rule(backend):
+    topic = b"%|_-09azAZ" + bytes(range(ord("a"), ord("z") + 1))
+    buf = bytearray(1024)
+    n = backend.msg_encode(buf, 0, topic, b"x", b"", 0, 0, 0, 0, 0, 1, BORN_HOST, 2, STORE_HOST,
+                           0, 0)
+    out = np.zeros(2, dtype=F.SCAN_DTYPE)
+    assert backend.commitlog_scan(buf, 0, n, True, out) == (1, n, F.SCAN_END, 0)
+
+
+def test_msg_encode_takes_a_multibyte_buffer_body_as_its_bytes(backends):
+    import array
+    body = array.array("i", range(25))
+    records = []
+    for k in backends:
+        buf = bytearray(1024)
+        n = k.msg_encode(buf, 0, b"T", body, b"", 0, 0, 0, 0, 0, 1, BORN_HOST, 2, STORE_HOST, 0, 0)
+        assert n == k.msg_size(0, 100, 1, 0)
+        records.append(bytes(buf[:n]))
+    assert records[0].find(body.tobytes()) > 0
+    assert all(r == records[0] for r in records)
+
+
 def test_commitlog_scan_reports_a_length_mismatch_with_its_totalsize(backend):
     rec = bytearray(GOLDEN_RECORDS[0] + b"\0")
     struct.pack_into(">i", rec, 0, 136)         # fields end at 135: Java's "[BUG]" record

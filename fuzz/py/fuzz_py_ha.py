@@ -2,7 +2,8 @@
 """py_ha: a master's byte stream through the slave's frame decoder (HAClient._dispatch_frames,
 wire.decode_header) delivered in arbitrary chunks, and the same bytes through the master's
 report reader (wire.last_report). Invariants: a frame is appended only at the slave's max
-offset and only whole; an oversized or negative header closes the connection; nothing raises."""
+offset and only whole; an oversized or negative header closes the connection, and a frame off
+the slave's file grid also halts the client; nothing raises."""
 import _harness  # sets sys.path; instruments rocketstore under atheris
 
 with _harness.instrumented(__name__):
@@ -37,9 +38,13 @@ class _Client(HAClient):
         self._pos = self._dispatch = 0
         self.frames_received = 0
         self.closed = None
+        self.error = None
 
     def _close(self, why=None):
         self.closed = why or "closed"
+
+    def halt(self, reason):
+        self.error = reason
 
 
 def TestOneInput(data):
@@ -60,6 +65,7 @@ def TestOneInput(data):
         i += len(chunk)
         ok = _dispatch(c, view)
         assert ok == (c.closed is None)
+        assert c.error is None or c.closed is not None
         assert 0 <= c._dispatch <= c._pos <= len(c._buf)
     view.release()
     pos = len(stream) - len(stream) % 8

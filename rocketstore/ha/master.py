@@ -15,6 +15,14 @@ Differences from 4.9.x, all invisible on the wire:
   (4.9.x accepts it, and then counts it as an acknowledgement for SYNC_MASTER producers).
 - Frames are never cut out of the wrong file: 4.9.x's getData(0) on a master whose first file
   expired reads the first file at position 0 and labels it offset 0.
+- At most `ha_max_connections` slaves at once; a further connection is closed on accept.
+- Housekeeping counts complete offset reports, not bytes: a peer that trickles a byte now and
+  then without ever completing a report is closed like a silent one.
+- A slave that drops the connection DROPS_BEFORE_ERROR times in a row at the same acknowledged
+  offset, with more to send, is logged as an error and named in `slave_error`. That is how a
+  CommitLog file-size mismatch or damaged data looks from here: a 4.9.x slave refuses the frame,
+  reconnects at the same offset and stalls forever. (Its reports only echo our frames, so the
+  slave's file size cannot be seen directly; our slave names the cause itself and stops.)
 """
 import logging
 import socket
@@ -32,6 +40,7 @@ log = logging.getLogger(__name__)
 __all__ = ["HAService", "HAConnection"]
 
 READ_BUFFER_SIZE = 1024 * 1024     # ReadSocketService: 1 MiB, reused when full
+DROPS_BEFORE_ERROR = 3
 SOCKET_TIMEOUT_S = 1.0             # the 1 s select of every 4.9.x HA loop
 
 
@@ -76,6 +85,9 @@ class HAService:
         self.client = None
         self.port = None                   # the bound HA port (master), for ha_listen_port 0
         self.listen_error = None           # why an ASYNC_MASTER runs without a listener
+        self.refused_connections = 0       # closed on accept: ha_max_connections reached
+        self.slave_error = None            # a slave that keeps stalling at one offset
+        self._drops = {}                   # slave host -> (acked offset, drops there in a row)
         if self.role is BrokerRole.SLAVE:
             from .slave import HAClient
             self.client = HAClient(store, self.config.ha_master_address)
@@ -150,15 +162,46 @@ class HAService:
             if self._stopped.is_set():
                 sock.close()
                 break
-            log.info("HA: slave %s connected", addr)
-            conn = HAConnection(self, sock, addr)
+            cap = self.config.ha_max_connections
             with self._conn_lock:
-                self.connections = self.connections + [conn]
+                full = len(self.connections) >= cap
+                if not full:
+                    conn = HAConnection(self, sock, addr)
+                    self.connections = self.connections + [conn]
+            if full:
+                self.refused_connections += 1
+                log.warning("HA: refusing slave %s: already %d connections "
+                            "(ha_max_connections)", addr, cap)
+                sock.close()
+                continue
+            log.info("HA: slave %s connected", addr)
             conn.start()
 
     def _remove(self, conn):
         with self._conn_lock:
             self.connections = [c for c in self.connections if c is not conn]
+            self._note_drop(conn)
+
+    def _note_drop(self, conn):
+        """Count drops at one offset per slave host (under _conn_lock)."""
+        if self._stopped.is_set() or conn.slave_request_offset < 0:
+            return
+        host = conn.addr[0] if isinstance(conn.addr, tuple) else conn.addr
+        ack = conn.slave_ack_offset
+        master_max = self.store.commitlog.max_offset
+        if ack >= master_max:
+            self._drops.pop(host, None)      # caught up: a drop now is no stall
+            return
+        last, count = self._drops.get(host, (None, 0))
+        count = count + 1 if last == ack else 1
+        self._drops[host] = (ack, count)
+        if count == DROPS_BEFORE_ERROR:
+            self.slave_error = (
+                f"slave {host} dropped the connection {count} times in a row at offset {ack} "
+                f"(master max {master_max}): it cannot take our data there; check that its "
+                f"mapped_file_size_commit_log is {self.config.mapped_file_size_commit_log} "
+                "and that its CommitLog is not damaged")
+            log.error("HA: %s", self.slave_error)
 
     # ---- slave -----------------------------------------------------------------------------
     def update_master_address(self, addr):
@@ -263,7 +306,7 @@ class HAConnection:
         buf = bytearray(READ_BUFFER_SIZE)
         view = memoryview(buf)
         pos = process = 0
-        last_read = _now_ms()
+        last_report = _now_ms()
         housekeeping = self.service.config.ha_housekeeping_interval
         try:
             while not self._stopped.is_set():
@@ -282,12 +325,13 @@ class HAConnection:
                     break
                 if n:
                     pos += n
-                    last_read = now
                     offset, process = wire.last_report(buf, process, pos)
-                    if offset is not None and not self._on_report(offset):
-                        break
-                elif now - last_read > housekeeping:
-                    self.stop(f"housekeeping: nothing read for {now - last_read} ms")
+                    if offset is not None:
+                        last_report = now
+                        if not self._on_report(offset):
+                            break
+                if now - last_report > housekeeping:
+                    self.stop(f"housekeeping: no offset report for {now - last_report} ms")
                     break
         except Exception:
             log.exception("HA: reader for %s failed", self.addr)

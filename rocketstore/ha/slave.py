@@ -13,6 +13,11 @@ Differences from 4.9.x, invisible on the wire:
   the connection; 4.9.x would wait for it forever.
 - An empty slave accepts a first frame only at a file boundary (4.9.x would write it at the
   start of a file named by the rounded-down offset, out of place).
+- The client stops following for good (until the store restarts), with `error` saying why,
+  when the master's bytes cannot be used: a frame crossing one of our file boundaries or a
+  first frame off our file grid (the master's files have another size), and, from the reput
+  thread, a corrupt record or an end-of-file blank that disagrees with our file size. 4.9.x
+  reconnects and stalls forever at "dispatch behind".
 """
 import logging
 import socket
@@ -54,6 +59,12 @@ class HAClient:
         self._reported = 0
         self._last_write = 0
         self._last_read = 0
+        self.error = None                         # why replication stopped for good
+
+    @property
+    def following(self):
+        """Whether the client thread still (re)connects and appends."""
+        return self._thread is not None and self._thread.is_alive()
 
     def update_master_address(self, addr):
         """Use `addr` ("host:port") from the next connection on (HAClient#updateMasterAddress
@@ -83,6 +94,22 @@ class HAClient:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(10)
         self._thread = None
+
+    def halt(self, reason):
+        """Stop following the master until the store restarts: what it sends cannot be kept
+        (corrupt, or cut for files of another size). Any thread may call it."""
+        if self.error is None:
+            self.error = reason
+            log.error("HA client: stopped following master %s: %s", self.master_address,
+                      reason)
+        self._stopped.set()
+        self._wake.set()
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def _run(self):
         cfg = self.config
@@ -206,6 +233,15 @@ class HAClient:
             slave_max = commitlog.max_offset
             if slave_max != 0 and slave_max != offset:
                 self._close(f"master frame offset {offset} != slave max offset {slave_max}")
+                return False
+            fs = commitlog.file_size
+            if size and (offset // fs != (offset + size - 1) // fs or
+                         (slave_max == 0 and offset % fs)):
+                # A master cuts frames at its own file ends and starts an empty slave at one,
+                # so a frame off our grid means its files are not our size.
+                self.halt(f"CommitLog file-size mismatch: the master sent {size} bytes at "
+                          f"offset {offset}, which do not fit this slave's {fs}-byte files")
+                self._close()
                 return False
             end = dispatch + wire.HEADER_SIZE + size
             if end > pos:

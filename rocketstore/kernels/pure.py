@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import format as F
 from ..errors import (RS_E_ARG, RS_E_BOUNDS, RS_E_TOO_LONG, raise_for_status)
+from ..message import valid_topic_bytes
 
 NAME = "pure"
 
@@ -59,6 +60,8 @@ def msg_encode(out, pos, topic, body, props, queue_id, flag, queue_offset, phy_o
     sh = _host_len(sys_flag, F.STOREHOSTADDRESS_V6_FLAG)
     if len(born_host) != bh or len(store_host) != sh:
         raise_for_status(RS_E_ARG, "msg_encode: host length does not match sys_flag")
+    if type(body) is not bytes:
+        body = memoryview(body).cast("B")    # lengths in bytes, as C reads any buffer
     size = msg_size(sys_flag, len(body), len(topic), len(props), v2)
     if pos < 0 or pos + size > len(out):
         raise_for_status(RS_E_BOUNDS, "msg_encode")
@@ -205,16 +208,19 @@ def _check_one(mv, p, end, check_crc):
         return F.SCAN_CORRUPT, 0, None
     if check_crc and (zlib.crc32(rec[body_off:body_off + body_len]) & 0x7FFFFFFF) != body_crc:
         return F.SCAN_CORRUPT, 0, None
+    topic = bytes(rec[topic_off:topic_off + topic_len])
+    if not valid_topic_bytes(topic):
+        return F.SCAN_TOPIC, 0, None
     if props_off + props_len != size:
         return F.SCAN_MISMATCH, size, None
     props = bytes(rec[props_off:props_off + props_len])
     tags_code, has_tags = _tags_code(props) if props_len else (0, False)
     info = (F.SCAN_INFO_V2 if v2 else 0) | (F.SCAN_INFO_HAS_TAGS if has_tags else 0)
-    if bytes(rec[topic_off:topic_off + topic_len]) == _SCHEDULE:
+    if topic == _SCHEDULE:
         info |= F.SCAN_INFO_SCHEDULE
     row = (p, phy_offset, queue_offset, tags_code, store_ts, born_ts, prepared, size, queue_id,
            sys_flag, flag, body_crc, reconsume, body_off, body_len, topic_off, topic_len,
-           props_off, props_len, info, _topic_hash(rec[topic_off:topic_off + topic_len]))
+           props_off, props_len, info, _topic_hash(topic))
     return None, size, row
 
 

@@ -23,6 +23,7 @@ class ReputMessageService(ServiceThread):
         self.reput_from_offset = reput_from_offset    # written by the reput thread only
         self._rows = np.empty(self.BATCH, dtype=F.SCAN_DTYPE)
         self._failures = 0
+        self._halted = None         # why a slave stopped dispatching replicated bytes
 
     def behind(self):
         return self._commitlog.max_offset - self.reput_from_offset
@@ -64,19 +65,50 @@ class ReputMessageService(ServiceThread):
             if reason == F.SCAN_END:
                 continue
             if reason == F.SCAN_BLANK:
+                if self._store.is_slave and stop + stop_size != mf.file_size:
+                    # The master's end-of-file blank says where its file ends; ours ends
+                    # elsewhere, so the records after it would never be dispatched.
+                    self._stop_following(
+                        f"CommitLog file-size mismatch: the master's file ends "
+                        f"{stop + stop_size} bytes into the file at {mf.file_from_offset}, "
+                        f"this slave's files are {mf.file_size} bytes")
+                    break
                 self.reput_from_offset = cl.roll_next_file(self.reput_from_offset)
             elif reason == F.SCAN_MISMATCH:
                 log.error("[BUG] record at %d: read total count not equals msg total size",
                           self.reput_from_offset)
                 self.reput_from_offset += stop_size
             else:
-                # A master's readable area holds whole records only, so this is damage:
-                # skip the rest of the file's readable area, as the broker does.
                 if not self._store.is_slave:
+                    # A master's readable area holds whole records only, so this is damage:
+                    # skip the rest of the file's readable area, as the broker does.
                     log.error("reput: unreadable record at %d (%s); skipping to %d",
                               self.reput_from_offset, reason, mf.file_from_offset + end)
                     self.reput_from_offset = mf.file_from_offset + end
+                elif reason in (F.SCAN_CORRUPT, F.SCAN_TOPIC):
+                    # Replicated bytes that are not a record: nothing after them can be
+                    # trusted, and a partial record never turns into a valid one.
+                    why = ("invalid topic" if reason == F.SCAN_TOPIC else
+                           "bad magic, length or CRC")
+                    self._stop_following(
+                        f"corrupt record from the master at {self.reput_from_offset} ({why})")
+                elif reason == F.SCAN_PARTIAL and end >= mf.file_size:
+                    # A full file whose last record runs past its end: the master's files are
+                    # larger than ours, so that record will never be complete here.
+                    self._stop_following(
+                        f"CommitLog file-size mismatch: the record at {self.reput_from_offset} "
+                        f"runs past the end of this slave's {mf.file_size}-byte file")
                 break
+
+    def _stop_following(self, reason):
+        """On a slave: stop replicating, once, with `reason` visible (HAClient.error)."""
+        ha = self._store.ha_service
+        client = ha.client if ha is not None else None
+        if client is not None:
+            client.halt(reason)
+        elif self._halted != reason:
+            log.error("reput: %s", reason)
+        self._halted = reason
 
     MAX_DISPATCH_FAILURES = 30      # putMessagePositionInfoWrapper's attempts
 
