@@ -5,7 +5,8 @@ import json
 import logging
 import sys
 
-from .errors import StoreError
+from ._version import __version__
+from .errors import StoreError, StoreLockedError
 
 log = logging.getLogger("rocketstore")
 
@@ -399,7 +400,9 @@ def build_parser():
         prog="rocketstore",
         description="An embeddable Apache RocketMQ message store: benchmark it, or inspect a "
                     "store directory written by rocketstore or by a RocketMQ broker.")
-    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
+    p.add_argument("--debug", action="store_true",
+                   help="show tracebacks and debug logging (accepted anywhere on the line)")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("--backend", default=None, choices=["cext", "cffi", "pure"],
                    help="kernel backend (default: ROCKETSTORE_BACKEND, else the fastest built)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -504,23 +507,97 @@ def build_parser():
 
     from .serve import add_serve_parser
     add_serve_parser(sub)
+    _accept_global_options_anywhere(sub)
     return p
 
 
+def _accept_global_options_anywhere(sub):
+    """`--backend` after the subcommand too (`rocketstore bench --backend pure`, as the README
+    writes it). SUPPRESS keeps a subcommand that was not given it from resetting the value
+    given before the subcommand."""
+    for parser in sub.choices.values():
+        nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        targets = [parser] + [q for a in nested for q in a.choices.values()]
+        for target in targets:
+            if any("--backend" in a.option_strings for a in target._actions):
+                continue
+            target.add_argument("--backend", default=argparse.SUPPRESS,
+                                choices=["cext", "cffi", "pure"],
+                                help="kernel backend (as before the subcommand)")
+
+
+class UsageError(StoreError):
+    """A command line the tools cannot act on (not a store, a bad argument): exit status 2."""
+
+
+# What a directory must hold to count as a store root: RocketMQ's store root keeps
+# commitlog/, consumequeue/, index/, checkpoint, config/, abort and lock side by side, and
+# a broker store always has its CommitLog directory or its checkpoint.
+STORE_MARKERS = ("commitlog", "checkpoint")
+
+
+def require_store_dir(path):
+    """Refuse a path that is no store root, saying what a store root holds; the tools would
+    otherwise read any directory as an empty store and answer OK."""
+    import os
+    if not os.path.exists(path):
+        raise UsageError(f"{path}: no such directory")
+    if not os.path.isdir(path):
+        raise UsageError(f"{path} is not a directory")
+    present = [m for m in STORE_MARKERS if os.path.exists(os.path.join(path, m))]
+    if not present:
+        raise UsageError(f"{path} is not a store directory: expected commitlog/ or checkpoint "
+                         f"in it (a store root holds commitlog/, consumequeue/, index/, "
+                         f"checkpoint, config/)")
+    cl = os.path.join(path, "commitlog")
+    if os.path.lexists(cl) and not os.path.isdir(cl):
+        raise UsageError(f"{cl} is not a directory")
+    return path
+
+
+def _extract_debug(argv):
+    """`--debug` counts wherever it stands on the line, so it never has to be moved in front
+    of the subcommand to get a traceback."""
+    rest = [a for a in argv if a != "--debug"]
+    return len(rest) != len(argv), rest
+
+
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug, argv = _extract_debug(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+    args.debug = debug
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
+        if getattr(args, "store_dir", None) is not None and args.command in _STORE_COMMANDS:
+            require_store_dir(args.store_dir)
         return args.func(args) or 0
     except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, and keep the interpreter from
+        # complaining about the lost stdout at exit.
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (StoreError, OSError, ValueError) as exc:
-        if args.debug:
+    except KeyboardInterrupt:
+        if debug:
             raise
-        print(f"rocketstore {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        print(f"rocketstore {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:             # noqa: BLE001 - one line, never a traceback
+        if debug:
+            raise
+        usage = isinstance(exc, (UsageError, StoreLockedError))
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"rocketstore {args.command}: error: {text}", file=sys.stderr)
+        return 2 if usage else 1
+
+
+# Commands whose positional argument must be an existing store root (serve and bench may
+# create one).
+_STORE_COMMANDS = ("dump", "export", "verify", "recover", "rebuild-cq", "rebuild-index",
+                   "stat", "query")
 
 
 if __name__ == "__main__":  # pragma: no cover
