@@ -328,7 +328,14 @@ def _query(args):
     """`query key|id|offset|time`: JSON lines as `dump` prints them; exit 1 when nothing is
     found, 2 on a bad argument or store."""
     from .config import StoreConfig
+    from .message import decode_msg_id
     from .store import MessageStore
+    if args.what == "id":
+        try:
+            decode_msg_id(args.msg_id)
+        except ValueError:
+            raise UsageError(f"{args.msg_id!r} is not an offset msgId (32 or 56 hex "
+                             f"digits)") from None
     explicit = args.max_hash_slot_num is not None or args.max_index_num is not None
     defaults = StoreConfig()
     slots = args.max_hash_slot_num or defaults.max_hash_slot_num
@@ -340,12 +347,12 @@ def _query(args):
         if args.what == "key":
             got = (store.config.max_hash_slot_num, store.config.max_index_num)
             if explicit and got != (slots, entries):
-                raise ValueError(f"the index files do not have {slots} hash slots and "
+                raise UsageError(f"the index files do not have {slots} hash slots and "
                                  f"{entries} entries")
             files = store._indexer.index_file_list
             if not files and any(n.isdigit() for n in store.fs.list_dir(
                     store._indexer.store_path)):
-                raise ValueError("cannot tell the index files' hash slot and entry numbers; "
+                raise UsageError("cannot tell the index files' hash slot and entry numbers; "
                                  "pass --max-hash-slot-num and --max-index-num")
             messages = store.query_message(args.topic, args.key, args.max, args.begin,
                                            args.end).messages
