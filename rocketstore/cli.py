@@ -11,38 +11,93 @@ from .errors import StoreError, StoreLockedError
 log = logging.getLogger("rocketstore")
 
 
-def _selected(store, args):
-    """Messages of a store in commit-log order, filtered by the dump/export options."""
+def _selected(store, args, damage):
+    """Messages of a store in commit-log order, filtered by the dump/export options. Damage
+    does not end the walk: each problem goes to `damage(where, detail)` and the records
+    after it follow, as `verify` finds them."""
+    import os
+    from .errors import CorruptRecordError
+    from .message import MessageExt
+    from .verify import walk_commitlog
     start = getattr(args, "from_offset", None)
+    if start is not None and not _record_starts_at(store, start):
+        raise StoreError(f"no record starts at commit-log offset {start}")
     count = 0
-    for m in store.iter_messages(start):
-        if args.to_offset is not None and m.commit_log_offset >= args.to_offset:
-            break
-        if args.topic is not None and m.topic != args.topic:
+    for step in walk_commitlog(store, start):
+        if step[0] == "damage":
+            _, mf, pos, detail = step
+            damage(f"{os.path.relpath(mf.path, store.root)}@{pos}", detail)
             continue
-        if args.queue is not None and m.queue_id != args.queue:
-            continue
-        if args.from_time is not None and m.store_timestamp < args.from_time:
-            continue
-        if args.to_time is not None and m.store_timestamp > args.to_time:
-            continue
-        yield m
-        count += 1
-        if args.limit is not None and count >= args.limit:
-            break
+        _, mf, chunk = step
+        for pos, size in zip(chunk["pos"].tolist(), chunk["size"].tolist()):
+            try:
+                m = MessageExt.decode(mf.mm[pos:pos + size])
+            except CorruptRecordError as exc:
+                damage(f"{os.path.relpath(mf.path, store.root)}@{pos}", str(exc))
+                continue
+            if args.to_offset is not None and m.commit_log_offset >= args.to_offset:
+                return
+            if args.topic is not None and m.topic != args.topic:
+                continue
+            if args.queue is not None and m.queue_id != args.queue:
+                continue
+            if args.from_time is not None and m.store_timestamp < args.from_time:
+                continue
+            if args.to_time is not None and m.store_timestamp > args.to_time:
+                continue
+            yield m
+            count += 1
+            if args.limit is not None and count >= args.limit:
+                return
+
+
+def _record_starts_at(store, offset):
+    """A valid record (or the blank that ends a file) starts at commit-log `offset`."""
+    import numpy as np
+    from . import format as F
+    mf = store.commitlog.mfq.find_by_offset(offset)
+    if mf is None:
+        return False
+    rows = np.empty(1, dtype=F.SCAN_DTYPE)
+    n, _, reason, _ = store.kernels.commitlog_scan(mf.mm, offset - mf.file_from_offset,
+                                                   mf.file_size, True, rows)
+    return n == 1 or reason == F.SCAN_BLANK
+
+
+class _DamageLog:
+    """Problems met while streaming records: one stderr line each, and the exit status."""
+
+    def __init__(self, command):
+        self.command = command
+        self.count = 0
+
+    def __call__(self, where, detail):
+        self.count += 1
+        print(f"rocketstore {self.command}: damage: {where}: {detail}", file=sys.stderr)
+
+    def finish(self, printed):
+        if not self.count:
+            return 0
+        print(f"rocketstore {self.command}: {self.count} problem(s) in the CommitLog, "
+              f"{printed} message(s) written; run `rocketstore verify` for the whole store",
+              file=sys.stderr)
+        return 1
 
 
 def _dump(args):
     from .store import MessageStore
     store = MessageStore.open_read_only(args.store_dir, kernels=args.backend)
     out = sys.stdout
+    damage = _DamageLog("dump")
+    printed = 0
     try:
-        for m in _selected(store, args):
+        for m in _selected(store, args, damage):
             out.write(json.dumps(m.to_dict(_cq_tags_code(store, m)), separators=(",", ":")))
             out.write("\n")
+            printed += 1
     finally:
         store.shutdown()
-    return 0
+    return damage.finish(printed)
 
 
 def _export(args):
@@ -54,8 +109,10 @@ def _export(args):
     store = MessageStore.open_read_only(args.store_dir, kernels=args.backend)
     out = sys.stdout
     writer = None
+    damage = _DamageLog("export")
+    printed = 0
     try:
-        for m in _selected(store, args):
+        for m in _selected(store, args, damage):
             row = {"topic": m.topic, "queueId": m.queue_id, "queueOffset": m.queue_offset,
                    "commitLogOffset": m.commit_log_offset, "storeTimestamp": m.store_timestamp,
                    "bornTimestamp": m.born_timestamp, "msgId": m.msg_id, "tags": m.tags,
@@ -71,9 +128,10 @@ def _export(args):
                 row["properties"] = m.properties
                 out.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")))
                 out.write("\n")
+            printed += 1
     finally:
         store.shutdown()
-    return 0
+    return damage.finish(printed)
 
 
 def _verify(args):

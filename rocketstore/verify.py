@@ -76,57 +76,81 @@ class _Records:
         return int(self.offsets[-1]) if len(self.offsets) else -1
 
 
-def _check_commitlog(store, report, progress, missing):
-    """Every record of every file, CRC included; returns the valid records. Each batch is
-    also looked up in its ConsumeQueue (`missing` collects the records without a unit)."""
+def walk_commitlog(store, start=None, check_crc=True):
+    """Every record of every CommitLog file from `start` (a record start; default the
+    first), going on past damage where records resume as `verify` does. Yields
+    ("records", mf, rows) per batch of valid records (`rows` is reused: consume it before
+    the next step) and ("damage", mf, pos, detail) per problem found at file position pos."""
     k = store.kernels
     rows = np.empty(4096, dtype=F.SCAN_DTYPE)
     files = store.commitlog.mfq.files
-    offsets = []
-    sizes = []
-    for i, mf in enumerate(files):
-        pos = 0
+    first = 0
+    pos = 0
+    if start is not None:
+        mf = store.commitlog.mfq.find_by_offset(start)
+        if mf is None:
+            return
+        first, pos = files.index(mf), start - mf.file_from_offset
+    for i in range(first, len(files)):
+        mf = files[i]
         last = i == len(files) - 1
         while True:
-            n, stop, reason, stop_size = k.commitlog_scan(mf.mm, pos, mf.file_size, True, rows)
+            n, stop, reason, stop_size = k.commitlog_scan(mf.mm, pos, mf.file_size, check_crc,
+                                                          rows)
             if n:
-                chunk = rows[:n]
-                expect = mf.file_from_offset + chunk["pos"]
-                bad = np.nonzero(chunk["phy_offset"] != expect)[0]
-                for j in bad:
-                    report.problems.append(Problem(
-                        "commitlog", _rel(store, mf.path), int(chunk["pos"][j]),
-                        f"PHYSICALOFFSET says {int(chunk['phy_offset'][j])}, the record sits at "
-                        f"{int(expect[j])}"))
-                offsets.append(expect.astype(np.int64))
-                sizes.append(chunk["size"].astype(np.int64))
-                _find_units(store, chunk, mf.mm, missing)
-                report.records += n
-                progress(int(chunk["size"].sum()))
+                yield "records", mf, rows[:n]
             pos = stop
             if reason == F.SCAN_END and pos < mf.file_size:
                 continue
             if reason == F.SCAN_BLANK:
                 if stop_size != mf.file_size - pos:
-                    report.problems.append(Problem(
-                        "commitlog", _rel(store, mf.path), pos,
-                        f"blank record claims {stop_size} bytes, {mf.file_size - pos} remain"))
+                    yield ("damage", mf, pos,
+                           f"blank record claims {stop_size} bytes, {mf.file_size - pos} remain")
             elif reason == F.SCAN_EMPTY:
-                if not last:
-                    report.problems.append(Problem(
-                        "commitlog", _rel(store, mf.path), pos,
-                        "data ends inside a file that is not the last one (missing records)"))
-            elif reason in _REASONS:
-                report.problems.append(Problem("commitlog", _rel(store, mf.path), pos,
-                                               _REASONS[reason]))
                 resume = _resync(mf, pos + 1)
                 if resume is not None:
-                    report.problems.append(Problem(
-                        "commitlog", _rel(store, mf.path), pos,
-                        f"{resume - pos} bytes unreadable; records resume at {resume}"))
+                    yield ("damage", mf, pos, f"{resume - pos} bytes of zeros inside the data; "
+                                              f"records resume at {resume}")
+                    pos = resume
+                    continue
+                if not last:
+                    yield ("damage", mf, pos,
+                           "data ends inside a file that is not the last one (missing records)")
+            elif reason in _REASONS:
+                yield "damage", mf, pos, _REASONS[reason]
+                resume = _resync(mf, pos + 1)
+                if resume is not None:
+                    yield ("damage", mf, pos,
+                           f"{resume - pos} bytes unreadable; records resume at {resume}")
                     pos = resume
                     continue
             break
+        pos = 0
+
+
+def _check_commitlog(store, report, progress, missing):
+    """Every record of every file, CRC included; returns the valid records. Each batch is
+    also looked up in its ConsumeQueue (`missing` collects the records without a unit)."""
+    offsets = []
+    sizes = []
+    for step in walk_commitlog(store):
+        if step[0] == "damage":
+            _, mf, pos, detail = step
+            report.problems.append(Problem("commitlog", _rel(store, mf.path), pos, detail))
+            continue
+        _, mf, chunk = step
+        expect = mf.file_from_offset + chunk["pos"]
+        bad = np.nonzero(chunk["phy_offset"] != expect)[0]
+        for j in bad:
+            report.problems.append(Problem(
+                "commitlog", _rel(store, mf.path), int(chunk["pos"][j]),
+                f"PHYSICALOFFSET says {int(chunk['phy_offset'][j])}, the record sits at "
+                f"{int(expect[j])}"))
+        offsets.append(expect.astype(np.int64))
+        sizes.append(chunk["size"].astype(np.int64))
+        _find_units(store, chunk, mf.mm, missing)
+        report.records += len(chunk)
+        progress(int(chunk["size"].sum()))
     if not offsets:
         return _Records(np.empty(0, np.int64), np.empty(0, np.int64))
     return _Records(np.concatenate(offsets), np.concatenate(sizes))

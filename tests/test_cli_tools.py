@@ -123,3 +123,79 @@ def test_every_subcommand_explains_itself():
                 "stat"):
         out = rocketstore(cmd, "--help", check=True)
         assert "usage:" in out.stdout
+
+
+def overwrite(path, offset, data):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def test_verify_reports_a_damaged_record_in_the_last_file_as_findings(broker_store):
+    overwrite(broker_store / "commitlog" / "00000000000000327680", 1000, b"\xff\xfe")
+    out = rocketstore("verify", str(broker_store))
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "commitlog: commitlog/00000000000000327680@897: corrupt record" in out.stdout
+
+
+def test_verify_reports_records_whose_consume_queue_file_was_deleted(broker_store):
+    for name in ("00000000000000001000", "00000000000000002000"):
+        os.remove(broker_store / "consumequeue" / "PayTopic" / "1" / name)
+    out = rocketstore("verify", str(broker_store), "--json")
+    assert out.returncode == 1
+    problems = json.loads(out.stdout)["problems"]
+    assert [(p["file"], p["offset"]) for p in problems] == [
+        ("consumequeue/PayTopic/1/00000000000000001000", 0)]
+    assert "units 50..132 of PayTopic-1 missing" in problems[0]["detail"]
+
+
+def test_verify_reports_a_gap_between_consume_queue_files(broker_store):
+    os.remove(broker_store / "consumequeue" / "PayTopic" / "1" / "00000000000000001000")
+    out = rocketstore("verify", str(broker_store))
+    assert out.returncode == 1
+    assert "consumequeue/PayTopic/1/00000000000000002000: segments missing before it" in \
+        out.stdout
+    assert "units 50..99 of PayTopic-1 missing" in out.stdout
+
+
+def test_verify_reports_stray_names_among_segments(broker_store):
+    (broker_store / "commitlog" / "00000000000000999999").write_bytes(b"")
+    (broker_store / "commitlog" / "notes.txt").write_bytes(b"x")
+    out = rocketstore("verify", str(broker_store))
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "commitlog: commitlog/00000000000000999999: start offset 999999 is not a " \
+           "multiple of the segment size 32768" in out.stdout
+    assert "commitlog: commitlog/notes.txt: not a segment (ignored by the store)" in out.stdout
+
+
+def test_verify_reports_a_deeply_nested_config_file(broker_store):
+    deep = '{"offsetTable":' + '{"a":' * 200_000 + "1" + "}" * 200_001
+    (broker_store / "config" / "consumerOffset.json").write_text(deep)
+    out = rocketstore("verify", str(broker_store))
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "config: config/consumerOffset.json: nested too deeply" in out.stdout
+
+
+def test_verify_refuses_a_directory_that_holds_no_store(broker_store):
+    out = rocketstore("verify", str(broker_store.parent))
+    assert out.returncode == 2 and out.stdout == ""
+    assert "is not a store directory: expected commitlog/ or checkpoint" in out.stderr
+
+
+def test_dump_reports_a_corrupt_record_and_prints_every_record_after_it(broker_store):
+    expected = [json.loads(line)["commitLogOffset"]
+                for line in rocketstore("dump", str(broker_store)).stdout.splitlines()]
+    overwrite(broker_store / "commitlog" / "00000000000000098304", 0, b"\x7f\xff")   # TOTALSIZE
+    out = rocketstore("dump", str(broker_store))
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    got = [json.loads(line)["commitLogOffset"] for line in out.stdout.splitlines()]
+    assert got == [o for o in expected if o != 98304]
+    assert "commitlog/00000000000000098304@0: record runs past the end of its file" in out.stderr
+    assert "1199 message(s) written" in out.stderr
+
+
+def test_dump_from_an_offset_where_no_record_starts_is_an_error(broker_store):
+    out = rocketstore("dump", str(broker_store), "--from", "5")
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        "rocketstore dump: error: no record starts at commit-log offset 5"]
