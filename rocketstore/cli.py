@@ -239,20 +239,23 @@ def _lock_holder(path):
 
 
 def _files_per_kind(store):
-    """{kind: {"files": n, "bytes": total}} for commitlog, consumequeue, index and config."""
+    """{kind: {"files": n, "bytes": apparent size, "allocatedBytes": on disk}} for commitlog,
+    consumequeue, index and config. Segments are created at full size but sparse, so the
+    apparent size overstates the disk a store uses."""
     import os
     fs = store.fs
 
     def walk(path):
-        count = size = 0
+        count = size = allocated = 0
         for name in fs.list_dir(path):
             p = os.path.join(path, name)
             if fs.is_dir(p):
-                c, b = walk(p)
-                count, size = count + c, size + b
+                c, b, a = walk(p)
+                count, size, allocated = count + c, size + b, allocated + a
             else:
                 count, size = count + 1, size + fs.size(p)
-        return count, size
+                allocated += fs.allocated(p)
+        return count, size, allocated
 
     kinds = {}
     dirs = {"commitlog": store.config.commitlog_dir(store.root),
@@ -260,21 +263,27 @@ def _files_per_kind(store):
             "index": os.path.join(store.root, "index"),
             "config": os.path.join(store.root, "config")}
     for kind, path in dirs.items():
-        count, size = walk(path)
-        kinds[kind] = {"files": count, "bytes": size}
+        count, size, allocated = walk(path)
+        kinds[kind] = {"files": count, "bytes": size, "allocatedBytes": allocated}
     return kinds
 
 
 def _ms_to_iso(ms):
+    """UTC ISO time of an epoch-ms value, or None when it is 0 or no calendar date (a
+    damaged checkpoint can hold anything up to 2**63 - 1)."""
     import datetime
     if not ms:
         return None
-    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat(
-        timespec="milliseconds")
+    try:
+        return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat(
+            timespec="milliseconds")
+    except (OverflowError, ValueError, OSError):
+        return None
 
 
 def store_stat(store):
-    """The `stat` report of an open (read-only) store as a JSON-ready dict."""
+    """The `stat` report of an open (read-only) store as a JSON-ready dict, keys in
+    RocketMQ's camelCase as every command's JSON."""
     import os
     root = store.root
     topics = []
@@ -284,8 +293,8 @@ def store_stat(store):
         topics.append({
             "topic": topic,
             "config": tc.to_json_obj() if tc else None,
-            "queues": [{"queue_id": q, "min_offset": queues[q].min_offset_in_queue,
-                        "max_offset": queues[q].max_offset_in_queue}
+            "queues": [{"queueId": q, "minOffset": queues[q].min_offset_in_queue,
+                        "maxOffset": queues[q].max_offset_in_queue}
                        for q in sorted(queues)]})
     for name in sorted(set(store.topic_configs.topic_config_table) -
                        set(store.consume_queue_table)):
@@ -299,7 +308,7 @@ def store_stat(store):
             cq = table.get(qid)
             max_off = cq.max_offset_in_queue if cq is not None else None
             lag = max(0, max_off - offsets[qid]) if max_off is not None else None
-            queues.append({"queue_id": qid, "offset": offsets[qid], "max_offset": max_off,
+            queues.append({"queueId": qid, "offset": offsets[qid], "maxOffset": max_off,
                            "lag": lag})
         entry = groups.setdefault(group, {"group": group, "lag": 0, "topics": []})
         entry["topics"].append({"topic": topic, "queues": queues,
@@ -314,18 +323,18 @@ def store_stat(store):
     except OSError:
         disk = None
     return {
-        "store_dir": root,
-        "commitlog": {"min_offset": store.get_min_phy_offset(),
-                      "max_offset": store.get_max_phy_offset()},
+        "storeDir": root,
+        "commitlog": {"minOffset": store.get_min_phy_offset(),
+                      "maxOffset": store.get_max_phy_offset()},
         "files": _files_per_kind(store),
         "checkpoint": {name: {"ms": value, "utc": _ms_to_iso(value)} for name, value in (
-            ("physic_msg_timestamp", cp.physic_msg_timestamp),
-            ("logics_msg_timestamp", cp.logics_msg_timestamp),
-            ("index_msg_timestamp", cp.index_msg_timestamp))},
-        "abort_file": store.fs.exists(os.path.join(root, "abort")),
-        "lock_file": lock_file,
-        "locked_by_pid": holder,
-        "disk_used_ratio": disk,
+            ("physicMsgTimestamp", cp.physic_msg_timestamp),
+            ("logicsMsgTimestamp", cp.logics_msg_timestamp),
+            ("indexMsgTimestamp", cp.index_msg_timestamp))},
+        "abortFile": store.fs.exists(os.path.join(root, "abort")),
+        "lockFile": lock_file,
+        "lockedByPid": holder,
+        "diskUsedRatio": disk,
         "topics": topics,
         "groups": [groups[g] for g in sorted(groups)],
     }
@@ -333,23 +342,24 @@ def store_stat(store):
 
 def _print_stat(st, out):
     w = out.write
-    w(f"store      {st['store_dir']}\n")
+    w(f"store      {st['storeDir']}\n")
     cl = st["commitlog"]
-    w(f"commitlog  offsets {cl['min_offset']} .. {cl['max_offset']}\n")
-    state = "present (running, or not shut down cleanly)" if st["abort_file"] else "absent"
-    holder = st["locked_by_pid"]
-    lock = ("absent" if not st["lock_file"] else
+    w(f"commitlog  offsets {cl['minOffset']} .. {cl['maxOffset']}\n")
+    state = "present (running, or not shut down cleanly)" if st["abortFile"] else "absent"
+    holder = st["lockedByPid"]
+    lock = ("absent" if not st["lockFile"] else
             "present, not held" if holder == 0 else
             f"present, held by pid {holder}" if holder else "present")
     w(f"abort      {state}\nlock       {lock}\n")
-    disk = st["disk_used_ratio"]
+    disk = st["diskUsedRatio"]
     w(f"disk       {'unknown' if disk is None else f'{disk:.1%} used'}\n")
     w("files\n")
     for kind, f in st["files"].items():
-        w(f"  {kind:<13}{f['files']:>7} files {f['bytes']:>15,} bytes\n")
+        w(f"  {kind:<13}{f['files']:>7} files {f['bytes']:>15,} bytes "
+          f"{f['allocatedBytes']:>15,} allocated\n")
     w("checkpoint\n")
     for name, v in st["checkpoint"].items():
-        w(f"  {name:<22}{v['ms']:>15}  {v['utc'] or '-'}\n")
+        w(f"  {name:<22}{v['ms']:>20}  {v['utc'] or '-'}\n")
     w("topics\n")
     for t in st["topics"]:
         cfg = t["config"]
@@ -357,14 +367,14 @@ def _print_stat(st, out):
                  f"perm {cfg['perm']})" if cfg else "")
         w(f"  {t['topic']}{extra}\n")
         for q in t["queues"]:
-            w(f"    queue {q['queue_id']:<4} min {q['min_offset']:<10} max {q['max_offset']}\n")
+            w(f"    queue {q['queueId']:<4} min {q['minOffset']:<10} max {q['maxOffset']}\n")
     w("groups\n")
     for g in st["groups"]:
         w(f"  {g['group']}  lag {g['lag']}\n")
         for t in g["topics"]:
             for q in t["queues"]:
-                w(f"    {t['topic']} queue {q['queue_id']:<4} offset {q['offset']:<10} "
-                  f"max {q['max_offset']}  lag {q['lag']}\n")
+                w(f"    {t['topic']} queue {q['queueId']:<4} offset {q['offset']:<10} "
+                  f"max {q['maxOffset']}  lag {q['lag']}\n")
 
 
 def _stat(args):
