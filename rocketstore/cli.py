@@ -158,29 +158,47 @@ def _verify(args):
 
 
 def _recover(args):
+    """The plan first (computed read-only by the recovery code itself), then, unless
+    --dry-run, the real run, reported in the plan's terms so the two can be compared."""
+    import dataclasses
     from . import repair
+    from .store import MessageStore
     plan = repair.plan_recovery(args.store_dir, kernels=args.backend)
     if args.json and args.dry_run:
         json.dump(plan.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    print(f"scan from file {plan.start_file}: the CommitLog ends at {plan.process_offset} "
-          f"({plan.stop_reason or 'clean'}); {plan.truncated_bytes} bytes past it would be "
-          f"truncated")
-    for queue, units in sorted(plan.truncated_units.items()):
-        print(f"  consume queue {queue}: {units} unit(s) past the end would be dropped")
-    print(f"{plan.redispatch_records} record(s) would be dispatched again")
+    if not args.json:
+        print(f"scan from file {plan.start_file}: the CommitLog ends at {plan.process_offset} "
+              f"({plan.stop_reason or 'clean'}); {plan.truncated_bytes} bytes past it would "
+              f"be truncated")
+        for queue, units in sorted(plan.truncated_units.items()):
+            print(f"  consume queue {queue}: {units} unit(s) past the end would be dropped")
+        print(f"{plan.redispatch_records} record(s) would be dispatched again: consume-queue "
+              f"units {plan.units_before} -> {plan.units_after}, index entries "
+              f"{plan.index_entries_before} -> {plan.index_entries_after}"
+              + (f" (rebuilding index file(s) {', '.join(plan.index_files_rebuilt)})"
+                 if plan.index_files_rebuilt else ""))
     if args.dry_run:
         print("dry run: nothing changed")
         return 0
     report = repair.recover(args.store_dir, kernels=args.backend)
+    after = MessageStore.open_read_only(args.store_dir, kernels=args.backend)
+    try:
+        units, entries = repair.store_counts(after)
+    finally:
+        after.shutdown()
+    result = dict(repair.camel_keys(dataclasses.asdict(report)), unitsBefore=plan.units_before,
+                  unitsAfter=units, indexEntriesBefore=plan.index_entries_before,
+                  indexEntriesAfter=entries)
     if args.json:
-        import dataclasses
-        json.dump(dataclasses.asdict(report), sys.stdout, indent=2)
+        json.dump(result, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(f"recovered: {report.records} records scanned, {report.dispatched} dispatched, "
-              f"CommitLog ends at {report.process_offset}")
+              f"CommitLog ends at {report.process_offset}; consume-queue units "
+              f"{plan.units_before} -> {units}, index entries {plan.index_entries_before} -> "
+              f"{entries}")
     return 0
 
 
@@ -194,7 +212,7 @@ def _rebuild(args):
     else:
         report = rebuild(args.store_dir, kernels=args.backend)
     if args.json:
-        json.dump(dataclasses.asdict(report), sys.stdout, indent=2)
+        json.dump(repair.camel_keys(dataclasses.asdict(report)), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(f"{args.command}: {report.records} records scanned, {report.dispatched} "

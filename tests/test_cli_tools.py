@@ -61,12 +61,12 @@ def test_recover_dry_run_changes_nothing_and_recover_truncates(broker_store):
     out = rocketstore("recover", "--dry-run", "--json", str(broker_store))
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
-    assert plan["truncated_bytes"] > 0 and plan["process_offset"] < 335689
+    assert plan["truncatedBytes"] > 0 and plan["processOffset"] < 335689
     assert tree_digest(broker_store) == before
     out = rocketstore("recover", str(broker_store))
     assert out.returncode == 0, out.stderr
     with MessageStore(broker_store, MessageStore.open_read_only(broker_store).config) as s:
-        assert s.get_max_phy_offset() == plan["process_offset"]
+        assert s.get_max_phy_offset() == plan["processOffset"]
 
 
 def test_rebuild_cq_restores_every_consume_queue(broker_store):
@@ -199,3 +199,39 @@ def test_dump_from_an_offset_where_no_record_starts_is_an_error(broker_store):
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [
         "rocketstore dump: error: no record starts at commit-log offset 5"]
+
+
+def _index_entries(root):
+    report = json.loads(rocketstore("verify", str(root), "--json").stdout)
+    return report["indexEntries"], report["ok"]
+
+
+def test_recover_does_what_its_dry_run_says_on_a_clean_broker_store(broker_store):
+    plan = json.loads(rocketstore("recover", "--dry-run", "--json", str(broker_store)).stdout)
+    out = rocketstore("recover", "--json", str(broker_store))
+    assert out.returncode == 0, out.stderr
+    done = json.loads(out.stdout)
+    assert done["dispatched"] == plan["redispatchRecords"] == 1200
+    assert (done["unitsBefore"], done["unitsAfter"]) == (plan["unitsBefore"],
+                                                         plan["unitsAfter"]) == (1200, 1200)
+    assert (done["indexEntriesBefore"], done["indexEntriesAfter"]) == \
+        (plan["indexEntriesBefore"], plan["indexEntriesAfter"]) == (2637, 2637)
+    assert _index_entries(broker_store) == (2637, True)
+
+
+def test_recover_leaves_a_clean_stores_index_files_as_the_broker_wrote_them(broker_store):
+    original = tree_digest(broker_store / "index")
+    assert rocketstore("recover", str(broker_store)).returncode == 0
+    assert tree_digest(broker_store / "index") == original
+
+
+def test_recover_does_what_its_dry_run_says_on_a_damaged_tail(broker_store):
+    overwrite(broker_store / "commitlog" / "00000000000000327680", 1000, b"\xff\xfe")
+    plan = json.loads(rocketstore("recover", "--dry-run", "--json", str(broker_store)).stdout)
+    done = json.loads(rocketstore("recover", "--json", str(broker_store)).stdout)
+    assert done["processOffset"] == plan["processOffset"] == 328577
+    assert done["dispatched"] == plan["redispatchRecords"]
+    assert (done["unitsAfter"], done["indexEntriesAfter"]) == \
+        (plan["unitsAfter"], plan["indexEntriesAfter"])
+    assert plan["unitsBefore"] == 1200 and plan["unitsAfter"] < 1200
+    assert _index_entries(broker_store) == (plan["indexEntriesAfter"], True)
