@@ -128,9 +128,10 @@ def walk_commitlog(store, start=None, check_crc=True):
         pos = 0
 
 
-def _check_commitlog(store, report, progress, missing):
+def _check_commitlog(store, report, progress, missing, keyed=None):
     """Every record of every file, CRC included; returns the valid records. Each batch is
-    also looked up in its ConsumeQueue (`missing` collects the records without a unit)."""
+    also looked up in its ConsumeQueue (`missing` collects the records without a unit), and
+    `keyed` collects (offsets, key counts) of the records the index should hold."""
     offsets = []
     sizes = []
     for step in walk_commitlog(store):
@@ -149,6 +150,10 @@ def _check_commitlog(store, report, progress, missing):
         offsets.append(expect.astype(np.int64))
         sizes.append(chunk["size"].astype(np.int64))
         _find_units(store, chunk, mf.mm, missing)
+        if keyed is not None:
+            need = _key_counts(store.kernels, chunk, mf.mm)
+            has = need > 0
+            keyed.append((expect[has].astype(np.int64), need[has]))
         report.records += len(chunk)
         progress(int(chunk["size"].sum()))
     if not offsets:
@@ -424,13 +429,64 @@ def _check_index(store, report, good):
             del header, slots, entries        # the views pin the mapping
 
 
+def _key_counts(k, chunk, buf):
+    """Index keys per record of a scanned batch (the index dispatcher's own kernel)."""
+    cap = 4 * len(chunk) + 16
+    while True:
+        hashes = np.empty(cap, dtype=np.int32)
+        rows = np.empty(cap, dtype=np.int32)
+        n, done = k.index_keys(buf, chunk, hashes, rows)
+        if done == len(chunk):
+            return np.bincount(rows[:n], minlength=len(chunk))
+        cap *= 4
+
+
+def _check_index_coverage(store, report, keyed):
+    """Every record with keys has as many index entries pointing at it: a deleted or cut
+    index file loses lookups that no entry-by-entry check sees. A store without index files
+    keeps no index, and is not held to one."""
+    files = list(store._indexer.index_file_list)
+    if not files or not keyed:
+        return
+    parts = []
+    for f in files:
+        _, _, entries = f.arrays()
+        try:
+            parts.append(np.array(entries["phy_offset"][1:f.index_count], dtype=np.int64))
+        finally:
+            del entries
+    phys, counts = np.unique(np.concatenate(parts), return_counts=True)
+    offsets = np.concatenate([o for o, _ in keyed])
+    need = np.concatenate([n for _, n in keyed])
+    idx = np.minimum(np.searchsorted(phys, offsets), max(len(phys) - 1, 0))
+    have = np.where((len(phys) > 0) & (phys[idx] == offsets), counts[idx], 0) \
+        if len(phys) else np.zeros(len(offsets), dtype=np.int64)
+    short = np.flatnonzero(have < need)
+    if not len(short):
+        return
+    # One problem per run of consecutive keyed records without their entries.
+    runs = np.split(short, np.flatnonzero(np.diff(short) != 1) + 1)
+    for run in runs:
+        a, b = int(offsets[run[0]]), int(offsets[run[-1]])
+        report.problems.append(Problem(
+            "index", "index", -1,
+            f"{len(run)} record(s) at commit-log offsets {a}..{b} lack "
+            f"{int((need[run] - have[run]).sum())} index entries (a key lookup misses them)"))
+
+
 def _check_checkpoint(store, report, good):
     ckpt = store.checkpoint
     if ckpt is None:
         return
-    if not store.fs.exists(os.path.join(store.root, "checkpoint")):
+    path = os.path.join(store.root, "checkpoint")
+    if not store.fs.exists(path):
         report.problems.append(Problem("checkpoint", "checkpoint", -1, "missing"))
         return
+    if store.fs.size(path) != _CHECKPOINT_SIZE:
+        report.problems.append(Problem(
+            "checkpoint", "checkpoint", -1,
+            f"{store.fs.size(path)} bytes, not {_CHECKPOINT_SIZE} (one OS page, as a broker "
+            "writes it)"))
     last_ts = 0
     if good.last >= 0:
         m = _record(store, good.last, int(good.sizes[-1]))
@@ -444,6 +500,13 @@ def _check_checkpoint(store, report, good):
                 f"{name} {value} is later than the last record ({last_ts})"))
 
 
+_CHECKPOINT_SIZE = 4096
+# The table each config file holds (ConfigManager#encode of each manager).
+_CONFIG_TABLES = {"topics.json": "topicConfigTable",
+                  "subscriptionGroup.json": "subscriptionGroupTable",
+                  "consumerOffset.json": "offsetTable", "delayOffset.json": "offsetTable"}
+
+
 def _check_configs(store, report):
     fs = store.fs
     config_dir = os.path.join(store.root, "config")
@@ -455,7 +518,13 @@ def _check_configs(store, report):
         path = os.path.join(config_dir, name)
         try:
             text = fs.read_bytes(path).decode("utf-8")
-            json.loads(_quote_int_keys(text))
+            doc = json.loads(_quote_int_keys(text))
+            table = _CONFIG_TABLES.get(name)
+            if not isinstance(doc, dict) or (table in doc and not isinstance(doc[table], dict)):
+                report.problems.append(Problem(
+                    "config", _rel(store, path), -1,
+                    f"not a {name} document: expected an object"
+                    + (f" with an object {table!r}" if table else "")))
         except RecursionError:
             report.problems.append(Problem("config", _rel(store, path), -1,
                                            "nested too deeply to be a config file"))
@@ -476,11 +545,12 @@ def verify_store(store, progress=None):
     progress = progress or (lambda n: None)
     report = VerifyReport()
     missing = {}
+    keyed = []
     good = _Records(np.empty(0, np.int64), np.empty(0, np.int64))
 
     def commitlog():
         nonlocal good
-        good = _check_commitlog(store, report, progress, missing)
+        good = _check_commitlog(store, report, progress, missing, keyed)
 
     for kind, check in (("commitlog", lambda: _check_layout(store, report)),
                         ("commitlog", commitlog),
@@ -488,6 +558,7 @@ def verify_store(store, progress=None):
                         ("consumequeue", lambda: _check_consume_queues(store, report, good,
                                                                        progress)),
                         ("index", lambda: _check_index(store, report, good)),
+                        ("index", lambda: _check_index_coverage(store, report, keyed)),
                         ("checkpoint", lambda: _check_checkpoint(store, report, good)),
                         ("config", lambda: _check_configs(store, report))):
         try:

@@ -51,8 +51,10 @@ def test_verify_checks_every_index_entry(broker_store):
         f.seek(40 + 64 * 4 + 20 * 7 + 4)               # entry 7's physical offset
         f.write((999999).to_bytes(8, "big"))
     report = json.loads(rocketstore("verify", str(broker_store), "--json").stdout)
+    # The entry points nowhere, and the record it pointed at lacks it.
     assert [(p["kind"], p["file"], p["offset"]) for p in report["problems"]] == \
-        [("index", f"index/{name}", 40 + 64 * 4 + 20 * 7)]
+        [("index", f"index/{name}", 40 + 64 * 4 + 20 * 7), ("index", "index", -1)]
+    assert "lack 1 index entries" in report["problems"][1]["detail"]
 
 
 def test_recover_dry_run_changes_nothing_and_recover_truncates(broker_store):
