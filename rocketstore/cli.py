@@ -138,6 +138,11 @@ def _verify(args):
     from .progress import progress_bar
     from .store import MessageStore
     from .verify import verify_store
+    import os
+    _, holder = _lock_holder(os.path.join(args.store_dir, "lock"))
+    if holder:
+        print(f"rocketstore verify: warning: the store is in use (pid {holder} holds its "
+              f"lock): what it writes meanwhile may show as problems", file=sys.stderr)
     store = MessageStore.open_read_only(args.store_dir, kernels=args.backend)
     try:
         total = max(0, store.get_max_phy_offset() - max(0, store.get_min_phy_offset()))
