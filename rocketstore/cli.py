@@ -443,7 +443,7 @@ def _query(args):
             files = store._indexer.index_file_list
             if not files and any(n.isdigit() for n in store.fs.list_dir(
                     store._indexer.store_path)):
-                raise UsageError("cannot tell the index files' hash slot and entry numbers; "
+                raise StoreError("cannot tell the index files' hash slot and entry numbers; "
                                  "pass --max-hash-slot-num and --max-index-num")
             messages = store.query_message(args.topic, args.key, args.max, args.begin,
                                            args.end).messages
@@ -457,6 +457,8 @@ def _query(args):
             messages = [m] if m is not None and m.commit_log_offset == args.phy_offset else []
             what = f"commit-log offset {args.phy_offset}"
         else:
+            if args.queue not in store.consume_queue_table.get(args.topic, {}):
+                return _not_found(f"queue {args.queue} in topic {args.topic!r}")
             offset = store.get_offset_in_queue_by_time(args.topic, args.queue, args.timestamp)
             json.dump({"topic": args.topic, "queueId": args.queue, "timestamp": args.timestamp,
                        "queueOffset": offset}, sys.stdout, separators=(",", ":"))
@@ -469,13 +471,20 @@ def _query(args):
     finally:
         store.shutdown()
     if not messages:
-        print(f"rocketstore query: no message with {what}", file=sys.stderr)
-        return 1
+        return _not_found(f"message with {what}")
     return 0
+
+
+def _not_found(what):
+    print(f"rocketstore query: no {what}", file=sys.stderr)
+    return 1
 
 
 def _bench(args):
     from .bench_job import run_bench
+    # Building the messages comes before the first progress bar and takes a while.
+    print(f"rocketstore bench: building {args.messages:,} messages of {args.size} bytes",
+          file=sys.stderr, flush=True)
     return run_bench(args)
 
 
