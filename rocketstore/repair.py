@@ -6,8 +6,6 @@ writer. `plan_recovery` answers what abnormal recovery would do without changing
 import dataclasses
 import os
 
-import numpy as np
-
 from . import format as F
 from .dispatch import R_PHY, R_QID, R_QOFF, R_SIZE, R_SYSFLAG, row_topic
 from .index_service import IndexService

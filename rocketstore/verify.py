@@ -6,7 +6,6 @@ it sits), every ConsumeQueue unit is checked against the record it points at, in
 against their records, and the checkpoint and config files for sanity. Each problem names its
 file and offset, so an operator can go and look."""
 import dataclasses
-import json
 import os
 
 import numpy as np
@@ -501,42 +500,32 @@ def _check_checkpoint(store, report, good):
 
 
 _CHECKPOINT_SIZE = 4096
-# The table each config file holds (ConfigManager#encode of each manager).
-_CONFIG_TABLES = {"topics.json": "topicConfigTable",
-                  "subscriptionGroup.json": "subscriptionGroupTable",
-                  "consumerOffset.json": "offsetTable", "delayOffset.json": "offsetTable"}
 
 
 def _check_configs(store, report):
+    """Each config file (and its .bak) as the broker's config manager reads it: fastjson's
+    dialect, the table it must hold; any other .json file must at least parse."""
+    from .config_manager import all_managers, parse_fastjson
     fs = store.fs
     config_dir = os.path.join(store.root, "config")
     if not fs.is_dir(config_dir):
         return
+    managers = {m.file_name: m for m in all_managers(store.root, fs, None, True)}
     for name in sorted(fs.list_dir(config_dir)):
-        if not name.endswith(".json"):
+        base = name[:-4] if name.endswith(".bak") else name
+        if not base.endswith(".json"):
             continue
         path = os.path.join(config_dir, name)
+        manager = managers.get(base)
         try:
             text = fs.read_bytes(path).decode("utf-8")
-            doc = json.loads(_quote_int_keys(text))
-            table = _CONFIG_TABLES.get(name)
-            if not isinstance(doc, dict) or (table in doc and not isinstance(doc[table], dict)):
-                report.problems.append(Problem(
-                    "config", _rel(store, path), -1,
-                    f"not a {name} document: expected an object"
-                    + (f" with an object {table!r}" if table else "")))
-        except RecursionError:
-            report.problems.append(Problem("config", _rel(store, path), -1,
-                                           "nested too deeply to be a config file"))
-        except (ValueError, OSError) as exc:
+            if manager is not None and text.strip():
+                manager.decode(text)
+            elif text.strip():
+                parse_fastjson(text)
+        except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
             report.problems.append(Problem("config", _rel(store, path), -1,
                                            f"does not parse: {exc}"))
-
-
-def _quote_int_keys(text):
-    """fastjson writes offset tables with bare int keys ({0:3}); make them JSON for checking."""
-    import re
-    return re.sub(r"([{,]\s*)(-?\d+)(\s*:)", r'\1"\2"\3', text)
 
 
 def verify_store(store, progress=None):

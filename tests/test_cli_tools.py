@@ -175,7 +175,7 @@ def test_verify_reports_a_deeply_nested_config_file(broker_store):
     (broker_store / "config" / "consumerOffset.json").write_text(deep)
     out = rocketstore("verify", str(broker_store))
     assert out.returncode == 1 and "Traceback" not in out.stderr
-    assert "config: config/consumerOffset.json: nested too deeply" in out.stdout
+    assert "config: config/consumerOffset.json: does not parse: JSON nested too deeply" in out.stdout
 
 
 def test_verify_refuses_a_directory_that_holds_no_store(broker_store):
@@ -254,3 +254,15 @@ def test_verify_of_a_store_in_use_warns_and_checks_what_is_written(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"in use (pid {os.getpid()} holds its lock)" in out.stderr
     assert "Traceback" not in out.stderr and "50 records" in out.stdout
+
+
+def test_verify_reports_index_entries_left_past_a_tail_a_normal_open_truncated(broker_store):
+    overwrite(broker_store / "commitlog" / "00000000000000327680", 1000, b"\xff\xfe")
+    cfg = MessageStore.open_read_only(broker_store).config
+    with MessageStore(broker_store, cfg):
+        pass                                  # normal recovery truncates at 328577
+    report = json.loads(rocketstore("verify", str(broker_store), "--json").stdout)
+    assert report["records"] == 1175 and not report["ok"]
+    dangling = [p for p in report["problems"] if p["kind"] == "index"]
+    assert dangling and all("where no valid record starts" in p["detail"] for p in dangling)
+    assert {p["file"] for p in dangling} == {"index/20261130134815693"}
