@@ -488,6 +488,15 @@ def _bench(args):
     return run_bench(args)
 
 
+# Where a user reaches for json.load: the config files stay byte for byte as a broker writes
+# them, so a broker can read a store we wrote.
+CONFIG_JSON_NOTE = (
+    "config/*.json are written byte for byte as a RocketMQ 4.9 broker writes them: fastjson's "
+    "dialect, where consumerOffset.json has bare integer keys ({0:1,1:5}) that json.load "
+    "rejects. `rocketstore stat --json` prints the same topics, groups and offsets as "
+    "standard JSON.")
+
+
 def _add_selection(p):
     p.add_argument("--topic", default=None, help="only this topic")
     p.add_argument("--queue", type=int, default=None, help="only this queue id")
@@ -504,7 +513,7 @@ def _add_selection(p):
 
 def build_parser():
     p = argparse.ArgumentParser(
-        prog="rocketstore",
+        prog="rocketstore", epilog=CONFIG_JSON_NOTE,
         description="An embeddable Apache RocketMQ message store: benchmark it, or inspect a "
                     "store directory written by rocketstore or by a RocketMQ broker.")
     p.add_argument("--debug", action="store_true",
@@ -574,7 +583,8 @@ def build_parser():
         rb.set_defaults(func=_rebuild)
 
     s = sub.add_parser("stat", help="summarise a store directory (read-only): topics, queues, "
-                                    "consumer lag, files, checkpoint, lock and disk")
+                                    "consumer lag, files, checkpoint, lock and disk",
+                       epilog=CONFIG_JSON_NOTE)
     s.add_argument("store_dir", help="store root (holds commitlog/, consumequeue/, config/)")
     s.add_argument("--json", action="store_true", help="print the report as JSON")
     s.set_defaults(func=_stat)

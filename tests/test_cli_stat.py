@@ -105,3 +105,10 @@ def test_stat_refuses_a_directory_that_holds_no_store(tmp_path):
         f"rocketstore stat: error: {tmp_path} is not a store directory: expected commitlog/ "
         "or checkpoint in it (a store root holds commitlog/, consumequeue/, index/, "
         "checkpoint, config/)"]
+
+
+def test_stat_help_says_how_to_read_consumer_offsets_as_json():
+    for args in (("stat", "--help"), ("--help",)):
+        text = " ".join(rocketstore(*args).stdout.split())
+        assert "bare integer keys ({0:1,1:5}) that json.load rejects" in text
+        assert "rocketstore stat --json" in text
