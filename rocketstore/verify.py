@@ -3,8 +3,10 @@
 
 Every CommitLog record is validated (magic, length, body CRC, and PHYSICALOFFSET equal to where
 it sits), every ConsumeQueue unit is checked against the record it points at, index entries
-against their records, and the checkpoint and config files for sanity. Each problem names its
-file and offset, so an operator can go and look."""
+against their records, and the checkpoint and config files for sanity. The other way round,
+every record must have its unit and its index entries, so a deleted or cut file shows; segment
+names, sizes and gaps are checked too. Each problem names its file and offset, so an operator
+can go and look; damage that stops a check is a problem too, never a traceback."""
 import dataclasses
 import os
 
