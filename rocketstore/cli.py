@@ -5,43 +5,99 @@ import json
 import logging
 import sys
 
-from .errors import StoreError
+from ._version import __version__
+from .errors import StoreError, StoreLockedError
 
 log = logging.getLogger("rocketstore")
 
 
-def _selected(store, args):
-    """Messages of a store in commit-log order, filtered by the dump/export options."""
+def _selected(store, args, damage):
+    """Messages of a store in commit-log order, filtered by the dump/export options. Damage
+    does not end the walk: each problem goes to `damage(where, detail)` and the records
+    after it follow, as `verify` finds them."""
+    import os
+    from .errors import CorruptRecordError
+    from .message import MessageExt
+    from .verify import walk_commitlog
     start = getattr(args, "from_offset", None)
+    if start is not None and not _record_starts_at(store, start):
+        raise StoreError(f"no record starts at commit-log offset {start}")
     count = 0
-    for m in store.iter_messages(start):
-        if args.to_offset is not None and m.commit_log_offset >= args.to_offset:
-            break
-        if args.topic is not None and m.topic != args.topic:
+    for step in walk_commitlog(store, start):
+        if step[0] == "damage":
+            _, mf, pos, detail = step
+            damage(f"{os.path.relpath(mf.path, store.root)}@{pos}", detail)
             continue
-        if args.queue is not None and m.queue_id != args.queue:
-            continue
-        if args.from_time is not None and m.store_timestamp < args.from_time:
-            continue
-        if args.to_time is not None and m.store_timestamp > args.to_time:
-            continue
-        yield m
-        count += 1
-        if args.limit is not None and count >= args.limit:
-            break
+        _, mf, chunk = step
+        for pos, size in zip(chunk["pos"].tolist(), chunk["size"].tolist()):
+            try:
+                m = MessageExt.decode(mf.mm[pos:pos + size])
+            except CorruptRecordError as exc:
+                damage(f"{os.path.relpath(mf.path, store.root)}@{pos}", str(exc))
+                continue
+            if args.to_offset is not None and m.commit_log_offset >= args.to_offset:
+                return
+            if args.topic is not None and m.topic != args.topic:
+                continue
+            if args.queue is not None and m.queue_id != args.queue:
+                continue
+            if args.from_time is not None and m.store_timestamp < args.from_time:
+                continue
+            if args.to_time is not None and m.store_timestamp > args.to_time:
+                continue
+            yield m
+            count += 1
+            if args.limit is not None and count >= args.limit:
+                return
+
+
+def _record_starts_at(store, offset):
+    """A valid record (or the blank that ends a file) starts at commit-log `offset`."""
+    import numpy as np
+    from . import format as F
+    mf = store.commitlog.mfq.find_by_offset(offset)
+    if mf is None:
+        return False
+    rows = np.empty(1, dtype=F.SCAN_DTYPE)
+    n, _, reason, _ = store.kernels.commitlog_scan(mf.mm, offset - mf.file_from_offset,
+                                                   mf.file_size, True, rows)
+    return n == 1 or reason == F.SCAN_BLANK
+
+
+class _DamageLog:
+    """Problems met while streaming records: one stderr line each, and the exit status."""
+
+    def __init__(self, command):
+        self.command = command
+        self.count = 0
+
+    def __call__(self, where, detail):
+        self.count += 1
+        print(f"rocketstore {self.command}: damage: {where}: {detail}", file=sys.stderr)
+
+    def finish(self, printed):
+        if not self.count:
+            return 0
+        print(f"rocketstore {self.command}: {self.count} problem(s) in the CommitLog, "
+              f"{printed} message(s) written; run `rocketstore verify` for the whole store",
+              file=sys.stderr)
+        return 1
 
 
 def _dump(args):
     from .store import MessageStore
     store = MessageStore.open_read_only(args.store_dir, kernels=args.backend)
     out = sys.stdout
+    damage = _DamageLog("dump")
+    printed = 0
     try:
-        for m in _selected(store, args):
+        for m in _selected(store, args, damage):
             out.write(json.dumps(m.to_dict(_cq_tags_code(store, m)), separators=(",", ":")))
             out.write("\n")
+            printed += 1
     finally:
         store.shutdown()
-    return 0
+    return damage.finish(printed)
 
 
 def _export(args):
@@ -53,8 +109,10 @@ def _export(args):
     store = MessageStore.open_read_only(args.store_dir, kernels=args.backend)
     out = sys.stdout
     writer = None
+    damage = _DamageLog("export")
+    printed = 0
     try:
-        for m in _selected(store, args):
+        for m in _selected(store, args, damage):
             row = {"topic": m.topic, "queueId": m.queue_id, "queueOffset": m.queue_offset,
                    "commitLogOffset": m.commit_log_offset, "storeTimestamp": m.store_timestamp,
                    "bornTimestamp": m.born_timestamp, "msgId": m.msg_id, "tags": m.tags,
@@ -70,15 +128,21 @@ def _export(args):
                 row["properties"] = m.properties
                 out.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")))
                 out.write("\n")
+            printed += 1
     finally:
         store.shutdown()
-    return 0
+    return damage.finish(printed)
 
 
 def _verify(args):
     from .progress import progress_bar
     from .store import MessageStore
     from .verify import verify_store
+    import os
+    _, holder = _lock_holder(os.path.join(args.store_dir, "lock"))
+    if holder:
+        print(f"rocketstore verify: warning: the store is in use (pid {holder} holds its "
+              f"lock): what it writes meanwhile may show as problems", file=sys.stderr)
     store = MessageStore.open_read_only(args.store_dir, kernels=args.backend)
     try:
         total = max(0, store.get_max_phy_offset() - max(0, store.get_min_phy_offset()))
@@ -99,29 +163,47 @@ def _verify(args):
 
 
 def _recover(args):
+    """The plan first (computed read-only by the recovery code itself), then, unless
+    --dry-run, the real run, reported in the plan's terms so the two can be compared."""
+    import dataclasses
     from . import repair
+    from .store import MessageStore
     plan = repair.plan_recovery(args.store_dir, kernels=args.backend)
     if args.json and args.dry_run:
         json.dump(plan.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    print(f"scan from file {plan.start_file}: the CommitLog ends at {plan.process_offset} "
-          f"({plan.stop_reason or 'clean'}); {plan.truncated_bytes} bytes past it would be "
-          f"truncated")
-    for queue, units in sorted(plan.truncated_units.items()):
-        print(f"  consume queue {queue}: {units} unit(s) past the end would be dropped")
-    print(f"{plan.redispatch_records} record(s) would be dispatched again")
+    if not args.json:
+        print(f"scan from file {plan.start_file}: the CommitLog ends at {plan.process_offset} "
+              f"({plan.stop_reason or 'clean'}); {plan.truncated_bytes} bytes past it would "
+              f"be truncated")
+        for queue, units in sorted(plan.truncated_units.items()):
+            print(f"  consume queue {queue}: {units} unit(s) past the end would be dropped")
+        print(f"{plan.redispatch_records} record(s) would be dispatched again: consume-queue "
+              f"units {plan.units_before} -> {plan.units_after}, index entries "
+              f"{plan.index_entries_before} -> {plan.index_entries_after}"
+              + (f" (rebuilding index file(s) {', '.join(plan.index_files_rebuilt)})"
+                 if plan.index_files_rebuilt else ""))
     if args.dry_run:
         print("dry run: nothing changed")
         return 0
     report = repair.recover(args.store_dir, kernels=args.backend)
+    after = MessageStore.open_read_only(args.store_dir, kernels=args.backend)
+    try:
+        units, entries = repair.store_counts(after)
+    finally:
+        after.shutdown()
+    result = dict(repair.camel_keys(dataclasses.asdict(report)), unitsBefore=plan.units_before,
+                  unitsAfter=units, indexEntriesBefore=plan.index_entries_before,
+                  indexEntriesAfter=entries)
     if args.json:
-        import dataclasses
-        json.dump(dataclasses.asdict(report), sys.stdout, indent=2)
+        json.dump(result, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(f"recovered: {report.records} records scanned, {report.dispatched} dispatched, "
-              f"CommitLog ends at {report.process_offset}")
+              f"CommitLog ends at {report.process_offset}; consume-queue units "
+              f"{plan.units_before} -> {units}, index entries {plan.index_entries_before} -> "
+              f"{entries}")
     return 0
 
 
@@ -135,7 +217,7 @@ def _rebuild(args):
     else:
         report = rebuild(args.store_dir, kernels=args.backend)
     if args.json:
-        json.dump(dataclasses.asdict(report), sys.stdout, indent=2)
+        json.dump(repair.camel_keys(dataclasses.asdict(report)), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(f"{args.command}: {report.records} records scanned, {report.dispatched} "
@@ -180,20 +262,23 @@ def _lock_holder(path):
 
 
 def _files_per_kind(store):
-    """{kind: {"files": n, "bytes": total}} for commitlog, consumequeue, index and config."""
+    """{kind: {"files": n, "bytes": apparent size, "allocatedBytes": on disk}} for commitlog,
+    consumequeue, index and config. Segments are created at full size but sparse, so the
+    apparent size overstates the disk a store uses."""
     import os
     fs = store.fs
 
     def walk(path):
-        count = size = 0
+        count = size = allocated = 0
         for name in fs.list_dir(path):
             p = os.path.join(path, name)
             if fs.is_dir(p):
-                c, b = walk(p)
-                count, size = count + c, size + b
+                c, b, a = walk(p)
+                count, size, allocated = count + c, size + b, allocated + a
             else:
                 count, size = count + 1, size + fs.size(p)
-        return count, size
+                allocated += fs.allocated(p)
+        return count, size, allocated
 
     kinds = {}
     dirs = {"commitlog": store.config.commitlog_dir(store.root),
@@ -201,21 +286,27 @@ def _files_per_kind(store):
             "index": os.path.join(store.root, "index"),
             "config": os.path.join(store.root, "config")}
     for kind, path in dirs.items():
-        count, size = walk(path)
-        kinds[kind] = {"files": count, "bytes": size}
+        count, size, allocated = walk(path)
+        kinds[kind] = {"files": count, "bytes": size, "allocatedBytes": allocated}
     return kinds
 
 
 def _ms_to_iso(ms):
+    """UTC ISO time of an epoch-ms value, or None when it is 0 or no calendar date (a
+    damaged checkpoint can hold anything up to 2**63 - 1)."""
     import datetime
     if not ms:
         return None
-    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat(
-        timespec="milliseconds")
+    try:
+        return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat(
+            timespec="milliseconds")
+    except (OverflowError, ValueError, OSError):
+        return None
 
 
 def store_stat(store):
-    """The `stat` report of an open (read-only) store as a JSON-ready dict."""
+    """The `stat` report of an open (read-only) store as a JSON-ready dict, keys in
+    RocketMQ's camelCase as every command's JSON."""
     import os
     root = store.root
     topics = []
@@ -225,8 +316,8 @@ def store_stat(store):
         topics.append({
             "topic": topic,
             "config": tc.to_json_obj() if tc else None,
-            "queues": [{"queue_id": q, "min_offset": queues[q].min_offset_in_queue,
-                        "max_offset": queues[q].max_offset_in_queue}
+            "queues": [{"queueId": q, "minOffset": queues[q].min_offset_in_queue,
+                        "maxOffset": queues[q].max_offset_in_queue}
                        for q in sorted(queues)]})
     for name in sorted(set(store.topic_configs.topic_config_table) -
                        set(store.consume_queue_table)):
@@ -240,7 +331,7 @@ def store_stat(store):
             cq = table.get(qid)
             max_off = cq.max_offset_in_queue if cq is not None else None
             lag = max(0, max_off - offsets[qid]) if max_off is not None else None
-            queues.append({"queue_id": qid, "offset": offsets[qid], "max_offset": max_off,
+            queues.append({"queueId": qid, "offset": offsets[qid], "maxOffset": max_off,
                            "lag": lag})
         entry = groups.setdefault(group, {"group": group, "lag": 0, "topics": []})
         entry["topics"].append({"topic": topic, "queues": queues,
@@ -255,18 +346,18 @@ def store_stat(store):
     except OSError:
         disk = None
     return {
-        "store_dir": root,
-        "commitlog": {"min_offset": store.get_min_phy_offset(),
-                      "max_offset": store.get_max_phy_offset()},
+        "storeDir": root,
+        "commitlog": {"minOffset": store.get_min_phy_offset(),
+                      "maxOffset": store.get_max_phy_offset()},
         "files": _files_per_kind(store),
         "checkpoint": {name: {"ms": value, "utc": _ms_to_iso(value)} for name, value in (
-            ("physic_msg_timestamp", cp.physic_msg_timestamp),
-            ("logics_msg_timestamp", cp.logics_msg_timestamp),
-            ("index_msg_timestamp", cp.index_msg_timestamp))},
-        "abort_file": store.fs.exists(os.path.join(root, "abort")),
-        "lock_file": lock_file,
-        "locked_by_pid": holder,
-        "disk_used_ratio": disk,
+            ("physicMsgTimestamp", cp.physic_msg_timestamp),
+            ("logicsMsgTimestamp", cp.logics_msg_timestamp),
+            ("indexMsgTimestamp", cp.index_msg_timestamp))},
+        "abortFile": store.fs.exists(os.path.join(root, "abort")),
+        "lockFile": lock_file,
+        "lockedByPid": holder,
+        "diskUsedRatio": disk,
         "topics": topics,
         "groups": [groups[g] for g in sorted(groups)],
     }
@@ -274,23 +365,24 @@ def store_stat(store):
 
 def _print_stat(st, out):
     w = out.write
-    w(f"store      {st['store_dir']}\n")
+    w(f"store      {st['storeDir']}\n")
     cl = st["commitlog"]
-    w(f"commitlog  offsets {cl['min_offset']} .. {cl['max_offset']}\n")
-    state = "present (running, or not shut down cleanly)" if st["abort_file"] else "absent"
-    holder = st["locked_by_pid"]
-    lock = ("absent" if not st["lock_file"] else
+    w(f"commitlog  offsets {cl['minOffset']} .. {cl['maxOffset']}\n")
+    state = "present (running, or not shut down cleanly)" if st["abortFile"] else "absent"
+    holder = st["lockedByPid"]
+    lock = ("absent" if not st["lockFile"] else
             "present, not held" if holder == 0 else
             f"present, held by pid {holder}" if holder else "present")
     w(f"abort      {state}\nlock       {lock}\n")
-    disk = st["disk_used_ratio"]
+    disk = st["diskUsedRatio"]
     w(f"disk       {'unknown' if disk is None else f'{disk:.1%} used'}\n")
     w("files\n")
     for kind, f in st["files"].items():
-        w(f"  {kind:<13}{f['files']:>7} files {f['bytes']:>15,} bytes\n")
+        w(f"  {kind:<13}{f['files']:>7} files {f['bytes']:>15,} bytes "
+          f"{f['allocatedBytes']:>15,} allocated\n")
     w("checkpoint\n")
     for name, v in st["checkpoint"].items():
-        w(f"  {name:<22}{v['ms']:>15}  {v['utc'] or '-'}\n")
+        w(f"  {name:<22}{v['ms']:>20}  {v['utc'] or '-'}\n")
     w("topics\n")
     for t in st["topics"]:
         cfg = t["config"]
@@ -298,14 +390,14 @@ def _print_stat(st, out):
                  f"perm {cfg['perm']})" if cfg else "")
         w(f"  {t['topic']}{extra}\n")
         for q in t["queues"]:
-            w(f"    queue {q['queue_id']:<4} min {q['min_offset']:<10} max {q['max_offset']}\n")
+            w(f"    queue {q['queueId']:<4} min {q['minOffset']:<10} max {q['maxOffset']}\n")
     w("groups\n")
     for g in st["groups"]:
         w(f"  {g['group']}  lag {g['lag']}\n")
         for t in g["topics"]:
             for q in t["queues"]:
-                w(f"    {t['topic']} queue {q['queue_id']:<4} offset {q['offset']:<10} "
-                  f"max {q['max_offset']}  lag {q['lag']}\n")
+                w(f"    {t['topic']} queue {q['queueId']:<4} offset {q['offset']:<10} "
+                  f"max {q['maxOffset']}  lag {q['lag']}\n")
 
 
 def _stat(args):
@@ -327,7 +419,14 @@ def _query(args):
     """`query key|id|offset|time`: JSON lines as `dump` prints them; exit 1 when nothing is
     found, 2 on a bad argument or store."""
     from .config import StoreConfig
+    from .message import decode_msg_id
     from .store import MessageStore
+    if args.what == "id":
+        try:
+            decode_msg_id(args.msg_id)
+        except ValueError:
+            raise UsageError(f"{args.msg_id!r} is not an offset msgId (32 or 56 hex "
+                             f"digits)") from None
     explicit = args.max_hash_slot_num is not None or args.max_index_num is not None
     defaults = StoreConfig()
     slots = args.max_hash_slot_num or defaults.max_hash_slot_num
@@ -339,12 +438,12 @@ def _query(args):
         if args.what == "key":
             got = (store.config.max_hash_slot_num, store.config.max_index_num)
             if explicit and got != (slots, entries):
-                raise ValueError(f"the index files do not have {slots} hash slots and "
+                raise UsageError(f"the index files do not have {slots} hash slots and "
                                  f"{entries} entries")
             files = store._indexer.index_file_list
             if not files and any(n.isdigit() for n in store.fs.list_dir(
                     store._indexer.store_path)):
-                raise ValueError("cannot tell the index files' hash slot and entry numbers; "
+                raise StoreError("cannot tell the index files' hash slot and entry numbers; "
                                  "pass --max-hash-slot-num and --max-index-num")
             messages = store.query_message(args.topic, args.key, args.max, args.begin,
                                            args.end).messages
@@ -358,6 +457,8 @@ def _query(args):
             messages = [m] if m is not None and m.commit_log_offset == args.phy_offset else []
             what = f"commit-log offset {args.phy_offset}"
         else:
+            if args.queue not in store.consume_queue_table.get(args.topic, {}):
+                return _not_found(f"queue {args.queue} in topic {args.topic!r}")
             offset = store.get_offset_in_queue_by_time(args.topic, args.queue, args.timestamp)
             json.dump({"topic": args.topic, "queueId": args.queue, "timestamp": args.timestamp,
                        "queueOffset": offset}, sys.stdout, separators=(",", ":"))
@@ -370,14 +471,30 @@ def _query(args):
     finally:
         store.shutdown()
     if not messages:
-        print(f"rocketstore query: no message with {what}", file=sys.stderr)
-        return 1
+        return _not_found(f"message with {what}")
     return 0
+
+
+def _not_found(what):
+    print(f"rocketstore query: no {what}", file=sys.stderr)
+    return 1
 
 
 def _bench(args):
     from .bench_job import run_bench
+    # Building the messages comes before the first progress bar and takes a while.
+    print(f"rocketstore bench: building {args.messages:,} messages of {args.size} bytes",
+          file=sys.stderr, flush=True)
     return run_bench(args)
+
+
+# Where a user reaches for json.load: the config files stay byte for byte as a broker writes
+# them, so a broker can read a store we wrote.
+CONFIG_JSON_NOTE = (
+    "config/*.json are written byte for byte as a RocketMQ 4.9 broker writes them: fastjson's "
+    "dialect, where consumerOffset.json has bare integer keys ({0:1,1:5}) that json.load "
+    "rejects. `rocketstore stat --json` prints the same topics, groups and offsets as "
+    "standard JSON.")
 
 
 def _add_selection(p):
@@ -396,10 +513,12 @@ def _add_selection(p):
 
 def build_parser():
     p = argparse.ArgumentParser(
-        prog="rocketstore",
+        prog="rocketstore", epilog=CONFIG_JSON_NOTE,
         description="An embeddable Apache RocketMQ message store: benchmark it, or inspect a "
                     "store directory written by rocketstore or by a RocketMQ broker.")
-    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
+    p.add_argument("--debug", action="store_true",
+                   help="show tracebacks and debug logging (accepted anywhere on the line)")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("--backend", default=None, choices=["cext", "cffi", "pure"],
                    help="kernel backend (default: ROCKETSTORE_BACKEND, else the fastest built)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -464,7 +583,8 @@ def build_parser():
         rb.set_defaults(func=_rebuild)
 
     s = sub.add_parser("stat", help="summarise a store directory (read-only): topics, queues, "
-                                    "consumer lag, files, checkpoint, lock and disk")
+                                    "consumer lag, files, checkpoint, lock and disk",
+                       epilog=CONFIG_JSON_NOTE)
     s.add_argument("store_dir", help="store root (holds commitlog/, consumequeue/, config/)")
     s.add_argument("--json", action="store_true", help="print the report as JSON")
     s.set_defaults(func=_stat)
@@ -504,23 +624,97 @@ def build_parser():
 
     from .serve import add_serve_parser
     add_serve_parser(sub)
+    _accept_global_options_anywhere(sub)
     return p
 
 
+def _accept_global_options_anywhere(sub):
+    """`--backend` after the subcommand too (`rocketstore bench --backend pure`, as the README
+    writes it). SUPPRESS keeps a subcommand that was not given it from resetting the value
+    given before the subcommand."""
+    for parser in sub.choices.values():
+        nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        targets = [parser] + [q for a in nested for q in a.choices.values()]
+        for target in targets:
+            if any("--backend" in a.option_strings for a in target._actions):
+                continue
+            target.add_argument("--backend", default=argparse.SUPPRESS,
+                                choices=["cext", "cffi", "pure"],
+                                help="kernel backend (as before the subcommand)")
+
+
+class UsageError(StoreError):
+    """A command line the tools cannot act on (not a store, a bad argument): exit status 2."""
+
+
+# What a directory must hold to count as a store root: RocketMQ's store root keeps
+# commitlog/, consumequeue/, index/, checkpoint, config/, abort and lock side by side, and
+# a broker store always has its CommitLog directory or its checkpoint.
+STORE_MARKERS = ("commitlog", "checkpoint")
+
+
+def require_store_dir(path):
+    """Refuse a path that is no store root, saying what a store root holds; the tools would
+    otherwise read any directory as an empty store and answer OK."""
+    import os
+    if not os.path.exists(path):
+        raise UsageError(f"{path}: no such directory")
+    if not os.path.isdir(path):
+        raise UsageError(f"{path} is not a directory")
+    present = [m for m in STORE_MARKERS if os.path.exists(os.path.join(path, m))]
+    if not present:
+        raise UsageError(f"{path} is not a store directory: expected commitlog/ or checkpoint "
+                         f"in it (a store root holds commitlog/, consumequeue/, index/, "
+                         f"checkpoint, config/)")
+    cl = os.path.join(path, "commitlog")
+    if os.path.lexists(cl) and not os.path.isdir(cl):
+        raise UsageError(f"{cl} is not a directory")
+    return path
+
+
+def _extract_debug(argv):
+    """`--debug` counts wherever it stands on the line, so it never has to be moved in front
+    of the subcommand to get a traceback."""
+    rest = [a for a in argv if a != "--debug"]
+    return len(rest) != len(argv), rest
+
+
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug, argv = _extract_debug(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+    args.debug = debug
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
+        if getattr(args, "store_dir", None) is not None and args.command in _STORE_COMMANDS:
+            require_store_dir(args.store_dir)
         return args.func(args) or 0
     except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, and keep the interpreter from
+        # complaining about the lost stdout at exit.
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (StoreError, OSError, ValueError) as exc:
-        if args.debug:
+    except KeyboardInterrupt:
+        if debug:
             raise
-        print(f"rocketstore {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        print(f"rocketstore {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:             # noqa: BLE001 - one line, never a traceback
+        if debug:
+            raise
+        usage = isinstance(exc, (UsageError, StoreLockedError))
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"rocketstore {args.command}: error: {text}", file=sys.stderr)
+        return 2 if usage else 1
+
+
+# Commands whose positional argument must be an existing store root (serve and bench may
+# create one).
+_STORE_COMMANDS = ("dump", "export", "verify", "recover", "rebuild-cq", "rebuild-index",
+                   "stat", "query")
 
 
 if __name__ == "__main__":  # pragma: no cover

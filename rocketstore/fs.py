@@ -37,6 +37,10 @@ class FileSystem:
     def mtime_ms(self, path):
         return int(os.stat(path).st_mtime * 1000)
 
+    def allocated(self, path):
+        """Bytes the file takes on disk (st_blocks * 512): below its size while sparse."""
+        return os.stat(path).st_blocks * 512
+
     def touch_mtime(self, path):
         os.utime(path)
 

@@ -7,12 +7,12 @@ import dataclasses
 import logging
 import os
 
-import numpy as np
-
 from . import format as F
-from .dispatch import R_PHY, R_QID, R_SIZE, R_SYSFLAG, row_topic
+from .dispatch import R_PHY, R_QID, R_QOFF, R_SIZE, R_SYSFLAG, row_topic
 from .fs import DEFAULT as DEFAULT_FS
+from .index_service import IndexService
 from .lockfile import abort_path
+from .recovery import scan_commitlog
 from .store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -27,10 +27,32 @@ class RecoveryPlan:
     truncated_bytes: int           # data bytes past it (never-written zeros not counted)
     stop_reason: str
     truncated_units: dict          # "topic-queue" -> units that point past process_offset
-    redispatch_records: int        # records the ConsumeQueues do not have yet
+    redispatch_records: int        # records recovery hands to the dispatchers again
+    units_before: int = 0          # ConsumeQueue units now ...
+    units_after: int = 0           # ... and once recovered
+    index_entries_before: int = 0  # index entries now ...
+    index_entries_after: int = 0   # ... and once recovered
+    index_files_rebuilt: list = dataclasses.field(default_factory=list)
 
     def to_dict(self):
-        return dataclasses.asdict(self)
+        return camel_keys(dataclasses.asdict(self))
+
+
+def camel_keys(d):
+    """A dataclass dict with RocketMQ-style camelCase keys, as every command's JSON has."""
+    def camel(name):
+        head, *rest = name.split("_")
+        return head + "".join(w.title() for w in rest)
+    return {camel(k): v for k, v in d.items()}
+
+
+def store_counts(store):
+    """(ConsumeQueue units, index entries) of a loaded store: what `recover` reports before
+    and after, and what its plan predicts."""
+    units = sum(cq.max_offset_in_queue - cq.min_offset_in_queue
+                for cq in store.all_consume_queues())
+    entries = sum(f.index_count - 1 for f in store._indexer.index_file_list)
+    return units, entries
 
 
 def _writable_config(root, **overrides):
@@ -43,16 +65,66 @@ def _writable_config(root, **overrides):
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 
+class _IndexCounter(IndexService):
+    """The index dispatcher of a writable store run over the files abnormal recovery keeps,
+    counting the entries it would add instead of writing them."""
+
+    class _Sink:
+        is_write_full = False
+
+        def __init__(self):
+            self.count = 0
+
+        def put_batch(self, hashes, phys, stamps):
+            self.count += len(hashes)
+            return len(hashes)
+
+    def __init__(self, store, kept):
+        super().__init__(store)
+        self.writable = True
+        self.index_file_list = kept
+        self.sink = self._Sink()
+
+    def _writable_file(self, store_timestamp):
+        return self.sink
+
+
+def _kept_index_files(store):
+    """The index files a writable abnormal load keeps: those before the first one that ends
+    past the checkpoint's indexMsgTimestamp (IndexService.load destroys the rest)."""
+    index_ts = store.checkpoint.index_msg_timestamp
+    kept = []
+    for f in store._indexer.index_file_list:
+        if f.end_timestamp > index_ts:
+            break
+        kept.append(f)
+    return kept
+
+
 def plan_recovery(root, kernels=None):
-    """What abnormal recovery would truncate and re-dispatch, computed read-only."""
+    """What `recover` would do, computed read-only by the code it runs: the same abnormal
+    recovery scan (from the file the checkpoint vouches for, with the same CRC check), whose
+    records go to the index dispatcher in counting mode and are matched against the
+    ConsumeQueues by their put rule (a unit is added when its record ends past the queue's
+    last one)."""
     cfg = _writable_config(root)
+    loaded = MessageStore(root, cfg, kernels=kernels, read_only=True)
+    loaded.load()
+    try:
+        _, entries_before = store_counts(loaded)
+    finally:
+        loaded.shutdown()
+    # The queues as recovery finds them: their own recovery done, not yet cut at the
+    # CommitLog's end (a read-only load cuts them already).
     before = MessageStore(root, cfg, kernels=kernels, read_only=True)
-    before_units = {}
     before.commitlog.load()
     before._load_consume_queues()
+    cq_end = {}
+    units_before = 0
     for cq in before.all_consume_queues():
         cq.recover()
-        before_units[(cq.topic, cq.queue_id)] = cq.max_offset_in_queue
+        cq_end[(cq.topic, cq.queue_id)] = (cq.max_offset_in_queue, cq.max_physic_offset)
+        units_before += cq.max_offset_in_queue - cq.min_offset_in_queue
     before._close_files()
 
     store = MessageStore(root, cfg, kernels=kernels, read_only=True)
@@ -61,47 +133,45 @@ def plan_recovery(root, kernels=None):
         report = store.recovery_report
         truncated = {}
         for cq in store.all_consume_queues():
-            lost = before_units.get((cq.topic, cq.queue_id), 0) - cq.max_offset_in_queue
+            lost = cq_end.get((cq.topic, cq.queue_id), (0, 0))[0] - cq.max_offset_in_queue
             if lost > 0:
                 truncated[f"{cq.topic}-{cq.queue_id}"] = lost
-        redispatch = _count_undispatched(store)
+        kept = _kept_index_files(store)
+        index = _IndexCounter(store, kept)
+        queue_ends = {(cq.topic, cq.queue_id): cq.max_offset_in_queue
+                      for cq in store.all_consume_queues()}
+
+        def count(arr, buf):
+            index.dispatch_array(arr, buf)
+            _note_units(arr, buf, cq_end, queue_ends)
+
+        files = store.commitlog.mfq.files
+        if files:
+            start = [f.file_name for f in files].index(report.start_file)
+            scan_commitlog(store.commitlog, store.kernels, start,
+                           store.config.check_crc_on_recover, dispatch=count)
+        units_after = sum(queue_ends.values()) - sum(
+            cq.min_offset_in_queue for cq in store.all_consume_queues())
+        entries_after = sum(f.index_count - 1 for f in kept) + index.sink.count
+        rebuilt = [f.file_name for f in store._indexer.index_file_list if f not in kept]
         return RecoveryPlan(report.start_file, report.process_offset, report.truncated_bytes,
-                            report.stop_reason, truncated, redispatch)
+                            report.stop_reason, truncated, report.records, units_before,
+                            units_after, entries_before, entries_after, rebuilt)
     finally:
         store.shutdown()
 
 
-def _count_undispatched(store):
-    """Records between the reput start and the CommitLog end that their queue lacks."""
-    k = store.kernels
-    rows = np.empty(4096, dtype=F.SCAN_DTYPE)
-    start = max(0, store.commitlog.min_offset)
-    for cq in store.all_consume_queues():
-        start = max(start, cq.max_physic_offset)
-    if not store.all_consume_queues():
-        start = max(0, store.commitlog.min_offset)
-    count = 0
-    offset = start
-    end = store.commitlog.max_offset
-    while offset < end:
-        mf = store.commitlog.mfq.find_by_offset(offset)
-        if mf is None:
-            break
-        n, stop, reason, _ = k.commitlog_scan(mf.mm, offset - mf.file_from_offset,
-                                              mf.read_position, False, rows)
-        for row in rows[:n].tolist():
-            if row[R_SYSFLAG] & F.TRANSACTION_TYPE_MASK in _SKIP_CQ:
-                continue
-            queues = store.consume_queue_table.get(row_topic(row, mf.mm), {})
-            cq = queues.get(row[R_QID])
-            if cq is None or row[R_PHY] + row[R_SIZE] > cq.max_physic_offset:
-                count += 1
-        offset = mf.file_from_offset + stop
-        if reason == F.SCAN_BLANK:
-            offset = store.commitlog.roll_next_file(offset)
-        elif reason != F.SCAN_END or (n == 0 and stop >= mf.read_position):
-            break
-    return count
+def _note_units(arr, buf, cq_end, queue_ends):
+    """ConsumeQueue#putMessagePositionInfo's skip rule over a scanned batch: a record gets a
+    unit when it ends past its queue's last unit (as it was before recovery truncated the
+    queue); `queue_ends` (queue -> next queue offset) grows accordingly."""
+    for row in arr.tolist():
+        if row[R_SYSFLAG] & F.TRANSACTION_TYPE_MASK in _SKIP_CQ:
+            continue
+        key = (row_topic(row, buf), row[R_QID])
+        _, end_phy = cq_end.get(key, (0, -1))
+        if row[R_PHY] + row[R_SIZE] > end_phy:
+            queue_ends[key] = max(queue_ends.get(key, 0), row[R_QOFF] + 1)
 
 
 def recover(root, kernels=None):

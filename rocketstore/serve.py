@@ -100,6 +100,9 @@ def run_serve(args):
     from .store import MessageStore
     if not args.debug:
         logging.getLogger("rocketstore").setLevel(logging.INFO)
+        # A fresh store has no config files yet: "missing, loading .bak" is news only
+        # when the .bak then loads, which the config manager says at WARNING.
+        logging.getLogger("rocketstore.config_manager").setLevel(logging.WARNING)
     store = MessageStore(args.store_dir, _config(args), kernels=args.backend)
     stop = threading.Event()
 

@@ -3,16 +3,18 @@
 
 Every CommitLog record is validated (magic, length, body CRC, and PHYSICALOFFSET equal to where
 it sits), every ConsumeQueue unit is checked against the record it points at, index entries
-against their records, and the checkpoint and config files for sanity. Each problem names its
-file and offset, so an operator can go and look."""
+against their records, and the checkpoint and config files for sanity. The other way round,
+every record must have its unit and its index entries, so a deleted or cut file shows; segment
+names, sizes and gaps are checked too. Each problem names its file and offset, so an operator
+can go and look; damage that stops a check is a problem too, never a traceback."""
 import dataclasses
-import json
 import os
 
 import numpy as np
 
 from . import format as F
-from .errors import CorruptRecordError
+from .errors import CorruptRecordError, StoreError
+from .mapped_file import offset_to_file_name
 from .message import MessageExt, java_string_hash, PROPERTY_DELAY
 from .repair import REBUILD_MARKER, pending_rebuild
 
@@ -77,55 +79,81 @@ class _Records:
         return int(self.offsets[-1]) if len(self.offsets) else -1
 
 
-def _check_commitlog(store, report, progress):
-    """Every record of every file, CRC included; returns the valid records."""
+def walk_commitlog(store, start=None, check_crc=True):
+    """Every record of every CommitLog file from `start` (a record start; default the
+    first), going on past damage where records resume as `verify` does. Yields
+    ("records", mf, rows) per batch of valid records (`rows` is reused: consume it before
+    the next step) and ("damage", mf, pos, detail) per problem found at file position pos."""
     k = store.kernels
     rows = np.empty(4096, dtype=F.SCAN_DTYPE)
     files = store.commitlog.mfq.files
-    offsets = []
-    sizes = []
-    for i, mf in enumerate(files):
-        pos = 0
+    first = 0
+    pos = 0
+    if start is not None:
+        mf = store.commitlog.mfq.find_by_offset(start)
+        if mf is None:
+            return
+        first, pos = files.index(mf), start - mf.file_from_offset
+    for i in range(first, len(files)):
+        mf = files[i]
         last = i == len(files) - 1
         while True:
-            n, stop, reason, stop_size = k.commitlog_scan(mf.mm, pos, mf.file_size, True, rows)
+            n, stop, reason, stop_size = k.commitlog_scan(mf.mm, pos, mf.file_size, check_crc,
+                                                          rows)
             if n:
-                chunk = rows[:n]
-                expect = mf.file_from_offset + chunk["pos"]
-                bad = np.nonzero(chunk["phy_offset"] != expect)[0]
-                for j in bad:
-                    report.problems.append(Problem(
-                        "commitlog", _rel(store, mf.path), int(chunk["pos"][j]),
-                        f"PHYSICALOFFSET says {int(chunk['phy_offset'][j])}, the record sits at "
-                        f"{int(expect[j])}"))
-                offsets.append(expect.astype(np.int64))
-                sizes.append(chunk["size"].astype(np.int64))
-                report.records += n
-                progress(int(chunk["size"].sum()))
+                yield "records", mf, rows[:n]
             pos = stop
             if reason == F.SCAN_END and pos < mf.file_size:
                 continue
             if reason == F.SCAN_BLANK:
                 if stop_size != mf.file_size - pos:
-                    report.problems.append(Problem(
-                        "commitlog", _rel(store, mf.path), pos,
-                        f"blank record claims {stop_size} bytes, {mf.file_size - pos} remain"))
+                    yield ("damage", mf, pos,
+                           f"blank record claims {stop_size} bytes, {mf.file_size - pos} remain")
             elif reason == F.SCAN_EMPTY:
-                if not last:
-                    report.problems.append(Problem(
-                        "commitlog", _rel(store, mf.path), pos,
-                        "data ends inside a file that is not the last one (missing records)"))
-            elif reason in _REASONS:
-                report.problems.append(Problem("commitlog", _rel(store, mf.path), pos,
-                                               _REASONS[reason]))
                 resume = _resync(mf, pos + 1)
                 if resume is not None:
-                    report.problems.append(Problem(
-                        "commitlog", _rel(store, mf.path), pos,
-                        f"{resume - pos} bytes unreadable; records resume at {resume}"))
+                    yield ("damage", mf, pos, f"{resume - pos} bytes of zeros inside the data; "
+                                              f"records resume at {resume}")
+                    pos = resume
+                    continue
+                if not last:
+                    yield ("damage", mf, pos,
+                           "data ends inside a file that is not the last one (missing records)")
+            elif reason in _REASONS:
+                yield "damage", mf, pos, _REASONS[reason]
+                resume = _resync(mf, pos + 1)
+                if resume is not None:
+                    yield ("damage", mf, pos,
+                           f"{resume - pos} bytes unreadable; records resume at {resume}")
                     pos = resume
                     continue
             break
+        pos = 0
+
+
+def _check_commitlog(store, report, progress, missing):
+    """Every record of every file, CRC included; returns the valid records. Each batch is
+    also looked up in its ConsumeQueue (`missing` collects the records without a unit)."""
+    offsets = []
+    sizes = []
+    for step in walk_commitlog(store):
+        if step[0] == "damage":
+            _, mf, pos, detail = step
+            report.problems.append(Problem("commitlog", _rel(store, mf.path), pos, detail))
+            continue
+        _, mf, chunk = step
+        expect = mf.file_from_offset + chunk["pos"]
+        bad = np.nonzero(chunk["phy_offset"] != expect)[0]
+        for j in bad:
+            report.problems.append(Problem(
+                "commitlog", _rel(store, mf.path), int(chunk["pos"][j]),
+                f"PHYSICALOFFSET says {int(chunk['phy_offset'][j])}, the record sits at "
+                f"{int(expect[j])}"))
+        offsets.append(expect.astype(np.int64))
+        sizes.append(chunk["size"].astype(np.int64))
+        _find_units(store, chunk, mf.mm, missing)
+        report.records += len(chunk)
+        progress(int(chunk["size"].sum()))
     if not offsets:
         return _Records(np.empty(0, np.int64), np.empty(0, np.int64))
     return _Records(np.concatenate(offsets), np.concatenate(sizes))
@@ -150,6 +178,138 @@ def _resync(mf, start):
                 int.from_bytes(mm[q + 28:q + 36], "big") == mf.file_from_offset + q:
             return q
         pos = q + 1
+
+
+def _record(store, off, size):
+    """The record of `size` bytes at commit-log offset `off`, decoded; None when it cannot be
+    read. Read from the mapping, not through the store's readable end: verify reads records
+    past it (a dirty tail, a live writer's newest appends)."""
+    mf = store.commitlog.mfq.find_by_offset(off)
+    if mf is None:
+        return None
+    rel = off - mf.file_from_offset
+    if rel + size > mf.file_size:
+        return None
+    try:
+        return MessageExt.decode(mf.mm[rel:rel + size])
+    except (CorruptRecordError, ValueError):
+        return None
+
+
+def _find_units(store, chunk, buf, missing):
+    """Note in `missing` every record of `chunk` whose queue has no unit at its queue
+    offset: a deleted or truncated ConsumeQueue file loses them silently otherwise."""
+    tx = chunk["sys_flag"] & F.TRANSACTION_TYPE_MASK
+    keep = (tx != F.TRANSACTION_PREPARED_TYPE) & (tx != F.TRANSACTION_ROLLBACK_TYPE)
+    chunk = chunk[keep]
+    if not len(chunk):
+        return
+    key = (chunk["topic_hash"].astype(np.int64) << 32) | \
+        (chunk["queue_id"].astype(np.int64) & 0xFFFFFFFF)
+    order = np.argsort(key, kind="stable")
+    for idx in np.split(order, np.flatnonzero(np.diff(key[order])) + 1):
+        g = chunk[idx]
+        topics = {bytes(buf[p:p + n]) for p, n in zip((g["pos"] + g["topic_off"]).tolist(),
+                                                       g["topic_len"].tolist())}
+        for raw in topics:
+            sub = g if len(topics) == 1 else g[np.array(
+                [bytes(buf[p:p + n]) == raw for p, n in zip(
+                    (g["pos"] + g["topic_off"]).tolist(), g["topic_len"].tolist())])]
+            topic = raw.decode("utf-8", "replace")
+            qid = int(sub["queue_id"][0])
+            cq = store.consume_queue_table.get(topic, {}).get(qid)
+            qoffs = sub["queue_offset"].astype(np.int64)
+            phys = sub["phy_offset"].astype(np.int64)
+            have = np.zeros(len(sub), dtype=bool)
+            if cq is not None:
+                # One read per ConsumeQueue file: a read stops at a missing file.
+                per_file = cq.file_size // F.CQ_STORE_UNIT_SIZE
+                for part in np.split(np.arange(len(qoffs)),
+                                     np.flatnonzero(np.diff(qoffs // per_file)) + 1):
+                    lo = int(qoffs[part].min())
+                    units = cq.units(lo, int(qoffs[part].max()) - lo + 1)
+                    rel = qoffs[part] - lo
+                    inside = (rel >= 0) & (rel < len(units))
+                    have[part[inside]] = units["offset"][rel[inside]] >= 0
+                    del units
+            for q, phy in zip(qoffs[~have].tolist(), phys[~have].tolist()):
+                missing.setdefault((topic, qid), []).append((q, phy))
+
+
+def _report_missing_units(store, report, missing):
+    """One problem per run of consecutive queue offsets that lack their unit."""
+    for (topic, qid), pairs in sorted(missing.items()):
+        cq = store.consume_queue_table.get(topic, {}).get(qid)
+        size = cq.file_size if cq is not None else store.config.cq_file_size
+        pairs.sort()
+        run = [pairs[0]]
+        for pair in pairs[1:] + [None]:
+            if pair is not None and pair[0] == run[-1][0] + 1:
+                run.append(pair)
+                continue
+            first, last = run[0], run[-1]
+            pos = first[0] * F.CQ_STORE_UNIT_SIZE
+            name = offset_to_file_name(pos - pos % size)
+            units = (f"unit {first[0]}" if len(run) == 1 else f"units {first[0]}..{last[0]}")
+            report.problems.append(Problem(
+                "consumequeue", f"consumequeue/{topic}/{qid}/{name}", pos % size,
+                f"{units} of {topic}-{qid} missing: the records at commit-log offsets "
+                f"{first[1]}..{last[1]} have no consume-queue unit"))
+            run = [pair]
+
+
+def _check_layout(store, report):
+    """Names and sizes of every segment: a stray file, a segment of the wrong size and a
+    gap between segments are findings (the loader skips or warns about them, and a reader
+    would see the gap as missing data)."""
+    fs = store.fs
+    queues = [("commitlog", store.config.commitlog_dir(store.root),
+               store.commitlog.mfq.file_size)]
+    cq_base = os.path.join(store.root, "consumequeue")
+    for topic in sorted(fs.list_dir(cq_base)):
+        tdir = os.path.join(cq_base, topic)
+        if not fs.is_dir(tdir):
+            report.problems.append(Problem("consumequeue", _rel(store, tdir), -1,
+                                           "not a topic directory"))
+            continue
+        for qid in sorted(fs.list_dir(tdir)):
+            qdir = os.path.join(tdir, qid)
+            if not qid.isdigit() or not fs.is_dir(qdir):
+                report.problems.append(Problem("consumequeue", _rel(store, qdir), -1,
+                                               "not a queue directory (ignored by the store)"))
+                continue
+            cq = store.consume_queue_table.get(topic, {}).get(int(qid))
+            queues.append(("consumequeue", qdir, cq.file_size if cq else None))
+    for kind, path, size in queues:
+        names = sorted(fs.list_dir(path))
+        prev = None
+        for name in names:
+            p = os.path.join(path, name)
+            if len(name) != 20 or not name.isdigit() or fs.is_dir(p):
+                report.problems.append(Problem(kind, _rel(store, p), -1,
+                                               "not a segment (ignored by the store)"))
+                continue
+            actual = fs.size(p)
+            start = int(name)
+            if size and actual != size:
+                report.problems.append(Problem(
+                    kind, _rel(store, p), -1, f"{actual} bytes, segments here are {size}"))
+            if size and start % size:
+                report.problems.append(Problem(
+                    kind, _rel(store, p), -1, f"start offset {start} is not a multiple of "
+                    f"the segment size {size}"))
+            elif size and prev is not None and start != prev + size:
+                report.problems.append(Problem(
+                    kind, _rel(store, p), -1, f"segments missing before it: the previous one "
+                    f"starts at {prev}"))
+            prev = start
+    idx_dir = os.path.join(store.root, "index")
+    loaded = {f.file_name for f in store._indexer.index_file_list}
+    for name in sorted(fs.list_dir(idx_dir)):
+        if name not in loaded:
+            report.problems.append(Problem("index", f"index/{name}", -1,
+                                           "not an index file of this store's geometry "
+                                           "(ignored by the store)"))
 
 
 def _expected_tags_code(store, m):
@@ -189,9 +349,8 @@ def _check_consume_queues(store, report, good, progress):
                     "consumequeue", where[0], where[1],
                     f"unit {index} says size {size}, the record is {int(found[i])} bytes"))
                 continue
-            try:
-                m = MessageExt.decode(store.commitlog.get_data(off, size))
-            except (CorruptRecordError, TypeError):
+            m = _record(store, off, size)
+            if m is None:
                 report.problems.append(Problem("consumequeue", where[0], where[1],
                                                f"unit {index}: record at {off} unreadable"))
                 continue
@@ -259,7 +418,11 @@ def _check_index(store, report, good):
                         "index", rel, where, f"entry {j + 1} points at {off}, where no valid "
                         "record starts"))
                     continue
-                m = MessageExt.decode(store.commitlog.get_data(off, size))
+                m = _record(store, off, size)
+                if m is None:
+                    report.problems.append(Problem(
+                        "index", rel, where, f"entry {j + 1}: record at {off} unreadable"))
+                    continue
                 topic = m.topic.encode()
                 keys = {k.index_hash(topic + b"#" + key)
                         for key in index_keys(m.properties_string.encode())}
@@ -319,7 +482,9 @@ def _record_keys(store, good):
 def _key_named(store, good, phy, key_hash):
     """The `topic#key` of the record at `phy` that hashes to key_hash."""
     from .index_service import index_keys
-    m = MessageExt.decode(store.commitlog.get_data(phy, int(good.size_at(np.array([phy]))[0])))
+    m = _record(store, phy, int(good.size_at(np.array([phy]))[0]))
+    if m is None:
+        return f"hash {key_hash}"
     topic = m.topic.encode()
     for key in index_keys(m.properties_string.encode()):
         if store.kernels.index_hash(topic + b"#" + key) == key_hash:
@@ -330,8 +495,8 @@ def _key_named(store, good, phy, key_hash):
 def _check_index_coverage(store, report, good, indexed):
     """Every key of every valid record has an index entry at that record (a crash that lost
     index files shows here: queries would not find those records)."""
-    if not store.config.message_index_enable:
-        return
+    if not store.config.message_index_enable or not store._indexer.index_file_list:
+        return      # a store without index files keeps no index (messageIndexEnable=false)
     have = np.concatenate(indexed) if indexed else np.empty(0, dtype=_KEY_PAIR)
     have = have[np.lexsort((have["hash"], have["phy"]))]     # far faster than sorting records
     missing = 0
@@ -357,11 +522,21 @@ def _check_checkpoint(store, report, good):
     ckpt = store.checkpoint
     if ckpt is None:
         return
+    path = os.path.join(store.root, "checkpoint")
+    if not store.fs.exists(path):
+        report.problems.append(Problem("checkpoint", "checkpoint", -1, "missing"))
+        return
+    if store.fs.size(path) != _CHECKPOINT_SIZE:
+        report.problems.append(Problem(
+            "checkpoint", "checkpoint", -1,
+            f"{store.fs.size(path)} bytes, not {_CHECKPOINT_SIZE} (one OS page, as a broker "
+            "writes it)"))
     last_ts = 0
     if good.last >= 0:
-        m = store.look_message_by_offset(good.last)
+        m = _record(store, good.last, int(good.sizes[-1]))
         last_ts = m.store_timestamp if m else 0
-    for name in ("physic_msg_timestamp", "logics_msg_timestamp"):
+    # indexMsgTimestamp may trail the others (it advances per full index file), never lead.
+    for name in ("physic_msg_timestamp", "logics_msg_timestamp", "index_msg_timestamp"):
         value = getattr(ckpt, name)
         if value < 0 or (last_ts and value > last_ts + 3000):
             report.problems.append(Problem(
@@ -369,39 +544,61 @@ def _check_checkpoint(store, report, good):
                 f"{name} {value} is later than the last record ({last_ts})"))
 
 
+_CHECKPOINT_SIZE = 4096
+
+
 def _check_configs(store, report):
+    """Each config file (and its .bak) as the broker's config manager reads it: fastjson's
+    dialect, the table it must hold; any other .json file must at least parse."""
+    from .config_manager import all_managers, parse_fastjson
+    fs = store.fs
     config_dir = os.path.join(store.root, "config")
-    if not os.path.isdir(config_dir):
+    if not fs.is_dir(config_dir):
         return
-    for name in sorted(os.listdir(config_dir)):
-        if not name.endswith(".json"):
+    managers = {m.file_name: m for m in all_managers(store.root, fs, None, True)}
+    for name in sorted(fs.list_dir(config_dir)):
+        base = name[:-4] if name.endswith(".bak") else name
+        if not base.endswith(".json"):
             continue
         path = os.path.join(config_dir, name)
+        manager = managers.get(base)
         try:
-            with open(path, "rb") as f:
-                text = f.read().decode("utf-8")
-            json.loads(_quote_int_keys(text))
-        except (ValueError, OSError) as exc:
+            text = fs.read_bytes(path).decode("utf-8")
+            if manager is not None and text.strip():
+                manager.decode(text)
+            elif text.strip():
+                parse_fastjson(text)
+        except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
             report.problems.append(Problem("config", _rel(store, path), -1,
                                            f"does not parse: {exc}"))
 
 
-def _quote_int_keys(text):
-    """fastjson writes offset tables with bare int keys ({0:3}); make them JSON for checking."""
-    import re
-    return re.sub(r"([{,]\s*)(-?\d+)(\s*:)", r'\1"\2"\3', text)
-
-
 def verify_store(store, progress=None):
-    """Check every file of a loaded (read-only) store; returns a VerifyReport."""
+    """Check every file of a loaded (read-only) store; returns a VerifyReport. A check that
+    cannot finish on what it finds (damage no rule above foresaw) is itself a finding."""
     progress = progress or (lambda n: None)
     report = VerifyReport()
-    good = _check_commitlog(store, report, progress)
-    _check_consume_queues(store, report, good, progress)
-    _check_index(store, report, good)
-    _check_checkpoint(store, report, good)
-    _check_configs(store, report)
-    _check_pending_rebuild(store, report)
+    missing = {}
+    good = _Records(np.empty(0, np.int64), np.empty(0, np.int64))
+
+    def commitlog():
+        nonlocal good
+        good = _check_commitlog(store, report, progress, missing)
+
+    for kind, check in (("commitlog", lambda: _check_layout(store, report)),
+                        ("commitlog", commitlog),
+                        ("consumequeue", lambda: _report_missing_units(store, report, missing)),
+                        ("consumequeue", lambda: _check_consume_queues(store, report, good,
+                                                                       progress)),
+                        ("index", lambda: _check_index(store, report, good)),
+                        ("checkpoint", lambda: _check_checkpoint(store, report, good)),
+                        ("config", lambda: _check_configs(store, report)),
+                        ("repair", lambda: _check_pending_rebuild(store, report))):
+        try:
+            check()
+        except (StoreError, OSError, ValueError, IndexError, RecursionError) as exc:
+            report.problems.append(Problem(kind, kind, -1,
+                                           f"check stopped by damage: {exc!r}"))
     return report
 
 

@@ -40,3 +40,61 @@ def test_dump_of_a_missing_directory_is_one_clear_error(tmp_path):
 def test_help_lists_the_subcommands():
     out = rocketstore("--help")
     assert "bench" in out.stdout and "dump" in out.stdout
+
+
+def test_version_is_printed():
+    from rocketstore import __version__
+    assert rocketstore("--version").stdout.strip() == f"rocketstore {__version__}"
+
+
+def test_debug_and_backend_are_accepted_after_the_subcommand(tmp_path):
+    out = rocketstore("bench", "--messages", "200", "--queries", "10", "--json",
+                      "--backend", "pure", "--debug", "--dir", str(tmp_path / "b"))
+    assert json.loads(out.stdout)["backend"] == "pure"
+    out = rocketstore("stat", str(tmp_path / "nope"), "--debug", check=False)
+    assert out.returncode != 0 and "Traceback" in out.stderr and "no such directory" in out.stderr
+
+
+def test_an_unexpected_failure_is_one_line_without_debug(tmp_path):
+    (tmp_path / "commitlog").mkdir()
+    (tmp_path / "commitlog" / "00000000000000000000").write_bytes(b"x" * 100)
+    (tmp_path / "commitlog" / "00000000000000000100").write_bytes(b"x" * 300)
+    out = rocketstore("dump", str(tmp_path), check=False)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert out.stderr.startswith("rocketstore dump: error: ")
+
+
+def test_ctrl_c_ends_a_command_with_one_line_and_status_130(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, "-m", "rocketstore", "bench", "--backend", "pure",
+                             "--messages", "50000000", "--dir", str(tmp_path / "b")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stderr.readline()       # the command is under way
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    assert first.startswith("rocketstore bench: building"), first + err
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "rocketstore bench: interrupted"
+    assert "Traceback" not in err
+
+
+def test_serve_on_a_fresh_store_does_not_log_missing_config_files(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, "-m", "rocketstore", "serve", str(tmp_path / "s"),
+                             "--listen", "0", "--status-interval", "0",
+                             "--file-size", str(1 << 20)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stdout.readline()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    assert first.startswith("listening"), err
+    assert proc.returncode == 0 and "missing or empty" not in err and "Traceback" not in err

@@ -105,3 +105,11 @@ def test_query_key_on_a_store_we_wrote_with_default_index_sizes(tmp_path):
     out = run("key", tmp_path, "T", "beta")
     assert out.returncode == 0, out.stderr
     assert [m["commitLogOffset"] for m in lines(out.stdout)] == [r.commit_log_offset]
+
+
+def test_query_time_on_a_queue_the_store_does_not_have_exits_1(broker_store):
+    for topic, queue in (("PayTopic", 3), ("NoTopic", 0)):
+        r = run("time", broker_store, topic, queue, 0)
+        assert r.returncode == 1 and r.stdout == ""
+        assert r.stderr.strip().splitlines() == [
+            f"rocketstore query: no queue {queue} in topic {topic!r}"]

@@ -582,13 +582,13 @@ def test_rollback_records_and_redispatched_records_are_not_indexed(tmp_path, bac
         assert f.index_count == 3
         assert store.query_message("T", "k1").messages == []
         assert len(store.query_message("T", "k2").messages) == 1
-        # Re-dispatching the same records (abnormal recovery does) adds only the last one
-        # again, as the broker's `offset < endPhyOffset` check does.
+        # Re-dispatching the same records (abnormal recovery does) adds nothing: the
+        # broker's `offset < endPhyOffset` check would add the last record's keys again.
         rows = np.empty(8, dtype=F.SCAN_DTYPE)
         mf = store.commitlog.mfq.files[0]
         n, *_ = store.kernels.commitlog_scan(mf.mm, 0, mf.read_position, False, rows)
         store._indexer.dispatch(rows[:n].tolist(), mf.mm)
-        assert f.index_count == 4
+        assert f.index_count == 3
     finally:
         store.shutdown()
 
@@ -687,9 +687,10 @@ def test_abnormal_load_keeps_index_files_the_checkpoint_vouches_for(tmp_path, ba
         store.shutdown()
     after = [p.read_bytes() for p in sorted(index_dir.iterdir())]
     assert after[:vouched] == before[:vouched]
-    # Rebuilt by recovery's re-dispatch, which, like the broker's `offset < endPhyOffset`
-    # check, indexes the record at the kept file's endPhyOffset once more.
-    assert struct.unpack_from(">i", after[-1], 36)[0] == struct.unpack_from(">i", before[-1], 36)[0] + 1
+    # Rebuilt by recovery's re-dispatch as it was: the record at the kept file's
+    # endPhyOffset, which the broker's `offset < endPhyOffset` check would index once more,
+    # keeps the entries it had.
+    assert after[-1] == before[-1]
     store = MessageStore.open_read_only(root, kernels=backend)
     try:
         for i in range(30):
@@ -874,3 +875,26 @@ def test_index_keys_writes_a_row_all_or_none_and_skips_rollback():
         r = np.zeros(8, np.int32)
         assert k.index_keys(bytes(buf[:pos]), rows, h, r) == (6, 3)    # rollback row skipped
         assert r[:6].tolist() == [0, 0, 0, 0, 2, 2]
+
+
+def test_a_redispatched_record_whose_keys_straddle_two_files_gets_only_its_missing_keys(
+        tmp_path, backend):
+    store = _store(tmp_path, backend, max_index_num=4, max_hash_slot_num=4)
+    try:
+        store.put_message(Message("T", b"x", keys="a0"))
+        store.put_message(Message("T", b"x", keys="a1 b1 c1"))     # 2 keys fit, 1 rolls over
+        testing.wait_dispatched(store)
+        files = store._indexer.index_file_list
+        assert [g.index_count for g in files] == [4, 2]
+        # The second file is lost (as abnormal recovery destroys it) and the records are
+        # dispatched again: the new file gets only the key the first one lacks.
+        store._indexer.index_file_list = files[:1]
+        files[1].destroy(0)
+        rows = np.empty(8, dtype=F.SCAN_DTYPE)
+        mf = store.commitlog.mfq.files[0]
+        n, *_ = store.kernels.commitlog_scan(mf.mm, 0, mf.read_position, False, rows)
+        store._indexer.dispatch(rows[:n].tolist(), mf.mm)
+        assert [g.index_count for g in store._indexer.index_file_list] == [4, 2]
+        assert len(store.query_message("T", "c1").messages) == 1
+    finally:
+        store.shutdown()
