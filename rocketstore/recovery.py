@@ -86,7 +86,7 @@ def dirty_tail_bytes(mfq, offset, chunk=1 << 20):
         if f.file_from_offset + f.file_size <= offset:
             break
         lo = max(0, offset - f.file_from_offset)
-        end = f.file_size
+        end = f.data_end()          # never read holes: see FileSystem.data_end
         while end > lo:
             start = max(lo, end - chunk)
             data = f.mm[start:end].rstrip(b"\0")
