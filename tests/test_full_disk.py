@@ -1,0 +1,197 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A full disk refuses puts with a reason and never kills the process (SIGBUS), before or
+after a reopen; a store's disk and memory footprint follows its data, not its file sizes.
+
+The store runs in a child process (tests/crashers/full_disk.py) on a small tmpfs mounted
+here: a write through a mapping to a page the file system cannot allocate raises SIGBUS,
+which would otherwise kill pytest itself. tmpfs also allocates a hole merely read through
+a mapping, so it catches reads of never-written space too.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from rocketstore import Message, MessageStore, StoreConfig, testing
+
+CHILD = os.path.join(os.path.dirname(__file__), "crashers", "full_disk.py")
+MiB = 1 << 20
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 16 MiB tmpfs, mounted for the test."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+def resize(mnt, mib):
+    """Grow the tmpfs: space freed without deleting anything."""
+    subprocess.run(["mount", "-o", f"remount,size={mib}m", str(mnt)], check=True)
+
+
+def child(backend, *args):
+    """Run the child; every line it printed, parsed. It must exit normally."""
+    proc = subprocess.run([sys.executable, CHILD, *map(str, args), "--backend", backend],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode != -signal.SIGBUS, "killed by SIGBUS:\n" + proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert not [x for x in lines if "error" in x], lines
+    return lines
+
+
+def acks_and_refusals(lines):
+    acks = [x["ack"] for x in lines if "ack" in x]
+    refusals = [x for x in lines if "refused" in x]
+    assert lines[-1] == {"shutdown": "ok"}
+    return acks, refusals
+
+
+def assert_refused_for_disk_full(refusals):
+    assert len(refusals) == 4, refusals
+    first, *later = refusals
+    assert first["refused"] in ("SERVICE_NOT_AVAILABLE", "CREATE_MAPEDFILE_FAILED")
+    assert "disk full" in first["reason"] and "No space left" in first["reason"]
+    # The store knows the disk is full now: later puts are refused before the put lock.
+    for r in later:
+        assert r["refused"] == "SERVICE_NOT_AVAILABLE" and "disk full" in r["reason"]
+
+
+def field(lines, key):
+    found = [x for x in lines if key in x]
+    return found[0] if found else None
+
+
+def check_reopen(backend, root, acks, next_id, room):
+    """Reopen (full disk or not): no signal, every acknowledged message is there. Returns
+    the acknowledged ids, with the reopened store's own put if it was acknowledged."""
+    lines = child(backend, "check", root, "--start", next_id, *(["--room"] if room else []))
+    load_error = field(lines, "load_error")
+    walk = field(lines, "walk")["walk"]
+    put = field(lines, "put")
+    if room:
+        assert load_error is None, load_error
+        assert put["put"] == "PUT_OK", put
+    elif load_error is not None:
+        # Recovery that has to write on a full disk fails with a clear error; the store
+        # still opens read-only.
+        assert load_error["load_error"].startswith("disk full:"), load_error
+    elif put["put"] != "PUT_OK":
+        # A put may still fit the blocks reserved before the disk filled; else refused.
+        assert put["put"] == "SERVICE_NOT_AVAILABLE" and "disk full" in put["reason"], put
+    if put is not None and put["put"] == "PUT_OK":
+        acks = acks + [next_id]
+    assert walk == acks
+    if room:
+        assert field(lines, "queues")["queues"] == sorted(acks)
+    return acks
+
+
+@pytest.mark.parametrize("name", testing.backend_params())
+def test_full_disk_after_data_refuses_puts_and_keeps_every_acknowledged_message(
+        small_disk, name):
+    root = small_disk / "store"
+    filler = small_disk / "filler"
+    acks, refusals = acks_and_refusals(
+        child(name, "put", root, "--fill", filler, "--fill-after", 200))
+    assert len(acks) >= 200 and acks == list(range(len(acks)))
+    assert_refused_for_disk_full(refusals)
+    acks = check_reopen(name, root, acks, 900_000, room=False)
+    os.remove(filler)
+    check_reopen(name, root, acks, 900_001, room=True)
+
+
+@pytest.mark.parametrize("name", testing.backend_params())
+def test_full_disk_before_any_message_refuses_puts_and_reopens(small_disk, name):
+    root = small_disk / "store"
+    filler = small_disk / "filler"
+    acks, refusals = acks_and_refusals(
+        child(name, "put", root, "--fill", filler, "--fill-after", 0))
+    assert acks == []
+    assert_refused_for_disk_full(refusals)
+    acks = check_reopen(name, root, acks, 900_000, room=False)
+    os.remove(filler)
+    check_reopen(name, root, acks, 900_001, room=True)
+
+
+@pytest.mark.parametrize("name", testing.backend_params())
+def test_store_filling_its_own_disk_refuses_puts_and_keeps_every_acknowledged_message(
+        small_disk, name):
+    root = small_disk / "store"
+    acks, refusals = acks_and_refusals(child(name, "put", root))
+    assert len(acks) > 1000 and acks == list(range(len(acks)))
+    assert_refused_for_disk_full(refusals)
+    acks = check_reopen(name, root, acks, 900_000, room=False)
+    resize(small_disk, 32)
+    check_reopen(name, root, acks, 900_001, room=True)
+
+
+# ---- footprint ---------------------------------------------------------------------------
+
+def allocated(root):
+    """Bytes of disk the files under `root` hold (blocks, not apparent sizes)."""
+    total = apparent = 0
+    for d, _, names in os.walk(root):
+        for n in names:
+            st = os.stat(os.path.join(d, n))
+            total += st.st_blocks * 512
+            apparent += st.st_size
+    return total, apparent
+
+
+def resident_in(root):
+    """Bytes of this process's mappings of files under `root` that are in memory (RSS)."""
+    rss = 0
+    inside = False
+    prefix = os.path.realpath(root) + os.sep
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+                inside = len(head) >= 6 and head[5].startswith(prefix)
+            elif inside and head[0] == "Rss:":
+                rss += int(head[1]) * 1024
+    return rss
+
+
+def test_one_small_message_takes_a_window_of_disk_and_memory_not_whole_files(tmp_path,
+                                                                             backend):
+    """RocketMQ's default file sizes (1 GiB CommitLog, 6 MB ConsumeQueue, 420 MB index):
+    the files keep their apparent sizes, but hold blocks and memory for a bounded window
+    ahead of the writer (16 MiB CommitLog, 64 KiB queue) plus the index slot table."""
+    root = tmp_path / "store"
+    cfg = StoreConfig()
+    with MessageStore(root, cfg, kernels=backend) as store:
+        r = store.put_message(Message("TopicA", b"x", keys="k"))
+        assert r.ok
+        testing.wait_dispatched(store)
+        store.commitlog.flush()
+        disk, apparent = allocated(root)
+        rss = resident_in(root)
+    window = cfg.commit_log_reserve_window
+    slots = cfg.max_hash_slot_num * 4
+    assert apparent > 1 << 30
+    # The file being written and the next one (made ahead of time) hold a window each.
+    assert disk <= 2 * window + slots + 4 * MiB, disk
+    assert rss <= 2 * window + 4 * MiB, rss
+    # Reopened, nothing new is allocated for what is already there.
+    with MessageStore(root, cfg, kernels=backend) as store:
+        assert store.look_message_by_offset(r.commit_log_offset).body == b"x"
+    assert allocated(root)[0] <= 2 * window + slots + 4 * MiB
+
+
+def test_reserve_window_must_not_be_negative():
+    from rocketstore.errors import ConfigError
+    with pytest.raises(ConfigError, match="commit_log_reserve_window"):
+        StoreConfig(commit_log_reserve_window=-1)
+    with pytest.raises(ConfigError, match="consume_queue_reserve_window"):
+        StoreConfig(consume_queue_reserve_window=-1)
