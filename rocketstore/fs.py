@@ -99,7 +99,9 @@ class FileSystem:
         except OSError as exc:
             if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
                 return False
-            raise
+            # posix_fallocate names no file: say which one, and how much was asked.
+            raise OSError(exc.errno, f"{exc.strerror} (reserving {length} bytes at "
+                                     f"{offset})", path) from None
         finally:
             os.close(fd)
         return True

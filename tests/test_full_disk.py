@@ -7,15 +7,20 @@ here: a write through a mapping to a page the file system cannot allocate raises
 which would otherwise kill pytest itself. tmpfs also allocates a hole merely read through
 a mapping, so it catches reads of never-written space too.
 """
+import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
-from rocketstore import Message, MessageStore, StoreConfig, testing
+from rocketstore import Message, MessageStore, PutMessageStatus, StoreConfig, testing
+from rocketstore.errors import StoreLoadError
+from rocketstore.fs import FileSystem
 
 CHILD = os.path.join(os.path.dirname(__file__), "crashers", "full_disk.py")
 MiB = 1 << 20
@@ -195,3 +200,148 @@ def test_reserve_window_must_not_be_negative():
         StoreConfig(commit_log_reserve_window=-1)
     with pytest.raises(ConfigError, match="consume_queue_reserve_window"):
         StoreConfig(consume_queue_reserve_window=-1)
+
+
+# ---- in process, with a file system double that refuses reservations ----------------------
+
+class NoSpace(FileSystem):
+    """Refuses every reservation of a path containing `where` with ENOSPC while `full`."""
+
+    def __init__(self, where=os.sep):
+        self.where = where
+        self.full = False
+
+    def reserve(self, path, offset, length):
+        if self.full and self.where in path:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return super().reserve(path, offset, length)
+
+
+def small(**kw):
+    return testing.small_config(mapped_file_size_commit_log=64 * 1024,
+                                commit_log_reserve_window=8192, **kw)
+
+
+def bodies(store, topic="TopicA", queue_id=0):
+    out, offset = [], 0
+    while True:
+        got = store.get_message("g", topic, queue_id, offset, 32)
+        if not got.messages:
+            return out
+        out.extend(m.body for m in got.messages)
+        offset = got.next_begin_offset
+
+
+def test_a_refused_reservation_answers_service_not_available_and_marks_the_disk_full(
+        tmp_path, backend):
+    fs = NoSpace()
+    store = testing.open_store(tmp_path / "s", backend, config=small(), fs=fs)
+    try:
+        ok = [store.put_message(Message("TopicA", b"m%d" % i)) for i in range(3)]
+        assert all(r.ok for r in ok)
+        fs.full = True
+        for _ in range(100):    # the window reserved so far still takes puts
+            r = store.put_message(Message("TopicA", b"x" * 500))
+            if not r.ok:
+                break
+            ok.append(r)
+        assert r.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+        assert "disk full" in r.reason and "commitlog" in r.reason
+        assert store.running_flags.is_disk_full
+        rs = store.put_messages([Message("TopicA", b"y")] * 2)
+        assert rs.status is PutMessageStatus.SERVICE_NOT_AVAILABLE and rs.count == 0
+        fs.full = False
+        assert not store.clean_commitlog_service.is_space_full()
+        r = store.put_message(Message("TopicA", b"after"))
+        assert r.ok and r.queue_offset == len(ok)
+        testing.wait_dispatched(store)
+        assert len(bodies(store)) == len(ok) + 1 and bodies(store)[-1] == b"after"
+    finally:
+        store.shutdown()
+
+
+def test_a_batch_refused_by_the_disk_gives_its_queue_offsets_back(tmp_path, backend):
+    fs = NoSpace()
+    store = testing.open_store(tmp_path / "s", backend, config=small(), fs=fs)
+    try:
+        fs.full = True
+        rs = store.put_messages([Message("TopicA", b"z" * 3000) for _ in range(30)])
+        assert rs.status is PutMessageStatus.SERVICE_NOT_AVAILABLE and rs.count == 0
+        assert "disk full" in rs.reason
+        fs.full = False
+        store.clean_commitlog_service.is_space_full()
+        r = store.put_message(Message("TopicA", b"next"))
+        assert r.ok and r.queue_offset == 0
+    finally:
+        store.shutdown()
+
+
+def test_queue_writes_refused_by_the_disk_are_retried_by_reput(tmp_path, backend):
+    fs = NoSpace(where=os.sep + "consumequeue" + os.sep)
+    store = testing.open_store(tmp_path / "s", backend, config=small(), fs=fs)
+    try:
+        fs.full = True
+        assert store.put_message(Message("TopicA", b"queued later")).ok
+        reput = store.reput_service
+        for _ in range(10_000):
+            if reput._failures:
+                break
+            reput.wakeup()
+            time.sleep(0.001)
+        assert reput._failures and bodies(store) == []
+        fs.full = False
+        testing.wait_dispatched(store, timeout=30)
+        assert bodies(store) == [b"queued later"]
+    finally:
+        store.shutdown()
+
+
+def test_recovery_that_must_write_on_a_full_disk_fails_clearly_and_loses_nothing(tmp_path,
+                                                                                backend):
+    root = tmp_path / "s"
+    store = testing.open_store(root, backend, config=small())
+    for i in range(50):
+        assert store.put_message(Message("TopicA", b"r%d" % i)).ok
+    store.shutdown()
+    # Queues lost: abnormal recovery rebuilds them from the CommitLog, which writes.
+    shutil.rmtree(root / "consumequeue")
+    fs = NoSpace()
+    fs.full = True
+    again = MessageStore(root, small(), kernels=backend, fs=fs)
+    with pytest.raises(StoreLoadError, match="^disk full: .*open it read-only"):
+        again.load(force_recovery=True)
+    ro = MessageStore.open_read_only(root, small(), kernels=backend)
+    try:
+        assert [m.body for m in ro.iter_messages()] == [b"r%d" % i for i in range(50)]
+    finally:
+        ro.shutdown()
+    fs.full = False
+    again = MessageStore(root, small(), kernels=backend, fs=fs)
+    again.load(force_recovery=True)
+    again.start()
+    try:
+        assert bodies(again) == [b"r%d" % i for i in range(50)]
+    finally:
+        again.shutdown()
+
+
+def test_shutdown_completes_when_the_config_files_cannot_be_written(tmp_path, backend):
+    class FullForJson(FileSystem):
+        def write_bytes(self, path, data, sync=True):
+            if path.endswith(".json.tmp"):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+            return super().write_bytes(path, data, sync)
+
+    root = tmp_path / "s"
+    store = testing.open_store(root, backend, config=small(), fs=FullForJson())
+    assert store.put_message(Message("TopicA", b"kept")).ok
+    with pytest.raises(OSError, match="No space left"):
+        store.update_topic_config("TopicA")
+    store.commit_offset("g", "TopicA", 0, 1)
+    store.shutdown()
+    assert not os.path.exists(root / "abort") and not os.path.exists(root / "lock.held")
+    again = testing.open_store(root, backend, config=small())
+    try:
+        assert again.recovery_report.normal and bodies(again) == [b"kept"]
+    finally:
+        again.shutdown()

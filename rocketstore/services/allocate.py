@@ -94,8 +94,9 @@ class AllocateMappedFileService(ServiceThread):
         mf = None
         try:
             mf = self._make(path, self._prefault)
-        except OSError:
-            log.exception("could not pre-allocate %s", path)
+        except OSError as exc:
+            # The writer creates the file itself when it needs it, and meets the error then.
+            log.error("could not pre-allocate %s: %s", path, exc)
         finally:
             with self._lock:
                 if mf is not None:
