@@ -241,16 +241,20 @@ class CommitLog:
         if mf.wbuf is None:
             mf.committed_position = self.file_size
 
-    def _reserve(self, mf, end):
-        """Reserve blocks up to `end` (plus the blank record that may follow it, which must
-        never fault either) and the window ahead; the allocator populates the new window off
-        this thread. None, or the reason the disk refused."""
-        try:
-            old, new = mf.reserve(end + F.END_FILE_MIN_BLANK_LENGTH)
-        except OSError as exc:
-            return self._refusal(exc)
+    def _reserve_ahead(self, mf, end):
+        """Reserve blocks up to `end` and the window ahead (OSError when the disk refuses);
+        the allocator populates the new window off this thread."""
+        old, new = mf.reserve(end)
         if new > old and self.allocator is not None:
             self.allocator.populate(mf, old, new)
+
+    def _reserve(self, mf, end):
+        """_reserve_ahead for a put, to `end` plus the blank record that may follow it, which
+        must never fault either. None, or the reason the disk refused."""
+        try:
+            self._reserve_ahead(mf, end + F.END_FILE_MIN_BLANK_LENGTH)
+        except OSError as exc:
+            return self._refusal(exc)
         return None
 
     def _refusal(self, exc):
@@ -434,9 +438,7 @@ class CommitLog:
             if mf.file_from_offset + mf.wrote_position != start_offset:
                 return False
             if mf.wrote_position + n > mf.reserved_position:
-                old, new = mf.reserve(mf.wrote_position + n)
-                if new > old and self.allocator is not None:
-                    self.allocator.populate(mf, old, new)
+                self._reserve_ahead(mf, mf.wrote_position + n)
             return mf.append_bytes(data)
 
     # ---- reads ------------------------------------------------------------------------------

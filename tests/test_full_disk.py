@@ -345,3 +345,32 @@ def test_shutdown_completes_when_the_config_files_cannot_be_written(tmp_path, ba
         assert again.recovery_report.normal and bodies(again) == [b"kept"]
     finally:
         again.shutdown()
+
+
+class Budget(FileSystem):
+    """A disk with `left` bytes free for reservations."""
+
+    def __init__(self, left):
+        self.left = left
+
+    def reserve(self, path, offset, length):
+        if length > self.left:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        self.left -= length
+        return super().reserve(path, offset, length)
+
+
+def test_a_window_the_disk_cannot_fit_shrinks_to_what_the_write_needs(tmp_path, backend):
+    from rocketstore.mapped_file import MappedFile
+    fs = Budget(3 * 4096)
+    mf = MappedFile(str(tmp_path / ("%020d" % 0)), 1 << 20, backend, fs, reserve_window=65536)
+    try:
+        assert mf.reserve(100) == (0, 4096)         # the window does not fit: one page
+        assert mf.reserve(4096) == (4096, 4096)     # already reserved: no call
+        assert mf.reserve(4097 + 4096) == (4096, 3 * 4096)
+        with pytest.raises(OSError) as exc:
+            mf.reserve(3 * 4096 + 1)
+        assert exc.value.errno == errno.ENOSPC and mf.reserved_position == 3 * 4096
+        assert os.stat(mf.path).st_blocks * 512 == 3 * 4096
+    finally:
+        mf.destroy()
