@@ -374,3 +374,18 @@ def test_a_window_the_disk_cannot_fit_shrinks_to_what_the_write_needs(tmp_path, 
         assert os.stat(mf.path).st_blocks * 512 == 3 * 4096
     finally:
         mf.destroy()
+
+
+def test_a_new_store_on_a_full_disk_fails_to_load_with_a_clear_error(tmp_path, backend):
+    fs = NoSpace()
+    fs.full = True
+    root = tmp_path / "s"
+    store = MessageStore(root, small(), kernels=backend, fs=fs)
+    with pytest.raises(StoreLoadError, match="^disk full: .*checkpoint"):
+        store.load()
+    fs.full = False
+    store = testing.open_store(root, backend, config=small(), fs=fs)     # lock released
+    try:
+        assert store.put_message(Message("TopicA", b"first")).ok
+    finally:
+        store.shutdown()
