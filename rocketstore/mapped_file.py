@@ -33,12 +33,13 @@ class MappedFile:
     """
 
     __slots__ = ("path", "file_name", "file_from_offset", "file_size", "mm", "wrote_position",
-                 "committed_position", "flushed_position", "store_timestamp",
-                 "reserved_position", "reserve_window", "first_create_in_queue", "writable", "wbuf", "_pool", "_k", "_fs", "_refs",
-                 "_available", "_lock", "_cond", "_first_shutdown_ms")
+                 "committed_position", "flushed_position", "reserved_position",
+                 "reserve_window", "store_timestamp", "first_create_in_queue", "writable", "wbuf",
+                 "_pool", "_k", "_fs", "_refs", "_available", "_lock", "_cond",
+                 "_first_shutdown_ms")
 
     def __init__(self, path, file_size, kernels, fs, writable=True, create=True, pool=None,
-                 preallocate=False, reserve_window=0):
+                 reserve_window=0):
         self.path = path
         self.file_name = os.path.basename(path)
         self.file_from_offset = int(self.file_name)
@@ -47,7 +48,7 @@ class MappedFile:
         self._k = kernels
         self._fs = fs
         if create:
-            fs.create_sized(path, file_size, preallocate)
+            fs.create_sized(path, file_size)
         try:
             self.mm = fs.map(path, file_size, writable)
         except OSError:
@@ -60,7 +61,7 @@ class MappedFile:
         self.committed_position = 0
         self.flushed_position = 0
         # A file sized here holds no blocks; a loaded one holds its data (set_positions).
-        self.reserved_position = file_size if preallocate else 0
+        self.reserved_position = 0
         self.reserve_window = reserve_window
         self.store_timestamp = 0          # store time of the last record appended
         self.first_create_in_queue = False
