@@ -192,8 +192,9 @@ class MessageStore:
                 self._lock.release()
             if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
                 raise StoreLoadError(
-                    f"disk full: {exc}. Recovery of {self.root} must write; free space, "
-                    f"or open it read-only (MessageStore.open_read_only)") from exc
+                    f"disk full: {exc}. Opening {self.root} for writing (and recovering it) "
+                    f"needs space: free some, or open it read-only "
+                    f"(MessageStore.open_read_only)") from exc
             raise
         self._loaded = True
         return self.recovery_report

@@ -389,3 +389,26 @@ def test_a_new_store_on_a_full_disk_fails_to_load_with_a_clear_error(tmp_path, b
         assert store.put_message(Message("TopicA", b"first")).ok
     finally:
         store.shutdown()
+
+
+def test_a_replicated_append_on_a_full_disk_raises_enospc_and_writes_nothing(tmp_path,
+                                                                            backend):
+    src = testing.open_store(tmp_path / "master", backend, config=small())
+    try:
+        assert src.put_message(Message("TopicA", b"replicated")).ok
+        data = src.commitlog.get_data(0, src.commitlog.max_offset)
+    finally:
+        src.shutdown()
+    fs = NoSpace()
+    slave = MessageStore(tmp_path / "slave", small(), kernels=backend, fs=fs)
+    slave.load()
+    fs.full = True
+    try:
+        with pytest.raises(OSError) as exc:
+            slave.commitlog.append_data(0, data)
+        assert exc.value.errno == errno.ENOSPC and slave.commitlog.max_offset == 0
+        fs.full = False
+        assert slave.commitlog.append_data(0, data)
+        assert [m.body for m in slave.iter_messages()] == [b"replicated"]
+    finally:
+        slave.shutdown()
