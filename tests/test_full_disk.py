@@ -43,21 +43,21 @@ def resize(mnt, mib):
     subprocess.run(["mount", "-o", f"remount,size={mib}m", str(mnt)], check=True)
 
 
-def child(backend, *args):
-    """Run the child; every line it printed, parsed. It must exit normally."""
+def child(backend, *args, returncode=0):
+    """Run the child; every line it printed, parsed. It must exit normally (or as told)."""
     proc = subprocess.run([sys.executable, CHILD, *map(str, args), "--backend", backend],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode != -signal.SIGBUS, "killed by SIGBUS:\n" + proc.stderr[-3000:]
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == returncode, proc.stderr[-3000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert not [x for x in lines if "error" in x], lines
     return lines
 
 
-def acks_and_refusals(lines):
+def acks_and_refusals(lines, killed=False):
     acks = [x["ack"] for x in lines if "ack" in x]
     refusals = [x for x in lines if "refused" in x]
-    assert lines[-1] == {"shutdown": "ok"}
+    assert killed or lines[-1] == {"shutdown": "ok"}
     return acks, refusals
 
 
@@ -109,6 +109,21 @@ def test_full_disk_after_data_refuses_puts_and_keeps_every_acknowledged_message(
     acks, refusals = acks_and_refusals(
         child(name, "put", root, "--fill", filler, "--fill-after", 200))
     assert len(acks) >= 200 and acks == list(range(len(acks)))
+    assert_refused_for_disk_full(refusals)
+    acks = check_reopen(name, root, acks, 900_000, room=False)
+    os.remove(filler)
+    check_reopen(name, root, acks, 900_001, room=True)
+
+
+@pytest.mark.parametrize("name", testing.backend_params())
+def test_full_disk_then_a_crash_reopens_without_a_signal_and_keeps_every_message(
+        small_disk, name):
+    root = small_disk / "store"
+    filler = small_disk / "filler"
+    lines = child(name, "put", root, "--fill", filler, "--fill-after", 300, "--kill",
+                  returncode=-signal.SIGKILL)
+    acks, refusals = acks_and_refusals(lines, killed=True)
+    assert len(acks) >= 300 and acks == list(range(len(acks)))
     assert_refused_for_disk_full(refusals)
     acks = check_reopen(name, root, acks, 900_000, room=False)
     os.remove(filler)

@@ -4,7 +4,8 @@ process, so that a SIGBUS kills this process and not pytest. Prints one JSON obj
 
 `put`   opens the store, puts messages from --start on; with --fill, fills the disk (a
         filler file) once --fill-after messages are acknowledged; stops a few puts after the
-        first refusal; shuts down. Lines: {"ack": i}, {"refused": status, "reason": ...}.
+        first refusal; shuts down (or, with --kill, dies by SIGKILL, leaving the store to
+        abnormal recovery). Lines: {"ack": i}, {"refused": status, "reason": ...}.
 `check` opens the store writable (or reports the clear load error), tries one put, then
         reads every message: through the ConsumeQueues when writable, and through a
         read-only open's CommitLog walk. Lines: {"load_error"}, {"put"}, {"queues"},
@@ -14,6 +15,7 @@ import argparse
 import errno
 import json
 import os
+import signal
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -82,6 +84,8 @@ def put(args):
         else:
             refused += 1
             say(refused=r.status.name, reason=r.reason)
+    if args.kill:
+        os.kill(os.getpid(), signal.SIGKILL)
     store.shutdown()
     say(shutdown="ok")
 
@@ -136,6 +140,7 @@ def main():
     ap.add_argument("--fill")
     ap.add_argument("--fill-after", type=int, default=0)
     ap.add_argument("--room", action="store_true", help="the disk has room again")
+    ap.add_argument("--kill", action="store_true", help="die by SIGKILL instead of shutdown")
     args = ap.parse_args()
     put(args) if args.action == "put" else check(args)
 
