@@ -186,10 +186,11 @@ class StoreConfig:
     prefault_next_file: bool = True
     # Files are sparse; blocks are reserved (posix_fallocate) this many bytes ahead of the
     # writer, so a full disk refuses a put instead of killing the process with SIGBUS, and
-    # disk and memory grow with the data. (Index files reserve their header and slot table
-    # whole when created, and entries 64 KiB ahead.)
+    # disk and memory grow with the data. A queue's window is small because a broker may
+    # hold thousands of queues. (Index files reserve their header and slot table whole when
+    # created, and entries 64 KiB ahead.)
     commit_log_reserve_window: int = 16 * 1024 * 1024
-    consume_queue_reserve_window: int = 64 * 1024
+    consume_queue_reserve_window: int = 16 * 1024
     # Beyond RocketMQ (no Java key): keep a CommitLog file while a committed consumer offset
     # still needs it, unless disk usage passes disk_space_clean_forcibly_ratio.
     clean_protect_unconsumed: bool = False

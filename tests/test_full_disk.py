@@ -187,7 +187,7 @@ def test_one_small_message_takes_a_window_of_disk_and_memory_not_whole_files(tmp
                                                                              backend):
     """RocketMQ's default file sizes (1 GiB CommitLog, 6 MB ConsumeQueue, 420 MB index):
     the files keep their apparent sizes, but hold blocks and memory for a bounded window
-    ahead of the writer (16 MiB CommitLog, 64 KiB queue) plus the index slot table."""
+    ahead of the writer (16 MiB CommitLog, 16 KiB queue) plus the index slot table."""
     root = tmp_path / "store"
     cfg = StoreConfig()
     with MessageStore(root, cfg, kernels=backend) as store:
