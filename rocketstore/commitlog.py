@@ -234,8 +234,10 @@ class CommitLog:
 
     def _end_file(self, mf, pos):
         """Fill the rest of a file with the 8-byte blank record; the file becomes full."""
-        if pos + F.END_FILE_MIN_BLANK_LENGTH > mf.reserved_position:
-            mf.reserve(pos + F.END_FILE_MIN_BLANK_LENGTH)
+        # With a write buffer, the commit copies the whole rest of the file into the mapping.
+        end = pos + F.END_FILE_MIN_BLANK_LENGTH if mf.wbuf is None else self.file_size
+        if end > mf.reserved_position:
+            mf.reserve(end)
         self._k.commitlog_blank(mf.write_target, pos, self.file_size - pos)
         mf.wrote_position = self.file_size
         if mf.wbuf is None:

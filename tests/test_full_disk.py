@@ -233,8 +233,8 @@ class NoSpace(FileSystem):
 
 
 def small(**kw):
-    return testing.small_config(mapped_file_size_commit_log=64 * 1024,
-                                commit_log_reserve_window=8192, **kw)
+    return testing.small_config(**{"mapped_file_size_commit_log": 64 * 1024,
+                                   "commit_log_reserve_window": 8192, **kw})
 
 
 def bodies(store, topic="TopicA", queue_id=0):
@@ -427,3 +427,19 @@ def test_a_replicated_append_on_a_full_disk_raises_enospc_and_writes_nothing(tmp
         assert [m.body for m in slave.iter_messages()] == [b"replicated"]
     finally:
         slave.shutdown()
+
+
+def test_a_file_ended_through_a_write_buffer_has_every_committed_byte_reserved(tmp_path,
+                                                                              backend):
+    """With the transient store pool the commit copies a finished file's whole tail (past
+    the blank record) into the mapping: that tail must be reserved too."""
+    cfg = small(commit_log_reserve_window=0, transient_store_pool_enable=True,
+                transient_store_pool_size=3)
+    store = testing.open_store(tmp_path / "s", backend, config=cfg)
+    try:
+        while len(store.commitlog.mfq.files) < 3:
+            assert store.put_message(Message("TopicA", b"p" * 6000)).ok
+        for mf in store.commitlog.mfq.files[:-1]:
+            assert mf.reserved_position == mf.file_size
+    finally:
+        store.shutdown()
