@@ -29,6 +29,8 @@ class StoreCheckpoint:
         if not read_only:
             # Like the broker, create the file as 4096 zero bytes when missing.
             fs.create_sized(path, CHECKPOINT_FILE_SIZE)
+            # Its page is written through the mapping: on a full disk, ENOSPC now, not SIGBUS.
+            fs.reserve(path, 0, CHECKPOINT_FILE_SIZE)
             self.mm = fs.map(path, CHECKPOINT_FILE_SIZE)
 
     def flush(self):

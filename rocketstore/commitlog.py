@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """CommitLog: every message of every topic, appended under one put lock (spec 01 §3-§6)."""
 import array
+import errno
 import struct
 import threading
 
@@ -39,12 +40,16 @@ class CommitLog:
             self.allocator = AllocateMappedFileService(
                 self.file_size, kernels, fs,
                 prefault=config.prefault_next_file or config.warm_maped_file_enable,
-                pool=self.pool)
+                pool=self.pool, reserve_window=config.commit_log_reserve_window)
         # Decides what a put waits for after the lock (sync flush, replication); set by the
         # store when its services start. None: return at once (ASYNC_FLUSH).
         self.after_put = None
+        # Called with the reason when a reservation finds the disk full; set by the store
+        # (the disk-full running flag, so later puts are refused before the lock).
+        self.on_disk_full = None
         self.mfq = MappedFileQueue(config.commitlog_dir(root), self.file_size, kernels, fs,
-                                   writable=not read_only, allocator=self.allocator)
+                                   writable=not read_only, allocator=self.allocator,
+                                   reserve_window=config.commit_log_reserve_window)
         self.put_lock = threading.Lock()
         self.topic_queue_table = {}        # (topic, queue_id) -> next queue offset; put_lock
         self.begin_time_in_lock = 0        # for OS_PAGECACHE_BUSY; guarded by put_lock
@@ -224,10 +229,39 @@ class CommitLog:
 
     def _end_file(self, mf, pos):
         """Fill the rest of a file with the 8-byte blank record; the file becomes full."""
+        # With a write buffer, the commit copies the whole rest of the file into the mapping.
+        end = pos + F.END_FILE_MIN_BLANK_LENGTH if mf.wbuf is None else self.file_size
+        if end > mf.reserved_position:
+            mf.reserve(end)
         self._k.commitlog_blank(mf.write_target, pos, self.file_size - pos)
         mf.wrote_position = self.file_size
         if mf.wbuf is None:
             mf.committed_position = self.file_size
+
+    def _reserve_ahead(self, mf, end):
+        """Reserve blocks up to `end` and the window ahead (OSError when the disk refuses);
+        the allocator populates the new window off this thread."""
+        old, new = mf.reserve(end)
+        if new > old and self.allocator is not None:
+            self.allocator.populate(mf, old, new)
+
+    def _reserve(self, mf, end):
+        """_reserve_ahead for a put, to `end` plus the blank record that may follow it, which
+        must never fault either. None, or the reason the disk refused."""
+        try:
+            self._reserve_ahead(mf, end + F.END_FILE_MIN_BLANK_LENGTH)
+        except OSError as exc:
+            return self._refusal(exc)
+        return None
+
+    def _refusal(self, exc):
+        if exc.errno == errno.ENOSPC:
+            reason = f"disk full: {exc}"
+            if self.on_disk_full is not None:
+                self.on_disk_full(reason)
+        else:
+            reason = f"cannot reserve CommitLog space: {exc}"
+        return reason
 
     def put_message(self, msg, clock):
         try:
@@ -256,7 +290,14 @@ class CommitLog:
                 # the blank record closing the full file is valid, so refuse and go on.
                 self.begin_time_in_lock = 0
                 return PutMessageResult(PutMessageStatus.CREATE_MAPEDFILE_FAILED,
-                                        reason=f"create mapped file failed: {exc}")
+                                        reason=f"create mapped file failed: "
+                                               f"{self._refusal(exc)}")
+            if pos + size + F.END_FILE_MIN_BLANK_LENGTH > mf.reserved_position:
+                reason = self._reserve(mf, pos + size)
+                if reason is not None:
+                    self.begin_time_in_lock = 0
+                    return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
+                                            reason=reason)
             table = self.topic_queue_table
             qoff = table.get(key, 0) if e.dispatched else 0
             phy = mf.file_from_offset + pos
@@ -316,9 +357,18 @@ class CommitLog:
                 done = 0
                 rd = 0
                 while done < n:
+                    status = reason = None
                     try:
                         mf = self._writable_file()
                     except OSError as exc:
+                        status = PutMessageStatus.CREATE_MAPEDFILE_FAILED
+                        reason = f"create mapped file failed: {self._refusal(exc)}"
+                    else:
+                        end = min(mf.wrote_position + total - rd, self.file_size)
+                        if end + F.END_FILE_MIN_BLANK_LENGTH > mf.reserved_position:
+                            reason = self._reserve(mf, end)
+                            status = PutMessageStatus.SERVICE_NOT_AVAILABLE
+                    if reason is not None:
                         # Messages not written give their queue offsets back (highest
                         # first per queue, as assigned), so the next put leaves no gap.
                         for e in reversed(encoded[done:]):
@@ -326,10 +376,10 @@ class CommitLog:
                                 table[e.key] -= 1
                         self.begin_time_in_lock = 0
                         return PutMessagesResult(
-                            PutMessageStatus.CREATE_MAPEDFILE_FAILED, done, phys[:done],
+                            status, done, phys[:done],
                             np.frombuffer(qoffs, dtype=np.int64)[:done].copy(),
                             sizes[:done], ts, rd, [e.store_raw for e in encoded[:done]],
-                            reason=f"create mapped file failed: {exc}")
+                            reason=reason)
                     wpos = mf.wrote_position
                     base = mf.file_from_offset + wpos
                     count, nbytes = self._k.commitlog_append_batch(
@@ -384,6 +434,8 @@ class CommitLog:
                 mf = last
             if mf.file_from_offset + mf.wrote_position != start_offset:
                 return False
+            if mf.wrote_position + n > mf.reserved_position:
+                self._reserve_ahead(mf, mf.wrote_position + n)
             return mf.append_bytes(data)
 
     # ---- reads ------------------------------------------------------------------------------

@@ -184,8 +184,16 @@ class StoreConfig:
     # Most slave connections a master keeps at once; more are closed on accept. Each costs two
     # threads and a 1 MiB read buffer, and 4.9.x has no cap (a port scan could exhaust it).
     ha_max_connections: int = 16
-    # Create the next CommitLog file ahead of time and pre-fault it (AllocateMappedFileService).
+    # Create the next CommitLog file ahead of time and pre-fault the reserved window of the
+    # file being written (AllocateMappedFileService).
     prefault_next_file: bool = True
+    # Files are sparse; blocks are reserved (posix_fallocate) this many bytes ahead of the
+    # writer, so a full disk refuses a put instead of killing the process with SIGBUS, and
+    # disk and memory grow with the data. A queue's window is small because a broker may
+    # hold thousands of queues. (Index files reserve their header and slot table whole when
+    # created, and entries 64 KiB ahead.)
+    commit_log_reserve_window: int = 16 * 1024 * 1024
+    consume_queue_reserve_window: int = 16 * 1024
     # Beyond RocketMQ (no Java key): keep a CommitLog file while a committed consumer offset
     # still needs it, unless disk usage passes disk_space_clean_forcibly_ratio.
     clean_protect_unconsumed: bool = False
@@ -202,6 +210,9 @@ class StoreConfig:
         for name in _POSITIVE_FIELDS:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{_label(name)} must be > 0, got {getattr(self, name)}")
+        for name in ("commit_log_reserve_window", "consume_queue_reserve_window"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{_label(name)} must be >= 0, got {getattr(self, name)}")
         if self.cq_file_size > _INT32_MAX:
             raise ConfigError(f"{_label('mapped_file_size_consume_queue')} rounds up to "
                               f"{self.cq_file_size}, past Java's int range")

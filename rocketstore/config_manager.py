@@ -330,7 +330,11 @@ class ConfigManager:
         directory = os.path.dirname(self.path)
         fs.ensure_dir(directory)
         tmp = self.path + ".tmp"
-        fs.write_bytes(tmp, text.encode("utf-8"), sync=True)
+        try:
+            fs.write_bytes(tmp, text.encode("utf-8"), sync=True)
+        except OSError:
+            self._dirty = True          # a full disk: the next persist tries again
+            raise
         if not self._main_corrupt:
             old = self._read(self.path)
             if old is not None:

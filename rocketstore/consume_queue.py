@@ -21,13 +21,15 @@ class ConsumeQueue:
     __slots__ = ("topic", "queue_id", "mfq", "file_size", "max_physic_offset",
                  "min_logic_offset", "_k", "_commit_log_min")
 
-    def __init__(self, root, topic, queue_id, file_size, kernels, fs, writable=True):
+    def __init__(self, root, topic, queue_id, file_size, kernels, fs, writable=True,
+                 reserve_window=0):
         self.topic = topic
         self.queue_id = queue_id
         # getMappedFileSizeConsumeQueue rounds the configured size up to whole units.
         self.file_size = -(-file_size // UNIT) * UNIT
         path = os.path.join(root, "consumequeue", topic, str(queue_id))
-        self.mfq = MappedFileQueue(path, self.file_size, kernels, fs, writable)
+        self.mfq = MappedFileQueue(path, self.file_size, kernels, fs, writable,
+                                   reserve_window=reserve_window)
         self.max_physic_offset = -1     # end (offset + size) of the last unit's record
         self.min_logic_offset = 0       # byte offset of the first valid unit
         self._k = kernels
@@ -45,7 +47,9 @@ class ConsumeQueue:
         f = files[index]
         process = f.file_from_offset
         while True:
-            units = np.frombuffer(f.mm, dtype=CQ_DTYPE, count=self.file_size // UNIT)
+            # Units past the written extent are zeros (invalid), and reading them would
+            # allocate them on tmpfs, so only the written extent is looked at.
+            units = np.frombuffer(f.mm, dtype=CQ_DTYPE, count=f.data_end() // UNIT)
             valid = (units["offset"] >= 0) & (units["size"] > 0)
             n = int(np.argmin(valid)) if not valid.all() else len(units)
             if n:
@@ -53,7 +57,7 @@ class ConsumeQueue:
                 self.max_physic_offset = int(last["offset"]) + int(last["size"])
             del units, valid
             process = f.file_from_offset + n * UNIT
-            if n == len(files[index].mm) // UNIT and index + 1 < len(files):
+            if n == self.file_size // UNIT and index + 1 < len(files):
                 index += 1
                 f = files[index]
                 continue
@@ -68,7 +72,7 @@ class ConsumeQueue:
             f = self.mfq.last_file
             if f is None:
                 break
-            end = f.wrote_position
+            end = min(f.wrote_position, f.data_end())      # zeros past data_end
             units = np.frombuffer(f.mm, dtype=CQ_DTYPE, count=end // UNIT)
             offs = units["offset"]
             sizes = units["size"]
@@ -154,6 +158,8 @@ class ConsumeQueue:
             room = (f.file_size - f.wrote_position) // UNIT
             k = min(room, n - start)
             pos = f.wrote_position
+            if pos + k * UNIT > f.reserved_position:
+                f.reserve(pos + k * UNIT)
             self._k.cq_encode_batch(f.mm, pos, offsets[start:start + k], sizes[start:start + k],
                                     tags_codes[start:start + k])
             f.wrote_position = f.committed_position = pos + k * UNIT
@@ -177,6 +183,8 @@ class ConsumeQueue:
             if expect != current:
                 log.warning("[BUG] logic queue order maybe wrong: %s-%d expected %d got %d",
                             self.topic, self.queue_id, expect, current)
+        if pos + UNIT > f.reserved_position:
+            f.reserve(pos + UNIT)
         self._k.cq_encode(f.mm, pos, offset, size, tags_code)
         f.wrote_position = f.committed_position = pos + UNIT
         self.max_physic_offset = offset + size
@@ -187,6 +195,7 @@ class ConsumeQueue:
         self.mfq.flushed_where = self.mfq.committed_where = expect
         until = expect % f.file_size
         if until:
+            f.reserve(until)
             f.mm[0:until] = _FILLER * (until // UNIT)
         f.wrote_position = f.committed_position = until
         f.flushed_position = 0

@@ -92,24 +92,61 @@ class FileSystem:
         finally:
             os.close(fd)
 
-    def prefault(self, mm, chunk=1 << 20):
-        """Fault in every page of a fresh writable mapping, so appends never pay first touch.
-
-        mmap.madvise holds the GIL, so a whole 1 GiB file at once would stall every producer
-        for seconds: go a chunk at a time and let other threads run in between."""
-        size = len(mm)
+    def reserve(self, path, offset, length):
+        """Allocate the blocks of [offset, offset+length) of `path` (posix_fallocate), so a
+        later write through a mapping there cannot fault for want of space: a full disk
+        then raises OSError(ENOSPC) here instead of SIGBUS in the writer. False when the
+        file system cannot reserve at all (writes there stay unprotected)."""
+        fd = os.open(path, os.O_RDWR)
         try:
-            for pos in range(0, size, chunk):
-                mm.madvise(MADV_POPULATE_WRITE, pos, min(chunk, size - pos))
+            os.posix_fallocate(fd, offset, length)
+        except OSError as exc:
+            if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+                return False
+            # posix_fallocate names no file: say which one, and how much was asked.
+            raise OSError(exc.errno, f"{exc.strerror} (reserving {length} bytes at "
+                                     f"{offset})", path) from None
+        finally:
+            os.close(fd)
+        return True
+
+    def data_end(self, path):
+        """The end of the last written extent of `path`: everything past it reads as zeros.
+        Recovery reads no further, because on tmpfs merely reading a hole through a mapping
+        allocates it (a full disk then kills the reader with SIGBUS) and a sparse 1 GiB
+        file would take 1 GiB. Reserved but never written blocks count as holes here."""
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            end = 0
+            while True:
+                try:
+                    start = os.lseek(fd, end, os.SEEK_DATA)
+                except OSError as exc:
+                    if exc.errno == errno.ENXIO:       # no data at or after `end`
+                        return end
+                    raise
+                end = os.lseek(fd, start, os.SEEK_HOLE)
+        except (AttributeError, OSError):
+            # No SEEK_DATA (or it failed): assume the whole file holds data.
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+
+    def prefault(self, mm, start=0, length=None, chunk=1 << 20):
+        """Fault in [start, start+length) of a writable mapping (by default all of it), so
+        appends there never pay first touch. Reserve the range first: populating pages of
+        a sparse range would allocate them with no ENOSPC check.
+
+        mmap.madvise holds the GIL, so go a chunk at a time and let other threads run in
+        between. Without MADV_POPULATE_WRITE (Linux < 5.14) nothing is done: writing a zero
+        per page instead would race a writer catching up with the range."""
+        end = len(mm) if length is None else min(len(mm), start + length)
+        try:
+            for pos in range(start, end, chunk):
+                mm.madvise(MADV_POPULATE_WRITE, pos, min(chunk, end - pos))
                 time.sleep(0)
-            return
         except (OSError, ValueError, AttributeError):
             pass
-        # Older kernels: write one zero byte per page (RocketMQ's warmMappedFile).
-        for pos in range(0, size, mmap.PAGESIZE):
-            mm[pos] = 0
-            if pos % chunk == 0:
-                time.sleep(0)
 
     def sync_mapped(self, kernels, mm, path, start, length):
         """Make mm[start:start+length] of the file at `path` durable (the kernel's msync, or

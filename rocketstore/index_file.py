@@ -18,6 +18,9 @@ from .mapped_file import MappedFile
 _HEAD = struct.Struct(">qqqqii")
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
+# Entries are appended in order, so their blocks are reserved this far ahead (the slot table,
+# written at random, is reserved whole when the file is created).
+ENTRY_RESERVE_WINDOW = 64 * 1024
 
 
 def index_file_size(slot_num, index_num):
@@ -54,8 +57,14 @@ class IndexFile:
         # Writable: create, or extend a short file (Java's RandomAccessFile.setLength does).
         # Read-only: map as is; a short file becomes a zero-padded private copy.
         self.mf = MappedFile(path, self.file_size, kernels, fs, writable=writable,
-                             create=writable)
+                             create=writable, reserve_window=ENTRY_RESERVE_WINDOW)
         if fresh:
+            try:
+                self._reserve_entries(1)
+            except OSError:
+                # A full disk: leave no file behind, so the next attempt starts afresh.
+                self.mf.destroy(0)
+                raise
             mm = self.mf.mm
             if end_phy_offset > 0:
                 _I64.pack_into(mm, F.INDEX_POS_BEGIN_PHY_OFFSET, end_phy_offset)
@@ -119,15 +128,25 @@ class IndexFile:
         return (begin < fb and end > fe) or fb <= begin <= fe or fb <= end <= fe
 
     # ---- writes (reput thread only) -----------------------------------------------------------
+    def _reserve_entries(self, n):
+        """Reserve the header, the slot table and the next `n` entries before a put writes
+        there (OSError(ENOSPC) on a full disk, never SIGBUS)."""
+        end = min(self.file_size, F.INDEX_HEADER_SIZE + self.slot_num * F.INDEX_SLOT_SIZE
+                  + (self.index_count + n) * F.INDEX_ENTRY_SIZE)
+        if end > self.mf.reserved_position:
+            self.mf.reserve(end)
+
     def put_key(self, key, phy_offset, store_timestamp):
         """IndexFile#putKey of the UTF-8 key (`topic#key`, str or bytes); False when full."""
         if isinstance(key, str):
             key = key.encode("utf-8")
+        self._reserve_entries(1)
         return self._k.index_put(self.mf.mm, self.slot_num, self.index_num,
                                  self._k.index_hash(key), phy_offset, store_timestamp) > 0
 
     def put_batch(self, key_hashes, phy_offsets, store_timestamps):
         """Put keys in order until the file is full; returns how many were put."""
+        self._reserve_entries(len(key_hashes))
         return self._k.index_put_batch(self.mf.mm, self.slot_num, self.index_num, key_hashes,
                                        phy_offsets, store_timestamps)
 

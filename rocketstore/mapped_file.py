@@ -1,9 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
 """MappedFile: one fixed-size, memory-mapped segment file (spec 01 §2, RocketMQ MappedFile.java)."""
+import errno
+import logging
 import os
 import threading
 
 from .format import OS_PAGE_SIZE
+
+log = logging.getLogger(__name__)
+
+
+def _page_up(n):
+    return -(-n // OS_PAGE_SIZE) * OS_PAGE_SIZE
 
 
 def offset_to_file_name(offset):
@@ -17,15 +25,21 @@ class MappedFile:
     wrote_position      bytes appended           (guarded by the owner's writer: put lock / reput)
     committed_position  bytes visible to readers (only below wrote_position with a write buffer)
     flushed_position    bytes known durable      (written by the flush thread only)
+    reserved_position   bytes whose blocks exist (the writer's; see reserve())
+
+    Files are sparse: a writer calls reserve(end) before writing below `end` whenever `end`
+    passes reserved_position (one integer compare in the common case), and a full disk then
+    answers ENOSPC instead of killing the process with SIGBUS on the write.
     """
 
     __slots__ = ("path", "file_name", "file_from_offset", "file_size", "mm", "wrote_position",
-                 "committed_position", "flushed_position", "store_timestamp",
-                 "first_create_in_queue", "writable", "wbuf", "_pool", "_k", "_fs", "_refs",
-                 "_available", "_lock", "_cond", "_first_shutdown_ms")
+                 "committed_position", "flushed_position", "reserved_position",
+                 "reserve_window", "store_timestamp", "first_create_in_queue", "writable", "wbuf",
+                 "_pool", "_k", "_fs", "_refs", "_available", "_lock", "_cond",
+                 "_first_shutdown_ms")
 
     def __init__(self, path, file_size, kernels, fs, writable=True, create=True, pool=None,
-                 preallocate=False):
+                 reserve_window=0):
         self.path = path
         self.file_name = os.path.basename(path)
         self.file_from_offset = int(self.file_name)
@@ -34,7 +48,7 @@ class MappedFile:
         self._k = kernels
         self._fs = fs
         if create:
-            fs.create_sized(path, file_size, preallocate)
+            fs.create_sized(path, file_size)
         try:
             self.mm = fs.map(path, file_size, writable)
         except OSError:
@@ -46,6 +60,9 @@ class MappedFile:
         self.wrote_position = 0
         self.committed_position = 0
         self.flushed_position = 0
+        # A file sized here holds no blocks; a loaded one holds its data (set_positions).
+        self.reserved_position = 0
+        self.reserve_window = reserve_window
         self.store_timestamp = 0          # store time of the last record appended
         self.first_create_in_queue = False
         # With a TransientStorePool, appends go to a pooled write buffer and reach the mapping
@@ -80,14 +97,49 @@ class MappedFile:
         return self.file_from_offset + self.file_size
 
     def set_positions(self, pos):
+        """Positions of a loaded or truncated file: its bytes below `pos` were written, so
+        their blocks exist; nothing is known to be reserved past them."""
         self.wrote_position = self.committed_position = self.flushed_position = pos
+        self.reserved_position = pos
+
+    def data_end(self):
+        """Where the file's written data ends (zeros after it); see FileSystem.data_end."""
+        return min(self.file_size, _page_up(self._fs.data_end(self.path)))
+
+    def reserve(self, end):
+        """Allocate blocks up to `end`, and a window ahead of it while the disk allows, so
+        writes below reserved_position cannot fault. On a disk too full for the window only
+        what `end` needs is taken; OSError(ENOSPC) when not even that fits. Called by this
+        file's single writer (the put lock, the reput thread, recovery), never concurrently.
+        Returns (old, new) reserved positions."""
+        old = self.reserved_position
+        if end <= old:
+            return old, old
+        need = min(self.file_size, _page_up(end))
+        want = min(self.file_size, _page_up(end + self.reserve_window))
+        try:
+            ok = self._fs.reserve(self.path, old, want - old)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC or want == need:
+                raise
+            ok = self._fs.reserve(self.path, old, need - old)
+            want = need
+        if not ok:
+            log.warning("%s: the file system cannot reserve blocks; a full disk will fault "
+                        "writes to this file", self.path)
+            want = self.file_size
+        self.reserved_position = want
+        return old, want
 
     def zero_tail(self, pos, chunk=1 << 20):
         """Zero [pos, file end). A truncated tail must not hold stale records that a later
-        recovery could take for valid ones once new data ends short of them."""
+        recovery could take for valid ones once new data ends short of them. Only the
+        written extent is read: past it the file reads as zeros already, and reading holes
+        through the mapping would allocate them (tmpfs) on a disk that may be full."""
         zeros = bytes(min(chunk, self.file_size))
-        while pos < self.file_size:
-            n = min(chunk, self.file_size - pos)
+        end = self.data_end()
+        while pos < end:
+            n = min(chunk, end - pos)
             if self.mm[pos:pos + n] != zeros[:n]:
                 self.mm[pos:pos + n] = zeros[:n]
             pos += n
@@ -99,6 +151,8 @@ class MappedFile:
         pos = self.wrote_position
         if pos + n > self.file_size:
             return False
+        if pos + n > self.reserved_position:
+            self.reserve(pos + n)
         self.mm[pos:pos + n] = data
         self.wrote_position = self.committed_position = pos + n
         return True

@@ -14,7 +14,8 @@ class MappedFileQueue:
     """Segments in ascending offset order. The list is replaced, never mutated in place, so a
     reader thread can take `self.files` once and walk it without a lock."""
 
-    def __init__(self, store_path, file_size, kernels, fs, writable=True, allocator=None):
+    def __init__(self, store_path, file_size, kernels, fs, writable=True, allocator=None,
+                 reserve_window=0):
         self.store_path = store_path
         self.file_size = file_size
         self.files = []
@@ -25,6 +26,7 @@ class MappedFileQueue:
         self._fs = fs
         self.writable = writable
         self._allocator = allocator  # optional: creates files ahead of time (CommitLog only)
+        self.reserve_window = reserve_window   # MappedFile.reserve's window for every file
         self._lock = threading.Lock()
 
     # ---- load --------------------------------------------------------------------------
@@ -62,7 +64,8 @@ class MappedFileQueue:
                 raise StoreLoadError(
                     f"{path} is {size} bytes but segments here are {self.file_size} bytes: "
                     "the configured file size does not match the store")
-            mf = MappedFile(path, self.file_size, self._k, self._fs, self.writable, create=False)
+            mf = MappedFile(path, self.file_size, self._k, self._fs, self.writable, create=False,
+                            reserve_window=self.reserve_window)
             mf.set_positions(self.file_size)
             files.append(mf)
         files.sort(key=lambda f: f.file_from_offset)
@@ -138,7 +141,8 @@ class MappedFileQueue:
             if self._allocator is not None:
                 mf = self._allocator.take(path, offset + self.file_size)
             else:
-                mf = MappedFile(path, self.file_size, self._k, self._fs)
+                mf = MappedFile(path, self.file_size, self._k, self._fs,
+                                reserve_window=self.reserve_window)
             if not self.files:
                 mf.first_create_in_queue = True
             self.files = self.files + [mf]

@@ -45,14 +45,18 @@ def scan_commitlog(commitlog, kernels, start_index, check_crc, dispatch=None, re
     """Walk records from file `start_index` (at `start_pos`, a record's start) until one
     fails, or until file `stop_index` begins; return the offset where the walk stopped.
 
-    With `dispatch`, every valid record is handed to it (abnormal recovery)."""
+    With `dispatch`, every valid record is handed to it (abnormal recovery). Each file is
+    read up to its written extent only (MappedFile.data_end): past it the file is zeros,
+    and reading a hole through the mapping allocates it on tmpfs, or on a full disk kills
+    the process with SIGBUS."""
     files = commitlog.mfq.files
     rows = np.empty(4096, dtype=F.SCAN_DTYPE)
     index = start_index
     mf = files[index]
+    limit = mf.data_end()
     pos = start_pos
     while True:
-        n, stop, reason, _ = kernels.commitlog_scan(mf.mm, pos, mf.file_size, check_crc, rows)
+        n, stop, reason, _ = kernels.commitlog_scan(mf.mm, pos, limit, check_crc, rows)
         if report is not None:
             report.records += n
             report.scanned_bytes += stop - pos
@@ -61,8 +65,10 @@ def scan_commitlog(commitlog, kernels, start_index, check_crc, dispatch=None, re
             if report is not None:
                 report.dispatched += n
         pos = stop
-        if reason == F.SCAN_END and pos < mf.file_size:
+        if reason == F.SCAN_END and pos < limit:
             continue                       # the rows array filled up
+        if reason == F.SCAN_END and pos < mf.file_size:
+            reason = F.SCAN_EMPTY          # only never-written space follows
         if reason == F.SCAN_BLANK or (reason == F.SCAN_END and pos >= mf.file_size):
             index += 1
             if index >= len(files) or index == stop_index:
@@ -70,6 +76,7 @@ def scan_commitlog(commitlog, kernels, start_index, check_crc, dispatch=None, re
                 pos = mf.file_size
                 break
             mf = files[index]
+            limit = mf.data_end()
             pos = 0
             continue
         if report is not None:
@@ -94,7 +101,7 @@ def dirty_tail_bytes(mfq, offset, chunk=1 << 20):
         if f.file_from_offset + f.file_size <= offset:
             break
         lo = max(0, offset - f.file_from_offset)
-        end = f.file_size
+        end = f.data_end()          # never read holes: see FileSystem.data_end
         while end > lo:
             start = max(lo, end - chunk)
             data = f.mm[start:end].rstrip(b"\0")
@@ -147,6 +154,8 @@ def recover_normally(store, max_phy_of_cq, report):
 def _matched_for_abnormal(mf, checkpoint, config):
     """isMappedFileMatchedRecover: the file starts with a record stored no later than what
     the checkpoint says every ConsumeQueue (and index, when messageIndexSafe) had."""
+    if mf.data_end() == 0:
+        return False                # never written (and not to be read: see scan_commitlog)
     mm = mf.mm
     magic = int.from_bytes(mm[4:8], "big", signed=True)
     if magic not in (F.MESSAGE_MAGIC_CODE, F.MESSAGE_MAGIC_CODE_V2):

@@ -2,6 +2,7 @@
 """MessageStore: the composition root (DefaultMessageStore). It wires the CommitLog, the
 ConsumeQueues, the services and recovery together, and delegates every real job to them."""
 import dataclasses
+import errno
 import logging
 import os
 import threading
@@ -93,6 +94,7 @@ class MessageStore:
         self.running_flags = RunningFlags()
         self.disk_usage = disk_usage or disk_usage_source(self.fs)
         self.disk_full_reason = "disk full"
+        self.commitlog.on_disk_full = self._on_disk_full
         (self.topic_configs, self.subscription_groups, self.consumer_offsets,
          self.delay_offsets) = all_managers(self.root, self.fs, self.clock, read_only)
         self.topic_configs.on_change = self._topic_configs_changed
@@ -191,10 +193,15 @@ class MessageStore:
             if rebuilding is not None:
                 repair.end_pending_rebuild(self)
             self._load_configs()
-        except BaseException:
+        except BaseException as exc:
             self._close_files()
             if self._lock is not None:
                 self._lock.release()
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                raise StoreLoadError(
+                    f"disk full: {exc}. Opening {self.root} for writing (and recovering it) "
+                    f"needs space: free some, or open it read-only "
+                    f"(MessageStore.open_read_only)") from exc
             raise
         self._loaded = True
         return self.recovery_report
@@ -316,7 +323,12 @@ class MessageStore:
             self.flush_cq_service.shutdown()
             self._indexer.flush()
             self.commitlog.shutdown()
-            self.persist_configs()
+            try:
+                self.persist_configs()
+            except OSError as exc:
+                # A full disk must not stop the shutdown half-way: the config files keep
+                # their last complete version, and the data is flushed and closed below.
+                log.error("could not write the config files: %s", exc)
             self.checkpoint.flush()
             if caught_up:
                 self.fs.remove(abort_path(self.root))
@@ -359,7 +371,8 @@ class MessageStore:
             cq = queues.get(queue_id)
             if cq is None:
                 cq = ConsumeQueue(self.root, topic, queue_id, self.config.cq_file_size,
-                                  self.kernels, self.fs, writable=self.writable)
+                                  self.kernels, self.fs, writable=self.writable,
+                                  reserve_window=self.config.consume_queue_reserve_window)
                 queues[queue_id] = cq
                 self._cq_raw[(topic.encode("utf-8"), queue_id)] = cq
             return cq
@@ -410,6 +423,13 @@ class MessageStore:
                                      empty, 0, 0, reason=_SLAVE_REASON if self.is_slave
                                      else self._not_writeable_reason())
         return self.commitlog.put_messages(list(msgs), self.clock, batch_properties)
+
+    def _on_disk_full(self, reason):
+        """A reservation found the disk full: refuse puts before the lock from now on, until
+        the disk check sees space again (CleanCommitLogService.is_space_full)."""
+        self.disk_full_reason = reason
+        if self.running_flags.get_and_make_disk_full():
+            log.error("%s: puts are refused until space is freed", reason)
 
     def _not_writeable_reason(self):
         flags = self.running_flags

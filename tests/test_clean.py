@@ -406,9 +406,14 @@ def test_enospc_while_rolling_refuses_the_put_and_keeps_every_message(tmp_path, 
     testing.wait_dispatched(store)
     got = read_all(store)
     assert [m.body[:3] for m in got] == [b"%03d" % i for i in range(len(stored))]
+    # The refusal marked the disk full: later puts are refused at once, until the disk
+    # check sees space again.
+    assert store.running_flags.is_disk_full
     rs = store.put_messages([Message("TopicA", b"y" * 200) for _ in range(3)])
-    assert rs.status is PutMessageStatus.CREATE_MAPEDFILE_FAILED and rs.count == 0
+    assert rs.status is PutMessageStatus.SERVICE_NOT_AVAILABLE and rs.count == 0
+    assert "No space left" in rs.reason
     fs.full = False
+    assert not store.clean_commitlog_service.is_space_full()
     r = store.put_message(Message("TopicA", b"after"))
     assert r.ok and r.queue_offset == len(stored) and r.commit_log_offset == FILE
     store.shutdown()
@@ -431,6 +436,7 @@ def test_enospc_in_the_middle_of_a_batch_stores_the_head_and_leaves_no_offset_ga
         assert rs.status is PutMessageStatus.CREATE_MAPEDFILE_FAILED
         assert 0 < rs.count < 30 and list(rs.queue_offsets) == list(range(rs.count))
         fs.full = False
+        assert not store.clean_commitlog_service.is_space_full()
         r = store.put_message(Message("TopicA", b"next"))
         assert r.ok and r.queue_offset == rs.count
         testing.wait_dispatched(store)

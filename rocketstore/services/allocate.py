@@ -1,10 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""AllocateMappedFileService: creates and pre-faults the next CommitLog file ahead of time, so
-an append never waits for file creation or pays first-touch page faults."""
+"""AllocateMappedFileService: creates the next CommitLog file ahead of time, and reserves and
+pre-faults a bounded window of it, so an append never waits for file creation; it also
+pre-faults each window the writer reserves, so appends pay no first-touch page faults. RSS and
+allocated disk follow the data, never a whole 1 GiB file ahead of it."""
 import logging
 import os
 import threading
 
+from ..format import OS_PAGE_SIZE
 from ..mapped_file import MappedFile
 from .base import ServiceThread
 
@@ -14,27 +17,51 @@ log = logging.getLogger(__name__)
 class AllocateMappedFileService(ServiceThread):
     name = "AllocateMappedFileService"
 
-    def __init__(self, file_size, kernels, fs, prefault=True, pool=None):
+    def __init__(self, file_size, kernels, fs, prefault=True, pool=None, reserve_window=0):
         super().__init__()
         self.pool = pool
         self.file_size = file_size
         self._k = kernels
         self._fs = fs
         self._prefault = prefault
+        self._window = reserve_window
+        self._populate = []        # (MappedFile, start, end) reserved by the writer, to fault in
         self._lock = threading.Condition()
         self._wanted = None        # path of the file to prepare next
         self._making = None        # path being prepared right now
         self._ready = {}           # path -> MappedFile prepared in the background
 
     def _make(self, path, prefault):
-        # CommitLog files get their blocks up front: a full disk then fails the file's
-        # creation (CREATE_MAPEDFILE_FAILED) instead of a later write through the mapping,
-        # which would kill the process with SIGBUS.
+        # A sparse file; the writer reserves its blocks a window at a time (MappedFile.reserve).
+        # Made ahead of time, the first window is reserved and faulted in here already.
         mf = MappedFile(path, self.file_size, self._k, self._fs, pool=self.pool,
-                        preallocate=True)
+                        reserve_window=self._window)
         if prefault:
-            self._fs.prefault(mf.mm)
+            try:
+                mf.reserve(1)
+            except OSError:
+                mf.destroy()
+                raise
+            self._fs.prefault(mf.mm, 0, mf.reserved_position)
         return mf
+
+    def populate(self, mf, start, end):
+        """Fault in [start, end) of `mf` on this thread (the writer just reserved it)."""
+        if self._prefault:
+            with self._lock:
+                self._populate.append((mf, start, end))
+            self.wakeup()
+
+    def _populate_pending(self):
+        with self._lock:
+            todo, self._populate = self._populate, []
+        for mf, start, end in todo:
+            # No hold(): a borrower would make cleaning retry the file later. madvise runs
+            # under the GIL, so the mapping cannot close during it; a closed one raises
+            # ValueError, which prefault ignores.
+            if mf.is_available:
+                start -= start % OS_PAGE_SIZE
+                self._fs.prefault(mf.mm, start, end - start)
 
     def take(self, path, next_offset):
         """The file at `path` (prepared, or created now), and queue the one after it."""
@@ -57,6 +84,7 @@ class AllocateMappedFileService(ServiceThread):
 
     def run_once(self):
         self.wait_for_running(1000)
+        self._populate_pending()
         with self._lock:
             path = self._wanted
             self._wanted = None
@@ -66,8 +94,9 @@ class AllocateMappedFileService(ServiceThread):
         mf = None
         try:
             mf = self._make(path, self._prefault)
-        except OSError:
-            log.exception("could not pre-allocate %s", path)
+        except OSError as exc:
+            # The writer creates the file itself when it needs it, and meets the error then.
+            log.error("could not pre-allocate %s: %s", path, exc)
         finally:
             with self._lock:
                 if mf is not None:
@@ -80,5 +109,6 @@ class AllocateMappedFileService(ServiceThread):
         # later load see a longer queue than was written.
         with self._lock:
             ready, self._ready = self._ready, {}
+            self._populate = []
         for mf in ready.values():
             mf.destroy()

@@ -1,0 +1,445 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A full disk refuses puts with a reason and never kills the process (SIGBUS), before or
+after a reopen; a store's disk and memory footprint follows its data, not its file sizes.
+
+The store runs in a child process (tests/crashers/full_disk.py) on a small tmpfs mounted
+here: a write through a mapping to a page the file system cannot allocate raises SIGBUS,
+which would otherwise kill pytest itself. tmpfs also allocates a hole merely read through
+a mapping, so it catches reads of never-written space too.
+"""
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rocketstore import Message, MessageStore, PutMessageStatus, StoreConfig, testing
+from rocketstore.errors import StoreLoadError
+from rocketstore.fs import FileSystem
+
+CHILD = os.path.join(os.path.dirname(__file__), "crashers", "full_disk.py")
+MiB = 1 << 20
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 16 MiB tmpfs, mounted for the test."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+def resize(mnt, mib):
+    """Grow the tmpfs: space freed without deleting anything."""
+    subprocess.run(["mount", "-o", f"remount,size={mib}m", str(mnt)], check=True)
+
+
+def child(backend, *args, returncode=0):
+    """Run the child; every line it printed, parsed. It must exit normally (or as told)."""
+    proc = subprocess.run([sys.executable, CHILD, *map(str, args), "--backend", backend],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode != -signal.SIGBUS, "killed by SIGBUS:\n" + proc.stderr[-3000:]
+    assert proc.returncode == returncode, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert not [x for x in lines if "error" in x], lines
+    return lines
+
+
+def acks_and_refusals(lines, killed=False):
+    acks = [x["ack"] for x in lines if "ack" in x]
+    refusals = [x for x in lines if "refused" in x]
+    assert killed or lines[-1] == {"shutdown": "ok"}
+    return acks, refusals
+
+
+def assert_refused_for_disk_full(refusals):
+    assert len(refusals) == 4, refusals
+    first, *later = refusals
+    assert first["refused"] in ("SERVICE_NOT_AVAILABLE", "CREATE_MAPEDFILE_FAILED")
+    assert "disk full" in first["reason"] and "No space left" in first["reason"]
+    # The store knows the disk is full now: later puts are refused before the put lock.
+    for r in later:
+        assert r["refused"] == "SERVICE_NOT_AVAILABLE" and "disk full" in r["reason"]
+
+
+def field(lines, key):
+    found = [x for x in lines if key in x]
+    return found[0] if found else None
+
+
+def check_reopen(backend, root, acks, next_id, room):
+    """Reopen (full disk or not): no signal, every acknowledged message is there. Returns
+    the acknowledged ids, with the reopened store's own put if it was acknowledged."""
+    lines = child(backend, "check", root, "--start", next_id, *(["--room"] if room else []))
+    load_error = field(lines, "load_error")
+    walk = field(lines, "walk")["walk"]
+    put = field(lines, "put")
+    if room:
+        assert load_error is None, load_error
+        assert put["put"] == "PUT_OK", put
+    elif load_error is not None:
+        # Recovery that has to write on a full disk fails with a clear error; the store
+        # still opens read-only.
+        assert load_error["load_error"].startswith("disk full:"), load_error
+    elif put["put"] != "PUT_OK":
+        # A put may still fit the blocks reserved before the disk filled; else refused.
+        assert put["put"] == "SERVICE_NOT_AVAILABLE" and "disk full" in put["reason"], put
+    if put is not None and put["put"] == "PUT_OK":
+        acks = acks + [next_id]
+    assert walk == acks
+    if room:
+        assert field(lines, "queues")["queues"] == sorted(acks)
+    return acks
+
+
+@pytest.mark.parametrize("name", testing.backend_params())
+def test_full_disk_after_data_refuses_puts_and_keeps_every_acknowledged_message(
+        small_disk, name):
+    root = small_disk / "store"
+    filler = small_disk / "filler"
+    acks, refusals = acks_and_refusals(
+        child(name, "put", root, "--fill", filler, "--fill-after", 200))
+    assert len(acks) >= 200 and acks == list(range(len(acks)))
+    assert_refused_for_disk_full(refusals)
+    acks = check_reopen(name, root, acks, 900_000, room=False)
+    os.remove(filler)
+    check_reopen(name, root, acks, 900_001, room=True)
+
+
+@pytest.mark.parametrize("name", testing.backend_params())
+def test_full_disk_then_a_crash_reopens_without_a_signal_and_keeps_every_message(
+        small_disk, name):
+    root = small_disk / "store"
+    filler = small_disk / "filler"
+    lines = child(name, "put", root, "--fill", filler, "--fill-after", 300, "--kill",
+                  returncode=-signal.SIGKILL)
+    acks, refusals = acks_and_refusals(lines, killed=True)
+    assert len(acks) >= 300 and acks == list(range(len(acks)))
+    assert_refused_for_disk_full(refusals)
+    acks = check_reopen(name, root, acks, 900_000, room=False)
+    os.remove(filler)
+    check_reopen(name, root, acks, 900_001, room=True)
+
+
+@pytest.mark.parametrize("name", testing.backend_params())
+def test_full_disk_before_any_message_refuses_puts_and_reopens(small_disk, name):
+    root = small_disk / "store"
+    filler = small_disk / "filler"
+    acks, refusals = acks_and_refusals(
+        child(name, "put", root, "--fill", filler, "--fill-after", 0))
+    assert acks == []
+    assert_refused_for_disk_full(refusals)
+    acks = check_reopen(name, root, acks, 900_000, room=False)
+    os.remove(filler)
+    check_reopen(name, root, acks, 900_001, room=True)
+
+
+@pytest.mark.parametrize("name", testing.backend_params())
+def test_store_filling_its_own_disk_refuses_puts_and_keeps_every_acknowledged_message(
+        small_disk, name):
+    root = small_disk / "store"
+    acks, refusals = acks_and_refusals(child(name, "put", root))
+    assert len(acks) > 1000 and acks == list(range(len(acks)))
+    assert_refused_for_disk_full(refusals)
+    acks = check_reopen(name, root, acks, 900_000, room=False)
+    resize(small_disk, 32)
+    check_reopen(name, root, acks, 900_001, room=True)
+
+
+# ---- footprint ---------------------------------------------------------------------------
+
+def allocated(root):
+    """Bytes of disk the files under `root` hold (blocks, not apparent sizes)."""
+    total = apparent = 0
+    for d, _, names in os.walk(root):
+        for n in names:
+            st = os.stat(os.path.join(d, n))
+            total += st.st_blocks * 512
+            apparent += st.st_size
+    return total, apparent
+
+
+def resident_in(root):
+    """Bytes of this process's mappings of files under `root` that are in memory (RSS)."""
+    rss = 0
+    inside = False
+    prefix = os.path.realpath(root) + os.sep
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+                inside = len(head) >= 6 and head[5].startswith(prefix)
+            elif inside and head[0] == "Rss:":
+                rss += int(head[1]) * 1024
+    return rss
+
+
+def test_one_small_message_takes_a_window_of_disk_and_memory_not_whole_files(tmp_path,
+                                                                             backend):
+    """RocketMQ's default file sizes (1 GiB CommitLog, 6 MB ConsumeQueue, 420 MB index):
+    the files keep their apparent sizes, but hold blocks and memory for a bounded window
+    ahead of the writer (16 MiB CommitLog, 16 KiB queue) plus the index slot table."""
+    root = tmp_path / "store"
+    cfg = StoreConfig()
+    with MessageStore(root, cfg, kernels=backend) as store:
+        r = store.put_message(Message("TopicA", b"x", keys="k"))
+        assert r.ok
+        testing.wait_dispatched(store)
+        store.commitlog.flush()
+        disk, apparent = allocated(root)
+        rss = resident_in(root)
+    window = cfg.commit_log_reserve_window
+    slots = cfg.max_hash_slot_num * 4
+    assert apparent > 1 << 30
+    # The file being written and the next one (made ahead of time) hold a window each.
+    assert disk <= 2 * window + slots + 4 * MiB, disk
+    assert rss <= 2 * window + 4 * MiB, rss
+    # Reopened, nothing new is allocated for what is already there.
+    with MessageStore(root, cfg, kernels=backend) as store:
+        assert store.look_message_by_offset(r.commit_log_offset).body == b"x"
+    assert allocated(root)[0] <= 2 * window + slots + 4 * MiB
+
+
+def test_reserve_window_must_not_be_negative():
+    from rocketstore.errors import ConfigError
+    with pytest.raises(ConfigError, match="commit_log_reserve_window"):
+        StoreConfig(commit_log_reserve_window=-1)
+    with pytest.raises(ConfigError, match="consume_queue_reserve_window"):
+        StoreConfig(consume_queue_reserve_window=-1)
+
+
+# ---- in process, with a file system double that refuses reservations ----------------------
+
+class NoSpace(FileSystem):
+    """Refuses every reservation of a path containing `where` with ENOSPC while `full`."""
+
+    def __init__(self, where=os.sep):
+        self.where = where
+        self.full = False
+
+    def reserve(self, path, offset, length):
+        if self.full and self.where in path:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return super().reserve(path, offset, length)
+
+
+def small(**kw):
+    return testing.small_config(**{"mapped_file_size_commit_log": 64 * 1024,
+                                   "commit_log_reserve_window": 8192, **kw})
+
+
+def bodies(store, topic="TopicA", queue_id=0):
+    out, offset = [], 0
+    while True:
+        got = store.get_message("g", topic, queue_id, offset, 32)
+        if not got.messages:
+            return out
+        out.extend(m.body for m in got.messages)
+        offset = got.next_begin_offset
+
+
+def test_a_refused_reservation_answers_service_not_available_and_marks_the_disk_full(
+        tmp_path, backend):
+    fs = NoSpace()
+    store = testing.open_store(tmp_path / "s", backend, config=small(), fs=fs)
+    try:
+        ok = [store.put_message(Message("TopicA", b"m%d" % i)) for i in range(3)]
+        assert all(r.ok for r in ok)
+        fs.full = True
+        for _ in range(100):    # the window reserved so far still takes puts
+            r = store.put_message(Message("TopicA", b"x" * 500))
+            if not r.ok:
+                break
+            ok.append(r)
+        assert r.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+        assert "disk full" in r.reason and "commitlog" in r.reason
+        assert store.running_flags.is_disk_full
+        rs = store.put_messages([Message("TopicA", b"y")] * 2)
+        assert rs.status is PutMessageStatus.SERVICE_NOT_AVAILABLE and rs.count == 0
+        fs.full = False
+        assert not store.clean_commitlog_service.is_space_full()
+        r = store.put_message(Message("TopicA", b"after"))
+        assert r.ok and r.queue_offset == len(ok)
+        testing.wait_dispatched(store)
+        assert len(bodies(store)) == len(ok) + 1 and bodies(store)[-1] == b"after"
+    finally:
+        store.shutdown()
+
+
+def test_a_batch_refused_by_the_disk_gives_its_queue_offsets_back(tmp_path, backend):
+    fs = NoSpace()
+    store = testing.open_store(tmp_path / "s", backend, config=small(), fs=fs)
+    try:
+        fs.full = True
+        rs = store.put_messages([Message("TopicA", b"z" * 3000) for _ in range(30)])
+        assert rs.status is PutMessageStatus.SERVICE_NOT_AVAILABLE and rs.count == 0
+        assert "disk full" in rs.reason
+        fs.full = False
+        store.clean_commitlog_service.is_space_full()
+        r = store.put_message(Message("TopicA", b"next"))
+        assert r.ok and r.queue_offset == 0
+    finally:
+        store.shutdown()
+
+
+def test_queue_writes_refused_by_the_disk_are_retried_by_reput(tmp_path, backend):
+    fs = NoSpace(where=os.sep + "consumequeue" + os.sep)
+    store = testing.open_store(tmp_path / "s", backend, config=small(), fs=fs)
+    try:
+        fs.full = True
+        assert store.put_message(Message("TopicA", b"queued later")).ok
+        reput = store.reput_service
+        for _ in range(10_000):
+            if reput._failures:
+                break
+            reput.wakeup()
+            time.sleep(0.001)
+        assert reput._failures and bodies(store) == []
+        fs.full = False
+        testing.wait_dispatched(store, timeout=30)
+        assert bodies(store) == [b"queued later"]
+    finally:
+        store.shutdown()
+
+
+def test_recovery_that_must_write_on_a_full_disk_fails_clearly_and_loses_nothing(tmp_path,
+                                                                                backend):
+    root = tmp_path / "s"
+    store = testing.open_store(root, backend, config=small())
+    for i in range(50):
+        assert store.put_message(Message("TopicA", b"r%d" % i)).ok
+    store.shutdown()
+    # Queues lost: abnormal recovery rebuilds them from the CommitLog, which writes.
+    shutil.rmtree(root / "consumequeue")
+    fs = NoSpace()
+    fs.full = True
+    again = MessageStore(root, small(), kernels=backend, fs=fs)
+    with pytest.raises(StoreLoadError, match="^disk full: .*open it read-only"):
+        again.load(force_recovery=True)
+    ro = MessageStore.open_read_only(root, small(), kernels=backend)
+    try:
+        assert [m.body for m in ro.iter_messages()] == [b"r%d" % i for i in range(50)]
+    finally:
+        ro.shutdown()
+    fs.full = False
+    again = MessageStore(root, small(), kernels=backend, fs=fs)
+    again.load(force_recovery=True)
+    again.start()
+    try:
+        assert bodies(again) == [b"r%d" % i for i in range(50)]
+    finally:
+        again.shutdown()
+
+
+def test_shutdown_completes_when_the_config_files_cannot_be_written(tmp_path, backend):
+    class FullForJson(FileSystem):
+        def write_bytes(self, path, data, sync=True):
+            if path.endswith(".json.tmp"):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+            return super().write_bytes(path, data, sync)
+
+    root = tmp_path / "s"
+    store = testing.open_store(root, backend, config=small(), fs=FullForJson())
+    assert store.put_message(Message("TopicA", b"kept")).ok
+    with pytest.raises(OSError, match="No space left"):
+        store.update_topic_config("TopicA")
+    store.commit_offset("g", "TopicA", 0, 1)
+    store.shutdown()
+    assert not os.path.exists(root / "abort") and not os.path.exists(root / "lock.held")
+    again = testing.open_store(root, backend, config=small())
+    try:
+        assert again.recovery_report.normal and bodies(again) == [b"kept"]
+    finally:
+        again.shutdown()
+
+
+class Budget(FileSystem):
+    """A disk with `left` bytes free for reservations."""
+
+    def __init__(self, left):
+        self.left = left
+
+    def reserve(self, path, offset, length):
+        if length > self.left:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        self.left -= length
+        return super().reserve(path, offset, length)
+
+
+def test_a_window_the_disk_cannot_fit_shrinks_to_what_the_write_needs(tmp_path, backend):
+    from rocketstore.mapped_file import MappedFile
+    fs = Budget(3 * 4096)
+    mf = MappedFile(str(tmp_path / ("%020d" % 0)), 1 << 20, backend, fs, reserve_window=65536)
+    try:
+        assert mf.reserve(100) == (0, 4096)         # the window does not fit: one page
+        assert mf.reserve(4096) == (4096, 4096)     # already reserved: no call
+        assert mf.reserve(4097 + 4096) == (4096, 3 * 4096)
+        with pytest.raises(OSError) as exc:
+            mf.reserve(3 * 4096 + 1)
+        assert exc.value.errno == errno.ENOSPC and mf.reserved_position == 3 * 4096
+        assert os.stat(mf.path).st_blocks * 512 == 3 * 4096
+    finally:
+        mf.destroy()
+
+
+def test_a_new_store_on_a_full_disk_fails_to_load_with_a_clear_error(tmp_path, backend):
+    fs = NoSpace()
+    fs.full = True
+    root = tmp_path / "s"
+    store = MessageStore(root, small(), kernels=backend, fs=fs)
+    with pytest.raises(StoreLoadError, match="^disk full: .*checkpoint"):
+        store.load()
+    fs.full = False
+    store = testing.open_store(root, backend, config=small(), fs=fs)     # lock released
+    try:
+        assert store.put_message(Message("TopicA", b"first")).ok
+    finally:
+        store.shutdown()
+
+
+def test_a_replicated_append_on_a_full_disk_raises_enospc_and_writes_nothing(tmp_path,
+                                                                            backend):
+    src = testing.open_store(tmp_path / "master", backend, config=small())
+    try:
+        assert src.put_message(Message("TopicA", b"replicated")).ok
+        data = src.commitlog.get_data(0, src.commitlog.max_offset)
+    finally:
+        src.shutdown()
+    fs = NoSpace()
+    slave = MessageStore(tmp_path / "slave", small(), kernels=backend, fs=fs)
+    slave.load()
+    fs.full = True
+    try:
+        with pytest.raises(OSError) as exc:
+            slave.commitlog.append_data(0, data)
+        assert exc.value.errno == errno.ENOSPC and slave.commitlog.max_offset == 0
+        fs.full = False
+        assert slave.commitlog.append_data(0, data)
+        assert [m.body for m in slave.iter_messages()] == [b"replicated"]
+    finally:
+        slave.shutdown()
+
+
+def test_a_file_ended_through_a_write_buffer_has_every_committed_byte_reserved(tmp_path,
+                                                                              backend):
+    """With the transient store pool the commit copies a finished file's whole tail (past
+    the blank record) into the mapping: that tail must be reserved too."""
+    cfg = small(commit_log_reserve_window=0, transient_store_pool_enable=True,
+                transient_store_pool_size=3)
+    store = testing.open_store(tmp_path / "s", backend, config=cfg)
+    try:
+        while len(store.commitlog.mfq.files) < 3:
+            assert store.put_message(Message("TopicA", b"p" * 6000)).ok
+        for mf in store.commitlog.mfq.files[:-1]:
+            assert mf.reserved_position == mf.file_size
+    finally:
+        store.shutdown()
