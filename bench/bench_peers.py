@@ -408,8 +408,8 @@ class _Bench:
 
 
 @pytest.fixture(scope="module")
-def bench_state(tmp_path_factory, request):
-    state = _Bench(str(tmp_path_factory.mktemp("peers")))
+def bench_state(module_tmp, request):
+    state = _Bench(str(module_tmp))
     yield state
     state.drop()
     _report(request.config, state.means)
