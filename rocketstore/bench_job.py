@@ -20,7 +20,8 @@ from .config import FlushDiskType
 from .errors import WorkloadCheckError
 from .progress import progress_bar
 from .store import MessageStore
-from .workload import check_puts, check_read_back, make_messages, sized_config
+from .workload import (check_puts, check_read_back, make_messages, sized_config,
+                       wait_dispatched)
 
 # Bodies compared per queue after the consume phase, which has just read every message.
 SAMPLE_PER_QUEUE = 100
@@ -126,8 +127,7 @@ def run_bench(args):
             check_puts(puts, len(msgs))
             nbytes = store.get_max_phy_offset()
             results.append(_phase("produce", len(msgs), nbytes, produce_s, lat))
-            while store.dispatch_behind_bytes() > 0:
-                time.sleep(0.001)
+            wait_dispatched(store, timeout=600)
             # consume every queue through its ConsumeQueue
             lat = []
             got = 0

@@ -50,13 +50,14 @@ def check_puts(results, messages=None):
     return stored
 
 
-def _wait_dispatched(store, timeout=600.0):
+def wait_dispatched(store, timeout=5.0):
+    """Block until reput has dispatched everything written so far."""
     import time
     deadline = time.monotonic() + timeout
     while store.dispatch_behind_bytes() > 0:
         if time.monotonic() > deadline:
             from .errors import WorkloadCheckError
-            raise WorkloadCheckError("the ConsumeQueues did not catch up with the CommitLog")
+            raise WorkloadCheckError(f"reput did not catch up with the CommitLog in {timeout} s")
         time.sleep(0.001)
 
 
@@ -86,7 +87,7 @@ def check_read_back(store, msgs, rounds=1, ordered=True, head_expired=False, sam
     phase has just read everything)."""
     import random
     from .errors import WorkloadCheckError
-    _wait_dispatched(store)
+    wait_dispatched(store, timeout=600)
     by_queue = {}
     for m in msgs:
         by_queue.setdefault((m.topic, m.queue_id), []).append(m.body)
