@@ -55,3 +55,21 @@ def test_a_build_without_a_compiler_says_what_is_missing_and_how_to_install_pure
     assert "no C compiler: '/nonexistent/cc' is not installed or not on PATH" in err
     assert "needs a C compiler and the Python development headers" in err
     assert "ROCKETSTORE_BUILD_CEXT=0 ROCKETSTORE_BUILD_CFFI=0" in err
+
+
+def test_a_build_without_python_headers_says_so(tmp_path):
+    tree = _source_tree(tmp_path / "src")
+    # The interpreter's include directory made to look empty, as without python3-dev; the
+    # compiler (/bin/false, which exists) then fails as it would on the missing Python.h.
+    hide_headers = ("import runpy, sysconfig; real = sysconfig.get_paths; "
+                    "sysconfig.get_paths = lambda *a, **k: {**real(*a, **k), "
+                    "'include': '/nonexistent/include'}; "
+                    "runpy.run_path('setup.py', run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", hide_headers, "-q", "build_ext", "-b",
+                        str(tmp_path / "out"), "-t", str(tmp_path / "tmp")], cwd=tree,
+                       capture_output=True, text=True,
+                       env={**os.environ, "ROCKETSTORE_BUILD_CEXT": "0", "CC": "/bin/false"})
+    assert r.returncode != 0
+    assert "no Python headers: /nonexistent/include/Python.h does not exist" in r.stderr
+    assert "no C compiler" not in r.stderr
+    assert "ROCKETSTORE_BUILD_CEXT=0 ROCKETSTORE_BUILD_CFFI=0" in r.stderr
