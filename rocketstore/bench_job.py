@@ -92,12 +92,23 @@ def _produce(store, msgs, batch, threads, bar):
 
     if threads == 1:
         work(msgs)
-    else:
-        ts = [threading.Thread(target=work, args=(c,)) for c in chunks]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
+        return latencies, results
+    errors = []
+
+    def guarded(chunk):
+        # A put that raises (bad input) reaches the caller, and so the CLI's one-line error,
+        # instead of a thread's traceback.
+        try:
+            work(chunk)
+        except Exception as exc:
+            errors.append(exc)
+    ts = [threading.Thread(target=guarded, args=(c,)) for c in chunks]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise errors[0]
     return latencies, results
 
 

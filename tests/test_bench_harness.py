@@ -124,3 +124,14 @@ def test_bench_on_a_full_disk_ends_with_a_one_line_error(tiny_disk):
     assert lines[0].startswith("rocketstore bench: error: put 1 of 5000 answered "
                                "CREATE_MAPEDFILE_FAILED")
     assert "No space left on device" in lines[0]
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_bench_refusing_a_message_ends_with_a_one_line_error(threads):
+    # Bodies over max_message_size (4 MiB): every put raises MessageIllegalError, in the
+    # producer threads too.
+    r = testing.run_cli("bench", "--messages", "4", "--size", str(5 << 20), "--threads", threads)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        "rocketstore bench: error: MESSAGE_ILLEGAL: body is 5242880 bytes; max_message_size "
+        "is 4194304"]
