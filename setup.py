@@ -8,13 +8,19 @@ Switches (environment): ROCKETSTORE_BUILD_CEXT=0 and ROCKETSTORE_BUILD_CFFI=0 sk
 (both for a pure-Python install); ROCKETSTORE_DEBUG=1 builds with asserts, -O0 -g and Cython
 line tracing + annotation; ROCKETSTORE_SANITIZE=address,undefined builds both modules with those
 sanitizers (run them with the runtimes preloaded: scripts/sanitize-tests). A compiler error fails
-the build: there is no soft fallback.
+the build: there is no soft fallback, but the error says what is missing and how to install the
+pure-Python backend instead.
 """
 import glob
 import os
 import platform
+import shutil
+import sys
+import sysconfig
 
 from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.errors import CompileError
 
 
 def _switch(name, default):
@@ -48,8 +54,52 @@ def _compile_args():
     return ["-O3", "-std=c99", "-Wall", "-Wextra"] + _sanitize_args()
 
 
+PURE_INSTALL = ("set ROCKETSTORE_BUILD_CEXT=0 ROCKETSTORE_BUILD_CFFI=0 and run the same pip "
+                "install again")
+
+
+def _missing_tools(compiler):
+    """What a C build of an extension needs and this machine lacks, as sentences."""
+    missing = []
+    cc = getattr(compiler, "compiler_so", None) or getattr(compiler, "compiler", None)
+    exe = cc[0] if cc else None
+    if exe and not (os.path.isfile(exe) or shutil.which(exe)):
+        missing.append(f"no C compiler: {exe!r} is not installed or not on PATH (set CC to "
+                       "another one)")
+    header = os.path.join(sysconfig.get_paths()["include"], "Python.h")
+    if not os.path.exists(header):
+        missing.append(f"no Python headers: {header} does not exist")
+    return missing
+
+
+class explaining_build_ext(build_ext):
+    """build_ext whose failures say what a source build needs (a C compiler and the Python
+    headers) and how to install without compiling, instead of only a compiler's exit status."""
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as exc:
+            found = _missing_tools(self.compiler) or [
+                "the C compiler and the Python headers were found; see its output above"]
+            raise CompileError(
+                f"rocketstore: building the compiled backend {ext.name} failed: {exc}\n  - "
+                + "\n  - ".join(found)
+                + "\nA source build needs a C compiler and the Python development headers, "
+                  "e.g. `apt-get install gcc python3-dev` (Debian, Ubuntu), `dnf install gcc "
+                  "python3-devel` (Fedora, RHEL), `xcode-select --install` (macOS).\n"
+                  "Or install the pure-Python backend alone (same files, slower): "
+                  + PURE_INSTALL) from exc
+
+
 def _cext_modules():
-    from Cython.Build import cythonize
+    try:
+        from Cython.Build import cythonize
+    except ImportError:
+        sys.exit("rocketstore: the Cython backend needs Cython>=3 to build (pip installs it "
+                 "from pyproject.toml; `python setup.py` alone does not). Or skip it "
+                 "(ROCKETSTORE_BUILD_CEXT=0), or both compiled backends for a pure-Python "
+                 "install: " + PURE_INSTALL)
 
     directives = {"language_level": 3, "boundscheck": False, "wraparound": False}
     macros = []
@@ -75,5 +125,6 @@ setup(
     package_data={"rocketstore": ["py.typed"]},
     ext_modules=_cext_modules() if BUILD_CEXT else [],
     cffi_modules=["csrc/build_cffi.py:ffibuilder"] if BUILD_CFFI else [],
+    cmdclass={"build_ext": explaining_build_ext},
     zip_safe=False,
 )

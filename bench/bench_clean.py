@@ -9,16 +9,19 @@ figures are the same producer for 0.1 s with no round running: the gap between t
 two is what cleaning costs a put (GIL hand-offs between threads dominate both maxima).
 Files are 4 KiB so the setup is quick."""
 import contextlib
+import shutil
 import statistics
 import threading
 import time
 
 from rocketstore import Message, MessageStore, testing
+from rocketstore.workload import check_puts, check_read_back
 
 FILES = 1000
 FILE_SIZE = 4096
 BODY = b"b" * 200
 HOUR = 3_600_000
+PRODUCED = Message("Bench", BODY, queue_id=0)      # what the producer thread puts
 
 
 class Clock:
@@ -30,18 +33,20 @@ class Clock:
 
 
 @contextlib.contextmanager
-def producing(store):
-    """A producer thread putting one message after another; yields its latency list."""
+def producing(store, results):
+    """A producer thread putting one message after another into `results`; yields its latency
+    list."""
     stop = threading.Event()
     lat = []
-    msg = Message("Bench", BODY, queue_id=0)
+    msg = PRODUCED
 
     def produce():
         put = store.put_message
+        keep = results.append
         clock = time.perf_counter
         while not stop.is_set():
             t0 = clock()
-            put(msg)
+            keep(put(msg))
             lat.append(clock() - t0)
     producer = threading.Thread(target=produce)
     producer.start()
@@ -59,23 +64,37 @@ def test_clean_round_over_1000_expired_files_while_putting(benchmark, backend, t
         delete_consume_queue_files_interval=0)
     stores = []
     stats = {"lat": [], "base": [], "round": [], "deleted": []}
+    last = {}                           # the round's store, its messages and put results
 
-    def setup():
+    def check_and_close():
+        if last:
+            produced = len(last["results"]) - last["batches"]
+            check_puts(last["results"])
+            # What cleaning left (the newest files) reads back as the tail of what was put.
+            check_read_back(last["store"], last["msgs"] + [PRODUCED] * produced,
+                            head_expired=True)
+            last.clear()
         for s in stores:
             s.shutdown()
+        stores.clear()
+        for root in tmp_path.iterdir():        # rounds do not pile up on the disk
+            shutil.rmtree(root)
+
+    def setup():
+        check_and_close()
         clock = Clock()
-        store = MessageStore(tmp_path / f"s{len(stores)}", config, clock=clock,
+        store = MessageStore(tmp_path / f"s{len(stats['round'])}", config, clock=clock,
                              kernels=backend, disk_usage=lambda path: 0.80)
         store.load()
         store.start()
         stores.append(store)
         per_file = FILE_SIZE // 300
         msgs = [Message("Bench", BODY, queue_id=i % 4) for i in range(per_file * (FILES + 1))]
-        for i in range(0, len(msgs), 1000):
-            store.put_messages(msgs[i:i + 1000])
+        results = [store.put_messages(msgs[i:i + 1000]) for i in range(0, len(msgs), 1000)]
+        last.update(store=store, msgs=msgs, batches=len(results), results=results)
         testing.wait_dispatched(store, timeout=60)
         # Baseline: the same producer for 0.1 s with no cleaning round.
-        with producing(store) as lat:
+        with producing(store, results) as lat:
             time.sleep(0.1)
         stats["base"].extend(lat)
         testing.wait_dispatched(store, timeout=60)
@@ -83,7 +102,7 @@ def test_clean_round_over_1000_expired_files_while_putting(benchmark, backend, t
         return (store,), {}
 
     def run(store):
-        with producing(store) as lat:
+        with producing(store, last["results"]) as lat:
             t0 = time.perf_counter()
             deleted = store.clean_files_periodically()
             stats["round"].append(time.perf_counter() - t0)
@@ -93,9 +112,10 @@ def test_clean_round_over_1000_expired_files_while_putting(benchmark, backend, t
     benchmark.group = "clean round, 1000 expired 4 KiB files, producer running"
     try:
         benchmark.pedantic(run, setup=setup, rounds=3, iterations=1)
+        check_and_close()
     finally:
-        for s in stores:
-            s.shutdown()
+        last.clear()                    # a failed round is reported as it failed
+        check_and_close()
     lat = sorted(stats["lat"])
     per_file = statistics.mean(r / max(1, d) for r, d in zip(stats["round"], stats["deleted"]))
     info = benchmark.extra_info

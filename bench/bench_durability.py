@@ -7,34 +7,29 @@ import time
 
 import pytest
 
-from rocketstore import FlushDiskType, MessageStore, StoreConfig
-from rocketstore.workload import make_messages
+from rocketstore import FlushDiskType, MessageStore
+from rocketstore.workload import check_puts, check_read_back, make_messages, sized_config
 
 N = 20_000
 BATCH = 1000
 
 
-def _store(root, backend, **kw):
-    cfg = StoreConfig(mapped_file_size_commit_log=256 << 20, **kw)
-    s = MessageStore(root, cfg, kernels=backend)
-    s.load()
-    s.start()
-    return s
-
-
-def test_sync_flush_put_messages(benchmark, backend, tmp_path):
-    store = _store(tmp_path / "s", backend, flush_disk_type=FlushDiskType.SYNC_FLUSH)
-    batches = [make_messages(BATCH, start=i) for i in range(0, N, BATCH)]
+def test_sync_flush_put_messages(benchmark, backend, store_factory):
+    msgs = make_messages(N)
+    store = store_factory(backend, msgs, 4, flush_disk_type=FlushDiskType.SYNC_FLUSH)
+    batches = [msgs[i:i + BATCH] for i in range(0, N, BATCH)]
+    results = []
+    keep = results.append
 
     def run():
         for b in batches:
-            assert store.put_messages(b).status.name == "PUT_OK"
+            keep(store.put_messages(b))
     benchmark.group = "SYNC_FLUSH put_messages (batches of 1000)"
     benchmark.extra_info["messages"] = N
-    try:
-        benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
-    finally:
-        store.shutdown()
+    benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
+    runs = len(results) // len(batches)
+    check_puts(results, runs * N)
+    check_read_back(store, msgs, runs)
 
 
 def _fdatasync_p99_us(directory, rounds=200):
@@ -54,19 +49,22 @@ def _fdatasync_p99_us(directory, rounds=200):
 
 
 @pytest.mark.parametrize("threads", [16])
-def test_sync_flush_put_message_threads(benchmark, backend, tmp_path, threads):
-    store = _store(tmp_path / "s", backend, flush_disk_type=FlushDiskType.SYNC_FLUSH)
+def test_sync_flush_put_message_threads(benchmark, backend, tmp_path, store_factory, threads):
     per_thread = 300
     msgs = make_messages(threads * per_thread)
+    store = store_factory(backend, msgs, 3, flush_disk_type=FlushDiskType.SYNC_FLUSH)
     latencies = []
+    results = []
 
     def worker(chunk):
         local = []
+        done = []
         for m in chunk:
             t0 = time.perf_counter()
-            store.put_message(m)
+            done.append(store.put_message(m))
             local.append((time.perf_counter() - t0) * 1e6)
         latencies.extend(local)
+        results.extend(done)
 
     def run():
         ts = [threading.Thread(target=worker, args=(msgs[i::threads],)) for i in range(threads)]
@@ -76,66 +74,81 @@ def test_sync_flush_put_message_threads(benchmark, backend, tmp_path, threads):
             t.join()
     benchmark.group = "SYNC_FLUSH put_message from 16 threads"
     benchmark.extra_info["messages"] = len(msgs)
-    try:
-        benchmark.pedantic(run, rounds=3, iterations=1)
-    finally:
-        store.shutdown()
+    benchmark.pedantic(run, rounds=3, iterations=1)
+    runs = len(results) // len(msgs)
+    check_puts(results, runs * len(msgs))
+    check_read_back(store, msgs, runs, ordered=False)
     latencies.sort()
     benchmark.extra_info["put_p99_us"] = round(latencies[int(0.99 * len(latencies))], 1)
     benchmark.extra_info["fdatasync_p99_us"] = round(_fdatasync_p99_us(str(tmp_path)), 1)
 
 
 @pytest.mark.parametrize("flusher", ["async flush", "no flush service"])
-def test_async_flush_overhead(benchmark, backend, tmp_path, flusher):
-    store = _store(tmp_path / "s", backend, flush_interval_commit_log=50)
+def test_async_flush_overhead(benchmark, backend, store_factory, flusher):
+    msgs = make_messages(N)
+    store = store_factory(backend, msgs, 6, flush_interval_commit_log=50)
     if flusher == "no flush service":
         store.flush_service.shutdown()
-    batches = [make_messages(BATCH, start=i) for i in range(0, N, BATCH)]
+    batches = [msgs[i:i + BATCH] for i in range(0, N, BATCH)]
+    results = []
+    keep = results.append
 
     def run():
         for b in batches:
-            store.put_messages(b)
+            keep(store.put_messages(b))
     benchmark.group = "ASYNC_FLUSH vs no flush service (put_messages)"
     benchmark.extra_info["messages"] = N
-    try:
-        benchmark.pedantic(run, rounds=5, iterations=1, warmup_rounds=1)
-    finally:
-        store.shutdown()
+    benchmark.pedantic(run, rounds=5, iterations=1, warmup_rounds=1)
+    runs = len(results) // len(batches)
+    check_puts(results, runs * N)
+    check_read_back(store, msgs, runs)
 
 
 def _filled_store(root, backend, count):
-    """A closed store holding `count` 1 KiB messages; returns its CommitLog size."""
-    store = _store(root, backend)
-    for i in range(0, count, BATCH):
-        store.put_messages(make_messages(BATCH, body_size=1024, start=i))
-    size = store.get_max_phy_offset()
-    store.shutdown()
-    return size
+    """A closed store holding `count` 1 KiB messages, every one checked; returns its config,
+    CommitLog size and messages."""
+    msgs = make_messages(count, body_size=1024)
+    cfg = sized_config(msgs)
+    with MessageStore(root, cfg, kernels=backend) as store:
+        check_puts([store.put_messages(msgs[i:i + BATCH]) for i in range(0, count, BATCH)],
+                   count)
+        check_read_back(store, msgs)
+        size = store.get_max_phy_offset()
+    return cfg, size, msgs
 
 
-def _open_and_close(root, backend, expect_normal):
-    s = MessageStore(root, StoreConfig(mapped_file_size_commit_log=256 << 20), kernels=backend)
+def _open_and_close(root, cfg, backend, expect_normal):
+    s = MessageStore(root, cfg, kernels=backend)
     s.load()
     assert s.recovery_report.normal is expect_normal
     s.shutdown()
 
 
+def _check_recovered(root, cfg, backend, size, msgs):
+    with MessageStore(root, cfg, kernels=backend) as store:
+        assert store.get_max_phy_offset() == size
+        check_read_back(store, msgs)
+
+
 def test_abnormal_recovery_with_crc(benchmark, backend, tmp_path):
     root = tmp_path / "s"
-    size = _filled_store(root, backend, 200_000)
+    cfg, size, msgs = _filled_store(root, backend, 200_000)
 
     def crash():
         (root / "abort").write_bytes(b"")          # as if the process had died
 
     benchmark.group = "abnormal recovery (CRC checked)"
     benchmark.extra_info["commitlog_bytes"] = size
-    benchmark.pedantic(_open_and_close, args=(root, backend, False), setup=crash, rounds=3,
-                       iterations=1)
+    benchmark.pedantic(_open_and_close, args=(root, cfg, backend, False), setup=crash,
+                       rounds=3, iterations=1)
+    _check_recovered(root, cfg, backend, size, msgs)
 
 
 def test_clean_restart(benchmark, backend, tmp_path):
     root = tmp_path / "s"
-    size = _filled_store(root, backend, 100_000)
+    cfg, size, msgs = _filled_store(root, backend, 100_000)
     benchmark.group = "clean restart"
     benchmark.extra_info["commitlog_bytes"] = size
-    benchmark.pedantic(_open_and_close, args=(root, backend, True), rounds=3, iterations=1)
+    benchmark.pedantic(_open_and_close, args=(root, cfg, backend, True), rounds=3,
+                       iterations=1)
+    _check_recovered(root, cfg, backend, size, msgs)

@@ -12,6 +12,7 @@
 since replication is Python over sockets and the kernels only encode the puts.
 """
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ import pytest
 from rocketstore import MessageStore, StoreConfig
 from rocketstore.config import BrokerRole
 from rocketstore.message import Message
-from rocketstore.workload import make_messages
+from rocketstore.workload import check_puts, check_read_back, make_messages, sized_config
 
 FILE = 256 << 20
 DATA = 192 << 20
@@ -49,7 +50,7 @@ while got < total:
     if not n:
         break
     got += n
-sock.sendall(b"ok")
+sock.sendall(b"%020d" % got)
 """
 
 
@@ -61,25 +62,48 @@ def _config(root, role, **kw):
 
 
 @pytest.fixture(scope="module")
-def filled_master(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ha-master")
+def filled_master(module_tmp):
+    """An ASYNC_MASTER holding DATA bytes of 16 KiB messages, every put checked; yields the
+    store and its messages."""
+    root = module_tmp / "ha-master"
     store = MessageStore(root, _config(root, BrokerRole.ASYNC_MASTER))
     store.load()
     store.start()
     body = os.urandom(16 << 10)
+    msgs, results = [], []
     while store.get_max_phy_offset() < DATA:
-        store.put_messages([Message("Repl", body, queue_id=i % 4) for i in range(256)])
-    yield store
+        batch = [Message("Repl", body, queue_id=i % 4) for i in range(256)]
+        results.append(store.put_messages(batch))
+        msgs += batch
+    check_puts(results, len(msgs))
+    check_read_back(store, msgs)
+    yield store, msgs
     store.shutdown()
 
 
+def _check_slave(root, msgs):
+    """The slave (shut down) holds every message the master had, readable from its queues."""
+    slave = MessageStore.open_read_only(root)
+    try:
+        check_read_back(slave, msgs)
+    finally:
+        slave.shutdown()
+
+
 def test_replication_throughput(benchmark, filled_master, tmp_path):
-    master = filled_master
+    master, msgs = filled_master
     target = master.get_max_phy_offset()
     addr = f"127.0.0.1:{master.ha_service.port}"
     children = []
 
+    def check_last():
+        if children:
+            root = tmp_path / f"slave{len(children) - 1}"
+            _check_slave(root, msgs)
+            shutil.rmtree(root)          # one slave store on the disk at a time
+
     def setup():
+        check_last()
         root = tmp_path / f"slave{len(children)}"
         child = subprocess.Popen([sys.executable, "-c", SLAVE_CHILD, str(root), addr,
                                   str(FILE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -98,17 +122,24 @@ def test_replication_throughput(benchmark, filled_master, tmp_path):
     benchmark.group = "HA: copy a 192 MiB CommitLog over loopback"
     benchmark.name = "replication (HAService -> HAClient)"
     benchmark.extra_info["bytes"] = target
-    benchmark.pedantic(run, setup=setup, rounds=3, iterations=1)
+    try:
+        benchmark.pedantic(run, setup=setup, rounds=3, iterations=1)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    check_last()
 
 
 def test_raw_socket_copy_baseline(benchmark, filled_master):
     import socket
-    master = filled_master
+    master, _ = filled_master
     mf = master.commitlog.mfq.files[0]
     total = mf.read_position
     listen = socket.create_server(("127.0.0.1", 0))
     port = listen.getsockname()[1]
-    state = {}
+    state = {"received": []}
 
     def setup():
         state["child"] = subprocess.Popen([sys.executable, "-c", RAW_CHILD, str(port),
@@ -121,7 +152,7 @@ def test_raw_socket_copy_baseline(benchmark, filled_master):
             for pos in range(0, total, 1 << 20):
                 with mv[pos:min(total, pos + (1 << 20))] as chunk:
                     sock.sendall(chunk)
-        assert sock.recv(2) == b"ok"
+        state["received"].append(int(sock.recv(20, socket.MSG_WAITALL)))
         sock.close()
         state["child"].wait(30)
 
@@ -130,20 +161,37 @@ def test_raw_socket_copy_baseline(benchmark, filled_master):
     benchmark.extra_info["bytes"] = total
     benchmark.pedantic(run, setup=setup, rounds=3, iterations=1)
     listen.close()
+    assert set(state["received"]) == {total}          # every round delivered every byte
+
+
+N = 50_000
+RUNS = 6                   # 5 rounds and a warmup
+
+
+@pytest.fixture(scope="module")
+def ha_msgs():
+    return make_messages(N)
+
+
+def _put_config(root, role, msgs):
+    """_config with files sized to `msgs` put RUNS times, not 1 GiB."""
+    size = sized_config(msgs, RUNS)
+    return _config(root, role, mapped_file_size_commit_log=size.mapped_file_size_commit_log,
+                   mapped_file_size_consume_queue=size.mapped_file_size_consume_queue)
 
 
 @pytest.fixture
-def sync_pair(tmp_path):
+def sync_pair(tmp_path, ha_msgs):
     """A SYNC_MASTER here and a `rocketstore serve` slave child acknowledging it."""
     root = tmp_path / "m"
-    master = MessageStore(root, _config(root, BrokerRole.SYNC_MASTER,
-                                        mapped_file_size_commit_log=1 << 30))
+    cfg = _put_config(root, BrokerRole.SYNC_MASTER, ha_msgs)
+    master = MessageStore(root, cfg)
     master.load()
     master.start()
     child = subprocess.Popen([sys.executable, "-m", "rocketstore", "serve", str(tmp_path / "s"),
                               "--role", "slave", "--master",
                               f"127.0.0.1:{master.ha_service.port}", "--file-size",
-                              str(1 << 30), "--status-interval", "0"],
+                              str(cfg.mapped_file_size_commit_log), "--status-interval", "0"],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     child.stdout.readline()
     deadline = time.monotonic() + 10
@@ -157,50 +205,53 @@ def sync_pair(tmp_path):
 
 
 @pytest.fixture
-def async_master(tmp_path):
+def async_master(tmp_path, ha_msgs):
     root = tmp_path / "a"
-    store = MessageStore(root, _config(root, BrokerRole.ASYNC_MASTER,
-                                       mapped_file_size_commit_log=1 << 30))
+    store = MessageStore(root, _put_config(root, BrokerRole.ASYNC_MASTER, ha_msgs))
     store.load()
     store.start()
     yield store
     store.shutdown()
 
 
-N = 50_000
-
-
 @pytest.mark.parametrize("role", ["SYNC_MASTER + slave", "ASYNC_MASTER, no slave"])
-def test_put_messages_batch_1000(benchmark, role, request):
+def test_put_messages_batch_1000(benchmark, role, request, ha_msgs):
     store = request.getfixturevalue("sync_pair" if role.startswith("SYNC") else "async_master")
-    batches = [make_messages(1000, start=i) for i in range(0, N, 1000)]
+    batches = [ha_msgs[i:i + 1000] for i in range(0, N, 1000)]
+    results = []
+    keep = results.append
 
     def run():
         for b in batches:
-            r = store.put_messages(b)
-            assert r.status.name == "PUT_OK", r.status
+            keep(store.put_messages(b))
     benchmark.group = "put_messages, batches of 1000 x 128 B"
     benchmark.name = role
     benchmark.extra_info["messages"] = N
-    benchmark.pedantic(run, rounds=5, iterations=1, warmup_rounds=1)
+    benchmark.pedantic(run, rounds=RUNS - 1, iterations=1, warmup_rounds=1)
+    runs = len(results) // len(batches)
+    check_puts(results, runs * N)
+    check_read_back(store, ha_msgs, runs)
 
 
-def test_sync_master_single_put_ack_latency(benchmark, sync_pair):
+def test_sync_master_single_put_ack_latency(benchmark, sync_pair, ha_msgs):
     store = sync_pair
-    msgs = make_messages(5000)
+    msgs = ha_msgs[:5000]
     lat = []
+    results = []
 
     def run():
         lat.clear()
+        keep = results.append
         clock = time.perf_counter_ns
         for m in msgs:
             t0 = clock()
-            r = store.put_message(m)
+            keep(store.put_message(m))
             lat.append(clock() - t0)
-            assert r.status.name == "PUT_OK", r.status
     benchmark.group = "SYNC_MASTER put_message: ack latency"
     benchmark.extra_info["messages"] = len(msgs)
     benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
+    check_puts(results)
+    check_read_back(store, msgs, len(results) // len(msgs))
     lat.sort()
     benchmark.extra_info["p50_us"] = round(lat[len(lat) // 2] / 1000, 1)
     benchmark.extra_info["p99_us"] = round(lat[len(lat) * 99 // 100] / 1000, 1)

@@ -24,6 +24,7 @@ from rocketstore.clock import StepClock
 from rocketstore.fs import DEFAULT as FS
 from rocketstore.index_service import IndexService
 from rocketstore.message import Message
+from rocketstore.workload import check_puts, check_read_back, sized_config
 
 N_BUILD = 100_000          # records per build round, each with UNIQ_KEY + 2 KEYS pieces
 N_STORE = 1_000_000        # indexed messages in the query store
@@ -36,28 +37,29 @@ def _messages(n, start=0):
                     born_timestamp=1_700_000_000_000 + i) for i in range(start, start + n)]
 
 
-def _config(root):
-    return StoreConfig(store_path_root_dir=str(root), mapped_file_size_commit_log=1 << 30,
-                       flush_interval_consume_queue=60_000)
+def _config(root, msgs):
+    """Default index geometry (what is measured); the CommitLog sized to `msgs`."""
+    return sized_config(msgs, store_path_root_dir=str(root), flush_interval_consume_queue=60_000)
 
 
 @pytest.fixture(scope="module")
-def build_log(tmp_path_factory):
+def build_log(module_tmp):
     """A CommitLog of N_BUILD records, and its scanned rows in reput-sized batches."""
-    root = tmp_path_factory.mktemp("index-build")
-    store = testing.open_store(root, testing.load_backend("cext"),
-                               dataclasses.replace(_config(root), message_index_enable=False),
-                               clock=StepClock(1_800_000_000_000, 1))
+    root = module_tmp / "index-build"
     msgs = _messages(N_BUILD)
-    for i in range(0, N_BUILD, 1000):
-        store.put_messages(msgs[i:i + 1000])
-    testing.wait_dispatched(store, 60)
+    store = testing.open_store(root, testing.load_backend("cext"),
+                               dataclasses.replace(_config(root, msgs),
+                                                   message_index_enable=False),
+                               clock=StepClock(1_800_000_000_000, 1))
+    check_puts([store.put_messages(msgs[i:i + 1000]) for i in range(0, N_BUILD, 1000)], N_BUILD)
+    check_read_back(store, msgs)
     mf = store.commitlog.mfq.files[0]
     rows = np.empty(N_BUILD, dtype=F.SCAN_DTYPE)
     n, *_ = store.kernels.commitlog_scan(mf.mm, 0, mf.read_position, False, rows)
     assert n == N_BUILD
     data = bytes(mf.mm[:mf.read_position])
     store.shutdown()
+    shutil.rmtree(root)
     batches = [rows[i:i + 4096].tolist() for i in range(0, n, 4096)]
     return data, batches
 
@@ -68,8 +70,19 @@ def test_index_build_during_dispatch(benchmark, backend, build_log, tmp_path):
     rounds = itertools.count()
     holder = {}
 
+    def check_and_drop():
+        """The last round indexed every key; its files leave the disk."""
+        if "svc" in holder:
+            svc = holder.pop("svc")
+            keys = sum(f.index_count - 1 for f in svc.index_file_list)
+            svc.close()
+            shutil.rmtree(holder["root"])
+            assert keys == 3 * N_BUILD
+            return keys
+
     def setup():
-        root = tmp_path / f"r{next(rounds)}"
+        check_and_drop()
+        root = holder["root"] = tmp_path / f"r{next(rounds)}"
         root.mkdir()
         fake = types.SimpleNamespace(kernels=backend, fs=FS, root=str(root), writable=True,
                                      config=StoreConfig(), checkpoint=None)
@@ -80,33 +93,37 @@ def test_index_build_during_dispatch(benchmark, backend, build_log, tmp_path):
         for rows in batches:
             svc.dispatch(rows, data)
 
-    benchmark.pedantic(run, setup=setup, rounds=3, iterations=1)
-    svc = holder["svc"]
-    keys = sum(f.index_count - 1 for f in svc.index_file_list)
-    assert keys == 3 * N_BUILD
-    svc.close()
+    try:
+        benchmark.pedantic(run, setup=setup, rounds=3, iterations=1)
+        keys = check_and_drop()
+    finally:
+        if "svc" in holder:
+            holder.pop("svc").close()
     benchmark.extra_info.update(keys=keys, keys_per_s=round(keys / benchmark.stats.stats.mean))
 
 
 @pytest.fixture(scope="module")
-def query_store_dir(tmp_path_factory):
+def query_store_dir(module_tmp):
     """A store with N_STORE indexed messages (built once with cext: every backend writes the
-    same bytes), then opened by each backend."""
-    root = tmp_path_factory.mktemp("index-query") / "store"
-    store = testing.open_store(root, testing.load_backend("cext"), _config(root),
+    same bytes), then opened by each backend; yields its root and config."""
+    root = module_tmp / "index-query"
+    msgs = _messages(N_STORE)
+    cfg = _config(root, msgs)
+    store = testing.open_store(root, testing.load_backend("cext"), cfg,
                                clock=StepClock(1_800_000_000_000, 1))
     step = 10_000
-    for i in range(0, N_STORE, step):
-        store.put_messages(_messages(step, i))
-    testing.wait_dispatched(store, 600)
+    check_puts([store.put_messages(msgs[i:i + step]) for i in range(0, N_STORE, step)],
+               N_STORE)
+    check_read_back(store, msgs)
     store.shutdown()
-    yield root
+    yield root, cfg
     shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
 def query_store(query_store_dir, backend):
-    store = MessageStore(query_store_dir, _config(query_store_dir), kernels=backend)
+    root, cfg = query_store_dir
+    store = MessageStore(root, cfg, kernels=backend)
     store.load()
     yield store
     store.shutdown()

@@ -21,7 +21,7 @@ Stores and their durability settings; every peer commits once per 1000 messages:
 
 | variant | write path | durable at commit |
 |---|---|---|
-| rocketstore-<backend>-async | ASYNC_FLUSH, 1 GiB CommitLog files | no (page cache; flushed every 500 ms) |
+| rocketstore-<backend>-async | ASYNC_FLUSH, one CommitLog file sized to the workload | no (page cache; flushed every 500 ms) |
 | rocketstore-<backend>-sync  | SYNC_FLUSH (group commit msync per put_messages batch) | yes |
 | lmdb-nosync | `lmdb.open(sync=False)`; seq -> record (append=True) and key -> seq | no |
 | lmdb-sync   | `lmdb.open(sync=True)` (default): fsync per commit | yes |
@@ -39,6 +39,7 @@ table on the terminal; scripts/bench-table turns --benchmark-json output into RE
 LMDB runs first so every later variant can be compared with it.
 """
 import dataclasses
+import functools
 import os
 import random
 import shutil
@@ -49,7 +50,7 @@ import time
 import pytest
 
 from rocketstore import FlushDiskType, MessageStore, StoreConfig, kernels
-from rocketstore.workload import make_messages
+from rocketstore.workload import check_puts, check_read_back, make_messages, sized_config
 
 try:
     import lmdb
@@ -100,11 +101,24 @@ def _batches(msgs):
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(StoreConfig)}
 
 
+@functools.lru_cache(maxsize=1)
+def _messages():
+    return make_messages(N, queues=1)
+
+
+@functools.lru_cache(maxsize=1)
+def _file_sizes():
+    """CommitLog and ConsumeQueue file sizes that hold the workload (not 1 GiB per store)."""
+    cfg = sized_config(_messages())
+    return {"mapped_file_size_commit_log": cfg.mapped_file_size_commit_log,
+            "mapped_file_size_consume_queue": cfg.mapped_file_size_consume_queue}
+
+
 # ---- stores ------------------------------------------------------------------------------------
 class RocketStore:
     def __init__(self, path, backend, sync):
         cfg = StoreConfig(
-            mapped_file_size_commit_log=1 << 30,
+            **_file_sizes(),
             flush_disk_type=FlushDiskType.SYNC_FLUSH if sync else FlushDiskType.ASYNC_FLUSH,
             # Embedded reads are not network transfers: let one get_message call return 1000.
             max_transfer_count_on_message_in_memory=READ_BATCH,
@@ -115,17 +129,22 @@ class RocketStore:
         self.store.load()
         self.store.start()
         self.put_returned_s = None
+        self.results = []
 
     def write(self, batches):
         store = self.store
+        keep = self.results.append
         t0 = time.perf_counter()
         for b in batches:
-            r = store.put_messages(b)
-            if r.status.name != "PUT_OK":
-                raise AssertionError(f"put_messages: {r.status}")
+            keep(store.put_messages(b))
         self.put_returned_s = time.perf_counter() - t0
         while store.dispatch_behind_bytes() > 0:     # ConsumeQueue + IndexFile built
             time.sleep(0.0005)
+
+    def check(self):
+        """Outside the timed write: every put answered PUT_OK and every message reads back."""
+        check_puts(self.results, N)
+        check_read_back(self.store, _messages())
 
     def read(self):
         get = self.store.get_message
@@ -344,9 +363,15 @@ CASES = [(v, op) for v in VARIANTS for op in OPS]
 
 
 # ---- fixtures ----------------------------------------------------------------------------------
+def _check(store):
+    if isinstance(store, RocketStore):
+        store.check()
+    assert store.read() == N
+
+
 @pytest.fixture(scope="module")
 def workload():
-    msgs = make_messages(N, queues=1)
+    msgs = _messages()
     picks = random.Random(11).sample(range(N), LOOKUPS)
     return {"batches": _batches(msgs), "keys": [f"key-{i}" for i in picks],
             "bodies": [msgs[i].body for i in picks]}
@@ -372,6 +397,7 @@ class _Bench:
         """The variant's store with the workload in it (written unmeasured if -k skipped it)."""
         if self.name != name:
             self.fresh(name).write(workload["batches"])
+            _check(self.store)
         return self.store
 
     def drop(self):
@@ -382,8 +408,8 @@ class _Bench:
 
 
 @pytest.fixture(scope="module")
-def bench_state(tmp_path_factory, request):
-    state = _Bench(str(tmp_path_factory.mktemp("peers")))
+def bench_state(module_tmp, request):
+    state = _Bench(str(module_tmp))
     yield state
     state.drop()
     _report(request.config, state.means)
@@ -451,7 +477,7 @@ def test_peer(benchmark, bench_state, workload, variant, op):
         store = bench_state.store
         if isinstance(store, RocketStore):
             benchmark.extra_info["put_returned_s"] = round(store.put_returned_s, 3)
-        assert store.read() == N
+        _check(store)
     elif op == "read":
         store = bench_state.written(variant, workload)
         got = benchmark.pedantic(store.read, rounds=ROUNDS, iterations=1, warmup_rounds=0)

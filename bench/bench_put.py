@@ -7,58 +7,46 @@ import struct
 
 import pytest
 
-from rocketstore import MessageStore, StoreConfig
-from rocketstore.workload import make_messages
+from rocketstore.workload import check_puts, check_read_back, make_messages
 
 N = 20_000
 BATCH = 1000
-
-
-def _config(**kw):
-    base = dict(mapped_file_size_commit_log=1 << 30)
-    base.update(kw)
-    return StoreConfig(**base)
-
-
-@pytest.fixture
-def store_factory(tmp_path):
-    stores = []
-
-    def make(backend, **kw):
-        s = MessageStore(tmp_path / f"s{len(stores)}", _config(**kw), kernels=backend)
-        s.load()
-        s.start()
-        stores.append(s)
-        return s
-    yield make
-    for s in stores:
-        s.shutdown()
+ROUNDS = 5
+RUNS = ROUNDS + 1          # with the warmup round (--benchmark-disable: one run)
 
 
 def test_put_message(benchmark, backend, store_factory):
-    store = store_factory(backend)
     msgs = make_messages(N)
+    store = store_factory(backend, msgs, RUNS)
     put = store.put_message
+    results = []
+    keep = results.append
 
     def run():
         for m in msgs:
-            put(m)
+            keep(put(m))
     benchmark.group = "put_message (one at a time)"
     benchmark.extra_info["messages"] = N
-    benchmark.pedantic(run, rounds=5, iterations=1, warmup_rounds=1)
+    benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    check_puts(results)
+    check_read_back(store, msgs, len(results) // N)
 
 
 def test_put_messages(benchmark, backend, store_factory):
-    store = store_factory(backend)
     msgs = make_messages(N)
+    store = store_factory(backend, msgs, RUNS)
     batches = [msgs[i:i + BATCH] for i in range(0, N, BATCH)]
+    results = []
+    keep = results.append
 
     def run():
         for b in batches:
-            store.put_messages(b)
+            keep(store.put_messages(b))
     benchmark.group = "put_messages (batches of 1000)"
     benchmark.extra_info["messages"] = N
-    benchmark.pedantic(run, rounds=5, iterations=1, warmup_rounds=1)
+    benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    check_puts(results, len(results) // len(batches) * N)
+    check_read_back(store, msgs, len(results) // len(batches))
 
 
 @pytest.mark.parametrize("group", ["put_message (one at a time)",
@@ -68,9 +56,11 @@ def test_plain_file_write_baseline(benchmark, tmp_path, group):
     msgs = make_messages(N)
     pack = struct.Struct(">iHH").pack
     f = open(tmp_path / "baseline.bin", "wb")
+    runs = []
 
     def run():
         write = f.write
+        start = f.tell()
         for m in msgs:
             props = (m.properties.get("KEYS", "") + "\x02" + m.properties.get("TAGS", "")).encode()
             topic = m.topic.encode()
@@ -79,18 +69,21 @@ def test_plain_file_write_baseline(benchmark, tmp_path, group):
             write(props)
             write(m.body)
         f.flush()
+        runs.append(f.tell() - start)
     benchmark.group = group
     benchmark.name = "plain f.write"
     benchmark.extra_info["messages"] = N
-    benchmark.pedantic(run, rounds=5, iterations=1, warmup_rounds=1)
+    benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=1)
     f.close()
+    # The baseline's "read back": every round's records reached the file.
+    assert (tmp_path / "baseline.bin").stat().st_size == sum(runs) >= len(runs) * N * 128
 
 
 def test_get_message_batch_32(benchmark, backend, store_factory):
-    store = store_factory(backend)
-    store.put_messages(make_messages(N, queues=1))
-    while store.dispatch_behind_bytes() > 0:
-        pass
+    msgs = make_messages(N, queues=1)
+    store = store_factory(backend, msgs, rounds=1)
+    check_puts([store.put_messages(msgs)], N)
+    check_read_back(store, msgs)
 
     def run():
         offset = 0
@@ -119,16 +112,20 @@ def test_put_many_topics(benchmark, backend, store_factory, topics):
     """The seed's point: every topic shares one CommitLog, so 10 000 topics x 4 queues cost
     about what one topic costs (a Kafka-style log per partition would not)."""
     topics = _topics_that_fit(topics)
-    store = store_factory(backend, mapped_file_size_consume_queue=1000 * 20)
     total = 40_000
     msgs = make_messages(total, topics=topics, queues=4)
+    store = store_factory(backend, msgs, rounds=4, mapped_file_size_consume_queue=1000 * 20)
     batches = [msgs[i:i + BATCH] for i in range(0, total, BATCH)]
+    results = []
+    keep = results.append
 
     def run():
         for b in batches:
-            store.put_messages(b)
+            keep(store.put_messages(b))
     benchmark.group = "put_messages: 10 000 topics x 4 queues vs 1 topic"
     benchmark.extra_info["messages"] = total
     benchmark.extra_info["topics"] = topics
     benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
+    check_puts(results, len(results) // len(batches) * total)
+    check_read_back(store, msgs, len(results) // len(batches))
 

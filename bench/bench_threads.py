@@ -22,15 +22,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from rocketstore import FlushDiskType, MessageStore, StoreConfig, kernels
-from rocketstore.workload import make_messages
+from rocketstore import FlushDiskType, kernels
+from rocketstore.workload import check_puts, check_read_back, make_messages
 
 THREADS = (1, 2, 4, 8)
 PRODUCER_MSGS = int(os.environ.get("ROCKETSTORE_THREADS_MSGS", "80000"))
 BATCH = 1000
+RUNS = 4                 # 3 rounds and a warmup put the workload 4 times into one store
 CRC_MIB = 256
 CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-_CONFIG_FIELDS = {f for f in StoreConfig.__dataclass_fields__}
 
 _ones = {}       # (group, variant) -> 1-thread mean, for extra_info["speedup"]
 
@@ -62,24 +62,6 @@ def producer_msgs():
     return make_messages(PRODUCER_MSGS, queues=8)
 
 
-@pytest.fixture
-def store_factory(tmp_path):
-    stores = []
-
-    def make(backend):
-        extra = {"ha_listen_port": 0} if "ha_listen_port" in _CONFIG_FIELDS else {}
-        cfg = StoreConfig(mapped_file_size_commit_log=1 << 30,
-                          flush_disk_type=FlushDiskType.ASYNC_FLUSH, **extra)
-        s = MessageStore(tmp_path / f"s{len(stores)}", cfg, kernels=backend)
-        s.load()
-        s.start()
-        stores.append(s)
-        return s
-    yield make
-    for s in stores:
-        s.shutdown()
-
-
 PRODUCER_BACKENDS = [b for b in ("cext", "cffi", "pure") if b in kernels.available()]
 PRODUCER_CASES = [(api, be, t) for api in ("put_messages", "put_message")
                   for be in PRODUCER_BACKENDS for t in THREADS]
@@ -88,31 +70,36 @@ PRODUCER_CASES = [(api, be, t) for api in ("put_messages", "put_message")
 @pytest.mark.parametrize("api,backend_name,threads", PRODUCER_CASES,
                          ids=[f"{a}-{b}-{t}t" for a, b, t in PRODUCER_CASES])
 def test_producers(benchmark, store_factory, producer_msgs, api, backend_name, threads):
-    store = store_factory(backend_name)
+    store = store_factory(backend_name, producer_msgs, RUNS,
+                          flush_disk_type=FlushDiskType.ASYNC_FLUSH, ha_listen_port=0)
     shares = _split(producer_msgs, threads)
+    results = []          # list.extend is atomic: producer threads share it
     if api == "put_messages":
         def produce(share):
             put = store.put_messages
-            for i in range(0, len(share), BATCH):
-                put(share[i:i + BATCH])
+            results.extend([put(share[i:i + BATCH]) for i in range(0, len(share), BATCH)])
     else:
         def produce(share):
             put = store.put_message
-            for m in share:
-                put(m)
+            results.extend([put(m) for m in share])
     pool = ThreadPoolExecutor(threads)
     list(pool.map(lambda _: None, range(threads)))      # threads exist before timing
+
+    runs = []
 
     def run():
         for f in [pool.submit(produce, s) for s in shares]:
             f.result()
+        runs.append(1)
     benchmark.group = f"threads: {api}, {PRODUCER_MSGS:,} msgs of 128 B in total"
     benchmark.name = f"{backend_name} x{threads}"
     benchmark.extra_info["messages"] = PRODUCER_MSGS
     try:
-        benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
+        benchmark.pedantic(run, rounds=RUNS - 1, iterations=1, warmup_rounds=1)
     finally:
         pool.shutdown()
+    check_puts(results, len(runs) * PRODUCER_MSGS)
+    check_read_back(store, producer_msgs, len(runs), ordered=False)
     _record(benchmark, (benchmark.group, backend_name), threads)
     if benchmark.stats is not None:
         benchmark.extra_info["msgs_per_s"] = round(PRODUCER_MSGS / benchmark.stats.stats.mean)

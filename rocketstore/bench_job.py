@@ -1,7 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """`rocketstore bench`: produce, consume, query by key and reopen an embedded store; print one
 table of msgs/s, MB/s and latency percentiles per phase, with this disk's fdatasync latency
-for reference."""
+for reference.
+
+Each phase is checked after its timed part (every put PUT_OK, every queue holding what was
+put, every key found, the reopened store as long as the written one); a failed check ends the
+run with WorkloadCheckError, which the CLI prints as one line."""
+import dataclasses
 import json
 import os
 import random
@@ -11,10 +16,16 @@ import threading
 import time
 
 from . import kernels as _kernels
-from .config import FlushDiskType, StoreConfig
+from .config import FlushDiskType
+from .errors import WorkloadCheckError
 from .progress import progress_bar
 from .store import MessageStore
-from .workload import make_messages
+from .workload import (check_puts, check_read_back, make_messages, sized_config,
+                       wait_dispatched)
+
+# Bodies compared per queue after the consume phase, which has just read every message.
+SAMPLE_PER_QUEUE = 100
+MAX_FILE_SIZE = 1 << 30        # RocketMQ's default CommitLog file size
 
 
 def _fdatasync_latency_us(directory, rounds=20):
@@ -48,19 +59,23 @@ def _phase(name, count, nbytes, seconds, latencies_us):
 
 
 def _produce(store, msgs, batch, threads, bar):
-    """Put `msgs` from `threads` producer threads; per-message latencies in microseconds."""
+    """Put `msgs` from `threads` producer threads; per-message latencies in microseconds and
+    the put results, for check_puts."""
     perf = time.perf_counter
     chunks = [msgs[i::threads] for i in range(threads)]
     latencies = []
+    results = []
     lock = threading.Lock()
 
     def work(chunk):
         local = []
+        done = []
+        keep = done.append
         if batch <= 1:
             put = store.put_message
             for m in chunk:
                 t = perf()
-                put(m)
+                keep(put(m))
                 local.append((perf() - t) * 1e6)
                 if len(local) % 1000 == 0:
                     bar.update(1000)
@@ -68,43 +83,62 @@ def _produce(store, msgs, batch, threads, bar):
             for i in range(0, len(chunk), batch):
                 part = chunk[i:i + batch]
                 t = perf()
-                store.put_messages(part)
+                keep(store.put_messages(part))
                 local.append((perf() - t) * 1e6 / len(part))
                 bar.update(len(part))
         with lock:
             latencies.extend(local)
+            results.extend(done)
 
     if threads == 1:
         work(msgs)
-    else:
-        ts = [threading.Thread(target=work, args=(c,)) for c in chunks]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-    return latencies
+        return latencies, results
+    errors = []
+
+    def guarded(chunk):
+        # A put that raises (bad input) reaches the caller, and so the CLI's one-line error,
+        # instead of a thread's traceback.
+        try:
+            work(chunk)
+        except Exception as exc:
+            errors.append(exc)
+    ts = [threading.Thread(target=guarded, args=(c,)) for c in chunks]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise errors[0]
+    return latencies, results
+
+
+def _config(args, root, msgs):
+    """The CommitLog file size asked for, else one sized to the messages (at most 1 GiB), so
+    a small run does not reserve two 1 GiB files."""
+    flush = FlushDiskType.SYNC_FLUSH if args.flush == "sync" else FlushDiskType.ASYNC_FLUSH
+    cfg = sized_config(msgs, store_path_root_dir=root, flush_disk_type=flush)
+    size = args.file_size or min(cfg.mapped_file_size_commit_log, MAX_FILE_SIZE)
+    return dataclasses.replace(cfg, mapped_file_size_commit_log=size)
 
 
 def run_bench(args):
     backend = _kernels.resolve(args.backend)
     root = args.dir or tempfile.mkdtemp(prefix="rocketstore-bench-")
     cleanup = args.dir is None
-    flush = FlushDiskType.SYNC_FLUSH if args.flush == "sync" else FlushDiskType.ASYNC_FLUSH
-    cfg = StoreConfig(store_path_root_dir=root, mapped_file_size_commit_log=args.file_size,
-                      flush_disk_type=flush)
     msgs = make_messages(args.messages, args.size, args.topics, args.queues)
+    cfg = _config(args, root, msgs)
     results = []
     perf = time.perf_counter
     try:
         with MessageStore(root, cfg, kernels=backend) as store:
             with progress_bar(len(msgs), "produce", unit="msg") as bar:
                 t0 = perf()
-                lat = _produce(store, msgs, args.batch, args.threads, bar)
+                lat, puts = _produce(store, msgs, args.batch, args.threads, bar)
                 produce_s = perf() - t0
+            check_puts(puts, len(msgs))
             nbytes = store.get_max_phy_offset()
             results.append(_phase("produce", len(msgs), nbytes, produce_s, lat))
-            while store.dispatch_behind_bytes() > 0:
-                time.sleep(0.001)
+            wait_dispatched(store, timeout=600)
             # consume every queue through its ConsumeQueue
             lat = []
             got = 0
@@ -126,11 +160,13 @@ def run_bench(args):
                 consume_s = perf() - t0
             results.append(_phase("consume", got, nbytes, consume_s, lat))
             if got != len(msgs):
-                raise RuntimeError(f"consumed {got} of {len(msgs)} messages")
+                raise WorkloadCheckError(f"consumed {got} of {len(msgs)} messages")
+            check_read_back(store, msgs, sample=SAMPLE_PER_QUEUE)
             # look up random keys through the IndexFile
             rng = random.Random(1)
             picks = [msgs[rng.randrange(len(msgs))] for _ in range(min(args.queries, len(msgs)))]
             lat = []
+            missed = []
             with progress_bar(len(picks), "query", unit="key") as bar:
                 t0 = perf()
                 for m in picks:
@@ -138,16 +174,23 @@ def run_bench(args):
                     r = store.query_message(m.topic, m.keys, 1)
                     lat.append((perf() - t1) * 1e6)
                     if not r.messages:
-                        raise RuntimeError(f"key {m.keys!r} not found")
+                        missed.append(m.keys)
                     bar.update(1)
                 query_s = perf() - t0
+            if missed:
+                raise WorkloadCheckError(f"{len(missed)} of {len(picks)} keys not found, "
+                                         f"e.g. {missed[0]!r}")
             results.append(_phase("query by key", len(picks), 0, query_s, lat))
         # reopen: recovery of what was just written
         t0 = perf()
         store = MessageStore(root, cfg, kernels=backend)
         store.load()
         reopen_s = perf() - t0
+        reopened = store.get_max_phy_offset()
         store.shutdown()
+        if reopened != nbytes:
+            raise WorkloadCheckError(f"the reopened store holds {reopened} CommitLog bytes; "
+                                     f"{nbytes} were written")
         results.append(_phase("reopen", len(msgs), nbytes, reopen_s, [reopen_s * 1e6]))
         fsync_us = _fdatasync_latency_us(root)
     finally:

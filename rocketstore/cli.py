@@ -536,8 +536,8 @@ def build_parser():
                    help="ASYNC_FLUSH or SYNC_FLUSH (group commit)")
     b.add_argument("--threads", type=int, default=1, help="producer threads")
     b.add_argument("--queries", type=int, default=10_000, help="random key lookups")
-    b.add_argument("--file-size", type=int, default=64 << 20,
-                   help="CommitLog file size in bytes")
+    b.add_argument("--file-size", type=int, default=0,
+                   help="CommitLog file size in bytes (0: sized to the messages, at most 1 GiB)")
     b.add_argument("--json", action="store_true", help="print the results as JSON")
     b.set_defaults(func=_bench)
 

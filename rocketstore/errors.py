@@ -34,6 +34,10 @@ class StoreLoadError(StoreError):
     """A store directory cannot be loaded (wrong file sizes, unreadable files)."""
 
 
+class WorkloadCheckError(StoreError):
+    """A benchmark's puts were refused, or its messages do not read back as they were put."""
+
+
 class MessageIllegalError(StoreError, ValueError):
     """A message breaks RocketMQ's put-time rules; `status` names the PutMessageStatus."""
 

@@ -12,6 +12,7 @@ from . import kernels
 from .clock import StepClock
 from .config import StoreConfig
 from .store import MessageStore
+from .workload import wait_dispatched  # noqa: F401  (shared with bench/ and rocketstore bench)
 
 ALL_BACKENDS = ("cext", "cffi", "pure")
 
@@ -70,13 +71,3 @@ def tree_digest(root):
             with open(path, "rb") as f:
                 out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
     return out
-
-
-def wait_dispatched(store, timeout=5.0):
-    """Block until reput has dispatched everything written so far."""
-    import time
-    deadline = time.monotonic() + timeout
-    while store.dispatch_behind_bytes() > 0:
-        if time.monotonic() > deadline:
-            raise AssertionError("reput did not catch up")
-        time.sleep(0.001)
