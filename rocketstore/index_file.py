@@ -131,8 +131,12 @@ class IndexFile:
     def _reserve_entries(self, n):
         """Reserve the header, the slot table and the next `n` entries before a put writes
         there (OSError(ENOSPC) on a full disk, never SIGBUS)."""
-        end = min(self.file_size, F.INDEX_HEADER_SIZE + self.slot_num * F.INDEX_SLOT_SIZE
-                  + (self.index_count + n) * F.INDEX_ENTRY_SIZE)
+        table = F.INDEX_HEADER_SIZE + self.slot_num * F.INDEX_SLOT_SIZE
+        if table > self.mf.reserved_position:
+            # Before the header is read: on tmpfs even a read through the mapping allocates
+            # the page, so a full disk would raise SIGBUS at index_count.
+            self.mf.reserve(table)
+        end = min(self.file_size, table + (self.index_count + n) * F.INDEX_ENTRY_SIZE)
         if end > self.mf.reserved_position:
             self.mf.reserve(end)
 

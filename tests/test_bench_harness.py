@@ -126,6 +126,17 @@ def test_bench_on_a_full_disk_ends_with_a_one_line_error(tiny_disk):
     assert "No space left on device" in lines[0]
 
 
+def test_bench_filling_its_disk_midway_ends_with_an_error_not_a_signal(tiny_disk):
+    # 1 MiB CommitLog files fit, the index file's 20 MB slot table does not: the index is
+    # created on a full disk, and every mapped write there must raise ENOSPC (on tmpfs even
+    # reading an unreserved page through the mapping allocates it, and used to raise SIGBUS).
+    r = testing.run_cli("bench", "--dir", str(tiny_disk / "s"), "--messages", "40000",
+                        "--file-size", str(1 << 20))
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.splitlines()[-1].startswith("rocketstore bench: error: put ")
+    assert "No space left on device" in r.stderr.splitlines()[-1]
+
+
 @pytest.mark.parametrize("threads", ["1", "2"])
 def test_bench_refusing_a_message_ends_with_a_one_line_error(threads):
     # Bodies over max_message_size (4 MiB): every put raises MessageIllegalError, in the
