@@ -295,6 +295,10 @@ class MessageStore:
         caught_up = True
         if self._running:
             self._running = False
+            # Before anything is committed or flushed: a put already holding the lock
+            # finishes its write first, every later one raises StoreClosedError, so what
+            # the final commit and flush cover is everything ever acknowledged.
+            self.commitlog.stop_puts()
             if self.scheduled_service is not None:
                 # Started last, stopped first: no file deletion during the final flush.
                 self.scheduled_service.shutdown()
@@ -311,7 +315,13 @@ class MessageStore:
             self.commitlog.shutdown()
             self.persist_configs()
             self.checkpoint.flush()
-            if caught_up:
+            mfq = self.commitlog.mfq
+            durable = mfq.flushed_where >= mfq.get_max_wrote_position()
+            if not durable:
+                log.error("shutdown: the CommitLog is flushed to %d of %d; keeping the abort "
+                          "file so the next open recovers", mfq.flushed_where,
+                          mfq.get_max_wrote_position())
+            if caught_up and durable:
                 self.fs.remove(abort_path(self.root))
         self._close_files()
         if self._lock is not None:

@@ -43,9 +43,10 @@ class FlushRealTimeService(ServiceThread):
             self._store.checkpoint.physic_msg_timestamp = mfq.store_timestamp
 
     def on_shutdown(self):
-        # Up to 10 full flushes until nothing moves; these do not refresh physicMsgTimestamp.
+        # Full flushes until nothing moves, one file per call, so every file written since
+        # the last round is covered; these do not refresh physicMsgTimestamp.
         mfq = self._store.commitlog.mfq
-        for _ in range(10):
+        for _ in range(len(mfq.files) + 10):
             if mfq.flush(0):
                 break
 
@@ -63,6 +64,7 @@ class GroupCommitService(ServiceThread):
         self._mfq = store.commitlog.mfq
         self._cond = threading.Condition()
         self._flushed = self._mfq.flushed_where   # published under _cond
+        self._final_flush_done = False              # set under _cond by on_shutdown
 
     def wait_flushed(self, offset, timeout_ms):
         """Block until `offset` is durable; False after `timeout_ms` (FLUSH_DISK_TIMEOUT)."""
@@ -73,7 +75,9 @@ class GroupCommitService(ServiceThread):
         with self._cond:
             while self._flushed < offset:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or self.is_stopped:
+                # Not is_stopped: the final flush still serves a put written before
+                # shutdown, so only its completion ends the wait early.
+                if remaining <= 0 or self._final_flush_done:
                     return self._flushed >= offset
                 self._cond.wait(remaining)
         return True
@@ -97,6 +101,9 @@ class GroupCommitService(ServiceThread):
 
     def on_shutdown(self):
         self.flush_all()
+        with self._cond:
+            self._final_flush_done = True
+            self._cond.notify_all()
 
 
 class CommitRealTimeService(ServiceThread):

@@ -1,0 +1,198 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Races between a put and shutdown, and between cleaning and the reput and flush services:
+each interleaving is forced with events, never with sleeps."""
+import errno
+import os
+import threading
+import time
+
+import pytest
+
+from rocketstore import (FlushDiskType, Message, MessageStore, PutMessageStatus,
+                         StoreClosedError, testing)
+from rocketstore.clock import StepClock
+from rocketstore.fs import FileSystem
+
+
+class StallingClock:
+    """A store clock that, once armed, blocks its next call until released: the put holding
+    the put lock stops right there."""
+
+    def __init__(self):
+        self._inner = StepClock()
+        self.armed = False
+        self.stalled = threading.Event()
+        self.go = threading.Event()
+
+    def __call__(self):
+        if self.armed:
+            self.armed = False
+            self.stalled.set()
+            self.go.wait()
+        return self._inner()
+
+
+class ContendedLock:
+    """The put lock, reporting through `contended` when a second thread has to wait for it."""
+
+    def __init__(self, contended):
+        self._lock = threading.Lock()
+        self._contended = contended
+
+    def acquire(self, blocking=True, timeout=-1):
+        if self._lock.acquire(False):
+            return True
+        if not blocking:
+            return False
+        self._contended.set()
+        return self._lock.acquire(True, timeout)
+
+    def release(self):
+        self._lock.release()
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def pool_config(**kw):
+    return testing.small_config(transient_store_pool_enable=True, transient_store_pool_size=3,
+                                **kw)
+
+
+def bodies_on_disk(root, backend, config, topic="T", queue_id=0):
+    """Reopen the store and return (recovery report, every body of the queue)."""
+    store = MessageStore(root, config, kernels=backend)
+    report = store.load()
+    try:
+        out, offset = [], 0
+        while True:
+            g = store.get_message("g", topic, queue_id, offset, 32)
+            if not g.messages:
+                return report, out
+            out.extend(m.body for m in g.messages)
+            offset = g.next_begin_offset
+    finally:
+        store.shutdown()
+
+
+@pytest.mark.parametrize("config", [testing.small_config(), pool_config()],
+                         ids=["mapped", "transient-pool"])
+def test_a_put_stalled_inside_the_lock_is_durable_before_shutdown_closes_the_files(
+        tmp_path, backend, config):
+    clock = StallingClock()
+    store = testing.open_store(tmp_path / "s", backend, config, clock=clock)
+    before = [store.put_message(Message("T", b"early-%d" % i)) for i in range(40)]
+    assert all(r.status is PutMessageStatus.PUT_OK for r in before)
+    # Shutdown is either waiting for the put lock or done: then the stalled put goes on.
+    reached = threading.Event()
+    store.commitlog.put_lock = ContendedLock(reached)
+    outcome = {}
+
+    def stalled_put():
+        try:
+            outcome["result"] = store.put_message(Message("T", b"stalled"))
+        except StoreClosedError as exc:
+            outcome["error"] = exc
+
+    def shutdown():
+        try:
+            store.shutdown()
+        finally:
+            reached.set()
+    clock.armed = True
+    putter = threading.Thread(target=stalled_put)
+    putter.start()
+    clock.stalled.wait()
+    closer = threading.Thread(target=shutdown)
+    closer.start()
+    reached.wait()
+    clock.go.set()
+    putter.join()
+    closer.join()
+    report, bodies = bodies_on_disk(tmp_path / "s", backend, config)
+    expected = [b"early-%d" % i for i in range(40)]
+    if "result" in outcome and outcome["result"].status.ok:
+        expected.append(b"stalled")
+    assert bodies == expected
+    assert report.normal
+
+
+class YieldingClock(StepClock):
+    """A clock that gives up the GIL inside the put lock, so producers queue at the lock
+    while shutdown runs (the window in which acknowledged puts used to be lost)."""
+
+    def __call__(self):
+        time.sleep(0.0002)
+        return super().__call__()
+
+
+def test_puts_acknowledged_while_shutdown_runs_are_all_there_after_reopen(tmp_path, backend):
+    config = pool_config(commit_interval_commit_log=50)
+    store = testing.open_store(tmp_path / "s", backend, config, clock=YieldingClock())
+    acked = [[] for _ in range(8)]
+    enough = threading.Event()
+
+    def produce(t):
+        i = 0
+        while True:
+            try:
+                r = store.put_message(Message("T", b"%d-%d" % (t, i), queue_id=t))
+            except StoreClosedError:
+                return
+            if not r.status.ok:
+                return
+            acked[t].append(b"%d-%d" % (t, i))
+            i += 1
+            if i == 60:
+                enough.set()
+
+    threads = [threading.Thread(target=produce, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    enough.wait()
+    store.shutdown()
+    for t in threads:
+        t.join()
+    for q in range(8):
+        report, bodies = bodies_on_disk(tmp_path / "s", backend, config, queue_id=q)
+        assert bodies == acked[q]
+
+
+def test_a_put_after_shutdown_began_raises_store_closed_and_writes_nothing(tmp_path, backend):
+    store = testing.open_store(tmp_path / "s", backend)
+    store.put_message(Message("T", b"kept"))
+    store.commitlog.stop_puts()
+    with pytest.raises(StoreClosedError):
+        store.put_message(Message("T", b"refused"))
+    with pytest.raises(StoreClosedError):
+        store.put_messages([Message("T", b"refused")])
+    store.shutdown()
+    _, bodies = bodies_on_disk(tmp_path / "s", backend, testing.small_config())
+    assert bodies == [b"kept"]
+
+
+class FailingSync(FileSystem):
+    """msync of CommitLog files fails with EIO once `failing` is set: a disk gone bad."""
+
+    failing = False
+
+    def sync_mapped(self, kernels, mm, path, start, length):
+        if self.failing and os.sep + "commitlog" + os.sep in path:
+            raise OSError(errno.EIO, os.strerror(errno.EIO), path)
+        return super().sync_mapped(kernels, mm, path, start, length)
+
+
+def test_shutdown_keeps_the_abort_file_when_the_commitlog_could_not_be_flushed(tmp_path,
+                                                                                backend):
+    fs = FailingSync()
+    store = testing.open_store(tmp_path / "s", backend, fs=fs)
+    fs.failing = True
+    store.put_message(Message("T", b"not durable"))
+    store.shutdown()
+    assert (tmp_path / "s" / "abort").exists()
+    report, bodies = bodies_on_disk(tmp_path / "s", backend, testing.small_config())
+    assert not report.normal and bodies == [b"not durable"]
