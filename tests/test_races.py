@@ -196,3 +196,60 @@ def test_shutdown_keeps_the_abort_file_when_the_commitlog_could_not_be_flushed(t
     assert (tmp_path / "s" / "abort").exists()
     report, bodies = bodies_on_disk(tmp_path / "s", backend, testing.small_config())
     assert not report.normal and bodies == [b"not durable"]
+
+
+def cleaning_config(**kw):
+    """Small files that expire at once, and no pause between deletions."""
+    return testing.small_config(mapped_file_size_commit_log=4096, file_reserved_time=0,
+                                delete_commit_log_files_interval=0,
+                                delete_consume_queue_files_interval=0, **kw)
+
+
+def open_cleaning_store(root, backend, config, fs=None):
+    return testing.open_store(root, backend, config, fs=fs, disk_usage=lambda path: 0.2)
+
+
+def test_cleaning_keeps_files_reput_has_not_dispatched_so_queue_offsets_stay_aligned(
+        tmp_path, backend):
+    store = open_cleaning_store(tmp_path / "s", backend, cleaning_config())
+    try:
+        store.reput_service.shutdown()      # reput stands still: the batch below is not seen
+        for i in range(60):
+            assert store.put_message(Message("T", b"m%d" % i + b"x" * 200)).status.ok
+        assert len(store.commitlog.mfq.files) > 3
+        store.execute_delete_files_manually()
+        store.clean_files_periodically()
+        store.reput_service.start()
+        testing.wait_dispatched(store)
+        for i in (0, 22, 33, 59):
+            m = store.get_message("g", "T", 0, i, 1).messages[0]
+            assert (m.queue_offset, m.body[:4].rstrip(b"x")) == (i, b"m%d" % i)
+        r = store.put_message(Message("T", b"next"))
+        assert r.queue_offset == 60
+        testing.wait_dispatched(store)
+        assert store.get_message("g", "T", 0, 60, 1).messages[0].body == b"next"
+    finally:
+        store.shutdown()
+
+
+def test_cleaning_keeps_unflushed_files_so_sync_flush_recovers_once_the_disk_does(tmp_path,
+                                                                                  backend):
+    fs = FailingSync()
+    config = cleaning_config(flush_disk_type=FlushDiskType.SYNC_FLUSH,
+                             sync_flush_timeout=10_000)
+    store = open_cleaning_store(tmp_path / "s", backend, config, fs=fs)
+    try:
+        assert store.put_message(Message("T", b"flushed")).status is PutMessageStatus.PUT_OK
+        fs.failing = True
+        for i in range(60):
+            r = store.put_message(Message("T", b"x" * 200, properties={"WAIT": "false"}))
+            assert r.status.ok
+        testing.wait_dispatched(store)
+        store.execute_delete_files_manually()
+        store.clean_files_periodically()
+        fs.failing = False
+        r = store.put_message(Message("T", b"after"))
+        assert r.status is PutMessageStatus.PUT_OK
+        assert store.commitlog.mfq.flushed_where >= r.commit_log_offset + r.wrote_bytes
+    finally:
+        store.shutdown()
