@@ -349,8 +349,10 @@ class MessageStore:
             raise StoreClosedError("the store is closed (shut down, or never loaded)")
 
     def _catch_up(self):
-        """Read-your-writes: dispatch whatever reput has not yet, so every put that returned
-        is visible to the read that follows it."""
+        """Read-your-writes: commit what sits in write buffers and dispatch whatever reput
+        has not yet, so every put that returned is visible to the read that follows it."""
+        if self.commit_service is not None:
+            self.commit_service.commit_now()
         reput = self.reput_service
         if reput is not None:
             reput.catch_up()
@@ -601,11 +603,11 @@ class MessageStore:
         """Pull up to `max_msg_nums` messages from a queue, from queue offset `offset` on
         (DefaultMessageStore#getMessage: the same statuses and next offsets).
 
-        Every put that returned before the call is visible to it (read-your-writes; with the
-        transient store pool, once committed). Unlike a broker's remote pull, the call is not
-        cut at 32 messages or 256 KiB: it returns `max_msg_nums` messages when the queue holds
-        them, up to the bounds read_path.MAX_MSG_NUMS (max_msg_nums itself) and
-        read_path.MAX_BYTES (the bodies after the first message).
+        Every put that returned before the call is visible to it (read-your-writes). Unlike
+        a broker's remote pull, the call is not cut at 32 messages or 256 KiB: it returns
+        `max_msg_nums` messages when the queue holds them, up to the bounds
+        read_path.MAX_MSG_NUMS (max_msg_nums itself) and read_path.MAX_BYTES (the bytes of
+        the records collected, after the first one).
 
         `message_filter`, if given, is called with each unit's tagsCode and skips the unit when
         it returns False. Messages come back decoded as MessageExt."""

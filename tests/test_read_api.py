@@ -18,22 +18,21 @@ def store(tmp_path, backend):
     s.shutdown()
 
 
-def park_reput_thread(store):
-    """Keep the reput service thread from dispatching anything from now on; returns the
-    event that lets it go."""
+def park(service):
+    """Keep a service thread from running its body again; returns the event that frees it."""
     go, parked = threading.Event(), threading.Event()
 
     def wait_for_running(interval_ms):
         parked.set()
         go.wait()
-    store.reput_service.wait_for_running = wait_for_running
-    store.reput_service.wakeup()
+    service.wait_for_running = wait_for_running
+    service.wakeup()
     parked.wait()
     return go
 
 
 def test_a_put_is_visible_to_every_read_as_soon_as_it_returns(store):
-    go = park_reput_thread(store)
+    go = park(store.reput_service)
     try:
         r = store.put_message(Message("RYW", b"mine", keys="k-1"))
         assert store.get_max_offset_in_queue("RYW", 0) == 1
@@ -224,3 +223,18 @@ def test_every_public_method_of_a_shut_down_store_raises_store_closed(tmp_path, 
         assert sorted(reopened.consume_queue_table) == ["T"]
     finally:
         reopened.shutdown()
+
+
+def test_with_the_transient_pool_a_put_is_visible_as_soon_as_it_returns(tmp_path, backend):
+    config = testing.small_config(transient_store_pool_enable=True,
+                                  transient_store_pool_size=2)
+    store = testing.open_store(tmp_path / "s", backend, config)
+    frees = [park(store.commit_service), park(store.reput_service)]
+    try:
+        r = store.put_message(Message("Pool", b"buffered"))
+        g = store.get_message("g", "Pool", 0, r.queue_offset)
+        assert [m.body for m in g.messages] == [b"buffered"]
+    finally:
+        for go in frees:
+            go.set()
+        store.shutdown()

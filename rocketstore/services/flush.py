@@ -117,6 +117,8 @@ class CommitRealTimeService(ServiceThread):
         super().__init__()
         self._store = store
         self._last_commit = 0
+        # One committer at a time: this thread, or a reader wanting its own puts visible.
+        self._lock = threading.Lock()
 
     def run_once(self):
         cfg = self._store.config
@@ -125,18 +127,35 @@ class CommitRealTimeService(ServiceThread):
         if now >= self._last_commit + cfg.commit_commit_log_thorough_interval:
             least = 0
         mfq = self._store.commitlog.mfq
-        if not mfq.commit(least):
+        with self._lock:
+            moved = not mfq.commit(least)
+        if moved:
             self._last_commit = now
             flusher = self._store.flush_service
             if flusher is not None:
                 flusher.wakeup()
         self.wait_for_running(cfg.commit_interval_commit_log)
 
-    def on_shutdown(self):
+    def _commit_all(self):
         mfq = self._store.commitlog.mfq
         for _ in range(len(mfq.files) + 10):
             if mfq.commit(0):
                 break
+
+    def commit_now(self):
+        """Commit every write buffer in the caller's thread, so a read sees each put that
+        returned (the readers' view of a pooled file ends at its committed position).
+        Nothing once the service stopped: its final commit ran."""
+        mfq = self._store.commitlog.mfq
+        if mfq.committed_where >= mfq.get_max_wrote_position():
+            return
+        with self._lock:
+            if not self.is_stopped:
+                self._commit_all()
+
+    def on_shutdown(self):
+        with self._lock:
+            self._commit_all()
 
 
 class FlushConsumeQueueService(ServiceThread):
