@@ -65,6 +65,7 @@ class CommitLog:
 
     # ---- lifecycle ------------------------------------------------------------------------
     def load(self):
+        self.closed = False             # a store shut down and loaded again takes puts again
         return self.mfq.load()
 
     def start(self):

@@ -59,6 +59,12 @@ class MessageStore:
     every record; `read_only=True` opens without the lock, never writes, starts nothing.
     `disk_usage(path)` returns the used fraction of the disk holding `path` (default: the
     file system's), which cleaning and disk-full protection read.
+
+    Read-your-writes: a put that returned is visible to every read that starts after it
+    (get_message, the queue offsets, queries), whatever the flush mode or write-buffer pool;
+    a read that finds dispatch behind does the dispatch itself. After shutdown() begins, a put
+    is either durable under the flush mode's contract or raises StoreClosedError; every
+    method of a shut-down store raises StoreClosedError.
     """
 
     # First run and period of the scheduled jobs (ms): RocketMQ's addScheduleTask values.

@@ -253,3 +253,17 @@ def test_cleaning_keeps_unflushed_files_so_sync_flush_recovers_once_the_disk_doe
         assert store.commitlog.mfq.flushed_where >= r.commit_log_offset + r.wrote_bytes
     finally:
         store.shutdown()
+
+
+def test_a_store_shut_down_and_started_again_takes_puts_again(tmp_path, backend):
+    store = testing.open_store(tmp_path / "s", backend)
+    store.put_message(Message("T", b"first"))
+    store.shutdown()
+    store.load()
+    store.start()
+    try:
+        assert store.put_message(Message("T", b"second")).status is PutMessageStatus.PUT_OK
+        assert [m.body for m in store.get_message("g", "T", 0, 0).messages] == \
+            [b"first", b"second"]
+    finally:
+        store.shutdown()
