@@ -391,12 +391,12 @@ class MessageStore:
 
     def find_consume_queue(self, topic, queue_id):
         """The queue object (created empty when missing, as findConsumeQueue does)."""
+        self._check_open()
         queues = self.consume_queue_table.get(topic)
         if queues is not None:
             cq = queues.get(queue_id)
             if cq is not None:
                 return cq
-        self._check_open()
         check_queue(topic, queue_id)
         return self._new_cq(topic, queue_id)
 
