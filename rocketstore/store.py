@@ -7,6 +7,7 @@ import os
 import threading
 
 from . import kernels as _kernels
+from .kernels.contract import KERNEL_NAMES
 from . import query, read_path, recovery
 from .arguments import (check_callable, check_int, check_optional_int, check_queue, check_str,
                         check_topic, explain_put_failure)
@@ -80,6 +81,12 @@ class MessageStore:
         if not isinstance(self.config, StoreConfig):
             raise ConfigError("config must be a StoreConfig")
         self.kernels = _kernels.resolve(kernels)
+        missing = [n for n in KERNEL_NAMES if not hasattr(self.kernels, n)]
+        if missing:
+            raise TypeError(f"kernels must be a backend name or a kernel module; {kernels!r} "
+                            f"has no {missing[0]}")
+        check_callable(clock, "clock")
+        check_callable(disk_usage, "disk_usage")
         self.clock = clock or system_clock
         self.fs = fs or DEFAULT_FS
         self.read_only = read_only

@@ -239,3 +239,14 @@ def test_with_the_transient_pool_a_put_is_visible_as_soon_as_it_returns(tmp_path
         for go in frees:
             go.set()
         store.shutdown()
+
+
+@pytest.mark.parametrize("kwargs, text", [
+    (dict(kernels=5), "kernels must be a backend name or a kernel module"),
+    (dict(clock=5), "clock must be callable"),
+    (dict(disk_usage="0.5"), "disk_usage must be callable"),
+])
+def test_a_store_built_with_a_bad_collaborator_refuses_at_once(tmp_path, kwargs, text):
+    with pytest.raises(TypeError, match=text):
+        MessageStore(tmp_path / "s", **kwargs)
+    assert not (tmp_path / "s").exists()
