@@ -82,6 +82,16 @@ def test_get_message_returns_as_many_messages_as_asked_across_consume_queue_file
     assert g.next_begin_offset == 1100
 
 
+def test_get_message_stops_at_its_byte_bound_but_always_returns_one_message(store,
+                                                                            monkeypatch):
+    rs = store.put_messages([Message("Big", b"x" * 1000) for _ in range(20)])
+    size = int(rs.sizes[0])
+    monkeypatch.setattr(read_path, "MAX_BYTES", 10 * size)
+    assert len(store.get_message("g", "Big", 0, 0, 1000).messages) == 10
+    monkeypatch.setattr(read_path, "MAX_BYTES", 1)
+    assert len(store.get_message("g", "Big", 0, 0, 1000).messages) == 1
+
+
 def test_get_message_with_a_filter_still_stops_at_the_brokers_scan_bound(store):
     store.put_messages([Message("Filt", b"x", tags="A" if i % 2 else "B") for i in range(1000)])
     g = store.get_message("g", "Filt", 0, 0, 1, message_filter=lambda tags: False)
