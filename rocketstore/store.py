@@ -10,7 +10,7 @@ from . import kernels as _kernels
 from .kernels.contract import KERNEL_NAMES
 from . import query, read_path, recovery
 from .arguments import (check_callable, check_int, check_optional_int, check_queue, check_str,
-                        check_topic, explain_put_failure)
+                        explain_put_failure)
 from .checkpoint import StoreCheckpoint
 from .clock import system_clock
 from .commitlog import TOPIC_PATTERN, CommitLog
