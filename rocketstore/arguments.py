@@ -4,12 +4,12 @@ out of its domain InvalidArgumentError, a bad message field MessageIllegalError;
 the argument, and each is raised before anything is read, created or written."""
 import operator
 
+from .commitlog import TOPIC_PATTERN
 from .errors import InvalidArgumentError, MessageIllegalError, StoreError
 from .format import MAX_TOPIC_LENGTH
 
 INT32_MAX = 0x7FFFFFFF
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-_TOPIC_CHARS = frozenset("%|abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 
 def _type_name(value):
@@ -45,7 +45,8 @@ def check_topic(topic, name="topic"):
     """A topic name RocketMQ accepts (^[%|a-zA-Z0-9_-]+$, at most 127 chars): a queue's
     directory is named after it, so nothing else may reach the file system."""
     check_str(topic, name)
-    if not topic or len(topic) > MAX_TOPIC_LENGTH or not _TOPIC_CHARS.issuperset(topic):
+    # fullmatch: with match, "$" also matches before a trailing newline.
+    if len(topic) > MAX_TOPIC_LENGTH or not TOPIC_PATTERN.fullmatch(topic):
         raise InvalidArgumentError(f"{name} {topic!r} is not a topic name: "
                                    f"^[%|a-zA-Z0-9_-]+$, at most {MAX_TOPIC_LENGTH} chars")
     return topic

@@ -105,7 +105,7 @@ class CommitLog:
     def _topic_bytes(self, topic):
         raw = self._topics.get(topic)
         if raw is None:
-            if not isinstance(topic, str) or not TOPIC_PATTERN.match(topic):
+            if not isinstance(topic, str) or not TOPIC_PATTERN.fullmatch(topic):
                 raise MessageIllegalError(
                     f"topic {topic!r} does not match RocketMQ's rule ^[%|a-zA-Z0-9_-]+$")
             if len(topic) > F.MAX_TOPIC_LENGTH:

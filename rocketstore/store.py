@@ -489,7 +489,7 @@ class MessageStore:
         """Create or replace a topic's config and persist topics.json. From then on a put to
         queue_id >= write_queue_nums raises MessageIllegalError."""
         self._check_writable_config()
-        if not isinstance(topic, str) or not TOPIC_PATTERN.match(topic):
+        if not isinstance(topic, str) or not TOPIC_PATTERN.fullmatch(topic):
             raise ConfigError(f"topic {topic!r} does not match ^[%|a-zA-Z0-9_-]+$")
         for name, value in (("read_queue_nums", read_queue_nums),
                             ("write_queue_nums", write_queue_nums), ("perm", perm),

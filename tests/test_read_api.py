@@ -6,7 +6,7 @@ import threading
 import numpy as np
 import pytest
 
-from rocketstore import (GetMessageStatus as G, InvalidArgumentError, Message,
+from rocketstore import (ConfigError, GetMessageStatus as G, InvalidArgumentError, Message,
                          MessageIllegalError, MessageStore, StoreClosedError, testing)
 from rocketstore import read_path
 
@@ -131,6 +131,12 @@ BAD_CALLS = [
      MessageIllegalError, "sys_flag"),
     ("topic None", lambda s: s.put_message(Message(None, b"x")), MessageIllegalError,
      "topic None"),
+    ("topic newline", lambda s: s.put_message(Message("T\n", b"x")), MessageIllegalError,
+     "does not match"),
+    ("update topic newline", lambda s: s.update_topic_config("T\n"), ConfigError,
+     "does not match"),
+    ("get topic newline", lambda s: s.get_message("g", "T\n", 0, 0), InvalidArgumentError,
+     "is not a topic name"),
     ("get topic None", lambda s: s.get_message("g", None, 0, 0), TypeError,
      "topic must be a str, not NoneType"),
     ("get topic path", lambda s: s.get_message("g", "../x", 0, 0), InvalidArgumentError,
