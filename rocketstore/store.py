@@ -672,7 +672,8 @@ class MessageStore:
         return query.query_message_by_unique_key(self, topic, uniq_key)
 
     def view_message_by_id(self, msg_id):
-        """The MessageExt an offset msgId names, or None (ValueError if it is no msgId)."""
+        """The MessageExt an offset msgId names, or None (InvalidArgumentError, a ValueError,
+        if it is no msgId)."""
         self._check_open()
         check_str(msg_id, "msg_id")
         return query.view_message_by_id(self, msg_id)

@@ -162,6 +162,8 @@ BAD_CALLS = [
     ("unique key None", lambda s: s.query_message_by_unique_key("T", None), TypeError,
      "uniq_key"),
     ("view id None", lambda s: s.view_message_by_id(None), TypeError, "msg_id"),
+    ("view id not hex", lambda s: s.view_message_by_id("zz"), InvalidArgumentError,
+     "is not an offset msgId"),
     ("look offset None", lambda s: s.look_message_by_offset(None), TypeError, "phy_offset"),
     ("by time None", lambda s: s.get_offset_in_queue_by_time("T", 0, None), TypeError,
      "timestamp"),
