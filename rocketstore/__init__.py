@@ -3,8 +3,8 @@
 broker's store directory. See README.md."""
 from ._version import __version__
 from .config import BrokerRole, FlushDiskType, StoreConfig
-from .errors import (ConfigError, CorruptRecordError, MessageIllegalError, StoreClosedError,
-                     StoreError, StoreLoadError, StoreLockedError)
+from .errors import (ConfigError, CorruptRecordError, InvalidArgumentError, MessageIllegalError,
+                     StoreClosedError, StoreError, StoreLoadError, StoreLockedError)
 from .kernels import BACKEND
 from .message import Message, MessageExt
 from .recovery import RecoveryReport
@@ -18,5 +18,5 @@ __all__ = [
     "PutMessageResult", "PutMessagesResult", "GetMessageResult", "QueryMessageResult",
     "RecoveryReport",
     "StoreError", "StoreLockedError", "StoreClosedError", "StoreLoadError",
-    "MessageIllegalError", "CorruptRecordError", "ConfigError",
+    "MessageIllegalError", "CorruptRecordError", "ConfigError", "InvalidArgumentError",
 ]

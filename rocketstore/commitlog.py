@@ -8,7 +8,7 @@ import threading
 import numpy as np
 
 from . import format as F
-from .errors import KernelBoundsError, MessageIllegalError
+from .errors import KernelBoundsError, MessageIllegalError, StoreClosedError
 from .mapped_file_queue import MappedFileQueue
 from .message import (PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, TOPIC_PATTERN,
                       body_bytes, pack_host, properties_to_string)
@@ -51,6 +51,9 @@ class CommitLog:
                                    writable=not read_only, allocator=self.allocator,
                                    reserve_window=config.commit_log_reserve_window)
         self.put_lock = threading.Lock()
+        # Set under the put lock by stop_puts(): a put that gets the lock later must not
+        # write, since the files are about to be committed, flushed and closed.
+        self.closed = False
         self.topic_queue_table = {}        # (topic, queue_id) -> next queue offset; put_lock
         self.begin_time_in_lock = 0        # for OS_PAGECACHE_BUSY; guarded by put_lock
         self.store_host_raw, v6 = pack_host(tuple(config.store_host))
@@ -65,11 +68,20 @@ class CommitLog:
 
     # ---- lifecycle ------------------------------------------------------------------------
     def load(self):
+        self.closed = False             # a store shut down and loaded again takes puts again
         return self.mfq.load()
 
     def start(self):
         if self.allocator is not None:
             self.allocator.start()
+
+    def stop_puts(self):
+        """Refuse every later put; returns once the put holding the lock, if any, is done."""
+        with self.put_lock:
+            self.closed = True
+
+    def _refuse_closed(self):
+        raise StoreClosedError("the store is shutting down: the put was not written")
 
     def shutdown(self):
         if self.allocator is not None:
@@ -96,7 +108,7 @@ class CommitLog:
     def _topic_bytes(self, topic):
         raw = self._topics.get(topic)
         if raw is None:
-            if not isinstance(topic, str) or not TOPIC_PATTERN.match(topic):
+            if not isinstance(topic, str) or not TOPIC_PATTERN.fullmatch(topic):
                 raise MessageIllegalError(
                     f"topic {topic!r} does not match RocketMQ's rule ^[%|a-zA-Z0-9_-]+$")
             if len(topic) > F.MAX_TOPIC_LENGTH:
@@ -273,6 +285,9 @@ class CommitLog:
         size = e.size
         key = e.key
         with self.put_lock:
+            if self.closed:
+                self._refuse_closed()
+            after_put = self.after_put
             ts = clock()
             self.begin_time_in_lock = ts
             try:
@@ -312,8 +327,8 @@ class CommitLog:
                 table[key] = qoff + 1
             self.begin_time_in_lock = 0
         status = PutMessageStatus.PUT_OK
-        if self.after_put is not None:
-            status = self.after_put(phy + size, msg)
+        if after_put is not None:
+            status = after_put(phy + size, msg)
         return PutMessageResult(status, phy, qoff, ts, size, e.store_raw)
 
     def put_messages(self, msgs, clock, batch_properties=None):
@@ -346,6 +361,9 @@ class CommitLog:
         phys = np.empty(n, dtype=np.int64)
         try:
             with self.put_lock:
+                if self.closed:
+                    self._refuse_closed()
+                after_put = self.after_put
                 ts = clock()
                 self.begin_time_in_lock = ts
                 table = self.topic_queue_table
@@ -400,8 +418,8 @@ class CommitLog:
         finally:
             view.release()
         status = PutMessageStatus.PUT_OK
-        if self.after_put is not None and n:
-            status = self.after_put(int(phys[-1]) + int(sizes[-1]), msgs[-1])
+        if after_put is not None and n:
+            status = after_put(int(phys[-1]) + int(sizes[-1]), msgs[-1])
         return PutMessagesResult(status, n, phys,
                                  np.frombuffer(qoffs, dtype=np.int64), sizes, ts, total,
                                  [e.store_raw for e in encoded])
@@ -416,6 +434,8 @@ class CommitLog:
         master's because nothing is ever written out of place."""
         n = len(data)
         with self.put_lock:
+            if self.closed:
+                return False
             files = self.mfq.files
             last = files[-1] if files else None
             if last is None:

@@ -62,6 +62,10 @@ class ConfigError(StoreError, ValueError):
     """A configuration value is invalid."""
 
 
+class InvalidArgumentError(StoreError, ValueError):
+    """An argument of a public MessageStore method is outside its domain."""
+
+
 _STATUS = {
     RS_E_BOUNDS: (KernelBoundsError, "buffer too small"),
     RS_E_ARG: (KernelArgumentError, "invalid argument"),

@@ -5,6 +5,7 @@ key through the index (spec 02 §2.6), by msgId, and a queue offset by time (spe
 import logging
 import struct
 
+from .errors import InvalidArgumentError
 from .format import CQ_STORE_UNIT_SIZE as UNIT
 from .message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, decode_msg_id
 from .status import QueryMessageResult
@@ -82,11 +83,12 @@ def query_message_by_unique_key(store, topic, uniq_key):
 
 def view_message_by_id(store, msg_id):
     """The message an offset msgId (store host + commit-log offset) names, or None. A msgId
-    that is not 16 or 28 hex bytes raises ValueError."""
+    that is not 16 or 28 hex bytes raises InvalidArgumentError (a ValueError)."""
     try:
         _, offset = decode_msg_id(msg_id)
     except ValueError:
-        raise ValueError(f"{msg_id!r} is not an offset msgId (32 or 56 hex digits)") from None
+        raise InvalidArgumentError(
+            f"{msg_id!r} is not an offset msgId (32 or 56 hex digits)") from None
     msg = store.look_message_by_offset(offset)
     if msg is None or msg.commit_log_offset != offset:
         return None

@@ -15,12 +15,19 @@ log = logging.getLogger(__name__)
 _UNIT = struct.Struct(">qiq")
 
 
+# The bounds of one in-process get_message (a broker caps a remote pull at 32 messages or
+# 256 KiB instead): max_msg_nums at most MAX_MSG_NUMS, and no message is added once the
+# records collected reach MAX_BYTES (the first one always comes, whatever its size).
+MAX_MSG_NUMS = 65_536
+MAX_BYTES = 64 << 20
+
+
 def get_message(store, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None):
     """DefaultMessageStore#getMessage over a loaded store (spec 01 §6): statuses and next
-    offsets as RocketMQ's table, units scanned from the ConsumeQueue, records decoded."""
+    offsets as RocketMQ's table, units scanned from the ConsumeQueue, records decoded. The
+    scan goes on into the queue's next file while fewer than `max_msg_nums` were found."""
     if not store._loaded:
         raise StoreClosedError("the store is not loaded")
-    cfg = store.config
     max_py = store.commitlog.max_offset
     cq = store.find_consume_queue(topic, queue_id)
     min_off = cq.min_offset_in_queue
@@ -48,60 +55,59 @@ def get_message(store, group, topic, queue_id, offset, max_msg_nums=32, message_
     commitlog = store.commitlog
     decode = MessageExt.decode
     append = messages.append
-    # The batch-full limits (isTheBatchFull), for records in memory and on disk.
-    mem_bytes = cfg.max_transfer_bytes_on_message_in_memory
-    mem_count = cfg.max_transfer_count_on_message_in_memory
-    disk_bytes = cfg.max_transfer_bytes_on_message_in_disk
-    disk_count = cfg.max_transfer_count_on_message_in_disk
     mf = None
     mf_start = mf_end = 0
-    limit = min(len(units), max(16000, max_msg_nums * F.CQ_STORE_UNIT_SIZE))
-    limit -= limit % F.CQ_STORE_UNIT_SIZE
+    # Units looked at, filtered out or not: the broker's bound on one call's scan.
+    scan_limit = max(16000, max_msg_nums * F.CQ_STORE_UNIT_SIZE) // F.CQ_STORE_UNIT_SIZE
     scanned = 0
-    for phy, size, tags in _UNIT.iter_unpack(units[:limit]):
-        if phy < next_phy_file_start:
+    full = False
+    while True:
+        take = min(len(units) // F.CQ_STORE_UNIT_SIZE, scan_limit - scanned)
+        for phy, size, tags in _UNIT.iter_unpack(units[:take * F.CQ_STORE_UNIT_SIZE]):
+            if phy < next_phy_file_start:
+                scanned += 1
+                continue
+            count = len(messages)
+            if count and (count >= max_msg_nums or nbytes + size > MAX_BYTES):
+                full = True
+                break
             scanned += 1
-            continue
-        count = len(messages)
-        if count:
-            if count >= max_msg_nums:
-                break
-            if max_py - phy > mem_limit:
-                if nbytes + size > disk_bytes or count >= disk_count:
-                    break
-            elif nbytes + size > mem_bytes or count >= mem_count:
-                break
-        scanned += 1
-        if message_filter is not None and not message_filter(tags):
-            continue
-        # Units of one queue mostly point into the same CommitLog file: reuse it.
-        if not (mf_start <= phy and phy + size <= mf_end):
-            mf = commitlog.mfq.find_by_offset(phy)
-            if mf is not None:
-                mf_start = mf.file_from_offset
-                mf_end = mf_start + mf.read_position
-        rec = None
-        if mf is not None and mf_start <= phy and phy + size <= mf_end:
+            if message_filter is not None and not message_filter(tags):
+                continue
+            # Units of one queue mostly point into the same CommitLog file: reuse it.
+            if not (mf_start <= phy and phy + size <= mf_end):
+                mf = commitlog.mfq.find_by_offset(phy)
+                if mf is not None:
+                    mf_start = mf.file_from_offset
+                    mf_end = mf_start + mf.read_position
+            rec = None
+            if mf is not None and mf_start <= phy and phy + size <= mf_end:
+                try:
+                    rec = mf.mm[phy - mf_start:phy - mf_start + size]
+                except ValueError:            # unmapped by cleaning meanwhile
+                    rec = None
+            if rec is None:
+                if not messages:
+                    status = G.MESSAGE_WAS_REMOVING
+                next_phy_file_start = commitlog.roll_next_file(phy)
+                continue
             try:
-                rec = mf.mm[phy - mf_start:phy - mf_start + size]
-            except ValueError:            # unmapped by cleaning meanwhile
-                rec = None
-        if rec is None:
-            if not messages:
-                status = G.MESSAGE_WAS_REMOVING
-            next_phy_file_start = commitlog.roll_next_file(phy)
-            continue
-        try:
-            m = decode(rec)
-        except CorruptRecordError as exc:
-            m = None
-            log.warning("%s-%d unit at %d: %s", topic, queue_id, offset + scanned - 1, exc)
-        if m is None or m.commit_log_offset != phy:
-            continue                      # a damaged unit: skip it, as a filter would
-        append(m)
-        nbytes += size
-        max_phy_seen = phy
-        status = G.FOUND
+                m = decode(rec)
+            except CorruptRecordError as exc:
+                m = None
+                log.warning("%s-%d unit at %d: %s", topic, queue_id, offset + scanned - 1, exc)
+            if m is None or m.commit_log_offset != phy:
+                continue                      # a damaged unit: skip it, as a filter would
+            append(m)
+            nbytes += size
+            max_phy_seen = phy
+            status = G.FOUND
+        if full or len(messages) >= max_msg_nums or scanned >= scan_limit \
+                or offset + scanned >= max_off:
+            break
+        units, _ = cq.read_units(offset + scanned)
+        if units is None:
+            break
     next_begin = offset + scanned
     suggest = max_py - max_phy_seen > mem_limit if messages else False
     return GetMessageResult(status, next_begin, min_off, max_off, messages, suggest)

@@ -8,7 +8,10 @@ import os
 import threading
 
 from . import kernels as _kernels
+from .kernels.contract import KERNEL_NAMES
 from . import query, read_path, recovery
+from .arguments import (check_callable, check_int, check_optional_int, check_queue, check_str,
+                        explain_put_failure)
 from .checkpoint import StoreCheckpoint
 from .clock import system_clock
 from .commitlog import TOPIC_PATTERN, CommitLog
@@ -58,6 +61,12 @@ class MessageStore:
     every record; `read_only=True` opens without the lock, never writes, starts nothing.
     `disk_usage(path)` returns the used fraction of the disk holding `path` (default: the
     file system's), which cleaning and disk-full protection read.
+
+    Read-your-writes: a put that returned is visible to every read that starts after it
+    (get_message, the queue offsets, queries), whatever the flush mode or write-buffer pool;
+    a read that finds dispatch behind does the dispatch itself. After shutdown() begins, a put
+    is either durable under the flush mode's contract or raises StoreClosedError; every
+    method of a shut-down store raises StoreClosedError.
     """
 
     # First run and period of the scheduled jobs (ms): RocketMQ's addScheduleTask values.
@@ -73,6 +82,12 @@ class MessageStore:
         if not isinstance(self.config, StoreConfig):
             raise ConfigError("config must be a StoreConfig")
         self.kernels = _kernels.resolve(kernels)
+        missing = [n for n in KERNEL_NAMES if not hasattr(self.kernels, n)]
+        if missing:
+            raise TypeError(f"kernels must be a backend name or a kernel module; {kernels!r} "
+                            f"has no {missing[0]}")
+        check_callable(clock, "clock")
+        check_callable(disk_usage, "disk_usage")
         self.clock = clock or system_clock
         self.fs = fs or DEFAULT_FS
         self.read_only = read_only
@@ -218,6 +233,7 @@ class MessageStore:
         """Write every config file that changed since it was last written."""
         if self.read_only:
             return
+        self._check_open()
         for manager in (self.topic_configs, self.subscription_groups, self.consumer_offsets,
                         self.delay_offsets):
             manager.persist_if_dirty()
@@ -291,7 +307,7 @@ class MessageStore:
         self._running = True
         self.scheduled_service = StoreScheduledService([
             ("clean", self.CLEAN_INITIAL_DELAY_MS, cfg.clean_resource_interval,
-             self.clean_files_periodically),
+             self._clean_files),
             ("disk-check", self.DISK_CHECK_INITIAL_DELAY_MS, self.DISK_CHECK_INTERVAL_MS,
              self.clean_commitlog_service.is_space_full),
             ("consumer-offsets", self.CONSUMER_OFFSET_PERSIST_INTERVAL_MS,
@@ -309,6 +325,10 @@ class MessageStore:
         caught_up = True
         if self._running:
             self._running = False
+            # Before anything is committed or flushed: a put already holding the lock
+            # finishes its write first, every later one raises StoreClosedError, so what
+            # the final commit and flush cover is everything ever acknowledged.
+            self.commitlog.stop_puts()
             if self.scheduled_service is not None:
                 # Started last, stopped first: no file deletion during the final flush.
                 self.scheduled_service.shutdown()
@@ -330,7 +350,13 @@ class MessageStore:
                 # their last complete version, and the data is flushed and closed below.
                 log.error("could not write the config files: %s", exc)
             self.checkpoint.flush()
-            if caught_up:
+            mfq = self.commitlog.mfq
+            durable = mfq.flushed_where >= mfq.get_max_wrote_position()
+            if not durable:
+                log.error("shutdown: the CommitLog is flushed to %d of %d; keeping the abort "
+                          "file so the next open recovers", mfq.flushed_where,
+                          mfq.get_max_wrote_position())
+            if caught_up and durable:
                 self.fs.remove(abort_path(self.root))
         self._close_files()
         if self._lock is not None:
@@ -349,6 +375,19 @@ class MessageStore:
         if not self._running:
             raise StoreClosedError("the store is not running (shut down, read-only or not "
                                    "started)")
+
+    def _check_open(self):
+        if not self._loaded:
+            raise StoreClosedError("the store is closed (shut down, or never loaded)")
+
+    def _catch_up(self):
+        """Read-your-writes: commit what sits in write buffers and dispatch whatever reput
+        has not yet, so every put that returned is visible to the read that follows it."""
+        if self.commit_service is not None:
+            self.commit_service.commit_now()
+        reput = self.reput_service
+        if reput is not None:
+            reput.catch_up()
 
     def _after_put_sync(self, end_offset, msg):
         """SYNC_FLUSH: wait for the group commit unless the message says WAIT=false."""
@@ -379,11 +418,13 @@ class MessageStore:
 
     def find_consume_queue(self, topic, queue_id):
         """The queue object (created empty when missing, as findConsumeQueue does)."""
+        self._check_open()
         queues = self.consume_queue_table.get(topic)
         if queues is not None:
             cq = queues.get(queue_id)
             if cq is not None:
                 return cq
+        check_queue(topic, queue_id)
         return self._new_cq(topic, queue_id)
 
     consume_queue = find_consume_queue
@@ -409,20 +450,36 @@ class MessageStore:
         if self.running_flags.flag_bits & NOT_WRITEABLE_MASK:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
                                     reason=self._not_writeable_reason())
-        return self.commitlog.put_message(msg, self.clock)
+        try:
+            return self.commitlog.put_message(msg, self.clock)
+        except Exception as exc:
+            explain_put_failure((msg,), exc)
+            raise
 
     def put_messages(self, msgs, batch_properties=None):
         """Store a list of messages of any topics and queues under one lock acquisition.
         `batch_properties` makes it a broker batch (one topic and queue; see
         CommitLog.put_messages), so a broker's MessageBatch replays byte for byte."""
         self._check_running()
+        try:
+            msgs = list(msgs)
+        except TypeError:
+            raise TypeError(f"msgs must be an iterable of Message, not "
+                            f"{type(msgs).__name__}") from None
+        if batch_properties is not None and not isinstance(batch_properties, dict):
+            raise TypeError(f"batch_properties must be a dict or None, not "
+                            f"{type(batch_properties).__name__}")
         if self.is_slave or self.running_flags.flag_bits & NOT_WRITEABLE_MASK:
             import numpy as np
             empty = np.empty(0, dtype=np.int64)
             return PutMessagesResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, 0, empty, empty,
                                      empty, 0, 0, reason=_SLAVE_REASON if self.is_slave
                                      else self._not_writeable_reason())
-        return self.commitlog.put_messages(list(msgs), self.clock, batch_properties)
+        try:
+            return self.commitlog.put_messages(msgs, self.clock, batch_properties)
+        except Exception as exc:
+            explain_put_failure(msgs, exc)
+            raise
 
     def _on_disk_full(self, reason):
         """A reservation found the disk full: refuse puts before the lock from now on, until
@@ -451,15 +508,21 @@ class MessageStore:
 
     def topic_config(self, topic):
         """The topic's TopicConfig, or None."""
-        return self.topic_configs.select(topic)
+        self._check_open()
+        return self.topic_configs.select(check_str(topic, "topic"))
 
     def update_topic_config(self, topic, read_queue_nums=16, write_queue_nums=16, perm=6,
                             topic_filter_type="SINGLE_TAG", topic_sys_flag=0, order=False):
         """Create or replace a topic's config and persist topics.json. From then on a put to
         queue_id >= write_queue_nums raises MessageIllegalError."""
         self._check_writable_config()
-        if not isinstance(topic, str) or not TOPIC_PATTERN.match(topic):
+        if not isinstance(topic, str) or not TOPIC_PATTERN.fullmatch(topic):
             raise ConfigError(f"topic {topic!r} does not match ^[%|a-zA-Z0-9_-]+$")
+        for name, value in (("read_queue_nums", read_queue_nums),
+                            ("write_queue_nums", write_queue_nums), ("perm", perm),
+                            ("topic_sys_flag", topic_sys_flag)):
+            check_int(value, name)
+        check_str(topic_filter_type, "topic_filter_type")
         if read_queue_nums < 0 or write_queue_nums < 0:
             raise ConfigError("queue numbers must be >= 0")
         old = self.topic_configs.select(topic)
@@ -470,16 +533,18 @@ class MessageStore:
     def delete_topic_config(self, topic):
         """Remove a topic's config (its queues and messages stay); returns the old one."""
         self._check_writable_config()
-        return self.topic_configs.delete(topic)
+        return self.topic_configs.delete(check_str(topic, "topic"))
 
     def subscription_group(self, group):
         """The group's SubscriptionGroupConfig, or None."""
-        return self.subscription_groups.find(group)
+        self._check_open()
+        return self.subscription_groups.find(check_str(group, "group"))
 
     def update_subscription_group(self, group, **fields):
         """Create or update a subscription group (fields as SubscriptionGroupConfig's, e.g.
         retry_max_times=3) and persist subscriptionGroup.json."""
         self._check_writable_config()
+        check_str(group, "group")
         old = self.subscription_groups.find(group)
         base = dataclasses.asdict(old) if old else {}
         base.update(fields, group_name=group)
@@ -491,16 +556,23 @@ class MessageStore:
 
     def delete_subscription_group(self, group):
         self._check_writable_config()
-        return self.subscription_groups.delete(group)
+        return self.subscription_groups.delete(check_str(group, "group"))
 
     def commit_offset(self, group, topic, queue_id, offset):
         """Record `offset` (the next message to consume) for the group on a queue; written to
         consumerOffset.json as `topic@group` by the periodic service and at shutdown."""
         self._check_writable_config()
+        check_str(group, "group")
+        check_queue(topic, queue_id)
+        check_int(offset, "offset", 0)
         self.consumer_offsets.commit_offset(group, topic, queue_id, offset)
 
     def query_offset(self, group, topic, queue_id):
         """The committed offset, or -1 when the group never committed one for the queue."""
+        self._check_open()
+        check_str(group, "group")
+        check_str(topic, "topic")
+        check_int(queue_id, "queue_id")
         return self.consumer_offsets.query_offset(group, topic, queue_id)
 
     # ---- cleaning -----------------------------------------------------------------------------
@@ -508,6 +580,10 @@ class MessageStore:
         """One cleaning round (cleanFilesPeriodically): expired CommitLog files, then the
         ConsumeQueue and index files below the new minimum. Returns the CommitLog files
         deleted."""
+        self._check_running()
+        return self._clean_files(check_optional_int(now_ms, "now_ms"))
+
+    def _clean_files(self, now_ms=None):
         if now_ms is None:
             now_ms = self.clock()
         deleted = self.clean_commitlog_service.run_once(now_ms)
@@ -517,30 +593,40 @@ class MessageStore:
     def clean_plan(self, now_ms=None):
         """What the next cleaning round would delete and the unconsumed messages per group it
         would cost (a CleanPlan), without deleting anything."""
-        if not self._loaded:
-            raise StoreClosedError("the store is not loaded")
+        self._check_open()
+        check_optional_int(now_ms, "now_ms")
         return self.clean_commitlog_service.plan(now_ms)
 
     def execute_delete_files_manually(self):
         """Make the next 20 cleaning rounds delete expired files whatever the hour."""
+        self._check_running()
         self.clean_commitlog_service.execute_delete_files_manually()
 
     # ---- get ----------------------------------------------------------------------------------
     def get_min_offset_in_queue(self, topic, queue_id):
+        self._check_open()
+        check_queue(topic, queue_id)
         return self.find_consume_queue(topic, queue_id).min_offset_in_queue
 
     def get_max_offset_in_queue(self, topic, queue_id):
+        """The queue offset the next put to the queue gets; counts every put returned."""
+        self._check_open()
+        check_queue(topic, queue_id)
+        self._catch_up()
         return self.find_consume_queue(topic, queue_id).max_offset_in_queue
 
     def get_min_phy_offset(self):
+        self._check_open()
         return self.commitlog.min_offset
 
     def get_max_phy_offset(self):
+        self._check_open()
         return self.commitlog.max_offset
 
     def update_ha_master_address(self, addr):
         """DefaultMessageStore#updateHaMasterAddress: the "host:port" a slave follows, used
         from its next connection on (a broker learns it from the name server)."""
+        check_str(addr, "addr")
         self.config.ha_master_address = addr
         if self.ha_service is not None:
             self.ha_service.update_master_address(addr)
@@ -554,15 +640,31 @@ class MessageStore:
         return new
 
     def get_message(self, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None):
-        """Pull up to `max_msg_nums` messages from a queue (DefaultMessageStore#getMessage).
+        """Pull up to `max_msg_nums` messages from a queue, from queue offset `offset` on
+        (DefaultMessageStore#getMessage: the same statuses and next offsets).
+
+        Every put that returned before the call is visible to it (read-your-writes). Unlike
+        a broker's remote pull, the call is not cut at 32 messages or 256 KiB: it returns
+        `max_msg_nums` messages when the queue holds them, up to the bounds
+        read_path.MAX_MSG_NUMS (max_msg_nums itself) and read_path.MAX_BYTES (the bytes of
+        the records collected, after the first one).
 
         `message_filter`, if given, is called with each unit's tagsCode and skips the unit when
         it returns False. Messages come back decoded as MessageExt."""
+        self._check_open()
+        check_str(group, "group")
+        check_queue(topic, queue_id)
+        check_int(offset, "offset")
+        check_int(max_msg_nums, "max_msg_nums", 1, read_path.MAX_MSG_NUMS)
+        check_callable(message_filter, "message_filter")
+        self._catch_up()
         return read_path.get_message(self, group, topic, queue_id, offset, max_msg_nums,
                                      message_filter)
 
     def look_message_by_offset(self, phy_offset):
         """The record at a commit-log offset, decoded; None if there is none."""
+        self._check_open()
+        check_int(phy_offset, "phy_offset")
         rec = self.commitlog.get_message_bytes(phy_offset)
         if rec is None:
             return None
@@ -577,22 +679,44 @@ class MessageStore:
         """Messages carrying `key` (a KEYS piece or UNIQ_KEY) under `topic`, stored in
         [begin, end] ms (end None: no bound), at most min(max_num, max_msgs_num_batch), newest
         kept, in ascending offset order: a QueryMessageResult (DefaultMessageStore#queryMessage,
-        but every hit is checked against its record, so a hash collision never answers)."""
+        but every hit is checked against its record, so a hash collision never answers).
+        Every put that returned before the call is indexed for it."""
+        self._check_open()
+        check_str(topic, "topic")
+        check_str(key, "key")
+        check_int(max_num, "max_num", 1)
+        check_int(begin, "begin")
+        check_optional_int(end, "end")
+        self._catch_up()
         return query.query_message(self, topic, key, max_num, begin, end)
 
     def query_message_by_unique_key(self, topic, uniq_key):
         """The MessageExt whose UNIQ_KEY is `uniq_key` under `topic`, or None."""
+        self._check_open()
+        check_str(topic, "topic")
+        check_str(uniq_key, "uniq_key")
+        self._catch_up()
         return query.query_message_by_unique_key(self, topic, uniq_key)
 
     def view_message_by_id(self, msg_id):
-        """The MessageExt an offset msgId names, or None (ValueError if it is no msgId)."""
+        """The MessageExt an offset msgId names, or None (InvalidArgumentError, a ValueError,
+        if it is no msgId)."""
+        self._check_open()
+        check_str(msg_id, "msg_id")
         return query.view_message_by_id(self, msg_id)
 
     def get_offset_in_queue_by_time(self, topic, queue_id, timestamp):
         """The queue offset of the message stored nearest `timestamp` (4.9.x algorithm,
         ConsumeQueue#getOffsetInQueueByTime; the file is chosen by its mtime)."""
+        self._check_open()
+        check_str(topic, "topic")
+        check_int(queue_id, "queue_id")
+        check_int(timestamp, "timestamp")
+        self._catch_up()
         return query.get_offset_in_queue_by_time(self, topic, queue_id, timestamp)
 
     def iter_messages(self, from_offset=None):
         """Every record in commit-log order, decoded (blank records skipped)."""
+        self._check_open()
+        check_optional_int(from_offset, "from_offset")
         return read_path.iter_messages(self, from_offset)

@@ -71,3 +71,15 @@ def tree_digest(root):
             with open(path, "rb") as f:
                 out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
     return out
+
+
+def wait_flushed(store, timeout=5.0):
+    """Block until the flush service has flushed every full CommitLog file (cleaning never
+    deletes past the flushed offset)."""
+    import time
+    deadline = time.monotonic() + timeout
+    mfq = store.commitlog.mfq
+    while mfq.flushed_where < mfq.last_file.file_from_offset:
+        if time.monotonic() > deadline:
+            raise AssertionError("the flush service did not catch up")
+        time.sleep(0.001)

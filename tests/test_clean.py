@@ -49,7 +49,7 @@ def config(**overrides):
     base = dict(mapped_file_size_commit_log=FILE,
                 mapped_file_size_consume_queue=PER_CQ_FILE * 20, file_reserved_time=1,
                 delete_when=OTHER_HOUR, delete_commit_log_files_interval=0,
-                delete_consume_queue_files_interval=0)
+                delete_consume_queue_files_interval=0, flush_interval_commit_log=10)
     base.update(overrides)
     return testing.small_config(**base)
 
@@ -82,6 +82,7 @@ def fill(store, n=60, body=b"b" * 200, queue_id=0):
     results = [store.put_message(Message("TopicA", body, queue_id=queue_id)) for _ in range(n)]
     assert all(r.ok for r in results)
     testing.wait_dispatched(store)
+    testing.wait_flushed(store)
     return results
 
 

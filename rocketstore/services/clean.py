@@ -170,18 +170,38 @@ class CleanCommitLogService:
         files deterministically; files loaded from disk fall back to their mtime."""
         return mf.store_timestamp or self.store.fs.mtime_ms(mf.path)
 
+    def deletable_end(self):
+        """The CommitLog offset no deletion may pass: what reput has dispatched and what is
+        flushed. A file past the first would leave the ConsumeQueues without its units (reput
+        skips ahead, and queue offsets then misalign); past the second, the flusher would
+        look for a file that is gone and never flush again. The flushed offset never passes
+        the committed one (the flusher reads up to the committed position), so it bounds
+        that too."""
+        store = self.store
+        end = store.commitlog.mfq.flushed_where
+        reput = store.reput_service
+        if reput is not None:
+            end = min(end, reput.reput_from_offset)
+        return end
+
     def select(self, now_ms, clean_at_once, protect_below=None):
         """deleteExpiredFileByTime's choice: leading files (never the last one) that expired
         or, with clean_at_once, any; at most delete_file_batch_max; stop at the first one
-        kept, so a newer file never goes while an older remains. With `protect_below`, a file
-        reaching past that physical offset is kept. Returns (files, protected)."""
+        kept, so a newer file never goes while an older remains. A file reaching past
+        deletable_end() is always kept; with `protect_below`, so is one reaching past that
+        physical offset. Returns (files, protected)."""
         cfg = self.store.config
         expired_ms = cfg.file_reserved_time * HOUR_MS
+        safe_end = self.deletable_end()
         chosen, protected = [], []
         for mf in self.store.commitlog.mfq.files[:-1]:
             if len(chosen) >= cfg.delete_file_batch_max:
                 break
             if not (clean_at_once or now_ms >= self.last_modified_ms(mf) + expired_ms):
+                break
+            if mf.end_offset > safe_end:
+                log.info("keeping %s: not yet dispatched and flushed (up to %d)",
+                         mf.file_name, safe_end)
                 break
             if protect_below is not None and mf.end_offset > protect_below:
                 protected.append(mf)

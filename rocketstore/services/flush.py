@@ -43,9 +43,10 @@ class FlushRealTimeService(ServiceThread):
             self._store.checkpoint.physic_msg_timestamp = mfq.store_timestamp
 
     def on_shutdown(self):
-        # Up to 10 full flushes until nothing moves; these do not refresh physicMsgTimestamp.
+        # Full flushes until nothing moves, one file per call, so every file written since
+        # the last round is covered; these do not refresh physicMsgTimestamp.
         mfq = self._store.commitlog.mfq
-        for _ in range(10):
+        for _ in range(len(mfq.files) + 10):
             if mfq.flush(0):
                 break
 
@@ -63,6 +64,7 @@ class GroupCommitService(ServiceThread):
         self._mfq = store.commitlog.mfq
         self._cond = threading.Condition()
         self._flushed = self._mfq.flushed_where   # published under _cond
+        self._final_flush_done = False              # set under _cond by on_shutdown
 
     def wait_flushed(self, offset, timeout_ms):
         """Block until `offset` is durable; False after `timeout_ms` (FLUSH_DISK_TIMEOUT)."""
@@ -73,7 +75,9 @@ class GroupCommitService(ServiceThread):
         with self._cond:
             while self._flushed < offset:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or self.is_stopped:
+                # Not is_stopped: the final flush still serves a put written before
+                # shutdown, so only its completion ends the wait early.
+                if remaining <= 0 or self._final_flush_done:
                     return self._flushed >= offset
                 self._cond.wait(remaining)
         return True
@@ -97,6 +101,9 @@ class GroupCommitService(ServiceThread):
 
     def on_shutdown(self):
         self.flush_all()
+        with self._cond:
+            self._final_flush_done = True
+            self._cond.notify_all()
 
 
 class CommitRealTimeService(ServiceThread):
@@ -110,6 +117,8 @@ class CommitRealTimeService(ServiceThread):
         super().__init__()
         self._store = store
         self._last_commit = 0
+        # One committer at a time: this thread, or a reader wanting its own puts visible.
+        self._lock = threading.Lock()
 
     def run_once(self):
         cfg = self._store.config
@@ -118,18 +127,35 @@ class CommitRealTimeService(ServiceThread):
         if now >= self._last_commit + cfg.commit_commit_log_thorough_interval:
             least = 0
         mfq = self._store.commitlog.mfq
-        if not mfq.commit(least):
+        with self._lock:
+            moved = not mfq.commit(least)
+        if moved:
             self._last_commit = now
             flusher = self._store.flush_service
             if flusher is not None:
                 flusher.wakeup()
         self.wait_for_running(cfg.commit_interval_commit_log)
 
-    def on_shutdown(self):
+    def _commit_all(self):
         mfq = self._store.commitlog.mfq
         for _ in range(len(mfq.files) + 10):
             if mfq.commit(0):
                 break
+
+    def commit_now(self):
+        """Commit every write buffer in the caller's thread, so a read sees each put that
+        returned (the readers' view of a pooled file ends at its committed position).
+        Nothing once the service stopped: its final commit ran."""
+        mfq = self._store.commitlog.mfq
+        if mfq.committed_where >= mfq.get_max_wrote_position():
+            return
+        with self._lock:
+            if not self.is_stopped:
+                self._commit_all()
+
+    def on_shutdown(self):
+        with self._lock:
+            self._commit_all()
 
 
 class FlushConsumeQueueService(ServiceThread):

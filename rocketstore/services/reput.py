@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """ReputMessageService: tails the CommitLog and feeds every dispatcher (spec 03 §8)."""
 import logging
+import threading
 
 import numpy as np
 
@@ -24,13 +25,26 @@ class ReputMessageService(ServiceThread):
         self._rows = np.empty(self.BATCH, dtype=F.SCAN_DTYPE)
         self._failures = 0
         self._halted = None         # why a slave stopped dispatching replicated bytes
+        # One dispatcher at a time: the service thread, or a reader catching up.
+        self._lock = threading.Lock()
 
     def behind(self):
         return self._commitlog.max_offset - self.reput_from_offset
 
     def run_once(self):
         self.wait_for_running(1)
-        self.do_reput()
+        with self._lock:
+            self.do_reput()
+
+    def catch_up(self):
+        """Dispatch, in the caller's thread, what is readable in the CommitLog but not yet
+        dispatched, so a put is visible to reads as soon as it returns. Nothing once the
+        service stopped: its final drain ran, and the files are about to close."""
+        if self.reput_from_offset >= self._commitlog.max_offset:
+            return
+        with self._lock:
+            if not self.is_stopped:
+                self.do_reput()
 
     def do_reput(self):
         """Dispatch every complete record between reput_from_offset and the read position."""
@@ -133,6 +147,7 @@ class ReputMessageService(ServiceThread):
     def on_shutdown(self):
         # Drain what was written before shutdown (the broker waits up to 5 s).
         try:
-            self.do_reput()
+            with self._lock:
+                self.do_reput()
         except Exception:
             log.exception("reput: final drain failed")
