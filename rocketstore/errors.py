@@ -34,6 +34,11 @@ class StoreLoadError(StoreError):
     """A store directory cannot be loaded (wrong file sizes, unreadable files)."""
 
 
+class UnsafePathError(StoreLoadError):
+    """A store file or directory is a symbolic link that a write would follow out of the
+    store (or onto another file): the store refuses rather than write through it."""
+
+
 class MessageIllegalError(StoreError, ValueError):
     """A message breaks RocketMQ's put-time rules; `status` names the PutMessageStatus."""
 

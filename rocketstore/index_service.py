@@ -14,6 +14,7 @@ import numpy as np
 from . import format as F
 from .dispatch import Dispatcher
 from .index_file import (IndexFile, human_string_to_time_millis, time_millis_to_human_string)
+from .mapped_file_queue import is_index_name, split_segment_names
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +78,12 @@ class IndexService(Dispatcher):
         re-dispatches their records (spec 02 §2.7). A read-only store destroys nothing."""
         files = []
         index_ts = self._store.checkpoint.index_msg_timestamp
-        for name in self._fs.list_dir(self.store_path):
+        names, strays = split_segment_names(self._fs, self.store_path, None, is_index_name)
+        for name in strays:
+            log.warning("ignoring %s: not an index file name (yyyyMMddHHmmssSSS); left as it "
+                        "is", os.path.join(self.store_path, name))
+        for name in names:
             path = os.path.join(self.store_path, name)
-            if not name.isdigit() or self._fs.is_dir(path):
-                continue
             f = IndexFile(path, self.hash_slot_num, self.index_num, self._k, self._fs,
                           writable=self.writable)
             if not last_exit_ok and self.writable and f.end_timestamp > index_ts:
@@ -106,7 +109,7 @@ class IndexService(Dispatcher):
             while name <= prev.file_name:
                 ms += 1
                 name = time_millis_to_human_string(ms)
-        self._fs.ensure_dir(self.store_path)
+        self._fs.ensure_dir(self.store_path, self._store.root)
         end_phy = end_ts = 0
         if prev is not None:
             end_phy, end_ts = prev.end_phy_offset, prev.end_timestamp

@@ -117,6 +117,7 @@ def _rebuild(root, kernels, wipe_dirs, reset_index, **overrides):
     lock = store._lock
     lock.acquire()                       # refuse while anyone else has the store open
     try:
+        store._check_links()             # before wiping: nothing is written through a link
         for sub in wipe_dirs:
             base = os.path.join(root, sub)
             for d, _, names in os.walk(base, topdown=False):
