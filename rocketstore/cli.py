@@ -259,6 +259,7 @@ def store_stat(store):
         "commitlog": {"min_offset": store.get_min_phy_offset(),
                       "max_offset": store.get_max_phy_offset()},
         "files": _files_per_kind(store),
+        "stray_files": store.stray_files(),
         "checkpoint": {name: {"ms": value, "utc": _ms_to_iso(value)} for name, value in (
             ("physic_msg_timestamp", cp.physic_msg_timestamp),
             ("logics_msg_timestamp", cp.logics_msg_timestamp),
@@ -288,6 +289,8 @@ def _print_stat(st, out):
     w("files\n")
     for kind, f in st["files"].items():
         w(f"  {kind:<13}{f['files']:>7} files {f['bytes']:>15,} bytes\n")
+    for rel in st["stray_files"]:
+        w(f"  ignored      {rel} (not a store file name)\n")
     w("checkpoint\n")
     for name, v in st["checkpoint"].items():
         w(f"  {name:<22}{v['ms']:>15}  {v['utc'] or '-'}\n")

@@ -301,6 +301,18 @@ def _quote_int_keys(text):
     return re.sub(r"([{,]\s*)(-?\d+)(\s*:)", r'\1"\2"\3', text)
 
 
+def _check_names(store, report):
+    """Files that load left alone (not a store file name) and links a write would follow."""
+    for rel in store.stray_files():
+        kind = rel.split(os.sep)[0]
+        report.problems.append(Problem(kind if kind in ("consumequeue", "index") else
+                                       "commitlog", rel, -1,
+                                       "not a store file name: ignored and left as it is"))
+    for path, why in store.unsafe_links():
+        report.problems.append(Problem("link", _rel(store, path), -1,
+                                       f"{why}: a writable open refuses the store"))
+
+
 def verify_store(store, progress=None):
     """Check every file of a loaded (read-only) store; returns a VerifyReport."""
     progress = progress or (lambda n: None)
@@ -310,4 +322,5 @@ def verify_store(store, progress=None):
     _check_index(store, report, good)
     _check_checkpoint(store, report, good)
     _check_configs(store, report)
+    _check_names(store, report)
     return report

@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from rocketstore import Message, testing
-from rocketstore.errors import StoreLoadError
+from rocketstore.errors import StoreLoadError, UnsafePathError
 from rocketstore.store import MessageStore
 
 BACKEND = testing.backend_params()[0]
@@ -127,3 +127,151 @@ def test_store_paths_with_spaces_and_unicode(tmp_path, name, capsys):
     capsys.readouterr()
     assert cli.main(["dump", str(root)]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 6
+
+
+# ---- symlinks: a writable open, recover and rebuild-* never write through one ---------------
+
+def _first(directory):
+    return sorted(n for n in os.listdir(directory) if not n.startswith("."))[0]
+
+
+# Each kind: (path under the store, is it a directory). Links to files point at a copy of the
+# real file (same size, so no size check stops the open first); a missing file gets a link to
+# an outside file all the same.
+LINK_KINDS = {
+    "abort": "abort",
+    "lock": "lock",
+    "checkpoint": "checkpoint",
+    "topics.json": "config/topics.json",
+    "topics.json.tmp": "config/topics.json.tmp",
+    "topics.json.bak": "config/topics.json.bak",
+    "consumerOffset.json": "config/consumerOffset.json",
+    "commitlog segment": lambda root: "commitlog/" + _first(root / "commitlog"),
+    "next commitlog .creating": "commitlog/00000000000000065536.creating",
+    "consumequeue segment": lambda root: "consumequeue/T0/0/" + _first(
+        root / "consumequeue" / "T0" / "0"),
+    "index file": lambda root: "index/" + _first(root / "index"),
+    "commitlog dir": "commitlog",
+    "index dir": "index",
+    "config dir": "config",
+    "consumequeue dir": "consumequeue",
+    "future topic dir": "consumequeue/NewTopic",
+}
+
+
+def _run(op, root):
+    from rocketstore import repair
+    if op == "open+put":
+        store = MessageStore(str(root), testing.small_config(), kernels=BACKEND)
+        try:
+            store.load()
+            store.start()
+            store.put_message(Message("NewTopic", b"y" * 100, queue_id=0))
+            store.update_topic_config("NewTopic")
+        finally:
+            store.shutdown()
+    elif op == "recover":
+        repair.recover(str(root), BACKEND)
+    elif op == "rebuild-cq":
+        repair.rebuild_consume_queues(str(root), BACKEND)
+    else:
+        repair.rebuild_index(str(root), BACKEND)
+
+
+def _plant_link(tmp_path, kind):
+    root = tmp_path / "store"
+    write_store(root, n=40)
+    rel = LINK_KINDS[kind]
+    rel = rel(root) if callable(rel) else rel
+    inside = root / rel
+    outside = tmp_path / "outside" / "target"
+    outside.parent.mkdir()
+    if inside.is_dir():
+        import shutil
+        shutil.copytree(inside, outside)
+        shutil.rmtree(inside)
+    elif inside.exists():
+        outside.write_bytes(inside.read_bytes())
+        inside.unlink()
+    elif kind == "future topic dir":
+        outside.mkdir()
+    else:
+        outside.write_bytes(b"outside the store\n")
+    os.symlink(outside, inside)
+    return root, inside, outside
+
+
+@pytest.mark.parametrize("op", ["open+put", "recover", "rebuild-cq", "rebuild-index"])
+@pytest.mark.parametrize("kind", sorted(LINK_KINDS))
+def test_a_link_out_of_the_store_is_refused_and_its_target_never_written(tmp_path, kind, op):
+    root, inside, outside = _plant_link(tmp_path, kind)
+    before = testing.tree_digest(outside.parent)
+    with pytest.raises(UnsafePathError, match="symbolic link") as err:
+        _run(op, root)
+    assert str(inside) in str(err.value)
+    assert testing.tree_digest(outside.parent) == before
+    assert os.path.islink(inside)                   # reported, not removed
+
+
+def test_a_link_to_a_file_inside_the_store_is_refused_too(tmp_path):
+    root = tmp_path / "store"
+    write_store(root, n=4)
+    ckpt = root / "checkpoint"
+    os.rename(ckpt, root / "config" / "checkpoint.real")
+    os.symlink(root / "config" / "checkpoint.real", ckpt)
+    with pytest.raises(UnsafePathError, match="not a directory"):
+        _run("open+put", root)
+
+
+def test_the_cli_names_the_link_in_one_line(tmp_path, capsys):
+    from rocketstore import cli
+    root, inside, outside = _plant_link(tmp_path, "index file")
+    before = outside.read_bytes()
+    for command in ("recover", "rebuild-cq", "rebuild-index"):
+        capsys.readouterr()
+        assert cli.main(["--backend", BACKEND, command, str(root)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and str(inside) in err, err
+    assert outside.read_bytes() == before
+
+
+def test_verify_reports_a_link_out_of_the_store(tmp_path):
+    from rocketstore.verify import verify_store
+    root, inside, _ = _plant_link(tmp_path, "checkpoint")
+    ro = MessageStore.open_read_only(str(root), kernels=BACKEND)
+    try:
+        problems = verify_store(ro).problems
+    finally:
+        ro.shutdown()
+    assert [p.file for p in problems if p.kind == "link"] == ["checkpoint"]
+
+
+def test_a_link_planted_after_load_is_refused_when_a_queue_directory_is_made(tmp_path):
+    root = tmp_path / "store"
+    write_store(root, n=4)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    store = testing.open_store(root, BACKEND)
+    try:
+        os.symlink(outside, root / "consumequeue" / "Late")
+        with pytest.raises(UnsafePathError, match="outside the store"):
+            store.find_consume_queue("Late", 0).mfq.get_last_mapped_file(0)
+    finally:
+        store.shutdown()
+    assert list(outside.iterdir()) == []
+
+
+def test_a_link_planted_after_load_is_not_written_through_by_a_config_write(tmp_path):
+    root = tmp_path / "store"
+    write_store(root, n=4)
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"keep")
+    store = testing.open_store(root, BACKEND)
+    try:
+        os.symlink(outside, root / "config" / "topics.json.tmp")
+        with pytest.raises(UnsafePathError):
+            store.update_topic_config("Late")
+    finally:
+        os.remove(root / "config" / "topics.json.tmp")
+        store.shutdown()
+    assert outside.read_bytes() == b"keep"
