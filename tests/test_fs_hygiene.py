@@ -275,3 +275,179 @@ def test_a_link_planted_after_load_is_not_written_through_by_a_config_write(tmp_
         os.remove(root / "config" / "topics.json.tmp")
         store.shutdown()
     assert outside.read_bytes() == b"keep"
+
+
+# ---- stray names: only exact store file names load; the rest is reported and left alone ------
+
+STRAY_NAMES = {
+    "commitlog": ["0", "1" * 21, "0" * 26, "0" * 19, "0" * 20 + ".creating",
+                  "00000000000000000100"],                  # 20 digits, not a file-size multiple
+    "consumequeue/T0/0": ["0", "1" * 21, "0" * 26, "0" * 19, "00000000000000000010"],
+    "index": ["0", "0" * 20, "0" * 17, "20231399000000000", "2" * 18],
+}
+STRAY_CASES = [(d, n) for d, names in STRAY_NAMES.items() for n in names]
+
+
+def _messages(root):
+    ro = MessageStore.open_read_only(str(root), kernels=BACKEND)
+    try:
+        return [(m.topic, m.body) for m in ro.iter_messages()]
+    finally:
+        ro.shutdown()
+
+
+@pytest.mark.parametrize("where,name", STRAY_CASES)
+def test_a_stray_name_is_left_alone_and_a_put_survives_reopen(tmp_path, where, name, caplog):
+    root = tmp_path / "store"
+    write_store(root, n=200)
+    stray = root / where / name
+    stray.write_bytes(b"not a segment")
+    before = _messages(root)
+    caplog.set_level(logging.WARNING)
+    store = testing.open_store(root, BACKEND)
+    try:
+        put = store.put_message(Message("T0", b"acknowledged", queue_id=0))
+        assert put.ok
+    finally:
+        store.shutdown()
+    assert name in caplog.text
+    store = testing.open_store(root, BACKEND)
+    try:
+        assert store.look_message_by_offset(put.commit_log_offset).body == b"acknowledged"
+        assert store.get_max_offset_in_queue("T0", 0) == 101
+        assert [m.body for m in store.get_message("g", "T0", 0, 100, 1).messages] == \
+            [b"acknowledged"]
+    finally:
+        store.shutdown()
+    assert _messages(root) == before + [("T0", b"acknowledged")]
+    assert stray.read_bytes() == b"not a segment"
+
+
+@pytest.mark.parametrize("where,name", STRAY_CASES)
+def test_recover_with_a_stray_name_destroys_nothing(tmp_path, where, name):
+    from rocketstore import repair
+    root = tmp_path / "store"
+    write_store(root, n=200)
+    stray = root / where / name
+    stray.write_bytes(b"not a segment")
+    before = _messages(root)
+    repair.recover(str(root), BACKEND)
+    assert _messages(root) == before and len(before) == 200
+    assert stray.read_bytes() == b"not a segment"
+
+
+@pytest.mark.parametrize("where,name", STRAY_CASES[:3] + STRAY_CASES[-3:])
+def test_verify_and_stat_report_a_stray_name(tmp_path, where, name, capsys):
+    from rocketstore import cli
+    root = tmp_path / "store"
+    write_store(root, n=20)
+    (root / where / name).write_bytes(b"not a segment")
+    rel = os.path.join(where, name)
+    capsys.readouterr()
+    assert cli.main(["--backend", BACKEND, "verify", str(root)]) == 1
+    assert rel in capsys.readouterr().out
+    assert cli.main(["--backend", BACKEND, "stat", str(root)]) == 0
+    assert f"ignored      {rel}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("qid", ["007", "01", "+1", "99999999999", "１"])
+def test_a_queue_directory_not_named_by_a_queue_id_is_left_alone(tmp_path, qid, caplog):
+    root = tmp_path / "store"
+    write_store(root, n=20)
+    odd = root / "consumequeue" / "T0" / qid
+    os.rename(root / "consumequeue" / "T0" / "0", odd)
+    caplog.set_level(logging.WARNING)
+    store = testing.open_store(root, BACKEND)
+    try:
+        # `007` parses as 7 but names another directory than queue 7's: not loaded as one.
+        assert set(store.consume_queue_table.get("T0", {})) <= {0}
+    finally:
+        store.shutdown()
+    assert qid in caplog.text
+    assert sorted(os.listdir(odd)) == ["0" * 20]
+
+
+def test_a_file_where_a_queue_directory_belongs_is_left_alone(tmp_path, caplog):
+    root = tmp_path / "store"
+    write_store(root, n=20)
+    (root / "consumequeue" / "T0" / "5").write_bytes(b"file")
+    (root / "consumequeue" / "loose").write_bytes(b"file")
+    caplog.set_level(logging.WARNING)
+    store = testing.open_store(root, BACKEND)
+    store.shutdown()
+    assert (root / "consumequeue" / "T0" / "5").read_bytes() == b"file"
+    assert (root / "consumequeue" / "loose").read_bytes() == b"file"
+    assert "consumequeue/T0/5" in caplog.text.replace(os.sep, "/")
+
+
+# ---- config writes: one writer at a time per file, durable, every acknowledged update kept ----
+
+def test_concurrent_topic_updates_raise_nothing_and_keep_every_topic(tmp_path):
+    import json
+    import threading
+    from rocketstore.config_manager import parse_fastjson
+    root = tmp_path / "store"
+    store = testing.open_store(root, BACKEND)
+    errors = []
+    start = threading.Barrier(8)
+
+    def hammer(t):
+        start.wait()
+        for i in range(40):
+            try:
+                store.update_topic_config(f"T{t}_{i}", write_queue_nums=1 + i % 8)
+                store.update_subscription_group(f"G{t}_{i}")
+            except Exception as exc:                # noqa: BLE001 - any failure counts
+                errors.append(exc)
+
+    threads = [threading.Thread(target=hammer, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    try:
+        assert errors == []
+        config = root / "config"
+        topics = parse_fastjson((config / "topics.json").read_text())["topicConfigTable"]
+        groups = json.loads((config / "subscriptionGroup.json").read_text())
+        want = {f"T{t}_{i}" for t in range(8) for i in range(40)}
+        assert want <= set(topics)
+        assert {f"G{t}_{i}" for t in range(8) for i in range(40)} <= \
+            set(groups["subscriptionGroupTable"])
+        assert not (config / "topics.json.tmp").exists()
+        assert (config / "topics.json.bak").exists()
+    finally:
+        store.shutdown()
+
+
+def test_killed_while_updating_topics_keeps_every_acknowledged_update(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    from rocketstore.config_manager import TopicConfigManager
+    from rocketstore.fs import DEFAULT
+    child = os.path.join(os.path.dirname(__file__), "crashers", "topic_writer.py")
+    root = tmp_path / "store"
+    acked = []
+    for round_ in range(4):
+        proc = subprocess.Popen([sys.executable, child, str(root), str(round_)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            assert proc.stdout.readline() == b"ready\n", proc.stderr.read().decode()
+            got = 0
+            while got < 60 + 40 * round_:            # kill at a different point each round
+                line = proc.stdout.readline()
+                assert line, proc.stderr.read().decode()[-2000:]
+                acked.append(line.split()[1].decode())
+                got += 1
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            out, err = proc.communicate()
+        assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]
+        acked += [raw.split()[1].decode() for raw in out.decode().splitlines()
+                  if raw.startswith("ack ") and len(raw.split()) == 2]
+        manager = TopicConfigManager(str(root), DEFAULT)
+        assert manager.load(), "topics.json and its .bak are both corrupt"
+        assert manager.loaded_from == "main"
+        missing = set(acked) - set(manager.topic_config_table)
+        assert not missing, f"round {round_}: {len(missing)} acknowledged topics lost"

@@ -34,9 +34,9 @@ def main():
             os.write(2, f"{type(exc).__name__}: {exc}\n".encode())
             os._exit(3)
 
+    os.write(1, b"ready\n")
     for t in range(THREADS):
         threading.Thread(target=hammer, args=(t,), daemon=True).start()
-    os.write(1, b"ready\n")
     threading.Event().wait()
 
 
