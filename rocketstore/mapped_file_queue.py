@@ -52,7 +52,18 @@ def split_segment_names(fs, directory, file_size, is_name=is_segment_name):
             segments.append(name)
         else:
             strays.append(name)
-    return segments, strays
+    if file_size and len(segments) > 1:
+        # A short file next to no other segment is no segment cut short: extending it as
+        # one (then truncating it away in recovery) would destroy a file that is not ours.
+        offs = [int(n) for n in segments]
+        for i, name in enumerate(list(segments)):
+            if (i and offs[i] - offs[i - 1] == file_size) or \
+                    (i + 1 < len(offs) and offs[i + 1] - offs[i] == file_size):
+                continue
+            if fs.size(os.path.join(directory, name)) != file_size:
+                segments.remove(name)
+                strays.append(name)
+    return segments, sorted(strays)
 
 
 class MappedFileQueue:
@@ -89,9 +100,16 @@ class MappedFileQueue:
                 f"no segment name in {self.store_path} is a multiple of {self.file_size}: "
                 "the configured file size does not match the store")
         for name in self.stray_names:
-            log.warning("ignoring %s: not a segment (%d digits, a multiple of %d); left as it "
-                        "is", os.path.join(self.store_path, name), SEGMENT_NAME_LEN,
-                        self.file_size)
+            log.warning("ignoring %s: not a segment (%d digits, a multiple of %d, next to the "
+                        "others or of their size); left as it is",
+                        os.path.join(self.store_path, name), SEGMENT_NAME_LEN, self.file_size)
+        for a, b in zip(names, names[1:]):
+            if int(b) - int(a) != self.file_size and self.writable:
+                # Recovery would take the first run for the whole queue and write over or
+                # truncate the rest: refuse, as a broker's load does.
+                raise StoreLoadError(
+                    f"segments {a} and {b} in {self.store_path} are not adjacent: a segment "
+                    "between them is missing, or one of them is not ours; move it away")
         sizes = {n: self._fs.size(os.path.join(self.store_path, n)) for n in names}
         damaged_ok = self.file_size in sizes.values() or len(set(sizes.values())) > 1
         for name in names:

@@ -281,8 +281,10 @@ def test_a_link_planted_after_load_is_not_written_through_by_a_config_write(tmp_
 
 STRAY_NAMES = {
     "commitlog": ["0", "1" * 21, "0" * 26, "0" * 19, "0" * 20 + ".creating",
-                  "00000000000000000100"],                  # 20 digits, not a file-size multiple
-    "consumequeue/T0/0": ["0", "1" * 21, "0" * 26, "0" * 19, "00000000000000000010"],
+                  "00000000000000000100",                   # 20 digits, not a file-size multiple
+                  "20200101000000000000"],                  # a multiple, but far off and short
+    "consumequeue/T0/0": ["0", "1" * 21, "0" * 26, "0" * 19, "00000000000000000010",
+                          "20200101000000000000"],
     "index": ["0", "0" * 20, "0" * 17, "20231399000000000", "2" * 18],
 }
 STRAY_CASES = [(d, n) for d, names in STRAY_NAMES.items() for n in names]
@@ -451,3 +453,20 @@ def test_killed_while_updating_topics_keeps_every_acknowledged_update(tmp_path):
         assert manager.loaded_from == "main"
         missing = set(acked) - set(manager.topic_config_table)
         assert not missing, f"round {round_}: {len(missing)} acknowledged topics lost"
+
+
+def test_a_gap_between_segments_refuses_a_writable_open_and_changes_nothing(tmp_path):
+    from rocketstore import repair
+    root = tmp_path / "store"
+    write_store(root, n=700)
+    cl = root / "commitlog"
+    names = sorted(os.listdir(cl))
+    assert len(names) >= 3
+    os.rename(cl / names[1], tmp_path / names[1])           # a middle segment gone
+    before = testing.tree_digest(root)
+    for run in (lambda: _run("open+put", root), lambda: repair.recover(str(root), BACKEND)):
+        with pytest.raises(StoreLoadError, match="not adjacent"):
+            run()
+    after = testing.tree_digest(root)
+    assert {k: v for k, v in after.items() if k != "lock"} == \
+        {k: v for k, v in before.items() if k != "lock"}
