@@ -330,6 +330,7 @@ def _query(args):
     """`query key|id|offset|time`: JSON lines as `dump` prints them; exit 1 when nothing is
     found, 2 on a bad argument or store."""
     from .config import StoreConfig
+    from .mapped_file_queue import is_index_name, split_segment_names
     from .store import MessageStore
     explicit = args.max_hash_slot_num is not None or args.max_index_num is not None
     defaults = StoreConfig()
@@ -345,8 +346,8 @@ def _query(args):
                 raise ValueError(f"the index files do not have {slots} hash slots and "
                                  f"{entries} entries")
             files = store._indexer.index_file_list
-            if not files and any(n.isdigit() for n in store.fs.list_dir(
-                    store._indexer.store_path)):
+            if not files and split_segment_names(store.fs, store._indexer.store_path, None,
+                                                 is_index_name)[0]:
                 raise ValueError("cannot tell the index files' hash slot and entry numbers; "
                                  "pass --max-hash-slot-num and --max-index-num")
             messages = store.query_message(args.topic, args.key, args.max, args.begin,

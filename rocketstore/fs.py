@@ -71,30 +71,40 @@ class FileSystem:
         files). Links to directories inside `root` are walked through, once each."""
         found = []
         seen = set()
-        pending = [top]
-        while pending:
-            path = pending.pop()
-            if os.path.islink(path):
-                real = os.path.realpath(path)
-                if not is_inside(root, real):
-                    found.append((path, f"a symbolic link to {real}, outside the store "
-                                        f"{os.path.realpath(root)}"))
-                    continue
-                if not os.path.isdir(real):
-                    found.append((path, f"a symbolic link to {real}, not a directory"))
-                    continue
-            elif not os.path.isdir(path):
-                continue
+        real_root = os.path.realpath(root)
+
+        def link(path):
             real = os.path.realpath(path)
+            if not is_inside(real_root, real):
+                found.append((path, f"a symbolic link to {real}, outside the store "
+                                    f"{real_root}"))
+            elif not os.path.isdir(real):
+                found.append((path, f"a symbolic link to {real}, not a directory"))
+            else:
+                return real
+            return None
+
+        if os.path.islink(top):
+            real = link(top)
+            pending = [(top, real)] if real else []
+        else:
+            pending = [(top, os.path.realpath(top))] if os.path.isdir(top) else []
+        while pending:
+            path, real = pending.pop()
             if real in seen:
                 continue
             seen.add(real)
             try:
                 with os.scandir(path) as it:
                     for entry in it:
-                        # d_type answers without a stat: plain files are the bulk of a store.
-                        if entry.is_symlink() or entry.is_dir(follow_symlinks=False):
-                            pending.append(entry.path)
+                        # d_type answers without a stat: plain files are the bulk of a store,
+                        # and a directory's real path is its parent's plus its name.
+                        if entry.is_symlink():
+                            target = link(entry.path)
+                            if target:
+                                pending.append((entry.path, target))
+                        elif entry.is_dir(follow_symlinks=False):
+                            pending.append((entry.path, os.path.join(real, entry.name)))
             except OSError:
                 continue
         return sorted(found)
