@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Filesystem hygiene: modes follow 0644 / 0755 under the caller's umask, a consumequeue entry
-symlinked out of the store is never followed, and paths with spaces and non-ASCII work."""
+"""Filesystem hygiene: modes follow 0644 / 0755 under the caller's umask, a link of any store
+file or directory out of the store is never written through (open, recover, rebuild-*), only
+exact store file names load (the rest is reported and left alone), config files survive
+concurrent writers and SIGKILL, and paths with spaces and non-ASCII work."""
 import contextlib
 import logging
 import os
