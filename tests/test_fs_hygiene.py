@@ -472,3 +472,32 @@ def test_a_gap_between_segments_refuses_a_writable_open_and_changes_nothing(tmp_
     after = testing.tree_digest(root)
     assert {k: v for k, v in after.items() if k != "lock"} == \
         {k: v for k, v in before.items() if k != "lock"}
+
+
+def test_a_store_reached_through_a_linked_root_opens_and_writes(tmp_path):
+    real = tmp_path / "disk" / "store"
+    write_store(real, n=4)
+    os.symlink(real, tmp_path / "store")
+    store = testing.open_store(tmp_path / "store", BACKEND)
+    try:
+        assert store.put_message(Message("Fresh", b"z", queue_id=3)).ok
+        store.update_topic_config("Fresh")
+    finally:
+        store.shutdown()
+    assert (real / "consumequeue" / "Fresh" / "3").is_dir()
+
+
+def test_a_commitlog_configured_outside_the_root_is_not_taken_for_an_escape(tmp_path):
+    cl_dir = tmp_path / "other-disk" / "commitlog"
+    config = testing.small_config(store_path_commit_log=str(cl_dir))
+    store = testing.open_store(tmp_path / "store", BACKEND, config=config)
+    try:
+        put = store.put_message(Message("T", b"z"))
+    finally:
+        store.shutdown()
+    store = testing.open_store(tmp_path / "store", BACKEND, config=config)
+    try:
+        assert store.look_message_by_offset(put.commit_log_offset).body == b"z"
+    finally:
+        store.shutdown()
+    assert os.listdir(cl_dir) == ["0" * 20]
