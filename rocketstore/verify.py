@@ -22,7 +22,7 @@ _REASONS = {F.SCAN_CORRUPT: "corrupt record (bad magic, length or body CRC)",
 
 @dataclasses.dataclass
 class Problem:
-    kind: str          # commitlog | consumequeue | index | checkpoint | config
+    kind: str          # commitlog | consumequeue | index | checkpoint | config | link
     file: str          # path relative to the store root
     offset: int        # byte offset inside that file (-1: the file as a whole)
     detail: str
