@@ -4,7 +4,7 @@ broker's store directory. See README.md."""
 from ._version import __version__
 from .config import BrokerRole, FlushDiskType, StoreConfig
 from .errors import (ConfigError, CorruptRecordError, MessageIllegalError, StoreClosedError,
-                     StoreError, StoreLoadError, StoreLockedError)
+                     StoreError, StoreLoadError, StoreLockedError, UnsafePathError)
 from .kernels import BACKEND
 from .message import Message, MessageExt
 from .recovery import RecoveryReport
@@ -17,6 +17,6 @@ __all__ = [
     "Message", "MessageExt", "PutMessageStatus", "GetMessageStatus", "AppendStatus",
     "PutMessageResult", "PutMessagesResult", "GetMessageResult", "QueryMessageResult",
     "RecoveryReport",
-    "StoreError", "StoreLockedError", "StoreClosedError", "StoreLoadError",
+    "StoreError", "StoreLockedError", "StoreClosedError", "StoreLoadError", "UnsafePathError",
     "MessageIllegalError", "CorruptRecordError", "ConfigError",
 ]
