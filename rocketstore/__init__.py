@@ -4,7 +4,8 @@ broker's store directory. See README.md."""
 from ._version import __version__
 from .config import BrokerRole, FlushDiskType, StoreConfig
 from .errors import (ConfigError, CorruptRecordError, InvalidArgumentError, MessageIllegalError,
-                     StoreClosedError, StoreError, StoreLoadError, StoreLockedError)
+                     StoreClosedError, StoreError, StoreLoadError, StoreLockedError,
+                     UnsafePathError)
 from .kernels import BACKEND
 from .message import Message, MessageExt
 from .recovery import RecoveryReport
@@ -17,6 +18,6 @@ __all__ = [
     "Message", "MessageExt", "PutMessageStatus", "GetMessageStatus", "AppendStatus",
     "PutMessageResult", "PutMessagesResult", "GetMessageResult", "QueryMessageResult",
     "RecoveryReport",
-    "StoreError", "StoreLockedError", "StoreClosedError", "StoreLoadError",
+    "StoreError", "StoreLockedError", "StoreClosedError", "StoreLoadError", "UnsafePathError",
     "MessageIllegalError", "CorruptRecordError", "ConfigError", "InvalidArgumentError",
 ]

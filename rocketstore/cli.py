@@ -350,6 +350,7 @@ def store_stat(store):
         "commitlog": {"minOffset": store.get_min_phy_offset(),
                       "maxOffset": store.get_max_phy_offset()},
         "files": _files_per_kind(store),
+        "strayFiles": store.stray_files(),
         "checkpoint": {name: {"ms": value, "utc": _ms_to_iso(value)} for name, value in (
             ("physicMsgTimestamp", cp.physic_msg_timestamp),
             ("logicsMsgTimestamp", cp.logics_msg_timestamp),
@@ -380,6 +381,8 @@ def _print_stat(st, out):
     for kind, f in st["files"].items():
         w(f"  {kind:<13}{f['files']:>7} files {f['bytes']:>15,} bytes "
           f"{f['allocatedBytes']:>15,} allocated\n")
+    for rel in st["strayFiles"]:
+        w(f"  ignored      {rel} (not a store file name)\n")
     w("checkpoint\n")
     for name, v in st["checkpoint"].items():
         w(f"  {name:<22}{v['ms']:>20}  {v['utc'] or '-'}\n")
@@ -420,6 +423,7 @@ def _query(args):
     found, 2 on a bad argument or store."""
     from .config import StoreConfig
     from .message import decode_msg_id
+    from .mapped_file_queue import is_index_name, split_segment_names
     from .store import MessageStore
     if args.what == "id":
         try:
@@ -441,8 +445,8 @@ def _query(args):
                 raise UsageError(f"the index files do not have {slots} hash slots and "
                                  f"{entries} entries")
             files = store._indexer.index_file_list
-            if not files and any(n.isdigit() for n in store.fs.list_dir(
-                    store._indexer.store_path)):
+            if not files and split_segment_names(store.fs, store._indexer.store_path, None,
+                                                 is_index_name)[0]:
                 raise StoreError("cannot tell the index files' hash slot and entry numbers; "
                                  "pass --max-hash-slot-num and --max-index-num")
             messages = store.query_message(args.topic, args.key, args.max, args.begin,

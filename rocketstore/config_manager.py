@@ -237,6 +237,22 @@ class SubscriptionGroupConfig(_JsonBean):
 
 # ---- ConfigManager --------------------------------------------------------------------------
 
+# One writer at a time per file: concurrent persists shared `F.tmp` (one truncating what another
+# was about to rename: torn files, FileNotFoundError), and one holding an older table could
+# rename it over a newer one. Keyed by path, so two managers of one file take turns too.
+_file_locks = {}
+_file_locks_mutex = threading.Lock()
+
+
+def _file_lock(path):
+    key = os.path.abspath(path)
+    with _file_locks_mutex:
+        lock = _file_locks.get(key)
+        if lock is None:
+            lock = _file_locks[key] = threading.Lock()
+        return lock
+
+
 class ConfigManager:
     """One JSON file (`[C]ConfigManager.java`): `encode()`/`decode()` the table, `load()` with
     fallback to `.bak`, `persist()` crash-safe. Subclasses hold their table under `_lock`."""
@@ -245,6 +261,8 @@ class ConfigManager:
 
     def __init__(self, root, fs, clock=None, read_only=False):
         self.path = os.path.join(root, "config", self.file_name)
+        self._root = root
+        self._write_lock = _file_lock(self.path)
         self._fs = fs
         self._clock = clock
         self.read_only = read_only
@@ -320,28 +338,30 @@ class ConfigManager:
         fsync; rename `F.tmp` over `F`; fsync the directory. This is 4.9.x's order
         (string2File) with the fsyncs it lacks and an atomic rename in place of its
         delete + rename, so `F` is never missing: after a crash at any point either `F` or
-        `F.bak` holds a complete table."""
+        `F.bak` holds a complete table. Writers of one file take turns, and each encodes the
+        table once its turn has come, so the last rename carries the newest table."""
         if self.read_only:
             return
-        with self._lock:
-            text = self.encode()
-            self._dirty = False
         fs = self._fs
         directory = os.path.dirname(self.path)
-        fs.ensure_dir(directory)
         tmp = self.path + ".tmp"
-        try:
-            fs.write_bytes(tmp, text.encode("utf-8"), sync=True)
-        except OSError:
-            self._dirty = True          # a full disk: the next persist tries again
-            raise
-        if not self._main_corrupt:
-            old = self._read(self.path)
-            if old is not None:
-                fs.write_bytes(self.path + ".bak", old.encode("utf-8"), sync=True)
-        fs.rename(tmp, self.path)
-        fs.fsync_dir(directory)
-        self._main_corrupt = False
+        with self._write_lock:
+            with self._lock:
+                text = self.encode()
+                self._dirty = False
+            fs.ensure_dir(directory, self._root)
+            try:
+                fs.write_bytes(tmp, text.encode("utf-8"), sync=True)
+            except OSError:
+                self._dirty = True      # a full disk: the next persist tries again
+                raise
+            if not self._main_corrupt:
+                old = self._read(self.path)
+                if old is not None:
+                    fs.write_bytes(self.path + ".bak", old.encode("utf-8"), sync=True)
+            fs.rename(tmp, self.path)
+            fs.fsync_dir(directory)
+            self._main_corrupt = False
 
     def persist_if_dirty(self):
         if self._dirty:

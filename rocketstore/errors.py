@@ -38,6 +38,11 @@ class WorkloadCheckError(StoreError):
     """A benchmark's puts were refused, or its messages do not read back as they were put."""
 
 
+class UnsafePathError(StoreLoadError):
+    """A store file or directory is a symbolic link that a write would follow out of the
+    store (or onto another file): the store refuses rather than write through it."""
+
+
 class MessageIllegalError(StoreError, ValueError):
     """A message breaks RocketMQ's put-time rules; `status` names the PutMessageStatus."""
 

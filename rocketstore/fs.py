@@ -9,8 +9,34 @@ import mmap
 import os
 import time
 
+from .errors import UnsafePathError
+
+# Never follow a symlink when opening a file to create or write it: a planted link would take
+# the write (truncate, extend, map) to a file outside the store.
+O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
 # Linux 5.14+: fault every page of a range in, writable, in one call (no per-page first touch).
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+
+
+def open_nofollow(path, flags, mode=0o644):
+    """os.open with O_NOFOLLOW; a symlink at `path` raises UnsafePathError naming it."""
+    try:
+        return os.open(path, flags | O_NOFOLLOW, mode)
+    except OSError as exc:
+        # Linux answers ELOOP, the BSDs EMLINK, for O_NOFOLLOW on a link.
+        if exc.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(path):
+            raise UnsafePathError(
+                f"{path} is a symbolic link (to {os.path.realpath(path)}): the store writes "
+                "its files in place and never through a link; remove it") from None
+        raise
+
+
+def is_inside(root, path):
+    """True when `path`, symlinks resolved, is `root` or below it (root resolved too)."""
+    root = os.path.realpath(root)
+    real = os.path.realpath(path)
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
 
 
 class FileSystem:
@@ -22,8 +48,66 @@ class FileSystem:
     def is_dir(self, path):
         return os.path.isdir(path)
 
-    def ensure_dir(self, path):
+    def ensure_dir(self, path, root=None):
+        """Create `path` and its parents. With `root` (an ancestor of `path`), refuse a path
+        that a symlinked directory takes outside `root`, before and after creating it: files
+        made in it would land outside the store."""
+        if root is not None:
+            self._check_inside(root, path)
         os.makedirs(path, exist_ok=True)
+        if root is not None:
+            self._check_inside(root, path)
+
+    @staticmethod
+    def _check_inside(root, path):
+        if not is_inside(root, path):
+            raise UnsafePathError(
+                f"{path} resolves to {os.path.realpath(path)}, outside the store "
+                f"{os.path.realpath(root)}: remove the symlink")
+
+    def unsafe_links(self, root, top):
+        """(path, why) for every symlink at or under `top` that a writer must not follow: one
+        resolving outside `root`, or one to anything but a directory (a store never links its
+        files). Links to directories inside `root` are walked through, once each."""
+        found = []
+        seen = set()
+        real_root = os.path.realpath(root)
+
+        def link(path):
+            real = os.path.realpath(path)
+            if not is_inside(real_root, real):
+                found.append((path, f"a symbolic link to {real}, outside the store "
+                                    f"{real_root}"))
+            elif not os.path.isdir(real):
+                found.append((path, f"a symbolic link to {real}, not a directory"))
+            else:
+                return real
+            return None
+
+        if os.path.islink(top):
+            real = link(top)
+            pending = [(top, real)] if real else []
+        else:
+            pending = [(top, os.path.realpath(top))] if os.path.isdir(top) else []
+        while pending:
+            path, real = pending.pop()
+            if real in seen:
+                continue
+            seen.add(real)
+            try:
+                with os.scandir(path) as it:
+                    for entry in it:
+                        # d_type answers without a stat: plain files are the bulk of a store,
+                        # and a directory's real path is its parent's plus its name.
+                        if entry.is_symlink():
+                            target = link(entry.path)
+                            if target:
+                                pending.append((entry.path, target))
+                        elif entry.is_dir(follow_symlinks=False):
+                            pending.append((entry.path, os.path.join(real, entry.name)))
+            except OSError:
+                continue
+        return sorted(found)
 
     def list_dir(self, path):
         try:
@@ -42,14 +126,14 @@ class FileSystem:
         return os.stat(path).st_blocks * 512
 
     def touch_mtime(self, path):
-        os.utime(path)
+        os.utime(path, follow_symlinks=False)
 
     def create_sized(self, path, size, preallocate=False):
         """Create `path` with `size` bytes (sparse zeros), or extend an existing one. A new file
         is sized under a temporary name and renamed, so a crash never leaves a short file.
         `preallocate` reserves its blocks (ENOSPC now rather than SIGBUS on a later write)."""
-        if os.path.exists(path):
-            fd = os.open(path, os.O_RDWR)
+        if os.path.lexists(path):
+            fd = open_nofollow(path, os.O_RDWR)
             try:
                 if os.fstat(fd).st_size < size:
                     os.ftruncate(fd, size)
@@ -57,7 +141,7 @@ class FileSystem:
                 os.close(fd)
             return
         tmp = path + ".creating"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = open_nofollow(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
         try:
             if preallocate:
                 try:
@@ -78,7 +162,8 @@ class FileSystem:
     def map(self, path, size, writable=True):
         """Map the first `size` bytes of an existing file. The descriptor is closed at once:
         a mapping does not need it, and a store with 40 000 queues must not hold 40 000 fds."""
-        fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+        # Read-only tools may read through a link; a writable mapping never follows one.
+        fd = open_nofollow(path, os.O_RDWR) if writable else os.open(path, os.O_RDONLY)
         try:
             actual = os.fstat(fd).st_size
             if not writable and actual < size:
@@ -151,7 +236,7 @@ class FileSystem:
     def sync_mapped(self, kernels, mm, path, start, length):
         """Make mm[start:start+length] of the file at `path` durable (the kernel's msync, or
         fdatasync on the file for the pure backend). Fault-injecting doubles hook here."""
-        fd = os.open(path, os.O_RDWR)
+        fd = open_nofollow(path, os.O_RDWR)
         try:
             kernels.sync_range(mm, fd, start, length)
         finally:
@@ -162,7 +247,7 @@ class FileSystem:
         mm.flush()
 
     def open_fd(self, path, writable=True):
-        return os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+        return open_nofollow(path, os.O_RDWR) if writable else os.open(path, os.O_RDONLY)
 
     def close_fd(self, fd):
         os.close(fd)
@@ -195,7 +280,7 @@ class FileSystem:
             return f.read()
 
     def write_bytes(self, path, data, sync=True):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
             view = memoryview(data)
             while view:

@@ -16,6 +16,7 @@ from .dispatch import Dispatcher
 from .errors import StoreLoadError
 from .index_file import (IndexFile, human_string_to_time_millis, index_file_size,
                          infer_geometry, time_millis_to_human_string)
+from .mapped_file_queue import is_index_name, split_segment_names
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +107,12 @@ class IndexService(Dispatcher):
         flushed prefix and `end_phy_offset` says where recovery must rebuild from (spec 02
         §2.7). A read-only store destroys nothing."""
         paths = []
-        for name in sorted(self._fs.list_dir(self.store_path)):
+        names, strays = split_segment_names(self._fs, self.store_path, None, is_index_name)
+        for name in strays:
+            log.warning("ignoring %s: not an index file name (yyyyMMddHHmmssSSS); left as it "
+                        "is", os.path.join(self.store_path, name))
+        for name in names:
             path = os.path.join(self.store_path, name)
-            if not name.isdigit() or self._fs.is_dir(path):
-                continue
             if self._fs.size(path) == 0:
                 # Sized under a temporary name and renamed, so only damage leaves an empty
                 # file: it holds nothing.
@@ -169,7 +172,7 @@ class IndexService(Dispatcher):
             while name <= prev.file_name:
                 ms += 1
                 name = time_millis_to_human_string(ms)
-        self._fs.ensure_dir(self.store_path)
+        self._fs.ensure_dir(self.store_path, self._store.root)
         end_phy = end_ts = 0
         if prev is not None:
             end_phy, end_ts = prev.end_phy_offset, prev.end_timestamp

@@ -5,6 +5,7 @@ import os
 import threading
 
 from .errors import StoreLockedError
+from .fs import open_nofollow
 
 # POSIX record locks belong to the process, so a second store in this process would get the
 # lock again: keep our own registry of locked files, keyed by (device, inode).
@@ -22,7 +23,9 @@ class StoreLock:
         self._key = None
 
     def acquire(self):
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        # The lock is taken before anything else is checked: a planted link must not get
+        # the "lock" bytes written through it.
+        fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT)
         st = os.fstat(fd)
         key = (st.st_dev, st.st_ino)
         with _held_mutex:

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """MappedFileQueue: a directory of equally sized segments named by start offset (spec 01 §2)."""
+import datetime
 import logging
 import os
 import threading
@@ -8,6 +9,61 @@ from .errors import StoreLoadError
 from .mapped_file import MappedFile, offset_to_file_name
 
 log = logging.getLogger(__name__)
+
+SEGMENT_NAME_LEN = 20       # UtilAll#offset2FileName: CommitLog and ConsumeQueue segments
+INDEX_NAME_LEN = 17         # UtilAll#timeMillisToHumanString: yyyyMMddHHmmssSSS
+_QUEUE_ID_MAX = (1 << 31) - 1
+
+
+def is_segment_name(name, length=SEGMENT_NAME_LEN):
+    """True for a store file name: exactly `length` ASCII digits. `0` or a 21-digit name
+    parses to an offset too, and once taken for a segment it shadows the real one (recovery
+    then truncates real data): anything else is reported and left alone."""
+    return len(name) == length and name.isascii() and name.isdigit()
+
+
+def is_index_name(name):
+    """True for an IndexFile name: a yyyyMMddHHmmssSSS time (17 digits that form a date)."""
+    if not is_segment_name(name, INDEX_NAME_LEN):
+        return False
+    try:
+        datetime.datetime.strptime(name[:14], "%Y%m%d%H%M%S")
+    except ValueError:
+        return False
+    return True
+
+
+def is_queue_dir_name(name):
+    """True for a ConsumeQueue directory name: a queue id as the broker writes it (decimal, no
+    sign or leading zero, an int). `007` would load as queue 7 while naming another directory."""
+    return (name.isascii() and name.isdigit() and (name == "0" or name[0] != "0")
+            and int(name) <= _QUEUE_ID_MAX)
+
+
+def split_segment_names(fs, directory, file_size, is_name=is_segment_name):
+    """(segments, strays): the names in `directory` that are store files (`is_name`, not a
+    directory, and, with `file_size`, a multiple of it), and the rest. A segment starts at a
+    multiple of the file size (getLastMappedFile rounds down); a name in between is not ours
+    and, taken for one, would overlap a real one."""
+    segments, strays = [], []
+    for name in fs.list_dir(directory):
+        if (is_name(name) and (not file_size or not int(name) % file_size)
+                and not fs.is_dir(os.path.join(directory, name))):
+            segments.append(name)
+        else:
+            strays.append(name)
+    if file_size and len(segments) > 1:
+        # A short file next to no other segment is no segment cut short: extending it as
+        # one (then truncating it away in recovery) would destroy a file that is not ours.
+        offs = [int(n) for n in segments]
+        for i, name in enumerate(list(segments)):
+            if (i and offs[i] - offs[i - 1] == file_size) or \
+                    (i + 1 < len(offs) and offs[i + 1] - offs[i] == file_size):
+                continue
+            if fs.size(os.path.join(directory, name)) != file_size:
+                segments.remove(name)
+                strays.append(name)
+    return segments, sorted(strays)
 
 
 class MappedFileQueue:
@@ -28,6 +84,8 @@ class MappedFileQueue:
         self._allocator = allocator  # optional: creates files ahead of time (CommitLog only)
         self.reserve_window = reserve_window   # MappedFile.reserve's window for every file
         self._lock = threading.Lock()
+        self.root = None             # the store root: no directory is created outside it
+        self.stray_names = []        # names load() found and left alone, not being segments
 
     # ---- load --------------------------------------------------------------------------
     def load(self):
@@ -37,12 +95,23 @@ class MappedFileQueue:
         (StoreLoadError). A segment shorter than its neighbours was damaged or cut short: its
         missing tail reads as never-written space, which recovery takes for the end of data."""
         files = []
-        names = [n for n in self._fs.list_dir(self.store_path)
-                 if n.isdigit() and not self._fs.is_dir(os.path.join(self.store_path, n))]
-        for name in self._fs.list_dir(self.store_path):
-            if not name.isdigit():
-                log.warning("ignoring %s: not a segment name", os.path.join(self.store_path,
-                                                                            name))
+        names, self.stray_names = split_segment_names(self._fs, self.store_path, self.file_size)
+        if self.stray_names and not names and \
+                split_segment_names(self._fs, self.store_path, None)[0]:
+            raise StoreLoadError(
+                f"no segment name in {self.store_path} is a multiple of {self.file_size}: "
+                "the configured file size does not match the store")
+        for name in self.stray_names:
+            log.warning("ignoring %s: not a segment (%d digits, a multiple of %d, next to the "
+                        "others or of their size); left as it is",
+                        os.path.join(self.store_path, name), SEGMENT_NAME_LEN, self.file_size)
+        for a, b in zip(names, names[1:]):
+            if int(b) - int(a) != self.file_size and self.writable:
+                # Recovery would take the first run for the whole queue and write over or
+                # truncate the rest: refuse, as a broker's load does.
+                raise StoreLoadError(
+                    f"segments {a} and {b} in {self.store_path} are not adjacent: a segment "
+                    "between them is missing, or one of them is not ours; move it away")
         sizes = {n: self._fs.size(os.path.join(self.store_path, n)) for n in names}
         damaged_ok = self.file_size in sizes.values() or len(set(sizes.values())) > 1
         for name in names:
@@ -136,7 +205,7 @@ class MappedFileQueue:
             last = self.last_file
             if last is not None and last.file_from_offset >= offset:
                 return last
-            self._fs.ensure_dir(self.store_path)
+            self._fs.ensure_dir(self.store_path, self.root)
             path = os.path.join(self.store_path, offset_to_file_name(offset))
             if self._allocator is not None:
                 mf = self._allocator.take(path, offset + self.file_size)

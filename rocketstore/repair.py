@@ -279,6 +279,7 @@ def _rebuild(root, kernels, wipe_dir, **overrides):
     lock = store._lock
     lock.acquire()                       # refuse while anyone else has the store open
     try:
+        store._check_links()             # before wiping: nothing is written through a link
         dirs[wipe_dir] = None
         for sub in dirs:
             dirs[sub] = " ".join(str(getattr(cfg, f)) for f in _GEOMETRY[sub])

@@ -22,9 +22,11 @@ from .dispatch import ConsumeQueueDispatcher
 from .ha.master import HAService
 from .index_file import infer_geometry
 from .index_service import IndexService
-from .errors import ConfigError, CorruptRecordError, StoreClosedError, StoreLoadError
-from .fs import DEFAULT as DEFAULT_FS, raise_fd_limit
+from .errors import (ConfigError, CorruptRecordError, StoreClosedError, StoreLoadError,
+                     UnsafePathError)
+from .fs import DEFAULT as DEFAULT_FS, is_inside, raise_fd_limit
 from .lockfile import StoreLock, abort_path
+from .mapped_file_queue import is_index_name, is_queue_dir_name, split_segment_names
 from .message import PROPERTY_WAIT, MessageExt
 from .running_flags import NOT_WRITEABLE_MASK, RunningFlags
 from .services.clean import (CleanCommitLogService, CleanConsumeQueueService,
@@ -39,9 +41,12 @@ log = logging.getLogger(__name__)
 
 def _resolves_outside(root, path):
     """True when `path`, symlinks resolved, is not `root` or below it."""
-    root = os.path.realpath(root)
-    real = os.path.realpath(path)
-    return not (real == root or real.startswith(root.rstrip(os.sep) + os.sep))
+    return not is_inside(root, path)
+
+
+# What a store keeps under its root; only these are checked for links out of it.
+STORE_ENTRIES = ("lock", "abort", "checkpoint", "commitlog", "consumequeue", "index", "config")
+
 _SLAVE_REASON = "message store is slave mode, so putMessage is forbidden"
 
 
@@ -94,6 +99,7 @@ class MessageStore:
         self.writable = not read_only
         self.is_slave = self.config.broker_role is BrokerRole.SLAVE
         self.commitlog = CommitLog(self.root, self.config, self.kernels, self.fs, read_only)
+        self.commitlog.mfq.root = self._confine_root(self.commitlog.mfq.store_path)
         self.consume_queue_table = {}      # topic -> {queue_id: ConsumeQueue}
         self._cq_raw = {}                  # (topic bytes, queue_id) -> ConsumeQueue, for reput
         self._cq_lock = threading.Lock()
@@ -133,18 +139,19 @@ class MessageStore:
         root = os.fspath(root)
         sizes = {}
         cl_dir = os.path.join(root, "commitlog")
-        names = [n for n in DEFAULT_FS.list_dir(cl_dir) if n.isdigit()]
+        names = split_segment_names(DEFAULT_FS, cl_dir, None)[0]
         if names:
             sizes["mapped_file_size_commit_log"] = os.path.getsize(os.path.join(cl_dir, names[0]))
         cq_base = os.path.join(root, "consumequeue")
         for topic in DEFAULT_FS.list_dir(cq_base):
             if _resolves_outside(root, os.path.join(cq_base, topic)):
                 continue                    # never size the store from a planted symlink
-            qdirs = [q for q in DEFAULT_FS.list_dir(os.path.join(cq_base, topic)) if q.isdigit()
+            qdirs = [q for q in DEFAULT_FS.list_dir(os.path.join(cq_base, topic))
+                     if is_queue_dir_name(q)
                      and not _resolves_outside(root, os.path.join(cq_base, topic, q))]
             for q in qdirs:
-                files = [n for n in DEFAULT_FS.list_dir(os.path.join(cq_base, topic, q))
-                         if n.isdigit()]
+                files = split_segment_names(DEFAULT_FS, os.path.join(cq_base, topic, q),
+                                            None)[0]
                 if files:
                     sizes["mapped_file_size_consume_queue"] = os.path.getsize(
                         os.path.join(cq_base, topic, q, files[0]))
@@ -156,7 +163,8 @@ class MessageStore:
         else:
             config = dataclasses.replace(config, **sizes)
         idx_dir = os.path.join(root, "index")
-        idx = [os.path.join(idx_dir, n) for n in DEFAULT_FS.list_dir(idx_dir) if n.isdigit()]
+        idx = [os.path.join(idx_dir, n)
+               for n in split_segment_names(DEFAULT_FS, idx_dir, None, is_index_name)[0]]
         geometry = infer_geometry(idx, DEFAULT_FS, config.max_hash_slot_num, config.max_index_num)
         if geometry is not None:
             config = dataclasses.replace(config, max_hash_slot_num=geometry[0],
@@ -191,6 +199,7 @@ class MessageStore:
         elif not self.fs.is_dir(self.root):
             raise StoreLoadError(f"{self.root} is not a store directory")
         try:
+            self._check_links()
             rebuilding = None
             if not self.read_only:
                 from . import repair        # imports this module: bound late
@@ -252,19 +261,82 @@ class MessageStore:
         log.warning("skipping %s: it resolves to %s, outside the store %s", path, real, root)
         return True
 
+    def _confine_root(self, path):
+        """The directory nothing under `path` may leave: the store root, or `path` itself when
+        configured outside it (a CommitLog on another disk)."""
+        inside = os.path.abspath(path).startswith(os.path.abspath(self.root) + os.sep)
+        return self.root if inside else path
+
+    def unsafe_links(self):
+        """(path, why) for each symlink in the store that a write would follow onto a file or
+        out of the store: under STORE_ENTRIES, and the CommitLog directory if elsewhere."""
+        found = []
+        for name in STORE_ENTRIES:
+            found += self.fs.unsafe_links(self.root, os.path.join(self.root, name))
+        mfq = self.commitlog.mfq
+        if mfq.root != self.root:
+            found += self.fs.unsafe_links(mfq.root, mfq.store_path)
+        return found
+
+    def _check_links(self):
+        """Refuse to open writable a store with a link a write would follow (a planted
+        `index/…` link grew its target to 420 MB); a read-only open names them and reads on,
+        skipping ConsumeQueue links out of the store as before."""
+        links = self.unsafe_links()
+        for path, why in links:
+            if not self.read_only:
+                more = f" (and {len(links) - 1} more)" if len(links) > 1 else ""
+                raise UnsafePathError(f"{path} is {why}{more}: the store never writes through "
+                                      "a link; remove it")
+            log.warning("%s is %s", path, why)
+
     def _load_consume_queues(self):
         base = os.path.join(self.root, "consumequeue")
         for topic in self.fs.list_dir(base):
             tdir = os.path.join(base, topic)
-            if not self.fs.is_dir(tdir) or self._outside_root(tdir):
+            if not self.fs.is_dir(tdir):
+                log.warning("ignoring %s: not a topic directory; left as it is", tdir)
+                continue
+            if self._outside_root(tdir):
                 continue
             for qid in self.fs.list_dir(tdir):
-                if not qid.isdigit():       # loadConsumeQueue ignores non-numeric names
+                qdir = os.path.join(tdir, qid)
+                # loadConsumeQueue skips names Integer.parseInt rejects; `007` would parse
+                # but name another directory than queue 7's.
+                if not is_queue_dir_name(qid) or not self.fs.is_dir(qdir):
+                    log.warning("ignoring %s: not a queue directory; left as it is", qdir)
                     continue
-                if self._outside_root(os.path.join(tdir, qid)):
+                if self._outside_root(qdir):
                     continue
                 cq = self._new_cq(topic, int(qid))
                 cq.load()
+
+    def stray_files(self):
+        """Paths (relative to the root) under commitlog/, consumequeue/ and index/ that are
+        no store file, which load left alone: a `commitlog/0`, a 21-digit name, a file where
+        a queue directory belongs. Reported by verify and stat."""
+        fs = self.fs
+        out = []
+        mfq = self.commitlog.mfq
+        out += [os.path.join(mfq.store_path, n)
+                for n in split_segment_names(fs, mfq.store_path, mfq.file_size)[1]]
+        base = os.path.join(self.root, "consumequeue")
+        for topic in fs.list_dir(base):
+            tdir = os.path.join(base, topic)
+            if not fs.is_dir(tdir):
+                out.append(tdir)
+                continue
+            for qid in fs.list_dir(tdir):
+                qdir = os.path.join(tdir, qid)
+                if not is_queue_dir_name(qid) or not fs.is_dir(qdir):
+                    out.append(qdir)
+                    continue
+                out += [os.path.join(qdir, n)
+                        for n in split_segment_names(fs, qdir, self.config.cq_file_size)[1]]
+        idx_dir = os.path.join(self.root, "index")
+        out += [os.path.join(idx_dir, n)
+                for n in split_segment_names(fs, idx_dir, None, is_index_name)[1]]
+        return [os.path.relpath(p, self.root) for p in out]
 
     def start(self):
         """Start the services (DefaultMessageStore#start): reput first, caught up before the
@@ -412,6 +484,7 @@ class MessageStore:
                 cq = ConsumeQueue(self.root, topic, queue_id, self.config.cq_file_size,
                                   self.kernels, self.fs, writable=self.writable,
                                   reserve_window=self.config.consume_queue_reserve_window)
+                cq.mfq.root = self.root
                 queues[queue_id] = cq
                 self._cq_raw[(topic.encode("utf-8"), queue_id)] = cq
             return cq

@@ -15,6 +15,7 @@ import numpy as np
 from . import format as F
 from .errors import CorruptRecordError, StoreError
 from .mapped_file import offset_to_file_name
+from .mapped_file_queue import is_queue_dir_name, is_segment_name
 from .message import MessageExt, java_string_hash, PROPERTY_DELAY
 from .repair import REBUILD_MARKER, pending_rebuild
 
@@ -26,7 +27,7 @@ _REASONS = {F.SCAN_CORRUPT: "corrupt record (bad magic, length or body CRC)",
 
 @dataclasses.dataclass
 class Problem:
-    kind: str          # commitlog | consumequeue | index | checkpoint | config | repair
+    kind: str          # commitlog | consumequeue | index | checkpoint | config | repair | link
     file: str          # path relative to the store root
     offset: int        # byte offset inside that file (-1: the file as a whole)
     detail: str
@@ -274,7 +275,7 @@ def _check_layout(store, report):
             continue
         for qid in sorted(fs.list_dir(tdir)):
             qdir = os.path.join(tdir, qid)
-            if not qid.isdigit() or not fs.is_dir(qdir):
+            if not is_queue_dir_name(qid) or not fs.is_dir(qdir):
                 report.problems.append(Problem("consumequeue", _rel(store, qdir), -1,
                                                "not a queue directory (ignored by the store)"))
                 continue
@@ -285,7 +286,7 @@ def _check_layout(store, report):
         prev = None
         for name in names:
             p = os.path.join(path, name)
-            if len(name) != 20 or not name.isdigit() or fs.is_dir(p):
+            if not is_segment_name(name) or fs.is_dir(p):
                 report.problems.append(Problem(kind, _rel(store, p), -1,
                                                "not a segment (ignored by the store)"))
                 continue
@@ -573,6 +574,13 @@ def _check_configs(store, report):
                                            f"does not parse: {exc}"))
 
 
+def _check_links(store, report):
+    """Links a write would follow (stray names are _check_layout's)."""
+    for path, why in store.unsafe_links():
+        report.problems.append(Problem("link", _rel(store, path), -1,
+                                       f"{why}: a writable open refuses the store"))
+
+
 def verify_store(store, progress=None):
     """Check every file of a loaded (read-only) store; returns a VerifyReport. A check that
     cannot finish on what it finds (damage no rule above foresaw) is itself a finding."""
@@ -593,7 +601,8 @@ def verify_store(store, progress=None):
                         ("index", lambda: _check_index(store, report, good)),
                         ("checkpoint", lambda: _check_checkpoint(store, report, good)),
                         ("config", lambda: _check_configs(store, report)),
-                        ("repair", lambda: _check_pending_rebuild(store, report))):
+                        ("repair", lambda: _check_pending_rebuild(store, report)),
+                        ("link", lambda: _check_links(store, report))):
         try:
             check()
         except (StoreError, OSError, ValueError, IndexError, RecursionError) as exc:

@@ -51,12 +51,17 @@ def check_puts(results, messages=None):
 
 
 def wait_dispatched(store, timeout=5.0):
-    """Block until reput has dispatched everything written so far."""
+    """Block until reput has dispatched everything written so far. A dispatch that keeps
+    failing (a full disk) ends the wait with its error rather than at the timeout."""
     import time
+    from .errors import WorkloadCheckError
     deadline = time.monotonic() + timeout
     while store.dispatch_behind_bytes() > 0:
+        reput = store.reput_service
+        failing = reput.failing if reput is not None else None
+        if failing is not None:
+            raise WorkloadCheckError(f"dispatch to the queues and index failed: {failing}")
         if time.monotonic() > deadline:
-            from .errors import WorkloadCheckError
             raise WorkloadCheckError(f"reput did not catch up with the CommitLog in {timeout} s")
         time.sleep(0.001)
 

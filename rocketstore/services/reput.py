@@ -24,6 +24,7 @@ class ReputMessageService(ServiceThread):
         self.reput_from_offset = reput_from_offset    # written by the reput thread only
         self._rows = np.empty(self.BATCH, dtype=F.SCAN_DTYPE)
         self._failures = 0
+        self.last_error = None
         self._halted = None         # why a slave stopped dispatching replicated bytes
         # One dispatcher at a time: the service thread, or a reader catching up.
         self._lock = threading.Lock()
@@ -134,6 +135,7 @@ class ReputMessageService(ServiceThread):
             dispatch_all(dispatchers, arr, buf)
         except OSError as exc:
             self._failures += 1
+            self.last_error = exc
             log.error("reput: dispatch failed (%d in a row): %s%s", self._failures, exc,
                       " -- raise the open-file limit (ulimit -n): every mapped file holds "
                       "a descriptor" if getattr(exc, "errno", None) == 24 else "")
@@ -142,7 +144,14 @@ class ReputMessageService(ServiceThread):
             self._stopped.wait(1.0)
             return False
         self._failures = 0
+        self.last_error = None
         return True
+
+    @property
+    def failing(self):
+        """The OS error that failed the last two or more dispatch attempts in a row (a full
+        disk, no descriptors left), or None while dispatch works or failed only once."""
+        return self.last_error if self._failures >= 2 else None
 
     def on_shutdown(self):
         # Drain what was written before shutdown (the broker waits up to 5 s).
