@@ -138,7 +138,7 @@ def run_bench(args):
             check_puts(puts, len(msgs))
             nbytes = store.get_max_phy_offset()
             results.append(_phase("produce", len(msgs), nbytes, produce_s, lat))
-            wait_dispatched(store, timeout=600)
+            wait_dispatched(store, timeout=600, give_up_on_failure=True)
             # consume every queue through its ConsumeQueue
             lat = []
             got = 0

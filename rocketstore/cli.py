@@ -6,7 +6,8 @@ import logging
 import sys
 
 from ._version import __version__
-from .errors import StoreError, StoreLockedError
+from .errors import (ConfigError, MessageIllegalError, StoreError, StoreLockedError,
+                     UnsafePathError)
 
 log = logging.getLogger("rocketstore")
 
@@ -709,7 +710,10 @@ def main(argv=None):
     except Exception as exc:             # noqa: BLE001 - one line, never a traceback
         if debug:
             raise
-        usage = isinstance(exc, (UsageError, StoreLockedError))
+        # 2: the command cannot act as asked (usage, a locked or unsafe store, a message or
+        # config the store refuses); 1: it ran and found damage, or failed midway.
+        usage = isinstance(exc, (UsageError, StoreLockedError, UnsafePathError, ConfigError,
+                                 MessageIllegalError))
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"rocketstore {args.command}: error: {text}", file=sys.stderr)
         return 2 if usage else 1

@@ -4,7 +4,9 @@
 ROCKETSTORE_EXPECT_BACKENDS=cext,cffi,pure (set by .ci/run) turns a backend that fails to
 import into a test failure instead of a silently shorter matrix.
 """
+import contextlib
 import os
+import subprocess
 
 import pytest
 
@@ -83,3 +85,16 @@ def wait_flushed(store, timeout=5.0):
         if time.monotonic() > deadline:
             raise AssertionError("the flush service did not catch up")
         time.sleep(0.001)
+
+
+@contextlib.contextmanager
+def tmpfs(mountpoint, size):
+    """A real small file system (tmpfs of `size`, e.g. "16m") mounted at `mountpoint` for the
+    block: full-disk tests need the kernel's ENOSPC and SIGBUS, not a double. Needs root."""
+    os.makedirs(mountpoint, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mountpoint)],
+                   check=True)
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], check=True)

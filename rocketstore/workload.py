@@ -50,15 +50,17 @@ def check_puts(results, messages=None):
     return stored
 
 
-def wait_dispatched(store, timeout=5.0):
-    """Block until reput has dispatched everything written so far. A dispatch that keeps
-    failing (a full disk) ends the wait with its error rather than at the timeout."""
+def wait_dispatched(store, timeout=5.0, give_up_on_failure=False):
+    """Block until reput has dispatched everything written so far. With
+    `give_up_on_failure`, a dispatch that keeps failing (a full disk) ends the wait with its
+    error rather than at the timeout (a benchmark cannot finish; a test may wait for the
+    retry to succeed)."""
     import time
     from .errors import WorkloadCheckError
     deadline = time.monotonic() + timeout
     while store.dispatch_behind_bytes() > 0:
         reput = store.reput_service
-        failing = reput.failing if reput is not None else None
+        failing = reput.failing if reput is not None and give_up_on_failure else None
         if failing is not None:
             raise WorkloadCheckError(f"dispatch to the queues and index failed: {failing}")
         if time.monotonic() > deadline:
@@ -92,7 +94,7 @@ def check_read_back(store, msgs, rounds=1, ordered=True, head_expired=False, sam
     phase has just read everything)."""
     import random
     from .errors import WorkloadCheckError
-    wait_dispatched(store, timeout=600)
+    wait_dispatched(store, timeout=600, give_up_on_failure=True)
     by_queue = {}
     for m in msgs:
         by_queue.setdefault((m.topic, m.queue_id), []).append(m.body)

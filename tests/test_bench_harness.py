@@ -2,7 +2,6 @@
 """The checks every benchmark and `rocketstore bench` run after their timed region: a put that
 was refused, or a message that does not read back, fails the run instead of being counted."""
 import os
-import subprocess
 
 import pytest
 
@@ -105,13 +104,8 @@ def test_bench_sizes_its_commitlog_file_to_the_messages(tmp_path):
 @pytest.fixture
 def tiny_disk(tmp_path):
     """A 4 MiB tmpfs, unmounted at teardown."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=True)
-    try:
+    with testing.tmpfs(tmp_path / "mnt", "4m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 @pytest.mark.parametrize("messages,file_size", [(40000, 1 << 20), (5000, 8 << 20)])
@@ -134,6 +128,7 @@ def test_bench_refusing_a_message_ends_with_a_one_line_error(threads):
     # producer threads too.
     r = testing.run_cli("bench", "--messages", "4", "--size", str(5 << 20), "--threads", threads)
     assert r.returncode == 2
-    assert r.stderr.splitlines() == [
+    assert r.stderr.splitlines()[-1] == (
         "rocketstore bench: error: MESSAGE_ILLEGAL: body is 5242880 bytes; max_message_size "
-        "is 4194304"]
+        "is 4194304")
+    assert "Traceback" not in r.stderr

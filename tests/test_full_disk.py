@@ -29,13 +29,8 @@ MiB = 1 << 20
 @pytest.fixture
 def small_disk(tmp_path):
     """A 16 MiB tmpfs, mounted for the test."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], check=True)
-    try:
+    with testing.tmpfs(tmp_path / "disk", "16m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
 
 
 def resize(mnt, mib):

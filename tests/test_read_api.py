@@ -116,7 +116,7 @@ BAD_CALLS = [
     ("put_messages(batch_properties=[])", lambda s: s.put_messages([], batch_properties=[]),
      TypeError, "batch_properties"),
     ("body str", lambda s: s.put_message(Message("T", "text")), MessageIllegalError,
-     "body must be bytes-like"),
+     "body must be bytes or a buffer"),
     ("flag None", lambda s: s.put_message(Message("T", b"x", flag=None)), MessageIllegalError,
      "flag must be an int"),
     ("flag too big", lambda s: s.put_message(Message("T", b"x", flag=1 << 40)),

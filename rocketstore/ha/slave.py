@@ -83,14 +83,7 @@ class HAClient:
         self._thread.start()
 
     def shutdown(self):
-        self._stopped.set()
-        self._wake.set()
-        sock = self._sock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        self._stop_and_cut()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(10)
         self._thread = None
@@ -102,6 +95,10 @@ class HAClient:
             self.error = reason
             log.error("HA client: stopped following master %s: %s", self.master_address,
                       reason)
+        self._stop_and_cut()
+
+    def _stop_and_cut(self):
+        """Stop the loop and cut the connection, so a blocked read returns at once."""
         self._stopped.set()
         self._wake.set()
         sock = self._sock
