@@ -12,11 +12,16 @@ skips even that.  Integer arrays (batch arguments) are typed memoryviews, as the
 """
 from cpython.buffer cimport (PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release,
                              PyObject_GetBuffer)
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.ref cimport PyObject
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 from csrc cimport *
+
+cdef extern from "Python.h":
+    const char *PyUnicode_AsUTF8AndSize(object text, Py_ssize_t *size) except NULL
 
 from array import array as _array
 
@@ -28,7 +33,7 @@ NAME = "cext"
 __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_append",
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
            "cq_encode_batch", "cq_search", "index_hash", "index_put", "index_put_batch",
-           "index_keys", "index_lookup", "sync_range", "batch_encode")
+           "index_keys", "index_lookup", "sync_range", "batch_encode", "column_join")
 
 # GIL release thresholds.  Releasing and re-taking an uncontended GIL costs ~50-100 ns: it pays
 # once the kernel runs for microseconds.  CRC-32 runs at >10 GB/s here, so 4 KiB of CRC is
@@ -505,3 +510,42 @@ def batch_encode(out, int64_t pos, int64_t limit, topic, int32_t queue_id, bodie
             PyBuffer_Release(&v[i])
     _check(r, "batch_encode")
     return count, nbytes
+
+
+def column_join(items, bint text):
+    """A list of bytes, None (empty) and, if `text`, str (as UTF-8) as one buffer and its
+    n + 1 int64 offsets (an array('q')): (data, offsets), or None when an item is of another
+    type, for the caller's general path.  One pass for lengths, one memcpy each: no per-item
+    object."""
+    cdef Py_ssize_t n, i, size, total = 0
+    cdef PyObject *item
+    cdef const char *src
+    cdef int64_t[::1] off
+    cdef char *dst
+    if type(items) is not list:
+        return None
+    n = PyList_GET_SIZE(items)
+    offsets = _array("q", bytes(8 * (n + 1)))
+    off = offsets
+    for i in range(n):
+        item = PyList_GET_ITEM(items, i)
+        if type(<object>item) is bytes:
+            total += PyBytes_GET_SIZE(<object>item)
+        elif text and type(<object>item) is str:
+            PyUnicode_AsUTF8AndSize(<object>item, &size)   # cached in the str for pass two
+            total += size
+        elif <object>item is not None:
+            return None
+        off[i + 1] = total
+    data = PyBytes_FromStringAndSize(NULL, total)
+    dst = PyBytes_AS_STRING(data)
+    for i in range(n):
+        item = PyList_GET_ITEM(items, i)
+        size = off[i + 1] - off[i]
+        if size:
+            if type(<object>item) is bytes:
+                src = PyBytes_AS_STRING(<object>item)
+            else:
+                src = PyUnicode_AsUTF8AndSize(<object>item, &size)
+            memcpy(dst + off[i], src, size)
+    return data, offsets

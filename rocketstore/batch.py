@@ -11,7 +11,6 @@ from .message import (KEY_SEPARATOR, PROPERTY_DELAY, PROPERTY_KEYS, PROPERTY_TAG
 # Stand-ins for a per-message value while the shared properties string is built; NUL never
 # survives into a template because the slots are cut out of it.
 _SLOT = {PROPERTY_TAGS: "\x00put_batch TAGS\x00", PROPERTY_KEYS: "\x00put_batch KEYS\x00"}
-_SEPARATORS = (1, 2)
 
 
 class Column:
@@ -66,28 +65,26 @@ def _from_pair(pair, what):
     return Column(data, off)
 
 
-def bodies_column(bodies):
-    """`bodies` (a sequence of bytes-like objects, or an (offsets, data) pair) as a Column."""
+def bodies_column(bodies, join):
+    """`bodies` (a list of bytes-like objects, or an (offsets, data) pair) as a Column;
+    `join` is the backend's column_join."""
     pair = _pair(bodies)
     if pair is not None:
         return _from_pair(pair, "bodies")
     if isinstance(bodies, (str, bytes, bytearray, memoryview)) or not hasattr(bodies, "__len__"):
         raise TypeError(f"bodies must be a list of bytes or an (offsets, data) pair, not "
                         f"{type(bodies).__name__}")
-    n = len(bodies)
-    try:
-        data = b"".join(bodies)
-    except TypeError:
-        bad = next(b for b in bodies if not _is_buffer(b))
-        raise TypeError(f"each body must be bytes or a buffer, not {type(bad).__name__}") \
-            from None
-    off = _offsets_from_lengths(map(len, bodies), n)
-    if off[-1] != len(data):
-        # Some body counts items wider than a byte (array('i'), a numpy int array): the
-        # record holds its raw bytes, as body_bytes makes of it for put_messages.
-        flat = [body_bytes(b) for b in bodies]
-        off = _offsets_from_lengths(map(len, flat), n)
-    return Column(data, off)
+    joined = join(bodies, False)
+    if joined is not None:
+        return Column(joined[0], np.frombuffer(joined[1], dtype=np.int64))
+    # Other buffers (bytearray, memoryview, array('i')): their raw bytes, as body_bytes
+    # makes of them for put_messages.
+    flat = []
+    for b in bodies:
+        if isinstance(b, str) or (b is not None and not _is_buffer(b)):
+            raise TypeError(f"each body must be bytes or a buffer, not {type(b).__name__}")
+        flat.append(body_bytes(b))
+    return Column(b"".join(flat), _offsets_from_lengths(map(len, flat), len(flat)))
 
 
 def _is_buffer(obj):
@@ -110,10 +107,10 @@ def _text_item(value, name):
                     f" or None, not {type(value).__name__}")
 
 
-def text_column(values, n, name):
+def text_column(values, n, name, join):
     """Per-message TAGS or KEYS as a Column of UTF-8 bytes (an empty item: the message has
-    none, as Message(tags="") has none). `values`: a sequence of str (KEYS also a list of
-    str) or None, or an (offsets, data) pair of UTF-8 bytes."""
+    none, as Message(tags="") has none). `values`: a list of str (KEYS also a list of str per
+    message) or None, or an (offsets, data) pair of UTF-8 bytes."""
     pair = _pair(values)
     if pair is not None:
         col = _from_pair(pair, name.lower())
@@ -121,23 +118,16 @@ def text_column(values, n, name):
         if not hasattr(values, "__len__"):
             raise TypeError(f"{name.lower()} must be a str, a list or an (offsets, data) pair, "
                             f"not {type(values).__name__}")
-        try:
-            joined = "".join(values)
-        except TypeError:
-            values = [_text_item(v, name) for v in values]
-            joined = "".join(values)
-        if joined.isascii():
-            data = joined.encode("ascii")
-            off = _offsets_from_lengths(map(len, values), len(values))
-        else:
-            items = [v.encode("utf-8") for v in values]
-            data = b"".join(items)
-            off = _offsets_from_lengths(map(len, items), len(items))
-        col = Column(data, off)
+        joined = join(values, True) if type(values) is list else None
+        if joined is None:
+            joined = join([_text_item(v, name) for v in values], True)
+        col = Column(joined[0], np.frombuffer(joined[1], dtype=np.int64))
     if len(col.lens) != n:
         raise MessageIllegalError(f"{name.lower()} has {len(col.lens)} items for {n} bodies")
-    used = np.frombuffer(col.data, dtype=np.uint8)[int(col.off[0]):int(col.off[-1])]
-    if np.isin(used, _SEPARATORS).any():
+    used = col.data[int(col.off[0]):int(col.off[-1])]
+    if type(used) is not bytes:
+        used = bytes(used)
+    if b"\x01" in used or b"\x02" in used:
         raise MessageIllegalError(
             f"a {name} value holds \\x01 or \\x02, the properties separators")
     return col
@@ -183,26 +173,27 @@ class Columns:
     __slots__ = ("n", "bodies", "a", "b", "frags", "frag_off", "props_lens", "properties")
 
 
-def _values(arg, n, name):
+def _values(arg, n, name, join):
     """None, a shared str, or a Column of per-message values (None when all are empty)."""
     if arg is None or isinstance(arg, str):
         return arg or None
-    col = text_column(arg, n, name)
+    col = text_column(arg, n, name, join)
     if not col.lens.any():
         return None
     return col
 
 
-def columns(bodies, tags, keys, properties):
-    """Validate and lay out a put_batch's arguments (no store state involved)."""
+def columns(bodies, tags, keys, properties, join):
+    """Validate and lay out a put_batch's arguments (no store state involved); `join` is the
+    backend's column_join."""
     if properties is not None and not isinstance(properties, dict):
         raise TypeError(f"properties must be a dict or None, not {type(properties).__name__}")
     c = Columns()
     c.properties = properties
-    c.bodies = bodies_column(bodies)
+    c.bodies = bodies_column(bodies, join)
     n = c.n = len(c.bodies.lens)
-    tags = _values(tags, n, PROPERTY_TAGS)
-    keys = _values(keys, n, PROPERTY_KEYS)
+    tags = _values(tags, n, PROPERTY_TAGS, join)
+    keys = _values(keys, n, PROPERTY_KEYS, join)
     check_delay(dict(properties or {}))
     cols = {PROPERTY_TAGS: tags, PROPERTY_KEYS: keys}
     varying = {k: v for k, v in cols.items() if isinstance(v, Column)}

@@ -570,7 +570,7 @@ class MessageStore:
         raises MessageIllegalError or TypeError with nothing written. Returns a
         PutMessagesResult (numpy columns)."""
         self._check_running()
-        cols = columns(bodies, tags, keys, properties)
+        cols = columns(bodies, tags, keys, properties, self.kernels.column_join)
         if self.is_slave or self.running_flags.flag_bits & NOT_WRITEABLE_MASK:
             import numpy as np
             empty = np.empty(0, dtype=np.int64)

@@ -15,13 +15,14 @@ from ..errors import raise_for_status as _raise_for_status
 from ..format import SCAN_DTYPE as _SCAN_DTYPE
 from ._cffi_lib import ffi as _ffi
 from ._cffi_lib import lib as _lib
+from . import pure as _pure
 
 NAME = "cffi"
 
 __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_append",
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
            "cq_encode_batch", "cq_search", "index_hash", "index_put", "index_put_batch",
-           "index_keys", "index_lookup", "sync_range", "batch_encode")
+           "index_keys", "index_lookup", "sync_range", "batch_encode", "column_join")
 
 _from_buffer = _ffi.from_buffer
 _release_cdata = _ffi.release
@@ -327,3 +328,8 @@ def batch_encode(out, pos, limit, topic, queue_id, bodies, body_off, a, a_off, b
         _release(*views)
     _check(r, "batch_encode")
     return res[0], res[1]
+
+
+def column_join(items, text):
+    # Per-item Python work with no C loop to hand it to: the reference implementation's.
+    return _pure.column_join(items, text)

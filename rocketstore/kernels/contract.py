@@ -30,6 +30,7 @@ KERNEL_NAMES = (
     "index_lookup",
     "sync_range",
     "batch_encode",
+    "column_join",
 )
 
 
@@ -149,3 +150,9 @@ class Kernels(Protocol):
         offset are 0. Bytes equal msg_encode's for the same fields. Returns (count, bytes).
         Offsets outside their data, or decreasing, are a bounds error; a record whose
         properties exceed 32767 bytes is RS_E_TOO_LONG. Runs without the GIL."""
+
+    def column_join(self, items, text: bool):
+        """A list of bytes, None (empty) and, if `text`, str (encoded UTF-8) as one bytes object and its
+        len(items) + 1 int64 offsets (a buffer): (data, offsets), so item i is
+        data[offsets[i]:offsets[i + 1]]. None when `items` is not a list or holds any other
+        type, for the caller's general path."""

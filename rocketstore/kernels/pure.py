@@ -180,6 +180,24 @@ def batch_encode(out, pos, limit, topic, queue_id, bodies, body_off, a, a_off, b
     return i - first, wr - pos
 
 
+def column_join(items, text):
+    if type(items) is not list:
+        return None
+    out = []
+    for x in items:
+        if type(x) is bytes:
+            out.append(x)
+        elif text and type(x) is str:
+            out.append(x.encode("utf-8"))
+        elif x is None:
+            out.append(b"")
+        else:
+            return None
+    off = np.zeros(len(out) + 1, dtype=np.int64)
+    np.cumsum([len(x) for x in out], out=off[1:])
+    return b"".join(out), off
+
+
 def commitlog_blank(out, pos, size):
     if pos < 0 or pos + F.END_FILE_MIN_BLANK_LENGTH > len(out):
         raise_for_status(RS_E_BOUNDS, "commitlog_blank")
