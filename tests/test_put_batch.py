@@ -1,12 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """MessageStore.put_batch: a columnar batch writes exactly the bytes put_messages writes for the
 same messages, on every backend; bad input is refused before anything is written."""
+import errno
+import os
+
 import numpy as np
 import pytest
 
 from rocketstore import Message, MessageIllegalError, PutMessageStatus, testing
 from rocketstore.config import BrokerRole
 from rocketstore.errors import KernelBoundsError
+from rocketstore.fs import FileSystem
 
 N = 600          # ~130 KiB of records: two rolls of small_config's 64 KiB CommitLog files
 BORN = dict(born_timestamp=1_700_000_000_123, born_host=("10.0.0.7", 40001))
@@ -193,3 +197,43 @@ def test_batch_encode_kernel_equals_msg_encode_and_checks_its_offsets(backend):
         k.batch_encode(bytearray(2000), 0, 2000, topic, 4, b"".join(bodies),
                        np.array([0, 5, 5, 306], dtype=np.int64), None, None, None, None, frags,
                        foff, 0, 3, 7, 0, 11, host, 12, host, 100, 5000)
+
+
+class NoSpaceFor(FileSystem):
+    """Refuses with ENOSPC every reservation of a path containing `where`."""
+
+    def __init__(self, where):
+        self.where = where
+
+    def reserve(self, path, offset, length):
+        if self.where in path:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return super().reserve(path, offset, length)
+
+
+def test_put_batch_stopped_by_a_full_disk_keeps_what_it_wrote_and_refuses_the_rest(
+        tmp_path, backend):
+    # The second CommitLog file cannot be reserved: the batch fills the first and stops.
+    fs = NoSpaceFor("%020d" % (64 * 1024))
+    store = testing.open_store(tmp_path, backend, fs=fs)
+    try:
+        bodies = _bodies()
+        r = store.put_batch("Full", 0, bodies, keys=[f"k{i}" for i in range(N)])
+        assert r.status in (PutMessageStatus.SERVICE_NOT_AVAILABLE,
+                            PutMessageStatus.CREATE_MAPEDFILE_FAILED)
+        assert "disk full" in r.reason
+        assert 0 < r.count < N and r.queue_offsets.tolist() == list(range(r.count))
+        assert len(r.commit_log_offsets) == len(r.sizes) == r.count
+        assert int(r.commit_log_offsets[-1] + r.sizes[-1]) <= 64 * 1024 - 8
+        got, offset = [], 0
+        while True:
+            res = store.get_message("g", "Full", 0, offset, 32)
+            if not res.messages:
+                break
+            got += [bytes(m.body) for m in res.messages]
+            offset = res.next_begin_offset
+        assert got == bodies[:r.count]
+        later = store.put_batch("Full", 0, [b"later"])
+        assert later.status is PutMessageStatus.SERVICE_NOT_AVAILABLE and later.count == 0
+    finally:
+        store.shutdown()
