@@ -500,7 +500,8 @@ class CommitLog:
                     rd += nbytes
                 if done < n:
                     self._end_file(mf, mf.wrote_position)
-            self.topic_queue_table[key] = qbase + n
+            if n:       # an empty batch leaves no queue behind, as put_messages([]) does
+                self.topic_queue_table[key] = qbase + n
             self.begin_time_in_lock = 0
         status = PutMessageStatus.PUT_OK
         if after_put is not None and n:

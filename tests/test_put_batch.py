@@ -3,6 +3,7 @@
 same messages, on every backend; bad input is refused before anything is written."""
 import errno
 import os
+import random
 
 import numpy as np
 import pytest
@@ -30,12 +31,12 @@ def _digest(root):
             if k not in ("lock", "abort")}
 
 
-def _tree_after(root, backend, put):
-    store = testing.open_store(root, backend)
+def _tree_after(root, backend, put, config=None, n=N):
+    store = testing.open_store(root, backend, config)
     try:
         result = put(store)
         assert result.status is PutMessageStatus.PUT_OK
-        assert result.count == N
+        assert result.count == n
     finally:
         store.shutdown()
     return _digest(root)
@@ -100,6 +101,46 @@ def test_put_batch_with_keys_as_offsets_and_data_and_an_ipv6_born_host_writes_th
         "V6", 3, bodies, keys=(key_off, b"".join(keys)), **born))
     msgs = [Message("V6", b, keys=k.decode(), queue_id=3, **born) for b, k in zip(bodies, keys)]
     assert batch == _tree_after(tmp_path / "list", backend, lambda s: s.put_messages(msgs))
+
+
+def _random_column(rng, n, pool):
+    kind = rng.randrange(4)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return rng.choice(pool)
+    present = 1.0 if kind == 2 else rng.random()     # 2: every message has one
+    return [rng.choice(pool) if rng.random() < present else rng.choice([None, ""])
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_put_batch_matches_put_messages_for_random_tags_keys_and_properties(
+        tmp_path, backend, seed):
+    """Whatever TAGS / KEYS are shared, per message, partly missing or overridden by the
+    properties, and whatever HashMap order the names take, the bytes are put_messages'."""
+    rng = random.Random(seed)
+    n = 120
+    names = ["a", "b", "Aa", "BB", "KEYS", "TAGS", "UNIQ_KEY", "WAIT", "éé", "p1", "p17", "q"]
+    values = ["v", "", "ü-1", "x y", "false", None]
+    props = {rng.choice(names): rng.choice(values) for _ in range(rng.randrange(15))}
+    tags = _random_column(rng, n, ["TagA", "t", "ü"])
+    keys = _random_column(rng, n, ["k1", "k1 k2", ["a", "b"], "ключ"])
+    bodies = [bytes([rng.randrange(256)]) * rng.randrange(300) for _ in range(n)]
+    config = testing.small_config(transient_store_pool_enable=seed % 2 == 0)
+
+    def per(col, i):
+        return col[i] if isinstance(col, list) else col
+    msgs = [Message("R", b, tags=per(tags, i), keys=per(keys, i), queue_id=1,
+                    properties=props, **BORN) for i, b in enumerate(bodies)]
+    if isinstance(keys, str) or keys is None or rng.random() < 0.5:
+        batch_keys = keys
+    else:       # Message joins a list of keys with spaces; the batch takes the joined str too
+        batch_keys = [k if not isinstance(k, list) else " ".join(k) for k in keys]
+    batch = _tree_after(tmp_path / "batch", backend, lambda s: s.put_batch(
+        "R", 1, bodies, tags=tags, keys=batch_keys, properties=props, **BORN), config, n)
+    listed = _tree_after(tmp_path / "list", backend, lambda s: s.put_messages(msgs), config, n)
+    assert batch == listed
 
 
 def test_put_batch_reads_back_by_queue_offset_and_by_key(tmp_path, backend):
@@ -235,5 +276,26 @@ def test_put_batch_stopped_by_a_full_disk_keeps_what_it_wrote_and_refuses_the_re
         assert got == bodies[:r.count]
         later = store.put_batch("Full", 0, [b"later"])
         assert later.status is PutMessageStatus.SERVICE_NOT_AVAILABLE and later.count == 0
+    finally:
+        store.shutdown()
+
+
+def test_column_join_gives_utf8_data_and_offsets_or_none_for_other_types(backend):
+    data, off = backend.column_join([b"ab", None, "é", "", b"z"], True)
+    assert data == b"ab\xc3\xa9z" and np.frombuffer(off, dtype=np.int64).tolist() == [
+        0, 2, 2, 4, 4, 5]
+    assert backend.column_join([b"ab", "text"], False) is None     # a str is no body
+    assert backend.column_join([b"ab", bytearray(b"c")], True) is None
+    assert backend.column_join((b"ab",), True) is None              # only a list
+    data, off = backend.column_join([], False)
+    assert data == b"" and np.frombuffer(off, dtype=np.int64).tolist() == [0]
+
+
+def test_put_batch_of_nothing_stores_nothing(tmp_path, backend):
+    store = testing.open_store(tmp_path, backend)
+    try:
+        r = store.put_batch("T", 0, [])
+        assert r.ok and r.count == 0 and len(r.commit_log_offsets) == 0
+        assert store.commitlog.max_offset == 0 and ("T", 0) not in store.commitlog.topic_queue_table
     finally:
         store.shutdown()
