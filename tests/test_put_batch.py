@@ -10,7 +10,7 @@ import pytest
 
 from rocketstore import Message, MessageIllegalError, PutMessageStatus, testing
 from rocketstore.config import BrokerRole
-from rocketstore.errors import KernelBoundsError
+from rocketstore.errors import KernelBoundsError, StoreClosedError
 from rocketstore.fs import FileSystem
 
 N = 600          # ~130 KiB of records: two rolls of small_config's 64 KiB CommitLog files
@@ -297,5 +297,16 @@ def test_put_batch_of_nothing_stores_nothing(tmp_path, backend):
         r = store.put_batch("T", 0, [])
         assert r.ok and r.count == 0 and len(r.commit_log_offsets) == 0
         assert store.commitlog.max_offset == 0 and ("T", 0) not in store.commitlog.topic_queue_table
+    finally:
+        store.shutdown()
+
+
+def test_put_batch_after_puts_stopped_raises_store_closed_and_writes_nothing(tmp_path, backend):
+    store = testing.open_store(tmp_path, backend)
+    try:
+        store.commitlog.stop_puts()      # what shutdown does first, under the put lock
+        with pytest.raises(StoreClosedError):
+            store.put_batch("T", 0, [b"late"])
+        assert store.commitlog.max_offset == 0
     finally:
         store.shutdown()
