@@ -103,8 +103,9 @@ def _text_item(value, name):
     if name == PROPERTY_KEYS and isinstance(value, (list, tuple)) and \
             all(isinstance(k, str) for k in value):
         return KEY_SEPARATOR.join(value)     # Message(keys=[...]) joins them the same way
-    raise TypeError(f"each of {name.lower()} must be a str{' or a list of str' if name == PROPERTY_KEYS else ''}"
-                    f" or None, not {type(value).__name__}")
+    kinds = "a str, a list of str" if name == PROPERTY_KEYS else "a str"
+    raise TypeError(f"each of {name.lower()} must be {kinds} or None, not "
+                    f"{type(value).__name__}")
 
 
 def text_column(values, n, name, join):
@@ -148,6 +149,8 @@ def properties_template(tags, keys, properties):
     if properties:
         model.update(properties)
     text = properties_to_string(model)
+    if any(text.count(slot) > (model.get(name) is slot) for name, slot in _SLOT.items()):
+        raise MessageIllegalError("a property value holds put_batch's internal slot marker")
     slots = sorted((text.find(_SLOT[name]), name) for name in _SLOT
                    if model.get(name) is _SLOT[name])
     pieces, names, at = [], [], 0

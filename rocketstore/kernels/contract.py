@@ -152,7 +152,7 @@ class Kernels(Protocol):
         properties exceed 32767 bytes is RS_E_TOO_LONG. Runs without the GIL."""
 
     def column_join(self, items, text: bool):
-        """A list of bytes, None (empty) and, if `text`, str (encoded UTF-8) as one bytes object and its
-        len(items) + 1 int64 offsets (a buffer): (data, offsets), so item i is
+        """A list of bytes, None (empty) and, if `text`, str (encoded UTF-8) as one bytes
+        object and its len(items) + 1 int64 offsets (a buffer): (data, offsets), so item i is
         data[offsets[i]:offsets[i + 1]]. None when `items` is not a list or holds any other
         type, for the caller's general path."""
