@@ -12,8 +12,9 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HEADERS = ["rs_common.h", "rs_format.h", "rs_crc32.h", "rs_msg.h", "rs_commitlog.h", "rs_cq.h",
-           "rs_index.h", "rs_sync.h"]
-SOURCES = ["rs_crc32.c", "rs_msg.c", "rs_commitlog.c", "rs_cq.c", "rs_index.c", "rs_sync.c"]
+           "rs_index.h", "rs_sync.h", "rs_batch.h"]
+SOURCES = ["rs_crc32.c", "rs_msg.c", "rs_commitlog.c", "rs_cq.c", "rs_index.c", "rs_sync.c",
+           "rs_batch.c"]
 _DEFINE = re.compile(r"^#define\s+(RS_\w+)\s+\(?-?(?:0x[0-9A-Fa-f]+|\d+)\)?(?:\s|$)", re.M)
 
 CDEF = """
@@ -88,6 +89,18 @@ int rs_index_lookup(const uint8_t *buf, size_t len, int32_t slot_num, int32_t in
                     int32_t key_hash, int64_t begin, int64_t end,
                     int64_t *out, int64_t cap, int64_t *count);
 int rs_sync_range(const uint8_t *buf, size_t len, int64_t start, int64_t length);
+int rs_batch_encode(uint8_t *out, size_t out_len, int64_t pos, int64_t limit,
+                    const uint8_t *topic, size_t topic_len, int32_t queue_id,
+                    const uint8_t *bodies, size_t bodies_len, const int64_t *body_off,
+                    const uint8_t *a, size_t a_len, const int64_t *a_off,
+                    const uint8_t *b, size_t b_len, const int64_t *b_off,
+                    const uint8_t *frags, size_t frags_len, const int64_t *frag_off,
+                    int64_t first, int64_t n,
+                    int32_t flag, int32_t sys_flag, int64_t born_timestamp,
+                    const uint8_t *born_host, size_t born_host_len,
+                    int64_t store_timestamp, const uint8_t *store_host, size_t store_host_len,
+                    int64_t queue_offset, int64_t phy_base,
+                    int64_t *count, int64_t *nbytes);
 """
 
 

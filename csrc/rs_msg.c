@@ -43,14 +43,42 @@ int rs_msg_encode(uint8_t *out, size_t out_len, int64_t pos,
                   const uint8_t *store_host, size_t store_host_len,
                   int32_t reconsume_times, int64_t prepared_tx_offset, int v2)
 {
+    rs_part part;
+
+    part.buf = props;
+    part.len = props_len;
+    return rs_msg_encode_parts(out, out_len, pos, topic, topic_len, body, body_len, &part, 1,
+                               queue_id, flag, queue_offset, phy_offset, sys_flag,
+                               born_timestamp, born_host, born_host_len, store_timestamp,
+                               store_host, store_host_len, reconsume_times, prepared_tx_offset,
+                               v2);
+}
+
+int rs_msg_encode_parts(uint8_t *out, size_t out_len, int64_t pos,
+                        const uint8_t *topic, size_t topic_len,
+                        const uint8_t *body, size_t body_len,
+                        const rs_part *props, size_t n_parts,
+                        int32_t queue_id, int32_t flag, int64_t queue_offset, int64_t phy_offset,
+                        int32_t sys_flag, int64_t born_timestamp,
+                        const uint8_t *born_host, size_t born_host_len,
+                        int64_t store_timestamp,
+                        const uint8_t *store_host, size_t store_host_len,
+                        int32_t reconsume_times, int64_t prepared_tx_offset, int v2)
+{
     size_t bh = (size_t)rs_host_len(sys_flag, RS_BORNHOST_V6_FLAG);
     size_t sh = (size_t)rs_host_len(sys_flag, RS_STOREHOSTADDRESS_V6_FLAG);
+    size_t props_len = 0, i;
     uint32_t crc;
     uint8_t *p;
     int size;
 
     if (born_host_len != bh || store_host_len != sh)
         return RS_E_ARG;
+    for (i = 0; i < n_parts; i++) {
+        if (props[i].len > (size_t)INT32_MAX)
+            return RS_E_TOO_LONG;
+        props_len += props[i].len;
+    }
     size = rs_msg_size(sys_flag, (int64_t)(body_len > INT64_MAX ? INT64_MAX : body_len),
                        (int64_t)(topic_len > INT64_MAX ? INT64_MAX : topic_len),
                        (int64_t)(props_len > INT64_MAX ? INT64_MAX : props_len), v2);
@@ -94,9 +122,13 @@ int rs_msg_encode(uint8_t *out, size_t out_len, int64_t pos,
         memmove(p, topic, topic_len);
     p += topic_len;
     rs_store_be16(p, (uint16_t)props_len);
-    if (props_len)
-        memmove(p + 2, props, props_len);
-    assert(p + 2 + props_len == out + pos + size);   /* the layout agrees with calMsgLength */
+    p += 2;
+    for (i = 0; i < n_parts; i++) {
+        if (props[i].len)
+            memmove(p, props[i].buf, props[i].len);
+        p += props[i].len;
+    }
+    assert(p == out + pos + size);   /* the layout agrees with calMsgLength */
     return size;
 }
 

@@ -41,6 +41,29 @@ int rs_msg_encode(uint8_t *out, size_t out_len, int64_t pos,
                   const uint8_t *store_host, size_t store_host_len,
                   int32_t reconsume_times, int64_t prepared_tx_offset, int v2);
 
+/* One piece of a properties string that rs_msg_encode_parts writes in order. */
+typedef struct rs_part {
+    const uint8_t *buf;
+    size_t len;
+} rs_part;
+
+/*
+ * rs_msg_encode_parts - rs_msg_encode with the properties given as n_parts pieces written one
+ * after another (their total is PROPERTIESLENGTH), so a batch whose records share most of their
+ * properties string builds none of them in a scratch buffer.  Same checks and returns.
+ * GIL: callable without it.
+ */
+int rs_msg_encode_parts(uint8_t *out, size_t out_len, int64_t pos,
+                        const uint8_t *topic, size_t topic_len,
+                        const uint8_t *body, size_t body_len,
+                        const rs_part *props, size_t n_parts,
+                        int32_t queue_id, int32_t flag, int64_t queue_offset, int64_t phy_offset,
+                        int32_t sys_flag, int64_t born_timestamp,
+                        const uint8_t *born_host, size_t born_host_len,
+                        int64_t store_timestamp,
+                        const uint8_t *store_host, size_t store_host_len,
+                        int32_t reconsume_times, int64_t prepared_tx_offset, int v2);
+
 /*
  * rs_msg_check - validate the record at buf[pos, len) and extract its dispatch fields.
  *

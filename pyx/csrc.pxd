@@ -14,6 +14,7 @@ cdef extern from * nogil:
     #include "rs_cq.h"
     #include "rs_index.h"
     #include "rs_sync.h"
+    #include "rs_batch.h"
     """
     # rs_common.h / rs_format.h
     const int RS_OK
@@ -103,3 +104,17 @@ cdef extern from * nogil:
 
     # rs_sync.h
     int rs_sync_range(const uint8_t *buf, size_t len, int64_t start, int64_t length)
+
+    # rs_batch.h
+    int rs_batch_encode(uint8_t *out, size_t out_len, int64_t pos, int64_t limit,
+                        const uint8_t *topic, size_t topic_len, int32_t queue_id,
+                        const uint8_t *bodies, size_t bodies_len, const int64_t *body_off,
+                        const uint8_t *a, size_t a_len, const int64_t *a_off,
+                        const uint8_t *b, size_t b_len, const int64_t *b_off,
+                        const uint8_t *frags, size_t frags_len, const int64_t *frag_off,
+                        int64_t first, int64_t n,
+                        int32_t flag, int32_t sys_flag, int64_t born_timestamp,
+                        const uint8_t *born_host, size_t born_host_len,
+                        int64_t store_timestamp, const uint8_t *store_host,
+                        size_t store_host_len, int64_t queue_offset, int64_t phy_base,
+                        int64_t *count, int64_t *nbytes)

@@ -8,10 +8,11 @@ import threading
 import numpy as np
 
 from . import format as F
+from .batch import max_len_check
 from .errors import KernelBoundsError, MessageIllegalError, StoreClosedError
 from .mapped_file_queue import MappedFileQueue
 from .message import (PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, TOPIC_PATTERN,
-                      body_bytes, pack_host, properties_to_string)
+                      Message, body_bytes, pack_host, properties_to_string)
 from .services.allocate import AllocateMappedFileService
 from .transient_pool import TransientStorePool
 from .status import PutMessageResult, PutMessagesResult, PutMessageStatus
@@ -423,6 +424,92 @@ class CommitLog:
         return PutMessagesResult(status, n, phys,
                                  np.frombuffer(qoffs, dtype=np.int64), sizes, ts, total,
                                  [e.store_raw for e in encoded])
+
+    def put_batch(self, topic, queue_id, cols, clock, flag=0, born_timestamp=0,
+                  born_host=("127.0.0.1", 0)):
+        """Put the columnar batch `cols` (batch.Columns) to one topic and queue: the records
+        put_messages writes for the same Message objects, encoded by one batch_encode call per
+        file touched, straight into the file at their final offsets, without the GIL.
+        Everything is validated before anything is written."""
+        topic_b = self._topic_bytes(topic)
+        if type(queue_id) is not int or not 0 <= queue_id <= 0x7FFFFFFF:
+            raise MessageIllegalError(f"queue id {queue_id!r} is not a valid queue")
+        limit = self.write_queue_limits.get(topic)
+        if limit is not None and queue_id >= limit:
+            raise MessageIllegalError(
+                f"queue id {queue_id} is illegal: topic {topic} has {limit} write queues")
+        n = cols.n
+        max_len_check(cols.bodies.lens, self._max_body, "the body")
+        max_len_check(cols.props_lens, F.MAX_PROPERTIES_LENGTH, "the properties string",
+                      PutMessageStatus.PROPERTIES_SIZE_EXCEEDED.name)
+        born_raw, born_v6 = pack_host(born_host)
+        sys_flag = self._store_host_v6 | (F.BORNHOST_V6_FLAG if born_v6 else 0)
+        sizes = self._k.msg_size(sys_flag, 0, len(topic_b), 0) + cols.bodies.lens \
+            + cols.props_lens
+        max_len_check(sizes, self.file_size - F.END_FILE_MIN_BLANK_LENGTH, "the record")
+        total = int(sizes.sum())
+        a, b = cols.a, cols.b
+        args = (topic_b, queue_id, cols.bodies.data, cols.bodies.off,
+                None if a is None else a.data, None if a is None else a.off,
+                None if b is None else b.data, None if b is None else b.off,
+                cols.frags, cols.frag_off)
+        phys = np.empty(n, dtype=np.int64)
+        key = (topic, queue_id)
+        with self.put_lock:
+            if self.closed:
+                self._refuse_closed()
+            after_put = self.after_put
+            ts = clock()
+            self.begin_time_in_lock = ts
+            qbase = self.topic_queue_table.get(key, 0)
+            done = rd = 0
+            while done < n:
+                status = reason = None
+                try:
+                    mf = self._writable_file()
+                except OSError as exc:
+                    status = PutMessageStatus.CREATE_MAPEDFILE_FAILED
+                    reason = f"create mapped file failed: {self._refusal(exc)}"
+                else:
+                    end = min(mf.wrote_position + total - rd, self.file_size)
+                    if end + F.END_FILE_MIN_BLANK_LENGTH > mf.reserved_position:
+                        reason = self._reserve(mf, end)
+                        status = PutMessageStatus.SERVICE_NOT_AVAILABLE
+                if reason is not None:
+                    # What was written keeps its queue offsets; the rest takes none.
+                    self.topic_queue_table[key] = qbase + done
+                    self.begin_time_in_lock = 0
+                    return PutMessagesResult(
+                        status, done, phys[:done],
+                        np.arange(qbase, qbase + done, dtype=np.int64), sizes[:done], ts, rd,
+                        [self.store_host_raw] * done, reason=reason)
+                wpos = mf.wrote_position
+                base = mf.file_from_offset + wpos
+                count, nbytes = self._k.batch_encode(
+                    mf.write_target, wpos, self.file_size, *args, done, n, flag, sys_flag,
+                    born_timestamp, born_raw, ts, self.store_host_raw, qbase + done, base)
+                if count:
+                    phys[done] = base
+                    np.cumsum(sizes[done:done + count - 1], out=phys[done + 1:done + count])
+                    phys[done + 1:done + count] += base
+                    mf.wrote_position = wpos + nbytes
+                    if mf.wbuf is None:
+                        mf.committed_position = wpos + nbytes
+                    mf.store_timestamp = ts
+                    done += count
+                    rd += nbytes
+                if done < n:
+                    self._end_file(mf, mf.wrote_position)
+            if n:       # an empty batch leaves no queue behind, as put_messages([]) does
+                self.topic_queue_table[key] = qbase + n
+            self.begin_time_in_lock = 0
+        status = PutMessageStatus.PUT_OK
+        if after_put is not None and n:
+            # after_put reads the message's WAIT property, which the batch shares.
+            status = after_put(int(phys[-1]) + int(sizes[-1]),
+                               Message(topic, queue_id=queue_id, properties=cols.properties))
+        return PutMessagesResult(status, n, phys, np.arange(qbase, qbase + n, dtype=np.int64),
+                                 sizes, ts, total, [self.store_host_raw] * n)
 
     # ---- HA slave (spec 05 §4.1) ------------------------------------------------------------
     def append_data(self, start_offset, data):

@@ -12,6 +12,7 @@ from .kernels.contract import KERNEL_NAMES
 from . import query, read_path, recovery
 from .arguments import (check_callable, check_int, check_optional_int, check_queue, check_str,
                         explain_put_failure)
+from .batch import columns
 from .checkpoint import StoreCheckpoint
 from .clock import system_clock
 from .commitlog import TOPIC_PATTERN, CommitLog
@@ -553,6 +554,31 @@ class MessageStore:
         except Exception as exc:
             explain_put_failure(msgs, exc)
             raise
+
+    def put_batch(self, topic, queue_id, bodies, tags=None, keys=None, properties=None, *,
+                  flag=0, born_timestamp=0, born_host=("127.0.0.1", 0)):
+        """Store many bodies to one topic and queue, columnar: the bytes put_messages writes
+        for [Message(topic, body, tags=t, keys=k, queue_id=queue_id, properties=properties,
+        flag=flag, born_timestamp=born_timestamp, born_host=born_host) ...], encoded without
+        the GIL and with no per-message Python object.
+
+        `bodies`: a list of bytes-like objects, or an (offsets, data) pair as Arrow and numpy
+        lay them out (int32 or int64 offsets, n + 1 of them). `tags` and `keys`: one str for
+        every message, or one value per message (None or "" for none; a key may be a list of
+        str) as a list or an (offsets, data) pair of UTF-8. `properties`: a dict every message
+        carries; a DELAY level is refused (put_messages rewrites delayed messages). Bad input
+        raises MessageIllegalError or TypeError with nothing written. Returns a
+        PutMessagesResult (numpy columns)."""
+        self._check_running()
+        cols = columns(bodies, tags, keys, properties, self.kernels.column_join)
+        if self.is_slave or self.running_flags.flag_bits & NOT_WRITEABLE_MASK:
+            import numpy as np
+            empty = np.empty(0, dtype=np.int64)
+            return PutMessagesResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, 0, empty, empty,
+                                     empty, 0, 0, reason=_SLAVE_REASON if self.is_slave
+                                     else self._not_writeable_reason())
+        return self.commitlog.put_batch(topic, queue_id, cols, self.clock, flag=flag,
+                                        born_timestamp=born_timestamp, born_host=born_host)
 
     def _on_disk_full(self, reason):
         """A reservation found the disk full: refuse puts before the lock from now on, until

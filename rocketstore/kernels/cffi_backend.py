@@ -15,13 +15,14 @@ from ..errors import raise_for_status as _raise_for_status
 from ..format import SCAN_DTYPE as _SCAN_DTYPE
 from ._cffi_lib import ffi as _ffi
 from ._cffi_lib import lib as _lib
+from . import pure as _pure
 
 NAME = "cffi"
 
 __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_append",
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
            "cq_encode_batch", "cq_search", "index_hash", "index_put", "index_put_batch",
-           "index_keys", "index_lookup", "sync_range")
+           "index_keys", "index_lookup", "sync_range", "batch_encode", "column_join")
 
 _from_buffer = _ffi.from_buffer
 _release_cdata = _ffi.release
@@ -287,3 +288,48 @@ def sync_range(buf, fd, start, length):
     finally:
         _release(b)
     _check(r, "sync_range")
+
+
+def _offsets(off, need, what):
+    """A borrowed int64_t[] over `off` (None for None), holding at least `need` entries: the
+    kernel reads offsets up to index n and has no length for them."""
+    if off is None:
+        return _ffi.NULL
+    v = _from_buffer("int64_t[]", _ints(off, 8, "q"))
+    if len(v) < need:
+        _release_cdata(v)
+        _raise_for_status(_RS_E_ARG, f"batch_encode: too few {what} offsets")
+    return v
+
+
+def batch_encode(out, pos, limit, topic, queue_id, bodies, body_off, a, a_off, b, b_off, frags,
+                 frag_off, first, n, flag, sys_flag, born_timestamp, born_host,
+                 store_timestamp, store_host, queue_offset, phy_base):
+    if n < 0 or first < 0 or first > n:
+        _raise_for_status(_RS_E_ARG, "batch_encode: bad record range")
+    res = _new("int64_t[2]")
+    views = []
+    try:
+        o = _rw(out)
+        views.append(o)
+        bufs = [_ro(x) for x in (topic, bodies, b"" if a is None else a,
+                                 b"" if b is None else b, frags, born_host, store_host)]
+        views.extend(bufs)
+        offs = [_offsets(body_off, n + 1, "body"), _offsets(a_off, n + 1, "first column"),
+                _offsets(b_off, n + 1, "second column"), _offsets(frag_off, 4, "fragment")]
+        views.extend(v for v in offs if v != _ffi.NULL)
+        t, bo, av, bv, fr, bh, sh = bufs
+        r = _lib.rs_batch_encode(o, len(o), pos, limit, t, len(t), queue_id, bo, len(bo),
+                                 offs[0], av, len(av), offs[1], bv, len(bv), offs[2], fr,
+                                 len(fr), offs[3], first, n, flag, sys_flag, born_timestamp,
+                                 bh, len(bh), store_timestamp, sh, len(sh), queue_offset,
+                                 phy_base, res, res + 1)
+    finally:
+        _release(*views)
+    _check(r, "batch_encode")
+    return res[0], res[1]
+
+
+def column_join(items, text):
+    # Per-item Python work with no C loop to hand it to: the reference implementation's.
+    return _pure.column_join(items, text)

@@ -129,6 +129,75 @@ def commitlog_append_batch(out, pos, limit, records, queue_offsets, phy_base, st
     return n, wr - pos
 
 
+def _column(data, off, first, n, what):
+    """Offsets first..n of a column as an int64 array, checked as rs_batch_encode checks them;
+    None for an absent column."""
+    if off is None:
+        return None
+    off = np.asarray(off, dtype=np.int64)
+    if len(off) < n + 1:
+        raise_for_status(RS_E_ARG, f"batch_encode: too few {what} offsets")
+    window = off[first:n + 1]
+    if window[0] < 0 or (np.diff(window) < 0).any() or window[-1] > len(data):
+        raise_for_status(RS_E_BOUNDS, f"batch_encode: {what} offsets outside their data")
+    return off
+
+
+def batch_encode(out, pos, limit, topic, queue_id, bodies, body_off, a, a_off, b, b_off, frags,
+                 frag_off, first, n, flag, sys_flag, born_timestamp, born_host,
+                 store_timestamp, store_host, queue_offset, phy_base):
+    if n < 0 or first < 0 or first > n:
+        raise_for_status(RS_E_ARG, "batch_encode: bad record range")
+    if pos < 0 or limit < 0 or limit > len(out) or pos > limit:
+        raise_for_status(RS_E_BOUNDS, "batch_encode")
+    bodies = memoryview(bodies).cast("B")
+    a = memoryview(b"" if a is None else a).cast("B")
+    b = memoryview(b"" if b is None else b).cast("B")
+    frags = memoryview(frags).cast("B")
+    fo = np.asarray(frag_off, dtype=np.int64)
+    if len(fo) < 4 or fo[0] < 0 or (np.diff(fo[:4]) < 0).any():
+        raise_for_status(RS_E_ARG, "batch_encode: fragment offsets out of order")
+    if fo[3] > len(frags):
+        raise_for_status(RS_E_BOUNDS, "batch_encode: fragments")
+    bo = _column(bodies, body_off, first, n, "body")
+    ao = _column(a, a_off, first, n, "first column")
+    co = _column(b, b_off, first, n, "second column")
+    f0, f1, f2 = (bytes(frags[fo[k]:fo[k + 1]]) for k in range(3))
+    wr = pos
+    for i in range(first, n):
+        props = b"".join((f0, bytes(a[ao[i]:ao[i + 1]]) if ao is not None else b"", f1,
+                          bytes(b[co[i]:co[i + 1]]) if co is not None else b"", f2))
+        body = bodies[bo[i]:bo[i + 1]]
+        size = msg_size(sys_flag, len(body), len(topic), len(props))
+        if wr + size + F.END_FILE_MIN_BLANK_LENGTH > limit:
+            break
+        msg_encode(out, wr, topic, body, props, queue_id, flag, queue_offset + (i - first),
+                   phy_base + (wr - pos), sys_flag, born_timestamp, born_host, store_timestamp,
+                   store_host, 0, 0)
+        wr += size
+    else:
+        return n - first, wr - pos
+    return i - first, wr - pos
+
+
+def column_join(items, text):
+    if type(items) is not list:
+        return None
+    out = []
+    for x in items:
+        if type(x) is bytes:
+            out.append(x)
+        elif text and type(x) is str:
+            out.append(x.encode("utf-8"))
+        elif x is None:
+            out.append(b"")
+        else:
+            return None
+    off = np.zeros(len(out) + 1, dtype=np.int64)
+    np.cumsum([len(x) for x in out], out=off[1:])
+    return b"".join(out), off
+
+
 def commitlog_blank(out, pos, size):
     if pos < 0 or pos + F.END_FILE_MIN_BLANK_LENGTH > len(out):
         raise_for_status(RS_E_BOUNDS, "commitlog_blank")

@@ -1,0 +1,312 @@
+# SPDX-License-Identifier: Apache-2.0
+"""MessageStore.put_batch: a columnar batch writes exactly the bytes put_messages writes for the
+same messages, on every backend; bad input is refused before anything is written."""
+import errno
+import os
+import random
+
+import numpy as np
+import pytest
+
+from rocketstore import Message, MessageIllegalError, PutMessageStatus, testing
+from rocketstore.config import BrokerRole
+from rocketstore.errors import KernelBoundsError, StoreClosedError
+from rocketstore.fs import FileSystem
+
+N = 600          # ~130 KiB of records: two rolls of small_config's 64 KiB CommitLog files
+BORN = dict(born_timestamp=1_700_000_000_123, born_host=("10.0.0.7", 40001))
+
+
+@pytest.fixture(params=testing.backend_params())
+def backend(request):
+    return testing.load_backend(request.param)
+
+
+def _bodies(n=N):
+    return [bytes([65 + i % 26]) * (90 + i % 37) for i in range(n)]
+
+
+def _digest(root):
+    return {k: v for k, v in testing.tree_digest(root).items()
+            if k not in ("lock", "abort")}
+
+
+def _tree_after(root, backend, put, config=None, n=N):
+    store = testing.open_store(root, backend, config)
+    try:
+        result = put(store)
+        assert result.status is PutMessageStatus.PUT_OK
+        assert result.count == n
+    finally:
+        store.shutdown()
+    return _digest(root)
+
+
+def _same_bytes(tmp_path, backend, batch_kwargs, msgs):
+    """put_batch(**batch_kwargs) and put_messages(msgs) leave identical store directories,
+    rolled CommitLog files, ConsumeQueues, index and checkpoint included."""
+    batch = _tree_after(tmp_path / "batch", backend,
+                        lambda s: s.put_batch(**batch_kwargs, **BORN))
+    listed = _tree_after(tmp_path / "list", backend, lambda s: s.put_messages(msgs))
+    assert sum(k.startswith("commitlog") for k in listed) >= 3
+    assert batch == listed
+
+
+def test_put_batch_writes_the_bytes_of_put_messages_with_keys_tags_and_properties(
+        tmp_path, backend):
+    bodies = _bodies()
+    keys = [f"order-{i}" for i in range(N)]
+    props = {"region": "eu", "trace": "t-1", "a": "1", "zz": "", "UNIQ_KEY": "FIXED"}
+    msgs = [Message("Orders", b, tags="Paid", keys=k, queue_id=2, properties=props, **BORN)
+            for b, k in zip(bodies, keys)]
+    _same_bytes(tmp_path, backend, dict(topic="Orders", queue_id=2, bodies=bodies, tags="Paid",
+                                        keys=keys, properties=props), msgs)
+
+
+def test_put_batch_with_per_message_tags_and_numpy_offsets_bodies_writes_the_same_bytes(
+        tmp_path, backend):
+    bodies = _bodies()
+    data = np.frombuffer(b"".join(bodies), dtype=np.uint8)
+    offsets = np.zeros(N + 1, dtype=np.int32)           # Arrow's binary layout
+    np.cumsum([len(b) for b in bodies], out=offsets[1:])
+    tags = [f"tag{i % 5}" for i in range(N)]
+    keys = [[f"k{i}", f"kk{i}"] for i in range(N)]
+    msgs = [Message("T_1", b, tags=t, keys=k, queue_id=0, **BORN)
+            for b, t, k in zip(bodies, tags, keys)]
+    _same_bytes(tmp_path, backend, dict(topic="T_1", queue_id=0, bodies=(offsets, data),
+                                        tags=tags, keys=keys), msgs)
+
+
+def test_put_batch_where_some_messages_lack_keys_or_tags_writes_the_same_bytes(
+        tmp_path, backend):
+    # A missing KEYS changes the HashMap and so the order of the others: per message.
+    bodies = _bodies()
+    keys = [None if i % 3 == 0 else f"ключ-{i}" for i in range(N)]
+    tags = ["" if i % 4 == 0 else "Tg" for i in range(N)]
+    props = {f"p{j}": str(j) for j in range(14)}
+    msgs = [Message("Mixed", b, tags=t, keys=k, queue_id=1, properties=props, **BORN)
+            for b, t, k in zip(bodies, tags, keys)]
+    _same_bytes(tmp_path, backend, dict(topic="Mixed", queue_id=1, bodies=bodies, tags=tags,
+                                        keys=keys, properties=props), msgs)
+
+
+def test_put_batch_with_keys_as_offsets_and_data_and_an_ipv6_born_host_writes_the_same_bytes(
+        tmp_path, backend):
+    bodies = _bodies()
+    keys = [f"id{i}".encode() for i in range(N)]
+    key_off = np.zeros(N + 1, dtype=np.int64)
+    np.cumsum([len(k) for k in keys], out=key_off[1:])
+    born = dict(born_timestamp=5, born_host=("::1", 9876))
+    batch = _tree_after(tmp_path / "batch", backend, lambda s: s.put_batch(
+        "V6", 3, bodies, keys=(key_off, b"".join(keys)), **born))
+    msgs = [Message("V6", b, keys=k.decode(), queue_id=3, **born) for b, k in zip(bodies, keys)]
+    assert batch == _tree_after(tmp_path / "list", backend, lambda s: s.put_messages(msgs))
+
+
+def _random_column(rng, n, pool):
+    kind = rng.randrange(4)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return rng.choice(pool)
+    present = 1.0 if kind == 2 else rng.random()     # 2: every message has one
+    return [rng.choice(pool) if rng.random() < present else rng.choice([None, ""])
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_put_batch_matches_put_messages_for_random_tags_keys_and_properties(
+        tmp_path, backend, seed):
+    """Whatever TAGS / KEYS are shared, per message, partly missing or overridden by the
+    properties, and whatever HashMap order the names take, the bytes are put_messages'."""
+    rng = random.Random(seed)
+    n = 120
+    names = ["a", "b", "Aa", "BB", "KEYS", "TAGS", "UNIQ_KEY", "WAIT", "éé", "p1", "p17", "q"]
+    values = ["v", "", "ü-1", "x y", "false", None]
+    props = {rng.choice(names): rng.choice(values) for _ in range(rng.randrange(15))}
+    tags = _random_column(rng, n, ["TagA", "t", "ü"])
+    keys = _random_column(rng, n, ["k1", "k1 k2", ["a", "b"], "ключ"])
+    bodies = [bytes([rng.randrange(256)]) * rng.randrange(300) for _ in range(n)]
+    config = testing.small_config(transient_store_pool_enable=seed % 2 == 0)
+
+    def per(col, i):
+        return col[i] if isinstance(col, list) else col
+    msgs = [Message("R", b, tags=per(tags, i), keys=per(keys, i), queue_id=1,
+                    properties=props, **BORN) for i, b in enumerate(bodies)]
+    if isinstance(keys, str) or keys is None or rng.random() < 0.5:
+        batch_keys = keys
+    else:       # Message joins a list of keys with spaces; the batch takes the joined str too
+        batch_keys = [k if not isinstance(k, list) else " ".join(k) for k in keys]
+    batch = _tree_after(tmp_path / "batch", backend, lambda s: s.put_batch(
+        "R", 1, bodies, tags=tags, keys=batch_keys, properties=props, **BORN), config, n)
+    listed = _tree_after(tmp_path / "list", backend, lambda s: s.put_messages(msgs), config, n)
+    assert batch == listed
+
+
+def test_put_batch_reads_back_by_queue_offset_and_by_key(tmp_path, backend):
+    store = testing.open_store(tmp_path, backend)
+    try:
+        store.put_message(Message("Q", b"before", queue_id=1))
+        bodies = _bodies(200)
+        r = store.put_batch("Q", 1, bodies, tags="t", keys=[f"key-{i}" for i in range(200)])
+        assert r.ok and list(r.queue_offsets) == list(range(1, 201))
+        assert list(r.commit_log_offsets[1:]) == list(r.commit_log_offsets[:-1] + r.sizes[:-1])
+        got = []
+        offset = 1
+        while offset < 201:
+            res = store.get_message("g", "Q", 1, offset, 32)
+            assert res.messages, res.status
+            got += [bytes(m.body) for m in res.messages]
+            offset = res.next_begin_offset
+        assert got == bodies
+        hit = store.query_message("Q", "key-137").messages
+        assert [bytes(m.body) for m in hit] == [bodies[137]]
+        assert hit[0].tags == "t" and hit[0].commit_log_offset == r.commit_log_offsets[137]
+        assert store.put_message(Message("Q", b"after", queue_id=1)).queue_offset == 201
+    finally:
+        store.shutdown()
+
+
+@pytest.mark.parametrize("call, error", [
+    (dict(topic="a/b"), MessageIllegalError),
+    (dict(queue_id=-1), MessageIllegalError),
+    (dict(queue_id="0"), MessageIllegalError),
+    (dict(bodies=[b"ok", "text"]), TypeError),
+    (dict(bodies=b"one body"), TypeError),
+    (dict(bodies=[b"x" * 5000, b"y"]), MessageIllegalError),
+    (dict(keys=["k1", "bad\x01key"]), MessageIllegalError),
+    (dict(tags=["a", "b\x02"]), MessageIllegalError),
+    (dict(tags=["only one"]), MessageIllegalError),
+    (dict(keys=["k", 7]), TypeError),
+    (dict(properties={"DELAY": "3"}), MessageIllegalError),
+    (dict(properties={"x": "y" * 40000}), MessageIllegalError),
+    (dict(properties=[("x", "y")]), TypeError),
+    (dict(bodies=(np.array([0, 2, 1], dtype=np.int64), b"abc")), MessageIllegalError),
+    (dict(bodies=(np.array([0, 2, 9], dtype=np.int64), b"abc")), MessageIllegalError),
+])
+def test_put_batch_refuses_bad_input_and_writes_nothing(tmp_path, backend, call, error):
+    store = testing.open_store(tmp_path, backend, testing.small_config(max_message_size=4096))
+    try:
+        store.put_message(Message("T", b"first"))
+        before = (store.commitlog.max_offset, store.get_max_offset_in_queue("T", 0))
+        args = dict(topic="T", queue_id=0, bodies=[b"b1", b"b2"])
+        args.update(call)
+        with pytest.raises(error):
+            store.put_batch(**args)
+        assert (store.commitlog.max_offset, store.get_max_offset_in_queue("T", 0)) == before
+        assert store.put_batch("T", 0, [b"b3"]).queue_offsets.tolist() == [1]
+    finally:
+        store.shutdown()
+
+
+def test_put_batch_on_a_slave_is_refused(tmp_path, backend):
+    store = testing.open_store(tmp_path, backend,
+                               testing.small_config(broker_role=BrokerRole.SLAVE))
+    try:
+        r = store.put_batch("T", 0, [b"x"])
+        assert r.status is PutMessageStatus.SERVICE_NOT_AVAILABLE and r.count == 0
+        assert store.commitlog.max_offset == 0
+    finally:
+        store.shutdown()
+
+
+def test_batch_encode_kernel_equals_msg_encode_and_checks_its_offsets(backend):
+    k = backend
+    topic, host = b"Kt", bytes([10, 0, 0, 1, 0, 0, 0x1f, 0x90])
+    bodies = [b"hello", b"", b"w" * 300]
+    boff = np.array([0, 5, 5, 305], dtype=np.int64)
+    keys = [b"a", b"bb", b"ccc"]
+    koff = np.array([0, 1, 3, 6], dtype=np.int64)
+    frags = b"KEYS\x01" + b"\x02x\x01y"
+    foff = np.array([0, 5, 9, 9], dtype=np.int64)
+    out = bytearray(2000)
+    count, nbytes = k.batch_encode(out, 10, len(out), topic, 4, b"".join(bodies), boff,
+                                   b"".join(keys), koff, None, None, frags, foff, 0, 3, 7, 0,
+                                   11, host, 12, host, 100, 5000)
+    want = bytearray(2000)
+    pos = 10
+    for i in range(3):
+        pos += k.msg_encode(want, pos, topic, bodies[i], b"KEYS\x01" + keys[i] + b"\x02x\x01y",
+                            4, 7, 100 + i, 5000 + pos - 10, 0, 11, host, 12, host, 0, 0)
+    assert (count, nbytes) == (3, pos - 10) and out == want
+    # The blank's 8 bytes stay free: the second record stops where the limit says.
+    first = k.msg_size(0, 5, 2, 10)
+    assert k.batch_encode(bytearray(2000), 0, first + 8 + 5, topic, 4, b"".join(bodies), boff,
+                          b"".join(keys), koff, None, None, frags, foff, 0, 3, 7, 0, 11, host,
+                          12, host, 100, 5000) == (1, first)
+    with pytest.raises(KernelBoundsError):
+        k.batch_encode(bytearray(2000), 0, 2000, topic, 4, b"".join(bodies),
+                       np.array([0, 5, 5, 306], dtype=np.int64), None, None, None, None, frags,
+                       foff, 0, 3, 7, 0, 11, host, 12, host, 100, 5000)
+
+
+class NoSpaceFor(FileSystem):
+    """Refuses with ENOSPC every reservation of a path containing `where`."""
+
+    def __init__(self, where):
+        self.where = where
+
+    def reserve(self, path, offset, length):
+        if self.where in path:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return super().reserve(path, offset, length)
+
+
+def test_put_batch_stopped_by_a_full_disk_keeps_what_it_wrote_and_refuses_the_rest(
+        tmp_path, backend):
+    # The second CommitLog file cannot be reserved: the batch fills the first and stops.
+    fs = NoSpaceFor("%020d" % (64 * 1024))
+    store = testing.open_store(tmp_path, backend, fs=fs)
+    try:
+        bodies = _bodies()
+        r = store.put_batch("Full", 0, bodies, keys=[f"k{i}" for i in range(N)])
+        assert r.status in (PutMessageStatus.SERVICE_NOT_AVAILABLE,
+                            PutMessageStatus.CREATE_MAPEDFILE_FAILED)
+        assert "disk full" in r.reason
+        assert 0 < r.count < N and r.queue_offsets.tolist() == list(range(r.count))
+        assert len(r.commit_log_offsets) == len(r.sizes) == r.count
+        assert int(r.commit_log_offsets[-1] + r.sizes[-1]) <= 64 * 1024 - 8
+        got, offset = [], 0
+        while True:
+            res = store.get_message("g", "Full", 0, offset, 32)
+            if not res.messages:
+                break
+            got += [bytes(m.body) for m in res.messages]
+            offset = res.next_begin_offset
+        assert got == bodies[:r.count]
+        later = store.put_batch("Full", 0, [b"later"])
+        assert later.status is PutMessageStatus.SERVICE_NOT_AVAILABLE and later.count == 0
+    finally:
+        store.shutdown()
+
+
+def test_column_join_gives_utf8_data_and_offsets_or_none_for_other_types(backend):
+    data, off = backend.column_join([b"ab", None, "é", "", b"z"], True)
+    assert data == b"ab\xc3\xa9z" and np.frombuffer(off, dtype=np.int64).tolist() == [
+        0, 2, 2, 4, 4, 5]
+    assert backend.column_join([b"ab", "text"], False) is None     # a str is no body
+    assert backend.column_join([b"ab", bytearray(b"c")], True) is None
+    assert backend.column_join((b"ab",), True) is None              # only a list
+    data, off = backend.column_join([], False)
+    assert data == b"" and np.frombuffer(off, dtype=np.int64).tolist() == [0]
+
+
+def test_put_batch_of_nothing_stores_nothing(tmp_path, backend):
+    store = testing.open_store(tmp_path, backend)
+    try:
+        r = store.put_batch("T", 0, [])
+        assert r.ok and r.count == 0 and len(r.commit_log_offsets) == 0
+        assert store.commitlog.max_offset == 0 and ("T", 0) not in store.commitlog.topic_queue_table
+    finally:
+        store.shutdown()
+
+
+def test_put_batch_after_puts_stopped_raises_store_closed_and_writes_nothing(tmp_path, backend):
+    store = testing.open_store(tmp_path, backend)
+    try:
+        store.commitlog.stop_puts()      # what shutdown does first, under the put lock
+        with pytest.raises(StoreClosedError):
+            store.put_batch("T", 0, [b"late"])
+        assert store.commitlog.max_offset == 0
+    finally:
+        store.shutdown()
