@@ -146,6 +146,7 @@ def check_store(root, backend, mode, acks, must_keep_all):
         store.shutdown()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, power, must_keep_all", [
     ("sync", False, True), ("async", False, True), ("pool", False, False),
     ("sync", True, True), ("async", True, False),
@@ -168,6 +169,7 @@ def test_killed_writer_loses_nothing_its_flush_mode_promised(tmp_path, mode, pow
     assert kept > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", testing.backend_params())
 def test_every_key_of_every_recovered_record_is_found_after_a_kill(tmp_path, name):
     """4.9.8 destroys the index files past the checkpoint's indexMsgTimestamp and re-dispatches

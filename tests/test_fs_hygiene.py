@@ -424,6 +424,7 @@ def test_concurrent_topic_updates_raise_nothing_and_keep_every_topic(tmp_path):
         store.shutdown()
 
 
+@pytest.mark.slow
 def test_killed_while_updating_topics_keeps_every_acknowledged_update(tmp_path):
     import signal
     import subprocess

@@ -96,6 +96,7 @@ def check_reopen(backend, root, acks, next_id, room):
     return acks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", testing.backend_params())
 def test_full_disk_after_data_refuses_puts_and_keeps_every_acknowledged_message(
         small_disk, name):
@@ -110,6 +111,7 @@ def test_full_disk_after_data_refuses_puts_and_keeps_every_acknowledged_message(
     check_reopen(name, root, acks, 900_001, room=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", testing.backend_params())
 def test_full_disk_then_a_crash_reopens_without_a_signal_and_keeps_every_message(
         small_disk, name):
@@ -125,6 +127,7 @@ def test_full_disk_then_a_crash_reopens_without_a_signal_and_keeps_every_message
     check_reopen(name, root, acks, 900_001, room=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", testing.backend_params())
 def test_full_disk_before_any_message_refuses_puts_and_reopens(small_disk, name):
     root = small_disk / "store"
@@ -138,6 +141,7 @@ def test_full_disk_before_any_message_refuses_puts_and_reopens(small_disk, name)
     check_reopen(name, root, acks, 900_001, room=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", testing.backend_params())
 def test_store_filling_its_own_disk_refuses_puts_and_keeps_every_acknowledged_message(
         small_disk, name):

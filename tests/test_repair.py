@@ -65,6 +65,7 @@ def kill_rebuild(root, tool, kill_at, at_create=False):
     assert os.path.exists(os.path.join(root, repair.REBUILD_MARKER))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("then", ["open", "run-again"])
 @pytest.mark.parametrize("tool,kill_at,at_create", [
     ("cq", 1, False), ("cq", 7, False), ("cq", 3, True),
