@@ -3,8 +3,10 @@
  * fuzz_properties - the PROPERTIES string parser (MessageDecoder#string2messageProperties as
  * rs_msg_check's tagsCode uses it) and the topic bytes, wrapped in an otherwise valid record so
  * every input reaches the parser.  Input: 1 control byte (v2, topic length), then topic +
- * properties bytes.  Invariants: the record is accepted, HAS_TAGS agrees with a direct search
- * for a well-formed TAGS segment, and tags_code is 0 without one.
+ * properties bytes.  Invariants: the record is refused as RS_SCAN_TOPIC exactly when its topic
+ * breaks a put's rule (empty, or a byte outside [%|a-zA-Z0-9_-]); otherwise it is accepted,
+ * HAS_TAGS agrees with a direct search for a well-formed TAGS segment, and tags_code is 0
+ * without one.
  */
 #include "fuzz_common.h"
 #include "rs_crc32.h"
@@ -23,6 +25,20 @@ static int has_tags(const uint8_t *p, size_t n)
             return 0;
         a = b + 1;
     }
+}
+
+/* Independent statement of the topic rule (TopicValidator's ^[%|a-zA-Z0-9_-]+$). */
+static int topic_ok(const uint8_t *p, size_t n)
+{
+    size_t i;
+    if (n == 0)
+        return 0;
+    for (i = 0; i < n; i++)
+        if (!((p[i] >= 'a' && p[i] <= 'z') || (p[i] >= 'A' && p[i] <= 'Z') ||
+              (p[i] >= '0' && p[i] <= '9') || p[i] == '%' || p[i] == '|' || p[i] == '_' ||
+              p[i] == '-'))
+            return 0;
+    return 1;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -52,11 +68,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                       props_len, 1, 0, 7, 0, 0, 1, host, 8, 2, host, 8, 0, 0, v2);
     RS_FUZZ_CHECK(r == n);
     r = rs_msg_check(rec, (size_t)n, 0, 1, &row, &rec_size);
+    if (!topic_ok(data, topic_len)) {
+        RS_FUZZ_CHECK(r == RS_SCAN_TOPIC);
+        goto done;
+    }
     RS_FUZZ_CHECK(r == RS_OK && rec_size == n);
     RS_FUZZ_CHECK(!!(row.info & RS_SCAN_INFO_HAS_TAGS) == has_tags(props, props_len));
     if (!(row.info & RS_SCAN_INFO_HAS_TAGS))
         RS_FUZZ_CHECK(row.tags_code == 0);
     (void)tags_code;
+done:
     free(props);
     free(rec);
     return 0;
