@@ -435,3 +435,6 @@ def sync_range(buf, int fd, int64_t start, int64_t length):
     finally:
         PyBuffer_Release(&b)
     _check(r, "sync_range")
+
+
+include "_mapping.pxi"
