@@ -234,8 +234,8 @@ class FileSystem:
         a sparse range would allocate them with no ENOSPC check.
 
         mmap.madvise holds the GIL (a Mapping's does not), so go a chunk at a time and let
-        other threads run in between. Without MADV_POPULATE_WRITE (Linux < 5.14) nothing is done: writing a zero
-        per page instead would race a writer catching up with the range."""
+        other threads run in between. Without MADV_POPULATE_WRITE (Linux < 5.14) nothing is
+        done: writing a zero per page instead would race a writer catching up with the range."""
         end = len(mm) if length is None else min(len(mm), start + length)
         try:
             for pos in range(start, end, chunk):

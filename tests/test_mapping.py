@@ -42,9 +42,9 @@ def _open(Mapping, path, size, writable=True):
         os.close(fd)
 
 
-def _outcome(fn):
+def _outcome(fn, *args):
     try:
-        return ("ok", fn())
+        return ("ok", fn(*args))
     except Exception as exc:   # the exception type is what is compared
         return ("raised", type(exc))
 
@@ -86,7 +86,7 @@ def test_mapping_reads_writes_and_fails_like_mmap(Mapping, tmp_path):
     ]
     try:
         for i, step in enumerate(steps):
-            assert _outcome(lambda: step(ours)) == _outcome(lambda: step(ref)), f"step {i}"
+            assert _outcome(step, ours) == _outcome(step, ref), f"step {i}"
         assert np.frombuffer(ours, np.uint8).tobytes() == bytes(ref)
     finally:
         ours.close()
@@ -178,7 +178,8 @@ CHILD = textwrap.dedent("""
     import json, os, resource, sys
     from rocketstore import Message, testing
     root, backend, limit, topics = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
     store = testing.open_store(root, backend)
     try:
         for t in range(topics):
