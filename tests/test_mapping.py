@@ -211,3 +211,24 @@ def test_a_store_serves_more_queues_than_the_descriptor_limit(tmp_path, name):
     # The store neither needed nor lifted the limit: every queue file is mapped, none open.
     assert out["limit"] == limit
     assert out["fds"] < 64
+
+
+def test_mapping_populates_pages_as_mmap_does(Mapping, tmp_path):
+    """madvise(MADV_POPULATE_WRITE) over a range allocates exactly that range of a sparse
+    file, through a Mapping as through mmap.mmap (or fails alike on a kernel without it)."""
+    from rocketstore.fs import MADV_POPULATE_WRITE
+    size = 64 * mmap.PAGESIZE
+    ours_path, ref_path = _file(tmp_path, size, "a"), _file(tmp_path, size, "b")
+    ours = _open(Mapping, ours_path, size)
+    with open(ref_path, "r+b") as f:
+        ref = mmap.mmap(f.fileno(), size)
+    try:
+        got = [_outcome(m.madvise, MADV_POPULATE_WRITE, 8 * mmap.PAGESIZE, 16 * mmap.PAGESIZE)
+               for m in (ours, ref)]
+        assert got[0] == got[1]
+        assert os.stat(ours_path).st_blocks == os.stat(ref_path).st_blocks
+        if got[0][0] == "ok":
+            assert os.stat(ours_path).st_blocks * 512 >= 16 * mmap.PAGESIZE
+    finally:
+        ours.close()
+        ref.close()
