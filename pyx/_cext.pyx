@@ -549,3 +549,6 @@ def column_join(items, bint text):
                 src = PyUnicode_AsUTF8AndSize(<object>item, &size)
             memcpy(dst + off[i], src, size)
     return data, offsets
+
+
+include "_mapping.pxi"

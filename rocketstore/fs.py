@@ -7,6 +7,7 @@ faults (google/leveldb's Env). Paths are plain strings.
 import errno
 import mmap
 import os
+import sys
 import time
 
 from .errors import UnsafePathError
@@ -17,6 +18,9 @@ O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 # Linux 5.14+: fault every page of a range in, writable, in one call (no per-page first touch).
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+
+# Python 3.13+: mmap.mmap need not keep a duplicate of the descriptor it maps.
+_NO_TRACKFD = {"trackfd": False} if sys.version_info >= (3, 13) else {}
 
 
 def open_nofollow(path, flags, mode=0o644):
@@ -159,9 +163,12 @@ class FileSystem:
         os.close(fd)
         os.replace(tmp, path)
 
-    def map(self, path, size, writable=True):
-        """Map the first `size` bytes of an existing file. The descriptor is closed at once:
-        a mapping does not need it, and a store with 40 000 queues must not hold 40 000 fds."""
+    def map(self, path, size, writable=True, kernels=None):
+        """Map the first `size` bytes of an existing file, and close the descriptor at once:
+        a mapping does not need it, and a store with 40 000 queues must not hold 40 000 fds.
+        A kernel backend exporting `Mapping` (cext) maps in C and keeps no descriptor either;
+        otherwise mmap.mmap keeps a duplicate until it is closed (before Python 3.13's
+        trackfd=False, which is then used)."""
         # Read-only tools may read through a link; a writable mapping never follows one.
         fd = open_nofollow(path, os.O_RDWR) if writable else os.open(path, os.O_RDONLY)
         try:
@@ -172,8 +179,12 @@ class FileSystem:
                 mm = mmap.mmap(-1, size)
                 mm[:actual] = os.pread(fd, actual, 0)
                 return mm
+            mapping = getattr(kernels, "Mapping", None)
+            if mapping is not None:
+                return mapping(fd, size, writable)
             return mmap.mmap(fd, size, mmap.MAP_SHARED,
-                             mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
+                             mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0),
+                             **_NO_TRACKFD)
         finally:
             os.close(fd)
 
@@ -222,9 +233,9 @@ class FileSystem:
         appends there never pay first touch. Reserve the range first: populating pages of
         a sparse range would allocate them with no ENOSPC check.
 
-        mmap.madvise holds the GIL, so go a chunk at a time and let other threads run in
-        between. Without MADV_POPULATE_WRITE (Linux < 5.14) nothing is done: writing a zero
-        per page instead would race a writer catching up with the range."""
+        mmap.madvise holds the GIL (a Mapping's does not), so go a chunk at a time and let
+        other threads run in between. Without MADV_POPULATE_WRITE (Linux < 5.14) nothing is
+        done: writing a zero per page instead would race a writer catching up with the range."""
         end = len(mm) if length is None else min(len(mm), start + length)
         try:
             for pos in range(start, end, chunk):
@@ -305,11 +316,17 @@ class FileSystem:
         return -(-used * 100 // entire) / 100
 
 
+def mappings_hold_descriptors(kernels):
+    """True when FileSystem.map with these kernels keeps a descriptor per mapping (mmap.mmap
+    before Python 3.13), so a store needs one per queue file."""
+    return getattr(kernels, "Mapping", None) is None and not _NO_TRACKFD
+
+
 def raise_fd_limit(want=1 << 20):
-    """CPython's mmap keeps a duplicate descriptor per mapping (until 3.13's trackfd), and a
-    broker-sized store maps one file per queue (RocketMQ keeps a FileChannel per file too and
-    asks for ulimit -n 655350). Lift the soft limit to the hard one, and the hard one too
-    where we may (root). Returns the soft limit now in force."""
+    """For mappings that hold descriptors (see mappings_hold_descriptors): a broker-sized
+    store maps one file per queue (RocketMQ keeps a FileChannel per file and asks for
+    ulimit -n 655350). Lift the soft limit to the hard one, and the hard one too where we
+    may (root). Returns the soft limit now in force."""
     try:
         import resource
     except ImportError:         # not POSIX

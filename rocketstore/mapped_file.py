@@ -50,7 +50,7 @@ class MappedFile:
         if create:
             fs.create_sized(path, file_size)
         try:
-            self.mm = fs.map(path, file_size, writable)
+            self.mm = fs.map(path, file_size, writable, kernels=kernels)
         except OSError:
             # A file created here but never mapped (ENOSPC, EMFILE) would load on reopen as
             # an empty segment past the end; leave nothing behind.

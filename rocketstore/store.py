@@ -25,7 +25,7 @@ from .index_file import infer_geometry
 from .index_service import IndexService
 from .errors import (ConfigError, CorruptRecordError, StoreClosedError, StoreLoadError,
                      UnsafePathError)
-from .fs import DEFAULT as DEFAULT_FS, is_inside, raise_fd_limit
+from .fs import DEFAULT as DEFAULT_FS, is_inside, mappings_hold_descriptors, raise_fd_limit
 from .lockfile import StoreLock, abort_path
 from .mapped_file_queue import is_index_name, is_queue_dir_name, split_segment_names
 from .message import PROPERTY_WAIT, MessageExt
@@ -193,7 +193,8 @@ class MessageStore:
         `force_recovery` runs abnormal recovery even after a clean shutdown."""
         if self._loaded:
             return self.recovery_report
-        raise_fd_limit()
+        if mappings_hold_descriptors(self.kernels):
+            raise_fd_limit()
         if not self.read_only:
             self.fs.ensure_dir(self.root)
             self._lock.acquire()

@@ -383,10 +383,10 @@ class FullDisk(FileSystem):
             self._check(path)
         super().create_sized(path, size, preallocate)
 
-    def map(self, path, size, writable=True):
+    def map(self, path, size, writable=True, kernels=None):
         if self.where == "map" and writable:
             self._check(path)
-        return super().map(path, size, writable)
+        return super().map(path, size, writable, kernels)
 
 
 @pytest.mark.parametrize("where", ["create", "map"])

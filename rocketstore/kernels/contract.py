@@ -33,6 +33,15 @@ KERNEL_NAMES = (
     "column_join",
 )
 
+# A backend may also export these; the store uses them when present.
+#   Mapping(fd, size, writable=True): a shared mapping of the open file `fd` that keeps no
+#   descriptor (FileSystem.map closes it at once), offering the mmap.mmap subset the store
+#   uses, the buffer protocol, and BufferError from close() while an export is live. Without
+#   it, mmap.mmap keeps a duplicate descriptor per mapped file (before Python 3.13).
+OPTIONAL_NAMES = (
+    "Mapping",
+)
+
 
 class Kernels(Protocol):
     NAME: str

@@ -56,9 +56,10 @@ class AllocateMappedFileService(ServiceThread):
         with self._lock:
             todo, self._populate = self._populate, []
         for mf, start, end in todo:
-            # No hold(): a borrower would make cleaning retry the file later. madvise runs
-            # under the GIL, so the mapping cannot close during it; a closed one raises
-            # ValueError, which prefault ignores.
+            # No hold(): a borrower would make cleaning retry the file later. The mapping
+            # cannot close during madvise: mmap.mmap runs it under the GIL, and a Mapping
+            # makes close() raise BufferError meanwhile (the closer retries); a closed one
+            # raises ValueError, which prefault ignores.
             if mf.is_available:
                 start -= start % OS_PAGE_SIZE
                 self._fs.prefault(mf.mm, start, end - start)

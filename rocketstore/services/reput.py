@@ -137,8 +137,9 @@ class ReputMessageService(ServiceThread):
             self._failures += 1
             self.last_error = exc
             log.error("reput: dispatch failed (%d in a row): %s%s", self._failures, exc,
-                      " -- raise the open-file limit (ulimit -n): every mapped file holds "
-                      "a descriptor" if getattr(exc, "errno", None) == 24 else "")
+                      " -- raise the open-file limit (ulimit -n): mmap.mmap (the cffi and pure "
+                      "backends) keeps a descriptor per mapped file"
+                      if getattr(exc, "errno", None) == 24 else "")
             if self._failures >= self.MAX_DISPATCH_FAILURES:
                 self._store.running_flags.make_logics_queue_error()
             self._stopped.wait(1.0)
