@@ -214,6 +214,19 @@ def pending_rebuild(fs, root):
     return out
 
 
+def pending_geometry(dirs):
+    """{config field: value} the files of each directory in `dirs` (pending_rebuild's answer)
+    were sized by. What was wiped may be all gone: its geometry survives in the marker only,
+    and rebuilding with another would change the store's file sizes. A value that is no
+    number is left out."""
+    out = {}
+    for sub, fields in _GEOMETRY.items():
+        values = (dirs.get(sub) or "").split()
+        if len(values) == len(fields) and all(v.isdigit() for v in values):
+            out.update(zip(fields, map(int, values)))
+    return out
+
+
 def _reset_checkpoint(fs, root, reset_index):
     """A zero checkpoint sends abnormal recovery back to the first file, so every record is
     dispatched again into what was wiped."""
@@ -270,10 +283,8 @@ def end_pending_rebuild(store):
 def _rebuild(root, kernels, wipe_dir, **overrides):
     fs = DEFAULT_FS
     dirs = pending_rebuild(fs, root)        # an interrupted rebuild is finished too
-    # What was wiped may be all gone: its geometry survives in the marker only.
-    for sub, fields in _GEOMETRY.items():
-        if dirs.get(sub) and not any(f in overrides for f in fields):
-            overrides.update(zip(fields, map(int, dirs[sub].split())))
+    for field, value in pending_geometry(dirs).items():
+        overrides.setdefault(field, value)
     cfg = _writable_config(root, **overrides)
     store = MessageStore(root, cfg, kernels=kernels)
     lock = store._lock

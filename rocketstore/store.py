@@ -204,6 +204,8 @@ class MessageStore:
             if not self.read_only:
                 from . import repair        # imports this module: bound late
                 rebuilding = repair.begin_pending_rebuild(self.fs, self.root)
+                if rebuilding is not None:
+                    self._adopt_geometry(repair.pending_geometry(rebuilding))
             last_exit_ok = (not force_recovery and rebuilding is None and
                             not self.fs.exists(abort_path(self.root)))
             self.commitlog.load()
@@ -229,6 +231,19 @@ class MessageStore:
             raise
         self._loaded = True
         return self.recovery_report
+
+    def _adopt_geometry(self, geometry):
+        """Size the files an interrupted rebuild wiped as they were, whatever this open's
+        config says: the store's geometry is its files', as for every file that remains."""
+        changed = {k: v for k, v in geometry.items() if getattr(self.config, k) != v}
+        if not changed:
+            return
+        log.warning("%s: rebuilding with the sizes the interrupted rebuild recorded (%s), not "
+                    "the configured ones", self.root,
+                    ", ".join(f"{k}={v}" for k, v in changed.items()))
+        self.config = dataclasses.replace(self.config, **changed)
+        self._indexer.hash_slot_num = self.config.max_hash_slot_num
+        self._indexer.index_num = self.config.max_index_num
 
     def _load_configs(self):
         """ConfigManager#load for each JSON file; a file whose `.bak` is corrupt too stops

@@ -2,13 +2,14 @@
 """`rebuild-cq` and `rebuild-index` killed at any point: the `rebuild` marker, written before
 the wipe and removed once the rebuilt files are flushed, makes the next open (or the next run
 of a repair tool) finish the rebuild, so every message and key is reachable again."""
+import dataclasses
 import os
 import subprocess
 import sys
 
 import pytest
 
-from rocketstore import MessageStore, repair, testing
+from rocketstore import MessageStore, StoreConfig, repair, testing
 from rocketstore.verify import verify_store
 from rocketstore.workload import make_messages
 
@@ -107,6 +108,40 @@ def test_a_finished_rebuild_leaves_no_marker_and_a_clean_store(tmp_path, pristin
     repair.rebuild_consume_queues(str(root), kernels=BACKEND)
     assert not os.path.exists(root / repair.REBUILD_MARKER)
     assert not os.path.exists(root / "abort")
+    store = MessageStore(root, testing.small_config(), kernels=BACKEND)
+    assert store.load().normal
+    store.start()
+    try:
+        assert reachable(store) == (COUNT, KEYS)
+    finally:
+        store.shutdown()
+
+
+def file_sizes(root, sub):
+    return {os.path.getsize(os.path.join(d, n))
+            for d, _, names in os.walk(os.path.join(root, sub)) for n in names}
+
+
+@pytest.mark.parametrize("tool,sub", [("cq", "consumequeue"), ("index", "index")])
+def test_an_open_finishing_a_killed_rebuild_sizes_the_files_as_they_were(tmp_path, pristine,
+                                                                         tool, sub):
+    """The wipe leaves no file to take the geometry from: the marker keeps it, and an open
+    with RocketMQ's default queue and index sizes must not rebuild with those."""
+    root = copy_store(pristine, tmp_path / "store")
+    sizes = file_sizes(root, sub)
+    kill_rebuild(root, tool, 1)
+    fields = {"cq": ("mapped_file_size_consume_queue",),
+              "index": ("max_hash_slot_num", "max_index_num")}[tool]
+    defaults = dataclasses.replace(testing.small_config(),
+                                   **{f: getattr(StoreConfig(), f) for f in fields})
+    store = MessageStore(root, defaults, kernels=BACKEND)
+    store.load()
+    store.start()
+    try:
+        assert reachable(store) == (COUNT, KEYS)
+    finally:
+        store.shutdown()
+    assert file_sizes(root, sub) == sizes
     store = MessageStore(root, testing.small_config(), kernels=BACKEND)
     assert store.load().normal
     store.start()
