@@ -24,6 +24,7 @@ from .index_file import infer_geometry
 from .index_service import IndexService
 from .errors import (ConfigError, CorruptRecordError, StoreClosedError, StoreLoadError,
                      UnsafePathError)
+from .format import MAX_TOPIC_LENGTH
 from .fs import DEFAULT as DEFAULT_FS, is_inside, raise_fd_limit
 from .lockfile import StoreLock, abort_path
 from .mapped_file_queue import is_index_name, is_queue_dir_name, split_segment_names
@@ -604,8 +605,12 @@ class MessageStore:
         """Create or replace a topic's config and persist topics.json. From then on a put to
         queue_id >= write_queue_nums raises MessageIllegalError."""
         self._check_writable_config()
+        # The put's rule, length included: a topic no put accepts needs no config.
         if not isinstance(topic, str) or not TOPIC_PATTERN.fullmatch(topic):
             raise ConfigError(f"topic {topic!r} does not match ^[%|a-zA-Z0-9_-]+$")
+        if len(topic) > MAX_TOPIC_LENGTH:
+            raise ConfigError(f"topic is {len(topic)} chars; at most {MAX_TOPIC_LENGTH} are "
+                              "allowed")
         for name, value in (("read_queue_nums", read_queue_nums),
                             ("write_queue_nums", write_queue_nums), ("perm", perm),
                             ("topic_sys_flag", topic_sys_flag)):
