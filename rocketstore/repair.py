@@ -12,6 +12,7 @@ from .dispatch import R_PHY, R_QID, R_QOFF, R_SIZE, R_SYSFLAG, row_topic
 from .fs import DEFAULT as DEFAULT_FS
 from .index_service import IndexService
 from .lockfile import abort_path
+from .mapped_file_queue import is_index_name, is_queue_dir_name, split_segment_names
 from .recovery import scan_commitlog
 from .store import MessageStore
 
@@ -258,15 +259,35 @@ def begin_pending_rebuild(fs, root):
     if not dirs:
         return None
     log.warning("%s: an interrupted rebuild of %s is being redone", root, ", ".join(dirs))
+    cq_size = pending_geometry(dirs).get("mapped_file_size_consume_queue")
+    if cq_size:
+        cq_size = -(-cq_size // F.CQ_STORE_UNIT_SIZE) * F.CQ_STORE_UNIT_SIZE
     for sub in dirs:
-        base = os.path.join(root, sub)
-        for d, _, names in os.walk(base, topdown=False):
-            for name in names:
-                fs.remove(os.path.join(d, name))
-            if d != base:
-                fs.remove_dir_if_empty(d)
+        _wipe_store_files(fs, os.path.join(root, sub), sub == "index", cq_size)
     _reset_checkpoint(fs, root, "index" in dirs)
     return dirs
+
+
+def _wipe_store_files(fs, base, index, cq_size):
+    """Remove what a load takes for index or ConsumeQueue files (of `cq_size` bytes, when
+    known), and the queue and topic directories that leaves empty. Any other name is not
+    ours: it stays, as a load leaves it (and verify reports it)."""
+    if index:
+        for name in split_segment_names(fs, base, None, is_index_name)[0]:
+            fs.remove(os.path.join(base, name))
+        return
+    for topic in fs.list_dir(base):
+        tdir = os.path.join(base, topic)
+        if not fs.is_dir(tdir):
+            continue
+        for qid in fs.list_dir(tdir):
+            qdir = os.path.join(tdir, qid)
+            if not is_queue_dir_name(qid) or not fs.is_dir(qdir):
+                continue
+            for name in split_segment_names(fs, qdir, cq_size)[0]:
+                fs.remove(os.path.join(qdir, name))
+            fs.remove_dir_if_empty(qdir)
+        fs.remove_dir_if_empty(tdir)
 
 
 def end_pending_rebuild(store):

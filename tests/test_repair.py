@@ -149,3 +149,32 @@ def test_an_open_finishing_a_killed_rebuild_sizes_the_files_as_they_were(tmp_pat
         assert reachable(store) == (COUNT, KEYS)
     finally:
         store.shutdown()
+
+
+STRAYS = ["index/notes.txt", "index/2024", "index/201912011200000000", "consumequeue/notes.txt",
+          "consumequeue/BenchTopic0/notes.txt", "consumequeue/BenchTopic0/007/00000000000000000000",
+          "consumequeue/BenchTopic0/0/0", "consumequeue/BenchTopic0/0/00000000000000000000.bak"]
+
+
+@pytest.mark.parametrize("tool", ["cq", "index"])
+@pytest.mark.parametrize("killed", [False, True])
+def test_a_rebuild_wipes_only_store_files_and_leaves_stray_names_alone(tmp_path, pristine,
+                                                                        tool, killed):
+    root = copy_store(pristine, tmp_path / "store")
+    for name in STRAYS:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"not the store's: " + name.encode())
+    if killed:
+        kill_rebuild(root, tool, 1)
+    else:
+        (repair.rebuild_consume_queues if tool == "cq" else repair.rebuild_index)(
+            str(root), kernels=BACKEND)
+    store = MessageStore(root, testing.small_config(), kernels=BACKEND)
+    store.load()
+    store.start()
+    try:
+        assert reachable(store) == (COUNT, KEYS)
+    finally:
+        store.shutdown()
+    for name in STRAYS:
+        assert (root / name).read_bytes() == b"not the store's: " + name.encode()
