@@ -9,6 +9,7 @@ import os
 
 from . import format as F
 from .dispatch import R_PHY, R_QID, R_QOFF, R_SIZE, R_SYSFLAG, row_topic
+from .errors import StoreLoadError
 from .fs import DEFAULT as DEFAULT_FS
 from .index_service import IndexService
 from .lockfile import abort_path
@@ -56,13 +57,26 @@ def store_counts(store):
     return units, entries
 
 
+_INDEX_GEOMETRY = ("max_hash_slot_num", "max_index_num")
+
+
 def _writable_config(root, **overrides):
-    """The config a store directory was written with, as far as its files tell."""
+    """The config a store directory was written with, as far as its files tell. Index files
+    whose hash slot and entry numbers cannot be told (no entry in them, and sizes that fit
+    neither the defaults nor their ratio) stop it, before any tool changes a byte: a writable
+    open refuses them, and a rebuild would replace them with files of the default size."""
     ro = MessageStore.open_read_only(root)
     try:
         cfg = ro.config
+        unreadable = ro.index_service.unreadable
     finally:
         ro.shutdown()
+    if unreadable and not all(f in overrides for f in _INDEX_GEOMETRY):
+        raise StoreLoadError(
+            f"{os.path.dirname(unreadable[0])}: cannot tell the hash slot and entry numbers "
+            f"of the index files ({DEFAULT_FS.size(unreadable[0])} bytes); nothing was "
+            "changed. Give the numbers they were written with (max_hash_slot_num, "
+            "max_index_num)")
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 
@@ -332,6 +346,12 @@ def rebuild_consume_queues(root, kernels=None, cq_file_size=None):
     return _rebuild(root, kernels, "consumequeue", **extra)
 
 
-def rebuild_index(root, kernels=None):
-    """Delete every IndexFile and rebuild the index from the CommitLog."""
-    return _rebuild(root, kernels, "index")
+def rebuild_index(root, kernels=None, max_hash_slot_num=None, max_index_num=None):
+    """Delete every IndexFile and rebuild the index from the CommitLog, with the existing
+    files' hash slot and entry numbers (or the ones given, which must come together)."""
+    extra = {}
+    if max_hash_slot_num is not None or max_index_num is not None:
+        if max_hash_slot_num is None or max_index_num is None:
+            raise ValueError("give max_hash_slot_num and max_index_num together")
+        extra = {"max_hash_slot_num": max_hash_slot_num, "max_index_num": max_index_num}
+    return _rebuild(root, kernels, "index", **extra)

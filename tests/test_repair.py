@@ -178,3 +178,31 @@ def test_a_rebuild_wipes_only_store_files_and_leaves_stray_names_alone(tmp_path,
         store.shutdown()
     for name in STRAYS:
         assert (root / name).read_bytes() == b"not the store's: " + name.encode()
+
+
+@pytest.mark.parametrize("tool", ["recover", "rebuild-cq", "rebuild-index"])
+def test_a_tool_that_cannot_tell_the_index_geometry_refuses_before_changing_anything(tmp_path,
+                                                                                     tool):
+    """Index files without a single entry do not tell their hash slot and entry numbers when
+    those are not RocketMQ's (64 and 500 here): rebuild-index replaced them with 420 MB files,
+    and rebuild-cq refused only after its marker was written."""
+    from rocketstore import Message
+    from rocketstore.errors import StoreLoadError
+    root = tmp_path / "store"
+    store = testing.open_store(root, BACKEND)
+    try:
+        for _ in range(5):
+            assert store.put_message(Message("T", b"no keys")).ok
+    finally:
+        store.shutdown()
+    before = testing.tree_digest(root)
+    run = {"recover": repair.recover, "rebuild-cq": repair.rebuild_consume_queues,
+           "rebuild-index": repair.rebuild_index}[tool]
+    with pytest.raises(StoreLoadError, match="cannot tell the hash slot and entry numbers"):
+        run(str(root), kernels=BACKEND)
+    assert testing.tree_digest(root) == before
+    if tool == "rebuild-index":
+        sizes = file_sizes(root, "index")
+        repair.rebuild_index(str(root), kernels=BACKEND, max_hash_slot_num=64,
+                             max_index_num=500)
+        assert file_sizes(root, "index") == sizes
