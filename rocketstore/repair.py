@@ -60,6 +60,15 @@ def store_counts(store):
 _INDEX_GEOMETRY = ("max_hash_slot_num", "max_index_num")
 
 
+def _index_geometry(max_hash_slot_num, max_index_num):
+    """Config overrides for index numbers given by the caller (both or neither)."""
+    if max_hash_slot_num is None and max_index_num is None:
+        return {}
+    if max_hash_slot_num is None or max_index_num is None:
+        raise ValueError("give max_hash_slot_num and max_index_num together")
+    return dict(zip(_INDEX_GEOMETRY, (max_hash_slot_num, max_index_num)))
+
+
 def _writable_config(root, **overrides):
     """The config a store directory was written with, as far as its files tell. Index files
     whose hash slot and entry numbers cannot be told (no entry in them, and sizes that fit
@@ -75,8 +84,8 @@ def _writable_config(root, **overrides):
         raise StoreLoadError(
             f"{os.path.dirname(unreadable[0])}: cannot tell the hash slot and entry numbers "
             f"of the index files ({DEFAULT_FS.size(unreadable[0])} bytes); nothing was "
-            "changed. Give the numbers they were written with (max_hash_slot_num, "
-            "max_index_num)")
+            "changed. Give the numbers they were written with (max_hash_slot_num and "
+            "max_index_num; --max-hash-slot-num and --max-index-num)")
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 
@@ -116,13 +125,13 @@ def _kept_index_files(store):
     return kept
 
 
-def plan_recovery(root, kernels=None):
+def plan_recovery(root, kernels=None, max_hash_slot_num=None, max_index_num=None):
     """What `recover` would do, computed read-only by the code it runs: the same abnormal
     recovery scan (from the file the checkpoint vouches for, with the same CRC check), whose
     records go to the index dispatcher in counting mode and are matched against the
     ConsumeQueues by their put rule (a unit is added when its record ends past the queue's
-    last one)."""
-    cfg = _writable_config(root)
+    last one). The index numbers, when given, are those the index files were written with."""
+    cfg = _writable_config(root, **_index_geometry(max_hash_slot_num, max_index_num))
     loaded = MessageStore(root, cfg, kernels=kernels, read_only=True)
     loaded.load()
     try:
@@ -189,10 +198,11 @@ def _note_units(arr, buf, cq_end, queue_ends):
             queue_ends[key] = max(queue_ends.get(key, 0), row[R_QOFF] + 1)
 
 
-def recover(root, kernels=None):
+def recover(root, kernels=None, max_hash_slot_num=None, max_index_num=None):
     """Run abnormal recovery now (truncate the dirty tail, re-dispatch what the queues miss),
-    then shut down cleanly. Returns the RecoveryReport."""
-    cfg = _writable_config(root)
+    then shut down cleanly. Returns the RecoveryReport. The index numbers, when given, are
+    those the index files were written with (needed when their files cannot tell them)."""
+    cfg = _writable_config(root, **_index_geometry(max_hash_slot_num, max_index_num))
     store = MessageStore(root, cfg, kernels=kernels)
     report = store.load(force_recovery=True)
     store.start()
@@ -339,19 +349,18 @@ def _rebuild(root, kernels, wipe_dir, **overrides):
     return report
 
 
-def rebuild_consume_queues(root, kernels=None, cq_file_size=None):
+def rebuild_consume_queues(root, kernels=None, cq_file_size=None, max_hash_slot_num=None,
+                           max_index_num=None):
     """Delete every ConsumeQueue and rebuild them all from the CommitLog. The file size is
-    the existing queues' (or `cq_file_size`, or RocketMQ's default when none are left)."""
-    extra = {"mapped_file_size_consume_queue": cq_file_size} if cq_file_size else {}
+    the existing queues' (or `cq_file_size`, or RocketMQ's default when none are left); the
+    index numbers, when given, are those the index files were written with."""
+    extra = _index_geometry(max_hash_slot_num, max_index_num)
+    if cq_file_size:
+        extra["mapped_file_size_consume_queue"] = cq_file_size
     return _rebuild(root, kernels, "consumequeue", **extra)
 
 
 def rebuild_index(root, kernels=None, max_hash_slot_num=None, max_index_num=None):
     """Delete every IndexFile and rebuild the index from the CommitLog, with the existing
     files' hash slot and entry numbers (or the ones given, which must come together)."""
-    extra = {}
-    if max_hash_slot_num is not None or max_index_num is not None:
-        if max_hash_slot_num is None or max_index_num is None:
-            raise ValueError("give max_hash_slot_num and max_index_num together")
-        extra = {"max_hash_slot_num": max_hash_slot_num, "max_index_num": max_index_num}
-    return _rebuild(root, kernels, "index", **extra)
+    return _rebuild(root, kernels, "index", **_index_geometry(max_hash_slot_num, max_index_num))

@@ -186,7 +186,7 @@ def test_a_tool_that_cannot_tell_the_index_geometry_refuses_before_changing_anyt
     """Index files without a single entry do not tell their hash slot and entry numbers when
     those are not RocketMQ's (64 and 500 here): rebuild-index replaced them with 420 MB files,
     and rebuild-cq refused only after its marker was written."""
-    from rocketstore import Message
+    from rocketstore import Message, cli
     from rocketstore.errors import StoreLoadError
     root = tmp_path / "store"
     store = testing.open_store(root, BACKEND)
@@ -201,8 +201,10 @@ def test_a_tool_that_cannot_tell_the_index_geometry_refuses_before_changing_anyt
     with pytest.raises(StoreLoadError, match="cannot tell the hash slot and entry numbers"):
         run(str(root), kernels=BACKEND)
     assert testing.tree_digest(root) == before
-    if tool == "rebuild-index":
-        sizes = file_sizes(root, "index")
-        repair.rebuild_index(str(root), kernels=BACKEND, max_hash_slot_num=64,
-                             max_index_num=500)
-        assert file_sizes(root, "index") == sizes
+    # Told the numbers (the API's keywords, the CLI's options), each runs and keeps the sizes.
+    sizes = file_sizes(root, "index")
+    run(str(root), kernels=BACKEND, max_hash_slot_num=64, max_index_num=500)
+    assert file_sizes(root, "index") == sizes
+    assert cli.main(["--backend", BACKEND, tool, str(root), "--max-hash-slot-num", "64",
+                     "--max-index-num", "500"]) == 0
+    assert file_sizes(root, "index") == sizes
