@@ -306,6 +306,7 @@ def _check_layout(store, report):
             prev = start
     idx_dir = os.path.join(store.root, "index")
     loaded = {f.file_name for f in store._indexer.index_file_list}
+    loaded |= {os.path.basename(p) for p in _empty_unreadable(store)}
     for name in sorted(fs.list_dir(idx_dir)):
         if name not in loaded:
             report.problems.append(Problem("index", f"index/{name}", -1,
@@ -367,6 +368,22 @@ def _check_consume_queues(store, report, good, progress):
         progress(0)
 
 
+def _empty_unreadable(store):
+    """The index files whose hash slot and entry numbers cannot be told but that hold no
+    entry (indexCount <= 1): a clean store written with other numbers and no key yet. Nothing
+    in them can be checked or lost; coverage still finds any key they should hold."""
+    out = set()
+    for path in store._indexer.unreadable:
+        mm = store.fs.map(path, F.INDEX_HEADER_SIZE, writable=False)
+        try:
+            if int.from_bytes(mm[F.INDEX_POS_INDEX_COUNT:F.INDEX_POS_INDEX_COUNT + 4], "big",
+                              signed=True) <= 1:
+                out.add(path)
+        finally:
+            mm.close()
+    return out
+
+
 def _check_index(store, report, good):
     """Every entry of every IndexFile: it points at a valid record that carries its key
     (topic#UNIQ_KEY or topic#each KEYS piece), its chain link points back inside the file,
@@ -377,7 +394,10 @@ def _check_index(store, report, good):
         return
     from .index_service import index_keys
     k = store.kernels
+    empty = _empty_unreadable(store)
     for path in service.unreadable:
+        if path in empty:
+            continue
         report.problems.append(Problem(
             "index", _rel(store, path), -1, "its hash slot and entry numbers cannot be told "
             "(the index files' sizes or contents disagree): not checked"))
@@ -433,7 +453,7 @@ def _check_index(store, report, good):
                         f"hashes to {hashes[j]}"))
         finally:
             del header, slots, entries        # the views pin the mapping
-    if not service.unreadable:
+    if set(service.unreadable) <= empty:
         _check_index_coverage(store, report, good, indexed)
 
 
@@ -496,7 +516,9 @@ def _key_named(store, good, phy, key_hash):
 def _check_index_coverage(store, report, good, indexed):
     """Every key of every valid record has an index entry at that record (a crash that lost
     index files shows here: queries would not find those records)."""
-    if not store.config.message_index_enable or not store._indexer.index_file_list:
+    service = store._indexer
+    if not store.config.message_index_enable or not (service.index_file_list or
+                                                     service.unreadable):
         return      # a store without index files keeps no index (messageIndexEnable=false)
     have = np.concatenate(indexed) if indexed else np.empty(0, dtype=_KEY_PAIR)
     have = have[np.lexsort((have["hash"], have["phy"]))]     # far faster than sorting records
