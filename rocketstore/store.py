@@ -45,8 +45,10 @@ def _resolves_outside(root, path):
     return not is_inside(root, path)
 
 
-# What a store keeps under its root; only these are checked for links out of it.
-STORE_ENTRIES = ("lock", "abort", "checkpoint", "commitlog", "consumequeue", "index", "config")
+# What a store keeps under its root ("rebuild" is repair.REBUILD_MARKER); only these are
+# checked for links out of it.
+STORE_ENTRIES = ("lock", "abort", "checkpoint", "rebuild", "commitlog", "consumequeue", "index",
+                 "config")
 
 _SLAVE_REASON = "message store is slave mode, so putMessage is forbidden"
 
