@@ -433,12 +433,16 @@ class MessageStore:
             self.flush_cq_service.shutdown()
             self._indexer.flush()
             self.commitlog.shutdown()
-            try:
-                self.persist_configs()
-            except OSError as exc:
-                # A full disk must not stop the shutdown half-way: the config files keep
-                # their last complete version, and the data is flushed and closed below.
-                log.error("could not write the config files: %s", exc)
+            # Closed, not just persisted: a change racing shutdown is either in this persist
+            # or refused, never acknowledged after it and lost.
+            for manager in (self.topic_configs, self.subscription_groups,
+                            self.consumer_offsets, self.delay_offsets):
+                try:
+                    manager.close()
+                except OSError as exc:
+                    # A full disk must not stop the shutdown half-way: the config files keep
+                    # their last complete version, and the data is flushed and closed below.
+                    log.error("could not write the config files: %s", exc)
             self.checkpoint.flush()
             mfq = self.commitlog.mfq
             durable = mfq.flushed_where >= mfq.get_max_wrote_position()

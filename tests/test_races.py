@@ -292,6 +292,46 @@ def test_cleaning_consume_queue_files_the_flusher_had_not_reached_keeps_the_queu
         store.shutdown()
 
 
+class CommitDuringFinalPersist(FileSystem):
+    """Commits an offset from inside shutdown's write of consumerOffset.json: the moment a
+    change used to be taken after the file's content was fixed."""
+
+    store = None
+    outcome = None
+
+    def write_bytes(self, path, data, sync=True):
+        if self.store is not None and path.endswith("consumerOffset.json.tmp"):
+            store, self.store = self.store, None
+            try:
+                store.commit_offset("g", "T", 0, 99)
+                self.outcome = "acknowledged"
+            except StoreClosedError:
+                self.outcome = "refused"
+        super().write_bytes(path, data, sync)
+
+
+def test_a_config_change_racing_shutdown_is_kept_or_refused_never_acknowledged_and_lost(
+        tmp_path, backend):
+    fs = CommitDuringFinalPersist()
+    store = testing.open_store(tmp_path / "s", backend, fs=fs)
+    store.commit_offset("g", "T", 0, 1)
+    fs.store = store
+    store.shutdown()
+    assert fs.outcome is not None
+    store = testing.open_store(tmp_path / "s", backend)
+    try:
+        kept = store.query_offset("g", "T", 0)
+        assert (fs.outcome, kept) in (("acknowledged", 99), ("refused", 1))
+        store.commit_offset("g", "T", 0, 2)         # a reopened store takes changes again
+    finally:
+        store.shutdown()
+    store = testing.open_store(tmp_path / "s", backend)
+    try:
+        assert store.query_offset("g", "T", 0) == 2
+    finally:
+        store.shutdown()
+
+
 def test_a_store_shut_down_and_started_again_takes_puts_again(tmp_path, backend):
     store = testing.open_store(tmp_path / "s", backend)
     store.put_message(Message("T", b"first"))
