@@ -169,7 +169,8 @@ def _recover(args):
     import dataclasses
     from . import repair
     from .store import MessageStore
-    plan = repair.plan_recovery(args.store_dir, kernels=args.backend)
+    geometry = dict(max_hash_slot_num=args.max_hash_slot_num, max_index_num=args.max_index_num)
+    plan = repair.plan_recovery(args.store_dir, kernels=args.backend, **geometry)
     if args.json and args.dry_run:
         json.dump(plan.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -188,7 +189,7 @@ def _recover(args):
     if args.dry_run:
         print("dry run: nothing changed")
         return 0
-    report = repair.recover(args.store_dir, kernels=args.backend)
+    report = repair.recover(args.store_dir, kernels=args.backend, **geometry)
     after = MessageStore.open_read_only(args.store_dir, kernels=args.backend)
     try:
         units, entries = repair.store_counts(after)
@@ -213,10 +214,12 @@ def _rebuild(args):
     from . import repair
     rebuild = (repair.rebuild_consume_queues if args.command == "rebuild-cq"
                else repair.rebuild_index)
+    geometry = dict(max_hash_slot_num=args.max_hash_slot_num, max_index_num=args.max_index_num)
     if args.command == "rebuild-cq":
-        report = rebuild(args.store_dir, kernels=args.backend, cq_file_size=args.cq_file_size)
+        report = rebuild(args.store_dir, kernels=args.backend, cq_file_size=args.cq_file_size,
+                         **geometry)
     else:
-        report = rebuild(args.store_dir, kernels=args.backend)
+        report = rebuild(args.store_dir, kernels=args.backend, **geometry)
     if args.json:
         json.dump(repair.camel_keys(dataclasses.asdict(report)), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -568,8 +571,15 @@ def build_parser():
     v.add_argument("--json", action="store_true", help="print the report as JSON")
     v.set_defaults(func=_verify)
 
-    r = sub.add_parser("recover", help="run abnormal recovery offline: truncate a damaged tail, "
-                                       "re-dispatch what the queues miss")
+    index_opts = argparse.ArgumentParser(add_help=False)
+    index_opts.add_argument("--max-hash-slot-num", type=int, default=None,
+                            help="hash slots per index file (default: inferred from the "
+                                 "files, trying 5000000 first)")
+    index_opts.add_argument("--max-index-num", type=int, default=None,
+                            help="entries per index file (default: inferred, trying 20000000)")
+    r = sub.add_parser("recover", parents=[index_opts],
+                       help="run abnormal recovery offline: truncate a damaged tail, "
+                            "re-dispatch what the queues miss")
     r.add_argument("store_dir", help="store root")
     r.add_argument("--dry-run", action="store_true",
                    help="only show what would be truncated and re-dispatched")
@@ -577,8 +587,9 @@ def build_parser():
     r.set_defaults(func=_recover)
 
     for name, what in (("rebuild-cq", "ConsumeQueues"), ("rebuild-index", "IndexFiles")):
-        rb = sub.add_parser(name, help=f"delete and rebuild every one of the {what} from the "
-                                       "CommitLog")
+        rb = sub.add_parser(name, parents=[index_opts],
+                            help=f"delete and rebuild every one of the {what} from the "
+                                 "CommitLog")
         rb.add_argument("store_dir", help="store root")
         rb.add_argument("--json", action="store_true", help="print the report as JSON")
         if name == "rebuild-cq":
@@ -597,12 +608,6 @@ def build_parser():
     q = sub.add_parser("query", help="find messages by key, msgId, commit-log offset, or a "
                                      "queue offset by time (read-only)")
     qsub = q.add_subparsers(dest="what", required=True, metavar="KIND")
-    index_opts = argparse.ArgumentParser(add_help=False)
-    index_opts.add_argument("--max-hash-slot-num", type=int, default=None,
-                            help="hash slots per index file (default: inferred from the "
-                                 "files, trying 5000000 first)")
-    index_opts.add_argument("--max-index-num", type=int, default=None,
-                            help="entries per index file (default: inferred, trying 20000000)")
     qk = qsub.add_parser("key", parents=[index_opts],
                          help="messages whose KEYS or UNIQ_KEY hold KEY, through the index")
     qk.add_argument("store_dir", help="store root")

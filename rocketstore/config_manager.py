@@ -8,6 +8,7 @@ so a Java broker reads ours; the reader also takes Gson's whitespace and quoted 
 so we read a broker's. Members we do not model (5.x `attributes`, `stateVersion`, ...) are
 kept and written back.
 """
+import contextlib
 import dataclasses
 import json
 import logging
@@ -15,6 +16,8 @@ import os
 import re
 import threading
 from dataclasses import dataclass, field
+
+from .errors import StoreClosedError
 
 log = logging.getLogger(__name__)
 
@@ -269,6 +272,7 @@ class ConfigManager:
         self._lock = threading.RLock()
         self._dirty = False
         self._main_corrupt = False
+        self.closed = False          # set by close(): changes are refused from then on
         self.loaded_from = None      # "main", "bak" or None (nothing on disk)
 
     # -- subclass surface --
@@ -294,6 +298,7 @@ class ConfigManager:
         """Load the file, else its `.bak`. False only when the main file was unusable and the
         `.bak` is corrupt too (the broker refuses to start then); a missing or empty pair
         means an empty table, True."""
+        self.closed = False
         text = self._read(self.path)
         if text and text.strip():
             try:
@@ -324,6 +329,23 @@ class ConfigManager:
         # What we loaded must reach the main file even if nothing changes.
         self._dirty = True
         return True
+
+    @contextlib.contextmanager
+    def _change(self):
+        """Hold the table lock for a change; once close() ran, refuse it: the final persist
+        is behind us, and a change taken now would be acknowledged and then lost."""
+        with self._lock:
+            if self.closed:
+                raise StoreClosedError(f"{self.file_name}: the store is shut down; the change "
+                                       "is not kept")
+            yield
+
+    def close(self):
+        """Refuse every later change (StoreClosedError), then persist what changed. Any change
+        that came first is in this persist: it encodes under the same lock."""
+        with self._lock:
+            self.closed = True
+        self.persist_if_dirty()
 
     # -- persist (spec 04 §4.1) --
     def mark_dirty(self):
@@ -414,7 +436,7 @@ class TopicConfigManager(ConfigManager):
 
     def update(self, tc):
         """updateTopicConfig: store, bump the data version, persist at once (as the broker)."""
-        with self._lock:
+        with self._change():
             self.topic_config_table = {**self.topic_config_table, tc.topic_name: tc}
             self.data_version.next_version(self._now())
             self._dirty = True
@@ -423,7 +445,7 @@ class TopicConfigManager(ConfigManager):
         return tc
 
     def delete(self, topic):
-        with self._lock:
+        with self._change():
             if topic not in self.topic_config_table:
                 return None
             table = dict(self.topic_config_table)
@@ -469,7 +491,7 @@ class SubscriptionGroupManager(ConfigManager):
         return self.subscription_group_table.get(group)
 
     def update(self, cfg):
-        with self._lock:
+        with self._change():
             self.subscription_group_table = {**self.subscription_group_table,
                                              cfg.group_name: cfg}
             self.data_version.next_version(self._now())
@@ -478,7 +500,7 @@ class SubscriptionGroupManager(ConfigManager):
         return cfg
 
     def delete(self, group):
-        with self._lock:
+        with self._change():
             if group not in self.subscription_group_table:
                 return None
             table = dict(self.subscription_group_table)
@@ -515,7 +537,7 @@ class ConsumerOffsetManager(ConfigManager):
 
     def commit_offset(self, group, topic, queue_id, offset):
         key = topic + TOPIC_GROUP_SEPARATOR + group
-        with self._lock:
+        with self._change():
             queues = self.offset_table.get(key)
             if queues is None:
                 queues = self.offset_table[key] = {}
@@ -529,7 +551,7 @@ class ConsumerOffsetManager(ConfigManager):
         return queues.get(queue_id, -1)
 
     def remove(self, group, topic):
-        with self._lock:
+        with self._change():
             if self.offset_table.pop(topic + TOPIC_GROUP_SEPARATOR + group, None) is not None:
                 self._dirty = True
 
@@ -567,7 +589,7 @@ class DelayOffsetManager(ConfigManager):
         self.extra = {k: v for k, v in obj.items() if k != "offsetTable"}
 
     def update_offset(self, level, offset):
-        with self._lock:
+        with self._change():
             self.offset_table[int(level)] = int(offset)
             self._dirty = True
 

@@ -220,6 +220,12 @@ class MappedFileQueue:
     # ---- flush -------------------------------------------------------------------------
     def flush(self, least_pages=0):
         """Flush the file holding flushed_where; True if nothing moved (MappedFileQueue#flush)."""
+        files = self.files
+        if files and self.flushed_where < files[0].file_from_offset:
+            # Cleaning removed files the flusher had not reached (a ConsumeQueue's go as soon
+            # as the CommitLog's minimum passes them). Their bytes need no flush; looking for
+            # them would find nothing, and this queue would never be flushed again.
+            self.flushed_where = files[0].file_from_offset
         f = self.find_by_offset(self.flushed_where, self.flushed_where == 0)
         if f is None:
             return True

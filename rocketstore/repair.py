@@ -9,9 +9,11 @@ import os
 
 from . import format as F
 from .dispatch import R_PHY, R_QID, R_QOFF, R_SIZE, R_SYSFLAG, row_topic
+from .errors import StoreLoadError
 from .fs import DEFAULT as DEFAULT_FS
 from .index_service import IndexService
 from .lockfile import abort_path
+from .mapped_file_queue import is_index_name, is_queue_dir_name, split_segment_names
 from .recovery import scan_commitlog
 from .store import MessageStore
 
@@ -55,13 +57,35 @@ def store_counts(store):
     return units, entries
 
 
+_INDEX_GEOMETRY = ("max_hash_slot_num", "max_index_num")
+
+
+def _index_geometry(max_hash_slot_num, max_index_num):
+    """Config overrides for index numbers given by the caller (both or neither)."""
+    if max_hash_slot_num is None and max_index_num is None:
+        return {}
+    if max_hash_slot_num is None or max_index_num is None:
+        raise ValueError("give max_hash_slot_num and max_index_num together")
+    return dict(zip(_INDEX_GEOMETRY, (max_hash_slot_num, max_index_num)))
+
+
 def _writable_config(root, **overrides):
-    """The config a store directory was written with, as far as its files tell."""
+    """The config a store directory was written with, as far as its files tell. Index files
+    whose hash slot and entry numbers cannot be told (no entry in them, and sizes that fit
+    neither the defaults nor their ratio) stop it, before any tool changes a byte: a writable
+    open refuses them, and a rebuild would replace them with files of the default size."""
     ro = MessageStore.open_read_only(root)
     try:
         cfg = ro.config
+        unreadable = ro.index_service.unreadable
     finally:
         ro.shutdown()
+    if unreadable and not all(f in overrides for f in _INDEX_GEOMETRY):
+        raise StoreLoadError(
+            f"{os.path.dirname(unreadable[0])}: cannot tell the hash slot and entry numbers "
+            f"of the index files ({DEFAULT_FS.size(unreadable[0])} bytes); nothing was "
+            "changed. Give the numbers they were written with (max_hash_slot_num and "
+            "max_index_num; --max-hash-slot-num and --max-index-num)")
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 
@@ -101,13 +125,13 @@ def _kept_index_files(store):
     return kept
 
 
-def plan_recovery(root, kernels=None):
+def plan_recovery(root, kernels=None, max_hash_slot_num=None, max_index_num=None):
     """What `recover` would do, computed read-only by the code it runs: the same abnormal
     recovery scan (from the file the checkpoint vouches for, with the same CRC check), whose
     records go to the index dispatcher in counting mode and are matched against the
     ConsumeQueues by their put rule (a unit is added when its record ends past the queue's
-    last one)."""
-    cfg = _writable_config(root)
+    last one). The index numbers, when given, are those the index files were written with."""
+    cfg = _writable_config(root, **_index_geometry(max_hash_slot_num, max_index_num))
     loaded = MessageStore(root, cfg, kernels=kernels, read_only=True)
     loaded.load()
     try:
@@ -174,10 +198,11 @@ def _note_units(arr, buf, cq_end, queue_ends):
             queue_ends[key] = max(queue_ends.get(key, 0), row[R_QOFF] + 1)
 
 
-def recover(root, kernels=None):
+def recover(root, kernels=None, max_hash_slot_num=None, max_index_num=None):
     """Run abnormal recovery now (truncate the dirty tail, re-dispatch what the queues miss),
-    then shut down cleanly. Returns the RecoveryReport."""
-    cfg = _writable_config(root)
+    then shut down cleanly. Returns the RecoveryReport. The index numbers, when given, are
+    those the index files were written with (needed when their files cannot tell them)."""
+    cfg = _writable_config(root, **_index_geometry(max_hash_slot_num, max_index_num))
     store = MessageStore(root, cfg, kernels=kernels)
     report = store.load(force_recovery=True)
     store.start()
@@ -214,6 +239,19 @@ def pending_rebuild(fs, root):
     return out
 
 
+def pending_geometry(dirs):
+    """{config field: value} the files of each directory in `dirs` (pending_rebuild's answer)
+    were sized by. What was wiped may be all gone: its geometry survives in the marker only,
+    and rebuilding with another would change the store's file sizes. A value that is no
+    number is left out."""
+    out = {}
+    for sub, fields in _GEOMETRY.items():
+        values = (dirs.get(sub) or "").split()
+        if len(values) == len(fields) and all(v.isdigit() for v in values):
+            out.update(zip(fields, map(int, values)))
+    return out
+
+
 def _reset_checkpoint(fs, root, reset_index):
     """A zero checkpoint sends abnormal recovery back to the first file, so every record is
     dispatched again into what was wiped."""
@@ -245,15 +283,35 @@ def begin_pending_rebuild(fs, root):
     if not dirs:
         return None
     log.warning("%s: an interrupted rebuild of %s is being redone", root, ", ".join(dirs))
+    cq_size = pending_geometry(dirs).get("mapped_file_size_consume_queue")
+    if cq_size:
+        cq_size = -(-cq_size // F.CQ_STORE_UNIT_SIZE) * F.CQ_STORE_UNIT_SIZE
     for sub in dirs:
-        base = os.path.join(root, sub)
-        for d, _, names in os.walk(base, topdown=False):
-            for name in names:
-                fs.remove(os.path.join(d, name))
-            if d != base:
-                fs.remove_dir_if_empty(d)
+        _wipe_store_files(fs, os.path.join(root, sub), sub == "index", cq_size)
     _reset_checkpoint(fs, root, "index" in dirs)
     return dirs
+
+
+def _wipe_store_files(fs, base, index, cq_size):
+    """Remove what a load takes for index or ConsumeQueue files (of `cq_size` bytes, when
+    known), and the queue and topic directories that leaves empty. Any other name is not
+    ours: it stays, as a load leaves it (and verify reports it)."""
+    if index:
+        for name in split_segment_names(fs, base, None, is_index_name)[0]:
+            fs.remove(os.path.join(base, name))
+        return
+    for topic in fs.list_dir(base):
+        tdir = os.path.join(base, topic)
+        if not fs.is_dir(tdir):
+            continue
+        for qid in fs.list_dir(tdir):
+            qdir = os.path.join(tdir, qid)
+            if not is_queue_dir_name(qid) or not fs.is_dir(qdir):
+                continue
+            for name in split_segment_names(fs, qdir, cq_size)[0]:
+                fs.remove(os.path.join(qdir, name))
+            fs.remove_dir_if_empty(qdir)
+        fs.remove_dir_if_empty(tdir)
 
 
 def end_pending_rebuild(store):
@@ -270,10 +328,8 @@ def end_pending_rebuild(store):
 def _rebuild(root, kernels, wipe_dir, **overrides):
     fs = DEFAULT_FS
     dirs = pending_rebuild(fs, root)        # an interrupted rebuild is finished too
-    # What was wiped may be all gone: its geometry survives in the marker only.
-    for sub, fields in _GEOMETRY.items():
-        if dirs.get(sub) and not any(f in overrides for f in fields):
-            overrides.update(zip(fields, map(int, dirs[sub].split())))
+    for field, value in pending_geometry(dirs).items():
+        overrides.setdefault(field, value)
     cfg = _writable_config(root, **overrides)
     store = MessageStore(root, cfg, kernels=kernels)
     lock = store._lock
@@ -293,13 +349,18 @@ def _rebuild(root, kernels, wipe_dir, **overrides):
     return report
 
 
-def rebuild_consume_queues(root, kernels=None, cq_file_size=None):
+def rebuild_consume_queues(root, kernels=None, cq_file_size=None, max_hash_slot_num=None,
+                           max_index_num=None):
     """Delete every ConsumeQueue and rebuild them all from the CommitLog. The file size is
-    the existing queues' (or `cq_file_size`, or RocketMQ's default when none are left)."""
-    extra = {"mapped_file_size_consume_queue": cq_file_size} if cq_file_size else {}
+    the existing queues' (or `cq_file_size`, or RocketMQ's default when none are left); the
+    index numbers, when given, are those the index files were written with."""
+    extra = _index_geometry(max_hash_slot_num, max_index_num)
+    if cq_file_size:
+        extra["mapped_file_size_consume_queue"] = cq_file_size
     return _rebuild(root, kernels, "consumequeue", **extra)
 
 
-def rebuild_index(root, kernels=None):
-    """Delete every IndexFile and rebuild the index from the CommitLog."""
-    return _rebuild(root, kernels, "index")
+def rebuild_index(root, kernels=None, max_hash_slot_num=None, max_index_num=None):
+    """Delete every IndexFile and rebuild the index from the CommitLog, with the existing
+    files' hash slot and entry numbers (or the ones given, which must come together)."""
+    return _rebuild(root, kernels, "index", **_index_geometry(max_hash_slot_num, max_index_num))

@@ -25,6 +25,7 @@ from .index_file import infer_geometry
 from .index_service import IndexService
 from .errors import (ConfigError, CorruptRecordError, StoreClosedError, StoreLoadError,
                      UnsafePathError)
+from .format import MAX_TOPIC_LENGTH
 from .fs import DEFAULT as DEFAULT_FS, is_inside, mappings_hold_descriptors, raise_fd_limit
 from .lockfile import StoreLock, abort_path
 from .mapped_file_queue import is_index_name, is_queue_dir_name, split_segment_names
@@ -45,8 +46,10 @@ def _resolves_outside(root, path):
     return not is_inside(root, path)
 
 
-# What a store keeps under its root; only these are checked for links out of it.
-STORE_ENTRIES = ("lock", "abort", "checkpoint", "commitlog", "consumequeue", "index", "config")
+# What a store keeps under its root ("rebuild" is repair.REBUILD_MARKER); only these are
+# checked for links out of it.
+STORE_ENTRIES = ("lock", "abort", "checkpoint", "rebuild", "commitlog", "consumequeue", "index",
+                 "config")
 
 _SLAVE_REASON = "message store is slave mode, so putMessage is forbidden"
 
@@ -206,6 +209,8 @@ class MessageStore:
             if not self.read_only:
                 from . import repair        # imports this module: bound late
                 rebuilding = repair.begin_pending_rebuild(self.fs, self.root)
+                if rebuilding is not None:
+                    self._adopt_geometry(repair.pending_geometry(rebuilding))
             last_exit_ok = (not force_recovery and rebuilding is None and
                             not self.fs.exists(abort_path(self.root)))
             self.commitlog.load()
@@ -231,6 +236,19 @@ class MessageStore:
             raise
         self._loaded = True
         return self.recovery_report
+
+    def _adopt_geometry(self, geometry):
+        """Size the files an interrupted rebuild wiped as they were, whatever this open's
+        config says: the store's geometry is its files', as for every file that remains."""
+        changed = {k: v for k, v in geometry.items() if getattr(self.config, k) != v}
+        if not changed:
+            return
+        log.warning("%s: rebuilding with the sizes the interrupted rebuild recorded (%s), not "
+                    "the configured ones", self.root,
+                    ", ".join(f"{k}={v}" for k, v in changed.items()))
+        self.config = dataclasses.replace(self.config, **changed)
+        self._indexer.hash_slot_num = self.config.max_hash_slot_num
+        self._indexer.index_num = self.config.max_index_num
 
     def _load_configs(self):
         """ConfigManager#load for each JSON file; a file whose `.bak` is corrupt too stops
@@ -417,12 +435,16 @@ class MessageStore:
             self.flush_cq_service.shutdown()
             self._indexer.flush()
             self.commitlog.shutdown()
-            try:
-                self.persist_configs()
-            except OSError as exc:
-                # A full disk must not stop the shutdown half-way: the config files keep
-                # their last complete version, and the data is flushed and closed below.
-                log.error("could not write the config files: %s", exc)
+            # Closed, not just persisted: a change racing shutdown is either in this persist
+            # or refused, never acknowledged after it and lost.
+            for manager in (self.topic_configs, self.subscription_groups,
+                            self.consumer_offsets, self.delay_offsets):
+                try:
+                    manager.close()
+                except OSError as exc:
+                    # A full disk must not stop the shutdown half-way: the config files keep
+                    # their last complete version, and the data is flushed and closed below.
+                    log.error("could not write the config files: %s", exc)
             self.checkpoint.flush()
             mfq = self.commitlog.mfq
             durable = mfq.flushed_where >= mfq.get_max_wrote_position()
@@ -616,8 +638,12 @@ class MessageStore:
         """Create or replace a topic's config and persist topics.json. From then on a put to
         queue_id >= write_queue_nums raises MessageIllegalError."""
         self._check_writable_config()
+        # The put's rule, length included: a topic no put accepts needs no config.
         if not isinstance(topic, str) or not TOPIC_PATTERN.fullmatch(topic):
             raise ConfigError(f"topic {topic!r} does not match ^[%|a-zA-Z0-9_-]+$")
+        if len(topic) > MAX_TOPIC_LENGTH:
+            raise ConfigError(f"topic is {len(topic)} chars; at most {MAX_TOPIC_LENGTH} are "
+                              "allowed")
         for name, value in (("read_queue_nums", read_queue_nums),
                             ("write_queue_nums", write_queue_nums), ("perm", perm),
                             ("topic_sys_flag", topic_sys_flag)):

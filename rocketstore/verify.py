@@ -306,6 +306,7 @@ def _check_layout(store, report):
             prev = start
     idx_dir = os.path.join(store.root, "index")
     loaded = {f.file_name for f in store._indexer.index_file_list}
+    loaded |= {os.path.basename(p) for p in _empty_unreadable(store)}
     for name in sorted(fs.list_dir(idx_dir)):
         if name not in loaded:
             report.problems.append(Problem("index", f"index/{name}", -1,
@@ -364,7 +365,49 @@ def _check_consume_queues(store, report, good, progress):
                 report.problems.append(Problem(
                     "consumequeue", where[0], where[1],
                     f"unit {index} tagsCode {tags} != {_expected_tags_code(store, m)}"))
+        _check_queue_tail(store, report, cq)
         progress(0)
+
+
+def _check_queue_tail(store, report, cq):
+    """Units written after where the loaded queue ends: recovery stopped before them (a unit
+    pointing past the CommitLog, or following a broken one), so a reader never sees them and
+    a writable open drops them."""
+    f = cq.mfq.last_file
+    if f is None:
+        return
+    end = f.data_end()              # past it the file is zeros: reading a hole can fault
+    pos = f.wrote_position
+    if pos >= end:
+        return
+    tail = np.frombuffer(f.mm[pos:end], dtype=F.CQ_DTYPE, count=(end - pos) // F.CQ_STORE_UNIT_SIZE)
+    written = np.flatnonzero((tail["offset"] != 0) | (tail["size"] != 0) | (tail["tags_code"] != 0))
+    for j in written[:8].tolist():
+        report.problems.append(Problem(
+            "consumequeue", _rel(store, f.path), pos + j * F.CQ_STORE_UNIT_SIZE,
+            f"unit {(f.file_from_offset + pos) // F.CQ_STORE_UNIT_SIZE + j} "
+            f"(offset {int(tail['offset'][j])}, size {int(tail['size'][j])}) lies past where the "
+            "queue ends: it points past the CommitLog or follows a broken unit"))
+    if len(written) > 8:
+        report.problems.append(Problem(
+            "consumequeue", _rel(store, f.path), -1,
+            f"{len(written)} units in all lie past where the queue ends (the first 8 listed)"))
+
+
+def _empty_unreadable(store):
+    """The index files whose hash slot and entry numbers cannot be told but that hold no
+    entry (indexCount <= 1): a clean store written with other numbers and no key yet. Nothing
+    in them can be checked or lost; coverage still finds any key they should hold."""
+    out = set()
+    for path in store._indexer.unreadable:
+        mm = store.fs.map(path, F.INDEX_HEADER_SIZE, writable=False)
+        try:
+            if int.from_bytes(mm[F.INDEX_POS_INDEX_COUNT:F.INDEX_POS_INDEX_COUNT + 4], "big",
+                              signed=True) <= 1:
+                out.add(path)
+        finally:
+            mm.close()
+    return out
 
 
 def _check_index(store, report, good):
@@ -377,7 +420,10 @@ def _check_index(store, report, good):
         return
     from .index_service import index_keys
     k = store.kernels
+    empty = _empty_unreadable(store)
     for path in service.unreadable:
+        if path in empty:
+            continue
         report.problems.append(Problem(
             "index", _rel(store, path), -1, "its hash slot and entry numbers cannot be told "
             "(the index files' sizes or contents disagree): not checked"))
@@ -433,7 +479,7 @@ def _check_index(store, report, good):
                         f"hashes to {hashes[j]}"))
         finally:
             del header, slots, entries        # the views pin the mapping
-    if not service.unreadable:
+    if set(service.unreadable) <= empty:
         _check_index_coverage(store, report, good, indexed)
 
 
@@ -496,7 +542,9 @@ def _key_named(store, good, phy, key_hash):
 def _check_index_coverage(store, report, good, indexed):
     """Every key of every valid record has an index entry at that record (a crash that lost
     index files shows here: queries would not find those records)."""
-    if not store.config.message_index_enable or not store._indexer.index_file_list:
+    service = store._indexer
+    if not store.config.message_index_enable or not (service.index_file_list or
+                                                     service.unreadable):
         return      # a store without index files keeps no index (messageIndexEnable=false)
     have = np.concatenate(indexed) if indexed else np.empty(0, dtype=_KEY_PAIR)
     have = have[np.lexsort((have["hash"], have["phy"]))]     # far faster than sorting records

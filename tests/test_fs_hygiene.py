@@ -144,6 +144,7 @@ LINK_KINDS = {
     "abort": "abort",
     "lock": "lock",
     "checkpoint": "checkpoint",
+    "rebuild marker": "rebuild",
     "topics.json": "config/topics.json",
     "topics.json.tmp": "config/topics.json.tmp",
     "topics.json.bak": "config/topics.json.bak",

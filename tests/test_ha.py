@@ -819,3 +819,37 @@ def test_cli_serve_replicates_between_two_processes_and_stops_on_sigint(tmp_path
                 assert p.returncode == 0, err.decode()[-2000:]
                 assert out.decode().rstrip().endswith("stopped")
     assert_same_commitlog(tmp_path / "m", tmp_path / "s")
+
+
+def test_master_names_a_slave_that_cleaning_left_behind_its_commit_log(tmp_path, caplog):
+    """4.9.8 waits for the deleted offset for good: the slave stays behind without a word."""
+    cfg = dataclasses.replace(node_config("ASYNC_MASTER"), file_reserved_time=0,
+                              delete_commit_log_files_interval=0,
+                              delete_consume_queue_files_interval=0)
+    master = MessageStore(tmp_path / "m", cfg, kernels=BACKEND, disk_usage=lambda p: 0.2)
+    master.load()
+    master.start()
+    slave = None
+    try:
+        address = f"127.0.0.1:{master.ha_service.port}"
+        slave = open_node(tmp_path / "s", "SLAVE", master=address)
+        assert master.put_message(Message("T", b"a" * 1000)).ok
+        wait_until(lambda: slave.get_max_phy_offset() == master.get_max_phy_offset(), 20,
+                   "the slave to catch up")
+        slave_max = slave.get_max_phy_offset()
+        slave.shutdown()
+        for _ in range(300):
+            assert master.put_message(Message("T", b"b" * 1000)).ok
+        testing.wait_dispatched(master)
+        testing.wait_flushed(master)
+        master.execute_delete_files_manually()
+        master.clean_files_periodically()
+        assert master.get_min_phy_offset() > slave_max
+        slave = open_node(tmp_path / "s", "SLAVE", master=address)
+        wait_until(lambda: any("cleaning removed the CommitLog" in r.getMessage()
+                               for r in caplog.records), 20, "the master to name the slave")
+        assert slave.get_max_phy_offset() == slave_max
+    finally:
+        if slave is not None:
+            slave.shutdown()
+        master.shutdown()

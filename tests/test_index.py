@@ -410,6 +410,40 @@ def test_verify_finds_no_problem_in_a_clean_store_with_64_slots_and_500_entries(
         store.shutdown()
 
 
+def test_verify_finds_no_problem_in_a_clean_64_slot_store_whose_index_holds_no_key(tmp_path,
+                                                                                  backend):
+    """An index file with no entry does not tell its numbers (64 and 500 are neither the
+    defaults nor their ratio); it holds nothing to check, so it is no problem. Emptied under
+    keyed records, the records missing from the index are reported all the same."""
+    from rocketstore.verify import verify_store
+    store = testing.open_store(tmp_path, backend)
+    try:
+        for _ in range(5):
+            assert store.put_message(Message("T", b"no keys")).ok
+    finally:
+        store.shutdown()
+
+    def problems():
+        ro = MessageStore.open_read_only(tmp_path, kernels=backend)
+        try:
+            return [str(p) for p in verify_store(ro).problems]
+        finally:
+            ro.shutdown()
+    assert problems() == []
+    store = testing.open_store(tmp_path, backend)
+    try:
+        assert store.put_message(Message("T", b"keyed", keys="k1")).ok
+    finally:
+        store.shutdown()
+    (path,) = (tmp_path / "index").iterdir()
+    empty = bytearray(path.stat().st_size)
+    empty[:F.INDEX_HEADER_SIZE] = path.read_bytes()[:F.INDEX_HEADER_SIZE]
+    empty[F.INDEX_POS_INDEX_COUNT:F.INDEX_POS_INDEX_COUNT + 4] = (1).to_bytes(4, "big")
+    path.write_bytes(bytes(empty))
+    found = problems()
+    assert len(found) == 1 and "'T#k1'" in found[0] and "has no index entry" in found[0], found
+
+
 def test_a_writable_open_with_other_index_settings_keeps_the_files_geometry(tmp_path,
                                                                             backend):
     _keyed_store(tmp_path, backend, 1200)

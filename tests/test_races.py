@@ -265,6 +265,73 @@ def test_cleaning_keeps_unflushed_files_so_sync_flush_recovers_once_the_disk_doe
         store.shutdown()
 
 
+def test_cleaning_consume_queue_files_the_flusher_had_not_reached_keeps_the_queue_flushing(
+        tmp_path, backend):
+    # SYNC_FLUSH: every CommitLog file is flushed, so cleaning may delete them.
+    config = cleaning_config(mapped_file_size_consume_queue=20 * 50,
+                             flush_interval_consume_queue=3_600_000,
+                             flush_disk_type=FlushDiskType.SYNC_FLUSH)
+    store = open_cleaning_store(tmp_path / "s", backend, config)
+    try:
+        for i in range(400):
+            assert store.put_message(Message("T", b"x" * 100)).status.ok
+        testing.wait_dispatched(store)
+        cq = store.consume_queue_table["T"][0]
+        cq.flush(0)                         # the flusher stands in the first file
+        assert 0 < cq.mfq.flushed_where <= cq.mfq.files[1].file_from_offset
+        store.execute_delete_files_manually()
+        store.clean_files_periodically()
+        assert cq.mfq.files[0].file_from_offset > cq.mfq.flushed_where
+        for i in range(100):
+            assert store.put_message(Message("T", b"y" * 100)).status.ok
+        testing.wait_dispatched(store)
+        for _ in range(len(cq.mfq.files) + 1):
+            store.flush_cq_service.do_flush(1, force=True)
+        assert cq.mfq.flushed_where == cq.mfq.get_max_offset()
+    finally:
+        store.shutdown()
+
+
+class CommitDuringFinalPersist(FileSystem):
+    """Commits an offset from inside shutdown's write of consumerOffset.json: the moment a
+    change used to be taken after the file's content was fixed."""
+
+    store = None
+    outcome = None
+
+    def write_bytes(self, path, data, sync=True):
+        if self.store is not None and path.endswith("consumerOffset.json.tmp"):
+            store, self.store = self.store, None
+            try:
+                store.commit_offset("g", "T", 0, 99)
+                self.outcome = "acknowledged"
+            except StoreClosedError:
+                self.outcome = "refused"
+        super().write_bytes(path, data, sync)
+
+
+def test_a_config_change_racing_shutdown_is_kept_or_refused_never_acknowledged_and_lost(
+        tmp_path, backend):
+    fs = CommitDuringFinalPersist()
+    store = testing.open_store(tmp_path / "s", backend, fs=fs)
+    store.commit_offset("g", "T", 0, 1)
+    fs.store = store
+    store.shutdown()
+    assert fs.outcome is not None
+    store = testing.open_store(tmp_path / "s", backend)
+    try:
+        kept = store.query_offset("g", "T", 0)
+        assert (fs.outcome, kept) in (("acknowledged", 99), ("refused", 1))
+        store.commit_offset("g", "T", 0, 2)         # a reopened store takes changes again
+    finally:
+        store.shutdown()
+    store = testing.open_store(tmp_path / "s", backend)
+    try:
+        assert store.query_offset("g", "T", 0) == 2
+    finally:
+        store.shutdown()
+
+
 def test_a_store_shut_down_and_started_again_takes_puts_again(tmp_path, backend):
     store = testing.open_store(tmp_path / "s", backend)
     store.put_message(Message("T", b"first"))

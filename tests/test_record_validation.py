@@ -153,6 +153,19 @@ def test_put_and_topic_config_refuse_a_topic_outside_the_rule(tmp_path, backend,
         store.shutdown()
 
 
+def test_topic_config_refuses_a_topic_longer_than_a_put_accepts(tmp_path, backend):
+    store = testing.open_store(tmp_path / "store", backend)
+    try:
+        with pytest.raises(MessageIllegalError):
+            store.put_message(Message("x" * 128, b"x"))
+        with pytest.raises(ValueError):
+            store.update_topic_config("x" * 128)
+        assert store.topic_config("x" * 128) is None
+        store.update_topic_config("x" * 127)
+    finally:
+        store.shutdown()
+
+
 # ---- bodies and properties -------------------------------------------------------------------
 BODIES = {
     "array-i": lambda: array.array("i", range(40)),

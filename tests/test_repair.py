@@ -2,13 +2,14 @@
 """`rebuild-cq` and `rebuild-index` killed at any point: the `rebuild` marker, written before
 the wipe and removed once the rebuilt files are flushed, makes the next open (or the next run
 of a repair tool) finish the rebuild, so every message and key is reachable again."""
+import dataclasses
 import os
 import subprocess
 import sys
 
 import pytest
 
-from rocketstore import MessageStore, repair, testing
+from rocketstore import MessageStore, StoreConfig, repair, testing
 from rocketstore.verify import verify_store
 from rocketstore.workload import make_messages
 
@@ -115,3 +116,96 @@ def test_a_finished_rebuild_leaves_no_marker_and_a_clean_store(tmp_path, pristin
         assert reachable(store) == (COUNT, KEYS)
     finally:
         store.shutdown()
+
+
+def file_sizes(root, sub):
+    return {os.path.getsize(os.path.join(d, n))
+            for d, _, names in os.walk(os.path.join(root, sub)) for n in names}
+
+
+@pytest.mark.parametrize("tool,sub", [("cq", "consumequeue"), ("index", "index")])
+def test_an_open_finishing_a_killed_rebuild_sizes_the_files_as_they_were(tmp_path, pristine,
+                                                                         tool, sub):
+    """The wipe leaves no file to take the geometry from: the marker keeps it, and an open
+    with RocketMQ's default queue and index sizes must not rebuild with those."""
+    root = copy_store(pristine, tmp_path / "store")
+    sizes = file_sizes(root, sub)
+    kill_rebuild(root, tool, 1)
+    fields = {"cq": ("mapped_file_size_consume_queue",),
+              "index": ("max_hash_slot_num", "max_index_num")}[tool]
+    defaults = dataclasses.replace(testing.small_config(),
+                                   **{f: getattr(StoreConfig(), f) for f in fields})
+    store = MessageStore(root, defaults, kernels=BACKEND)
+    store.load()
+    store.start()
+    try:
+        assert reachable(store) == (COUNT, KEYS)
+    finally:
+        store.shutdown()
+    assert file_sizes(root, sub) == sizes
+    store = MessageStore(root, testing.small_config(), kernels=BACKEND)
+    assert store.load().normal
+    store.start()
+    try:
+        assert reachable(store) == (COUNT, KEYS)
+    finally:
+        store.shutdown()
+
+
+STRAYS = ["index/notes.txt", "index/2024", "index/201912011200000000", "consumequeue/notes.txt",
+          "consumequeue/BenchTopic0/notes.txt", "consumequeue/BenchTopic0/007/00000000000000000000",
+          "consumequeue/BenchTopic0/0/0", "consumequeue/BenchTopic0/0/00000000000000000000.bak"]
+
+
+@pytest.mark.parametrize("tool", ["cq", "index"])
+@pytest.mark.parametrize("killed", [False, True])
+def test_a_rebuild_wipes_only_store_files_and_leaves_stray_names_alone(tmp_path, pristine,
+                                                                        tool, killed):
+    root = copy_store(pristine, tmp_path / "store")
+    for name in STRAYS:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"not the store's: " + name.encode())
+    if killed:
+        kill_rebuild(root, tool, 1)
+    else:
+        (repair.rebuild_consume_queues if tool == "cq" else repair.rebuild_index)(
+            str(root), kernels=BACKEND)
+    store = MessageStore(root, testing.small_config(), kernels=BACKEND)
+    store.load()
+    store.start()
+    try:
+        assert reachable(store) == (COUNT, KEYS)
+    finally:
+        store.shutdown()
+    for name in STRAYS:
+        assert (root / name).read_bytes() == b"not the store's: " + name.encode()
+
+
+@pytest.mark.parametrize("tool", ["recover", "rebuild-cq", "rebuild-index"])
+def test_a_tool_that_cannot_tell_the_index_geometry_refuses_before_changing_anything(tmp_path,
+                                                                                     tool):
+    """Index files without a single entry do not tell their hash slot and entry numbers when
+    those are not RocketMQ's (64 and 500 here): rebuild-index replaced them with 420 MB files,
+    and rebuild-cq refused only after its marker was written."""
+    from rocketstore import Message, cli
+    from rocketstore.errors import StoreLoadError
+    root = tmp_path / "store"
+    store = testing.open_store(root, BACKEND)
+    try:
+        for _ in range(5):
+            assert store.put_message(Message("T", b"no keys")).ok
+    finally:
+        store.shutdown()
+    before = testing.tree_digest(root)
+    run = {"recover": repair.recover, "rebuild-cq": repair.rebuild_consume_queues,
+           "rebuild-index": repair.rebuild_index}[tool]
+    with pytest.raises(StoreLoadError, match="cannot tell the hash slot and entry numbers"):
+        run(str(root), kernels=BACKEND)
+    assert testing.tree_digest(root) == before
+    # Told the numbers (the API's keywords, the CLI's options), each runs and keeps the sizes.
+    sizes = file_sizes(root, "index")
+    run(str(root), kernels=BACKEND, max_hash_slot_num=64, max_index_num=500)
+    assert file_sizes(root, "index") == sizes
+    assert cli.main(["--backend", BACKEND, tool, str(root), "--max-hash-slot-num", "64",
+                     "--max-index-num", "500"]) == 0
+    assert file_sizes(root, "index") == sizes

@@ -406,6 +406,12 @@ class HAConnection:
         """Send one frame from next_transfer_from_where; False if there is nothing to send."""
         offset = self.next_transfer_from_where
         mf = commitlog.mfq.find_by_offset(offset)
+        if mf is None and offset < commitlog.min_offset:
+            # 4.9.8 waits here for good, and the slave stays behind without a word.
+            self.stop(f"the slave needs offset {offset}, but cleaning removed the CommitLog "
+                      f"below {commitlog.min_offset}: it cannot catch up; give it a copy of "
+                      "the master's store")
+            return False
         if mf is None or not mf.hold():
             return False
         try:
