@@ -570,7 +570,10 @@ cdef class _CqSlot:
     calls; inside a call the append state lives in C fields and is published at the end."""
     cdef bytes topic
     cdef object cq
+    cdef object mfq
+    cdef object files
     cdef object file
+    cdef object mm
     cdef char *addr
     cdef int64_t cap, wrote, reserved, size, base, max_phy
     cdef uint64_t gen
@@ -592,20 +595,34 @@ cdef inline int _cq_publish(list touched) except -1:
 
 cdef inline bint _cq_load(_CqSlot s) except -1:
     """Read the queue's append state from its Python objects; False when the append cannot be
-    done here (no file yet, or a mapping this module did not make)."""
-    f = s.cq.mfq.last_file
-    if f is None:
+    done here (no file yet, or a mapping this module did not make). MappedFileQueue replaces
+    its `files` list on every change, so while the list is the same object the last file and
+    its mapping are too, and only the positions are read again."""
+    cdef object files = s.mfq.files
+    cdef object f
+    if files is not s.files:
+        s.files = files
+        s.file = s.mm = None
+        if not files:
+            return False
+        f = files[len(files) - 1]
+        mm = f.mm
+        if type(mm) is not Mapping or not (<Mapping>mm).writable:
+            return False
+        s.file = f
+        s.mm = mm
+        s.size = f.file_size
+        s.base = f.file_from_offset
+    elif s.file is None:
         return False
-    mm = f.mm
-    if type(mm) is not Mapping or (<Mapping>mm)._addr == NULL or not (<Mapping>mm).writable:
+    f = s.file
+    # Closed by a shutdown or a destroy: Python's path reports it.
+    if (<Mapping>s.mm)._addr == NULL:
         return False
-    s.file = f
-    s.addr = (<Mapping>mm)._addr
-    s.cap = (<Mapping>mm)._size
+    s.addr = (<Mapping>s.mm)._addr
+    s.cap = (<Mapping>s.mm)._size
     s.wrote = f.wrote_position
     s.reserved = f.reserved_position
-    s.size = f.file_size
-    s.base = f.file_from_offset
     s.max_phy = s.cq.max_physic_offset
     s.gen = _cq_gen
     return True
@@ -685,6 +702,7 @@ def cq_dispatch(rows, buf, dict slots, slow):
                     s.topic = PyBytes_FromStringAndSize(
                         <const char *>b.buf + r.pos + r.topic_off, r.topic_len)
                     s.cq = cq
+                    s.mfq = cq.mfq
                     slots[key] = s
     finally:
         _cq_publish(touched)
