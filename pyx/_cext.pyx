@@ -638,7 +638,10 @@ def cq_dispatch(rows, buf, dict slots, slow):
     row i by ConsumeQueue.put_unit's rules and returns its queue, remembered in `slots`.
     Positions reach the MappedFile and ConsumeQueue objects before every slow call and at the
     end, so readers see a unit only after the batch's records, which are already readable.
-    Returns the store timestamp of the last dispatched row, or 0."""
+    Keeps the GIL: each queue touched is read from its Python objects once per call (a slow
+    call may change them) and published back, so the per-row work left is a dict lookup, a
+    topic compare and a 20-byte store. Returns the store timestamp of the last dispatched
+    row, or 0."""
     global _cq_gen
     cdef Py_buffer rv, b
     cdef const rs_scan_rec *r
