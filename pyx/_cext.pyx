@@ -15,8 +15,8 @@ from cpython.buffer cimport (PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release,
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.ref cimport PyObject
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
-from libc.string cimport memcpy, memset
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcmp, memcpy, memset
 
 from csrc cimport *
 
@@ -42,6 +42,12 @@ DEF NOGIL_CRC_BYTES = 4096
 # A plain copy runs at tens of GB/s: only large records are worth it.
 DEF NOGIL_COPY_BYTES = 65536
 DEF SCAN_REC_SIZE = 112
+# format.py's MessageSysFlag transaction bits and SCAN_INFO_SCHEDULE, as C constants for
+# cq_dispatch's row loop (the transaction and delay tests of test_store.py fail if they drift).
+DEF TX_TYPE_MASK = 0xC
+DEF TX_PREPARED = 0x4
+DEF TX_ROLLBACK = 0xC
+DEF SCAN_SCHEDULE = 0x4
 
 
 # Every Py_buffer starts zeroed (view.obj == NULL), so a `finally` may PyBuffer_Release all of
@@ -552,3 +558,157 @@ def column_join(items, bint text):
 
 
 include "_mapping.pxi"
+
+
+# ---- ConsumeQueue dispatch (the reput thread's hot loop) -----------------------------------
+
+__all__ += ("cq_dispatch",)
+
+
+cdef class _CqSlot:
+    """One ConsumeQueue as the dispatch loop sees it: the Python objects are the truth between
+    calls; inside a call the append state lives in C fields and is published at the end."""
+    cdef bytes topic
+    cdef object cq
+    cdef object mfq
+    cdef object files
+    cdef object file
+    cdef object mm
+    cdef char *addr
+    cdef int64_t cap, wrote, reserved, size, base, max_phy
+    cdef uint64_t gen
+
+
+cdef uint64_t _cq_gen = 0
+
+
+cdef inline int _cq_publish(list touched) except -1:
+    cdef _CqSlot s
+    for o in touched:
+        s = <_CqSlot>o
+        s.file.wrote_position = s.wrote
+        s.file.committed_position = s.wrote
+        s.cq.max_physic_offset = s.max_phy
+    del touched[:]
+    return 0
+
+
+cdef inline bint _cq_load(_CqSlot s) except -1:
+    """Read the queue's append state from its Python objects; False when the append cannot be
+    done here (no file yet, or a mapping this module did not make). MappedFileQueue replaces
+    its `files` list on every change, so while the list is the same object the last file and
+    its mapping are too, and only the positions are read again."""
+    cdef object files = s.mfq.files
+    cdef object f
+    if files is not s.files:
+        s.files = files
+        s.file = s.mm = None
+        if not files:
+            return False
+        f = files[len(files) - 1]
+        mm = f.mm
+        if type(mm) is not Mapping or not (<Mapping>mm).writable:
+            return False
+        s.file = f
+        s.mm = mm
+        s.size = f.file_size
+        s.base = f.file_from_offset
+    elif s.file is None:
+        return False
+    f = s.file
+    # Closed by a shutdown or a destroy: Python's path reports it.
+    if (<Mapping>s.mm)._addr == NULL:
+        return False
+    s.addr = (<Mapping>s.mm)._addr
+    s.cap = (<Mapping>s.mm)._size
+    s.wrote = f.wrote_position
+    s.reserved = f.reserved_position
+    s.max_phy = s.cq.max_physic_offset
+    s.gen = _cq_gen
+    return True
+
+
+def cq_dispatch(rows, buf, dict slots, slow):
+    """ConsumeQueue units for the scanned `rows` (format.SCAN_DTYPE) of `buf`, in one pass.
+
+    The common row appends one unit at its queue's write position inside the reserved region
+    of the queue's current file; that runs here, with no Python object per row. Anything else
+    (a queue not in `slots` yet, a topic hash shared by two topics, a roll, a gap, a unit
+    already present, a reservation, a SCHEDULE_TOPIC_XXXX row) is `slow(i)`, which dispatches
+    row i by ConsumeQueue.put_unit's rules and returns its queue, remembered in `slots`.
+    Positions reach the MappedFile and ConsumeQueue objects before every slow call and at the
+    end, so readers see a unit only after the batch's records, which are already readable.
+    Keeps the GIL: each queue touched is read from its Python objects once per call (a slow
+    call may change them) and published back, so the per-row work left is a dict lookup, a
+    topic compare and a 20-byte store. Returns the store timestamp of the last dispatched
+    row, or 0."""
+    global _cq_gen
+    cdef Py_buffer rv, b
+    cdef const rs_scan_rec *r
+    cdef Py_ssize_t i, n
+    cdef int64_t key, last_ts = 0, pos
+    cdef int32_t tx
+    cdef const uint8_t *topic
+    cdef _CqSlot s
+    cdef list touched = []
+    cdef object o
+    memset(&rv, 0, sizeof(rv))
+    memset(&b, 0, sizeof(b))
+    _ro(rows, &rv)
+    try:
+        _ro(buf, &b)
+        n = rv.len // SCAN_REC_SIZE
+        _cq_gen += 1
+        for i in range(n):
+            r = <const rs_scan_rec *>rv.buf + i
+            tx = r.sys_flag & TX_TYPE_MASK
+            if tx == TX_PREPARED or tx == TX_ROLLBACK:    # no unit until committed
+                continue
+            last_ts = r.store_timestamp
+            if r.info & SCAN_SCHEDULE:                     # SCAN_INFO_SCHEDULE: the DELAY tagsCode
+                s = None
+            else:
+                key = (<int64_t>r.topic_hash << 32) | (<int64_t>r.queue_id & 0xFFFFFFFF)
+                o = slots.get(key)
+                s = <_CqSlot>o if o is not None else None
+                if s is not None:
+                    topic = <const uint8_t *>b.buf + r.pos + r.topic_off
+                    if (r.topic_len != len(s.topic) or r.pos + r.topic_off + r.topic_len > b.len
+                            or memcmp(topic, PyBytes_AS_STRING(s.topic), r.topic_len) != 0):
+                        s = None                 # another topic with the same hash
+                    elif s.gen != _cq_gen:
+                        if _cq_load(s):
+                            touched.append(s)
+                        else:
+                            s = None
+            if s is not None:
+                if r.phy_offset + r.size <= s.max_phy:
+                    continue                     # already dispatched (redispatch)
+                pos = s.wrote
+                if (pos + RS_CQ_STORE_UNIT_SIZE <= s.size
+                        and pos + RS_CQ_STORE_UNIT_SIZE <= s.reserved
+                        and r.queue_offset * RS_CQ_STORE_UNIT_SIZE == s.base + pos):
+                    _check(rs_cq_encode(<uint8_t *>s.addr, <size_t>s.cap, pos, r.phy_offset,
+                                        r.size, r.tags_code), "cq_dispatch")
+                    s.wrote = pos + RS_CQ_STORE_UNIT_SIZE
+                    s.max_phy = r.phy_offset + r.size
+                    continue
+            # Python takes the row; it must see every position written so far, and any slot
+            # may be stale after it ran (it can roll files, release the GIL, ...).
+            _cq_publish(touched)
+            _cq_gen += 1
+            cq = slow(i)
+            if cq is not None and not (r.info & SCAN_SCHEDULE):
+                key = (<int64_t>r.topic_hash << 32) | (<int64_t>r.queue_id & 0xFFFFFFFF)
+                if key not in slots:
+                    s = _CqSlot()
+                    s.topic = PyBytes_FromStringAndSize(
+                        <const char *>b.buf + r.pos + r.topic_off, r.topic_len)
+                    s.cq = cq
+                    s.mfq = cq.mfq
+                    slots[key] = s
+    finally:
+        _cq_publish(touched)
+        PyBuffer_Release(&b)
+        PyBuffer_Release(&rv)
+    return last_ts

@@ -70,6 +70,10 @@ class ConsumeQueueDispatcher(Dispatcher):
     def __init__(self, store):
         self._store = store
         self._delay_levels = store.config.delay_levels
+        # The compiled row loop, when the backend has one, and its (topic hash, queue id) ->
+        # queue slots; written by the dispatching thread only.
+        self._k_dispatch = getattr(store.kernels, "cq_dispatch", None)
+        self._slots = {}
 
     def _schedule_tags_code(self, row, buf):
         """SCHEDULE_TOPIC_XXXX units carry the delivery time (spec 01 §3.7)."""
@@ -114,11 +118,30 @@ class ConsumeQueueDispatcher(Dispatcher):
                 # feeds physicMsgTimestamp, as ConsumeQueue#putMessagePositionInfoWrapper does.
                 store.checkpoint.physic_msg_timestamp = last_ts
 
+    def _dispatch_row(self, row, buf):
+        """One row by ConsumeQueue.put_unit's rules; returns its queue (cq_dispatch's slow path)."""
+        pos = row[R_POS] + row[R_TOPIC_OFF]
+        cq = _queue_of(self._store, buf[pos:pos + row[R_TOPIC_LEN]], row[R_QID])
+        tags = row[R_TAGS]
+        if row[R_INFO] & F.SCAN_INFO_SCHEDULE:
+            tags = self._schedule_tags_code(row, buf)
+        cq.put_unit(row[R_PHY], row[R_SIZE], tags, row[R_QOFF])
+        return cq
+
     def dispatch_array(self, arr, buf):
-        """The same as dispatch(), by columns: rows are grouped by (topic hash, queue id) with
-        numpy, each group's topic bytes are compared before it is trusted (a hash collision
-        falls back to the row-by-row path), and each run of consecutive queue offsets becomes
-        one batch kernel call."""
+        """The same as dispatch(), by columns. With the backend's cq_dispatch, one compiled
+        pass appends the common rows and hands the rest to _dispatch_row: its cost per row does
+        not grow with the number of queues a batch touches. Otherwise rows are grouped by
+        (topic hash, queue id) with numpy, each group's topic bytes are compared before it is
+        trusted (a hash collision falls back to the row-by-row path), and each run of
+        consecutive queue offsets becomes one batch kernel call."""
+        if self._k_dispatch is not None:
+            arr = np.ascontiguousarray(arr)
+            last_ts = self._k_dispatch(arr, buf, self._slots,
+                                       lambda i: self._dispatch_row(arr[i].item(), buf))
+            if last_ts:
+                self._store.checkpoint.logics_msg_timestamp = last_ts
+            return
         tx = arr["sys_flag"] & F.TRANSACTION_TYPE_MASK
         keep = (tx != F.TRANSACTION_PREPARED_TYPE) & (tx != F.TRANSACTION_ROLLBACK_TYPE)
         if not keep.all():

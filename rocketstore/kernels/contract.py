@@ -38,8 +38,13 @@ KERNEL_NAMES = (
 #   descriptor (FileSystem.map closes it at once), offering the mmap.mmap subset the store
 #   uses, the buffer protocol, and BufferError from close() while an export is live. Without
 #   it, mmap.mmap keeps a duplicate descriptor per mapped file (before Python 3.13).
+#   cq_dispatch(rows, buf, slots, slow): the ConsumeQueue dispatcher's row loop, appending
+#   each common row's unit in compiled code and handing the others to slow(i); see
+#   dispatch.ConsumeQueueDispatcher.dispatch_array. Without it, the dispatcher groups rows with
+#   numpy.
 OPTIONAL_NAMES = (
     "Mapping",
+    "cq_dispatch",
 )
 
 
