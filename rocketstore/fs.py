@@ -43,6 +43,11 @@ def is_inside(root, path):
     return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
 
 
+# A file being sized under its temporary name; one left behind was killed before its rename,
+# so nothing was ever written to it.
+CREATING_SUFFIX = ".creating"
+
+
 class FileSystem:
     """Real file-system access. Subclass and override to inject faults."""
 
@@ -144,7 +149,7 @@ class FileSystem:
             finally:
                 os.close(fd)
             return
-        tmp = path + ".creating"
+        tmp = path + CREATING_SUFFIX
         fd = open_nofollow(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
         try:
             if preallocate:

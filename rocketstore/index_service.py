@@ -16,7 +16,7 @@ from .dispatch import Dispatcher
 from .errors import StoreLoadError
 from .index_file import (IndexFile, human_string_to_time_millis, index_file_size,
                          infer_geometry, time_millis_to_human_string)
-from .mapped_file_queue import is_index_name, split_segment_names
+from .mapped_file_queue import drop_creating_leftovers, is_index_name, split_segment_names
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,8 @@ class IndexService(Dispatcher):
         §2.7). A read-only store destroys nothing."""
         paths = []
         names, strays = split_segment_names(self._fs, self.store_path, None, is_index_name)
+        strays = drop_creating_leftovers(self._fs, self.store_path, strays, is_index_name,
+                                         self.writable)
         for name in strays:
             log.warning("ignoring %s: not an index file name (yyyyMMddHHmmssSSS); left as it "
                         "is", os.path.join(self.store_path, name))

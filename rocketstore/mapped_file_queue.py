@@ -6,6 +6,7 @@ import os
 import threading
 
 from .errors import StoreLoadError
+from .fs import CREATING_SUFFIX
 from .mapped_file import MappedFile, offset_to_file_name
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,21 @@ def is_queue_dir_name(name):
     sign or leading zero, an int). `007` would load as queue 7 while naming another directory."""
     return (name.isascii() and name.isdigit() and (name == "0" or name[0] != "0")
             and int(name) <= _QUEUE_ID_MAX)
+
+
+def drop_creating_leftovers(fs, directory, strays, is_name, writable):
+    """The strays that are not a store file's own `<name>.creating` temporary: a crash between
+    creating and renaming leaves one, never written to. A writable queue removes it."""
+    kept = []
+    for name in strays:
+        base, dot, suffix = name.rpartition(".")
+        if dot and "." + suffix == CREATING_SUFFIX and is_name(base):
+            log.info("removing %s: a file a crash left half-created", name)
+            if writable:
+                fs.remove(os.path.join(directory, name))
+            continue
+        kept.append(name)
+    return kept
 
 
 def split_segment_names(fs, directory, file_size, is_name=is_segment_name):
@@ -95,7 +111,9 @@ class MappedFileQueue:
         (StoreLoadError). A segment shorter than its neighbours was damaged or cut short: its
         missing tail reads as never-written space, which recovery takes for the end of data."""
         files = []
-        names, self.stray_names = split_segment_names(self._fs, self.store_path, self.file_size)
+        names, strays = split_segment_names(self._fs, self.store_path, self.file_size)
+        self.stray_names = drop_creating_leftovers(self._fs, self.store_path, strays,
+                                                   is_segment_name, self.writable)
         if self.stray_names and not names and \
                 split_segment_names(self._fs, self.store_path, None)[0]:
             raise StoreLoadError(
