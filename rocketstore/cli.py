@@ -484,8 +484,29 @@ def _not_found(what):
     return 1
 
 
+# The least value of each `rocketstore bench` count: none may be negative, and a run needs a
+# topic, a queue, a producer thread and a batch of at least one message.
+_BENCH_MINIMUM = {"messages": 0, "size": 0, "topics": 1, "queues": 1, "batch": 1, "threads": 1,
+                  "queries": 0, "file_size": 0}
+
+
+def _check_bench_args(args):
+    """Refuse counts a run cannot use before building any message: they used to end in
+    ZeroDivisionError, a silent empty run, or MESSAGE_ILLEGAL from every put."""
+    from .config import StoreConfig
+    for name, least in _BENCH_MINIMUM.items():
+        value = getattr(args, name)
+        if value < least:
+            raise UsageError(f"--{name.replace('_', '-')} is {value}; it must be at least {least}")
+    cap = StoreConfig().max_message_size
+    if args.size > cap:
+        raise UsageError(f"--size is {args.size}; a body may be at most {cap} bytes "
+                         f"(max_message_size)")
+
+
 def _bench(args):
     from .bench_job import run_bench
+    _check_bench_args(args)
     # Building the messages comes before the first progress bar and takes a while.
     print(f"rocketstore bench: building {args.messages:,} messages of {args.size} bytes",
           file=sys.stderr, flush=True)
