@@ -136,20 +136,37 @@ def plan_recovery(root, kernels=None):
             lost = cq_end.get((cq.topic, cq.queue_id), (0, 0))[0] - cq.max_offset_in_queue
             if lost > 0:
                 truncated[f"{cq.topic}-{cq.queue_id}"] = lost
-        kept = _kept_index_files(store)
+        # Recovery also destroys the kept files holding an entry at or past the CommitLog's
+        # new end (IndexService.drop_past) and indexes again from the survivors' end.
+        kept = []
+        for f in _kept_index_files(store):
+            if f.end_phy_offset >= report.process_offset:
+                break
+            kept.append(f)
         index = _IndexCounter(store, kept)
         queue_ends = {(cq.topic, cq.queue_id): cq.max_offset_in_queue
                       for cq in store.all_consume_queues()}
 
         def count(arr, buf):
-            index.dispatch_array(arr, buf)
             _note_units(arr, buf, cq_end, queue_ends)
 
         files = store.commitlog.mfq.files
         if files:
             start = [f.file_name for f in files].index(report.start_file)
-            scan_commitlog(store.commitlog, store.kernels, start,
-                           store.config.check_crc_on_recover, dispatch=count)
+            crc = store.config.check_crc_on_recover
+            scan_commitlog(store.commitlog, store.kernels, start, crc, dispatch=count)
+            # The index, as recovery feeds it: from where it ends up to the start file, then
+            # with every record from there on (it skips what it holds).
+            begin = max(0, store.commitlog.min_offset)
+            if kept:
+                begin = max(begin, kept[-1].end_phy_offset)
+            holder = store.commitlog.mfq.find_by_offset(begin)
+            if holder is not None and files.index(holder) < start:
+                scan_commitlog(store.commitlog, store.kernels, files.index(holder), crc,
+                               dispatch=index.dispatch_array,
+                               start_pos=begin - holder.file_from_offset, stop_index=start)
+            scan_commitlog(store.commitlog, store.kernels, start, crc,
+                           dispatch=index.dispatch_array)
         units_after = sum(queue_ends.values()) - sum(
             cq.min_offset_in_queue for cq in store.all_consume_queues())
         entries_after = sum(f.index_count - 1 for f in kept) + index.sink.count

@@ -242,6 +242,20 @@ def test_recover_does_what_its_dry_run_says_on_a_damaged_tail(broker_store):
     assert _index_entries(broker_store) == (plan["indexEntriesAfter"], True)
 
 
+def test_recover_does_what_its_dry_run_says_when_it_truncates_inside_indexed_records(
+        broker_store):
+    # A bad magic in the middle file: recovery cuts the CommitLog there, and so destroys the
+    # index files holding entries past the cut and indexes again from the survivors' end.
+    overwrite(broker_store / "commitlog" / "00000000000000131072", 4, bytes(4))
+    plan = json.loads(rocketstore("recover", "--dry-run", "--json", str(broker_store)).stdout)
+    done = json.loads(rocketstore("recover", "--json", str(broker_store)).stdout)
+    assert done["processOffset"] == plan["processOffset"] == 131072
+    assert (done["unitsAfter"], done["indexEntriesAfter"]) == \
+        (plan["unitsAfter"], plan["indexEntriesAfter"])
+    assert _index_entries(broker_store) == (plan["indexEntriesAfter"], True)
+    assert len(plan["indexFilesRebuilt"]) > 1
+
+
 def test_verify_of_a_store_in_use_warns_and_checks_what_is_written(tmp_path):
     # No index: a half-empty index file's geometry is ambiguous to a reader (index work).
     store = testing.open_store(tmp_path / "s", "pure",
