@@ -20,6 +20,8 @@ def _selected(store, args, damage):
     from .message import MessageExt
     from .verify import walk_commitlog
     start = getattr(args, "from_offset", None)
+    if args.limit is not None and args.limit < 0:
+        raise UsageError(f"--limit is {args.limit}; it must be at least 0")
     if start is not None and not _record_starts_at(store, start):
         raise StoreError(f"no record starts at commit-log offset {start}")
     count = 0
@@ -45,10 +47,10 @@ def _selected(store, args, damage):
                 continue
             if args.to_time is not None and m.store_timestamp > args.to_time:
                 continue
-            yield m
-            count += 1
             if args.limit is not None and count >= args.limit:
                 return
+            yield m
+            count += 1
 
 
 def _record_starts_at(store, offset):

@@ -283,3 +283,15 @@ def test_verify_reports_index_entries_left_past_a_tail_a_normal_open_truncated(b
     dangling = [p for p in report["problems"] if p["kind"] == "index"]
     assert dangling and all("where no valid record starts" in p["detail"] for p in dangling)
     assert {p["file"] for p in dangling} == {"index/20261130134815693"}
+
+
+def test_dump_and_export_limit_zero_print_nothing_and_a_negative_limit_is_refused(broker_store):
+    for command in ("dump", "export"):
+        out = rocketstore(command, "--limit", "0", str(broker_store))
+        assert (out.returncode, out.stdout) == (0, ""), out.stderr
+        out = rocketstore(command, "--limit", "2", str(broker_store))
+        assert len(out.stdout.splitlines()) == 2
+        out = rocketstore(command, "--limit", "-1", str(broker_store))
+        assert out.returncode == 2 and out.stdout == ""
+        assert out.stderr.splitlines() == [
+            f"rocketstore {command}: error: --limit is -1; it must be at least 0"]
