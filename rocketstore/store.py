@@ -10,8 +10,8 @@ import threading
 from . import kernels as _kernels
 from .kernels.contract import KERNEL_NAMES
 from . import query, read_path, recovery
-from .arguments import (check_callable, check_int, check_optional_int, check_queue, check_str,
-                        explain_put_failure)
+from .arguments import (INT64_MAX, INT64_MIN, check_callable, check_int, check_optional_int,
+                        check_queue, check_str, explain_put_failure)
 from .checkpoint import StoreCheckpoint
 from .clock import system_clock
 from .commitlog import TOPIC_PATTERN, CommitLog
@@ -654,7 +654,7 @@ class MessageStore:
         ConsumeQueue and index files below the new minimum. Returns the CommitLog files
         deleted."""
         self._check_running()
-        return self._clean_files(check_optional_int(now_ms, "now_ms"))
+        return self._clean_files(check_optional_int(now_ms, "now_ms", INT64_MIN, INT64_MAX))
 
     def _clean_files(self, now_ms=None):
         if now_ms is None:
@@ -667,7 +667,7 @@ class MessageStore:
         """What the next cleaning round would delete and the unconsumed messages per group it
         would cost (a CleanPlan), without deleting anything."""
         self._check_open()
-        check_optional_int(now_ms, "now_ms")
+        check_optional_int(now_ms, "now_ms", INT64_MIN, INT64_MAX)
         return self.clean_commitlog_service.plan(now_ms)
 
     def execute_delete_files_manually(self):
@@ -758,8 +758,9 @@ class MessageStore:
         check_str(topic, "topic")
         check_str(key, "key")
         check_int(max_num, "max_num", 1)
-        check_int(begin, "begin")
-        check_optional_int(end, "end")
+        # Store timestamps are Java longs: a wider bound overflowed the index lookup.
+        check_int(begin, "begin", INT64_MIN, INT64_MAX)
+        check_optional_int(end, "end", INT64_MIN, INT64_MAX)
         self._catch_up()
         return query.query_message(self, topic, key, max_num, begin, end)
 
