@@ -113,8 +113,12 @@ def walk_commitlog(store, start=None, check_crc=True):
             elif reason == F.SCAN_EMPTY:
                 resume = _resync(mf, pos + 1)
                 if resume is not None:
-                    yield ("damage", mf, pos, f"{resume - pos} bytes of zeros inside the data; "
-                                              f"records resume at {resume}")
+                    # A zero magic code reads as the end of the data, whatever its length says.
+                    zeros = mf.mm[pos:resume].count(0) == resume - pos
+                    what = ("bytes of zeros inside the data" if zeros else
+                            "bytes unreadable: a record with no magic code ends the data here")
+                    yield ("damage", mf, pos, f"{resume - pos} {what}; records resume at "
+                                              f"{resume}")
                     pos = resume
                     continue
                 if not last:
