@@ -543,7 +543,10 @@ def _check_checkpoint(store, report, good):
     # indexMsgTimestamp may trail the others (it advances per full index file), never lead.
     for name in ("physic_msg_timestamp", "logics_msg_timestamp", "index_msg_timestamp"):
         value = getattr(ckpt, name)
-        if value < 0 or (last_ts and value > last_ts + 3000):
+        if value < 0:
+            report.problems.append(Problem("checkpoint", "checkpoint", -1,
+                                           f"{name} {value} is negative"))
+        elif last_ts and value > last_ts + 3000:
             report.problems.append(Problem(
                 "checkpoint", "checkpoint", -1,
                 f"{name} {value} is later than the last record ({last_ts})"))

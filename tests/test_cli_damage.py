@@ -207,3 +207,12 @@ def test_verify_names_a_zeroed_magic_code_as_unreadable_not_as_zeros(clean_store
     assert rc == 1
     line = [x for x in out.splitlines() if x.startswith("commitlog:")][0]
     assert "a record with no magic code ends the data here" in line and "zeros" not in line
+
+
+def test_verify_calls_a_negative_checkpoint_timestamp_negative(clean_store, tmp_path):
+    root = tmp_path / "store"
+    shutil.copytree(clean_store, root)
+    write_checkpoint(root, -1)
+    rc, out, err = run("verify", root)
+    assert rc == 1
+    assert "checkpoint: checkpoint: physic_msg_timestamp -1 is negative" in out.splitlines()
