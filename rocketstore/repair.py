@@ -243,6 +243,11 @@ def _reset_checkpoint(fs, root, reset_index):
         fs.write_bytes(ckpt, bytes(raw))
 
 
+# Store roots whose rebuild this process has just marked: the open that follows finds the
+# marker as an interrupted rebuild would leave it, but nothing was interrupted.
+_MARKED_HERE = set()
+
+
 def mark_rebuild(fs, root, dirs):
     """Record durably that `dirs` ({directory: argument}) are to be rebuilt, with the abort file
     and a reset checkpoint, so even a broker opening the store next re-dispatches everything.
@@ -261,7 +266,11 @@ def begin_pending_rebuild(fs, root):
     dirs = pending_rebuild(fs, root)
     if not dirs:
         return None
-    log.warning("%s: an interrupted rebuild of %s is being redone", root, ", ".join(dirs))
+    if os.path.abspath(root) in _MARKED_HERE:
+        _MARKED_HERE.discard(os.path.abspath(root))
+        log.info("%s: rebuilding %s", root, ", ".join(dirs))
+    else:
+        log.warning("%s: an interrupted rebuild of %s is being redone", root, ", ".join(dirs))
     for sub in dirs:
         base = os.path.join(root, sub)
         for d, _, names in os.walk(base, topdown=False):
@@ -287,6 +296,7 @@ def end_pending_rebuild(store):
 def _rebuild(root, kernels, wipe_dir, **overrides):
     fs = DEFAULT_FS
     dirs = pending_rebuild(fs, root)        # an interrupted rebuild is finished too
+    interrupted = bool(dirs)
     # What was wiped may be all gone: its geometry survives in the marker only.
     for sub, fields in _GEOMETRY.items():
         if dirs.get(sub) and not any(f in overrides for f in fields):
@@ -301,6 +311,8 @@ def _rebuild(root, kernels, wipe_dir, **overrides):
         for sub in dirs:
             dirs[sub] = " ".join(str(getattr(cfg, f)) for f in _GEOMETRY[sub])
         mark_rebuild(store.fs, root, dirs)
+        if not interrupted:
+            _MARKED_HERE.add(os.path.abspath(root))
     finally:
         lock.release()
     # load() finds the marker: it wipes, re-dispatches from the first file, drops the marker.
