@@ -107,10 +107,16 @@ def run_serve(args):
     stop = threading.Event()
 
     def on_signal(signum, _frame):
+        if stop.is_set():
+            # A second Ctrl-C, or `timeout` signalling the process group too: interrupting
+            # shutdown would leave the store to abnormal recovery.
+            log.info("signal %d: already shutting down", signum)
+            return
         log.info("signal %d: shutting down", signum)
         stop.set()
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    stopped = False
     try:
         store.load()
         store.start()
@@ -126,12 +132,17 @@ def run_serve(args):
         interval = args.status_interval if args.status_interval > 0 else None
         while not stop.wait(interval):
             log.info("%s", _status(store))
+        stopped = True
     finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-        log.info("%s", _status(store) if store.ha_service is not None else "stopping")
-        store.shutdown()
-    print("stopped", flush=True)
+        stop.set()
+        try:
+            log.info("%s", _status(store) if store.ha_service is not None else "stopping")
+            store.shutdown()
+            if stopped:
+                print("stopped", flush=True)
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
     return 0
 
 
