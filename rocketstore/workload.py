@@ -52,14 +52,16 @@ def check_puts(results, messages=None):
 
 def wait_dispatched(store, timeout=5.0):
     """Block until reput has dispatched everything written so far. A dispatch that keeps
-    failing (a full disk) ends the wait with its error rather than at the timeout."""
+    failing (a full disk) ends the wait with its error rather than at the timeout; one that
+    failed before the wait gets its retry first, since the disk may have room again."""
     import time
     from .errors import WorkloadCheckError
     deadline = time.monotonic() + timeout
+    reput = store.reput_service
+    failed_before = reput.failures if reput is not None else 0
     while store.dispatch_behind_bytes() > 0:
-        reput = store.reput_service
         failing = reput.failing if reput is not None else None
-        if failing is not None:
+        if failing is not None and reput.failures > failed_before:
             raise WorkloadCheckError(f"dispatch to the queues and index failed: {failing}")
         if time.monotonic() > deadline:
             raise WorkloadCheckError(f"reput did not catch up with the CommitLog in {timeout} s")
