@@ -293,6 +293,16 @@ __all__ = ["IndexFile", "index_file_size", "time_millis_to_human_string",
            "human_string_to_time_millis", "valid_geometry", "infer_geometry"]
 
 
+def majority_size(paths, fs):
+    """The paths of the size more than half of `paths` share, or None when no size does: index
+    files all have one size, so the odd ones out are damaged (a truncated copy, say)."""
+    by_size = {}
+    for p in paths:
+        by_size.setdefault(fs.size(p), []).append(p)
+    best = max(by_size.values(), key=len, default=[])
+    return best if 2 * len(best) > len(paths) else None
+
+
 def infer_geometry(paths, fs, slot_num, index_num):
     """(slot_num, index_num) of the index files at `paths` (written with a maxHashSlotNum /
     maxIndexNum that may not be the configured ones), or None when the files do not tell.
@@ -303,13 +313,14 @@ def infer_geometry(paths, fs, slot_num, index_num):
     configured numbers are tried first, in O(1); a file of the configured size is read to its
     data end only when they fail that test, and another geometry must then also pass
     `valid_geometry`. Files without a single entry say nothing: the configured numbers are
-    taken if the size fits, else RocketMQ's ratio index_num = 4 * slot_num if it fits."""
+    taken if the size fits, else RocketMQ's ratio index_num = 4 * slot_num if it fits. Files
+    of another size than most are damaged and say nothing either."""
     if not paths:
         return slot_num, index_num
-    sizes = {fs.size(p) for p in paths}
-    if len(sizes) != 1:
+    paths = majority_size(paths, fs)
+    if paths is None:
         return None
-    size = sizes.pop()
+    size = fs.size(paths[0])
     configured = size == index_file_size(slot_num, index_num)
     if size < F.INDEX_HEADER_SIZE:
         return None

@@ -295,3 +295,23 @@ def test_dump_and_export_limit_zero_print_nothing_and_a_negative_limit_is_refuse
         assert out.returncode == 2 and out.stdout == ""
         assert out.stderr.splitlines() == [
             f"rocketstore {command}: error: --limit is -1; it must be at least 0"]
+
+
+def test_one_truncated_index_file_is_named_and_the_others_still_answer(broker_store):
+    names = sorted(os.listdir(broker_store / "index"))
+    with open(broker_store / "index" / names[0], "r+b") as f:
+        f.truncate(100)
+    report = json.loads(rocketstore("verify", "--json", str(broker_store)).stdout)
+    assert {p["file"] for p in report["problems"]} == {f"index/{names[0]}"}
+    assert report["indexEntries"] > 2000           # the other files are checked
+    # A key of the last message is indexed in the last file: still found.
+    out = rocketstore("query", "key", str(broker_store), "LogTopic", "ord-1199")
+    assert out.returncode == 0 and "ord-1199" in out.stdout, out.stderr
+    out = rocketstore("recover", str(broker_store))
+    assert out.returncode == 1
+    assert out.stderr.splitlines()[-1] == (
+        f"rocketstore recover: error: {broker_store / 'index'}: index file(s) {names[0]} "
+        f"(100 bytes) are not the 10296 bytes of the others: damaged; `rocketstore "
+        f"rebuild-index` rebuilds the index")
+    assert rocketstore("rebuild-index", str(broker_store)).returncode == 0
+    assert json.loads(rocketstore("verify", "--json", str(broker_store)).stdout)["ok"]
