@@ -202,6 +202,9 @@ def run_bench(args):
               "threads": args.threads, "flush": args.flush,
               "fdatasync_p50_us": round(fsync_us, 1), "phases": results}
     if args.json:
+        # camelCase, as every other command's JSON.
+        from .repair import camel_keys
+        report = dict(camel_keys(report), phases=[camel_keys(p) for p in results])
         print(json.dumps(report, indent=2))
         return 0
     print(f"rocketstore bench: backend={backend.NAME} messages={args.messages} "

@@ -15,7 +15,8 @@ def test_bench_runs_on_a_temp_store_and_reports_every_phase():
     assert [p["phase"] for p in report["phases"]] == ["produce", "consume", "query by key",
                                                       "reopen"]
     assert [p["messages"] for p in report["phases"]] == [3000, 3000, 3000, 3000]
-    assert report["phases"][0]["msgs_per_s"] > 0
+    assert report["phases"][0]["msgsPerS"] > 0 and report["bodySize"] == 128
+    assert all("_" not in key for phase in report["phases"] for key in phase)
 
 
 def test_bench_batches_through_put_messages(tmp_path):
