@@ -705,6 +705,8 @@ class MessageStore:
             self.ha_service.update_master_address(addr)
 
     def dispatch_behind_bytes(self):
+        """CommitLog bytes written but not yet dispatched to the ConsumeQueues and index."""
+        self._check_open()
         return self.reput_service.behind() if self.reput_service else 0
 
     def _next_offset_correction(self, old, new):

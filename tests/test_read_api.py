@@ -230,6 +230,7 @@ EVERY_CALL = [
     ("clean_plan", lambda s: s.clean_plan()),
     ("execute_delete_files_manually", lambda s: s.execute_delete_files_manually()),
     ("persist_configs", lambda s: s.persist_configs()),
+    ("dispatch_behind_bytes", lambda s: s.dispatch_behind_bytes()),
 ]
 
 
