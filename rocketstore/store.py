@@ -39,6 +39,22 @@ from .status import PutMessageResult, PutMessagesResult, PutMessageStatus
 log = logging.getLogger(__name__)
 
 
+# Segment files whose sizes are compared to tell a store's file size (enough for a majority
+# over a damaged few, few enough to stay quick on a store with thousands of queues).
+_SIZE_SAMPLE = 64
+
+
+def _usual_size(paths):
+    """The size most of `paths` have (the larger on a tie), 0 when none has any: every
+    segment has its directory's file size, so a truncated or empty one must not decide."""
+    counts = {}
+    for p in paths:
+        size = os.path.getsize(p)
+        if size:
+            counts[size] = counts.get(size, 0) + 1
+    return max(counts, key=lambda size: (counts[size], size)) if counts else 0
+
+
 def _resolves_outside(root, path):
     """True when `path`, symlinks resolved, is not `root` or below it."""
     return not is_inside(root, path)
@@ -140,9 +156,11 @@ class MessageStore:
         sizes = {}
         cl_dir = os.path.join(root, "commitlog")
         names = split_segment_names(DEFAULT_FS, cl_dir, None)[0]
-        if names:
-            sizes["mapped_file_size_commit_log"] = os.path.getsize(os.path.join(cl_dir, names[0]))
+        size = _usual_size([os.path.join(cl_dir, n) for n in names])
+        if size:
+            sizes["mapped_file_size_commit_log"] = size
         cq_base = os.path.join(root, "consumequeue")
+        cq_files = []
         for topic in DEFAULT_FS.list_dir(cq_base):
             if _resolves_outside(root, os.path.join(cq_base, topic)):
                 continue                    # never size the store from a planted symlink
@@ -152,12 +170,14 @@ class MessageStore:
             for q in qdirs:
                 files = split_segment_names(DEFAULT_FS, os.path.join(cq_base, topic, q),
                                             None)[0]
-                if files:
-                    sizes["mapped_file_size_consume_queue"] = os.path.getsize(
-                        os.path.join(cq_base, topic, q, files[0]))
+                cq_files += [os.path.join(cq_base, topic, q, f) for f in files]
+                if len(cq_files) >= _SIZE_SAMPLE:
                     break
-            if "mapped_file_size_consume_queue" in sizes:
+            if len(cq_files) >= _SIZE_SAMPLE:
                 break
+        size = _usual_size(cq_files)
+        if size:
+            sizes["mapped_file_size_consume_queue"] = size
         if config is None:
             config = StoreConfig(store_path_root_dir=root, **sizes)
         else:

@@ -315,3 +315,22 @@ def test_one_truncated_index_file_is_named_and_the_others_still_answer(broker_st
         f"rebuild-index` rebuilds the index")
     assert rocketstore("rebuild-index", str(broker_store)).returncode == 0
     assert json.loads(rocketstore("verify", "--json", str(broker_store)).stdout)["ok"]
+
+
+def test_a_truncated_first_segment_does_not_set_the_file_size_the_tools_read_with(
+        broker_store):
+    # The size of most segments is the store's: a short first one used to make every other
+    # file "not a segment", hiding the records in them (or failing the tool outright).
+    with open(broker_store / "commitlog" / "00000000000000000000", "r+b") as f:
+        f.truncate(16000)
+    with open(broker_store / "consumequeue" / "LogTopic" / "0" / "00000000000000000000",
+              "r+b") as f:
+        f.truncate(300)
+    out = rocketstore("verify", "--json", str(broker_store))
+    report = json.loads(out.stdout)
+    assert out.returncode == 1 and report["units"] == 1200, out.stderr
+    assert report["records"] > 1100                # only the first file's tail is lost
+    problems = {(p["file"], p["detail"]) for p in report["problems"]}
+    assert ("commitlog/00000000000000000000", "16000 bytes, segments here are 32768") in problems
+    assert ("consumequeue/LogTopic/0/00000000000000000000",
+            "300 bytes, segments here are 1000") in problems
