@@ -6,7 +6,7 @@ import logging
 import sys
 
 from ._version import __version__
-from .errors import StoreError, StoreLockedError, UnsafePathError
+from .errors import InvalidArgumentError, StoreError, StoreLockedError, UnsafePathError
 
 log = logging.getLogger("rocketstore")
 
@@ -732,9 +732,11 @@ def main(argv=None):
     except Exception as exc:             # noqa: BLE001 - one line, never a traceback
         if debug:
             raise
-        # 2: the tools refuse to act on what they were given (no store, a store in use, a
-        # link they will not write through); 1: they acted and failed or found problems.
-        usage = isinstance(exc, (UsageError, StoreLockedError, UnsafePathError))
+        # 2: the tools refuse to act on what they were given (a bad argument, no store, a
+        # store in use, a link they will not write through); 1: they acted and failed or
+        # found problems.
+        usage = isinstance(exc, (UsageError, InvalidArgumentError, StoreLockedError,
+                                 UnsafePathError))
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"rocketstore {args.command}: error: {text}", file=sys.stderr)
         return 2 if usage else 1
