@@ -162,11 +162,14 @@ class MessageStore:
         cq_base = os.path.join(root, "consumequeue")
         cq_files = []
         for topic in DEFAULT_FS.list_dir(cq_base):
-            if _resolves_outside(root, os.path.join(cq_base, topic)):
-                continue                    # never size the store from a planted symlink
+            # Never size the store from a planted symlink, nor list a stray file.
+            if _resolves_outside(root, os.path.join(cq_base, topic)) or \
+                    not DEFAULT_FS.is_dir(os.path.join(cq_base, topic)):
+                continue
             qdirs = [q for q in DEFAULT_FS.list_dir(os.path.join(cq_base, topic))
                      if is_queue_dir_name(q)
-                     and not _resolves_outside(root, os.path.join(cq_base, topic, q))]
+                     and not _resolves_outside(root, os.path.join(cq_base, topic, q))
+                     and DEFAULT_FS.is_dir(os.path.join(cq_base, topic, q))]
             for q in qdirs:
                 files = split_segment_names(DEFAULT_FS, os.path.join(cq_base, topic, q),
                                             None)[0]

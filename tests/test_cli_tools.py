@@ -334,3 +334,13 @@ def test_a_truncated_first_segment_does_not_set_the_file_size_the_tools_read_wit
     assert ("commitlog/00000000000000000000", "16000 bytes, segments here are 32768") in problems
     assert ("consumequeue/LogTopic/0/00000000000000000000",
             "300 bytes, segments here are 1000") in problems
+
+
+def test_stray_files_where_queue_directories_belong_are_reported_not_listed(broker_store):
+    (broker_store / "consumequeue" / "Aardvark").write_bytes(b"x")      # sorts first
+    (broker_store / "consumequeue" / "LogTopic" / "2").write_bytes(b"x")
+    out = rocketstore("verify", str(broker_store))
+    assert out.returncode == 1, out.stderr
+    assert out.stdout.splitlines()[:2] == [
+        "consumequeue: consumequeue/Aardvark: not a topic directory",
+        "consumequeue: consumequeue/LogTopic/2: not a queue directory (ignored by the store)"]
