@@ -331,6 +331,9 @@ def infer_geometry(paths, fs, slot_num, index_num):
             counts.append((_I32.unpack_from(mm, F.INDEX_POS_INDEX_COUNT)[0], p))
         finally:
             mm.close()
+    # A header whose indexCount no file of this size can hold is damaged: it tells nothing.
+    most = (size - F.INDEX_HEADER_SIZE) // F.INDEX_ENTRY_SIZE + 1
+    counts = [(c, p) for c, p in counts if c <= most] or [(0, paths[0])]
     count, fullest = max(counts)
     if count <= 1:
         if configured:

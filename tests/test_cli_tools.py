@@ -344,3 +344,14 @@ def test_stray_files_where_queue_directories_belong_are_reported_not_listed(brok
     assert out.stdout.splitlines()[:2] == [
         "consumequeue: consumequeue/Aardvark: not a topic directory",
         "consumequeue: consumequeue/LogTopic/2: not a queue directory (ignored by the store)"]
+
+
+def test_an_index_header_with_an_impossible_count_does_not_hide_the_other_index_files(
+        broker_store):
+    name = sorted(os.listdir(broker_store / "index"))[0]
+    overwrite(broker_store / "index" / name, 36, (43142178).to_bytes(4, "big"))  # indexCount
+    out = rocketstore("query", "key", str(broker_store), "LogTopic", "ord-1199")
+    assert out.returncode == 0 and "ord-1199" in out.stdout, out.stderr
+    out = rocketstore("verify", str(broker_store))
+    assert out.returncode == 1
+    assert out.stdout.splitlines()[0] == f"index: index/{name}@36: indexCount 43142178 outside 1..500"
