@@ -129,6 +129,11 @@ class MappedFileQueue:
                             path, size, self.file_size)
                 if self.writable:
                     self._fs.create_sized(path, self.file_size)
+            elif size > self.file_size and damaged_ok and not self.writable:
+                # A reader reads what a segment of this size holds; the rest is reported by
+                # verify, and a writable open refuses the file.
+                log.warning("%s is %d bytes, not %d: reading its first %d", path, size,
+                            self.file_size, self.file_size)
             elif size != self.file_size:
                 raise StoreLoadError(
                     f"{path} is {size} bytes but segments here are {self.file_size} bytes: "

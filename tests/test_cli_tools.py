@@ -355,3 +355,20 @@ def test_an_index_header_with_an_impossible_count_does_not_hide_the_other_index_
     out = rocketstore("verify", str(broker_store))
     assert out.returncode == 1
     assert out.stdout.splitlines()[0] == f"index: index/{name}@36: indexCount 43142178 outside 1..500"
+
+
+def test_a_segment_longer_than_the_others_is_one_finding_not_an_unreadable_store(
+        broker_store):
+    for path, size in ((broker_store / "commitlog" / "00000000000000131072", 65536),
+                       (broker_store / "consumequeue" / "PayTopic" / "1" /
+                        "00000000000000000000", 2000)):
+        with open(path, "r+b") as f:
+            f.truncate(size)
+    report = json.loads(rocketstore("verify", "--json", str(broker_store)).stdout)
+    assert [(p["file"], p["detail"]) for p in report["problems"]] == [
+        ("commitlog/00000000000000131072", "65536 bytes, segments here are 32768"),
+        ("consumequeue/PayTopic/1/00000000000000000000", "2000 bytes, segments here are 1000")]
+    assert (report["records"], report["units"]) == (1200, 1200)
+    assert len(rocketstore("dump", str(broker_store)).stdout.splitlines()) == 1200
+    out = rocketstore("recover", str(broker_store))       # a writer still refuses it
+    assert out.returncode == 1 and "65536 bytes but segments here are 32768" in out.stderr
