@@ -334,14 +334,32 @@ def infer_geometry(paths, fs, slot_num, index_num):
     # A header whose indexCount no file of this size can hold is damaged: it tells nothing.
     most = (size - F.INDEX_HEADER_SIZE) // F.INDEX_ENTRY_SIZE + 1
     counts = [(c, p) for c, p in counts if c <= most] or [(0, paths[0])]
-    count, fullest = max(counts)
-    if count <= 1:
+    ranked = sorted(counts, reverse=True)
+    if ranked[0][0] <= 1:
         if configured:
             return slot_num, index_num
         if (size - F.INDEX_HEADER_SIZE) % 84 == 0:
             s = (size - F.INDEX_HEADER_SIZE) // 84
             return s, 4 * s
         return None
+    # The fullest files in turn: damage to one (its last entries, its slots) must not leave
+    # the numbers untold while the others tell them.
+    for count, fullest in ranked[:_GEOMETRY_WITNESSES]:
+        if count <= 1:
+            break
+        found = _geometry_told_by(fullest, fs, size, count, counts, slot_num, index_num,
+                                  configured)
+        if found is not None:
+            return found
+    return None
+
+
+# How many of the fullest index files infer_geometry asks before it gives up.
+_GEOMETRY_WITNESSES = 8
+
+
+def _geometry_told_by(fullest, fs, size, count, counts, slot_num, index_num, configured):
+    """infer_geometry's answer from one file holding `count` - 1 entries, or None."""
     mm = fs.map(fullest, size, writable=False)
     try:
         if configured and _ends_where_entries_end(mm, slot_num, index_num, count):

@@ -372,3 +372,15 @@ def test_a_segment_longer_than_the_others_is_one_finding_not_an_unreadable_store
     assert len(rocketstore("dump", str(broker_store)).stdout.splitlines()) == 1200
     out = rocketstore("recover", str(broker_store))       # a writer still refuses it
     assert out.returncode == 1 and "65536 bytes but segments here are 32768" in out.stderr
+
+
+def test_the_index_numbers_are_told_by_another_full_file_when_the_fullest_is_damaged(
+        broker_store):
+    names = sorted(os.listdir(broker_store / "index"))
+    overwrite(broker_store / "index" / names[4], 40, b"\x7f" * 64 * 4)   # its slot table
+    out = rocketstore("query", "key", str(broker_store), "LogTopic", "ord-1199")
+    assert out.returncode == 0 and "ord-1199" in out.stdout, out.stderr
+    report = json.loads(rocketstore("verify", "--json", str(broker_store)).stdout)
+    assert {p["file"] for p in report["problems"] if p["kind"] == "index"} >= \
+        {f"index/{names[4]}"}
+    assert not any("cannot be told" in p["detail"] for p in report["problems"])
