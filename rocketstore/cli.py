@@ -6,7 +6,8 @@ import logging
 import sys
 
 from ._version import __version__
-from .errors import InvalidArgumentError, StoreError, StoreLockedError, UnsafePathError
+from .errors import (ConfigError, InvalidArgumentError, StoreError, StoreLockedError,
+                     UnsafePathError)
 
 log = logging.getLogger("rocketstore")
 
@@ -492,23 +493,26 @@ _BENCH_MINIMUM = {"messages": 0, "size": 0, "topics": 1, "queues": 1, "batch": 1
                   "queries": 0, "file_size": 0}
 
 
-def _check_bench_args(args):
-    """Refuse counts a run cannot use before building any message: they used to end in
-    ZeroDivisionError, a silent empty run, or MESSAGE_ILLEGAL from every put."""
+def check_counts(args, minimum, body_size_option):
+    """Refuse counts a run cannot use before it builds or opens anything (`minimum`: option
+    dest -> least value; `body_size_option`: the dest of a body size, capped at
+    max_message_size): they used to end in ZeroDivisionError, a silent empty run, or
+    MESSAGE_ILLEGAL from every put."""
     from .config import StoreConfig
-    for name, least in _BENCH_MINIMUM.items():
+    for name, least in minimum.items():
         value = getattr(args, name)
         if value < least:
             raise UsageError(f"--{name.replace('_', '-')} is {value}; it must be at least {least}")
     cap = StoreConfig().max_message_size
-    if args.size > cap:
-        raise UsageError(f"--size is {args.size}; a body may be at most {cap} bytes "
-                         f"(max_message_size)")
+    size = getattr(args, body_size_option)
+    if size > cap:
+        raise UsageError(f"--{body_size_option.replace('_', '-')} is {size}; a body may be at "
+                         f"most {cap} bytes (max_message_size)")
 
 
 def _bench(args):
     from .bench_job import run_bench
-    _check_bench_args(args)
+    check_counts(args, _BENCH_MINIMUM, "size")
     # Building the messages comes before the first progress bar and takes a while.
     print(f"rocketstore bench: building {args.messages:,} messages of {args.size} bytes",
           file=sys.stderr, flush=True)
@@ -732,11 +736,11 @@ def main(argv=None):
     except Exception as exc:             # noqa: BLE001 - one line, never a traceback
         if debug:
             raise
-        # 2: the tools refuse to act on what they were given (a bad argument, no store, a
-        # store in use, a link they will not write through); 1: they acted and failed or
-        # found problems.
-        usage = isinstance(exc, (UsageError, InvalidArgumentError, StoreLockedError,
-                                 UnsafePathError))
+        # 2: the tools refuse to act on what they were given (a bad argument or option
+        # value, no store, a store in use, a link they will not write through); 1: they
+        # acted and failed or found problems.
+        usage = isinstance(exc, (UsageError, InvalidArgumentError, ConfigError,
+                                 StoreLockedError, UnsafePathError))
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"rocketstore {args.command}: error: {text}", file=sys.stderr)
         return 2 if usage else 1

@@ -47,11 +47,21 @@ def add_serve_parser(sub):
     return sv
 
 
+# The least value of each `serve` count (a file size below 1 is the config's to refuse).
+_MINIMUM = {"produce": 0, "body_size": 0, "batch": 1, "status_interval": 0}
+
+
 def _config(args):
+    from .cli import UsageError, check_counts
     from .config import BrokerRole, FlushDiskType, StoreConfig
+    check_counts(args, _MINIMUM, "body_size")
     role = BrokerRole[ROLES[args.role]]
     if role is BrokerRole.SLAVE and not args.master:
-        raise ValueError("--role slave needs --master HOST:PORT")
+        raise UsageError("--role slave needs --master HOST:PORT")
+    if args.master is not None:
+        host, _, port = args.master.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise UsageError(f"--master is {args.master!r}; it must be HOST:PORT")
     return StoreConfig(
         store_path_root_dir=args.store_dir, broker_role=role,
         flush_disk_type=FlushDiskType.SYNC_FLUSH if args.flush == "sync"

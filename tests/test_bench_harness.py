@@ -158,7 +158,7 @@ def test_bench_failing_after_it_made_its_temporary_store_deletes_it(tmp_path):
     env = dict(os.environ, TMPDIR=str(tmp_path))
     r = subprocess.run([sys.executable, "-m", "rocketstore", "bench", "--messages", "100",
                         "--file-size", str(1 << 40)], capture_output=True, text=True, env=env)
-    assert r.returncode == 1 and "does not fit a Java int" in r.stderr.splitlines()[-1]
+    assert r.returncode == 2 and "does not fit a Java int" in r.stderr.splitlines()[-1]
     assert os.listdir(tmp_path) == []
 
 

@@ -1,6 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """The `rocketstore` command, driven as a user would (subprocess)."""
 import json
+import subprocess
+import sys
+
+import pytest
 
 from rocketstore import testing
 
@@ -98,3 +102,24 @@ def test_serve_on_a_fresh_store_does_not_log_missing_config_files(tmp_path):
         out, err = proc.communicate(timeout=120)
     assert first.startswith("listening"), err
     assert proc.returncode == 0 and "missing or empty" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("args,error", [
+    (["--role", "slave"], "--role slave needs --master HOST:PORT"),
+    (["--role", "slave", "--master", "nohostport"], "--master is 'nohostport'; it must be "
+                                                    "HOST:PORT"),
+    (["--produce", "-5"], "--produce is -5; it must be at least 0"),
+    (["--batch", "0"], "--batch is 0; it must be at least 1"),
+    (["--body-size", "-1"], "--body-size is -1; it must be at least 0"),
+    (["--file-size", "0"], "mapped_file_size_commit_log (mappedFileSizeCommitLog) must be > 0, "
+                           "got 0"),
+    (["--listen", "-1"], "ha_listen_port (haListenPort) must be a port (0..65535), got -1"),
+])
+def test_serve_refuses_an_unusable_option_with_one_line_and_creates_nothing(tmp_path, args,
+                                                                           error):
+    # A timeout: an option taken as usable would serve until killed.
+    out = subprocess.run([sys.executable, "-m", "rocketstore", "serve", str(tmp_path / "s"),
+                          "--listen", "0", *args], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == [f"rocketstore serve: error: {error}"]
+    assert not (tmp_path / "s").exists()
