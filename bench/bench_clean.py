@@ -61,7 +61,9 @@ def test_clean_round_over_1000_expired_files_while_putting(benchmark, backend, t
     config = testing.small_config(
         mapped_file_size_commit_log=FILE_SIZE, mapped_file_size_consume_queue=1000 * 20,
         file_reserved_time=1, delete_file_batch_max=FILES, delete_commit_log_files_interval=0,
-        delete_consume_queue_files_interval=0)
+        delete_consume_queue_files_interval=0,
+        # The flusher moves one file per round: at the default 500 ms, 1000 files take 500 s.
+        flush_interval_commit_log=1)
     stores = []
     stats = {"lat": [], "base": [], "round": [], "deleted": []}
     last = {}                           # the round's store, its messages and put results
@@ -98,6 +100,9 @@ def test_clean_round_over_1000_expired_files_while_putting(benchmark, backend, t
             time.sleep(0.1)
         stats["base"].extend(lat)
         testing.wait_dispatched(store, timeout=60)
+        # Cleaning never deletes past the flushed offset: a round before the flusher caught up
+        # would delete a few files, not 1000.
+        testing.wait_flushed(store, timeout=60)
         clock.now += 2 * HOUR            # everything written so far has expired
         return (store,), {}
 

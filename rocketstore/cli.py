@@ -6,8 +6,8 @@ import logging
 import sys
 
 from ._version import __version__
-from .errors import (ConfigError, MessageIllegalError, StoreError, StoreLockedError,
-                     UnsafePathError)
+from .errors import (ConfigError, InvalidArgumentError, MessageIllegalError, StoreError,
+                     StoreLockedError, UnsafePathError)
 
 log = logging.getLogger("rocketstore")
 
@@ -21,6 +21,8 @@ def _selected(store, args, damage):
     from .message import MessageExt
     from .verify import walk_commitlog
     start = getattr(args, "from_offset", None)
+    if args.limit is not None and args.limit < 0:
+        raise UsageError(f"--limit is {args.limit}; it must be at least 0")
     if start is not None and not _record_starts_at(store, start):
         raise StoreError(f"no record starts at commit-log offset {start}")
     count = 0
@@ -46,10 +48,10 @@ def _selected(store, args, damage):
                 continue
             if args.to_time is not None and m.store_timestamp > args.to_time:
                 continue
-            yield m
-            count += 1
             if args.limit is not None and count >= args.limit:
                 return
+            yield m
+            count += 1
 
 
 def _record_starts_at(store, offset):
@@ -488,8 +490,32 @@ def _not_found(what):
     return 1
 
 
+# The least value of each `rocketstore bench` count: none may be negative, and a run needs a
+# topic, a queue, a producer thread and a batch of at least one message.
+_BENCH_MINIMUM = {"messages": 0, "size": 0, "topics": 1, "queues": 1, "batch": 1, "threads": 1,
+                  "queries": 0, "file_size": 0}
+
+
+def check_counts(args, minimum, body_size_option):
+    """Refuse counts a run cannot use before it builds or opens anything (`minimum`: option
+    dest -> least value; `body_size_option`: the dest of a body size, capped at
+    max_message_size): they used to end in ZeroDivisionError, a silent empty run, or
+    MESSAGE_ILLEGAL from every put."""
+    from .config import StoreConfig
+    for name, least in minimum.items():
+        value = getattr(args, name)
+        if value < least:
+            raise UsageError(f"--{name.replace('_', '-')} is {value}; it must be at least {least}")
+    cap = StoreConfig().max_message_size
+    size = getattr(args, body_size_option)
+    if size > cap:
+        raise UsageError(f"--{body_size_option.replace('_', '-')} is {size}; a body may be at "
+                         f"most {cap} bytes (max_message_size)")
+
+
 def _bench(args):
     from .bench_job import run_bench
+    check_counts(args, _BENCH_MINIMUM, "size")
     # Building the messages comes before the first progress bar and takes a while.
     print(f"rocketstore bench: building {args.messages:,} messages of {args.size} bytes",
           file=sys.stderr, flush=True)
@@ -715,10 +741,11 @@ def main(argv=None):
     except Exception as exc:             # noqa: BLE001 - one line, never a traceback
         if debug:
             raise
-        # 2: the command cannot act as asked (usage, a locked or unsafe store, a message or
-        # config the store refuses); 1: it ran and found damage, or failed midway.
-        usage = isinstance(exc, (UsageError, StoreLockedError, UnsafePathError, ConfigError,
-                                 MessageIllegalError))
+        # 2: the tools refuse to act on what they were given (a bad argument or option
+        # value, no store, a store in use, a link they will not write through, a message or
+        # config the store refuses); 1: they acted and failed or found problems.
+        usage = isinstance(exc, (UsageError, InvalidArgumentError, ConfigError,
+                                 StoreLockedError, UnsafePathError, MessageIllegalError))
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"rocketstore {args.command}: error: {text}", file=sys.stderr)
         return 2 if usage else 1

@@ -233,6 +233,19 @@ class FileSystem:
         finally:
             os.close(fd)
 
+    def holds_only_zeros(self, path, chunk=1 << 20):
+        """True when every byte of `path` is zero (what create_sized leaves: nothing was ever
+        written). Reads only up to its data end, so a sparse file costs nothing."""
+        end = self.data_end(path)
+        with open(path, "rb") as f:
+            pos = 0
+            while pos < end:
+                block = f.read(min(chunk, end - pos))
+                if not block or block.count(0) != len(block):
+                    return not block
+                pos += len(block)
+        return True
+
     def prefault(self, mm, start=0, length=None, chunk=1 << 20):
         """Fault in [start, start+length) of a writable mapping (by default all of it), so
         appends there never pay first touch. Reserve the range first: populating pages of

@@ -293,6 +293,16 @@ __all__ = ["IndexFile", "index_file_size", "time_millis_to_human_string",
            "human_string_to_time_millis", "valid_geometry", "infer_geometry"]
 
 
+def majority_size(paths, fs):
+    """The paths of the size more than half of `paths` share, or None when no size does: index
+    files all have one size, so the odd ones out are damaged (a truncated copy, say)."""
+    by_size = {}
+    for p in paths:
+        by_size.setdefault(fs.size(p), []).append(p)
+    best = max(by_size.values(), key=len, default=[])
+    return best if 2 * len(best) > len(paths) else None
+
+
 def infer_geometry(paths, fs, slot_num, index_num):
     """(slot_num, index_num) of the index files at `paths` (written with a maxHashSlotNum /
     maxIndexNum that may not be the configured ones), or None when the files do not tell.
@@ -303,13 +313,14 @@ def infer_geometry(paths, fs, slot_num, index_num):
     configured numbers are tried first, in O(1); a file of the configured size is read to its
     data end only when they fail that test, and another geometry must then also pass
     `valid_geometry`. Files without a single entry say nothing: the configured numbers are
-    taken if the size fits, else RocketMQ's ratio index_num = 4 * slot_num if it fits."""
+    taken if the size fits, else RocketMQ's ratio index_num = 4 * slot_num if it fits. Files
+    of another size than most are damaged and say nothing either."""
     if not paths:
         return slot_num, index_num
-    sizes = {fs.size(p) for p in paths}
-    if len(sizes) != 1:
+    paths = majority_size(paths, fs)
+    if paths is None:
         return None
-    size = sizes.pop()
+    size = fs.size(paths[0])
     configured = size == index_file_size(slot_num, index_num)
     if size < F.INDEX_HEADER_SIZE:
         return None
@@ -320,14 +331,35 @@ def infer_geometry(paths, fs, slot_num, index_num):
             counts.append((_I32.unpack_from(mm, F.INDEX_POS_INDEX_COUNT)[0], p))
         finally:
             mm.close()
-    count, fullest = max(counts)
-    if count <= 1:
+    # A header whose indexCount no file of this size can hold is damaged: it tells nothing.
+    most = (size - F.INDEX_HEADER_SIZE) // F.INDEX_ENTRY_SIZE + 1
+    counts = [(c, p) for c, p in counts if c <= most] or [(0, paths[0])]
+    ranked = sorted(counts, reverse=True)
+    if ranked[0][0] <= 1:
         if configured:
             return slot_num, index_num
         if (size - F.INDEX_HEADER_SIZE) % 84 == 0:
             s = (size - F.INDEX_HEADER_SIZE) // 84
             return s, 4 * s
         return None
+    # The fullest files in turn: damage to one (its last entries, its slots) must not leave
+    # the numbers untold while the others tell them.
+    for count, fullest in ranked[:_GEOMETRY_WITNESSES]:
+        if count <= 1:
+            break
+        found = _geometry_told_by(fullest, fs, size, count, counts, slot_num, index_num,
+                                  configured)
+        if found is not None:
+            return found
+    return None
+
+
+# How many of the fullest index files infer_geometry asks before it gives up.
+_GEOMETRY_WITNESSES = 8
+
+
+def _geometry_told_by(fullest, fs, size, count, counts, slot_num, index_num, configured):
+    """infer_geometry's answer from one file holding `count` - 1 entries, or None."""
     mm = fs.map(fullest, size, writable=False)
     try:
         if configured and _ends_where_entries_end(mm, slot_num, index_num, count):

@@ -137,6 +137,17 @@ class IndexService(Dispatcher):
             self.unreadable = paths
             self.index_file_list = []
             return True
+        size = index_file_size(*geometry)
+        damaged = [p for p in paths if self._fs.size(p) != size]
+        if damaged:
+            what = (f"{self.store_path}: index file(s) "
+                    f"{', '.join(f'{os.path.basename(p)} ({self._fs.size(p)} bytes)' for p in damaged)}"
+                    f" are not the {size} bytes of the others: damaged")
+            if self.writable:
+                raise StoreLoadError(what + "; `rocketstore rebuild-index` rebuilds the index")
+            log.warning("%s; left out, so key queries miss their keys", what)
+            self.unreadable = damaged
+            paths = [p for p in paths if p not in damaged]
         if geometry != (self.hash_slot_num, self.index_num):
             log.warning("%s: index files have %d hash slots and %d entries, not the configured "
                         "%d and %d: using the files' numbers", self.store_path, geometry[0],

@@ -113,6 +113,9 @@ class MappedFile:
         file's single writer (the put lock, the reput thread, recovery), never concurrently.
         Returns (old, new) reserved positions."""
         old = self.reserved_position
+        # A writer filling the file asks for its end plus the blank record's 8 bytes: nothing
+        # exists past the file to reserve, and a zero-length fallocate is EINVAL.
+        end = min(end, self.file_size)
         if end <= old:
             return old, old
         need = min(self.file_size, _page_up(end))

@@ -43,14 +43,17 @@ def is_queue_dir_name(name):
 
 def drop_creating_leftovers(fs, directory, strays, is_name, writable):
     """The strays that are not a store file's own `<name>.creating` temporary: a crash between
-    creating and renaming leaves one, never written to. A writable queue removes it."""
+    creating and renaming leaves one, all zeros since nothing was written to it. A writable
+    queue removes it; one holding data is not ours, and stays."""
     kept = []
     for name in strays:
         base, dot, suffix = name.rpartition(".")
-        if dot and "." + suffix == CREATING_SUFFIX and is_name(base):
+        path = os.path.join(directory, name)
+        if dot and "." + suffix == CREATING_SUFFIX and is_name(base) and \
+                not fs.is_dir(path) and fs.holds_only_zeros(path):
             log.info("removing %s: a file a crash left half-created", name)
             if writable:
-                fs.remove(os.path.join(directory, name))
+                fs.remove(path)
             continue
         kept.append(name)
     return kept
@@ -147,6 +150,11 @@ class MappedFileQueue:
                             path, size, self.file_size)
                 if self.writable:
                     self._fs.create_sized(path, self.file_size)
+            elif size > self.file_size and damaged_ok and not self.writable:
+                # A reader reads what a segment of this size holds; the rest is reported by
+                # verify, and a writable open refuses the file.
+                log.warning("%s is %d bytes, not %d: reading its first %d", path, size,
+                            self.file_size, self.file_size)
             elif size != self.file_size:
                 raise StoreLoadError(
                     f"{path} is {size} bytes but segments here are {self.file_size} bytes: "

@@ -78,9 +78,11 @@ def _writable_config(root, **overrides):
     try:
         cfg = ro.config
         unreadable = ro.index_service.unreadable
+        # Some readable files tell the numbers; the writable open then names the others.
+        known = bool(ro.index_service.index_file_list)
     finally:
         ro.shutdown()
-    if unreadable and not all(f in overrides for f in _INDEX_GEOMETRY):
+    if unreadable and not known and not all(f in overrides for f in _INDEX_GEOMETRY):
         raise StoreLoadError(
             f"{os.path.dirname(unreadable[0])}: cannot tell the hash slot and entry numbers "
             f"of the index files ({DEFAULT_FS.size(unreadable[0])} bytes); nothing was "
@@ -160,20 +162,37 @@ def plan_recovery(root, kernels=None, max_hash_slot_num=None, max_index_num=None
             lost = cq_end.get((cq.topic, cq.queue_id), (0, 0))[0] - cq.max_offset_in_queue
             if lost > 0:
                 truncated[f"{cq.topic}-{cq.queue_id}"] = lost
-        kept = _kept_index_files(store)
+        # Recovery also destroys the kept files holding an entry at or past the CommitLog's
+        # new end (IndexService.drop_past) and indexes again from the survivors' end.
+        kept = []
+        for f in _kept_index_files(store):
+            if f.end_phy_offset >= report.process_offset:
+                break
+            kept.append(f)
         index = _IndexCounter(store, kept)
         queue_ends = {(cq.topic, cq.queue_id): cq.max_offset_in_queue
                       for cq in store.all_consume_queues()}
 
         def count(arr, buf):
-            index.dispatch_array(arr, buf)
             _note_units(arr, buf, cq_end, queue_ends)
 
         files = store.commitlog.mfq.files
         if files:
             start = [f.file_name for f in files].index(report.start_file)
-            scan_commitlog(store.commitlog, store.kernels, start,
-                           store.config.check_crc_on_recover, dispatch=count)
+            crc = store.config.check_crc_on_recover
+            scan_commitlog(store.commitlog, store.kernels, start, crc, dispatch=count)
+            # The index, as recovery feeds it: from where it ends up to the start file, then
+            # with every record from there on (it skips what it holds).
+            begin = max(0, store.commitlog.min_offset)
+            if kept:
+                begin = max(begin, kept[-1].end_phy_offset)
+            holder = store.commitlog.mfq.find_by_offset(begin)
+            if holder is not None and files.index(holder) < start:
+                scan_commitlog(store.commitlog, store.kernels, files.index(holder), crc,
+                               dispatch=index.dispatch_array,
+                               start_pos=begin - holder.file_from_offset, stop_index=start)
+            scan_commitlog(store.commitlog, store.kernels, start, crc,
+                           dispatch=index.dispatch_array)
         units_after = sum(queue_ends.values()) - sum(
             cq.min_offset_in_queue for cq in store.all_consume_queues())
         entries_after = sum(f.index_count - 1 for f in kept) + index.sink.count
@@ -264,6 +283,11 @@ def _reset_checkpoint(fs, root, reset_index):
         fs.write_bytes(ckpt, bytes(raw))
 
 
+# Store roots whose rebuild this process has just marked: the open that follows finds the
+# marker as an interrupted rebuild would leave it, but nothing was interrupted.
+_MARKED_HERE = set()
+
+
 def mark_rebuild(fs, root, dirs):
     """Record durably that `dirs` ({directory: argument}) are to be rebuilt, with the abort file
     and a reset checkpoint, so even a broker opening the store next re-dispatches everything.
@@ -282,7 +306,11 @@ def begin_pending_rebuild(fs, root):
     dirs = pending_rebuild(fs, root)
     if not dirs:
         return None
-    log.warning("%s: an interrupted rebuild of %s is being redone", root, ", ".join(dirs))
+    if os.path.abspath(root) in _MARKED_HERE:
+        _MARKED_HERE.discard(os.path.abspath(root))
+        log.info("%s: rebuilding %s", root, ", ".join(dirs))
+    else:
+        log.warning("%s: an interrupted rebuild of %s is being redone", root, ", ".join(dirs))
     cq_size = pending_geometry(dirs).get("mapped_file_size_consume_queue")
     if cq_size:
         cq_size = -(-cq_size // F.CQ_STORE_UNIT_SIZE) * F.CQ_STORE_UNIT_SIZE
@@ -328,6 +356,7 @@ def end_pending_rebuild(store):
 def _rebuild(root, kernels, wipe_dir, **overrides):
     fs = DEFAULT_FS
     dirs = pending_rebuild(fs, root)        # an interrupted rebuild is finished too
+    interrupted = bool(dirs)
     for field, value in pending_geometry(dirs).items():
         overrides.setdefault(field, value)
     cfg = _writable_config(root, **overrides)
@@ -340,6 +369,8 @@ def _rebuild(root, kernels, wipe_dir, **overrides):
         for sub in dirs:
             dirs[sub] = " ".join(str(getattr(cfg, f)) for f in _GEOMETRY[sub])
         mark_rebuild(store.fs, root, dirs)
+        if not interrupted:
+            _MARKED_HERE.add(os.path.abspath(root))
     finally:
         lock.release()
     # load() finds the marker: it wipes, re-dispatches from the first file, drops the marker.

@@ -47,11 +47,21 @@ def add_serve_parser(sub):
     return sv
 
 
+# The least value of each `serve` count (a file size below 1 is the config's to refuse).
+_MINIMUM = {"produce": 0, "body_size": 0, "batch": 1, "status_interval": 0}
+
+
 def _config(args):
+    from .cli import UsageError, check_counts
     from .config import BrokerRole, FlushDiskType, StoreConfig
+    check_counts(args, _MINIMUM, "body_size")
     role = BrokerRole[ROLES[args.role]]
     if role is BrokerRole.SLAVE and not args.master:
-        raise ValueError("--role slave needs --master HOST:PORT")
+        raise UsageError("--role slave needs --master HOST:PORT")
+    if args.master is not None:
+        host, _, port = args.master.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise UsageError(f"--master is {args.master!r}; it must be HOST:PORT")
     return StoreConfig(
         store_path_root_dir=args.store_dir, broker_role=role,
         flush_disk_type=FlushDiskType.SYNC_FLUSH if args.flush == "sync"
@@ -107,10 +117,16 @@ def run_serve(args):
     stop = threading.Event()
 
     def on_signal(signum, _frame):
+        if stop.is_set():
+            # A second Ctrl-C, or `timeout` signalling the process group too: interrupting
+            # shutdown would leave the store to abnormal recovery.
+            log.info("signal %d: already shutting down", signum)
+            return
         log.info("signal %d: shutting down", signum)
         stop.set()
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    stopped = False
     try:
         store.load()
         store.start()
@@ -126,12 +142,17 @@ def run_serve(args):
         interval = args.status_interval if args.status_interval > 0 else None
         while not stop.wait(interval):
             log.info("%s", _status(store))
+        stopped = True
     finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-        log.info("%s", _status(store) if store.ha_service is not None else "stopping")
-        store.shutdown()
-    print("stopped", flush=True)
+        stop.set()
+        try:
+            log.info("%s", _status(store) if store.ha_service is not None else "stopping")
+            store.shutdown()
+            if stopped:
+                print("stopped", flush=True)
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
     return 0
 
 

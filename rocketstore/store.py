@@ -10,8 +10,8 @@ import threading
 from . import kernels as _kernels
 from .kernels.contract import KERNEL_NAMES
 from . import query, read_path, recovery
-from .arguments import (check_callable, check_int, check_optional_int, check_queue, check_str,
-                        explain_put_failure)
+from .arguments import (INT64_MAX, INT64_MIN, check_callable, check_int, check_optional_int,
+                        check_queue, check_str, explain_put_failure)
 from .batch import columns
 from .checkpoint import StoreCheckpoint
 from .clock import system_clock
@@ -39,6 +39,22 @@ from .services.reput import ReputMessageService
 from .status import PutMessageResult, PutMessagesResult, PutMessageStatus
 
 log = logging.getLogger(__name__)
+
+
+# Segment files whose sizes are compared to tell a store's file size (enough for a majority
+# over a damaged few, few enough to stay quick on a store with thousands of queues).
+_SIZE_SAMPLE = 64
+
+
+def _usual_size(paths):
+    """The size most of `paths` have (the larger on a tie), 0 when none has any: every
+    segment has its directory's file size, so a truncated or empty one must not decide."""
+    counts = {}
+    for p in paths:
+        size = os.path.getsize(p)
+        if size:
+            counts[size] = counts.get(size, 0) + 1
+    return max(counts, key=lambda size: (counts[size], size)) if counts else 0
 
 
 def _resolves_outside(root, path):
@@ -144,24 +160,31 @@ class MessageStore:
         sizes = {}
         cl_dir = os.path.join(root, "commitlog")
         names = split_segment_names(DEFAULT_FS, cl_dir, None)[0]
-        if names:
-            sizes["mapped_file_size_commit_log"] = os.path.getsize(os.path.join(cl_dir, names[0]))
+        size = _usual_size([os.path.join(cl_dir, n) for n in names])
+        if size:
+            sizes["mapped_file_size_commit_log"] = size
         cq_base = os.path.join(root, "consumequeue")
+        cq_files = []
         for topic in DEFAULT_FS.list_dir(cq_base):
-            if _resolves_outside(root, os.path.join(cq_base, topic)):
-                continue                    # never size the store from a planted symlink
+            # Never size the store from a planted symlink, nor list a stray file.
+            if _resolves_outside(root, os.path.join(cq_base, topic)) or \
+                    not DEFAULT_FS.is_dir(os.path.join(cq_base, topic)):
+                continue
             qdirs = [q for q in DEFAULT_FS.list_dir(os.path.join(cq_base, topic))
                      if is_queue_dir_name(q)
-                     and not _resolves_outside(root, os.path.join(cq_base, topic, q))]
+                     and not _resolves_outside(root, os.path.join(cq_base, topic, q))
+                     and DEFAULT_FS.is_dir(os.path.join(cq_base, topic, q))]
             for q in qdirs:
                 files = split_segment_names(DEFAULT_FS, os.path.join(cq_base, topic, q),
                                             None)[0]
-                if files:
-                    sizes["mapped_file_size_consume_queue"] = os.path.getsize(
-                        os.path.join(cq_base, topic, q, files[0]))
+                cq_files += [os.path.join(cq_base, topic, q, f) for f in files]
+                if len(cq_files) >= _SIZE_SAMPLE:
                     break
-            if "mapped_file_size_consume_queue" in sizes:
+            if len(cq_files) >= _SIZE_SAMPLE:
                 break
+        size = _usual_size(cq_files)
+        if size:
+            sizes["mapped_file_size_consume_queue"] = size
         if config is None:
             config = StoreConfig(store_path_root_dir=root, **sizes)
         else:
@@ -707,7 +730,7 @@ class MessageStore:
         ConsumeQueue and index files below the new minimum. Returns the CommitLog files
         deleted."""
         self._check_running()
-        return self._clean_files(check_optional_int(now_ms, "now_ms"))
+        return self._clean_files(check_optional_int(now_ms, "now_ms", INT64_MIN, INT64_MAX))
 
     def _clean_files(self, now_ms=None):
         if now_ms is None:
@@ -720,7 +743,7 @@ class MessageStore:
         """What the next cleaning round would delete and the unconsumed messages per group it
         would cost (a CleanPlan), without deleting anything."""
         self._check_open()
-        check_optional_int(now_ms, "now_ms")
+        check_optional_int(now_ms, "now_ms", INT64_MIN, INT64_MAX)
         return self.clean_commitlog_service.plan(now_ms)
 
     def execute_delete_files_manually(self):
@@ -758,6 +781,8 @@ class MessageStore:
             self.ha_service.update_master_address(addr)
 
     def dispatch_behind_bytes(self):
+        """CommitLog bytes written but not yet dispatched to the ConsumeQueues and index."""
+        self._check_open()
         return self.reput_service.behind() if self.reput_service else 0
 
     def _next_offset_correction(self, old, new):
@@ -811,8 +836,9 @@ class MessageStore:
         check_str(topic, "topic")
         check_str(key, "key")
         check_int(max_num, "max_num", 1)
-        check_int(begin, "begin")
-        check_optional_int(end, "end")
+        # Store timestamps are Java longs: a wider bound overflowed the index lookup.
+        check_int(begin, "begin", INT64_MIN, INT64_MAX)
+        check_optional_int(end, "end", INT64_MIN, INT64_MAX)
         self._catch_up()
         return query.query_message(self, topic, key, max_num, begin, end)
 

@@ -113,8 +113,12 @@ def walk_commitlog(store, start=None, check_crc=True):
             elif reason == F.SCAN_EMPTY:
                 resume = _resync(mf, pos + 1)
                 if resume is not None:
-                    yield ("damage", mf, pos, f"{resume - pos} bytes of zeros inside the data; "
-                                              f"records resume at {resume}")
+                    # A zero magic code reads as the end of the data, whatever its length says.
+                    zeros = mf.mm[pos:resume].count(0) == resume - pos
+                    what = ("bytes of zeros inside the data" if zeros else
+                            "bytes unreadable: a record with no magic code ends the data here")
+                    yield ("damage", mf, pos, f"{resume - pos} {what}; records resume at "
+                                              f"{resume}")
                     pos = resume
                     continue
                 if not last:
@@ -587,7 +591,10 @@ def _check_checkpoint(store, report, good):
     # indexMsgTimestamp may trail the others (it advances per full index file), never lead.
     for name in ("physic_msg_timestamp", "logics_msg_timestamp", "index_msg_timestamp"):
         value = getattr(ckpt, name)
-        if value < 0 or (last_ts and value > last_ts + 3000):
+        if value < 0:
+            report.problems.append(Problem("checkpoint", "checkpoint", -1,
+                                           f"{name} {value} is negative"))
+        elif last_ts and value > last_ts + 3000:
             report.problems.append(Problem(
                 "checkpoint", "checkpoint", -1,
                 f"{name} {value} is later than the last record ({last_ts})"))

@@ -2,6 +2,8 @@
 """The checks every benchmark and `rocketstore bench` run after their timed region: a put that
 was refused, or a message that does not read back, fails the run instead of being counted."""
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -123,12 +125,64 @@ def test_bench_filling_its_disk_ends_with_a_one_line_error_not_a_signal(tiny_dis
 
 
 @pytest.mark.parametrize("threads", ["1", "2"])
-def test_bench_refusing_a_message_ends_with_a_one_line_error(threads):
-    # Bodies over max_message_size (4 MiB): every put raises MessageIllegalError, in the
-    # producer threads too.
+def test_bench_refuses_a_body_over_the_message_size_before_building_anything(threads):
     r = testing.run_cli("bench", "--messages", "4", "--size", str(5 << 20), "--threads", threads)
     assert r.returncode == 2
-    assert r.stderr.splitlines()[-1] == (
-        "rocketstore bench: error: MESSAGE_ILLEGAL: body is 5242880 bytes; max_message_size "
-        "is 4194304")
-    assert "Traceback" not in r.stderr
+    assert r.stderr.splitlines() == [
+        "rocketstore bench: error: --size is 5242880; a body may be at most 4194304 bytes "
+        "(max_message_size)"]
+
+
+@pytest.mark.parametrize("option,value", [("--messages", "-5"), ("--queues", "0"),
+                                          ("--topics", "0"), ("--threads", "0"),
+                                          ("--batch", "0"), ("--queries", "-1"),
+                                          ("--file-size", "-1")])
+def test_bench_refuses_a_count_it_cannot_use_with_one_line_and_no_temporary_store(
+        tmp_path, option, value):
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "rocketstore", "bench", option, value],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        f"rocketstore bench: error: {option} is {value}; it must be at least "
+        f"{0 if option in ('--messages', '--queries', '--file-size') else 1}"]
+    assert os.listdir(tmp_path) == []
+
+
+def test_bench_failing_after_it_made_its_temporary_store_deletes_it(tmp_path):
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "rocketstore", "bench", "--messages", "100",
+                        "--file-size", str(1 << 40)], capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and "does not fit a Java int" in r.stderr.splitlines()[-1]
+    assert os.listdir(tmp_path) == []
+
+
+def test_bench_with_threads_that_interleave_in_a_queue_checks_what_it_read_back():
+    # 3 threads over 4 queues, in batches of 7: every queue takes puts from several threads,
+    # in an order of their making.
+    r = testing.run_cli("bench", "--messages", "1000", "--threads", "3", "--batch", "7",
+                        "--queries", "3", "--json")
+    assert r.returncode == 0, r.stderr
+
+
+def test_check_read_back_unordered_sample_finds_a_body_never_put_to_the_queue(store):
+    msgs = make_messages(40, queues=2)
+    check_puts([store.put_messages(msgs)], 40)
+    shuffled = msgs[::-1]
+    check_read_back(store, shuffled, ordered=False, sample=20)
+    other = make_messages(40, queues=2)
+    for m in other:
+        m.body = b"never put"
+    with pytest.raises(WorkloadCheckError, match="the body differs"):
+        check_read_back(store, other, ordered=False, sample=1)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bench_put_raising_in_a_producer_thread_reaches_the_caller(store, threads):
+    from rocketstore.bench_job import _produce
+    from rocketstore.errors import MessageIllegalError
+    from rocketstore.progress import progress_bar
+    msgs = make_messages(4)
+    msgs[3].topic = "not a topic"
+    with progress_bar(4, "produce") as bar, pytest.raises(MessageIllegalError, match="topic"):
+        _produce(store, msgs, 1, threads, bar)

@@ -195,3 +195,24 @@ def test_an_empty_directory_and_an_empty_store_root_are_told_apart(tmp_path):
     (tmp_path / "checkpoint").write_bytes(bytes(4096))
     rc, out, err = run("verify", tmp_path)
     assert rc == 0 and "0 records" in out
+
+
+def test_verify_names_a_zeroed_magic_code_as_unreadable_not_as_zeros(clean_store, tmp_path):
+    root = tmp_path / "store"
+    shutil.copytree(clean_store, root)
+    with open(commitlog(root, 1), "r+b") as f:
+        f.seek(4)                       # the first record's magic code; its length stays
+        f.write(bytes(4))
+    rc, out, err = run("verify", root)
+    assert rc == 1
+    line = [x for x in out.splitlines() if x.startswith("commitlog:")][0]
+    assert "a record with no magic code ends the data here" in line and "zeros" not in line
+
+
+def test_verify_calls_a_negative_checkpoint_timestamp_negative(clean_store, tmp_path):
+    root = tmp_path / "store"
+    shutil.copytree(clean_store, root)
+    write_checkpoint(root, -1)
+    rc, out, err = run("verify", root)
+    assert rc == 1
+    assert "checkpoint: checkpoint: physic_msg_timestamp -1 is negative" in out.splitlines()

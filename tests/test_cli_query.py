@@ -113,3 +113,10 @@ def test_query_time_on_a_queue_the_store_does_not_have_exits_1(broker_store):
         assert r.returncode == 1 and r.stdout == ""
         assert r.stderr.strip().splitlines() == [
             f"rocketstore query: no queue {queue} in topic {topic!r}"]
+
+
+def test_a_query_argument_out_of_its_domain_is_a_usage_error(broker_store):
+    r = run("key", broker_store, "OrderTopic", "ord-0", "--max", "0")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        "rocketstore query: error: max_num is 0; it must be within [1, inf]"]

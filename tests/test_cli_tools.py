@@ -242,6 +242,20 @@ def test_recover_does_what_its_dry_run_says_on_a_damaged_tail(broker_store):
     assert _index_entries(broker_store) == (plan["indexEntriesAfter"], True)
 
 
+def test_recover_does_what_its_dry_run_says_when_it_truncates_inside_indexed_records(
+        broker_store):
+    # A bad magic in the middle file: recovery cuts the CommitLog there, and so destroys the
+    # index files holding entries past the cut and indexes again from the survivors' end.
+    overwrite(broker_store / "commitlog" / "00000000000000131072", 4, bytes(4))
+    plan = json.loads(rocketstore("recover", "--dry-run", "--json", str(broker_store)).stdout)
+    done = json.loads(rocketstore("recover", "--json", str(broker_store)).stdout)
+    assert done["processOffset"] == plan["processOffset"] == 131072
+    assert (done["unitsAfter"], done["indexEntriesAfter"]) == \
+        (plan["unitsAfter"], plan["indexEntriesAfter"])
+    assert _index_entries(broker_store) == (plan["indexEntriesAfter"], True)
+    assert len(plan["indexFilesRebuilt"]) > 1
+
+
 def test_verify_of_a_store_in_use_warns_and_checks_what_is_written(tmp_path):
     # No index: a half-empty index file's geometry is ambiguous to a reader (index work).
     store = testing.open_store(tmp_path / "s", "pure",
@@ -269,3 +283,104 @@ def test_verify_reports_index_entries_left_past_a_tail_a_normal_open_truncated(b
     dangling = [p for p in report["problems"] if p["kind"] == "index"]
     assert dangling and all("where no valid record starts" in p["detail"] for p in dangling)
     assert {p["file"] for p in dangling} == {"index/20261130134815693"}
+
+
+def test_dump_and_export_limit_zero_print_nothing_and_a_negative_limit_is_refused(broker_store):
+    for command in ("dump", "export"):
+        out = rocketstore(command, "--limit", "0", str(broker_store))
+        assert (out.returncode, out.stdout) == (0, ""), out.stderr
+        out = rocketstore(command, "--limit", "2", str(broker_store))
+        assert len(out.stdout.splitlines()) == 2
+        out = rocketstore(command, "--limit", "-1", str(broker_store))
+        assert out.returncode == 2 and out.stdout == ""
+        assert out.stderr.splitlines() == [
+            f"rocketstore {command}: error: --limit is -1; it must be at least 0"]
+
+
+def test_one_truncated_index_file_is_named_and_the_others_still_answer(broker_store):
+    names = sorted(os.listdir(broker_store / "index"))
+    with open(broker_store / "index" / names[0], "r+b") as f:
+        f.truncate(100)
+    report = json.loads(rocketstore("verify", "--json", str(broker_store)).stdout)
+    assert {p["file"] for p in report["problems"]} == {f"index/{names[0]}"}
+    assert report["indexEntries"] > 2000           # the other files are checked
+    # A key of the last message is indexed in the last file: still found.
+    out = rocketstore("query", "key", str(broker_store), "LogTopic", "ord-1199")
+    assert out.returncode == 0 and "ord-1199" in out.stdout, out.stderr
+    out = rocketstore("recover", str(broker_store))
+    assert out.returncode == 1
+    assert out.stderr.splitlines()[-1] == (
+        f"rocketstore recover: error: {broker_store / 'index'}: index file(s) {names[0]} "
+        f"(100 bytes) are not the 10296 bytes of the others: damaged; `rocketstore "
+        f"rebuild-index` rebuilds the index")
+    assert rocketstore("rebuild-index", str(broker_store)).returncode == 0
+    assert json.loads(rocketstore("verify", "--json", str(broker_store)).stdout)["ok"]
+
+
+def test_a_truncated_first_segment_does_not_set_the_file_size_the_tools_read_with(
+        broker_store):
+    # The size of most segments is the store's: a short first one used to make every other
+    # file "not a segment", hiding the records in them (or failing the tool outright).
+    with open(broker_store / "commitlog" / "00000000000000000000", "r+b") as f:
+        f.truncate(16000)
+    with open(broker_store / "consumequeue" / "LogTopic" / "0" / "00000000000000000000",
+              "r+b") as f:
+        f.truncate(300)
+    out = rocketstore("verify", "--json", str(broker_store))
+    report = json.loads(out.stdout)
+    assert out.returncode == 1 and report["units"] == 1200, out.stderr
+    assert report["records"] > 1100                # only the first file's tail is lost
+    problems = {(p["file"], p["detail"]) for p in report["problems"]}
+    assert ("commitlog/00000000000000000000", "16000 bytes, segments here are 32768") in problems
+    assert ("consumequeue/LogTopic/0/00000000000000000000",
+            "300 bytes, segments here are 1000") in problems
+
+
+def test_stray_files_where_queue_directories_belong_are_reported_not_listed(broker_store):
+    (broker_store / "consumequeue" / "Aardvark").write_bytes(b"x")      # sorts first
+    (broker_store / "consumequeue" / "LogTopic" / "2").write_bytes(b"x")
+    out = rocketstore("verify", str(broker_store))
+    assert out.returncode == 1, out.stderr
+    assert out.stdout.splitlines()[:2] == [
+        "consumequeue: consumequeue/Aardvark: not a topic directory",
+        "consumequeue: consumequeue/LogTopic/2: not a queue directory (ignored by the store)"]
+
+
+def test_an_index_header_with_an_impossible_count_does_not_hide_the_other_index_files(
+        broker_store):
+    name = sorted(os.listdir(broker_store / "index"))[0]
+    overwrite(broker_store / "index" / name, 36, (43142178).to_bytes(4, "big"))  # indexCount
+    out = rocketstore("query", "key", str(broker_store), "LogTopic", "ord-1199")
+    assert out.returncode == 0 and "ord-1199" in out.stdout, out.stderr
+    out = rocketstore("verify", str(broker_store))
+    assert out.returncode == 1
+    assert out.stdout.splitlines()[0] == f"index: index/{name}@36: indexCount 43142178 outside 1..500"
+
+
+def test_a_segment_longer_than_the_others_is_one_finding_not_an_unreadable_store(
+        broker_store):
+    for path, size in ((broker_store / "commitlog" / "00000000000000131072", 65536),
+                       (broker_store / "consumequeue" / "PayTopic" / "1" /
+                        "00000000000000000000", 2000)):
+        with open(path, "r+b") as f:
+            f.truncate(size)
+    report = json.loads(rocketstore("verify", "--json", str(broker_store)).stdout)
+    assert [(p["file"], p["detail"]) for p in report["problems"]] == [
+        ("commitlog/00000000000000131072", "65536 bytes, segments here are 32768"),
+        ("consumequeue/PayTopic/1/00000000000000000000", "2000 bytes, segments here are 1000")]
+    assert (report["records"], report["units"]) == (1200, 1200)
+    assert len(rocketstore("dump", str(broker_store)).stdout.splitlines()) == 1200
+    out = rocketstore("recover", str(broker_store))       # a writer still refuses it
+    assert out.returncode == 1 and "65536 bytes but segments here are 32768" in out.stderr
+
+
+def test_the_index_numbers_are_told_by_another_full_file_when_the_fullest_is_damaged(
+        broker_store):
+    names = sorted(os.listdir(broker_store / "index"))
+    overwrite(broker_store / "index" / names[4], 40, b"\x7f" * 64 * 4)   # its slot table
+    out = rocketstore("query", "key", str(broker_store), "LogTopic", "ord-1199")
+    assert out.returncode == 0 and "ord-1199" in out.stdout, out.stderr
+    report = json.loads(rocketstore("verify", "--json", str(broker_store)).stdout)
+    assert {p["file"] for p in report["problems"] if p["kind"] == "index"} >= \
+        {f"index/{names[4]}"}
+    assert not any("cannot be told" in p["detail"] for p in report["problems"])

@@ -390,6 +390,30 @@ def test_a_window_the_disk_cannot_fit_shrinks_to_what_the_write_needs(tmp_path, 
         mf.destroy()
 
 
+def test_filling_a_file_to_its_end_reserves_nothing_past_it_and_warns_of_nothing(
+        tmp_path, backend, caplog):
+    """A batch that fills a file asks for its end plus the blank record's 8 bytes; past a
+    fully reserved file there is nothing to reserve, so no zero-length call (EINVAL) is made
+    and no "cannot reserve" warning is logged on every roll."""
+    from rocketstore.mapped_file import MappedFile
+    calls = []
+
+    class Recording(FileSystem):
+        def reserve(self, path, offset, length):
+            calls.append(length)
+            return super().reserve(path, offset, length)
+
+    mf = MappedFile(str(tmp_path / ("%020d" % 0)), 4096, backend, Recording(),
+                    reserve_window=65536)
+    try:
+        with caplog.at_level("WARNING", logger="rocketstore.mapped_file"):
+            assert mf.reserve(100) == (0, 4096)
+            assert mf.reserve(4096 + 8) == (4096, 4096)
+        assert calls == [4096] and not caplog.records
+    finally:
+        mf.destroy()
+
+
 def test_a_new_store_on_a_full_disk_fails_to_load_with_a_clear_error(tmp_path, backend):
     fs = NoSpace()
     fs.full = True

@@ -853,3 +853,34 @@ def test_master_names_a_slave_that_cleaning_left_behind_its_commit_log(tmp_path,
         if slave is not None:
             slave.shutdown()
         master.shutdown()
+
+
+def test_cli_serve_shuts_down_cleanly_however_many_sigints_arrive(tmp_path):
+    # `timeout -s INT` signals the child and then its whole process group, and an impatient
+    # user presses Ctrl-C twice: a signal arriving during shutdown must not interrupt it.
+    env = dict(os.environ, ROCKETSTORE_BACKEND=BACKEND)
+    p = subprocess.Popen([sys.executable, "-m", "rocketstore", "serve", str(tmp_path / "m"),
+                          "--listen", "0", "--file-size", str(1 << 20), "--produce", "2000",
+                          "--status-interval", "0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    lines = []
+    try:
+        assert p.stdout.readline().decode().startswith("listening 127.0.0.1:")
+        assert p.stdout.readline().decode().startswith("produced 2000")
+        reader = threading.Thread(target=lambda: lines.extend(p.stdout), daemon=True)
+        reader.start()
+        # Signals until shutdown is over ("stopped"): the first starts it, the rest land in it.
+        while reader.is_alive() and not lines:
+            p.send_signal(signal.SIGINT)
+            time.sleep(0.001)
+        reader.join(20)
+        err = p.stderr.read()
+        p.wait(20)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    # Shut down in full: "stopped" is printed once the store is closed. A signal sent after
+    # that may still end the exiting process (rc 130), which harms nothing.
+    assert [x.decode().rstrip() for x in lines] == ["stopped"], err.decode()[-2000:]
+    assert "already shutting down" in err.decode()
+    assert not os.path.exists(tmp_path / "m" / "abort")

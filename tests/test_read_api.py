@@ -116,7 +116,7 @@ BAD_CALLS = [
     ("put_messages(batch_properties=[])", lambda s: s.put_messages([], batch_properties=[]),
      TypeError, "batch_properties"),
     ("body str", lambda s: s.put_message(Message("T", "text")), MessageIllegalError,
-     "body must be bytes or a buffer"),
+     "message body must be bytes or a buffer, not str"),
     ("flag None", lambda s: s.put_message(Message("T", b"x", flag=None)), MessageIllegalError,
      "flag must be an int"),
     ("flag too big", lambda s: s.put_message(Message("T", b"x", flag=1 << 40)),
@@ -179,6 +179,14 @@ BAD_CALLS = [
     ("clean now str", lambda s: s.clean_files_periodically("now"), TypeError, "now_ms"),
     ("clean plan str", lambda s: s.clean_plan("now"), TypeError, "now_ms"),
     ("ha address", lambda s: s.update_ha_master_address(10912), TypeError, "addr"),
+    ("query end past a long", lambda s: s.query_message("T", "k", 32, 0, 1 << 70),
+     InvalidArgumentError, "end is 1180591620717411303424"),
+    ("query begin past a long", lambda s: s.query_message("T", "k", 32, -(1 << 70)),
+     InvalidArgumentError, "begin is"),
+    ("clean now past a long", lambda s: s.clean_files_periodically(1 << 70),
+     InvalidArgumentError, "now_ms is"),
+    ("clean plan now past a long", lambda s: s.clean_plan(1 << 70), InvalidArgumentError,
+     "now_ms is"),
 ]
 
 
@@ -222,6 +230,7 @@ EVERY_CALL = [
     ("clean_plan", lambda s: s.clean_plan()),
     ("execute_delete_files_manually", lambda s: s.execute_delete_files_manually()),
     ("persist_configs", lambda s: s.persist_configs()),
+    ("dispatch_behind_bytes", lambda s: s.dispatch_behind_bytes()),
 ]
 
 

@@ -209,3 +209,15 @@ def test_a_tool_that_cannot_tell_the_index_geometry_refuses_before_changing_anyt
     assert cli.main(["--backend", BACKEND, tool, str(root), "--max-hash-slot-num", "64",
                      "--max-index-num", "500"]) == 0
     assert file_sizes(root, "index") == sizes
+
+
+@pytest.mark.parametrize("tool", ["rebuild-cq", "rebuild-index"])
+def test_a_rebuild_warns_of_an_interrupted_rebuild_only_when_there_was_one(tmp_path, pristine,
+                                                                         tool):
+    root = copy_store(pristine, tmp_path / "store")
+    r = testing.run_cli(tool, str(root))
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    kill_rebuild(root, "cq" if tool == "rebuild-cq" else "index", 1)
+    r = testing.run_cli(tool, str(root))
+    assert r.returncode == 0
+    assert "an interrupted rebuild of" in r.stderr and "is being redone" in r.stderr

@@ -149,6 +149,11 @@ class ReputMessageService(ServiceThread):
         return True
 
     @property
+    def failures(self):
+        """Dispatch attempts failed in a row (0 once one succeeds)."""
+        return self._failures
+
+    @property
     def failing(self):
         """The OS error that failed the last two or more dispatch attempts in a row (a full
         disk, no descriptors left), or None while dispatch works or failed only once."""
