@@ -267,6 +267,22 @@ class CommitLog:
             return self._refusal(exc)
         return None
 
+    def _batch_file(self, remaining):
+        """The file a batch writes its next records to, reserved for as many of its
+        `remaining` bytes as fit there: (file, None, None), or (None, status, reason) when no
+        file can be had or the disk refuses the space (nothing was written)."""
+        try:
+            mf = self._writable_file()
+        except OSError as exc:
+            return (None, PutMessageStatus.CREATE_MAPEDFILE_FAILED,
+                    f"create mapped file failed: {self._refusal(exc)}")
+        end = min(mf.wrote_position + remaining, self.file_size)
+        if end + F.END_FILE_MIN_BLANK_LENGTH > mf.reserved_position:
+            reason = self._reserve(mf, end)
+            if reason is not None:
+                return None, PutMessageStatus.SERVICE_NOT_AVAILABLE, reason
+        return mf, None, None
+
     def _refusal(self, exc):
         if exc.errno == errno.ENOSPC:
             reason = f"disk full: {exc}"
@@ -376,18 +392,8 @@ class CommitLog:
                 done = 0
                 rd = 0
                 while done < n:
-                    status = reason = None
-                    try:
-                        mf = self._writable_file()
-                    except OSError as exc:
-                        status = PutMessageStatus.CREATE_MAPEDFILE_FAILED
-                        reason = f"create mapped file failed: {self._refusal(exc)}"
-                    else:
-                        end = min(mf.wrote_position + total - rd, self.file_size)
-                        if end + F.END_FILE_MIN_BLANK_LENGTH > mf.reserved_position:
-                            reason = self._reserve(mf, end)
-                            status = PutMessageStatus.SERVICE_NOT_AVAILABLE
-                    if reason is not None:
+                    mf, status, reason = self._batch_file(total - rd)
+                    if mf is None:
                         # Messages not written give their queue offsets back (highest
                         # first per queue, as assigned), so the next put leaves no gap.
                         for e in reversed(encoded[done:]):
@@ -464,18 +470,8 @@ class CommitLog:
             qbase = self.topic_queue_table.get(key, 0)
             done = rd = 0
             while done < n:
-                status = reason = None
-                try:
-                    mf = self._writable_file()
-                except OSError as exc:
-                    status = PutMessageStatus.CREATE_MAPEDFILE_FAILED
-                    reason = f"create mapped file failed: {self._refusal(exc)}"
-                else:
-                    end = min(mf.wrote_position + total - rd, self.file_size)
-                    if end + F.END_FILE_MIN_BLANK_LENGTH > mf.reserved_position:
-                        reason = self._reserve(mf, end)
-                        status = PutMessageStatus.SERVICE_NOT_AVAILABLE
-                if reason is not None:
+                mf, status, reason = self._batch_file(total - rd)
+                if mf is None:
                     # What was written keeps its queue offsets; the rest takes none.
                     self.topic_queue_table[key] = qbase + done
                     self.begin_time_in_lock = 0
