@@ -96,6 +96,15 @@ def check_reopen(backend, root, acks, next_id, room):
     return acks
 
 
+def reopen_full_then_freed(name, root, filler, acks, refusals):
+    """The refusals name the full disk; every acknowledged message reads back after a reopen
+    on the still-full disk, and again once the filler is gone."""
+    assert_refused_for_disk_full(refusals)
+    acks = check_reopen(name, root, acks, 900_000, room=False)
+    os.remove(filler)
+    check_reopen(name, root, acks, 900_001, room=True)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", testing.backend_params())
 def test_full_disk_after_data_refuses_puts_and_keeps_every_acknowledged_message(
@@ -105,10 +114,7 @@ def test_full_disk_after_data_refuses_puts_and_keeps_every_acknowledged_message(
     acks, refusals = acks_and_refusals(
         child(name, "put", root, "--fill", filler, "--fill-after", 200))
     assert len(acks) >= 200 and acks == list(range(len(acks)))
-    assert_refused_for_disk_full(refusals)
-    acks = check_reopen(name, root, acks, 900_000, room=False)
-    os.remove(filler)
-    check_reopen(name, root, acks, 900_001, room=True)
+    reopen_full_then_freed(name, root, filler, acks, refusals)
 
 
 @pytest.mark.slow
@@ -121,10 +127,7 @@ def test_full_disk_then_a_crash_reopens_without_a_signal_and_keeps_every_message
                   returncode=-signal.SIGKILL)
     acks, refusals = acks_and_refusals(lines, killed=True)
     assert len(acks) >= 300 and acks == list(range(len(acks)))
-    assert_refused_for_disk_full(refusals)
-    acks = check_reopen(name, root, acks, 900_000, room=False)
-    os.remove(filler)
-    check_reopen(name, root, acks, 900_001, room=True)
+    reopen_full_then_freed(name, root, filler, acks, refusals)
 
 
 @pytest.mark.slow
@@ -135,10 +138,7 @@ def test_full_disk_before_any_message_refuses_puts_and_reopens(small_disk, name)
     acks, refusals = acks_and_refusals(
         child(name, "put", root, "--fill", filler, "--fill-after", 0))
     assert acks == []
-    assert_refused_for_disk_full(refusals)
-    acks = check_reopen(name, root, acks, 900_000, room=False)
-    os.remove(filler)
-    check_reopen(name, root, acks, 900_001, room=True)
+    reopen_full_then_freed(name, root, filler, acks, refusals)
 
 
 @pytest.mark.slow
