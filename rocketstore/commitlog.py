@@ -277,7 +277,7 @@ class CommitLog:
             return (None, PutMessageStatus.CREATE_MAPEDFILE_FAILED,
                     f"create mapped file failed: {self._refusal(exc)}")
         end = min(mf.wrote_position + remaining, self.file_size)
-        if end + F.END_FILE_MIN_BLANK_LENGTH > mf.reserved_position:
+        if end + F.END_FILE_MIN_BLANK_LENGTH > mf.refill_position:
             reason = self._reserve(mf, end)
             if reason is not None:
                 return None, PutMessageStatus.SERVICE_NOT_AVAILABLE, reason
@@ -324,7 +324,7 @@ class CommitLog:
                 return PutMessageResult(PutMessageStatus.CREATE_MAPEDFILE_FAILED,
                                         reason=f"create mapped file failed: "
                                                f"{self._refusal(exc)}")
-            if pos + size + F.END_FILE_MIN_BLANK_LENGTH > mf.reserved_position:
+            if pos + size + F.END_FILE_MIN_BLANK_LENGTH > mf.refill_position:
                 reason = self._reserve(mf, pos + size)
                 if reason is not None:
                     self.begin_time_in_lock = 0

@@ -26,6 +26,7 @@ class MappedFile:
     committed_position  bytes visible to readers (only below wrote_position with a write buffer)
     flushed_position    bytes known durable      (written by the flush thread only)
     reserved_position   bytes whose blocks exist (the writer's; see reserve())
+    refill_position     a writer reaching it asks for more reserved space (<= reserved_position)
 
     Files are sparse: a writer calls reserve(end) before writing below `end` whenever `end`
     passes reserved_position (one integer compare in the common case), and a full disk then
@@ -33,7 +34,7 @@ class MappedFile:
     """
 
     __slots__ = ("path", "file_name", "file_from_offset", "file_size", "mm", "wrote_position",
-                 "committed_position", "flushed_position", "reserved_position",
+                 "committed_position", "flushed_position", "reserved_position", "refill_position",
                  "reserve_window", "store_timestamp", "first_create_in_queue", "writable", "wbuf",
                  "_pool", "_k", "_fs", "_refs", "_available", "_lock", "_cond",
                  "_first_shutdown_ms")
@@ -62,6 +63,7 @@ class MappedFile:
         self.flushed_position = 0
         # A file sized here holds no blocks; a loaded one holds its data (set_positions).
         self.reserved_position = 0
+        self.refill_position = 0
         self.reserve_window = reserve_window
         self.store_timestamp = 0          # store time of the last record appended
         self.first_create_in_queue = False
@@ -100,7 +102,7 @@ class MappedFile:
         """Positions of a loaded or truncated file: its bytes below `pos` were written, so
         their blocks exist; nothing is known to be reserved past them."""
         self.wrote_position = self.committed_position = self.flushed_position = pos
-        self.reserved_position = pos
+        self.reserved_position = self.refill_position = pos
 
     def data_end(self):
         """Where the file's written data ends (zeros after it); see FileSystem.data_end."""
@@ -131,7 +133,7 @@ class MappedFile:
             log.warning("%s: the file system cannot reserve blocks; a full disk will fault "
                         "writes to this file", self.path)
             want = self.file_size
-        self.reserved_position = want
+        self.reserved_position = self.refill_position = want
         return old, want
 
     def zero_tail(self, pos, chunk=1 << 20):
