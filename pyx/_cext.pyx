@@ -558,6 +558,7 @@ def column_join(items, bint text):
 
 
 include "_mapping.pxi"
+include "_put.pxi"
 
 
 # ---- ConsumeQueue dispatch (the reput thread's hot loop) -----------------------------------

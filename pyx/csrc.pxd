@@ -62,6 +62,19 @@ cdef extern from * nogil:
                       int64_t store_timestamp,
                       const uint8_t *store_host, size_t store_host_len,
                       int32_t reconsume_times, int64_t prepared_tx_offset, int v2)
+    ctypedef struct rs_part:
+        const uint8_t *buf
+        size_t len
+    int rs_msg_encode_parts(uint8_t *out, size_t out_len, int64_t pos,
+                            const uint8_t *topic, size_t topic_len,
+                            const uint8_t *body, size_t body_len,
+                            const rs_part *props, size_t n_parts,
+                            int32_t queue_id, int32_t flag, int64_t queue_offset,
+                            int64_t phy_offset, int32_t sys_flag, int64_t born_timestamp,
+                            const uint8_t *born_host, size_t born_host_len,
+                            int64_t store_timestamp,
+                            const uint8_t *store_host, size_t store_host_len,
+                            int32_t reconsume_times, int64_t prepared_tx_offset, int v2)
     int rs_msg_check(const uint8_t *buf, size_t len, int64_t pos, int check_crc,
                      rs_scan_rec *row, int32_t *size)
 

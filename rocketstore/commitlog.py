@@ -45,6 +45,9 @@ class CommitLog:
         # Decides what a put waits for after the lock (sync flush, replication); set by the
         # store when its services start. None: return at once (ASYNC_FLUSH).
         self.after_put = None
+        # The service a put wakes (the flusher, or the committer of write buffers); set by
+        # the store for ASYNC_FLUSH, where nothing waits.
+        self.wake_on_put = None
         # Called with the reason when a reservation finds the disk full; set by the store
         # (the disk-full running flag, so later puts are refused before the lock).
         self.on_disk_full = None
@@ -56,7 +59,6 @@ class CommitLog:
         # write, since the files are about to be committed, flushed and closed.
         self.closed = False
         self.topic_queue_table = {}        # (topic, queue_id) -> next queue offset; put_lock
-        self.begin_time_in_lock = 0        # for OS_PAGECACHE_BUSY; guarded by put_lock
         self.store_host_raw, v6 = pack_host(tuple(config.store_host))
         self._store_host_v6 = F.STOREHOSTADDRESS_V6_FLAG if v6 else 0
         self._max_body = config.max_message_size
@@ -306,7 +308,6 @@ class CommitLog:
                 self._refuse_closed()
             after_put = self.after_put
             ts = clock()
-            self.begin_time_in_lock = ts
             try:
                 files = self.mfq.files
                 mf = files[-1] if files else None
@@ -320,14 +321,12 @@ class CommitLog:
             except OSError as exc:
                 # ENOSPC and friends while rolling: nothing of this message was written and
                 # the blank record closing the full file is valid, so refuse and go on.
-                self.begin_time_in_lock = 0
                 return PutMessageResult(PutMessageStatus.CREATE_MAPEDFILE_FAILED,
                                         reason=f"create mapped file failed: "
                                                f"{self._refusal(exc)}")
             if pos + size + F.END_FILE_MIN_BLANK_LENGTH > mf.refill_position:
                 reason = self._reserve(mf, pos + size)
                 if reason is not None:
-                    self.begin_time_in_lock = 0
                     return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
                                             reason=reason)
             table = self.topic_queue_table
@@ -342,10 +341,7 @@ class CommitLog:
             mf.store_timestamp = ts
             if e.dispatched:
                 table[key] = qoff + 1
-            self.begin_time_in_lock = 0
-        status = PutMessageStatus.PUT_OK
-        if after_put is not None:
-            status = after_put(phy + size, msg)
+        status = self.finish_put(after_put, phy + size, msg)
         return PutMessageResult(status, phy, qoff, ts, size, e.store_raw)
 
     def put_messages(self, msgs, clock, batch_properties=None):
@@ -382,7 +378,6 @@ class CommitLog:
                     self._refuse_closed()
                 after_put = self.after_put
                 ts = clock()
-                self.begin_time_in_lock = ts
                 table = self.topic_queue_table
                 for i, e in enumerate(encoded):
                     if e.dispatched:
@@ -399,7 +394,6 @@ class CommitLog:
                         for e in reversed(encoded[done:]):
                             if e.dispatched:
                                 table[e.key] -= 1
-                        self.begin_time_in_lock = 0
                         return PutMessagesResult(
                             status, done, phys[:done],
                             np.frombuffer(qoffs, dtype=np.int64)[:done].copy(),
@@ -421,12 +415,11 @@ class CommitLog:
                         rd += nbytes
                     if done < n:
                         self._end_file(mf, mf.wrote_position)
-                self.begin_time_in_lock = 0
         finally:
             view.release()
         status = PutMessageStatus.PUT_OK
-        if after_put is not None and n:
-            status = after_put(int(phys[-1]) + int(sizes[-1]), msgs[-1])
+        if n:
+            status = self.finish_put(after_put, int(phys[-1]) + int(sizes[-1]), msgs[-1])
         return PutMessagesResult(status, n, phys,
                                  np.frombuffer(qoffs, dtype=np.int64), sizes, ts, total,
                                  [e.store_raw for e in encoded])
@@ -466,7 +459,6 @@ class CommitLog:
                 self._refuse_closed()
             after_put = self.after_put
             ts = clock()
-            self.begin_time_in_lock = ts
             qbase = self.topic_queue_table.get(key, 0)
             done = rd = 0
             while done < n:
@@ -474,7 +466,6 @@ class CommitLog:
                 if mf is None:
                     # What was written keeps its queue offsets; the rest takes none.
                     self.topic_queue_table[key] = qbase + done
-                    self.begin_time_in_lock = 0
                     return PutMessagesResult(
                         status, done, phys[:done],
                         np.arange(qbase, qbase + done, dtype=np.int64), sizes[:done], ts, rd,
@@ -498,14 +489,22 @@ class CommitLog:
                     self._end_file(mf, mf.wrote_position)
             if n:       # an empty batch leaves no queue behind, as put_messages([]) does
                 self.topic_queue_table[key] = qbase + n
-            self.begin_time_in_lock = 0
         status = PutMessageStatus.PUT_OK
-        if after_put is not None and n:
+        if n:
             # after_put reads the message's WAIT property, which the batch shares.
-            status = after_put(int(phys[-1]) + int(sizes[-1]),
-                               Message(topic, queue_id=queue_id, properties=cols.properties))
+            status = self.finish_put(after_put, int(phys[-1]) + int(sizes[-1]),
+                                     Message(topic, queue_id=queue_id,
+                                             properties=cols.properties))
         return PutMessagesResult(status, n, phys, np.arange(qbase, qbase + n, dtype=np.int64),
                                  sizes, ts, total, [self.store_host_raw] * n)
+
+    def finish_put(self, after_put, end_offset, msg):
+        """What follows the lock (handleDiskFlush, handleHA): wake the flusher, then wait for
+        what `after_put` waits for (sync flush, replicas). Returns the put's status."""
+        wake = self.wake_on_put
+        if wake is not None and not wake.has_notified:
+            wake.wakeup()
+        return PutMessageStatus.PUT_OK if after_put is None else after_put(end_offset, msg)
 
     # ---- HA slave (spec 05 §4.1) ------------------------------------------------------------
     def append_data(self, start_offset, data):

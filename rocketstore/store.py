@@ -410,16 +410,19 @@ class MessageStore:
         else:
             self.flush_service = FlushRealTimeService(self)
             if not cfg.flush_commit_log_timed:
-                self.commitlog.after_put = self._after_put_async
+                self.commitlog.wake_on_put = self.flush_service
         self.flush_service.start()
         if self.commitlog.pool is not None:
             self.commit_service = CommitRealTimeService(self)
             self.commit_service.start()
-            self.commitlog.after_put = self._after_put_async
+            # ASYNC_FLUSH with write buffers: the committer wakes, and it wakes the flusher.
+            self.commitlog.after_put = None
+            self.commitlog.wake_on_put = self.commit_service
         if cfg.broker_role is BrokerRole.SYNC_MASTER:
             self.commitlog.after_put = self.ha_service.make_after_put(self.commitlog.after_put)
         self.fs.write_bytes(abort_path(self.root), b"", sync=False)
         self._running = True
+        self._install_put_path()
         self.scheduled_service = StoreScheduledService([
             ("clean", self.CLEAN_INITIAL_DELAY_MS, cfg.clean_resource_interval,
              self._clean_files),
@@ -440,6 +443,7 @@ class MessageStore:
         caught_up = True
         if self._running:
             self._running = False
+            self.__dict__.pop("put_message", None)
             # Before anything is committed or flushed: a put already holding the lock
             # finishes its write first, every later one raises StoreClosedError, so what
             # the final commit and flush cover is everything ever acknowledged.
@@ -450,6 +454,7 @@ class MessageStore:
                 self.scheduled_service = None
             self.ha_service.shutdown()              # HA first: spec 03 §7 reversed
             self.commitlog.after_put = None
+            self.commitlog.wake_on_put = None
             if self.commit_service is not None:
                 self.commit_service.shutdown()      # commit write buffers before the drain
             self.reput_service.shutdown()
@@ -517,11 +522,6 @@ class MessageStore:
             return PutMessageStatus.PUT_OK
         return PutMessageStatus.FLUSH_DISK_TIMEOUT
 
-    def _after_put_async(self, end_offset, msg):
-        """ASYNC_FLUSH with an untimed flusher or a write-buffer pool: wake the next stage."""
-        (self.commit_service or self.flush_service).wakeup()
-        return PutMessageStatus.PUT_OK
-
     # ---- ConsumeQueue table -------------------------------------------------------------------
     def _new_cq(self, topic, queue_id):
         with self._cq_lock:
@@ -560,6 +560,19 @@ class MessageStore:
                 for cq in list(queues.values())]
 
     # ---- put ----------------------------------------------------------------------------------
+    def _install_put_path(self):
+        """Bind put_message to the backend's compiled put path, when it has one: the common
+        put is then one call with no Python frame, and every other case comes back to the
+        method below. Masters only (a slave refuses puts)."""
+        make = getattr(self.kernels, "PutPath", None)
+        if make is None or self.is_slave:
+            return
+        from .mapped_file import MappedFile
+        from .message import _HOST_CACHE, Message
+        self.put_message = make(self._put_message, self.commitlog, self.running_flags,
+                                NOT_WRITEABLE_MASK, self.clock, Message, MappedFile,
+                                PutMessageResult, PutMessageStatus.PUT_OK, _HOST_CACHE).put
+
     def put_message(self, msg):
         """Store one message (asyncPutMessage + wait). Bad input raises MessageIllegalError;
         a store that is not writeable (disk full) answers SERVICE_NOT_AVAILABLE with a reason."""
@@ -575,6 +588,9 @@ class MessageStore:
         except Exception as exc:
             explain_put_failure((msg,), exc)
             raise
+
+    # What a compiled put path falls back to (the instance's put_message is then that path).
+    _put_message = put_message
 
     def put_messages(self, msgs, batch_properties=None):
         """Store a list of messages of any topics and queues under one lock acquisition.

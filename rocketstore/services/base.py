@@ -16,6 +16,9 @@ class ServiceThread:
     def __init__(self):
         self._stopped = threading.Event()
         self._notified = threading.Event()
+        # ServiceThread.hasNotified: a wakeup while one is pending costs one attribute read,
+        # not the Event's lock and notify (a put wakes the flusher every time).
+        self.has_notified = False
         self._thread = None
 
     @property
@@ -51,19 +54,23 @@ class ServiceThread:
         """Called when a wait ends (swap request lists here)."""
 
     def wakeup(self):
-        self._notified.set()
+        if not self.has_notified:
+            self.has_notified = True
+            self._notified.set()
 
     def wait_for_running(self, interval_ms):
-        if self._notified.is_set():
-            self._notified.clear()
-            self.on_wait_end()
-            return
-        self._notified.wait(interval_ms / 1000.0)
+        # has_notified is the truth and the Event only wakes a sleeper: a wakeup landing
+        # between the two resets below leaves has_notified set, so the next call returns at
+        # once instead of sleeping a whole interval with a request pending.
+        if not self.has_notified:
+            self._notified.wait(interval_ms / 1000.0)
+        self.has_notified = False
         self._notified.clear()
         self.on_wait_end()
 
     def shutdown(self):
         self._stopped.set()
+        self.has_notified = True
         self._notified.set()
         t = self._thread
         if t is not None and t is not threading.current_thread():

@@ -1,0 +1,393 @@
+# SPDX-License-Identifier: Apache-2.0
+# PutPath: MessageStore.put_message's common path as one compiled call (included by _cext.pyx).
+#
+# The Python path (MessageStore.put_message -> CommitLog.put_message) is the reference and
+# handles every case; this class does the common one with no Python frame: it reads the
+# Message's slots, builds the properties string in HashMap order straight into the record,
+# and encodes the record once, at its final offset with its final queue offset and store
+# time, into the current CommitLog file's mapping. Anything else -- a topic not seen yet, a
+# delay, a transaction, a roll, a reservation, a write buffer, a refused store, a value of an
+# unexpected type -- is handed to the Python path whole, before anything is written, so both
+# paths write the same bytes and raise the same errors.
+#
+# Message, MappedFile and PutMessageResult are __slots__ classes. After an exact type check
+# their members are read and written at the offsets their member descriptors give, as
+# PyMember_GetOne/SetOne do, without the attribute lookup: measured, the lookups were a third
+# of the call.
+from cpython.dict cimport PyDict_Next
+from cpython.object cimport PyTypeObject
+from cpython.ref cimport Py_XDECREF
+from cpython.unicode cimport PyUnicode_Check
+from libc.string cimport memchr
+from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
+
+from rocketstore.clock import system_clock as _system_clock
+from rocketstore.errors import StoreClosedError as _StoreClosedError
+
+cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(object op)
+    ctypedef struct PyMemberDef:
+        Py_ssize_t offset
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef *d_member
+    object PyType_GenericAlloc(PyTypeObject *tp, Py_ssize_t nitems)
+    void Py_INCREF(object o)
+
+__all__ += ("PutPath",)
+
+# The properties a record may carry on this path. A HashMap of up to 8 entries keeps its
+# initial 16 buckets (it resizes past 12 and treeifies a bucket at 9), so its iteration order
+# is (bucket, insertion order): message.hashmap_order's rule without the resize steps.
+DEF MAX_FAST_PROPS = 8
+DEF FAST_MAX_BODY = 65536           # larger bodies take the path that CRCs without the GIL
+DEF BLANK_LEN = 8                   # END_FILE_MIN_BLANK_LENGTH
+DEF MAX_PROPS_LEN = 32767
+DEF V6_FLAGS = 0x30                 # BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
+DEF STORE_V6_FLAG = 0x20
+DEF BORN_V6_FLAG = 0x10
+
+cdef const uint8_t *_SEP1 = <const uint8_t *>b"\x01"
+cdef const uint8_t *_SEP2 = <const uint8_t *>b"\x02"
+
+# Member order in PutPath's offset tables.
+_MESSAGE_SLOTS = ("topic", "body", "queue_id", "flag", "properties", "born_timestamp",
+                  "born_host", "store_host", "sys_flag", "reconsume_times",
+                  "prepared_transaction_offset")
+DEF M_TOPIC = 0
+DEF M_BODY = 1
+DEF M_QID = 2
+DEF M_FLAG = 3
+DEF M_PROPS = 4
+DEF M_BORN_TS = 5
+DEF M_BORN_HOST = 6
+DEF M_STORE_HOST = 7
+DEF M_SYS_FLAG = 8
+DEF M_RECONSUME = 9
+DEF M_PREPARED = 10
+_FILE_SLOTS = ("wrote_position", "committed_position", "refill_position", "file_from_offset",
+               "mm", "wbuf", "store_timestamp")
+DEF F_WROTE = 0
+DEF F_COMMITTED = 1
+DEF F_REFILL = 2
+DEF F_FROM = 3
+DEF F_MM = 4
+DEF F_WBUF = 5
+DEF F_STORE_TS = 6
+_RESULT_SLOTS = ("status", "reason", "commit_log_offset", "queue_offset", "store_timestamp",
+                 "wrote_bytes", "_store_host_raw")
+
+
+cdef int _member_offsets(type cls, tuple names, Py_ssize_t *out) except -1:
+    for i, name in enumerate(names):
+        d = cls.__dict__.get(name)
+        if type(d).__name__ != "member_descriptor":
+            raise TypeError(f"{cls.__name__}.{name} is not a __slots__ member")
+        out[i] = (<PyMemberDescrObject *><PyObject *>d).d_member.offset
+    return 0
+
+
+cdef inline PyObject *_member(object obj, Py_ssize_t offset) noexcept:
+    """The member at `offset` (borrowed; NULL when unset)."""
+    return (<PyObject **>(<char *><PyObject *>obj + offset))[0]
+
+
+cdef inline void _set_member(object obj, Py_ssize_t offset, object value) noexcept:
+    """Replace the member at `offset` with `value`, as PyMember_SetOne does."""
+    cdef PyObject **slot = <PyObject **>(<char *><PyObject *>obj + offset)
+    cdef PyObject *old = slot[0]
+    Py_INCREF(value)
+    slot[0] = <PyObject *>value
+    Py_XDECREF(old)
+
+
+cdef inline int64_t _now_ms() noexcept nogil:
+    """System.currentTimeMillis, as clock.system_clock computes it."""
+    cdef timespec ts
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return <int64_t>ts.tv_sec * 1000 + ts.tv_nsec // 1000000
+
+
+cdef inline bint _text(PyObject *s, const uint8_t **buf, Py_ssize_t *n) except -1:
+    """The UTF-8 of the str `s` (cached by CPython; no copy for ASCII) when it holds neither
+    properties separator. False for anything else: the Python path decides."""
+    if s == NULL or type(<object>s) is not str:
+        return False
+    buf[0] = <const uint8_t *>PyUnicode_AsUTF8AndSize(<object>s, n)
+    return (memchr(buf[0], 1, <size_t>n[0]) == NULL and memchr(buf[0], 2, <size_t>n[0]) == NULL)
+
+
+cdef class PutPath:
+    """PutPath(store_put, commitlog, running_flags, not_writeable_mask, clock, message_type,
+    mapped_file_type, result_type, put_ok, host_cache)
+
+    `put(msg)` is MessageStore.put_message: the same result, bytes and errors. Cases this
+    class does not take are `store_put(msg)`, the Python path. `fast` and `slow` count the
+    puts each path took (a profile of which messages miss the compiled path)."""
+    cdef object _store_put
+    cdef object _cl
+    cdef dict _cld                  # the CommitLog's instance __dict__: its put state
+    cdef object _lock               # the put lock last seen, and its bound methods
+    cdef object _acquire
+    cdef object _release
+    cdef object _mfq
+    cdef object _flags
+    cdef long _mask
+    cdef dict _topics
+    cdef type _message_type
+    cdef type _file_type
+    cdef type _result_type
+    cdef object _put_ok
+    cdef object _clock
+    cdef bint _system_clock
+    cdef bytes _store_raw
+    cdef int32_t _store_v6
+    cdef dict _hosts
+    cdef object _last_born
+    cdef bytes _last_born_raw
+    cdef int32_t _last_born_v6
+    cdef int64_t _max_body
+    cdef int64_t _file_size
+    cdef Py_ssize_t _m[11]
+    cdef Py_ssize_t _f[7]
+    cdef Py_ssize_t _r[7]
+    cdef readonly Py_ssize_t fast
+    cdef readonly Py_ssize_t slow
+
+    def __init__(self, store_put, commitlog, running_flags, long not_writeable_mask, clock,
+                 type message_type, type mapped_file_type, type result_type, put_ok,
+                 dict host_cache):
+        _member_offsets(message_type, _MESSAGE_SLOTS, self._m)
+        _member_offsets(mapped_file_type, _FILE_SLOTS, self._f)
+        _member_offsets(result_type, _RESULT_SLOTS, self._r)
+        self._store_put = store_put
+        self._cl = commitlog
+        self._cld = commitlog.__dict__
+        for name in ("closed", "put_lock", "after_put", "wake_on_put", "topic_queue_table",
+                     "write_queue_limits"):
+            if name not in self._cld:
+                raise TypeError(f"CommitLog.{name} is not an instance attribute")
+        self._mfq = commitlog.mfq
+        self._flags = running_flags
+        self._mask = not_writeable_mask
+        self._topics = commitlog._topics
+        self._message_type = message_type
+        self._file_type = mapped_file_type
+        self._result_type = result_type
+        self._put_ok = put_ok
+        self._clock = clock
+        self._system_clock = clock is _system_clock
+        self._store_raw = commitlog.store_host_raw        # the config's; fixed for the store
+        self._store_v6 = STORE_V6_FLAG if len(self._store_raw) == 20 else 0
+        self._hosts = host_cache
+        self._last_born = None
+        self._max_body = commitlog.config.max_message_size
+        self._file_size = commitlog.file_size
+
+    def put(self, msg):
+        """Store one message (MessageStore.put_message)."""
+        cdef PyObject *p
+        cdef object topic, body, qid_obj, props, born, limits, lim, key, packed
+        cdef dict cl
+        cdef object lock, files, mf, mm, after, wake, table, qoff_obj, res, status
+        cdef object ts_obj, end_obj
+        cdef bytes topic_b, born_raw
+        cdef int32_t queue_id, flag, sys_flag, reconsume, born_v6, tx
+        cdef int64_t born_ts, prepared, ts, pos, qoff, phy
+        cdef Py_ssize_t n_props = 0, i, j, ppos = 0, klen, vlen, props_len = 0
+        cdef const uint8_t *kb
+        cdef const uint8_t *vb
+        cdef int32_t h, spread
+        cdef int bucket[MAX_FAST_PROPS]
+        cdef int order[MAX_FAST_PROPS]
+        cdef rs_part parts[4 * MAX_FAST_PROPS]
+        cdef rs_part kv[2 * MAX_FAST_PROPS]
+        cdef Py_ssize_t n_parts = 0
+        cdef int size, rc
+        cdef PyObject *pk
+        cdef PyObject *pv
+        cdef Mapping m
+
+        # ---- everything the record needs, read and checked before the lock ----
+        if type(msg) is not self._message_type or self._flags.flag_bits & self._mask:
+            return self._slow(msg)
+        for i in range(11):
+            if _member(msg, self._m[i]) == NULL:       # a deleted attribute: Python raises
+                return self._slow(msg)
+        topic = <object>_member(msg, self._m[M_TOPIC])
+        body = <object>_member(msg, self._m[M_BODY])
+        qid_obj = <object>_member(msg, self._m[M_QID])
+        props = <object>_member(msg, self._m[M_PROPS])
+        topic_b = self._topics.get(topic)       # validated topics only
+        if (topic_b is None or type(body) is not bytes or type(qid_obj) is not int
+                or type(props) is not dict or len(<bytes>body) > self._max_body
+                or len(<bytes>body) > FAST_MAX_BODY
+                or _member(msg, self._m[M_STORE_HOST]) != <PyObject *>None):
+            return self._slow(msg)
+        try:
+            queue_id = qid_obj
+            flag = <object>_member(msg, self._m[M_FLAG])
+            sys_flag = <object>_member(msg, self._m[M_SYS_FLAG])
+            born_ts = <object>_member(msg, self._m[M_BORN_TS])
+            reconsume = <object>_member(msg, self._m[M_RECONSUME])
+            prepared = <object>_member(msg, self._m[M_PREPARED])
+        except (TypeError, OverflowError):
+            return self._slow(msg)             # it raises the error the store documents
+        tx = sys_flag & TX_TYPE_MASK
+        if queue_id < 0 or tx == TX_PREPARED or tx == TX_ROLLBACK:
+            return self._slow(msg)
+        cl = self._cld
+        limits = cl["write_queue_limits"]
+        if limits:
+            lim = limits.get(topic)
+            if lim is not None and qid_obj >= lim:
+                return self._slow(msg)
+        born = <object>_member(msg, self._m[M_BORN_HOST])
+        if born is self._last_born:
+            born_raw = self._last_born_raw
+            born_v6 = self._last_born_v6
+        else:
+            packed = self._hosts.get(born)
+            if packed is None:
+                return self._slow(msg)          # pack_host validates and caches it
+            born_raw = <bytes>(<tuple>packed)[0]
+            born_v6 = BORN_V6_FLAG if (<tuple>packed)[1] else 0
+            self._last_born = born
+            self._last_born_raw = born_raw
+            self._last_born_v6 = born_v6
+        sys_flag = (sys_flag & ~V6_FLAGS) | born_v6 | self._store_v6
+
+        # ---- properties: name\x01value pairs, \x02 between, in HashMap order ----
+        n_props = len(<dict>props)
+        if n_props:
+            if n_props > MAX_FAST_PROPS or "DELAY" in <dict>props:
+                return self._slow(msg)
+            i = 0
+            while PyDict_Next(props, &ppos, &pk, &pv):
+                if not _text(pk, &kb, &klen) or not _text(pv, &vb, &vlen):
+                    return self._slow(msg)      # None, not a str, or a separator inside
+                if rs_java_hash(kb, <size_t>klen, &h) != RS_OK:
+                    return self._slow(msg)
+                spread = h ^ <int32_t>(<uint32_t>h >> 16)
+                bucket[i] = spread & 15
+                kv[2 * i].buf = kb
+                kv[2 * i].len = <size_t>klen
+                kv[2 * i + 1].buf = vb
+                kv[2 * i + 1].len = <size_t>vlen
+                props_len += klen + vlen + 2
+                # insertion sort on bucket, stable: equal buckets keep insertion order
+                j = i
+                while j > 0 and bucket[order[j - 1]] > bucket[i]:
+                    order[j] = order[j - 1]
+                    j -= 1
+                order[j] = i
+                i += 1
+            props_len -= 1
+            if props_len > MAX_PROPS_LEN:
+                return self._slow(msg)
+            for i in range(n_props):
+                j = order[i]
+                parts[n_parts] = kv[2 * j]
+                parts[n_parts + 1].buf = _SEP1
+                parts[n_parts + 1].len = 1
+                parts[n_parts + 2] = kv[2 * j + 1]
+                n_parts += 3
+                if i + 1 < n_props:
+                    parts[n_parts].buf = _SEP2
+                    parts[n_parts].len = 1
+                    n_parts += 1
+        size = rs_msg_size(sys_flag, len(<bytes>body), len(topic_b), props_len, 0)
+        if size <= 0 or size + BLANK_LEN > self._file_size:
+            return self._slow(msg)
+
+        # ---- under the put lock: the final offsets, and the record written once ----
+        lock = cl["put_lock"]
+        if lock is not self._lock:      # replaced (tests do): bind to the new one
+            self._acquire = lock.acquire
+            self._release = lock.release
+            self._lock = lock
+        self._acquire()
+        try:
+            if cl["closed"]:
+                return self._slow_unlocked(msg)
+            files = self._mfq.files
+            if type(files) is not list or not files:
+                return self._slow_unlocked(msg)
+            mf = (<list>files)[len(<list>files) - 1]
+            if type(mf) is not self._file_type:
+                return self._slow_unlocked(msg)
+            for i in range(7):
+                if _member(mf, self._f[i]) == NULL:
+                    return self._slow_unlocked(msg)
+            pos = <object>_member(mf, self._f[F_WROTE])
+            mm = <object>_member(mf, self._f[F_MM])
+            # A roll, a reservation (the disk may refuse it) or a write buffer: Python's path.
+            if (pos + size + BLANK_LEN > <int64_t><object>_member(mf, self._f[F_REFILL])
+                    or pos + size + BLANK_LEN > self._file_size
+                    or _member(mf, self._f[F_WBUF]) != <PyObject *>None
+                    or type(mm) is not Mapping):
+                return self._slow_unlocked(msg)
+            m = <Mapping>mm
+            if m._addr == NULL or not m.writable:
+                return self._slow_unlocked(msg)
+            after = cl["after_put"]
+            wake = cl["wake_on_put"]
+            table = cl["topic_queue_table"]
+            # The put is taken here: a clock that waits keeps the lock, as the Python path
+            # does. Only unmapping could change what was read above, and that needs the lock.
+            if self._system_clock:
+                ts = _now_ms()
+            else:
+                ts = self._clock()
+                if m._addr == NULL:
+                    raise _StoreClosedError("the CommitLog file was unmapped during a put")
+            key = (topic, qid_obj)
+            qoff_obj = table.get(key, 0)
+            qoff = qoff_obj
+            phy = <int64_t><object>_member(mf, self._f[F_FROM]) + pos
+            rc = rs_msg_encode_parts(<uint8_t *>m._addr, <size_t>m._size, pos,
+                                     <const uint8_t *>PyBytes_AS_STRING(topic_b), len(topic_b),
+                                     <const uint8_t *>PyBytes_AS_STRING(body), len(<bytes>body),
+                                     parts, n_parts, queue_id, flag, qoff, phy, sys_flag,
+                                     born_ts, <const uint8_t *>PyBytes_AS_STRING(born_raw),
+                                     len(born_raw), ts,
+                                     <const uint8_t *>PyBytes_AS_STRING(self._store_raw),
+                                     len(self._store_raw), reconsume, prepared, 0)
+            if rc != size:
+                _check(rc if rc < 0 else RS_E_ARG, "put_message")
+            end_obj = pos + size
+            ts_obj = ts
+            _set_member(mf, self._f[F_WROTE], end_obj)
+            _set_member(mf, self._f[F_COMMITTED], end_obj)
+            _set_member(mf, self._f[F_STORE_TS], ts_obj)
+            table[key] = qoff_obj + 1
+        finally:
+            self._release()
+        self.fast += 1
+        if wake is not None and not wake.has_notified:
+            wake.wakeup()
+        status = self._put_ok if after is None else after(phy + size, msg)
+        res = PyType_GenericAlloc(<PyTypeObject *>self._result_type, 0)
+        _set_member(res, self._r[0], status)
+        _set_member(res, self._r[1], None)
+        _set_member(res, self._r[2], phy)
+        _set_member(res, self._r[3], qoff_obj)
+        _set_member(res, self._r[4], ts_obj)
+        _set_member(res, self._r[5], size)
+        _set_member(res, self._r[6], self._store_raw)
+        # Not tracked by the garbage collector: it refers to an enum member, ints and bytes
+        # only, so it can be in no cycle, and a program keeping a million results would
+        # otherwise make every collection walk them all (measured: ~30 % of a put).
+        PyObject_GC_UnTrack(res)
+        return res
+
+    cdef object _slow(self, msg):
+        self.slow += 1
+        return self._store_put(msg)
+
+    cdef object _slow_unlocked(self, msg):
+        # Called with the put lock held: the Python path takes it itself.
+        self._release()
+        try:
+            return self._slow(msg)
+        finally:
+            self._acquire()

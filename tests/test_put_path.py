@@ -1,0 +1,122 @@
+# SPDX-License-Identifier: Apache-2.0
+"""put_message's compiled path (the cext backend's PutPath) writes the bytes, returns the
+results and raises the errors of the Python path it stands in for, and hands every case it
+does not take to that path."""
+import random
+
+import pytest
+
+from rocketstore import Message, PutMessageStatus, testing
+from rocketstore.errors import MessageIllegalError, StoreClosedError
+from rocketstore.workload import make_messages
+
+BACKENDS = testing.backend_params()
+needs_cext = pytest.mark.skipif("cext" not in BACKENDS, reason="the cext backend is not built")
+
+
+def _commitlog_bytes(root):
+    out = b""
+    for name, digest in sorted(testing.tree_digest(root).items()):
+        if name.startswith("commitlog"):
+            out += (name + digest).encode()
+    return out
+
+
+def _random_messages(seed, count):
+    """Messages whose properties cover what the compiled path must order and encode like
+    the broker's HashMap: 0-12 entries (past 8 the Python path takes them), names that share
+    buckets, UTF-8 names and values, empty values, and a few it must refuse."""
+    rng = random.Random(seed)
+    names = ["TAGS", "KEYS", "UNIQ_KEY", "a", "b", "Aa", "BB", "key", "x" * 40, "名前",
+             "WAIT", "TRAN_MSG", "p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8"]
+    values = ["", "v", "value with spaces", "ü-ñ-€", "😀", "0" * 300]
+    out = []
+    for i in range(count):
+        props = {rng.choice(names): rng.choice(values) for _ in range(rng.randrange(13))}
+        out.append(Message("PathTopic%d" % (i % 3), rng.randbytes(rng.randrange(200)),
+                           queue_id=rng.randrange(4), flag=rng.randrange(-5, 5),
+                           properties=props, born_timestamp=rng.randrange(1 << 42),
+                           reconsume_times=rng.randrange(3),
+                           born_host=rng.choice([("10.0.0.7", 40001), ("127.0.0.1", 0),
+                                                 ("::1", 9)])))
+    return out
+
+
+def _put_all(root, backend, msgs):
+    store = testing.open_store(root, backend)
+    answers = []
+    try:
+        for m in msgs:
+            try:
+                r = store.put_message(m)
+                answers.append((r.status, r.commit_log_offset, r.queue_offset,
+                                r.store_timestamp, r.wrote_bytes, r.msg_id))
+            except MessageIllegalError as exc:
+                answers.append(("refused", str(exc)))
+        path = getattr(store.put_message, "__self__", None)
+    finally:
+        store.shutdown()
+    return answers, _commitlog_bytes(root), path
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_every_backend_answers_and_writes_the_same_for_random_properties(tmp_path, seed):
+    msgs = _random_messages(seed, 400)
+    msgs.insert(50, Message("PathTopic0", b"sep", properties={"a": "x\x01y"}))
+    msgs.insert(60, Message("PathTopic1", b"none", properties={"a": None, "b": "c"}))
+    results = {n: _put_all(tmp_path / n, testing.load_backend(n), msgs) for n in BACKENDS}
+    ref_answers, ref_bytes, _ = results[BACKENDS[-1]]
+    assert sum(a[0] == "refused" for a in ref_answers) >= 1
+    for name in BACKENDS:
+        answers, data, _ = results[name]
+        assert answers == ref_answers, name
+        assert data == ref_bytes, name
+
+
+@needs_cext
+def test_common_puts_take_the_compiled_path_and_the_rest_fall_back(tmp_path):
+    # Files large enough that no put rolls (a roll is the Python path's too).
+    store = testing.open_store(tmp_path / "s", testing.load_backend("cext"),
+                               testing.small_config(mapped_file_size_commit_log=1 << 20))
+    try:
+        path = store.put_message.__self__
+        msgs = make_messages(300, topics=2)
+        for m in msgs:
+            assert store.put_message(m).status is PutMessageStatus.PUT_OK
+        # The first put of each topic validates and caches the topic in Python.
+        assert (path.fast, path.slow) == (298, 2)
+        rare = [Message("BenchTopic0", b"d", properties={"DELAY": "2"}),
+                Message("BenchTopic0", bytearray(b"not bytes")),
+                Message("BenchTopic0", b"tx", sys_flag=0x4),
+                Message("BenchTopic0", b"h", store_host=("10.1.1.1", 10911)),
+                Message("BenchTopic0", b"p", properties={"k%d" % i: "v" for i in range(9)})]
+        for m in rare:
+            assert store.put_message(m).status is PutMessageStatus.PUT_OK
+        assert (path.fast, path.slow) == (298, 2 + len(rare))
+    finally:
+        store.shutdown()
+
+
+@needs_cext
+def test_a_put_after_shutdown_through_a_kept_reference_raises_store_closed(tmp_path):
+    store = testing.open_store(tmp_path / "s", testing.load_backend("cext"))
+    put = store.put_message          # what a benchmark loop keeps
+    assert put(Message("T", b"x")).status is PutMessageStatus.PUT_OK
+    store.shutdown()
+    with pytest.raises(StoreClosedError):
+        put(Message("T", b"y"))
+    assert "put_message" not in vars(store)
+
+
+@needs_cext
+def test_compiled_put_results_are_not_tracked_by_the_garbage_collector(tmp_path):
+    import gc
+    store = testing.open_store(tmp_path / "s", testing.load_backend("cext"))
+    try:
+        store.put_message(Message("T", b"first"))
+        r = store.put_message(Message("T", b"second"))
+        assert not gc.is_tracked(r)
+        assert r.ok and r.queue_offset == 1 and r.msg_id
+        assert repr(r).startswith("PutMessageResult(PUT_OK")
+    finally:
+        store.shutdown()
