@@ -15,6 +15,14 @@ _UNIT = struct.Struct(">qiq")
 _FILLER = _UNIT.pack(0, 0x7FFFFFFF, 0)
 
 
+def _reserve(f, end):
+    """Reserve the next window of a queue file and fault it in at once: the dispatcher
+    writing units holds the GIL, a page fault on each first touch there would hold it too,
+    and populating runs without it (cext Mapping)."""
+    old, new = f.reserve(end)
+    f.populate(old, new)
+
+
 class ConsumeQueue:
     """Units are written by the reput thread only; readers take `self.mfq.files` once."""
 
@@ -159,7 +167,7 @@ class ConsumeQueue:
             k = min(room, n - start)
             pos = f.wrote_position
             if pos + k * UNIT > f.reserved_position:
-                f.reserve(pos + k * UNIT)
+                _reserve(f, pos + k * UNIT)
             self._k.cq_encode_batch(f.mm, pos, offsets[start:start + k], sizes[start:start + k],
                                     tags_codes[start:start + k])
             f.wrote_position = f.committed_position = pos + k * UNIT
@@ -184,7 +192,7 @@ class ConsumeQueue:
                 log.warning("[BUG] logic queue order maybe wrong: %s-%d expected %d got %d",
                             self.topic, self.queue_id, expect, current)
         if pos + UNIT > f.reserved_position:
-            f.reserve(pos + UNIT)
+            _reserve(f, pos + UNIT)
         self._k.cq_encode(f.mm, pos, offset, size, tags_code)
         f.wrote_position = f.committed_position = pos + UNIT
         self.max_physic_offset = offset + size

@@ -136,6 +136,14 @@ class MappedFile:
         self.reserved_position = self.refill_position = want
         return old, want
 
+    def populate(self, start, end):
+        """Fault in [start, end) now (the page holding `start` included), so that writes
+        there take no first-touch fault. Only reserved space: populating a hole would
+        allocate it with no ENOSPC check. With the cext Mapping the GIL is released."""
+        start -= start % OS_PAGE_SIZE
+        if end > start:
+            self._fs.prefault(self.mm, start, end - start)
+
     def zero_tail(self, pos, chunk=1 << 20):
         """Zero [pos, file end). A truncated tail must not hold stale records that a later
         recovery could take for valid ones once new data ends short of them. Only the
