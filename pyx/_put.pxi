@@ -15,11 +15,13 @@
 # PyMember_GetOne/SetOne do, without the attribute lookup: measured, the lookups were a third
 # of the call.
 from cpython.dict cimport PyDict_Next
+from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyTypeObject
 from cpython.ref cimport Py_XDECREF
-from cpython.unicode cimport PyUnicode_Check
 from libc.string cimport memchr
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
+
+import numpy as _np
 
 from rocketstore.clock import system_clock as _system_clock
 from rocketstore.errors import StoreClosedError as _StoreClosedError
@@ -116,14 +118,36 @@ cdef inline bint _text(PyObject *s, const uint8_t **buf, Py_ssize_t *n) except -
     return (memchr(buf[0], 1, <size_t>n[0]) == NULL and memchr(buf[0], 2, <size_t>n[0]) == NULL)
 
 
-cdef class PutPath:
-    """PutPath(store_put, commitlog, running_flags, not_writeable_mask, clock, message_type,
-    mapped_file_type, result_type, put_ok, host_cache)
+cdef struct _Rec:
+    # One message's record, as _prepare read it; pointers are borrowed from the message.
+    PyObject *topic             # str, and the queue id int: the queue table's key
+    PyObject *qid
+    PyObject *topic_b           # bytes
+    PyObject *body              # bytes
+    PyObject *born              # packed born host, bytes
+    rs_part *parts              # the properties string, in pieces
+    Py_ssize_t n_parts
+    int64_t born_ts
+    int64_t prepared
+    int32_t queue_id
+    int32_t flag
+    int32_t sys_flag
+    int32_t reconsume
+    int32_t size
 
-    `put(msg)` is MessageStore.put_message: the same result, bytes and errors. Cases this
-    class does not take are `store_put(msg)`, the Python path. `fast` and `slow` count the
-    puts each path took (a profile of which messages miss the compiled path)."""
+
+cdef class PutPath:
+    """PutPath(store_put, store_put_list, commitlog, running_flags, not_writeable_mask, clock,
+    message_type, mapped_file_type, result_type, batch_result_type, put_ok, host_cache)
+
+    `put(msg)` is MessageStore.put_message and `put_list(msgs, batch_properties=None)` is
+    MessageStore.put_messages: the same results, bytes and errors. Cases this class does not
+    take go to `store_put(msg)` and `store_put_list(msgs, batch_properties)`, the Python
+    paths. `fast` counts messages stored here, `slow` the calls handed over (a profile of
+    what misses the compiled path)."""
     cdef object _store_put
+    cdef object _store_put_list
+    cdef object _batch_result_type
     cdef object _cl
     cdef dict _cld                  # the CommitLog's instance __dict__: its put state
     cdef object _lock               # the put lock last seen, and its bound methods
@@ -153,13 +177,15 @@ cdef class PutPath:
     cdef readonly Py_ssize_t fast
     cdef readonly Py_ssize_t slow
 
-    def __init__(self, store_put, commitlog, running_flags, long not_writeable_mask, clock,
-                 type message_type, type mapped_file_type, type result_type, put_ok,
-                 dict host_cache):
+    def __init__(self, store_put, store_put_list, commitlog, running_flags,
+                 long not_writeable_mask, clock, type message_type, type mapped_file_type,
+                 type result_type, type batch_result_type, put_ok, dict host_cache):
         _member_offsets(message_type, _MESSAGE_SLOTS, self._m)
         _member_offsets(mapped_file_type, _FILE_SLOTS, self._f)
         _member_offsets(result_type, _RESULT_SLOTS, self._r)
         self._store_put = store_put
+        self._store_put_list = store_put_list
+        self._batch_result_type = batch_result_type
         self._cl = commitlog
         self._cld = commitlog.__dict__
         for name in ("closed", "put_lock", "after_put", "wake_on_put", "topic_queue_table",
@@ -183,36 +209,26 @@ cdef class PutPath:
         self._max_body = commitlog.config.max_message_size
         self._file_size = commitlog.file_size
 
-    def put(self, msg):
-        """Store one message (MessageStore.put_message)."""
-        cdef PyObject *p
-        cdef object topic, body, qid_obj, props, born, limits, lim, key, packed
-        cdef dict cl
-        cdef object lock, files, mf, mm, after, wake, table, qoff_obj, res, status
-        cdef object ts_obj, end_obj
-        cdef bytes topic_b, born_raw
-        cdef int32_t queue_id, flag, sys_flag, reconsume, born_v6, tx
-        cdef int64_t born_ts, prepared, ts, pos, qoff, phy
-        cdef Py_ssize_t n_props = 0, i, j, ppos = 0, klen, vlen, props_len = 0
-        cdef const uint8_t *kb
-        cdef const uint8_t *vb
-        cdef int32_t h, spread
-        cdef int bucket[MAX_FAST_PROPS]
-        cdef int order[MAX_FAST_PROPS]
-        cdef rs_part parts[4 * MAX_FAST_PROPS]
-        cdef rs_part kv[2 * MAX_FAST_PROPS]
-        cdef Py_ssize_t n_parts = 0
-        cdef int size, rc
+    cdef bint _prepare(self, object msg, _Rec *r, rs_part *parts) except -1:
+        """Read and check everything `msg`'s record needs, before any lock: its fields, its
+        properties as up to 4 * MAX_FAST_PROPS `parts` in HashMap order, and its size. False
+        when the Python path must take the message (and then raises whatever it raises)."""
         cdef PyObject *pk
         cdef PyObject *pv
-        cdef Mapping m
-
-        # ---- everything the record needs, read and checked before the lock ----
-        if type(msg) is not self._message_type or self._flags.flag_bits & self._mask:
-            return self._slow(msg)
+        cdef object topic, body, qid_obj, props, born, limits, lim, packed
+        cdef bytes topic_b, born_raw
+        cdef int32_t born_v6, tx, h, spread
+        cdef Py_ssize_t n_props, i, j, ppos = 0, klen, vlen, props_len = 0, n_parts = 0
+        cdef const uint8_t *kb
+        cdef const uint8_t *vb
+        cdef int bucket[MAX_FAST_PROPS]
+        cdef int order[MAX_FAST_PROPS]
+        cdef rs_part kv[2 * MAX_FAST_PROPS]
+        if type(msg) is not self._message_type:
+            return False
         for i in range(11):
             if _member(msg, self._m[i]) == NULL:       # a deleted attribute: Python raises
-                return self._slow(msg)
+                return False
         topic = <object>_member(msg, self._m[M_TOPIC])
         body = <object>_member(msg, self._m[M_BODY])
         qid_obj = <object>_member(msg, self._m[M_QID])
@@ -222,25 +238,24 @@ cdef class PutPath:
                 or type(props) is not dict or len(<bytes>body) > self._max_body
                 or len(<bytes>body) > FAST_MAX_BODY
                 or _member(msg, self._m[M_STORE_HOST]) != <PyObject *>None):
-            return self._slow(msg)
+            return False
         try:
-            queue_id = qid_obj
-            flag = <object>_member(msg, self._m[M_FLAG])
-            sys_flag = <object>_member(msg, self._m[M_SYS_FLAG])
-            born_ts = <object>_member(msg, self._m[M_BORN_TS])
-            reconsume = <object>_member(msg, self._m[M_RECONSUME])
-            prepared = <object>_member(msg, self._m[M_PREPARED])
+            r.queue_id = qid_obj
+            r.flag = <object>_member(msg, self._m[M_FLAG])
+            r.sys_flag = <object>_member(msg, self._m[M_SYS_FLAG])
+            r.born_ts = <object>_member(msg, self._m[M_BORN_TS])
+            r.reconsume = <object>_member(msg, self._m[M_RECONSUME])
+            r.prepared = <object>_member(msg, self._m[M_PREPARED])
         except (TypeError, OverflowError):
-            return self._slow(msg)             # it raises the error the store documents
-        tx = sys_flag & TX_TYPE_MASK
-        if queue_id < 0 or tx == TX_PREPARED or tx == TX_ROLLBACK:
-            return self._slow(msg)
-        cl = self._cld
-        limits = cl["write_queue_limits"]
+            return False                       # the Python path raises what the store documents
+        tx = r.sys_flag & TX_TYPE_MASK
+        if r.queue_id < 0 or tx == TX_PREPARED or tx == TX_ROLLBACK:
+            return False
+        limits = self._cld["write_queue_limits"]
         if limits:
             lim = limits.get(topic)
             if lim is not None and qid_obj >= lim:
-                return self._slow(msg)
+                return False
         born = <object>_member(msg, self._m[M_BORN_HOST])
         if born is self._last_born:
             born_raw = self._last_born_raw
@@ -248,25 +263,25 @@ cdef class PutPath:
         else:
             packed = self._hosts.get(born)
             if packed is None:
-                return self._slow(msg)          # pack_host validates and caches it
+                return False                    # pack_host validates and caches it
             born_raw = <bytes>(<tuple>packed)[0]
             born_v6 = BORN_V6_FLAG if (<tuple>packed)[1] else 0
             self._last_born = born
             self._last_born_raw = born_raw
             self._last_born_v6 = born_v6
-        sys_flag = (sys_flag & ~V6_FLAGS) | born_v6 | self._store_v6
+        r.sys_flag = (r.sys_flag & ~V6_FLAGS) | born_v6 | self._store_v6
 
-        # ---- properties: name\x01value pairs, \x02 between, in HashMap order ----
+        # Properties: name\x01value pairs, \x02 between, in HashMap order.
         n_props = len(<dict>props)
         if n_props:
             if n_props > MAX_FAST_PROPS or "DELAY" in <dict>props:
-                return self._slow(msg)
+                return False
             i = 0
             while PyDict_Next(props, &ppos, &pk, &pv):
                 if not _text(pk, &kb, &klen) or not _text(pv, &vb, &vlen):
-                    return self._slow(msg)      # None, not a str, or a separator inside
+                    return False                # None, not a str, or a separator inside
                 if rs_java_hash(kb, <size_t>klen, &h) != RS_OK:
-                    return self._slow(msg)
+                    return False
                 spread = h ^ <int32_t>(<uint32_t>h >> 16)
                 bucket[i] = spread & 15
                 kv[2 * i].buf = kb
@@ -283,7 +298,7 @@ cdef class PutPath:
                 i += 1
             props_len -= 1
             if props_len > MAX_PROPS_LEN:
-                return self._slow(msg)
+                return False
             for i in range(n_props):
                 j = order[i]
                 parts[n_parts] = kv[2 * j]
@@ -295,17 +310,64 @@ cdef class PutPath:
                     parts[n_parts].buf = _SEP2
                     parts[n_parts].len = 1
                     n_parts += 1
-        size = rs_msg_size(sys_flag, len(<bytes>body), len(topic_b), props_len, 0)
-        if size <= 0 or size + BLANK_LEN > self._file_size:
-            return self._slow(msg)
+        r.size = rs_msg_size(r.sys_flag, len(<bytes>body), len(topic_b), props_len, 0)
+        if r.size <= 0 or r.size + BLANK_LEN > self._file_size:
+            return False
+        # Borrowed: `msg` holds them, and the caller holds `msg`.
+        r.topic = <PyObject *>topic
+        r.qid = <PyObject *>qid_obj
+        r.topic_b = <PyObject *>topic_b
+        r.body = <PyObject *>body
+        r.born = <PyObject *>born_raw
+        r.parts = parts
+        r.n_parts = n_parts
+        return True
 
-        # ---- under the put lock: the final offsets, and the record written once ----
-        lock = cl["put_lock"]
+    cdef inline int _encode(self, _Rec *r, char *out, Py_ssize_t out_len, int64_t pos,
+                            int64_t qoff, int64_t phy, int64_t ts) except -1:
+        cdef int rc = rs_msg_encode_parts(
+            <uint8_t *>out, <size_t>out_len, pos,
+            <const uint8_t *>PyBytes_AS_STRING(<object>r.topic_b),
+            PyBytes_GET_SIZE(<object>r.topic_b),
+            <const uint8_t *>PyBytes_AS_STRING(<object>r.body), PyBytes_GET_SIZE(<object>r.body),
+            r.parts, r.n_parts, r.queue_id, r.flag, qoff, phy, r.sys_flag, r.born_ts,
+            <const uint8_t *>PyBytes_AS_STRING(<object>r.born), PyBytes_GET_SIZE(<object>r.born),
+            ts, <const uint8_t *>PyBytes_AS_STRING(self._store_raw),
+            PyBytes_GET_SIZE(self._store_raw), r.reconsume, r.prepared, 0)
+        if rc != r.size:
+            _check(rc if rc < 0 else RS_E_ARG, "put_message")
+        return 0
+
+    cdef inline int _take_lock(self) except -1:
+        lock = self._cld["put_lock"]
         if lock is not self._lock:      # replaced (tests do): bind to the new one
             self._acquire = lock.acquire
             self._release = lock.release
             self._lock = lock
         self._acquire()
+        return 0
+
+    cdef inline int64_t _now(self) except? -1:
+        if self._system_clock:
+            return _now_ms()
+        return self._clock()
+
+    def put(self, msg):
+        """Store one message (MessageStore.put_message)."""
+        cdef _Rec r
+        cdef rs_part parts[4 * MAX_FAST_PROPS]
+        cdef dict cl = self._cld
+        cdef object files, mf, mm, after, wake, table, key, qoff_obj, res, status
+        cdef object ts_obj, end_obj
+        cdef int64_t ts, pos, qoff, phy
+        cdef Py_ssize_t i
+        cdef Mapping m
+
+        if self._flags.flag_bits & self._mask or not self._prepare(msg, &r, parts):
+            return self._slow(msg)
+
+        # Under the put lock: the final offsets, and the record written once.
+        self._take_lock()
         try:
             if cl["closed"]:
                 return self._slow_unlocked(msg)
@@ -321,8 +383,8 @@ cdef class PutPath:
             pos = <object>_member(mf, self._f[F_WROTE])
             mm = <object>_member(mf, self._f[F_MM])
             # A roll, a reservation (the disk may refuse it) or a write buffer: Python's path.
-            if (pos + size + BLANK_LEN > <int64_t><object>_member(mf, self._f[F_REFILL])
-                    or pos + size + BLANK_LEN > self._file_size
+            if (pos + r.size + BLANK_LEN > <int64_t><object>_member(mf, self._f[F_REFILL])
+                    or pos + r.size + BLANK_LEN > self._file_size
                     or _member(mf, self._f[F_WBUF]) != <PyObject *>None
                     or type(mm) is not Mapping):
                 return self._slow_unlocked(msg)
@@ -334,27 +396,15 @@ cdef class PutPath:
             table = cl["topic_queue_table"]
             # The put is taken here: a clock that waits keeps the lock, as the Python path
             # does. Only unmapping could change what was read above, and that needs the lock.
-            if self._system_clock:
-                ts = _now_ms()
-            else:
-                ts = self._clock()
-                if m._addr == NULL:
-                    raise _StoreClosedError("the CommitLog file was unmapped during a put")
-            key = (topic, qid_obj)
+            ts = self._now()
+            if m._addr == NULL:
+                raise _StoreClosedError("the CommitLog file was unmapped during a put")
+            key = (<object>r.topic, <object>r.qid)
             qoff_obj = table.get(key, 0)
             qoff = qoff_obj
             phy = <int64_t><object>_member(mf, self._f[F_FROM]) + pos
-            rc = rs_msg_encode_parts(<uint8_t *>m._addr, <size_t>m._size, pos,
-                                     <const uint8_t *>PyBytes_AS_STRING(topic_b), len(topic_b),
-                                     <const uint8_t *>PyBytes_AS_STRING(body), len(<bytes>body),
-                                     parts, n_parts, queue_id, flag, qoff, phy, sys_flag,
-                                     born_ts, <const uint8_t *>PyBytes_AS_STRING(born_raw),
-                                     len(born_raw), ts,
-                                     <const uint8_t *>PyBytes_AS_STRING(self._store_raw),
-                                     len(self._store_raw), reconsume, prepared, 0)
-            if rc != size:
-                _check(rc if rc < 0 else RS_E_ARG, "put_message")
-            end_obj = pos + size
+            self._encode(&r, m._addr, m._size, pos, qoff, phy, ts)
+            end_obj = pos + r.size
             ts_obj = ts
             _set_member(mf, self._f[F_WROTE], end_obj)
             _set_member(mf, self._f[F_COMMITTED], end_obj)
@@ -365,20 +415,172 @@ cdef class PutPath:
         self.fast += 1
         if wake is not None and not wake.has_notified:
             wake.wakeup()
-        status = self._put_ok if after is None else after(phy + size, msg)
+        status = self._put_ok if after is None else after(phy + r.size, msg)
         res = PyType_GenericAlloc(<PyTypeObject *>self._result_type, 0)
         _set_member(res, self._r[0], status)
         _set_member(res, self._r[1], None)
         _set_member(res, self._r[2], phy)
         _set_member(res, self._r[3], qoff_obj)
         _set_member(res, self._r[4], ts_obj)
-        _set_member(res, self._r[5], size)
+        _set_member(res, self._r[5], r.size)
         _set_member(res, self._r[6], self._store_raw)
         # Not tracked by the garbage collector: it refers to an enum member, ints and bytes
         # only, so it can be in no cycle, and a program keeping a million results would
         # otherwise make every collection walk them all (measured: ~30 % of a put).
         PyObject_GC_UnTrack(res)
         return res
+
+    def put_list(self, msgs, batch_properties=None):
+        """Store a list of messages (MessageStore.put_messages): every record is checked
+        before the lock, then encoded once at its final offset, one Python call per file
+        touched (which picks, reserves or rolls it). A list with any message this path does
+        not take, a broker batch (`batch_properties`), or anything but a list goes to the
+        Python path whole."""
+        cdef Py_ssize_t n, i, k, done = 0, nparts_cap, nparts_used = 0, n_keys = 0
+        cdef _Rec *recs = NULL
+        cdef rs_part *parts = NULL
+        cdef rs_part *grown
+        cdef int64_t *qoffs
+        cdef int64_t *phys
+        cdef int64_t *sizes
+        cdef int64_t *base = NULL         # per distinct queue: its offset before this call
+        cdef int64_t *count = NULL        # per distinct queue: records written by this call
+        cdef Py_ssize_t *slot_of = NULL   # per record: its distinct queue
+        cdef int64_t ts, total = 0, written = 0, pos, limit, wpos, phy_base
+        cdef dict cl = self._cld
+        cdef dict key_index
+        cdef list keys
+        cdef object key, table, after, wake, mf, status, reason, target, status_obj
+        cdef Py_buffer out
+        if (batch_properties is not None or type(msgs) is not list
+                or self._flags.flag_bits & self._mask or not msgs):
+            return self._slow_list(msgs, batch_properties)
+        n = len(<list>msgs)
+        memset(&out, 0, sizeof(out))
+        phys_a = _np.empty(n, dtype=_np.int64)
+        qoffs_a = _np.empty(n, dtype=_np.int64)
+        sizes_a = _np.empty(n, dtype=_np.int64)
+        cdef int64_t[::1] pv = phys_a, qv = qoffs_a, sv = sizes_a
+        phys = &pv[0]
+        qoffs = &qv[0]
+        sizes = &sv[0]
+        nparts_cap = n * 8 + 4 * MAX_FAST_PROPS
+        recs = <_Rec *>PyMem_Malloc(n * sizeof(_Rec))
+        parts = <rs_part *>PyMem_Malloc(nparts_cap * sizeof(rs_part))
+        slot_of = <Py_ssize_t *>PyMem_Malloc(n * sizeof(Py_ssize_t))
+        try:
+            if recs == NULL or parts == NULL or slot_of == NULL:
+                raise MemoryError()
+            # Distinct queues by (validated topic bytes, queue id): the topic cache hands out
+            # one bytes object per topic, so equal topics share it.
+            key_index = {}
+            keys = []
+            for i in range(n):
+                if nparts_cap - nparts_used < 4 * MAX_FAST_PROPS:
+                    nparts_cap *= 2
+                    grown = <rs_part *>PyMem_Realloc(parts, nparts_cap * sizeof(rs_part))
+                    if grown == NULL:
+                        raise MemoryError()
+                    # Records prepared so far point into the old block: move them along.
+                    for k in range(i):
+                        recs[k].parts = grown + (recs[k].parts - parts)
+                    parts = grown
+                if not self._prepare((<list>msgs)[i], &recs[i], parts + nparts_used):
+                    return self._slow_list(msgs, None)
+                nparts_used += recs[i].n_parts
+                sizes[i] = recs[i].size
+                total += recs[i].size
+                key = (<object>recs[i].topic, <object>recs[i].qid)
+                k = key_index.get(key, -1)
+                if k < 0:
+                    k = len(keys)
+                    key_index[key] = k
+                    keys.append(key)
+                slot_of[i] = k
+            n_keys = len(keys)
+            base = <int64_t *>PyMem_Malloc(n_keys * sizeof(int64_t))
+            count = <int64_t *>PyMem_Calloc(n_keys, sizeof(int64_t))
+            if base == NULL or count == NULL:
+                raise MemoryError()
+
+            self._take_lock()
+            try:
+                if cl["closed"]:
+                    return self._slow_list_unlocked(msgs)
+                after = cl["after_put"]
+                wake = cl["wake_on_put"]
+                table = cl["topic_queue_table"]
+                ts = self._now()
+                for k in range(n_keys):
+                    base[k] = table.get(keys[k], 0)
+                for i in range(n):
+                    k = slot_of[i]
+                    qoffs[i] = base[k] + count[k]
+                    count[k] += 1
+                memset(count, 0, n_keys * sizeof(int64_t))
+                status = None
+                try:
+                    while done < n:
+                        # Python picks the file, creates or reserves it; None when it cannot.
+                        mf, status, reason = self._cl._batch_file(total - written)
+                        if mf is None:
+                            break
+                        target = mf.write_target
+                        PyObject_GetBuffer(target, &out, PyBUF_WRITABLE)
+                        try:
+                            wpos = mf.wrote_position
+                            limit = min(<int64_t>mf.reserved_position, self._file_size)
+                            phy_base = <int64_t>mf.file_from_offset + wpos
+                            pos = wpos
+                            while done < n and pos + recs[done].size + BLANK_LEN <= limit:
+                                phys[done] = phy_base + (pos - wpos)
+                                self._encode(&recs[done], <char *>out.buf, out.len, pos,
+                                             qoffs[done], phys[done], ts)
+                                count[slot_of[done]] += 1
+                                pos += recs[done].size
+                                done += 1
+                        finally:
+                            PyBuffer_Release(&out)
+                        if pos > wpos:
+                            mf.wrote_position = pos
+                            if mf.wbuf is None:
+                                mf.committed_position = pos
+                            mf.store_timestamp = ts
+                            written += pos - wpos
+                        if done < n and pos + recs[done].size + BLANK_LEN > self._file_size:
+                            self._cl._end_file(mf, pos)
+                finally:
+                    # What was written keeps its queue offsets; the rest gives them back.
+                    for k in range(n_keys):
+                        if count[k]:
+                            table[keys[k]] = base[k] + count[k]
+            finally:
+                self._release()
+        finally:
+            PyMem_Free(recs)
+            PyMem_Free(parts)
+            PyMem_Free(slot_of)
+            PyMem_Free(base)
+            PyMem_Free(count)
+        stored = [self._store_raw] * done
+        if done < n:
+            return self._batch_result_type(status, done, phys_a[:done], qoffs_a[:done].copy(),
+                                           sizes_a[:done], ts, written, stored, reason=reason)
+        self.fast += n
+        status_obj = self._cl.finish_put(after, phys[n - 1] + sizes[n - 1], (<list>msgs)[n - 1])
+        return self._batch_result_type(status_obj, n, phys_a, qoffs_a, sizes_a, ts, total,
+                                       stored)
+
+    cdef object _slow_list(self, msgs, batch_properties):
+        self.slow += 1
+        return self._store_put_list(msgs, batch_properties)
+
+    cdef object _slow_list_unlocked(self, msgs):
+        self._release()
+        try:
+            return self._slow_list(msgs, None)
+        finally:
+            self._acquire()
 
     cdef object _slow(self, msg):
         self.slow += 1

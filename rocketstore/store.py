@@ -444,6 +444,7 @@ class MessageStore:
         if self._running:
             self._running = False
             self.__dict__.pop("put_message", None)
+            self.__dict__.pop("put_messages", None)
             # Before anything is committed or flushed: a put already holding the lock
             # finishes its write first, every later one raises StoreClosedError, so what
             # the final commit and flush cover is everything ever acknowledged.
@@ -569,9 +570,11 @@ class MessageStore:
             return
         from .mapped_file import MappedFile
         from .message import _HOST_CACHE, Message
-        self.put_message = make(self._put_message, self.commitlog, self.running_flags,
-                                NOT_WRITEABLE_MASK, self.clock, Message, MappedFile,
-                                PutMessageResult, PutMessageStatus.PUT_OK, _HOST_CACHE).put
+        path = make(self._put_message, self._put_messages, self.commitlog, self.running_flags,
+                    NOT_WRITEABLE_MASK, self.clock, Message, MappedFile, PutMessageResult,
+                    PutMessagesResult, PutMessageStatus.PUT_OK, _HOST_CACHE)
+        self.put_message = path.put
+        self.put_messages = path.put_list
 
     def put_message(self, msg):
         """Store one message (asyncPutMessage + wait). Bad input raises MessageIllegalError;
@@ -616,6 +619,8 @@ class MessageStore:
         except Exception as exc:
             explain_put_failure(msgs, exc)
             raise
+
+    _put_messages = put_messages
 
     def put_batch(self, topic, queue_id, bodies, tags=None, keys=None, properties=None, *,
                   flag=0, born_timestamp=0, born_host=("127.0.0.1", 0)):

@@ -120,3 +120,60 @@ def test_compiled_put_results_are_not_tracked_by_the_garbage_collector(tmp_path)
         assert repr(r).startswith("PutMessageResult(PUT_OK")
     finally:
         store.shutdown()
+
+
+def _put_lists(root, backend, msgs, size):
+    store = testing.open_store(root, backend)
+    answers = []
+    try:
+        for i in range(0, len(msgs), size):
+            try:
+                r = store.put_messages(msgs[i:i + size])
+                answers.append((r.status, r.count, list(r.commit_log_offsets),
+                                list(r.queue_offsets), list(r.sizes), r.store_timestamp,
+                                r.wrote_bytes, r.msg_id))
+            except MessageIllegalError as exc:
+                answers.append(("refused", str(exc)))
+    finally:
+        store.shutdown()
+    return answers, _commitlog_bytes(root)
+
+
+@pytest.mark.parametrize("size", [1, 7, 150])
+def test_every_backend_answers_and_writes_the_same_for_lists(tmp_path, size):
+    msgs = _random_messages(5, 450)
+    # Eight properties each (the most the compiled path takes): the pieces of the list's
+    # properties strings outgrow their first allocation.
+    msgs[100:160] = [Message("PathTopic2", b"full", queue_id=i % 4,
+                             properties={"p%d" % j: "v%d" % (i * j) for j in range(8)})
+                     for i in range(60)]
+    results = {n: _put_lists(tmp_path / n, testing.load_backend(n), msgs, size)
+               for n in BACKENDS}
+    ref = results[BACKENDS[-1]]
+    for name in BACKENDS:
+        assert results[name] == ref, name
+
+
+@needs_cext
+def test_a_list_of_common_messages_is_stored_by_one_compiled_call(tmp_path):
+    store = testing.open_store(tmp_path / "s", testing.load_backend("cext"),
+                               testing.small_config(mapped_file_size_commit_log=1 << 20))
+    try:
+        path = store.put_messages.__self__
+        msgs = make_messages(600, topics=3)
+        store.put_messages(msgs[:3])              # first sight of each topic: Python's path
+        assert (path.fast, path.slow) == (0, 1)
+        r = store.put_messages(msgs[3:])
+        assert r.status is PutMessageStatus.PUT_OK and r.count == 597
+        assert (path.fast, path.slow) == (597, 1)
+        # One message the compiled path does not take sends the whole list to Python.
+        mixed = make_messages(5, topics=3, start=600) + [
+            Message("BenchTopic0", b"d", properties={"DELAY": "1"})]
+        assert store.put_messages(mixed).count == 6
+        assert (path.fast, path.slow) == (597, 2)
+        got = store.get_message("g", "BenchTopic0", 0, 0, 500)
+        assert [bytes(m.body) for m in got.messages] == [
+            bytes(m.body) for m in msgs + mixed[:5] if m.topic == "BenchTopic0"
+            and m.queue_id == 0]
+    finally:
+        store.shutdown()

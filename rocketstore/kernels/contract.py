@@ -42,10 +42,11 @@ KERNEL_NAMES = (
 #   each common row's unit in compiled code and handing the others to slow(i); see
 #   dispatch.ConsumeQueueDispatcher.dispatch_array. Without it, the dispatcher groups rows with
 #   numpy.
-#   PutPath(store_put, commitlog, running_flags, not_writeable_mask, clock, message_type,
-#   mapped_file_type, result_type, put_ok, host_cache): MessageStore.put_message's common case as one compiled
-#   call (`.put(msg)`), writing the record once at its final offset; every other case is
-#   store_put(msg), the Python path. Without it, put_message is that Python path.
+#   PutPath(store_put, store_put_list, commitlog, running_flags, not_writeable_mask, clock,
+#   message_type, mapped_file_type, result_type, batch_result_type, put_ok, host_cache):
+#   MessageStore.put_message's and put_messages' common cases as compiled calls (`.put(msg)`,
+#   `.put_list(msgs)`), writing each record once at its final offset; every other case goes
+#   to store_put / store_put_list, the Python paths. Without it, those are the methods.
 OPTIONAL_NAMES = (
     "Mapping",
     "cq_dispatch",
