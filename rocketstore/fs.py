@@ -255,10 +255,15 @@ class FileSystem:
         other threads run in between. Without MADV_POPULATE_WRITE (Linux < 5.14) nothing is
         done: writing a zero per page instead would race a writer catching up with the range."""
         end = len(mm) if length is None else min(len(mm), start + length)
+        # Between chunks of an mmap.mmap, time.sleep(0) lets other threads have the GIL. Not
+        # after the last chunk, nor for a Mapping, whose madvise released it: taking the GIL
+        # back from a busy thread costs up to a switch interval (5 ms).
+        yields = type(mm) is mmap.mmap
         try:
             for pos in range(start, end, chunk):
                 mm.madvise(MADV_POPULATE_WRITE, pos, min(chunk, end - pos))
-                time.sleep(0)
+                if yields and pos + chunk < end:
+                    time.sleep(0)
         except (OSError, ValueError, AttributeError):
             pass
 
