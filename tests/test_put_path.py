@@ -177,3 +177,27 @@ def test_a_list_of_common_messages_is_stored_by_one_compiled_call(tmp_path):
             and m.queue_id == 0]
     finally:
         store.shutdown()
+
+
+@needs_cext
+def test_batch_puts_allocate_no_garbage_collected_object_per_message(tmp_path):
+    import gc
+    store = testing.open_store(tmp_path / "s", testing.load_backend("cext"),
+                               testing.small_config(mapped_file_size_commit_log=8 << 20))
+    msgs = make_messages(3000)
+    bodies = [m.body for m in msgs[:1000]]
+    keys = [m.keys for m in msgs[:1000]]
+    calls = {"put_messages": lambda: store.put_messages(msgs[1000:2000]),
+             "put_batch": lambda: store.put_batch("BenchTopic0", 0, bodies, tags="t", keys=keys)}
+    try:
+        store.put_messages(msgs[:1000])
+        gc.disable()
+        for name, call in calls.items():
+            call()                                  # warm: topic caches, files
+            before = gc.get_count()[0]
+            assert call().count == 1000
+            # The result and its few arrays; nothing per message.
+            assert gc.get_count()[0] - before < 10, name
+    finally:
+        gc.enable()
+        store.shutdown()
