@@ -70,10 +70,10 @@ class ConsumeQueueDispatcher(Dispatcher):
     def __init__(self, store):
         self._store = store
         self._delay_levels = store.config.delay_levels
-        # The compiled row loop, when the backend has one, and its (topic hash, queue id) ->
-        # queue slots; written by the dispatching thread only.
+        # The compiled row loop, when the backend has one, and its table of queues by
+        # (topic hash, queue id); used by the dispatching thread only.
         self._k_dispatch = getattr(store.kernels, "cq_dispatch", None)
-        self._slots = {}
+        self._slots = store.kernels.CqSlots() if self._k_dispatch is not None else None
 
     def _schedule_tags_code(self, row, buf):
         """SCHEDULE_TOPIC_XXXX units carry the delivery time (spec 01 §3.7)."""

@@ -1,0 +1,294 @@
+# SPDX-License-Identifier: Apache-2.0
+# ConsumeQueue dispatch, the reput thread's hot loop (included by _cext.pyx).
+#
+# The row loop runs without the GIL: each queue's append state is a C struct found through a
+# C hash table, and the mapping it writes to is pinned (a buffer export, so close() refuses
+# to unmap it) from the moment the state is loaded from the Python objects until it is
+# published back to them. The GIL is taken for the rare rows (a queue seen for the first time
+# in a call, a roll, a reservation, SCHEDULE_TOPIC_XXXX) and to publish.
+
+__all__ += ("CqSlots", "cq_dispatch")
+
+# format.py's MessageSysFlag transaction bits and SCAN_INFO_SCHEDULE, as C constants for the
+# row loop (the transaction and delay tests of test_store.py fail if they drift).
+DEF TX_TYPE_MASK = 0xC
+DEF TX_PREPARED = 0x4
+DEF TX_ROLLBACK = 0xC
+DEF SCAN_SCHEDULE = 0x4
+
+cdef extern from *:
+    """
+    /* Fibonacci hashing of a (topic hash, queue id) key into a power-of-two table. */
+    static inline size_t rs_cq_mix(int64_t key, size_t mask) {
+        return (size_t)(((uint64_t)key * 0x9E3779B97F4A7C15ULL) >> 32) & mask;
+    }
+    """
+    size_t rs_cq_mix(int64_t key, size_t mask) noexcept nogil
+
+# What the GIL-free run stopped for.
+DEF NEED_NOTHING = 0
+DEF NEED_LOAD = 1       # the row's queue is known but not loaded in this call
+DEF NEED_SLOW = 2       # the row goes to Python
+
+
+cdef struct _CqState:
+    int64_t key                 # (topic hash << 32) | queue id
+    const char *topic           # the topic's bytes (owned by the _CqSlot)
+    Py_ssize_t topic_len
+    char *addr                  # the last file's mapping, pinned while `loaded`
+    int64_t cap, wrote, reserved, size, base, max_phy
+    uint64_t gen                # the call that loaded it; another call must load again
+    bint loaded                 # loaded and pinned in the current call
+    bint appendable             # loaded with a file this loop can append to
+    PyObject *owner             # its _CqSlot (kept alive by CqSlots)
+
+
+cdef struct _CqTable:
+    int64_t *keys
+    _CqState **states
+    size_t cap                  # a power of two
+    uint64_t gen                # bumped at every publish: loaded states go stale
+
+
+cdef inline int64_t _cq_key(const rs_scan_rec *r) noexcept nogil:
+    """A row's queue: (topic hash << 32) | queue id."""
+    return (<int64_t>r.topic_hash << 32) | <int64_t><uint32_t>r.queue_id
+
+
+cdef inline _CqState *_cq_find(const _CqTable *t, int64_t key) noexcept nogil:
+    cdef size_t i = rs_cq_mix(key, t.cap - 1)
+    while t.states[i] != NULL:
+        if t.keys[i] == key:
+            return t.states[i]
+        i = (i + 1) & (t.cap - 1)
+    return NULL
+
+
+cdef inline void _cq_insert(_CqTable *t, _CqState *st) noexcept nogil:
+    cdef size_t i = rs_cq_mix(st.key, t.cap - 1)
+    while t.states[i] != NULL:
+        i = (i + 1) & (t.cap - 1)
+    t.keys[i] = st.key
+    t.states[i] = st
+
+
+cdef class _CqSlot:
+    """One ConsumeQueue as the dispatch loop sees it: the Python objects are the truth between
+    calls; inside a call the append state lives in `st` and is published at the end."""
+    cdef _CqState st
+    cdef bytes topic
+    cdef object cq
+    cdef object mfq
+    cdef object file
+    cdef object mm
+
+
+cdef class CqSlots:
+    """The dispatcher's queues by (topic hash, queue id), in a table the row loop reads
+    without the GIL. Grows by doubling; a ConsumeQueueDispatcher keeps one for its life."""
+    cdef _CqTable t
+    cdef Py_ssize_t _n
+    cdef list _owners           # the _CqSlot objects the states live in
+    cdef list _touched          # slots loaded (and pinned) in the current call
+
+    def __cinit__(self):
+        self.t.keys = NULL
+        self.t.states = NULL
+        self.t.cap = 0
+        self.t.gen = 1
+        self._n = 0
+        self._owners = []
+        self._touched = []
+        self._grow(64)
+
+    def __dealloc__(self):
+        PyMem_Free(self.t.keys)
+        PyMem_Free(self.t.states)
+
+    def __len__(self):
+        return self._n
+
+    cdef int _grow(self, size_t cap) except -1:
+        cdef _CqTable old = self.t
+        cdef size_t i
+        self.t.keys = <int64_t *>PyMem_Malloc(cap * sizeof(int64_t))
+        self.t.states = <_CqState **>PyMem_Calloc(cap, sizeof(_CqState *))
+        if self.t.keys == NULL or self.t.states == NULL:
+            PyMem_Free(self.t.keys)
+            PyMem_Free(self.t.states)
+            self.t = old
+            raise MemoryError()
+        self.t.cap = cap
+        for i in range(old.cap):
+            if old.states[i] != NULL:
+                _cq_insert(&self.t, old.states[i])
+        PyMem_Free(old.keys)
+        PyMem_Free(old.states)
+        return 0
+
+    cdef int add(self, int64_t key, bytes topic, cq) except -1:
+        cdef _CqSlot s = _CqSlot()
+        if 2 * <size_t>(self._n + 1) > self.t.cap:
+            self._grow(2 * self.t.cap)
+        s.topic = topic
+        s.cq = cq
+        s.mfq = cq.mfq
+        s.st.key = key
+        s.st.topic = PyBytes_AS_STRING(topic)
+        s.st.topic_len = len(topic)
+        s.st.gen = 0
+        s.st.loaded = False
+        s.st.appendable = False
+        s.st.owner = <PyObject *>s
+        self._owners.append(s)
+        _cq_insert(&self.t, &s.st)
+        self._n += 1
+        return 0
+
+    cdef int load(self, _CqState *st) except -1:
+        """Read the queue's append state from its Python objects and pin its mapping. The
+        state is `appendable` only with a file this loop can append to (not when the queue has
+        no file yet, or a mapping this module did not make)."""
+        cdef _CqSlot s = <_CqSlot>st.owner
+        st.gen = self.t.gen
+        st.loaded = True
+        st.appendable = False
+        self._touched.append(s)
+        files = s.mfq.files
+        if not files:
+            return 0
+        f = files[len(files) - 1]
+        mm = f.mm
+        if type(mm) is not Mapping or not (<Mapping>mm).writable or (<Mapping>mm)._addr == NULL:
+            return 0
+        (<Mapping>mm)._exports += 1         # pinned: close() raises BufferError until publish
+        s.file = f
+        s.mm = mm
+        st.addr = (<Mapping>mm)._addr
+        st.cap = (<Mapping>mm)._size
+        st.size = f.file_size
+        st.base = f.file_from_offset
+        st.wrote = f.wrote_position
+        st.reserved = f.reserved_position
+        st.max_phy = s.cq.max_physic_offset
+        st.appendable = True
+        return 0
+
+    cdef int publish(self) except -1:
+        """Positions back to the MappedFile and ConsumeQueue objects, pins released: readers
+        see the units, and any Python code may run (and change the queues) after this."""
+        cdef _CqSlot s
+        for o in self._touched:
+            s = <_CqSlot>o
+            if s.st.appendable:
+                s.file.wrote_position = s.st.wrote
+                s.file.committed_position = s.st.wrote
+                s.cq.max_physic_offset = s.st.max_phy
+                (<Mapping>s.mm)._exports -= 1
+            s.st.loaded = False
+            s.st.appendable = False
+            s.file = s.mm = None
+        del self._touched[:]
+        self.t.gen += 1
+        return 0
+
+
+cdef Py_ssize_t _cq_run(const _CqTable *t, const rs_scan_rec *rows, Py_ssize_t i, Py_ssize_t n,
+                        const char *buf, Py_ssize_t buf_len, int64_t *last_ts,
+                        int *need) noexcept nogil:
+    """Append the units of rows[i:n] until one needs the GIL; returns that row's index (n when
+    none did) with the reason in `need`."""
+    cdef const rs_scan_rec *r
+    cdef _CqState *st
+    cdef int32_t tx
+    cdef int64_t pos
+    need[0] = NEED_NOTHING
+    while i < n:
+        r = rows + i
+        tx = r.sys_flag & TX_TYPE_MASK
+        if tx == TX_PREPARED or tx == TX_ROLLBACK:     # no unit until committed
+            i += 1
+            continue
+        if r.info & SCAN_SCHEDULE:                     # SCAN_INFO_SCHEDULE: the DELAY tagsCode
+            need[0] = NEED_SLOW
+            return i
+        st = _cq_find(t, _cq_key(r))
+        if (st == NULL or r.topic_len != st.topic_len
+                or r.pos + r.topic_off + r.topic_len > buf_len
+                or memcmp(buf + r.pos + r.topic_off, st.topic, <size_t>r.topic_len) != 0):
+            need[0] = NEED_SLOW                        # new queue, or a topic sharing the hash
+            return i
+        if not st.loaded or st.gen != t.gen:
+            need[0] = NEED_LOAD
+            return i
+        if not st.appendable:
+            need[0] = NEED_SLOW
+            return i
+        last_ts[0] = r.store_timestamp
+        if r.phy_offset + r.size <= st.max_phy:        # already dispatched (redispatch)
+            i += 1
+            continue
+        pos = st.wrote
+        if (pos + RS_CQ_STORE_UNIT_SIZE > st.size or pos + RS_CQ_STORE_UNIT_SIZE > st.reserved
+                or r.queue_offset * RS_CQ_STORE_UNIT_SIZE != st.base + pos
+                or rs_cq_encode(<uint8_t *>st.addr, <size_t>st.cap, pos, r.phy_offset, r.size,
+                                r.tags_code) < 0):
+            need[0] = NEED_SLOW                        # roll, reservation, gap, overlap
+            return i
+        st.wrote = pos + RS_CQ_STORE_UNIT_SIZE
+        st.max_phy = r.phy_offset + r.size
+        i += 1
+    return i
+
+
+def cq_dispatch(rows, buf, CqSlots slots, slow):
+    """ConsumeQueue units for the scanned `rows` (format.SCAN_DTYPE) of `buf`, in one pass.
+
+    The common row appends one unit at its queue's write position inside the reserved region
+    of the queue's current file, without the GIL and with no Python object per row. Anything
+    else (a queue not in `slots` yet, a topic hash shared by two topics, a roll, a gap, a unit
+    already present, a reservation, a SCHEDULE_TOPIC_XXXX row) is `slow(i)`, which dispatches
+    row i by ConsumeQueue.put_unit's rules and returns its queue, then remembered in `slots`.
+    Positions reach the MappedFile and ConsumeQueue objects before every slow call and at the
+    end, so readers see a unit only after the batch's records, which are already readable.
+    Returns the store timestamp of the last dispatched row, or 0."""
+    cdef Py_buffer rv, b
+    cdef const rs_scan_rec *r
+    cdef const rs_scan_rec *base
+    cdef Py_ssize_t i = 0, n
+    cdef int64_t key, last_ts = 0
+    cdef int need = NEED_NOTHING
+    cdef _CqState *st
+    memset(&rv, 0, sizeof(rv))
+    memset(&b, 0, sizeof(b))
+    _ro(rows, &rv)
+    try:
+        _ro(buf, &b)
+        n = rv.len // SCAN_REC_SIZE
+        base = <const rs_scan_rec *>rv.buf
+        while i < n:
+            with nogil:
+                i = _cq_run(&slots.t, base, i, n, <const char *>b.buf, b.len, &last_ts, &need)
+            if i >= n:
+                break
+            r = base + i
+            if need == NEED_LOAD:
+                st = _cq_find(&slots.t, _cq_key(r))
+                slots.load(st)
+                continue                    # the run retries the row: appendable or slow
+            # Python takes the row; it must see every position written so far, and any state
+            # may be stale after it ran (it can roll files, release the GIL, ...).
+            slots.publish()
+            last_ts = r.store_timestamp
+            cq = slow(i)
+            if cq is not None and not (r.info & SCAN_SCHEDULE):
+                key = _cq_key(r)
+                if _cq_find(&slots.t, key) == NULL:
+                    slots.add(key, PyBytes_FromStringAndSize(
+                        <const char *>b.buf + r.pos + r.topic_off, r.topic_len), cq)
+            i += 1
+    finally:
+        slots.publish()
+        PyBuffer_Release(&b)
+        PyBuffer_Release(&rv)
+    return last_ts
