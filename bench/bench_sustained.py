@@ -1,0 +1,398 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Sustained writes beyond the page cache's dirty budget (issue "11 · Speed I"): cext,
+ASYNC_FLUSH, put_batch of 1000 bodies of 128 B with tags and keys, for
+ROCKETSTORE_SUSTAINED_SECONDS (default 60), against the disk's own `pwrite + fdatasync`
+bandwidth measured first in the same run, on the same file system.
+
+    python -m pytest bench/bench_sustained.py --benchmark-only -s -q
+
+It reports (on the terminal and in extra_info): the page cache's dirty budget and how it was
+computed, the disk ceiling, the store's MB/s of CommitLog bytes and its ratio to the ceiling,
+whether the run wrote past the dirty budget, the put latency p50 / p99 / p99.9 / max, and every
+put slower than 50 ms with what overlapped it: file-system calls of the store's threads (block
+reservation, prefault, msync, file creation), a CommitLog file roll inside the put, and the
+Dirty / Writeback page counts of /proc/meminfo at the time.
+
+A run writes up to about the dirty budget plus SECONDS x the disk bandwidth (tens of GB for the
+default): it skips, saying why, unless the disk has twice that free. Not run by CI (.ci/run
+runs tests/ only); ROCKETSTORE_SUSTAINED_SECONDS=5 is a quick check of the harness.
+
+Knobs: ROCKETSTORE_SUSTAINED_SECONDS, ROCKETSTORE_SUSTAINED_PROBE_MB (bytes the disk probe
+writes, default 4096), ROCKETSTORE_SUSTAINED_BATCH (messages per put_batch, default 1000).
+"""
+import bisect
+import gc
+import os
+import resource
+import threading
+import time
+
+import pytest
+
+from rocketstore import Message, MessageStore, StoreConfig, testing
+from rocketstore.fs import FileSystem
+from rocketstore.workload import (check_puts, check_read_back, commitlog_bytes,
+                                 make_messages)
+
+MIB = 1 << 20
+SECONDS = float(os.environ.get("ROCKETSTORE_SUSTAINED_SECONDS", "60"))
+PROBE_BYTES = int(os.environ.get("ROCKETSTORE_SUSTAINED_PROBE_MB", "4096")) * MIB
+BATCH = int(os.environ.get("ROCKETSTORE_SUSTAINED_BATCH", "1000"))
+PROBE_WRITE = 4 * MIB          # one pwrite
+PROBE_SYNC_EVERY = 64 * MIB    # one fdatasync per this many bytes
+STALL_NS = 50_000_000
+NOTABLE_NS = 1_000_000         # file-system calls shorter than this are not listed by a stall
+KEY_SETS = 64                  # keys repeat every KEY_SETS * BATCH messages
+SAMPLE_EVERY_S = 0.1
+STACK_EVERY_S = 0.005
+TOPIC = "SustainedTopic"
+
+
+# ---- the machine ---------------------------------------------------------------------------
+def _read_int(path):
+    with open(path) as f:
+        return int(f.read().split()[0])
+
+
+def meminfo():
+    """/proc/meminfo in bytes."""
+    out = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            name, rest = line.split(":", 1)
+            out[name] = int(rest.split()[0]) * 1024
+    return out
+
+
+def dirty_budget():
+    """How many dirty page-cache bytes a writer may leave before the kernel throttles it
+    (vm.dirty_bytes, else vm.dirty_ratio of the dirtyable memory, which MemAvailable
+    approximates), and the background threshold where writeback starts."""
+    vm = "/proc/sys/vm/"
+    avail = meminfo()["MemAvailable"]
+    out = {"mem_available": avail}
+    for name in ("dirty", "dirty_background"):
+        nbytes = _read_int(vm + name + "_bytes")
+        ratio = _read_int(vm + name + "_ratio")
+        if nbytes:
+            out[name] = nbytes
+            out[name + "_how"] = f"vm.{name}_bytes = {nbytes}"
+        else:
+            out[name] = avail * ratio // 100
+            out[name + "_how"] = f"vm.{name}_ratio {ratio}% of MemAvailable {avail / 1e9:.2f} GB"
+    return out
+
+
+def disk_bandwidth(directory, total):
+    """Bytes/s of 4 MiB pwrites to a fresh file with an fdatasync every 64 MiB and at the end:
+    what the disk sustains for a writer that never lets the page cache fill."""
+    path = os.path.join(directory, "disk-probe.bin")
+    block = os.urandom(PROBE_WRITE)          # not zeros: a thin or compressing disk skips those
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        t0 = time.perf_counter()
+        pos = 0
+        while pos < total:
+            os.pwrite(fd, block, pos)
+            pos += PROBE_WRITE
+            if pos % PROBE_SYNC_EVERY == 0:
+                os.fdatasync(fd)
+        os.fdatasync(fd)
+        elapsed = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        os.remove(path)
+    return pos / elapsed
+
+
+def free_bytes(path):
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+# ---- what the store's threads were doing -----------------------------------------------------
+class TimedFileSystem(FileSystem):
+    """The real file system, recording (start_ns, end_ns, call, thread, bytes) for each call
+    that may block for long: block reservation, prefault, msync, file creation and removal."""
+
+    def __init__(self):
+        self.calls = []
+
+    def _timed(name, length_of):      # a decorator factory, used in the class body only
+        def wrap(method):
+            def timed(self, *a, **kw):
+                t0 = time.perf_counter_ns()
+                try:
+                    return method(self, *a, **kw)
+                finally:
+                    self.calls.append((t0, time.perf_counter_ns(), name,
+                                       threading.current_thread().name, length_of(a)))
+            return timed
+        return wrap
+
+    reserve = _timed("reserve", lambda a: a[2])(FileSystem.reserve)
+    prefault = _timed("prefault", lambda a: a[2] if len(a) > 2 and a[2] else len(a[0]))(
+        FileSystem.prefault)
+    sync_mapped = _timed("msync", lambda a: a[4])(FileSystem.sync_mapped)
+    create_sized = _timed("create", lambda a: a[1])(FileSystem.create_sized)
+    map = _timed("map", lambda a: a[1])(FileSystem.map)
+    remove = _timed("remove", lambda a: 0)(FileSystem.remove)
+    del _timed
+
+
+class MemSampler(threading.Thread):
+    """Dirty and Writeback bytes every SAMPLE_EVERY_S, stamped with perf_counter_ns."""
+
+    def __init__(self):
+        super().__init__(daemon=True, name="bench-meminfo")
+        self.samples = []
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.wait(SAMPLE_EVERY_S):
+            m = meminfo()
+            self.samples.append((time.perf_counter_ns(), m["Dirty"], m["Writeback"]))
+
+
+class KernelStacks(threading.Thread):
+    """The putting thread's kernel stack (/proc/<pid>/task/<tid>/stack, root only) every
+    STACK_EVERY_S: empty while it runs user code, else where in the kernel it waits."""
+
+    def __init__(self, tid):
+        super().__init__(daemon=True, name="bench-kstack")
+        self.path = f"/proc/self/task/{tid}/stack"
+        self.samples = []             # (perf_counter_ns, "fn <- caller <- ...")
+        self.stop = threading.Event()
+
+    def available(self):
+        try:
+            with open(self.path) as f:
+                f.read()
+            return True
+        except OSError:
+            return False
+
+    def run(self):
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            while not self.stop.wait(STACK_EVERY_S):
+                text = os.pread(fd, 8192, 0).decode(errors="replace")
+                frames = [ln.split("] ", 1)[-1].split("+", 1)[0] for ln in text.splitlines()]
+                frames = [f for f in frames if not f.startswith(("entry_SYSCALL", "do_syscall"))]
+                if frames:
+                    self.samples.append((time.perf_counter_ns(), " <- ".join(frames[:5])))
+        finally:
+            os.close(fd)
+
+
+class GcTimes:
+    """When CPython's cyclic collector ran (start_ns, end_ns, generation): it runs on whichever
+    thread allocates, the putter included, and holds the GIL throughout."""
+
+    def __init__(self):
+        self.runs = []
+        self._start = None
+
+    def __call__(self, phase, info):
+        if phase == "start":
+            self._start = time.perf_counter_ns()
+        elif self._start is not None:
+            self.runs.append((self._start, time.perf_counter_ns(), info["generation"]))
+            self._start = None
+
+
+def _percentile(sorted_values, q):
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def _stall_report(stall, fs_calls, gc_runs, stacks, samples, start_ns):
+    t0, t1, rolled, utime, stime, minflt, majflt, nvcsw, nivcsw = stall
+    gcs = [g for g in gc_runs if g[0] < t1 and g[1] > t0 and g[1] - g[0] >= NOTABLE_NS]
+    seen = {}
+    for t, stack in stacks[bisect.bisect_left(stacks, (t0,)):bisect.bisect_left(stacks, (t1,))]:
+        seen[stack] = seen.get(stack, 0) + 1
+    over = [c for c in fs_calls if c[0] < t1 and c[1] > t0 and c[1] - c[0] >= NOTABLE_NS]
+    i = bisect.bisect_left(samples, (t0,))
+    mem = samples[min(i, len(samples) - 1)] if samples else (0, 0, 0)
+    parts = [f"at {(t0 - start_ns) / 1e9:6.2f} s: {(t1 - t0) / 1e6:7.1f} ms",
+             (f"putter CPU {utime * 1e3:.1f} ms user + {stime * 1e3:.1f} ms system, "
+              f"{minflt} minor + {majflt} major faults, {nvcsw} waits + {nivcsw} preemptions"),
+             f"Dirty {mem[1] / 1e9:.2f} GB Writeback {mem[2] / 1e9:.2f} GB"]
+    if rolled:
+        parts.append("CommitLog file roll in this put")
+    for g in gcs:
+        parts.append(f"gc gen{g[2]} {(g[1] - g[0]) / 1e6:.1f} ms")
+    for stack, n in sorted(seen.items(), key=lambda kv: -kv[1]):
+        parts.append(f"putter in kernel x{n}: {stack}")
+    for c in over:
+        parts.append(f"{c[3]}:{c[2]}({c[4] / MIB:.0f} MiB, {(c[1] - c[0]) / 1e6:.1f} ms)")
+    return "; ".join(parts)
+
+
+def _fs_summary(fs_calls, start_ns, end_ns):
+    """Per thread and call during the timed run: count, bytes, total and longest time."""
+    by = {}
+    for t0, t1, name, thread, length in fs_calls:
+        if start_ns <= t0 < end_ns:
+            n, b, total, longest = by.get((thread, name), (0, 0, 0, 0))
+            by[(thread, name)] = (n + 1, b + length, total + t1 - t0, max(longest, t1 - t0))
+    return [f"fs {thread}:{name}: {n} calls, {b / MIB:,.0f} MiB, {total / 1e6:,.0f} ms in all, "
+            f"longest {longest / 1e6:.1f} ms"
+            for (thread, name), (n, b, total, longest) in sorted(by.items())]
+
+
+# ---- the benchmark -------------------------------------------------------------------------
+def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path):
+    kernels = testing.load_backend("cext")
+    free = free_bytes(tmp_path)
+    if free < 2 * PROBE_BYTES:
+        pytest.skip(f"the disk probe writes {PROBE_BYTES / 1e9:.1f} GB and wants twice that "
+                    f"free; {free / 1e9:.1f} GB is")
+    msgs = [Message(TOPIC, m.body, tags=m.tags, keys=m.keys, queue_id=0,
+                    born_timestamp=m.born_timestamp, born_host=m.born_host)
+            for m in make_messages(BATCH, body_size=128, topics=1, queues=1)]
+    bodies = [m.body for m in msgs]
+    tags = [m.tags for m in msgs]
+    key_sets = [[f"key-{k * BATCH + i}" for i in range(BATCH)] for k in range(KEY_SETS)]
+    born = {"born_timestamp": msgs[0].born_timestamp, "born_host": msgs[0].born_host}
+
+    budget = dirty_budget()
+    ceiling = disk_bandwidth(str(tmp_path), PROBE_BYTES)
+    # The store outruns the disk only until the dirty budget is full; then the kernel holds it
+    # to the disk's pace. The run also stops at that many CommitLog bytes, should the probe
+    # have underrated the disk. Each record brings a 20-byte ConsumeQueue unit and a 20-byte
+    # index entry; the files made ahead (next CommitLog file, IndexFile) take about 1 GiB.
+    cap = int(budget["dirty"] + SECONDS * ceiling)
+    record = commitlog_bytes(msgs) / BATCH
+    will_write = int(cap * (record + 40) / record) + 1024 * MIB
+    free = free_bytes(tmp_path)
+    if free < 2 * will_write:
+        pytest.skip(f"{SECONDS:.0f} s of writes may take {will_write / 1e9:.1f} GB (dirty budget "
+                    f"{budget['dirty'] / 1e9:.1f} GB + {SECONDS:.0f} s x {ceiling / 1e6:.0f} MB/s, "
+                    f"with queue and index files); twice that is wanted free, "
+                    f"{free / 1e9:.1f} GB is")
+
+    fs = TimedFileSystem()
+    store = MessageStore(tmp_path / "store", StoreConfig(), kernels=kernels, fs=fs)
+    store.load()
+    store.start()
+    file_size = store.config.mapped_file_size_commit_log
+    sampler = MemSampler()
+    gc_times = GcTimes()
+    kstacks = KernelStacks(threading.get_native_id())
+    lat = []                       # ns per put_batch call
+    # (start_ns, end_ns, rolled a CommitLog file, the putter's user and system CPU seconds,
+    #  minor and major faults, voluntary and involuntary context switches)
+    stalls = []
+    state = {"stored": 0, "calls": 0}
+    try:
+        def run():
+            put = store.put_batch
+            clock = time.perf_counter_ns
+            # The putting thread's own CPU time, page faults and context switches, so a stall
+            # says whether the thread was working, faulting or waiting (for the GIL, a lock,
+            # or the kernel's dirty-page throttle).
+            usage, who = resource.getrusage, resource.RUSAGE_THREAD
+            keep = lat.append
+            results = []
+            last_end = 0
+            start = clock()
+            state["start"] = start
+            deadline = start + int(SECONDS * 1e9)
+            calls = 0
+            while True:
+                u0 = usage(who)
+                t0 = clock()
+                if t0 >= deadline or last_end >= cap:
+                    break
+                r = put(TOPIC, 0, bodies, tags=tags, keys=key_sets[calls % KEY_SETS], **born)
+                t1 = clock()
+                keep(t1 - t0)
+                calls += 1
+                results.append(r)
+                offs = r.commit_log_offsets
+                if len(offs):             # empty when refused: check_puts reports that
+                    end = int(offs[-1])
+                    if t1 - t0 > STALL_NS:
+                        u1 = usage(who)
+                        stalls.append((t0, t1, end // file_size != last_end // file_size,
+                                       u1.ru_utime - u0.ru_utime, u1.ru_stime - u0.ru_stime,
+                                       u1.ru_minflt - u0.ru_minflt,
+                                       u1.ru_majflt - u0.ru_majflt, u1.ru_nvcsw - u0.ru_nvcsw,
+                                       u1.ru_nivcsw - u0.ru_nivcsw))
+                    last_end = end
+                if len(results) == 256:     # every result kept would hold GBs of columns
+                    state["stored"] += check_puts(results)
+                    results.clear()
+            state["stored"] += check_puts(results)
+            state["calls"] = calls
+            state["seconds"] = (clock() - start) / 1e9
+
+        sampler.start()
+        if kstacks.available():
+            kstacks.start()
+        gc.callbacks.append(gc_times)
+        benchmark.group = "sustained writes beyond the dirty budget"
+        benchmark.extra_info["messages_per_call"] = BATCH
+        benchmark.pedantic(run, rounds=1, iterations=1)
+        gc.callbacks.remove(gc_times)
+        for t in (sampler, kstacks):
+            t.stop.set()
+            if t.is_alive():
+                t.join()
+
+        # Outside the timed region: every put was PUT_OK (checked above), every message is in
+        # its queue, and a sample of bodies reads back.
+        assert state["stored"] == state["calls"] * BATCH
+        check_read_back(store, msgs, state["calls"], sample=200)
+        written = store.commitlog.max_offset
+    finally:
+        if gc_times in gc.callbacks:
+            gc.callbacks.remove(gc_times)
+        for t in (sampler, kstacks):
+            t.stop.set()
+            if t.is_alive():
+                t.join()
+        store.shutdown()
+
+    rate = written / state["seconds"]
+    lat.sort()
+    peak_dirty = max((s[1] + s[2] for s in sampler.samples), default=0)
+    figures = {
+        "seconds": round(state["seconds"], 2),
+        "messages": state["stored"],
+        "msgs_per_s": round(state["stored"] / state["seconds"]),
+        "commitlog_bytes": written,
+        "store_mb_s": round(rate / 1e6, 1),
+        "disk_pwrite_fdatasync_mb_s": round(ceiling / 1e6, 1),
+        "ratio_to_disk": round(rate / ceiling, 3),
+        "dirty_budget_bytes": budget["dirty"],
+        "dirty_budget_how": budget["dirty_how"],
+        "dirty_background_bytes": budget["dirty_background"],
+        "dirty_background_how": budget["dirty_background_how"],
+        "wrote_past_dirty_budget": written > budget["dirty"],
+        "stopped_at_byte_cap": written >= cap,
+        "peak_dirty_plus_writeback_bytes": peak_dirty,
+        "put_ms_p50": round(_percentile(lat, 0.5) / 1e6, 3),
+        "put_ms_p99": round(_percentile(lat, 0.99) / 1e6, 3),
+        "put_ms_p999": round(_percentile(lat, 0.999) / 1e6, 3),
+        "put_ms_max": round(lat[-1] / 1e6, 3),
+        "stalls_over_50ms": len(stalls),
+        "load_average": os.getloadavg(),
+    }
+    benchmark.extra_info.update(figures)
+    fs_calls = sorted(fs.calls)
+    samples = sorted(sampler.samples)
+    report = [f"{k}: {v}" for k, v in figures.items()]
+    report += [_stall_report(s, fs_calls, gc_times.runs, sorted(kstacks.samples), samples,
+                             state["start"])
+               for s in stalls]
+    benchmark.extra_info["stalls"] = report[len(figures):]
+    end = state["start"] + int(state["seconds"] * 1e9)
+    report += _fs_summary(fs_calls, state["start"], end)
+    for gen in range(3):
+        runs = [g[1] - g[0] for g in gc_times.runs if g[2] == gen and state["start"] <= g[0] < end]
+        if runs:
+            report.append(f"gc gen{gen}: {len(runs)} runs, {sum(runs) / 1e6:,.0f} ms in all, "
+                          f"longest {max(runs) / 1e6:.1f} ms")
+    print("\n" + "\n".join(report))
