@@ -448,7 +448,9 @@ cdef class PutPath:
         cdef Py_ssize_t *slot_of = NULL   # per record: its distinct queue
         cdef int64_t ts, total = 0, written = 0, pos, limit, wpos, phy_base
         cdef dict cl = self._cld
-        cdef dict key_index
+        cdef Py_ssize_t *qslot = NULL      # the distinct-queue table: slot -> queue, or -1
+        cdef Py_ssize_t *first_of = NULL   # per distinct queue: its first record
+        cdef size_t qcap, h
         cdef list keys
         cdef object key, table, after, wake, mf, status, reason, target, status_obj
         cdef Py_buffer out
@@ -473,8 +475,16 @@ cdef class PutPath:
                 raise MemoryError()
             # Distinct queues by (validated topic bytes, queue id): the topic cache hands out
             # one bytes object per topic, so equal topics share it.
-            key_index = {}
             keys = []
+            qcap = 16
+            while qcap < 2 * n:
+                qcap *= 2
+            qslot = <Py_ssize_t *>PyMem_Malloc(qcap * sizeof(Py_ssize_t))
+            first_of = <Py_ssize_t *>PyMem_Malloc(n * sizeof(Py_ssize_t))
+            if qslot == NULL or first_of == NULL:
+                raise MemoryError()
+            memset(qslot, 0xFF, qcap * sizeof(Py_ssize_t))       # -1: empty
+            memset(first_of, 0xFF, n * sizeof(Py_ssize_t))
             for i in range(n):
                 if nparts_cap - nparts_used < 4 * MAX_FAST_PROPS:
                     nparts_cap *= 2
@@ -490,12 +500,25 @@ cdef class PutPath:
                 nparts_used += recs[i].n_parts
                 sizes[i] = recs[i].size
                 total += recs[i].size
-                key = (<object>recs[i].topic, <object>recs[i].qid)
-                k = key_index.get(key, -1)
-                if k < 0:
-                    k = len(keys)
-                    key_index[key] = k
-                    keys.append(key)
+                # The record's queue among the list's distinct queues, by (topic bytes
+                # object, queue id) in a C table: the topic cache hands out one bytes object
+                # per topic, so equal topics share it. A tuple key is made once per queue.
+                h = <size_t>(((<uint64_t><size_t>recs[i].topic_b >> 4)
+                              ^ (<uint64_t><uint32_t>recs[i].queue_id << 32))
+                             * <uint64_t>11400714819323198485ULL >> 32) & (qcap - 1)
+                while True:
+                    k = qslot[h]
+                    if k < 0:
+                        k = len(keys)
+                        qslot[h] = k
+                        keys.append((<object>recs[i].topic, <object>recs[i].qid))
+                        break
+                    if recs[first_of[k]].topic_b == recs[i].topic_b and \
+                            recs[first_of[k]].queue_id == recs[i].queue_id:
+                        break
+                    h = (h + 1) & (qcap - 1)
+                if k == len(keys) - 1 and first_of[k] < 0:
+                    first_of[k] = i
                 slot_of[i] = k
             n_keys = len(keys)
             base = <int64_t *>PyMem_Malloc(n_keys * sizeof(int64_t))
@@ -560,6 +583,8 @@ cdef class PutPath:
             PyMem_Free(recs)
             PyMem_Free(parts)
             PyMem_Free(slot_of)
+            PyMem_Free(qslot)
+            PyMem_Free(first_of)
             PyMem_Free(base)
             PyMem_Free(count)
         stored = [self._store_raw] * done
