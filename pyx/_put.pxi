@@ -27,6 +27,10 @@ from rocketstore.clock import system_clock as _system_clock
 from rocketstore.errors import StoreClosedError as _StoreClosedError
 
 cdef extern from "Python.h":
+    ctypedef Py_ssize_t Py_hash_t
+    PyObject *_PyDict_GetItem_KnownHash(object d, object key, Py_hash_t h) except? NULL
+    int _PyDict_SetItem_KnownHash(object d, object key, object v, Py_hash_t h) except -1
+    void Py_XINCREF(PyObject *o)
     void PyObject_GC_UnTrack(object op)
     ctypedef struct PyMemberDef:
         Py_ssize_t offset
@@ -136,6 +140,14 @@ cdef struct _Rec:
     int32_t size
 
 
+cdef struct _QueueKey:
+    # A queue's key in CommitLog.topic_queue_table, made once: (topic, queue id) and its hash.
+    PyObject *topic_b           # strong: keeps the address from being reused by another
+    int32_t queue_id
+    PyObject *key               # strong: the tuple
+    Py_hash_t hash
+
+
 cdef class PutPath:
     """PutPath(store_put, store_put_list, commitlog, running_flags, not_writeable_mask, clock,
     message_type, mapped_file_type, result_type, batch_result_type, put_ok, host_cache)
@@ -174,8 +186,57 @@ cdef class PutPath:
     cdef Py_ssize_t _m[11]
     cdef Py_ssize_t _f[7]
     cdef Py_ssize_t _r[7]
+    cdef _QueueKey *_qkeys          # open addressing by (topic bytes, queue id); put lock
+    cdef size_t _qcap
+    cdef size_t _qn
     cdef readonly Py_ssize_t fast
     cdef readonly Py_ssize_t slow
+
+    def __dealloc__(self):
+        cdef size_t i
+        if self._qkeys != NULL:
+            for i in range(self._qcap):
+                Py_XDECREF(self._qkeys[i].topic_b)
+                Py_XDECREF(self._qkeys[i].key)
+            PyMem_Free(self._qkeys)
+
+    cdef _QueueKey *_queue_key(self, _Rec *r) except NULL:
+        """The table key of `r`'s queue, made and hashed on its first put only."""
+        cdef size_t i, cap
+        cdef _QueueKey *old
+        cdef _QueueKey *e
+        if 2 * (self._qn + 1) > self._qcap:
+            old, cap = self._qkeys, self._qcap
+            self._qcap = 64 if cap == 0 else 2 * cap
+            self._qkeys = <_QueueKey *>PyMem_Calloc(self._qcap, sizeof(_QueueKey))
+            if self._qkeys == NULL:
+                self._qkeys, self._qcap = old, cap
+                raise MemoryError()
+            for i in range(cap):
+                if old[i].key != NULL:
+                    e = self._slot_for(old[i].topic_b, old[i].queue_id)
+                    e[0] = old[i]
+            PyMem_Free(old)
+        e = self._slot_for(r.topic_b, r.queue_id)
+        if e.key == NULL:
+            key = (<object>r.topic, <object>r.qid)
+            e.hash = hash(key)
+            e.topic_b = r.topic_b
+            e.queue_id = r.queue_id
+            Py_XINCREF(e.topic_b)
+            e.key = <PyObject *>key
+            Py_XINCREF(e.key)
+            self._qn += 1
+        return e
+
+    cdef inline _QueueKey *_slot_for(self, PyObject *topic_b, int32_t queue_id) noexcept:
+        cdef size_t i = <size_t>(((<uint64_t><size_t>topic_b >> 4)
+                                 ^ (<uint64_t><uint32_t>queue_id << 32))
+                                * <uint64_t>11400714819323198485ULL >> 32) & (self._qcap - 1)
+        while self._qkeys[i].key != NULL and not (self._qkeys[i].topic_b == topic_b
+                                                   and self._qkeys[i].queue_id == queue_id):
+            i = (i + 1) & (self._qcap - 1)
+        return &self._qkeys[i]
 
     def __init__(self, store_put, store_put_list, commitlog, running_flags,
                  long not_writeable_mask, clock, type message_type, type mapped_file_type,
@@ -357,7 +418,9 @@ cdef class PutPath:
         cdef _Rec r
         cdef rs_part parts[4 * MAX_FAST_PROPS]
         cdef dict cl = self._cld
-        cdef object files, mf, mm, after, wake, table, key, qoff_obj, res, status
+        cdef object files, mf, mm, after, wake, table, qoff_obj, res, status
+        cdef _QueueKey *qk
+        cdef PyObject *p
         cdef object ts_obj, end_obj
         cdef int64_t ts, pos, qoff, phy
         cdef Py_ssize_t i
@@ -399,8 +462,9 @@ cdef class PutPath:
             ts = self._now()
             if m._addr == NULL:
                 raise _StoreClosedError("the CommitLog file was unmapped during a put")
-            key = (<object>r.topic, <object>r.qid)
-            qoff_obj = table.get(key, 0)
+            qk = self._queue_key(&r)
+            p = _PyDict_GetItem_KnownHash(table, <object>qk.key, qk.hash)
+            qoff_obj = 0 if p == NULL else <object>p
             qoff = qoff_obj
             phy = <int64_t><object>_member(mf, self._f[F_FROM]) + pos
             self._encode(&r, m._addr, m._size, pos, qoff, phy, ts)
@@ -409,7 +473,7 @@ cdef class PutPath:
             _set_member(mf, self._f[F_WROTE], end_obj)
             _set_member(mf, self._f[F_COMMITTED], end_obj)
             _set_member(mf, self._f[F_STORE_TS], ts_obj)
-            table[key] = qoff_obj + 1
+            _PyDict_SetItem_KnownHash(table, <object>qk.key, qoff_obj + 1, qk.hash)
         finally:
             self._release()
         self.fast += 1
