@@ -83,7 +83,7 @@ class AllocateMappedFileService(ServiceThread):
         if not mf.is_available:
             return
         try:
-            old, new = mf.reserve(end, required=False)
+            old, _ = mf.reserve(end, required=False)
         except OSError as exc:
             # The writer reserves what it needs itself when it gets there, and meets the
             # error then, with a put to refuse.
