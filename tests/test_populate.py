@@ -46,19 +46,6 @@ class Recording(FileSystem):
         return super().prefault(mm, start, length, chunk)
 
 
-def resident(path):
-    """Bytes of this process's mapping of `path` that are in memory (smaps Rss)."""
-    rss, inside = 0, False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()
-            if "-" in head[0] and ":" not in head[0]:
-                inside = len(head) >= 6 and head[5] == os.path.realpath(path)
-            elif inside and head[0] == "Rss:":
-                rss += int(head[1]) * KiB
-    return rss
-
-
 def wait_until(cond, timeout=10.0):
     deadline = time.monotonic() + timeout
     while not cond():
@@ -70,7 +57,7 @@ def settled(mf):
     """The allocator has answered the writer's last request: refill_position sits below the
     reserved end again (or the file is reserved to its end), and every reserved page is in."""
     return ((mf.refill_position < mf.reserved_position or mf.reserved_position == mf.file_size)
-            and resident(mf.path) >= mf.reserved_position)
+            and testing.resident_bytes(mf.path) >= mf.reserved_position)
 
 
 def test_the_writer_asks_for_the_next_window_while_half_a_window_of_populated_pages_is_ahead(
@@ -80,7 +67,7 @@ def test_the_writer_asks_for_the_next_window_while_half_a_window_of_populated_pa
     try:
         # The first file of a new store is made and populated before any put.
         path = os.path.join(store.commitlog.mfq.store_path, f"{0:020d}")
-        wait_until(lambda: os.path.exists(path) and resident(path) >= WINDOW)
+        wait_until(lambda: os.path.exists(path) and testing.resident_bytes(path) >= WINDOW)
         acks = []
         while len(store.commitlog.mfq.files) < 2:
             r = store.put_message(Message("TopicA", b"p" * 30000))
@@ -116,7 +103,7 @@ def test_a_loaded_file_gets_its_window_populated_ahead_of_its_write_position(tmp
         assert 0 < wrote < mf.file_size
         wait_until(lambda: mf.reserved_position >= wrote + WINDOW)
         first = wrote - wrote % 4096
-        wait_until(lambda: resident(mf.path) >= mf.reserved_position - first)
+        wait_until(lambda: testing.resident_bytes(mf.path) >= mf.reserved_position - first)
         assert mf.refill_position == mf.reserved_position - WINDOW // 2
         assert set(fs.reservers) == {ALLOCATOR}
     finally:
