@@ -77,9 +77,9 @@ class AllocateMappedFileService(ServiceThread):
                 self._fill(mf, end, start)
 
     def _fill(self, mf, end, start=None, urgent=True):
-        """Reserve ahead of `end` in `mf` and populate from `start` (default: what is new)
-        to reserved_position. Urgent: a writer is heading there. Otherwise (a file prepared
-        ahead) the writer's requests come first, between chunks."""
+        """Reserve the window ahead of `end` in `mf` and populate it from `start` (default:
+        what is new). Urgent: a writer is heading there. Otherwise (a file prepared ahead)
+        the writer's requests come first, between chunks."""
         if not mf.is_available:
             return
         try:
@@ -91,7 +91,9 @@ class AllocateMappedFileService(ServiceThread):
             return
         pos = max(old if start is None else start, mf.wrote_position)
         pos -= pos % OS_PAGE_SIZE
-        end = mf.reserved_position
+        # A window, even where the file system reserves nothing (the whole file counts as
+        # reserved then): memory follows the data.
+        end = min(mf.reserved_position, end + self._window)
         # A Mapping's madvise releases the GIL: an urgent range in one call, since each
         # chunk waits for the GIL again, which a busy writer holds, and the writer would
         # catch up. mmap.mmap's holds the GIL: a chunk at a time, so the writer runs in
@@ -110,16 +112,19 @@ class AllocateMappedFileService(ServiceThread):
             pos = max(pos + chunk, mf.wrote_position - mf.wrote_position % OS_PAGE_SIZE)
         if urgent:
             self._writing = mf
-            if mf.reserved_position >= mf.file_size:
-                self._fill_ready()
 
     def _fill_ready(self):
-        """Reserve and populate the first window of the files prepared ahead. Done once the
-        file being written is reserved to its end, not earlier: meanwhile this thread
-        serves only that file's writer, and no memory is taken ahead of need."""
+        """Reserve and populate the first window of the files prepared ahead, once the file
+        being written is reserved to its end, not earlier: meanwhile this thread serves only
+        that file's writer, and no memory is taken ahead of need. A file done already costs
+        a compare."""
+        writing = self._writing
+        if writing is not None and writing.reserved_position < writing.file_size:
+            return
         with self._lock:
             ready = list(self._ready.values())
         for mf in ready:
+            mf.refill_lead = self._window // 2
             self._fill(mf, 0, urgent=False)
 
     def take(self, path, next_offset):
@@ -150,6 +155,11 @@ class AllocateMappedFileService(ServiceThread):
     def run_once(self):
         self.wait_for_running(1000)
         self._refill_pending()
+        self._make_wanted()
+        if self._prefault:
+            self._fill_ready()
+
+    def _make_wanted(self):
         with self._lock:
             path = self._wanted
             self._wanted = None
@@ -168,11 +178,6 @@ class AllocateMappedFileService(ServiceThread):
                     self._ready[path] = mf
                 self._making = None
                 self._lock.notify_all()
-        if mf is not None and self._prefault:
-            mf.refill_lead = self._window // 2
-            writing = self._writing
-            if writing is None or writing.reserved_position >= writing.file_size:
-                self._fill_ready()
 
     def on_shutdown(self):
         # Files prepared but never used are removed: an empty file past the end would make a
