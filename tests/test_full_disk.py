@@ -137,7 +137,9 @@ def test_full_disk_before_any_message_refuses_puts_and_reopens(small_disk, name)
     filler = small_disk / "filler"
     acks, refusals = acks_and_refusals(
         child(name, "put", root, "--fill", filler, "--fill-after", 0))
-    assert acks == []
+    # The store may have reserved its first CommitLog window at start, before the disk
+    # filled: puts fit there (a record takes at least 400 bytes), and no further.
+    assert acks == list(range(len(acks))) and len(acks) <= 256 * 1024 // 400
     reopen_full_then_freed(name, root, filler, acks, refusals)
 
 
