@@ -80,9 +80,8 @@ def _timed(put, calls):
     return lat, wrote, failed, stored, _minflt() - f0
 
 
-def _report(benchmark, rounds, name):
+def _report(benchmark, rounds):
     lat = sorted(x for r in rounds for x in r["lat"])
-    benchmark.name = name
     benchmark.extra_info["mib"] = round(rounds[0]["bytes"] / MiB, 1)
     benchmark.extra_info["faults_per_mib"] = [round(r["faults"] * MiB / r["bytes"], 2)
                                               for r in rounds]
@@ -129,7 +128,7 @@ def _store_run(benchmark, store_factory, mode, op):
 
     benchmark.group = _group(op)
     benchmark.pedantic(run, setup=setup, rounds=ROUNDS, iterations=1)
-    _report(benchmark, state["rounds"], f"{op}, {mode}")
+    _report(benchmark, state["rounds"])
     for r in state["rounds"]:
         check_puts(r["failed"])
         assert r["stored"] == len(msgs) * n
@@ -176,7 +175,7 @@ def test_warm_mmap_write_of_the_same_bytes(benchmark, store_factory, tmp_path, o
             rounds.append({"lat": lat, "faults": faults, "bytes": len(data)})
         benchmark.group = _group(op)
         benchmark.pedantic(run, rounds=ROUNDS, iterations=1)
-        _report(benchmark, rounds, f"{op}, warm mmap write (ceiling)")
+        _report(benchmark, rounds)
         assert mm[:len(data)] == data          # every round's copy read back
     finally:
         view.release()

@@ -185,5 +185,6 @@ class AllocateMappedFileService(ServiceThread):
         with self._lock:
             ready, self._ready = self._ready, {}
             self._refill = []
+        self._writing = None
         for mf in ready.values():
             mf.destroy()
