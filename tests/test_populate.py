@@ -126,7 +126,8 @@ def test_a_slave_prepares_no_first_file_since_the_master_names_it(tmp_path, back
 
 def test_puts_go_on_while_every_populate_is_stuck(tmp_path, backend):
     """No lock a put needs is held across a populate: with every populate blocked, puts cross
-    refill_position and reserved_position (reserving themselves) and roll files."""
+    refill_position and reserved_position (reserving themselves) and roll files, creating
+    them since the allocator cannot."""
     fs = Recording()
     store = testing.open_store(tmp_path / "s", backend, config=config(), fs=fs)
     fs.hold = threading.Event()
@@ -144,6 +145,12 @@ def test_puts_go_on_while_every_populate_is_stuck(tmp_path, backend):
         assert len(store.commitlog.mfq.files) >= 2
         # The allocator being stuck, the writer reserved for itself when it got there.
         assert set(fs.reservers) - {ALLOCATOR}
+        fs.hold.set()
+        # The file the writer made itself meanwhile gets a window populated ahead of its
+        # writer too, once the allocator runs again.
+        mf = store.commitlog.mfq.files[-1]
+        wait_until(lambda: settled(mf))
+        assert mf.reserved_position - mf.wrote_position >= WINDOW // 2
     finally:
         fs.hold.set()
         store.shutdown()
