@@ -77,14 +77,16 @@ class CommitLog:
         if self.allocator is None:
             return
         self.allocator.start()
-        # The file puts go to next, loaded or still to come, gets its window populated
-        # ahead too, not only the files the allocator makes after it.
+        # The file the next put goes to, loaded or still to be made, has its window
+        # populated ahead too, not only the files the allocator makes after it.
         last = self.mfq.last_file
         if last is not None and not last.is_full:
             self.allocator.adopt(last)
-        elif last is None and self.config.broker_role is not BrokerRole.SLAVE:
+        elif last is not None:
+            self.allocator.want(self.mfq.path_to_create(last.end_offset))
+        elif self.config.broker_role is not BrokerRole.SLAVE:
             # A slave's first file is named after the master's offset, unknown until then.
-            # The offset get_last_mapped_file will ask for.
+            # The offset get_last_mapped_file will ask for:
             where = self.mfq.committed_where
             self.allocator.want(self.mfq.path_to_create(where - where % self.file_size))
 

@@ -110,6 +110,26 @@ def test_a_loaded_file_gets_its_window_populated_ahead_of_its_write_position(tmp
         store.shutdown()
 
 
+def test_a_store_whose_last_file_is_full_prepares_the_next_one_at_start(tmp_path, backend):
+    root = tmp_path / "s"
+    store = testing.open_store(root, backend, config=config())
+    while len(store.commitlog.mfq.files) < 2:
+        assert store.put_message(Message("TopicA", b"r" * 30000)).ok
+    store.shutdown()
+    # The message that rolled over is lost with its file: the first file, full, is last.
+    second = os.path.join(store.commitlog.mfq.store_path, f"{2 << 20:020d}")
+    os.remove(second)
+    store = testing.open_store(root, backend, config=config())
+    try:
+        assert store.commitlog.mfq.files[-1].is_full
+        wait_until(lambda: os.path.exists(second) and
+                   testing.resident_bytes(second) >= WINDOW)
+        assert store.put_message(Message("TopicA", b"next")).ok
+        assert store.commitlog.mfq.files[-1].path == second
+    finally:
+        store.shutdown()
+
+
 def test_a_slave_prepares_no_first_file_since_the_master_names_it(tmp_path, backend):
     master = testing.open_store(tmp_path / "m", backend, config=config())
     slave = testing.open_store(tmp_path / "sl", backend,
