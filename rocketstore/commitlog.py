@@ -9,6 +9,7 @@ import numpy as np
 
 from . import format as F
 from .batch import max_len_check
+from .config import BrokerRole
 from .errors import KernelBoundsError, MessageIllegalError, StoreClosedError
 from .mapped_file_queue import MappedFileQueue
 from .message import (PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, TOPIC_PATTERN,
@@ -75,8 +76,21 @@ class CommitLog:
         return self.mfq.load()
 
     def start(self):
-        if self.allocator is not None:
-            self.allocator.start()
+        if self.allocator is None:
+            return
+        self.allocator.start()
+        # The file the next put goes to, loaded or still to be made, has its window
+        # populated ahead too, not only the files the allocator makes after it.
+        last = self.mfq.last_file
+        if last is not None and not last.is_full:
+            self.allocator.adopt(last)
+        elif last is not None:
+            self.allocator.want(self.mfq.path_to_create(last.end_offset))
+        elif self.config.broker_role is not BrokerRole.SLAVE:
+            # A slave's first file is named after the master's offset, unknown until then.
+            # The offset get_last_mapped_file will ask for:
+            where = self.mfq.committed_where
+            self.allocator.want(self.mfq.path_to_create(where - where % self.file_size))
 
     def stop_puts(self):
         """Refuse every later put; returns once the put holding the lock, if any, is done."""
@@ -255,16 +269,22 @@ class CommitLog:
 
     def _reserve_ahead(self, mf, end):
         """Reserve blocks up to `end` and the window ahead (OSError when the disk refuses);
-        the allocator populates the new window off this thread."""
+        the allocator populates the new window past `end` off this thread."""
         old, new = mf.reserve(end)
         if new > old and self.allocator is not None:
-            self.allocator.populate(mf, old, new)
+            self.allocator.populate(mf, end, end)
 
     def _reserve(self, mf, end):
-        """_reserve_ahead for a put, to `end` plus the blank record that may follow it, which
-        must never fault either. None, or the reason the disk refused."""
+        """For a put past refill_position: to `end` plus the blank record that may follow it,
+        which must never fault either. Below reserved_position the allocator is only asked to
+        refill (the put goes on into pages populated already); past it, this thread reserves
+        (_reserve_ahead). None, or the reason the disk refused."""
+        end += F.END_FILE_MIN_BLANK_LENGTH
+        if end <= mf.reserved_position and self.allocator is not None:
+            self.allocator.refill(mf, end)
+            return None
         try:
-            self._reserve_ahead(mf, end + F.END_FILE_MIN_BLANK_LENGTH)
+            self._reserve_ahead(mf, end)
         except OSError as exc:
             return self._refusal(exc)
         return None

@@ -25,19 +25,25 @@ class MappedFile:
     wrote_position      bytes appended           (guarded by the owner's writer: put lock / reput)
     committed_position  bytes visible to readers (only below wrote_position with a write buffer)
     flushed_position    bytes known durable      (written by the flush thread only)
-    reserved_position   bytes whose blocks exist (the writer's; see reserve())
+    reserved_position   bytes whose blocks exist (see reserve())
     refill_position     a writer reaching it asks for more reserved space (<= reserved_position)
 
     Files are sparse: a writer calls reserve(end) before writing below `end` whenever `end`
     passes reserved_position (one integer compare in the common case), and a full disk then
     answers ENOSPC instead of killing the process with SIGBUS on the write.
+
+    A file whose windows an allocator reserves and populates in the background has a
+    `refill_lead`: refill_position then sits that far below reserved_position, so the writer
+    asks for the next window while populated pages are still ahead of it. Below
+    refill_position a writer writes without calling anything.
     """
 
     __slots__ = ("path", "file_name", "file_from_offset", "file_size", "mm", "wrote_position",
                  "committed_position", "flushed_position", "reserved_position", "refill_position",
-                 "reserve_window", "store_timestamp", "first_create_in_queue", "writable", "wbuf",
+                 "reserve_window", "refill_lead", "store_timestamp", "first_create_in_queue",
+                 "writable", "wbuf",
                  "_pool", "_k", "_fs", "_refs", "_available", "_lock", "_cond",
-                 "_first_shutdown_ms")
+                 "_reserve_lock", "_first_shutdown_ms")
 
     def __init__(self, path, file_size, kernels, fs, writable=True, create=True, pool=None,
                  reserve_window=0):
@@ -65,6 +71,9 @@ class MappedFile:
         self.reserved_position = 0
         self.refill_position = 0
         self.reserve_window = reserve_window
+        self.refill_lead = 0              # set by an allocator that refills this file
+        # The writer and the allocator thread both reserve; never held across a populate.
+        self._reserve_lock = threading.Lock()
         self.store_timestamp = 0          # store time of the last record appended
         self.first_create_in_queue = False
         # With a TransientStorePool, appends go to a pooled write buffer and reach the mapping
@@ -108,33 +117,43 @@ class MappedFile:
         """Where the file's written data ends (zeros after it); see FileSystem.data_end."""
         return min(self.file_size, _page_up(self._fs.data_end(self.path)))
 
-    def reserve(self, end):
+    def reserve(self, end, required=True):
         """Allocate blocks up to `end`, and a window ahead of it while the disk allows, so
         writes below reserved_position cannot fault. On a disk too full for the window only
-        what `end` needs is taken; OSError(ENOSPC) when not even that fits. Called by this
-        file's single writer (the put lock, the reput thread, recovery), never concurrently.
-        Returns (old, new) reserved positions."""
-        old = self.reserved_position
-        # A writer filling the file asks for its end plus the blank record's 8 bytes: nothing
-        # exists past the file to reserve, and a zero-length fallocate is EINVAL.
-        end = min(end, self.file_size)
-        if end <= old:
-            return old, old
-        need = min(self.file_size, _page_up(end))
-        want = min(self.file_size, _page_up(end + self.reserve_window))
-        try:
-            ok = self._fs.reserve(self.path, old, want - old)
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC or want == need:
-                raise
-            ok = self._fs.reserve(self.path, old, need - old)
-            want = need
-        if not ok:
-            log.warning("%s: the file system cannot reserve blocks; a full disk will fault "
-                        "writes to this file", self.path)
-            want = self.file_size
-        self.reserved_position = self.refill_position = want
-        return old, want
+        what `end` needs is taken; OSError(ENOSPC) when not even that fits.
+
+        `required=False` is the allocator reserving ahead of a writer at `end`: the window
+        past `end` is taken whole (ENOSPC if it does not fit), and nothing when it is
+        already there. The writer and the allocator may call this at once: the lock makes
+        one wait for the other's fallocate, never for a populate. Returns (old, new)
+        reserved positions."""
+        with self._reserve_lock:
+            old = self.reserved_position
+            # A writer filling the file asks for its end plus the blank record's 8 bytes:
+            # nothing exists past the file to reserve, and a zero-length fallocate is EINVAL.
+            end = min(end, self.file_size)
+            want = min(self.file_size, _page_up(end + self.reserve_window))
+            need = min(self.file_size, _page_up(end)) if required else old
+            if end <= old if required else want <= old:
+                return old, old
+            try:
+                ok = self._fs.reserve(self.path, old, want - old)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC or need <= old or want == need:
+                    raise
+                ok = self._fs.reserve(self.path, old, need - old)
+                want = need
+            if not ok:
+                log.warning("%s: the file system cannot reserve blocks; a full disk will "
+                            "fault writes to this file", self.path)
+                want = self.file_size
+            # Past refill_position the writer asks for more: a lead below a whole window
+            # leaves populated pages ahead of it meanwhile; a shrunk window has no lead,
+            # the disk having nothing more to give.
+            lead = self.refill_lead if want == _page_up(end + self.reserve_window) else 0
+            self.reserved_position = want
+            self.refill_position = want - lead if want < self.file_size else want
+            return old, want
 
     def populate(self, start, end):
         """Fault in [start, end) now (the page holding `start` included), so that writes

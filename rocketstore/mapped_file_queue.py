@@ -226,13 +226,17 @@ class MappedFileQueue:
             create_offset = last.file_from_offset + self.file_size
         return self._create(create_offset)
 
+    def path_to_create(self, offset):
+        """The path of the file starting at `offset`, its directory created (inside root)."""
+        self._fs.ensure_dir(self.store_path, self.root)
+        return os.path.join(self.store_path, offset_to_file_name(offset))
+
     def _create(self, offset):
         with self._lock:
             last = self.last_file
             if last is not None and last.file_from_offset >= offset:
                 return last
-            self._fs.ensure_dir(self.store_path, self.root)
-            path = os.path.join(self.store_path, offset_to_file_name(offset))
+            path = self.path_to_create(offset)
             if self._allocator is not None:
                 mf = self._allocator.take(path, offset + self.file_size)
             else:

@@ -87,6 +87,24 @@ def wait_flushed(store, timeout=5.0):
         time.sleep(0.001)
 
 
+def resident_bytes(path):
+    """Bytes of this process's mappings of the file `path`, or of files under the directory
+    `path`, that are in memory (Rss in /proc/self/smaps): what populating or touching them
+    brought in."""
+    real = os.path.realpath(path)
+    prefix = real.rstrip(os.sep) + os.sep
+    rss = 0
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+                inside = len(head) >= 6 and (head[5] == real or head[5].startswith(prefix))
+            elif inside and head[0] == "Rss:":
+                rss += int(head[1]) * 1024
+    return rss
+
+
 @contextlib.contextmanager
 def tmpfs(mountpoint, size):
     """A real small file system (tmpfs of `size`, e.g. "16m") mounted at `mountpoint` for the

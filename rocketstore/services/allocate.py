@@ -1,8 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-"""AllocateMappedFileService: creates the next CommitLog file ahead of time, and reserves and
-pre-faults a bounded window of it, so an append never waits for file creation; it also
-pre-faults each window the writer reserves, so appends pay no first-touch page faults. RSS and
-allocated disk follow the data, never a whole 1 GiB file ahead of it."""
+"""AllocateMappedFileService: creates the next CommitLog file ahead of time, and keeps a bounded
+window of reserved (fallocate) and populated (MADV_POPULATE_WRITE) pages ahead of the writer of
+the file being written, so a put neither waits for file creation nor takes first-touch faults.
+RSS and allocated disk follow the data, never a whole 1 GiB file ahead of it.
+
+The writer asks for the next window at its file's refill_position, half a window before the
+reserved end; this thread reserves and populates it, off the writer and (with the compiled
+Mapping, whose madvise releases it) off the GIL. The writer reserves itself only when it
+reaches reserved_position first (this thread lagged or met a full disk), so a full disk still
+refuses that put with ENOSPC."""
 import logging
 import os
 import threading
@@ -25,67 +31,135 @@ class AllocateMappedFileService(ServiceThread):
         self._fs = fs
         self._prefault = prefault
         self._window = reserve_window
-        self._populate = []        # (MappedFile, start, end) reserved by the writer, to fault in
+        self._refill = []          # (MappedFile, writer's end, populate from) to do here
         self._lock = threading.Condition()
         self._wanted = None        # path of the file to prepare next
-        self._making = None        # path being prepared right now
+        self._making = None        # path being created right now
         self._ready = {}           # path -> MappedFile prepared in the background
+        self._writing = None       # the file whose writer this thread refilled last
 
-    def _make(self, path, prefault):
-        # A sparse file; the writer reserves its blocks a window at a time (MappedFile.reserve).
-        # Made ahead of time, the first window is reserved and faulted in here already.
-        mf = MappedFile(path, self.file_size, self._k, self._fs, pool=self.pool,
-                        reserve_window=self._window)
-        if prefault:
-            try:
-                mf.reserve(1)
-            except OSError:
-                mf.destroy()
-                raise
-            self._fs.prefault(mf.mm, 0, mf.reserved_position)
-        return mf
+    def _make(self, path):
+        # A sparse file; its blocks are reserved a window at a time (MappedFile.reserve).
+        return MappedFile(path, self.file_size, self._k, self._fs, pool=self.pool,
+                          reserve_window=self._window)
 
-    def populate(self, mf, start, end):
-        """Fault in [start, end) of `mf` on this thread (the writer just reserved it)."""
+    def adopt(self, mf, end=None):
+        """Keep a window reserved and populated ahead of the writer of `mf` from now on, the
+        first from `end` (default: its write position) on; a no-op without prefault."""
+        if self._prefault:
+            mf.refill_lead = self._window // 2
+            self.populate(mf, mf.wrote_position if end is None else end)
+
+    def refill(self, mf, end):
+        """The writer of `mf` passed its refill_position at `end`: reserve the window ahead of
+        `end` and populate it, on this thread."""
+        # Asked once: the writer goes on writing below reserved_position without calling,
+        # until the window reserved here moves refill_position on. (A refill finishing
+        # between the read and the store leaves it lower: the writer then asks once more.)
+        mf.refill_position = mf.reserved_position
+        self.populate(mf, end)
+
+    def populate(self, mf, end, start=None):
+        """Reserve the window ahead of `end` in `mf` if it is not yet, and populate what is
+        reserved from `start` (default: what this call reserves) on, on this thread."""
         if self._prefault:
             with self._lock:
-                self._populate.append((mf, start, end))
+                self._refill.append((mf, end, start))
             self.wakeup()
 
-    def _populate_pending(self):
+    def _refill_pending(self):
+        while True:
+            with self._lock:
+                todo, self._refill = self._refill, []
+            if not todo:
+                return
+            for mf, end, start in todo:
+                self._fill(mf, end, start)
+
+    def _fill(self, mf, end, start=None, urgent=True):
+        """Reserve the window ahead of `end` in `mf` and populate it from `start` (default:
+        what is new). Urgent: a writer is heading there. Otherwise (a file prepared ahead)
+        the writer's requests come first, between chunks."""
+        if not mf.is_available:
+            return
+        try:
+            old, _ = mf.reserve(end, required=False)
+        except OSError as exc:
+            # The writer reserves what it needs itself when it gets there, and meets the
+            # error then, with a put to refuse.
+            log.info("%s: could not reserve ahead of the writer: %s", mf.path, exc)
+            return
+        pos = max(old if start is None else start, mf.wrote_position)
+        pos -= pos % OS_PAGE_SIZE
+        # A window, even where the file system reserves nothing (the whole file counts as
+        # reserved then): memory follows the data.
+        end = min(mf.reserved_position, end + self._window)
+        # A Mapping's madvise releases the GIL: an urgent range in one call, since each
+        # chunk waits for the GIL again, which a busy writer holds, and the writer would
+        # catch up. mmap.mmap's holds the GIL: a chunk at a time, so the writer runs in
+        # between. A destroy or shutdown stops the work, and pages the writer passed are
+        # skipped.
+        # No hold(): a borrower would make cleaning retry the file later. The mapping cannot
+        # close during madvise: mmap.mmap runs it under the GIL, and a Mapping makes close()
+        # raise BufferError meanwhile (the closer retries); a closed one raises ValueError,
+        # which prefault ignores.
+        nogil = isinstance(mf.mm, getattr(self._k, "Mapping", ()))
+        chunk = end if urgent and nogil else 1 << 20
+        while pos < end and mf.is_available and not self.is_stopped:
+            if not urgent:
+                self._refill_pending()
+            self._fs.prefault(mf.mm, pos, min(chunk, end - pos))
+            pos = max(pos + chunk, mf.wrote_position - mf.wrote_position % OS_PAGE_SIZE)
+        if urgent:
+            self._writing = mf
+
+    def _fill_ready(self):
+        """Reserve and populate the first window of the files prepared ahead, once the file
+        being written is reserved to its end, not earlier: meanwhile this thread serves only
+        that file's writer, and no memory is taken ahead of need. A file done already costs
+        a compare."""
+        writing = self._writing
+        if writing is not None and writing.reserved_position < writing.file_size:
+            return
         with self._lock:
-            todo, self._populate = self._populate, []
-        for mf, start, end in todo:
-            # No hold(): a borrower would make cleaning retry the file later. The mapping
-            # cannot close during madvise: mmap.mmap runs it under the GIL, and a Mapping
-            # makes close() raise BufferError meanwhile (the closer retries); a closed one
-            # raises ValueError, which prefault ignores.
-            if mf.is_available:
-                start -= start % OS_PAGE_SIZE
-                self._fs.prefault(mf.mm, start, end - start)
+            ready = list(self._ready.values())
+        for mf in ready:
+            mf.refill_lead = self._window // 2
+            self._fill(mf, 0, urgent=False)
 
     def take(self, path, next_offset):
         """The file at `path` (prepared, or created now), and queue the one after it."""
         with self._lock:
             # Never create a file the background thread is still creating: two mappings of
-            # one path would let shutdown delete the one in use.
+            # one path would let shutdown delete the one in use. Only creation is waited
+            # for: the window of a prepared file may still be populating.
             self._lock.wait_for(lambda: self._making != path)
             mf = self._ready.pop(path, None)
             if self._wanted == path:
                 self._wanted = None
         if mf is None:
-            # Created while a producer waits: faulting a whole file in now would cost more
-            # than the first touches it saves.
-            mf = self._make(path, prefault=False)
-        nxt = os.path.join(os.path.dirname(path), "%020d" % next_offset)
-        with self._lock:
-            self._wanted = nxt
-        self.wakeup()
+            # Created while a producer waits: this thread reserves and populates its first
+            # window from now on, while the producer writes its first pages.
+            mf = self._make(path)
+        # Populated already, or not yet (see _fill_ready): urgent from now on.
+        self.adopt(mf, 0)
+        self.want(os.path.join(os.path.dirname(path), "%020d" % next_offset))
         return mf
+
+    def want(self, path):
+        """Prepare the file at `path` in the background, for a take() to come."""
+        with self._lock:
+            self._wanted = path
+        self.wakeup()
 
     def run_once(self):
         self.wait_for_running(1000)
-        self._populate_pending()
+        self._refill_pending()
+        self._make_wanted()
+        if self._prefault:
+            self._fill_ready()
+
+    def _make_wanted(self):
         with self._lock:
             path = self._wanted
             self._wanted = None
@@ -94,7 +168,7 @@ class AllocateMappedFileService(ServiceThread):
             self._making = path
         mf = None
         try:
-            mf = self._make(path, self._prefault)
+            mf = self._make(path)
         except OSError as exc:
             # The writer creates the file itself when it needs it, and meets the error then.
             log.error("could not pre-allocate %s: %s", path, exc)
@@ -110,6 +184,7 @@ class AllocateMappedFileService(ServiceThread):
         # later load see a longer queue than was written.
         with self._lock:
             ready, self._ready = self._ready, {}
-            self._populate = []
+            self._refill = []
+        self._writing = None
         for mf in ready.values():
             mf.destroy()
