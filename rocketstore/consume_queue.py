@@ -15,6 +15,11 @@ _UNIT = struct.Struct(">qiq")
 _FILLER = _UNIT.pack(0, 0x7FFFFFFF, 0)
 
 
+# A queue's window grows from consume_queue_reserve_window up to this as it is written:
+# 40 000 quiet queues hold a small window each, a busy one few fallocate calls.
+RESERVE_WINDOW_MAX = 1 << 20
+
+
 def _reserve(f, end):
     """Reserve the next window of a queue file and fault it in at once: the dispatcher
     writing units holds the GIL, a page fault on each first touch there would hold it too,
@@ -37,7 +42,8 @@ class ConsumeQueue:
         self.file_size = -(-file_size // UNIT) * UNIT
         path = os.path.join(root, "consumequeue", topic, str(queue_id))
         self.mfq = MappedFileQueue(path, self.file_size, kernels, fs, writable,
-                                   reserve_window=reserve_window)
+                                   reserve_window=reserve_window,
+                                   reserve_window_max=RESERVE_WINDOW_MAX)
         self.max_physic_offset = -1     # end (offset + size) of the last unit's record
         self.min_logic_offset = 0       # byte offset of the first valid unit
         self._k = kernels

@@ -21,6 +21,7 @@ _I64 = struct.Struct(">q")
 # Entries are appended in order, so their blocks are reserved this far ahead (the slot table,
 # written at random, is reserved whole when the file is created).
 ENTRY_RESERVE_WINDOW = 64 * 1024
+ENTRY_RESERVE_WINDOW_MAX = 4 << 20        # doubling up to this while a file fills
 
 
 def index_file_size(slot_num, index_num):
@@ -57,7 +58,8 @@ class IndexFile:
         # Writable: create, or extend a short file (Java's RandomAccessFile.setLength does).
         # Read-only: map as is; a short file becomes a zero-padded private copy.
         self.mf = MappedFile(path, self.file_size, kernels, fs, writable=writable,
-                             create=writable, reserve_window=ENTRY_RESERVE_WINDOW)
+                             create=writable, reserve_window=ENTRY_RESERVE_WINDOW,
+                             reserve_window_max=ENTRY_RESERVE_WINDOW_MAX)
         if fresh:
             try:
                 self._reserve_entries(1)

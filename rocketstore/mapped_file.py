@@ -40,13 +40,13 @@ class MappedFile:
 
     __slots__ = ("path", "file_name", "file_from_offset", "file_size", "mm", "wrote_position",
                  "committed_position", "flushed_position", "reserved_position", "refill_position",
-                 "reserve_window", "refill_lead", "store_timestamp", "first_create_in_queue",
+                 "reserve_window", "reserve_window_max", "refill_lead", "store_timestamp", "first_create_in_queue",
                  "writable", "wbuf",
                  "_pool", "_k", "_fs", "_refs", "_available", "_lock", "_cond",
                  "_reserve_lock", "_first_shutdown_ms")
 
     def __init__(self, path, file_size, kernels, fs, writable=True, create=True, pool=None,
-                 reserve_window=0):
+                 reserve_window=0, reserve_window_max=None):
         self.path = path
         self.file_name = os.path.basename(path)
         self.file_from_offset = int(self.file_name)
@@ -71,6 +71,9 @@ class MappedFile:
         self.reserved_position = 0
         self.refill_position = 0
         self.reserve_window = reserve_window
+        # A file written fast reserves in growing windows, doubling up to this: a busy queue
+        # then makes a few fallocate calls, not one per few hundred units.
+        self.reserve_window_max = max(reserve_window, reserve_window_max or 0)
         self.refill_lead = 0              # set by an allocator that refills this file
         # The writer and the allocator thread both reserve; never held across a populate.
         self._reserve_lock = threading.Lock()
@@ -150,7 +153,10 @@ class MappedFile:
             # Past refill_position the writer asks for more: a lead below a whole window
             # leaves populated pages ahead of it meanwhile; a shrunk window has no lead,
             # the disk having nothing more to give.
-            lead = self.refill_lead if want == _page_up(end + self.reserve_window) else 0
+            whole = want == _page_up(end + self.reserve_window)
+            lead = self.refill_lead if whole else 0
+            if whole and self.reserve_window < self.reserve_window_max:
+                self.reserve_window = min(2 * self.reserve_window, self.reserve_window_max)
             self.reserved_position = want
             self.refill_position = want - lead if want < self.file_size else want
             return old, want

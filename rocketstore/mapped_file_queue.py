@@ -90,7 +90,7 @@ class MappedFileQueue:
     reader thread can take `self.files` once and walk it without a lock."""
 
     def __init__(self, store_path, file_size, kernels, fs, writable=True, allocator=None,
-                 reserve_window=0):
+                 reserve_window=0, reserve_window_max=None):
         self.store_path = store_path
         self.file_size = file_size
         self.files = []
@@ -102,6 +102,7 @@ class MappedFileQueue:
         self.writable = writable
         self._allocator = allocator  # optional: creates files ahead of time (CommitLog only)
         self.reserve_window = reserve_window   # MappedFile.reserve's window for every file
+        self.reserve_window_max = reserve_window_max
         self._lock = threading.Lock()
         self.root = None             # the store root: no directory is created outside it
         self.stray_names = []        # names load() found and left alone, not being segments
@@ -160,7 +161,8 @@ class MappedFileQueue:
                     f"{path} is {size} bytes but segments here are {self.file_size} bytes: "
                     "the configured file size does not match the store")
             mf = MappedFile(path, self.file_size, self._k, self._fs, self.writable, create=False,
-                            reserve_window=self.reserve_window)
+                            reserve_window=self.reserve_window,
+                            reserve_window_max=self.reserve_window_max)
             mf.set_positions(self.file_size)
             files.append(mf)
         files.sort(key=lambda f: f.file_from_offset)
@@ -241,7 +243,8 @@ class MappedFileQueue:
                 mf = self._allocator.take(path, offset + self.file_size)
             else:
                 mf = MappedFile(path, self.file_size, self._k, self._fs,
-                                reserve_window=self.reserve_window)
+                                reserve_window=self.reserve_window,
+                            reserve_window_max=self.reserve_window_max)
             if not self.files:
                 mf.first_create_in_queue = True
             self.files = self.files + [mf]

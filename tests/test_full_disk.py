@@ -453,3 +453,26 @@ def test_a_file_ended_through_a_write_buffer_has_every_committed_byte_reserved(t
             assert mf.reserved_position == mf.file_size
     finally:
         store.shutdown()
+
+
+def test_a_busy_queue_reserves_in_growing_windows_and_a_quiet_one_keeps_the_first(tmp_path,
+                                                                                     backend):
+    from rocketstore.consume_queue import RESERVE_WINDOW_MAX
+    store = testing.open_store(tmp_path / "s", backend, testing.small_config(
+        mapped_file_size_commit_log=16 << 20, mapped_file_size_consume_queue=600_000 * 20))
+    try:
+        msgs = [Message("Busy", b"x", queue_id=0) for _ in range(30_000)]
+        for i in range(0, len(msgs), 1000):
+            assert store.put_messages(msgs[i:i + 1000]).status is PutMessageStatus.PUT_OK
+        assert store.put_message(Message("Quiet", b"y")).status is PutMessageStatus.PUT_OK
+        testing.wait_dispatched(store)
+        first = store.config.consume_queue_reserve_window
+        busy = store.find_consume_queue("Busy", 0).mfq.files[-1]
+        quiet = store.find_consume_queue("Quiet", 0).mfq.files[-1]
+        # 600 000 bytes of units: windows of 16, 32, ... KiB, never past the cap, and never
+        # more than one window reserved ahead of the units written.
+        assert first < busy.reserve_window <= RESERVE_WINDOW_MAX
+        assert busy.reserved_position - busy.wrote_position <= busy.reserve_window
+        assert quiet.reserve_window <= 2 * first and quiet.reserved_position <= first + 4096
+    finally:
+        store.shutdown()
