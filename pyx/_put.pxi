@@ -129,6 +129,12 @@ cdef struct _Rec:
     PyObject *topic_b           # bytes
     PyObject *body              # bytes
     PyObject *born              # packed born host, bytes
+    const uint8_t *topic_p      # their bytes, for the GIL-free encode
+    const uint8_t *body_p
+    const uint8_t *born_p
+    size_t topic_len
+    size_t body_len
+    size_t born_len
     rs_part *parts              # the properties string, in pieces
     Py_ssize_t n_parts
     int64_t born_ts
@@ -146,6 +152,23 @@ cdef struct _QueueKey:
     int32_t queue_id
     PyObject *key               # strong: the tuple
     Py_hash_t hash
+
+
+cdef inline int _rec_encode(const _Rec *r, char *out, size_t out_len, int64_t pos,
+                            int64_t qoff, int64_t phy, int64_t ts, const uint8_t *store,
+                            size_t store_len) noexcept nogil:
+    """Encode `r` at out[pos:] with its final queue offset, physical offset and store time;
+    its size, or a negative status."""
+    return rs_msg_encode_parts(<uint8_t *>out, out_len, pos, r.topic_p, r.topic_len,
+                               r.body_p, r.body_len, r.parts, r.n_parts, r.queue_id, r.flag,
+                               qoff, phy, r.sys_flag, r.born_ts, r.born_p, r.born_len, ts,
+                               store, store_len, r.reconsume, r.prepared, 0)
+
+
+cdef inline int _encoded(int rc, int size) except -1:
+    if rc != size:
+        _check(rc if rc < 0 else RS_E_ARG, "put_message")
+    return 0
 
 
 cdef class PutPath:
@@ -380,24 +403,15 @@ cdef class PutPath:
         r.topic_b = <PyObject *>topic_b
         r.body = <PyObject *>body
         r.born = <PyObject *>born_raw
+        r.topic_p = <const uint8_t *>PyBytes_AS_STRING(topic_b)
+        r.topic_len = <size_t>PyBytes_GET_SIZE(topic_b)
+        r.body_p = <const uint8_t *>PyBytes_AS_STRING(body)
+        r.body_len = <size_t>PyBytes_GET_SIZE(body)
+        r.born_p = <const uint8_t *>PyBytes_AS_STRING(born_raw)
+        r.born_len = <size_t>PyBytes_GET_SIZE(born_raw)
         r.parts = parts
         r.n_parts = n_parts
         return True
-
-    cdef inline int _encode(self, _Rec *r, char *out, Py_ssize_t out_len, int64_t pos,
-                            int64_t qoff, int64_t phy, int64_t ts) except -1:
-        cdef int rc = rs_msg_encode_parts(
-            <uint8_t *>out, <size_t>out_len, pos,
-            <const uint8_t *>PyBytes_AS_STRING(<object>r.topic_b),
-            PyBytes_GET_SIZE(<object>r.topic_b),
-            <const uint8_t *>PyBytes_AS_STRING(<object>r.body), PyBytes_GET_SIZE(<object>r.body),
-            r.parts, r.n_parts, r.queue_id, r.flag, qoff, phy, r.sys_flag, r.born_ts,
-            <const uint8_t *>PyBytes_AS_STRING(<object>r.born), PyBytes_GET_SIZE(<object>r.born),
-            ts, <const uint8_t *>PyBytes_AS_STRING(self._store_raw),
-            PyBytes_GET_SIZE(self._store_raw), r.reconsume, r.prepared, 0)
-        if rc != r.size:
-            _check(rc if rc < 0 else RS_E_ARG, "put_message")
-        return 0
 
     cdef inline int _take_lock(self) except -1:
         lock = self._cld["put_lock"]
@@ -467,7 +481,9 @@ cdef class PutPath:
             qoff_obj = 0 if p == NULL else <object>p
             qoff = qoff_obj
             phy = <int64_t><object>_member(mf, self._f[F_FROM]) + pos
-            self._encode(&r, m._addr, m._size, pos, qoff, phy, ts)
+            _encoded(_rec_encode(&r, m._addr, <size_t>m._size, pos, qoff, phy, ts,
+                                 <const uint8_t *>PyBytes_AS_STRING(self._store_raw),
+                                 <size_t>PyBytes_GET_SIZE(self._store_raw)), r.size)
             end_obj = pos + r.size
             ts_obj = ts
             _set_member(mf, self._f[F_WROTE], end_obj)
@@ -514,7 +530,8 @@ cdef class PutPath:
         cdef dict cl = self._cld
         cdef Py_ssize_t *qslot = NULL      # the distinct-queue table: slot -> queue, or -1
         cdef Py_ssize_t *first_of = NULL   # per distinct queue: its first record
-        cdef size_t qcap, h
+        cdef size_t qcap, h, store_len
+        cdef const uint8_t *store_p
         cdef list keys
         cdef object key, table, after, wake, mf, status, reason, target, status_obj
         cdef Py_buffer out
@@ -585,6 +602,8 @@ cdef class PutPath:
                     first_of[k] = i
                 slot_of[i] = k
             n_keys = len(keys)
+            store_p = <const uint8_t *>PyBytes_AS_STRING(self._store_raw)
+            store_len = <size_t>PyBytes_GET_SIZE(self._store_raw)
             base = <int64_t *>PyMem_Malloc(n_keys * sizeof(int64_t))
             count = <int64_t *>PyMem_Calloc(n_keys, sizeof(int64_t))
             if base == NULL or count == NULL:
@@ -619,10 +638,15 @@ cdef class PutPath:
                             limit = min(<int64_t>mf.reserved_position, self._file_size)
                             phy_base = <int64_t>mf.file_from_offset + wpos
                             pos = wpos
+                            # With the GIL: the records point into the messages' objects,
+                            # which another thread could change meanwhile. (Measured: letting
+                            # the reput thread in here cost the writer more than it gained.)
                             while done < n and pos + recs[done].size + BLANK_LEN <= limit:
                                 phys[done] = phy_base + (pos - wpos)
-                                self._encode(&recs[done], <char *>out.buf, out.len, pos,
-                                             qoffs[done], phys[done], ts)
+                                _encoded(_rec_encode(&recs[done], <char *>out.buf,
+                                                     <size_t>out.len, pos, qoffs[done],
+                                                     phys[done], ts, store_p, store_len),
+                                         recs[done].size)
                                 count[slot_of[done]] += 1
                                 pos += recs[done].size
                                 done += 1
