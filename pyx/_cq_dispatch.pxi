@@ -83,6 +83,16 @@ cdef class _CqSlot:
     cdef object mm
 
 
+_CQ_FILE_SLOTS = ("wrote_position", "committed_position", "reserved_position",
+                  "file_from_offset", "file_size", "mm")
+DEF CF_WROTE = 0
+DEF CF_COMMITTED = 1
+DEF CF_RESERVED = 2
+DEF CF_FROM = 3
+DEF CF_SIZE = 4
+DEF CF_MM = 5
+
+
 cdef class CqSlots:
     """The dispatcher's queues by (topic hash, queue id), in a table the row loop reads
     without the GIL. Grows by doubling; a ConsumeQueueDispatcher keeps one for its life."""
@@ -90,8 +100,16 @@ cdef class CqSlots:
     cdef Py_ssize_t _n
     cdef list _owners           # the _CqSlot objects the states live in
     cdef list _touched          # slots loaded (and pinned) in the current call
+    cdef type _file_type
+    cdef Py_ssize_t _f[6]
+    cdef Py_ssize_t _cq_max
 
-    def __cinit__(self):
+    def __cinit__(self, type mapped_file_type, type consume_queue_type):
+        # Positions are read and written at the members' offsets, as PutPath does: with
+        # 40 000 queues a batch loads and publishes a queue per row or two.
+        _member_offsets(mapped_file_type, _CQ_FILE_SLOTS, self._f)
+        _member_offsets(consume_queue_type, ("max_physic_offset",), &self._cq_max)
+        self._file_type = mapped_file_type
         self.t.keys = NULL
         self.t.states = NULL
         self.t.cap = 0
@@ -150,15 +168,23 @@ cdef class CqSlots:
         state is `appendable` only with a file this loop can append to (not when the queue has
         no file yet, or a mapping this module did not make)."""
         cdef _CqSlot s = <_CqSlot>st.owner
+        cdef Py_ssize_t i
         st.gen = self.t.gen
         st.loaded = True
         st.appendable = False
         self._touched.append(s)
         files = s.mfq.files
-        if not files:
+        if type(files) is not list or not files:
             return 0
-        f = files[len(files) - 1]
-        mm = f.mm
+        f = (<list>files)[len(<list>files) - 1]
+        if type(f) is not self._file_type:
+            return 0
+        for i in range(6):
+            if _member(f, self._f[i]) == NULL:
+                return 0
+        if _member(s.cq, self._cq_max) == NULL:
+            return 0
+        mm = <object>_member(f, self._f[CF_MM])
         if type(mm) is not Mapping or not (<Mapping>mm).writable or (<Mapping>mm)._addr == NULL:
             return 0
         (<Mapping>mm)._exports += 1         # pinned: close() raises BufferError until publish
@@ -166,11 +192,11 @@ cdef class CqSlots:
         s.mm = mm
         st.addr = (<Mapping>mm)._addr
         st.cap = (<Mapping>mm)._size
-        st.size = f.file_size
-        st.base = f.file_from_offset
-        st.wrote = f.wrote_position
-        st.reserved = f.reserved_position
-        st.max_phy = s.cq.max_physic_offset
+        st.size = <object>_member(f, self._f[CF_SIZE])
+        st.base = <object>_member(f, self._f[CF_FROM])
+        st.wrote = <object>_member(f, self._f[CF_WROTE])
+        st.reserved = <object>_member(f, self._f[CF_RESERVED])
+        st.max_phy = <object>_member(s.cq, self._cq_max)
         st.appendable = True
         return 0
 
@@ -181,9 +207,10 @@ cdef class CqSlots:
         for o in self._touched:
             s = <_CqSlot>o
             if s.st.appendable:
-                s.file.wrote_position = s.st.wrote
-                s.file.committed_position = s.st.wrote
-                s.cq.max_physic_offset = s.st.max_phy
+                wrote = s.st.wrote
+                _set_member(s.file, self._f[CF_WROTE], wrote)
+                _set_member(s.file, self._f[CF_COMMITTED], wrote)
+                _set_member(s.cq, self._cq_max, s.st.max_phy)
                 (<Mapping>s.mm)._exports -= 1
             s.st.loaded = False
             s.st.appendable = False

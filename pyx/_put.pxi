@@ -532,7 +532,10 @@ cdef class PutPath:
         cdef Py_ssize_t *first_of = NULL   # per distinct queue: its first record
         cdef size_t qcap, h, store_len
         cdef const uint8_t *store_p
-        cdef list keys
+        cdef PyObject **kobj = NULL         # per distinct queue: its table key and hash
+        cdef Py_hash_t *khash = NULL
+        cdef _QueueKey *qk
+        cdef PyObject *p
         cdef object key, table, after, wake, mf, status, reason, target, status_obj
         cdef Py_buffer out
         if (batch_properties is not None or type(msgs) is not list
@@ -556,7 +559,6 @@ cdef class PutPath:
                 raise MemoryError()
             # Distinct queues by (validated topic bytes, queue id): the topic cache hands out
             # one bytes object per topic, so equal topics share it.
-            keys = []
             qcap = 16
             while qcap < 2 * n:
                 qcap *= 2
@@ -590,23 +592,24 @@ cdef class PutPath:
                 while True:
                     k = qslot[h]
                     if k < 0:
-                        k = len(keys)
+                        k = n_keys
+                        n_keys += 1
                         qslot[h] = k
-                        keys.append((<object>recs[i].topic, <object>recs[i].qid))
                         break
                     if recs[first_of[k]].topic_b == recs[i].topic_b and \
                             recs[first_of[k]].queue_id == recs[i].queue_id:
                         break
                     h = (h + 1) & (qcap - 1)
-                if k == len(keys) - 1 and first_of[k] < 0:
+                if k == n_keys - 1 and first_of[k] < 0:
                     first_of[k] = i
                 slot_of[i] = k
-            n_keys = len(keys)
             store_p = <const uint8_t *>PyBytes_AS_STRING(self._store_raw)
             store_len = <size_t>PyBytes_GET_SIZE(self._store_raw)
             base = <int64_t *>PyMem_Malloc(n_keys * sizeof(int64_t))
             count = <int64_t *>PyMem_Calloc(n_keys, sizeof(int64_t))
-            if base == NULL or count == NULL:
+            kobj = <PyObject **>PyMem_Malloc(n_keys * sizeof(PyObject *))
+            khash = <Py_hash_t *>PyMem_Malloc(n_keys * sizeof(Py_hash_t))
+            if base == NULL or count == NULL or kobj == NULL or khash == NULL:
                 raise MemoryError()
 
             self._take_lock()
@@ -617,8 +620,15 @@ cdef class PutPath:
                 wake = cl["wake_on_put"]
                 table = cl["topic_queue_table"]
                 ts = self._now()
+                # Each queue's table key, made once per PutPath (under the lock, as put()
+                # does); borrowed here, the key table holds them.
                 for k in range(n_keys):
-                    base[k] = table.get(keys[k], 0)
+                    qk = self._queue_key(&recs[first_of[k]])
+                    kobj[k] = qk.key
+                    khash[k] = qk.hash
+                for k in range(n_keys):
+                    p = _PyDict_GetItem_KnownHash(table, <object>kobj[k], khash[k])
+                    base[k] = 0 if p == NULL else <int64_t><object>p
                 for i in range(n):
                     k = slot_of[i]
                     qoffs[i] = base[k] + count[k]
@@ -664,7 +674,8 @@ cdef class PutPath:
                     # What was written keeps its queue offsets; the rest gives them back.
                     for k in range(n_keys):
                         if count[k]:
-                            table[keys[k]] = base[k] + count[k]
+                            _PyDict_SetItem_KnownHash(table, <object>kobj[k],
+                                                      base[k] + count[k], khash[k])
             finally:
                 self._release()
         finally:
@@ -675,6 +686,8 @@ cdef class PutPath:
             PyMem_Free(first_of)
             PyMem_Free(base)
             PyMem_Free(count)
+            PyMem_Free(kobj)
+            PyMem_Free(khash)
         stored = [self._store_raw] * done
         if done < n:
             return self._batch_result_type(status, done, phys_a[:done], qoffs_a[:done].copy(),

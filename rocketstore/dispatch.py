@@ -73,7 +73,11 @@ class ConsumeQueueDispatcher(Dispatcher):
         # The compiled row loop, when the backend has one, and its table of queues by
         # (topic hash, queue id); used by the dispatching thread only.
         self._k_dispatch = getattr(store.kernels, "cq_dispatch", None)
-        self._slots = store.kernels.CqSlots() if self._k_dispatch is not None else None
+        self._slots = None
+        if self._k_dispatch is not None:
+            from .consume_queue import ConsumeQueue
+            from .mapped_file import MappedFile
+            self._slots = store.kernels.CqSlots(MappedFile, ConsumeQueue)
 
     def _schedule_tags_code(self, row, buf):
         """SCHEDULE_TOPIC_XXXX units carry the delivery time (spec 01 §3.7)."""

@@ -38,9 +38,9 @@ KERNEL_NAMES = (
 #   descriptor (FileSystem.map closes it at once), offering the mmap.mmap subset the store
 #   uses, the buffer protocol, and BufferError from close() while an export is live. Without
 #   it, mmap.mmap keeps a duplicate descriptor per mapped file (before Python 3.13).
-#   cq_dispatch(rows, buf, slots, slow) and CqSlots(): the ConsumeQueue dispatcher's row loop,
-#   appending each common row's unit in compiled code without the GIL, with its queues in a
-#   CqSlots table, and handing the others to slow(i); see
+#   cq_dispatch(rows, buf, slots, slow) and CqSlots(mapped_file_type, consume_queue_type): the
+#   ConsumeQueue dispatcher's row loop, appending each common row's unit in compiled code
+#   without the GIL, with its queues in a CqSlots table, and handing the others to slow(i); see
 #   dispatch.ConsumeQueueDispatcher.dispatch_array. Without it, the dispatcher groups rows with
 #   numpy.
 #   PutPath(store_put, store_put_list, commitlog, running_flags, not_writeable_mask, clock,
