@@ -42,9 +42,14 @@ KERNEL_NAMES = (
 #   each common row's unit in compiled code and handing the others to slow(i); see
 #   dispatch.ConsumeQueueDispatcher.dispatch_array. Without it, the dispatcher groups rows with
 #   numpy.
+#   index_dispatch(rows, buf, f, skip, slow): the index dispatcher's row loop, finding, hashing
+#   and putting each row's keys into IndexFile f in compiled code and asking slow(f, row) for
+#   the file to go on in when f is full or out of reserved blocks; see
+#   index_service.IndexService.dispatch_array. Without it, index_keys and index_put_batch.
 OPTIONAL_NAMES = (
     "Mapping",
     "cq_dispatch",
+    "index_dispatch",
 )
 
 
