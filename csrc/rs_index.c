@@ -32,18 +32,15 @@ static void rs_index_props(const uint8_t *props, size_t len, const uint8_t **uni
         const uint8_t *seg = props + a;
         const uint8_t *sep = memchr(seg, RS_PROPERTY_SEPARATOR, len - a);
         size_t seg_len = sep ? (size_t)(sep - seg) : len - a;
-        const uint8_t *kv = seg_len ? memchr(seg, RS_NAME_VALUE_SEPARATOR, seg_len) : NULL;
 
-        if (kv && kv != seg && kv != seg + seg_len - 1) {
-            size_t name_len = (size_t)(kv - seg);
-
-            if (name_len == 8 && memcmp(seg, "UNIQ_KEY", 8) == 0) {
-                *uniq = kv + 1;
-                *uniq_len = seg_len - 9;
-            } else if (name_len == 4 && memcmp(seg, "KEYS", 4) == 0) {
-                *keys = kv + 1;
-                *keys_len = seg_len - 5;
-            }
+        /* Neither name holds 0x01, so a segment that starts with name + 0x01 has its first
+         * 0x01 right there; it counts when a value follows. */
+        if (seg_len > 5 && memcmp(seg, "KEYS\x01", 5) == 0) {
+            *keys = seg + 5;
+            *keys_len = seg_len - 5;
+        } else if (seg_len > 9 && memcmp(seg, "UNIQ_KEY\x01", 9) == 0) {
+            *uniq = seg + 9;
+            *uniq_len = seg_len - 9;
         }
         if (!sep)
             break;
