@@ -17,30 +17,58 @@ int rs_index_hash(const uint8_t *buf, size_t len, int32_t *hash)
     return RS_OK;
 }
 
-/* The last valid `name` segment's value in a properties string (see rs_tags_code in rs_msg.c:
- * a segment counts when its first 0x01 is neither its first nor its last byte). */
-static const uint8_t *rs_prop_value(const uint8_t *props, size_t len, const char *name,
-                                    size_t name_len, size_t *value_len)
+/* The UNIQ_KEY and KEYS values of a properties string, as string2messageProperties reads them:
+ * a segment counts when its first 0x01 is neither its first nor its last byte (see rs_tags_code
+ * in rs_msg.c), and the last valid segment of a name wins.  A value not found is NULL.  One
+ * pass over the segments finds both. */
+static void rs_index_props(const uint8_t *props, size_t len, const uint8_t **uniq,
+                           size_t *uniq_len, const uint8_t **keys, size_t *keys_len)
 {
-    const uint8_t *value = NULL;
     size_t a = 0;
 
+    *uniq = *keys = NULL;
+    *uniq_len = *keys_len = 0;
     while (a <= len) {
         const uint8_t *seg = props + a;
         const uint8_t *sep = memchr(seg, RS_PROPERTY_SEPARATOR, len - a);
         size_t seg_len = sep ? (size_t)(sep - seg) : len - a;
-        const uint8_t *kv = seg_len ? memchr(seg, RS_NAME_VALUE_SEPARATOR, seg_len) : NULL;
 
-        if (kv && kv != seg && kv != seg + seg_len - 1 && (size_t)(kv - seg) == name_len &&
-            memcmp(seg, name, name_len) == 0) {
-            value = kv + 1;
-            *value_len = seg_len - name_len - 1;
+        /* Neither name holds 0x01, so a segment that starts with name + 0x01 has its first
+         * 0x01 right there; it counts when a value follows. */
+        if (seg_len > 5 && memcmp(seg, "KEYS\x01", 5) == 0) {
+            *keys = seg + 5;
+            *keys_len = seg_len - 5;
+        } else if (seg_len > 9 && memcmp(seg, "UNIQ_KEY\x01", 9) == 0) {
+            *uniq = seg + 9;
+            *uniq_len = seg_len - 9;
         }
         if (!sep)
             break;
         a += seg_len + 1;
     }
-    return value;
+}
+
+/* A scanned row's topic and properties lie inside buf[0, len)?  Rows normally come from
+ * rs_commitlog_scan over the same buf; they are checked anyway, in unsigned arithmetic that
+ * cannot overflow (each term is below 2^63 + 2^32). */
+static int rs_index_row_in(const rs_scan_rec *r, size_t len)
+{
+    uint64_t t0, p0;
+
+    if (r->pos < 0 || r->topic_off < 0 || r->topic_len < 0 || r->props_off < 0 ||
+        r->props_len < 0 || (uint64_t)r->pos > (uint64_t)len)
+        return 0;
+    t0 = (uint64_t)r->pos + (uint64_t)r->topic_off;
+    p0 = (uint64_t)r->pos + (uint64_t)r->props_off;
+    return t0 + (uint64_t)r->topic_len <= (uint64_t)len &&
+           p0 + (uint64_t)r->props_len <= (uint64_t)len;
+}
+
+/* The hash of "topic#": every key of a row continues from it. */
+static inline uint32_t rs_index_prefix(const uint8_t *buf, const rs_scan_rec *r)
+{
+    return 31 * rs_java_hash_continue(0, buf + r->pos + r->topic_off, (size_t)r->topic_len) +
+           '#';
 }
 
 static inline int32_t rs_index_abs(uint32_t h)
@@ -59,27 +87,16 @@ int rs_index_keys(const uint8_t *buf, size_t len, const rs_scan_rec *rows, size_
     *rows_done = 0;
     for (i = 0; i < nrows; i++) {
         const rs_scan_rec *r = &rows[i];
-        const uint8_t *props, *topic, *uniq, *keys;
-        size_t uniq_len = 0, keys_len = 0, need = 0, a;
+        const uint8_t *uniq, *keys;
+        size_t uniq_len, keys_len, need = 0, a;
         uint32_t prefix;
-        uint64_t t0, p0;
 
         if ((r->sys_flag & RS_TRANSACTION_TYPE_MASK) == RS_TRANSACTION_ROLLBACK_TYPE)
             continue;
-        /* Rows normally come from rs_commitlog_scan over the same buf; check them anyway, in
-         * unsigned arithmetic that cannot overflow (each term is below 2^63 + 2^32). */
-        if (r->pos < 0 || r->topic_off < 0 || r->topic_len < 0 || r->props_off < 0 ||
-            r->props_len < 0 || (uint64_t)r->pos > (uint64_t)len)
+        if (!rs_index_row_in(r, len))
             return RS_E_BOUNDS;
-        t0 = (uint64_t)r->pos + (uint64_t)r->topic_off;
-        p0 = (uint64_t)r->pos + (uint64_t)r->props_off;
-        if (t0 + (uint64_t)r->topic_len > (uint64_t)len ||
-            p0 + (uint64_t)r->props_len > (uint64_t)len)
-            return RS_E_BOUNDS;
-        topic = buf + t0;
-        props = buf + p0;
-        uniq = rs_prop_value(props, (size_t)r->props_len, "UNIQ_KEY", 8, &uniq_len);
-        keys = rs_prop_value(props, (size_t)r->props_len, "KEYS", 4, &keys_len);
+        rs_index_props(buf + r->pos + r->props_off, (size_t)r->props_len, &uniq, &uniq_len,
+                       &keys, &keys_len);
         if (uniq)
             need++;
         for (a = 0; keys && a < keys_len; a++)      /* pieces: runs of non-space bytes */
@@ -89,8 +106,7 @@ int rs_index_keys(const uint8_t *buf, size_t len, const rs_scan_rec *rows, size_
             continue;
         if (n + need > cap)
             break;
-        prefix = rs_java_hash_continue(0, topic, (size_t)r->topic_len);
-        prefix = 31 * prefix + '#';
+        prefix = rs_index_prefix(buf, r);
         if (uniq) {
             out_hashes[n] = rs_index_abs(rs_java_hash_continue(prefix, uniq, uniq_len));
             out_rows[n++] = (int32_t)i;
@@ -248,5 +264,140 @@ int rs_index_lookup(const uint8_t *buf, size_t len, int32_t slot_num, int32_t in
         n = prev;
     }
     *count = found;
+    return RS_OK;
+}
+
+/* rs_index_dispatch's keys travel in chunks: a chunk's keys are found and hashed first, and
+ * their slots prefetched, before any is put.  Put one by one as they are found, each put waits
+ * for its slot's cache miss (the slot table is megabytes, hit at random); a chunk lets those
+ * misses overlap.  64 keys: their slots are 64 lines, well inside L1. */
+#define RS_INDEX_CHUNK 64
+
+typedef struct {
+    uint32_t hash;      /* abs'd index hash */
+    uint32_t row;       /* index into rows */
+    uint32_t key;       /* the key's number within its row */
+    uint32_t last;      /* the row's last key */
+} rs_index_key;
+
+/* Append row i's keys numbered >= *from to ks[*n, RS_INDEX_CHUNK), prefetching their slots.
+ * Returns 1 when the row is done, else 0 with *from = the first key left out. */
+static int rs_index_chunk_row(const uint8_t *buf, const rs_scan_rec *r, uint32_t i,
+                              const uint8_t *slots, int32_t slot_num, rs_index_key *ks,
+                              size_t *n, size_t *from)
+{
+    const uint8_t *uniq, *keys;
+    size_t uniq_len, keys_len, k = 0, a, first = *n;
+    uint32_t prefix, h;
+
+    rs_index_props(buf + r->pos + r->props_off, (size_t)r->props_len, &uniq, &uniq_len, &keys,
+                   &keys_len);
+    if (!uniq && !keys)
+        return 1;
+    prefix = rs_index_prefix(buf, r);
+    for (a = 0; uniq || (keys && a < keys_len);) {
+        const uint8_t *key;
+        size_t b, klen;
+
+        if (uniq) {             /* UNIQ_KEY first, then the KEYS pieces */
+            key = uniq;
+            klen = uniq_len;
+            uniq = NULL;
+        } else {
+            for (b = a; b < keys_len && keys[b] != ' '; b++)
+                ;
+            key = keys + a;
+            klen = b - a;
+            a = b + 1;
+            if (klen == 0)
+                continue;
+        }
+        if (k++ < *from)
+            continue;
+        if (*n == RS_INDEX_CHUNK) {
+            *from = k - 1;
+            return 0;
+        }
+        h = (uint32_t)rs_index_abs(rs_java_hash_continue(prefix, key, klen));
+        __builtin_prefetch(slots + (size_t)(h % (uint32_t)slot_num) * RS_INDEX_SLOT_SIZE, 1);
+        ks[*n].hash = h;
+        ks[*n].row = i;
+        ks[*n].key = (uint32_t)(k - 1);
+        ks[*n].last = 0;
+        (*n)++;
+    }
+    if (*n > first)
+        ks[*n - 1].last = 1;
+    return 1;
+}
+
+int rs_index_dispatch(uint8_t *ibuf, size_t ilen, int32_t slot_num, int32_t index_num,
+                      int64_t limit, const uint8_t *buf, size_t len, const rs_scan_rec *rows,
+                      size_t nrows, size_t *row, size_t *skip, int32_t *stop)
+{
+    int r = rs_index_geometry(ilen, slot_num, index_num);
+    size_t table = RS_INDEX_HEADER_SIZE + (size_t)slot_num * RS_INDEX_SLOT_SIZE;
+    size_t i, j, n, lim, pi, pk;
+    size_t full_row = *row, full_key = *skip;   /* where a full file rolls: after the last put */
+    rs_index_key ks[RS_INDEX_CHUNK];
+
+    *stop = RS_INDEX_STOP_NONE;
+    if (r != RS_OK)
+        return r;
+    if (*row > nrows || nrows > UINT32_MAX || limit < 0)
+        return RS_E_ARG;
+    lim = (uint64_t)limit < (uint64_t)ilen ? (size_t)limit : ilen;
+    /* Every row is checked before the first put, so bad rows leave the file untouched. */
+    for (i = *row; i < nrows; i++)
+        if ((rows[i].sys_flag & RS_TRANSACTION_TYPE_MASK) != RS_TRANSACTION_ROLLBACK_TYPE &&
+            !rs_index_row_in(&rows[i], len))
+            return RS_E_BOUNDS;
+    pi = *row;
+    pk = *skip;
+    for (;;) {
+        /* Find the next chunk of keys, from key pk of row pi on. */
+        for (n = 0; pi < nrows && n < RS_INDEX_CHUNK; pi++, pk = 0) {
+            const rs_scan_rec *rw = &rows[pi];
+
+            if ((rw->sys_flag & RS_TRANSACTION_TYPE_MASK) == RS_TRANSACTION_ROLLBACK_TYPE)
+                continue;
+            if (!rs_index_chunk_row(buf, rw, (uint32_t)pi, ibuf + RS_INDEX_HEADER_SIZE,
+                                    slot_num, ks, &n, &pk))
+                break;
+        }
+        if (n == 0)
+            break;
+        for (j = 0; j < n; j++) {
+            int32_t count = rs_index_count(ibuf);
+
+            /* getAndCreateLastIndexFile runs for every record: a full file rolls at the next
+             * key of the record that filled it, or else at the record after, whatever it
+             * holds (the numpy path rolls at the same rows). */
+            if (count >= index_num) {
+                *row = full_row;
+                *skip = full_key;
+                *stop = RS_INDEX_STOP_FULL;
+                return RS_OK;
+            }
+            if (table + ((size_t)count + 1) * RS_INDEX_ENTRY_SIZE > lim) {
+                *row = ks[j].row;
+                *skip = ks[j].key;
+                *stop = RS_INDEX_STOP_ROOM;
+                return RS_OK;
+            }
+            rs_index_put1(ibuf, slot_num, index_num, (int32_t)ks[j].hash,
+                          rows[ks[j].row].phy_offset, rows[ks[j].row].store_timestamp);
+            full_row = ks[j].last ? ks[j].row + 1 : ks[j].row;
+            full_key = ks[j].last ? 0 : ks[j].key + 1;
+        }
+    }
+    if (full_row < nrows && rs_index_count(ibuf) >= index_num) {
+        *row = full_row;
+        *skip = full_key;
+        *stop = RS_INDEX_STOP_FULL;
+        return RS_OK;
+    }
+    *row = nrows;
+    *skip = 0;
     return RS_OK;
 }

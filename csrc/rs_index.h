@@ -64,6 +64,33 @@ int rs_index_put_batch(uint8_t *buf, size_t len, int32_t slot_num, int32_t index
                        const int32_t *key_hashes, const int64_t *phy_offsets,
                        const int64_t *store_timestamps, size_t n, int64_t *count);
 
+/* Why rs_index_dispatch stopped before the last row. */
+#define RS_INDEX_STOP_NONE 0      /* every row dispatched */
+#define RS_INDEX_STOP_FULL 1      /* the file is full: roll, then call again */
+#define RS_INDEX_STOP_ROOM 2      /* the next entry lies past `limit`: reserve, then call again */
+
+/*
+ * rs_index_dispatch - IndexService#buildIndex over scanned rows, into one index file: for each
+ * row of rows[*row, nrows) (commitlog_scan output over buf) that is not a ROLLBACK record, put
+ * topic#UNIQ_KEY (if the properties hold a non-empty one) and then topic#piece for each
+ * non-empty piece of KEYS split on single spaces (the keys rs_index_keys hashes, in its order),
+ * each with rs_index_put's bytes, at the row's phyOffset and storeTimestamp.  The first *skip
+ * keys of row *row are not put (already in the file).  ibuf/ilen is the whole index file of
+ * slot_num slots and index_num entries; no entry is written whose end lies past `limit` (the
+ * file's reserved blocks).
+ * Stops before a row when the file is full (a full file rolls at the next record, whatever it
+ * holds), and before a key when the file is full or the key's entry would pass `limit`: then
+ * *row / *skip say where to go on (the row, and how many of its keys are in) and *stop is
+ * RS_INDEX_STOP_FULL or RS_INDEX_STOP_ROOM.  Else *row = nrows, *skip = 0 and *stop =
+ * RS_INDEX_STOP_NONE.  Returns RS_OK; RS_E_ARG / RS_E_BOUNDS, before any write, for a bad
+ * geometry, *row > nrows, a negative limit, or a row whose topic or properties lie outside buf.
+ * GIL: grows with nrows; wrappers release it.
+ * Java: CommitLogDispatcherBuildIndex -> IndexService#buildIndex, putKey per key.
+ */
+int rs_index_dispatch(uint8_t *ibuf, size_t ilen, int32_t slot_num, int32_t index_num,
+                      int64_t limit, const uint8_t *buf, size_t len, const rs_scan_rec *rows,
+                      size_t nrows, size_t *row, size_t *skip, int32_t *stop);
+
 /*
  * rs_index_lookup - IndexFile#selectPhyOffset: walk key_hash's slot chain newest-first and
  * write to out[0, cap) the phyOffset of each entry whose keyHash equals key_hash and whose

@@ -562,3 +562,61 @@ include "_put.pxi"
 
 
 include "_cq_dispatch.pxi"
+
+
+# ---- index dispatch (the reput thread's other hot loop) ------------------------------------
+
+__all__ += ("index_dispatch",)
+
+
+def index_dispatch(rows, buf, f, int64_t skip, slow):
+    """IndexService#buildIndex for the scanned `rows` (format.SCAN_DTYPE) of `buf`, starting in
+    the IndexFile `f`, the first `skip` keys of row 0 being in already.
+
+    The rows' keys are found, hashed and put by rs_index_dispatch without the GIL, straight
+    into the file's mapping. Where a row cannot go on in the file (it is full, or its next
+    entry lies past the blocks reserved for it), `slow(f, row)` returns the file to go on in:
+    a new one, or `f` with more room; then the loop resumes at that row and key. The mapping
+    is borrowed as a buffer for each GIL-free run, so it cannot be closed under it."""
+    cdef Py_buffer rv, b, iv
+    cdef size_t row = 0, nrows, sk
+    cdef int32_t stop = RS_INDEX_STOP_NONE
+    cdef int64_t limit
+    cdef int32_t slot_num, index_num
+    cdef int r
+    if skip < 0:
+        _raise_for_status(RS_E_ARG, "index_dispatch: negative skip")
+    sk = <size_t>skip
+    dtype = getattr(rows, "dtype", None)
+    if dtype is not None and dtype != _SCAN_DTYPE:
+        _raise_for_status(RS_E_ARG, "index_dispatch: rows must be a SCAN_DTYPE array")
+    memset(&rv, 0, sizeof(rv))
+    memset(&b, 0, sizeof(b))
+    try:
+        _ro(rows, &rv)
+        _ro(buf, &b)
+        nrows = <size_t>(rv.len // SCAN_REC_SIZE)
+        while True:
+            slot_num = f.slot_num
+            index_num = f.index_num
+            limit = f.mf.reserved_position
+            memset(&iv, 0, sizeof(iv))
+            _rw(f.mm, &iv)
+            try:
+                with nogil:
+                    r = rs_index_dispatch(<uint8_t *>iv.buf, <size_t>iv.len, slot_num,
+                                          index_num, limit, <const uint8_t *>b.buf,
+                                          <size_t>b.len, <const rs_scan_rec *>rv.buf, nrows,
+                                          &row, &sk, &stop)
+            finally:
+                PyBuffer_Release(&iv)
+            _check(r, "index_dispatch")
+            if stop == RS_INDEX_STOP_NONE:
+                return
+            g = slow(f, row)
+            if g is f and f.mf.reserved_position <= limit:
+                raise RuntimeError(f"index_dispatch: no room made in {f!r} for row {row}")
+            f = g
+    finally:
+        PyBuffer_Release(&b)
+        PyBuffer_Release(&rv)

@@ -111,6 +111,13 @@ cdef extern from * nogil:
     int rs_index_keys(const uint8_t *buf, size_t len, const rs_scan_rec *rows, size_t nrows,
                       int32_t *out_hashes, int32_t *out_rows, size_t cap, size_t *count,
                       size_t *rows_done)
+    const int RS_INDEX_STOP_NONE
+    const int RS_INDEX_STOP_FULL
+    const int RS_INDEX_STOP_ROOM
+    int rs_index_dispatch(uint8_t *ibuf, size_t ilen, int32_t slot_num, int32_t index_num,
+                          int64_t limit, const uint8_t *buf, size_t len,
+                          const rs_scan_rec *rows, size_t nrows, size_t *row, size_t *skip,
+                          int32_t *stop)
     int rs_index_lookup(const uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
                         int32_t key_hash, int64_t begin, int64_t end,
                         int64_t *out, int64_t cap, int64_t *count)

@@ -93,6 +93,8 @@ class IndexService(Dispatcher):
         self._pending_flush = []        # full files awaiting flush; guarded by _lock
         self.unreadable = []            # paths load() left out: their geometry is unknown
         self.dropped = []               # names load() destroyed as past the checkpoint
+        # The backend's compiled row loop (index_dispatch), if it has one.
+        self._k_dispatch = getattr(self._k, "index_dispatch", None)
 
     # ---- load ---------------------------------------------------------------------------------
     def load(self, last_exit_ok):
@@ -209,7 +211,9 @@ class IndexService(Dispatcher):
         record, UNIQ_KEY then each KEYS piece under `topic#key` (hashed by the index_keys
         kernel); ROLLBACK records and records below the current file's endPhyOffset (a
         re-dispatch) are skipped, the latter with numpy before any per-row work. A full file
-        rolls exactly where the broker would roll."""
+        rolls exactly where the broker would roll. With the backend's index_dispatch the keys
+        are found, hashed and put in one compiled pass; otherwise index_keys hashes them and
+        put_batch puts them, with numpy in between."""
         if not len(arr) or not self.writable or self.index_num < 2:
             return
         files = self.index_file_list
@@ -227,6 +231,13 @@ class IndexService(Dispatcher):
                 held = keys_held_at(files, end_phy)
         stamps_all = arr["store_timestamp"]
         f = self._writable_file(int(stamps_all[0]))
+        if self._k_dispatch is not None:
+            # One compiled pass finds, hashes and puts every key; Python only rolls files and
+            # reserves blocks, when the pass stops for it.
+            self._k_dispatch(np.ascontiguousarray(arr), buf, f, held,
+                             lambda g, row: self._make_room(g, int(stamps_all[row]),
+                                                            len(arr) - row))
+            return
         # The keys of every row, hashed in C (UNIQ_KEY then each KEYS piece, ROLLBACK skipped).
         cap = 4 * len(arr) + 16
         while True:
@@ -258,6 +269,15 @@ class IndexService(Dispatcher):
         last = int(key_rows[-1])
         if f.is_write_full and last + 1 < len(arr):
             self._new_file(int(stamps_all[last + 1]))
+
+    def _make_room(self, f, store_timestamp, rows_left):
+        """index_dispatch's way on where file `f` cannot take a record's next key: a new file
+        when `f` is full (named by that record's store time, as the numpy path names it), else
+        blocks reserved in `f` for at least a key per record left."""
+        if f.is_write_full:
+            return self._new_file(store_timestamp)
+        f._reserve_entries(rows_left + 1)
+        return f
 
     def dispatch(self, rows, buf):
         """CommitLogDispatcherBuildIndex over rows given as tuples (see dispatch_array)."""

@@ -110,6 +110,8 @@ class _IndexCounter(IndexService):
         self.writable = True
         self.index_file_list = kept
         self.sink = self._Sink()
+        # Counting goes through put_batch, which only the index_keys path calls.
+        self._k_dispatch = None
 
     def _writable_file(self, store_timestamp):
         return self.sink

@@ -48,10 +48,15 @@ KERNEL_NAMES = (
 #   MessageStore.put_message's and put_messages' common cases as compiled calls (`.put(msg)`,
 #   `.put_list(msgs)`), writing each record once at its final offset; every other case goes
 #   to store_put / store_put_list, the Python paths. Without it, those are the methods.
+#   index_dispatch(rows, buf, f, skip, slow): the index dispatcher's row loop, finding, hashing
+#   and putting each row's keys into IndexFile f in compiled code and asking slow(f, row) for
+#   the file to go on in when f is full or out of reserved blocks; see
+#   index_service.IndexService.dispatch_array. Without it, index_keys and index_put_batch.
 OPTIONAL_NAMES = (
     "Mapping",
     "cq_dispatch",
     "CqSlots",
+    "index_dispatch",
     "PutPath",
 )
 
