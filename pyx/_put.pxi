@@ -209,6 +209,11 @@ cdef class PutPath:
     cdef Py_ssize_t _m[11]
     cdef Py_ssize_t _f[7]
     cdef Py_ssize_t _r[7]
+    cdef char *_scratch             # put_list's working memory, reused (see there)
+    cdef size_t _scratch_cap
+    cdef rs_part *_parts
+    cdef size_t _parts_cap
+    cdef bint _scratch_busy
     cdef _QueueKey *_qkeys          # open addressing by (topic bytes, queue id); put lock
     cdef size_t _qcap
     cdef size_t _qn
@@ -217,6 +222,8 @@ cdef class PutPath:
 
     def __dealloc__(self):
         cdef size_t i
+        PyMem_Free(self._scratch)
+        PyMem_Free(self._parts)
         if self._qkeys != NULL:
             for i in range(self._qcap):
                 Py_XDECREF(self._qkeys[i].topic_b)
@@ -530,7 +537,9 @@ cdef class PutPath:
         cdef dict cl = self._cld
         cdef Py_ssize_t *qslot = NULL      # the distinct-queue table: slot -> queue, or -1
         cdef Py_ssize_t *first_of = NULL   # per distinct queue: its first record
-        cdef size_t qcap, h, store_len
+        cdef size_t qcap, h, store_len, need
+        cdef char *block = NULL
+        cdef bint cached
         cdef const uint8_t *store_p
         cdef PyObject **kobj = NULL         # per distinct queue: its table key and hash
         cdef Py_hash_t *khash = NULL
@@ -550,30 +559,53 @@ cdef class PutPath:
         phys = &pv[0]
         qoffs = &qv[0]
         sizes = &sv[0]
+        # Working memory, one block reused call after call (a fresh quarter megabyte per call
+        # was freed back to the OS and faulted in again each time): the records, then the
+        # distinct-queue table and per-queue arrays; the properties' pieces grow apart.
+        qcap = 16
+        while qcap < 2 * n:
+            qcap *= 2
+        need = (n * sizeof(_Rec) + 2 * n * sizeof(Py_ssize_t) + qcap * sizeof(Py_ssize_t)
+                + 2 * n * sizeof(int64_t) + n * sizeof(PyObject *) + n * sizeof(Py_hash_t))
         nparts_cap = n * 8 + 4 * MAX_FAST_PROPS
-        recs = <_Rec *>PyMem_Malloc(n * sizeof(_Rec))
-        parts = <rs_part *>PyMem_Malloc(nparts_cap * sizeof(rs_part))
-        slot_of = <Py_ssize_t *>PyMem_Malloc(n * sizeof(Py_ssize_t))
+        cached = not self._scratch_busy
+        if cached:
+            self._scratch_busy = True
+            if self._scratch_cap < need:
+                PyMem_Free(self._scratch)
+                self._scratch = <char *>PyMem_Malloc(need)
+                self._scratch_cap = need if self._scratch != NULL else 0
+            if self._parts_cap < nparts_cap:
+                PyMem_Free(self._parts)
+                self._parts = <rs_part *>PyMem_Malloc(nparts_cap * sizeof(rs_part))
+                self._parts_cap = nparts_cap if self._parts != NULL else 0
+            block = self._scratch
+            parts = self._parts
+            nparts_cap = self._parts_cap
+        else:                       # another thread's put_list is using them
+            block = <char *>PyMem_Malloc(need)
+            parts = <rs_part *>PyMem_Malloc(nparts_cap * sizeof(rs_part))
         try:
-            if recs == NULL or parts == NULL or slot_of == NULL:
+            if block == NULL or parts == NULL:
                 raise MemoryError()
+            recs = <_Rec *>block
+            slot_of = <Py_ssize_t *>(recs + n)
+            first_of = slot_of + n
+            qslot = first_of + n
+            base = <int64_t *>(qslot + qcap)
+            count = base + n
+            kobj = <PyObject **>(count + n)
+            khash = <Py_hash_t *>(kobj + n)
             # Distinct queues by (validated topic bytes, queue id): the topic cache hands out
             # one bytes object per topic, so equal topics share it.
-            qcap = 16
-            while qcap < 2 * n:
-                qcap *= 2
-            qslot = <Py_ssize_t *>PyMem_Malloc(qcap * sizeof(Py_ssize_t))
-            first_of = <Py_ssize_t *>PyMem_Malloc(n * sizeof(Py_ssize_t))
-            if qslot == NULL or first_of == NULL:
-                raise MemoryError()
             memset(qslot, 0xFF, qcap * sizeof(Py_ssize_t))       # -1: empty
             memset(first_of, 0xFF, n * sizeof(Py_ssize_t))
             for i in range(n):
                 if nparts_cap - nparts_used < 4 * MAX_FAST_PROPS:
-                    nparts_cap *= 2
-                    grown = <rs_part *>PyMem_Realloc(parts, nparts_cap * sizeof(rs_part))
+                    grown = <rs_part *>PyMem_Realloc(parts, 2 * nparts_cap * sizeof(rs_part))
                     if grown == NULL:
                         raise MemoryError()
+                    nparts_cap *= 2
                     # Records prepared so far point into the old block: move them along.
                     for k in range(i):
                         recs[k].parts = grown + (recs[k].parts - parts)
@@ -605,12 +637,7 @@ cdef class PutPath:
                 slot_of[i] = k
             store_p = <const uint8_t *>PyBytes_AS_STRING(self._store_raw)
             store_len = <size_t>PyBytes_GET_SIZE(self._store_raw)
-            base = <int64_t *>PyMem_Malloc(n_keys * sizeof(int64_t))
-            count = <int64_t *>PyMem_Calloc(n_keys, sizeof(int64_t))
-            kobj = <PyObject **>PyMem_Malloc(n_keys * sizeof(PyObject *))
-            khash = <Py_hash_t *>PyMem_Malloc(n_keys * sizeof(Py_hash_t))
-            if base == NULL or count == NULL or kobj == NULL or khash == NULL:
-                raise MemoryError()
+            memset(count, 0, n_keys * sizeof(int64_t))
 
             self._take_lock()
             try:
@@ -679,15 +706,13 @@ cdef class PutPath:
             finally:
                 self._release()
         finally:
-            PyMem_Free(recs)
-            PyMem_Free(parts)
-            PyMem_Free(slot_of)
-            PyMem_Free(qslot)
-            PyMem_Free(first_of)
-            PyMem_Free(base)
-            PyMem_Free(count)
-            PyMem_Free(kobj)
-            PyMem_Free(khash)
+            if cached:
+                self._parts = parts             # grown, perhaps
+                self._parts_cap = nparts_cap
+                self._scratch_busy = False
+            else:
+                PyMem_Free(block)
+                PyMem_Free(parts)
         stored = [self._store_raw] * done
         if done < n:
             return self._batch_result_type(status, done, phys_a[:done], qoffs_a[:done].copy(),

@@ -202,3 +202,35 @@ def test_batch_puts_allocate_no_garbage_collected_object_per_message(tmp_path):
     finally:
         gc.enable()
         store.shutdown()
+
+
+def test_lists_put_from_many_threads_at_once_all_land_in_order(tmp_path, backend):
+    import threading
+    store = testing.open_store(tmp_path / "s", backend)
+    lists = {t: [[Message("Threads", b"%d-%d-%d" % (t, j, i), queue_id=t,
+                          properties={"k": "%d" % i})
+                  for i in range(100)] for j in range(30)] for t in range(4)}
+    failures = []
+
+    def run(t):
+        for msgs in lists[t]:
+            r = store.put_messages(msgs)
+            if r.status is not PutMessageStatus.PUT_OK or r.count != len(msgs):
+                failures.append((t, r.status))
+    try:
+        threads = [threading.Thread(target=run, args=(t,)) for t in lists]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert not failures
+        for t, per_thread in lists.items():
+            want = [m.body for msgs in per_thread for m in msgs]
+            got = []
+            while len(got) < len(want):
+                r = store.get_message("g", "Threads", t, len(got), 1000)
+                assert r.messages, (t, len(got))
+                got.extend(bytes(m.body) for m in r.messages)
+            assert got == want
+    finally:
+        store.shutdown()
