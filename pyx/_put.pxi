@@ -45,6 +45,7 @@ __all__ += ("PutPath",)
 # initial 16 buckets (it resizes past 12 and treeifies a bucket at 9), so its iteration order
 # is (bucket, insertion order): message.hashmap_order's rule without the resize steps.
 DEF MAX_FAST_PROPS = 8
+DEF KEY_CACHE = 64                  # property names remembered with their HashMap bucket
 DEF FAST_MAX_BODY = 65536           # larger bodies take the path that CRCs without the GIL
 DEF BLANK_LEN = 8                   # END_FILE_MIN_BLANK_LENGTH
 DEF MAX_PROPS_LEN = 32767
@@ -214,6 +215,8 @@ cdef class PutPath:
     cdef rs_part *_parts
     cdef size_t _parts_cap
     cdef bint _scratch_busy
+    cdef PyObject *_kc_obj[KEY_CACHE]   # property names seen, held, with their HashMap
+    cdef int _kc_bucket[KEY_CACHE]      # bucket (-1 for DELAY); direct-mapped by address
     cdef _QueueKey *_qkeys          # open addressing by (topic bytes, queue id); put lock
     cdef size_t _qcap
     cdef size_t _qn
@@ -222,6 +225,8 @@ cdef class PutPath:
 
     def __dealloc__(self):
         cdef size_t i
+        for i in range(KEY_CACHE):
+            Py_XDECREF(self._kc_obj[i])
         PyMem_Free(self._scratch)
         PyMem_Free(self._parts)
         if self._qkeys != NULL:
@@ -300,15 +305,16 @@ cdef class PutPath:
         self._max_body = commitlog.config.max_message_size
         self._file_size = commitlog.file_size
 
-    cdef bint _prepare(self, object msg, _Rec *r, rs_part *parts) except -1:
+    cdef bint _prepare(self, object msg, _Rec *r, rs_part *parts, object limits) except -1:
         """Read and check everything `msg`'s record needs, before any lock: its fields, its
         properties as up to 4 * MAX_FAST_PROPS `parts` in HashMap order, and its size. False
         when the Python path must take the message (and then raises whatever it raises)."""
         cdef PyObject *pk
         cdef PyObject *pv
-        cdef object topic, body, qid_obj, props, born, limits, lim, packed
+        cdef object topic, body, qid_obj, props, born, lim, packed
         cdef bytes topic_b, born_raw
         cdef int32_t born_v6, tx, h, spread
+        cdef size_t c
         cdef Py_ssize_t n_props, i, j, ppos = 0, klen, vlen, props_len = 0, n_parts = 0
         cdef const uint8_t *kb
         cdef const uint8_t *vb
@@ -342,7 +348,6 @@ cdef class PutPath:
         tx = r.sys_flag & TX_TYPE_MASK
         if r.queue_id < 0 or tx == TX_PREPARED or tx == TX_ROLLBACK:
             return False
-        limits = self._cld["write_queue_limits"]
         if limits:
             lim = limits.get(topic)
             if lim is not None and qid_obj >= lim:
@@ -365,16 +370,30 @@ cdef class PutPath:
         # Properties: name\x01value pairs, \x02 between, in HashMap order.
         n_props = len(<dict>props)
         if n_props:
-            if n_props > MAX_FAST_PROPS or "DELAY" in <dict>props:
+            if n_props > MAX_FAST_PROPS:
                 return False
             i = 0
             while PyDict_Next(props, &ppos, &pk, &pv):
-                if not _text(pk, &kb, &klen) or not _text(pv, &vb, &vlen):
+                if not _text(pv, &vb, &vlen):
                     return False                # None, not a str, or a separator inside
-                if rs_java_hash(kb, <size_t>klen, &h) != RS_OK:
+                c = (<size_t>pk >> 4) & (KEY_CACHE - 1)
+                if self._kc_obj[c] == pk:       # a name seen before (TAGS, KEYS, ...)
+                    kb = <const uint8_t *>PyUnicode_AsUTF8AndSize(<object>pk, &klen)
+                    bucket[i] = self._kc_bucket[c]
+                else:
+                    if not _text(pk, &kb, &klen) or rs_java_hash(kb, <size_t>klen, &h) != RS_OK:
+                        return False
+                    spread = h ^ <int32_t>(<uint32_t>h >> 16)
+                    bucket[i] = spread & 15
+                    if klen == 5 and memcmp(kb, b"DELAY", 5) == 0:
+                        bucket[i] = -1
+                    # Held, so the address cannot come back as another name.
+                    Py_XINCREF(pk)
+                    Py_XDECREF(self._kc_obj[c])
+                    self._kc_obj[c] = pk
+                    self._kc_bucket[c] = bucket[i]
+                if bucket[i] < 0:               # DELAY: the Python path rewrites the topic
                     return False
-                spread = h ^ <int32_t>(<uint32_t>h >> 16)
-                bucket[i] = spread & 15
                 kv[2 * i].buf = kb
                 kv[2 * i].len = <size_t>klen
                 kv[2 * i + 1].buf = vb
@@ -447,7 +466,8 @@ cdef class PutPath:
         cdef Py_ssize_t i
         cdef Mapping m
 
-        if self._flags.flag_bits & self._mask or not self._prepare(msg, &r, parts):
+        if (self._flags.flag_bits & self._mask
+                or not self._prepare(msg, &r, parts, cl["write_queue_limits"])):
             return self._slow(msg)
 
         # Under the put lock: the final offsets, and the record written once.
@@ -600,6 +620,7 @@ cdef class PutPath:
             # one bytes object per topic, so equal topics share it.
             memset(qslot, 0xFF, qcap * sizeof(Py_ssize_t))       # -1: empty
             memset(first_of, 0xFF, n * sizeof(Py_ssize_t))
+            limits = cl["write_queue_limits"]     # rebound on change: one per call
             for i in range(n):
                 if nparts_cap - nparts_used < 4 * MAX_FAST_PROPS:
                     grown = <rs_part *>PyMem_Realloc(parts, 2 * nparts_cap * sizeof(rs_part))
@@ -610,7 +631,7 @@ cdef class PutPath:
                     for k in range(i):
                         recs[k].parts = grown + (recs[k].parts - parts)
                     parts = grown
-                if not self._prepare((<list>msgs)[i], &recs[i], parts + nparts_used):
+                if not self._prepare((<list>msgs)[i], &recs[i], parts + nparts_used, limits):
                     return self._slow_list(msgs, None)
                 nparts_used += recs[i].n_parts
                 sizes[i] = recs[i].size

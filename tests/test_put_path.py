@@ -28,8 +28,8 @@ def _random_messages(seed, count):
     buckets, UTF-8 names and values, empty values, and a few it must refuse."""
     rng = random.Random(seed)
     names = ["TAGS", "KEYS", "UNIQ_KEY", "a", "b", "Aa", "BB", "key", "x" * 40, "名前",
-             "WAIT", "TRAN_MSG", "p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8"]
-    values = ["", "v", "value with spaces", "ü-ñ-€", "😀", "0" * 300]
+             "WAIT", "TRAN_MSG", "DELAY", "p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8"]
+    values = ["", "v", "3", "value with spaces", "ü-ñ-€", "😀", "0" * 300]
     out = []
     for i in range(count):
         props = {rng.choice(names): rng.choice(values) for _ in range(rng.randrange(13))}
