@@ -119,7 +119,10 @@ cdef inline bint _text(PyObject *s, const uint8_t **buf, Py_ssize_t *n) except -
     properties separator. False for anything else: the Python path decides."""
     if s == NULL or type(<object>s) is not str:
         return False
-    buf[0] = <const uint8_t *>PyUnicode_AsUTF8AndSize(<object>s, n)
+    try:
+        buf[0] = <const uint8_t *>PyUnicode_AsUTF8AndSize(<object>s, n)
+    except UnicodeEncodeError:          # a lone surrogate: the Python path raises it
+        return False
     return (memchr(buf[0], 1, <size_t>n[0]) == NULL and memchr(buf[0], 2, <size_t>n[0]) == NULL)
 
 

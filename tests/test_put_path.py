@@ -234,3 +234,20 @@ def test_lists_put_from_many_threads_at_once_all_land_in_order(tmp_path, backend
             assert got == want
     finally:
         store.shutdown()
+
+
+def test_a_property_with_a_lone_surrogate_is_refused_alike_and_writes_nothing(tmp_path,
+                                                                               backend):
+    store = testing.open_store(tmp_path / "s", backend)
+    try:
+        store.put_message(Message("T", b"first", properties={"a": "b"}))
+        end = store.commitlog.max_offset
+        with pytest.raises(UnicodeEncodeError):
+            store.put_message(Message("T", b"bad", properties={"a": "\udc80"}))
+        with pytest.raises(UnicodeEncodeError):
+            store.put_messages([Message("T", b"ok"), Message("T", b"bad",
+                                                             properties={"\udc80": "v"})])
+        assert store.commitlog.max_offset == end
+        assert store.put_message(Message("T", b"after")).queue_offset == 1
+    finally:
+        store.shutdown()
