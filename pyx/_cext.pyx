@@ -42,12 +42,6 @@ DEF NOGIL_CRC_BYTES = 4096
 # A plain copy runs at tens of GB/s: only large records are worth it.
 DEF NOGIL_COPY_BYTES = 65536
 DEF SCAN_REC_SIZE = 112
-# format.py's MessageSysFlag transaction bits and SCAN_INFO_SCHEDULE, as C constants for
-# cq_dispatch's row loop (the transaction and delay tests of test_store.py fail if they drift).
-DEF TX_TYPE_MASK = 0xC
-DEF TX_PREPARED = 0x4
-DEF TX_ROLLBACK = 0xC
-DEF SCAN_SCHEDULE = 0x4
 
 
 # Every Py_buffer starts zeroed (view.obj == NULL), so a `finally` may PyBuffer_Release all of

@@ -9,21 +9,6 @@
 
 __all__ += ("CqSlots", "cq_dispatch")
 
-# format.py's MessageSysFlag transaction bits and SCAN_INFO_SCHEDULE, as C constants for the
-# row loop (the transaction and delay tests of test_store.py fail if they drift).
-DEF TX_TYPE_MASK = 0xC
-DEF TX_PREPARED = 0x4
-DEF TX_ROLLBACK = 0xC
-DEF SCAN_SCHEDULE = 0x4
-
-cdef extern from *:
-    """
-    /* Fibonacci hashing of a (topic hash, queue id) key into a power-of-two table. */
-    static inline size_t rs_cq_mix(int64_t key, size_t mask) {
-        return (size_t)(((uint64_t)key * 0x9E3779B97F4A7C15ULL) >> 32) & mask;
-    }
-    """
-    size_t rs_cq_mix(int64_t key, size_t mask) noexcept nogil
 
 # What the GIL-free run stopped for.
 DEF NEED_NOTHING = 0
@@ -56,7 +41,7 @@ cdef inline int64_t _cq_key(const rs_scan_rec *r) noexcept nogil:
 
 
 cdef inline _CqState *_cq_find(const _CqTable *t, int64_t key) noexcept nogil:
-    cdef size_t i = rs_cq_mix(key, t.cap - 1)
+    cdef size_t i = rs_mix(<uint64_t>key, t.cap - 1)
     while t.states[i] != NULL:
         if t.keys[i] == key:
             return t.states[i]
@@ -65,7 +50,7 @@ cdef inline _CqState *_cq_find(const _CqTable *t, int64_t key) noexcept nogil:
 
 
 cdef inline void _cq_insert(_CqTable *t, _CqState *st) noexcept nogil:
-    cdef size_t i = rs_cq_mix(st.key, t.cap - 1)
+    cdef size_t i = rs_mix(<uint64_t>st.key, t.cap - 1)
     while t.states[i] != NULL:
         i = (i + 1) & (t.cap - 1)
     t.keys[i] = st.key
@@ -232,11 +217,12 @@ cdef Py_ssize_t _cq_run(const _CqTable *t, const rs_scan_rec *rows, Py_ssize_t i
     need[0] = NEED_NOTHING
     while i < n:
         r = rows + i
-        tx = r.sys_flag & TX_TYPE_MASK
-        if tx == TX_PREPARED or tx == TX_ROLLBACK:     # no unit until committed
+        tx = r.sys_flag & RS_TRANSACTION_TYPE_MASK
+        if tx == RS_TRANSACTION_PREPARED_TYPE or tx == RS_TRANSACTION_ROLLBACK_TYPE:
+            # no unit until committed
             i += 1
             continue
-        if r.info & SCAN_SCHEDULE:                     # SCAN_INFO_SCHEDULE: the DELAY tagsCode
+        if r.info & RS_SCAN_INFO_SCHEDULE:             # the DELAY tagsCode
             need[0] = NEED_SLOW
             return i
         st = _cq_find(t, _cq_key(r))
@@ -308,7 +294,7 @@ def cq_dispatch(rows, buf, CqSlots slots, slow):
             slots.publish()
             last_ts = r.store_timestamp
             cq = slow(i)
-            if cq is not None and not (r.info & SCAN_SCHEDULE):
+            if cq is not None and not (r.info & RS_SCAN_INFO_SCHEDULE):
                 key = _cq_key(r)
                 if _cq_find(&slots.t, key) == NULL:
                     slots.add(key, PyBytes_FromStringAndSize(

@@ -47,11 +47,10 @@ __all__ += ("PutPath",)
 DEF MAX_FAST_PROPS = 8
 DEF KEY_CACHE = 64                  # property names remembered with their HashMap bucket
 DEF FAST_MAX_BODY = 65536           # larger bodies take the path that CRCs without the GIL
-DEF BLANK_LEN = 8                   # END_FILE_MIN_BLANK_LENGTH
-DEF MAX_PROPS_LEN = 32767
-DEF V6_FLAGS = 0x30                 # BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
-DEF STORE_V6_FLAG = 0x20
-DEF BORN_V6_FLAG = 0x10
+
+# What may follow a record in its file: the blank that ends a full one (spec 01 §3.9).
+cdef int _BLANK = RS_END_FILE_MIN_BLANK_LENGTH
+cdef int _V6_FLAGS = RS_BORNHOST_V6_FLAG | RS_STOREHOSTADDRESS_V6_FLAG
 
 cdef const uint8_t *_SEP1 = <const uint8_t *>b"\x01"
 cdef const uint8_t *_SEP2 = <const uint8_t *>b"\x02"
@@ -91,6 +90,21 @@ cdef int _member_offsets(type cls, tuple names, Py_ssize_t *out) except -1:
             raise TypeError(f"{cls.__name__}.{name} is not a __slots__ member")
         out[i] = (<PyMemberDescrObject *><PyObject *>d).d_member.offset
     return 0
+
+
+cdef extern from *:
+    """
+    /* Fibonacci hashing of a 64-bit key into a power-of-two table (mask = size - 1). */
+    static inline size_t rs_mix(uint64_t key, size_t mask) {
+        return (size_t)((key * 0x9E3779B97F4A7C15ULL) >> 32) & mask;
+    }
+    """
+    size_t rs_mix(uint64_t key, size_t mask) noexcept nogil
+
+
+cdef inline uint64_t _queue_hash_key(PyObject *topic_b, int32_t queue_id) noexcept nogil:
+    """A queue as the put path keys it: its validated topic's bytes object, and the queue id."""
+    return (<uint64_t><size_t>topic_b >> 4) ^ (<uint64_t><uint32_t>queue_id << 32)
 
 
 cdef inline PyObject *_member(object obj, Py_ssize_t offset) noexcept:
@@ -268,9 +282,7 @@ cdef class PutPath:
         return e
 
     cdef inline _QueueKey *_slot_for(self, PyObject *topic_b, int32_t queue_id) noexcept:
-        cdef size_t i = <size_t>(((<uint64_t><size_t>topic_b >> 4)
-                                 ^ (<uint64_t><uint32_t>queue_id << 32))
-                                * <uint64_t>11400714819323198485ULL >> 32) & (self._qcap - 1)
+        cdef size_t i = rs_mix(_queue_hash_key(topic_b, queue_id), self._qcap - 1)
         while self._qkeys[i].key != NULL and not (self._qkeys[i].topic_b == topic_b
                                                    and self._qkeys[i].queue_id == queue_id):
             i = (i + 1) & (self._qcap - 1)
@@ -302,7 +314,7 @@ cdef class PutPath:
         self._clock = clock
         self._system_clock = clock is _system_clock
         self._store_raw = commitlog.store_host_raw        # the config's; fixed for the store
-        self._store_v6 = STORE_V6_FLAG if len(self._store_raw) == 20 else 0
+        self._store_v6 = RS_STOREHOSTADDRESS_V6_FLAG if len(self._store_raw) == 20 else 0
         self._hosts = host_cache
         self._last_born = None
         self._max_body = commitlog.config.max_message_size
@@ -348,8 +360,9 @@ cdef class PutPath:
             r.prepared = <object>_member(msg, self._m[M_PREPARED])
         except (TypeError, OverflowError):
             return False                       # the Python path raises what the store documents
-        tx = r.sys_flag & TX_TYPE_MASK
-        if r.queue_id < 0 or tx == TX_PREPARED or tx == TX_ROLLBACK:
+        tx = r.sys_flag & RS_TRANSACTION_TYPE_MASK
+        if (r.queue_id < 0 or tx == RS_TRANSACTION_PREPARED_TYPE
+                or tx == RS_TRANSACTION_ROLLBACK_TYPE):
             return False
         if limits:
             lim = limits.get(topic)
@@ -364,11 +377,11 @@ cdef class PutPath:
             if packed is None:
                 return False                    # pack_host validates and caches it
             born_raw = <bytes>(<tuple>packed)[0]
-            born_v6 = BORN_V6_FLAG if (<tuple>packed)[1] else 0
+            born_v6 = RS_BORNHOST_V6_FLAG if (<tuple>packed)[1] else 0
             self._last_born = born
             self._last_born_raw = born_raw
             self._last_born_v6 = born_v6
-        r.sys_flag = (r.sys_flag & ~V6_FLAGS) | born_v6 | self._store_v6
+        r.sys_flag = (r.sys_flag & ~_V6_FLAGS) | born_v6 | self._store_v6
 
         # Properties: name\x01value pairs, \x02 between, in HashMap order.
         n_props = len(<dict>props)
@@ -410,7 +423,7 @@ cdef class PutPath:
                 order[j] = i
                 i += 1
             props_len -= 1
-            if props_len > MAX_PROPS_LEN:
+            if props_len > RS_MAX_PROPERTIES_LENGTH:
                 return False
             for i in range(n_props):
                 j = order[i]
@@ -424,7 +437,7 @@ cdef class PutPath:
                     parts[n_parts].len = 1
                     n_parts += 1
         r.size = rs_msg_size(r.sys_flag, len(<bytes>body), len(topic_b), props_len, 0)
-        if r.size <= 0 or r.size + BLANK_LEN > self._file_size:
+        if r.size <= 0 or r.size + _BLANK > self._file_size:
             return False
         # Borrowed: `msg` holds them, and the caller holds `msg`.
         r.topic = <PyObject *>topic
@@ -490,8 +503,8 @@ cdef class PutPath:
             pos = <object>_member(mf, self._f[F_WROTE])
             mm = <object>_member(mf, self._f[F_MM])
             # A roll, a reservation (the disk may refuse it) or a write buffer: Python's path.
-            if (pos + r.size + BLANK_LEN > <int64_t><object>_member(mf, self._f[F_REFILL])
-                    or pos + r.size + BLANK_LEN > self._file_size
+            if (pos + r.size + _BLANK > <int64_t><object>_member(mf, self._f[F_REFILL])
+                    or pos + r.size + _BLANK > self._file_size
                     or _member(mf, self._f[F_WBUF]) != <PyObject *>None
                     or type(mm) is not Mapping):
                 return self._slow_unlocked(msg)
@@ -523,6 +536,7 @@ cdef class PutPath:
         finally:
             self._release()
         self.fast += 1
+        # CommitLog.finish_put, inline: the attribute read spares a method call per put.
         if wake is not None and not wake.has_notified:
             wake.wakeup()
         status = self._put_ok if after is None else after(phy + r.size, msg)
@@ -642,9 +656,7 @@ cdef class PutPath:
                 # The record's queue among the list's distinct queues, by (topic bytes
                 # object, queue id) in a C table: the topic cache hands out one bytes object
                 # per topic, so equal topics share it. A tuple key is made once per queue.
-                h = <size_t>(((<uint64_t><size_t>recs[i].topic_b >> 4)
-                              ^ (<uint64_t><uint32_t>recs[i].queue_id << 32))
-                             * <uint64_t>11400714819323198485ULL >> 32) & (qcap - 1)
+                h = rs_mix(_queue_hash_key(recs[i].topic_b, recs[i].queue_id), qcap - 1)
                 while True:
                     k = qslot[h]
                     if k < 0:
@@ -702,7 +714,7 @@ cdef class PutPath:
                             # With the GIL: the records point into the messages' objects,
                             # which another thread could change meanwhile. (Measured: letting
                             # the reput thread in here cost the writer more than it gained.)
-                            while done < n and pos + recs[done].size + BLANK_LEN <= limit:
+                            while done < n and pos + recs[done].size + _BLANK <= limit:
                                 phys[done] = phy_base + (pos - wpos)
                                 _encoded(_rec_encode(&recs[done], <char *>out.buf,
                                                      <size_t>out.len, pos, qoffs[done],
@@ -719,7 +731,7 @@ cdef class PutPath:
                                 mf.committed_position = pos
                             mf.store_timestamp = ts
                             written += pos - wpos
-                        if done < n and pos + recs[done].size + BLANK_LEN > self._file_size:
+                        if done < n and pos + recs[done].size + _BLANK > self._file_size:
                             self._cl._end_file(mf, pos)
                 finally:
                     # What was written keeps its queue offsets; the rest gives them back.

@@ -21,6 +21,14 @@ cdef extern from * nogil:
     const int RS_E_BOUNDS
     const int RS_E_ARG
     const int RS_CQ_STORE_UNIT_SIZE
+    const int RS_END_FILE_MIN_BLANK_LENGTH
+    const int RS_MAX_PROPERTIES_LENGTH
+    const int RS_TRANSACTION_TYPE_MASK
+    const int RS_TRANSACTION_PREPARED_TYPE
+    const int RS_TRANSACTION_ROLLBACK_TYPE
+    const int RS_BORNHOST_V6_FLAG
+    const int RS_STOREHOSTADDRESS_V6_FLAG
+    const int RS_SCAN_INFO_SCHEDULE
 
     ctypedef struct rs_scan_rec:
         int64_t pos

@@ -522,7 +522,7 @@ class CommitLog:
         """What follows the lock (handleDiskFlush, handleHA): wake the flusher, then wait for
         what `after_put` waits for (sync flush, replicas). Returns the put's status."""
         wake = self.wake_on_put
-        if wake is not None and not wake.has_notified:
+        if wake is not None:
             wake.wakeup()
         return PutMessageStatus.PUT_OK if after_put is None else after_put(end_offset, msg)
 

@@ -62,7 +62,7 @@ class IndexFile:
                              reserve_window_max=ENTRY_RESERVE_WINDOW_MAX)
         if fresh:
             try:
-                self._reserve_entries(1)
+                self.reserve_entries(1)
             except OSError:
                 # A full disk: leave no file behind, so the next attempt starts afresh.
                 self.mf.destroy(0)
@@ -130,7 +130,7 @@ class IndexFile:
         return (begin < fb and end > fe) or fb <= begin <= fe or fb <= end <= fe
 
     # ---- writes (reput thread only) -----------------------------------------------------------
-    def _reserve_entries(self, n):
+    def reserve_entries(self, n):
         """Reserve the header, the slot table and the next `n` entries before a put writes
         there (OSError(ENOSPC) on a full disk, never SIGBUS)."""
         table = F.INDEX_HEADER_SIZE + self.slot_num * F.INDEX_SLOT_SIZE
@@ -146,13 +146,13 @@ class IndexFile:
         """IndexFile#putKey of the UTF-8 key (`topic#key`, str or bytes); False when full."""
         if isinstance(key, str):
             key = key.encode("utf-8")
-        self._reserve_entries(1)
+        self.reserve_entries(1)
         return self._k.index_put(self.mf.mm, self.slot_num, self.index_num,
                                  self._k.index_hash(key), phy_offset, store_timestamp) > 0
 
     def put_batch(self, key_hashes, phy_offsets, store_timestamps):
         """Put keys in order until the file is full; returns how many were put."""
-        self._reserve_entries(len(key_hashes))
+        self.reserve_entries(len(key_hashes))
         return self._k.index_put_batch(self.mf.mm, self.slot_num, self.index_num, key_hashes,
                                        phy_offsets, store_timestamps)
 

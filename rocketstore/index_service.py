@@ -276,7 +276,7 @@ class IndexService(Dispatcher):
         blocks reserved in `f` for at least a key per record left."""
         if f.is_write_full:
             return self._new_file(store_timestamp)
-        f._reserve_entries(rows_left + 1)
+        f.reserve_entries(rows_left + 1)
         return f
 
     def dispatch(self, rows, buf):

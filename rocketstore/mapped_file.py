@@ -40,10 +40,9 @@ class MappedFile:
 
     __slots__ = ("path", "file_name", "file_from_offset", "file_size", "mm", "wrote_position",
                  "committed_position", "flushed_position", "reserved_position", "refill_position",
-                 "reserve_window", "reserve_window_max", "refill_lead", "store_timestamp", "first_create_in_queue",
-                 "writable", "wbuf",
-                 "_pool", "_k", "_fs", "_refs", "_available", "_lock", "_cond",
-                 "_reserve_lock", "_first_shutdown_ms")
+                 "reserve_window", "reserve_window_max", "refill_lead", "store_timestamp",
+                 "first_create_in_queue", "writable", "wbuf", "_pool", "_k", "_fs", "_refs",
+                 "_available", "_lock", "_cond", "_reserve_lock", "_first_shutdown_ms")
 
     def __init__(self, path, file_size, kernels, fs, writable=True, create=True, pool=None,
                  reserve_window=0, reserve_window_max=None):

@@ -244,7 +244,7 @@ class MappedFileQueue:
             else:
                 mf = MappedFile(path, self.file_size, self._k, self._fs,
                                 reserve_window=self.reserve_window,
-                            reserve_window_max=self.reserve_window_max)
+                                reserve_window_max=self.reserve_window_max)
             if not self.files:
                 mf.first_create_in_queue = True
             self.files = self.files + [mf]
