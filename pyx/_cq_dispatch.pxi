@@ -4,8 +4,17 @@
 # The row loop runs without the GIL: each queue's append state is a C struct found through a
 # C hash table, and the mapping it writes to is pinned (a buffer export, so close() refuses
 # to unmap it) from the moment the state is loaded from the Python objects until it is
-# published back to them. The GIL is taken for the rare rows (a queue seen for the first time
-# in a call, a roll, a reservation, SCHEDULE_TOPIC_XXXX) and to publish.
+# published back to them. Before each GIL-free run, one pass with the GIL loads the state of
+# every queue the rows touch, so the run does not leave and retake the GIL per queue (with
+# 40 000 queues, nearly one per row; each retake can wait for the writer's switch interval).
+# The GIL is taken inside a run only for the rare rows (a queue seen for the first time, a
+# roll, a reservation, SCHEDULE_TOPIC_XXXX) and to publish.
+#
+# A queue's state survives from call to call: loading it again is a check that the Python
+# objects still hold what the last publish (or load) left there -- the same files list,
+# and the very position objects (held, so identity means the same values) -- and only on a
+# difference (recovery, truncation, cleaning, deletion, a roll or any Python write) is it
+# read from them again.
 
 __all__ += ("CqSlots", "cq_dispatch")
 
@@ -14,6 +23,8 @@ __all__ += ("CqSlots", "cq_dispatch")
 DEF NEED_NOTHING = 0
 DEF NEED_LOAD = 1       # the row's queue is known but not loaded in this call
 DEF NEED_SLOW = 2       # the row goes to Python
+
+DEF LOAD_AHEAD = 512    # rows whose queues are loaded before a GIL-free run
 
 
 cdef struct _CqState:
@@ -28,9 +39,13 @@ cdef struct _CqState:
     PyObject *owner             # its _CqSlot (kept alive by CqSlots)
 
 
+cdef struct _CqEntry:          # key and state side by side: one cache line per probe
+    int64_t key
+    _CqState *st
+
+
 cdef struct _CqTable:
-    int64_t *keys
-    _CqState **states
+    _CqEntry *e
     size_t cap                  # a power of two
     uint64_t gen                # bumped at every publish: loaded states go stale
 
@@ -42,30 +57,38 @@ cdef inline int64_t _cq_key(const rs_scan_rec *r) noexcept nogil:
 
 cdef inline _CqState *_cq_find(const _CqTable *t, int64_t key) noexcept nogil:
     cdef size_t i = rs_mix(<uint64_t>key, t.cap - 1)
-    while t.states[i] != NULL:
-        if t.keys[i] == key:
-            return t.states[i]
+    while t.e[i].st != NULL:
+        if t.e[i].key == key:
+            return t.e[i].st
         i = (i + 1) & (t.cap - 1)
     return NULL
 
 
 cdef inline void _cq_insert(_CqTable *t, _CqState *st) noexcept nogil:
     cdef size_t i = rs_mix(<uint64_t>st.key, t.cap - 1)
-    while t.states[i] != NULL:
+    while t.e[i].st != NULL:
         i = (i + 1) & (t.cap - 1)
-    t.keys[i] = st.key
-    t.states[i] = st
+    t.e[i].key = st.key
+    t.e[i].st = st
 
 
 cdef class _CqSlot:
     """One ConsumeQueue as the dispatch loop sees it: the Python objects are the truth between
-    calls; inside a call the append state lives in `st` and is published at the end."""
+    calls; inside a call the append state lives in `st` and is published at the end. Between
+    calls it keeps what it last saw (`files`, `file`, `mm`, the position objects) so the next
+    call can trust `st` after an identity check."""
     cdef _CqState st
     cdef bytes topic
     cdef object cq
     cdef object mfq
-    cdef object file
-    cdef object mm
+    cdef object files           # the queue's files list last seen (lists are replaced, never edited)
+    cdef object file            # its last file
+    cdef object mm              # that file's Mapping
+    cdef object o_wrote         # the objects last seen in wrote_position, reserved_position
+    cdef object o_reserved      # and max_physic_offset: held, so `is` means the same value
+    cdef object o_max
+    cdef bint cached            # st matches the objects above
+    cdef bint pinned            # mm's export taken for the current call
 
 
 _CQ_FILE_SLOTS = ("wrote_position", "committed_position", "reserved_position",
@@ -95,8 +118,7 @@ cdef class CqSlots:
         _member_offsets(mapped_file_type, _CQ_FILE_SLOTS, self._f)
         _member_offsets(consume_queue_type, ("max_physic_offset",), &self._cq_max)
         self._file_type = mapped_file_type
-        self.t.keys = NULL
-        self.t.states = NULL
+        self.t.e = NULL
         self.t.cap = 0
         self.t.gen = 1
         self._n = 0
@@ -105,8 +127,7 @@ cdef class CqSlots:
         self._grow(64)
 
     def __dealloc__(self):
-        PyMem_Free(self.t.keys)
-        PyMem_Free(self.t.states)
+        PyMem_Free(self.t.e)
 
     def __len__(self):
         return self._n
@@ -114,19 +135,15 @@ cdef class CqSlots:
     cdef int _grow(self, size_t cap) except -1:
         cdef _CqTable old = self.t
         cdef size_t i
-        self.t.keys = <int64_t *>PyMem_Malloc(cap * sizeof(int64_t))
-        self.t.states = <_CqState **>PyMem_Calloc(cap, sizeof(_CqState *))
-        if self.t.keys == NULL or self.t.states == NULL:
-            PyMem_Free(self.t.keys)
-            PyMem_Free(self.t.states)
+        self.t.e = <_CqEntry *>PyMem_Calloc(cap, sizeof(_CqEntry))
+        if self.t.e == NULL:
             self.t = old
             raise MemoryError()
         self.t.cap = cap
         for i in range(old.cap):
-            if old.states[i] != NULL:
-                _cq_insert(&self.t, old.states[i])
-        PyMem_Free(old.keys)
-        PyMem_Free(old.states)
+            if old.e[i].st != NULL:
+                _cq_insert(&self.t, old.e[i].st)
+        PyMem_Free(old.e)
         return 0
 
     cdef int add(self, int64_t key, bytes topic, cq) except -1:
@@ -143,15 +160,18 @@ cdef class CqSlots:
         s.st.loaded = False
         s.st.appendable = False
         s.st.owner = <PyObject *>s
+        s.cached = False
+        s.pinned = False
         self._owners.append(s)
         _cq_insert(&self.t, &s.st)
         self._n += 1
         return 0
 
     cdef int load(self, _CqState *st) except -1:
-        """Read the queue's append state from its Python objects and pin its mapping. The
-        state is `appendable` only with a file this loop can append to (not when the queue has
-        no file yet, or a mapping this module did not make)."""
+        """Make the queue's append state current for this call and pin its mapping. The state
+        is `appendable` only with a file this loop can append to (not when the queue has no
+        file yet, or a mapping this module did not make). A state kept from an earlier call is
+        reused when the Python objects still hold what it was made from."""
         cdef _CqSlot s = <_CqSlot>st.owner
         cdef Py_ssize_t i
         st.gen = self.t.gen
@@ -159,6 +179,20 @@ cdef class CqSlots:
         st.appendable = False
         self._touched.append(s)
         files = s.mfq.files
+        if s.cached:
+            f = s.file
+            mm = s.mm
+            if (files is s.files and _member(f, self._f[CF_WROTE]) == <PyObject *>s.o_wrote
+                    and _member(f, self._f[CF_RESERVED]) == <PyObject *>s.o_reserved
+                    and _member(s.cq, self._cq_max) == <PyObject *>s.o_max
+                    and _member(f, self._f[CF_MM]) == <PyObject *>mm
+                    and (<Mapping>mm)._addr != NULL):
+                (<Mapping>mm)._exports += 1     # pinned: close() raises BufferError until publish
+                s.pinned = True
+                st.addr = (<Mapping>mm)._addr   # the same mapping: the same address and size
+                st.appendable = True
+                return 0
+            self._forget(s)
         if type(files) is not list or not files:
             return 0
         f = (<list>files)[len(<list>files) - 1]
@@ -172,34 +206,95 @@ cdef class CqSlots:
         mm = <object>_member(f, self._f[CF_MM])
         if type(mm) is not Mapping or not (<Mapping>mm).writable or (<Mapping>mm)._addr == NULL:
             return 0
-        (<Mapping>mm)._exports += 1         # pinned: close() raises BufferError until publish
-        s.file = f
-        s.mm = mm
-        st.addr = (<Mapping>mm)._addr
-        st.cap = (<Mapping>mm)._size
+        o_wrote = <object>_member(f, self._f[CF_WROTE])
+        o_reserved = <object>_member(f, self._f[CF_RESERVED])
+        o_max = <object>_member(s.cq, self._cq_max)
         st.size = <object>_member(f, self._f[CF_SIZE])
         st.base = <object>_member(f, self._f[CF_FROM])
-        st.wrote = <object>_member(f, self._f[CF_WROTE])
-        st.reserved = <object>_member(f, self._f[CF_RESERVED])
-        st.max_phy = <object>_member(s.cq, self._cq_max)
+        st.wrote = o_wrote
+        st.reserved = o_reserved
+        st.max_phy = o_max
+        (<Mapping>mm)._exports += 1         # pinned: close() raises BufferError until publish
+        s.pinned = True
+        s.files = files
+        s.file = f
+        s.mm = mm
+        s.o_wrote = o_wrote
+        s.o_reserved = o_reserved
+        s.o_max = o_max
+        s.cached = True
+        st.addr = (<Mapping>mm)._addr
+        st.cap = (<Mapping>mm)._size
         st.appendable = True
         return 0
 
+    cdef void _forget(self, _CqSlot s) noexcept:
+        """Drop what the slot kept from earlier calls: the next load reads the objects."""
+        s.cached = False
+        s.files = s.file = s.mm = None
+        s.o_wrote = s.o_reserved = s.o_max = None
+
+    cdef int forget(self, int64_t key) except -1:
+        """The queue's Python objects were written outside the compiled loop (a row the loop
+        handed to Python): its kept state must not be trusted without a full load."""
+        cdef _CqState *st = _cq_find(&self.t, key)
+        if st != NULL and not st.loaded:
+            self._forget(<_CqSlot>st.owner)
+        return 0
+
+    cdef Py_ssize_t load_run(self, const rs_scan_rec *rows, Py_ssize_t i, Py_ssize_t n,
+                             const char *buf, Py_ssize_t buf_len) except -1:
+        """Load (with the GIL, which this holds throughout) every known queue that rows[i:end]
+        append to, so the GIL-free run over them stops only for the rows Python takes; returns
+        `end`. It ends after a row Python will take for sure (a queue not known yet, a
+        SCHEDULE_TOPIC_XXXX row) and after LOAD_AHEAD rows: every row Python takes unloads
+        all queues, and the rows after it are loaded again, so each such row costs at most
+        LOAD_AHEAD loads (a row per new queue, in a first batch over 40 000 queues)."""
+        cdef const rs_scan_rec *r
+        cdef _CqState *st
+        cdef int32_t tx
+        cdef Py_ssize_t end = min(n, i + LOAD_AHEAD)
+        while i < end:
+            r = rows + i
+            i += 1
+            tx = r.sys_flag & RS_TRANSACTION_TYPE_MASK
+            if tx == RS_TRANSACTION_PREPARED_TYPE or tx == RS_TRANSACTION_ROLLBACK_TYPE:
+                continue
+            if r.info & RS_SCAN_INFO_SCHEDULE:
+                return i
+            st = _cq_find(&self.t, _cq_key(r))
+            if st == NULL:
+                return i
+            if st.loaded and st.gen == self.t.gen:
+                continue
+            if (r.topic_len != st.topic_len or r.pos + r.topic_off + r.topic_len > buf_len
+                    or memcmp(buf + r.pos + r.topic_off, st.topic, <size_t>r.topic_len) != 0):
+                return i                    # a topic sharing the hash: Python takes it
+            self.load(st)
+        return end
+
     cdef int publish(self) except -1:
         """Positions back to the MappedFile and ConsumeQueue objects, pins released: readers
-        see the units, and any Python code may run (and change the queues) after this."""
+        see the units, and any Python code may run (and change the queues) after this. Each
+        queue keeps its state, with the objects just published, for the next call."""
         cdef _CqSlot s
         for o in self._touched:
             s = <_CqSlot>o
             if s.st.appendable:
-                wrote = s.st.wrote
-                _set_member(s.file, self._f[CF_WROTE], wrote)
-                _set_member(s.file, self._f[CF_COMMITTED], wrote)
-                _set_member(s.cq, self._cq_max, s.st.max_phy)
+                if s.st.wrote != <int64_t>s.o_wrote:
+                    wrote = s.st.wrote
+                    _set_member(s.file, self._f[CF_WROTE], wrote)
+                    _set_member(s.file, self._f[CF_COMMITTED], wrote)
+                    s.o_wrote = wrote
+                if s.st.max_phy != <int64_t>s.o_max:
+                    o_max = s.st.max_phy
+                    _set_member(s.cq, self._cq_max, o_max)
+                    s.o_max = o_max
+            if s.pinned:
                 (<Mapping>s.mm)._exports -= 1
+                s.pinned = False
             s.st.loaded = False
             s.st.appendable = False
-            s.file = s.mm = None
         del self._touched[:]
         self.t.gen += 1
         return 0
@@ -268,7 +363,7 @@ def cq_dispatch(rows, buf, CqSlots slots, slow):
     cdef Py_buffer rv, b
     cdef const rs_scan_rec *r
     cdef const rs_scan_rec *base
-    cdef Py_ssize_t i = 0, n
+    cdef Py_ssize_t i = 0, n, end
     cdef int64_t key, last_ts = 0
     cdef int need = NEED_NOTHING
     cdef _CqState *st
@@ -280,12 +375,13 @@ def cq_dispatch(rows, buf, CqSlots slots, slow):
         n = rv.len // SCAN_REC_SIZE
         base = <const rs_scan_rec *>rv.buf
         while i < n:
+            end = slots.load_run(base, i, n, <const char *>b.buf, b.len)
             with nogil:
-                i = _cq_run(&slots.t, base, i, n, <const char *>b.buf, b.len, &last_ts, &need)
-            if i >= n:
-                break
+                i = _cq_run(&slots.t, base, i, end, <const char *>b.buf, b.len, &last_ts, &need)
+            if i >= end:
+                continue
             r = base + i
-            if need == NEED_LOAD:
+            if need == NEED_LOAD:           # not expected after load_run; kept for safety
                 st = _cq_find(&slots.t, _cq_key(r))
                 slots.load(st)
                 continue                    # the run retries the row: appendable or slow
@@ -293,9 +389,10 @@ def cq_dispatch(rows, buf, CqSlots slots, slow):
             # may be stale after it ran (it can roll files, release the GIL, ...).
             slots.publish()
             last_ts = r.store_timestamp
+            key = _cq_key(r)
             cq = slow(i)
+            slots.forget(key)               # Python wrote that queue's objects
             if cq is not None and not (r.info & RS_SCAN_INFO_SCHEDULE):
-                key = _cq_key(r)
                 if _cq_find(&slots.t, key) == NULL:
                     slots.add(key, PyBytes_FromStringAndSize(
                         <const char *>b.buf + r.pos + r.topic_off, r.topic_len), cq)

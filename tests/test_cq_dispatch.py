@@ -108,3 +108,61 @@ def test_retried_dispatch_adds_no_unit(tmp_path, backend):
         assert [store.get_max_offset_in_queue("T", q) for q in (0, 1)] == [20, 20]
     finally:
         store.shutdown()
+
+
+def _dispatch_after_python_changed_the_queues(root, compiled, change):
+    """Put and dispatch a round, let `change(store)` rewrite queues from Python between two
+    dispatch calls, then put and dispatch a second round. The compiled dispatcher keeps each
+    queue's state from call to call; what Python changed must be read again, not overwritten.
+    Returns what the queues read back."""
+    store = testing.open_store(root, testing.load_backend("cext"),
+                               testing.small_config(mapped_file_size_consume_queue=8 * 20))
+    if not compiled:
+        store.dispatchers[0]._k_dispatch = None
+    try:
+        store.reput_service.shutdown()
+        for rnd in range(2):
+            for i in range(12):
+                m = Message("T", b"r%d-%d" % (rnd, i), queue_id=i % 2)
+                assert store.put_message(m).status.ok
+            store.reput_service.do_reput()
+            if rnd == 0:
+                change(store)
+        return {q: (store.get_max_offset_in_queue("T", q),
+                    [m.body for m in store.get_message(
+                        "g", "T", q, store.get_min_offset_in_queue("T", q), 100).messages])
+                for q in (0, 1)}
+    finally:
+        store.reput_service.start()
+        store.shutdown()
+
+
+def test_kept_queue_state_follows_a_truncation_between_calls(tmp_path):
+    def truncate_and_redispatch(store):
+        # Drop queue 0's units from its fourth record on, then dispatch those records again.
+        cq = store.find_consume_queue("T", 0)
+        phy = int(cq.units(3, 1)["offset"][0])
+        cq.truncate_dirty_logic_files(phy)
+        assert store.get_max_offset_in_queue("T", 0) == 3
+        store.reput_service.reput_from_offset = phy
+        store.reput_service.do_reput()
+    got = _dispatch_after_python_changed_the_queues(tmp_path / "c", True,
+                                                    truncate_and_redispatch)
+    want = _dispatch_after_python_changed_the_queues(tmp_path / "n", False,
+                                                     truncate_and_redispatch)
+    assert cq_digest(tmp_path / "c") == cq_digest(tmp_path / "n")
+    assert got == want
+    assert got[0] == (12, [b"r0-%d" % i for i in range(0, 12, 2)] +
+                      [b"r1-%d" % i for i in range(0, 12, 2)])
+
+
+def test_kept_queue_state_follows_a_queue_destroyed_between_calls(tmp_path):
+    def destroy(store):
+        # Queue 1's files are deleted (as abnormal recovery does with a queue it cannot
+        # trust); the second round's units start a new file after filler units.
+        store.find_consume_queue("T", 1).destroy()
+    got = _dispatch_after_python_changed_the_queues(tmp_path / "c", True, destroy)
+    want = _dispatch_after_python_changed_the_queues(tmp_path / "n", False, destroy)
+    assert cq_digest(tmp_path / "c") == cq_digest(tmp_path / "n")
+    assert got == want
+    assert got[1] == (12, [b"r1-%d" % i for i in range(1, 12, 2)])
