@@ -24,7 +24,10 @@ DEF NEED_NOTHING = 0
 DEF NEED_LOAD = 1       # the row's queue is known but not loaded in this call
 DEF NEED_SLOW = 2       # the row goes to Python
 
-DEF LOAD_AHEAD = 512    # rows whose queues are loaded before a GIL-free run
+# Rows whose queues are loaded before a GIL-free run, once a run met a row Python takes that
+# loading could not foresee. Until then a run covers the whole call: each GIL-free section
+# ends with a GIL retake, which can wait for the writer's switch interval (5 ms).
+DEF LOAD_AHEAD = 512
 
 
 cdef struct _CqState:
@@ -243,17 +246,17 @@ cdef class CqSlots:
         return 0
 
     cdef Py_ssize_t load_run(self, const rs_scan_rec *rows, Py_ssize_t i, Py_ssize_t n,
-                             const char *buf, Py_ssize_t buf_len) except -1:
+                             Py_ssize_t ahead, const char *buf, Py_ssize_t buf_len) except -1:
         """Load (with the GIL, which this holds throughout) every known queue that rows[i:end]
         append to, so the GIL-free run over them stops only for the rows Python takes; returns
         `end`. It ends after a row Python will take for sure (a queue not known yet, a
-        SCHEDULE_TOPIC_XXXX row) and after LOAD_AHEAD rows: every row Python takes unloads
-        all queues, and the rows after it are loaded again, so each such row costs at most
-        LOAD_AHEAD loads (a row per new queue, in a first batch over 40 000 queues)."""
+        SCHEDULE_TOPIC_XXXX row), or after `ahead` rows: every row Python takes unloads all
+        queues and the rows after it are loaded again, so the caller bounds `ahead` once the
+        run met a row this could not foresee (a roll, a reservation, a gap)."""
         cdef const rs_scan_rec *r
         cdef _CqState *st
         cdef int32_t tx
-        cdef Py_ssize_t end = min(n, i + LOAD_AHEAD)
+        cdef Py_ssize_t end = min(n, i + ahead)
         while i < end:
             r = rows + i
             i += 1
@@ -363,7 +366,7 @@ def cq_dispatch(rows, buf, CqSlots slots, slow):
     cdef Py_buffer rv, b
     cdef const rs_scan_rec *r
     cdef const rs_scan_rec *base
-    cdef Py_ssize_t i = 0, n, end
+    cdef Py_ssize_t i = 0, n, end, ahead
     cdef int64_t key, last_ts = 0
     cdef int need = NEED_NOTHING
     cdef _CqState *st
@@ -373,13 +376,16 @@ def cq_dispatch(rows, buf, CqSlots slots, slow):
     try:
         _ro(buf, &b)
         n = rv.len // SCAN_REC_SIZE
+        ahead = n
         base = <const rs_scan_rec *>rv.buf
         while i < n:
-            end = slots.load_run(base, i, n, <const char *>b.buf, b.len)
+            end = slots.load_run(base, i, n, ahead, <const char *>b.buf, b.len)
             with nogil:
                 i = _cq_run(&slots.t, base, i, end, <const char *>b.buf, b.len, &last_ts, &need)
             if i >= end:
                 continue
+            if i + 1 < end:
+                ahead = LOAD_AHEAD          # a row loading did not foresee: bound the reloads
             r = base + i
             if need == NEED_LOAD:           # not expected after load_run; kept for safety
                 st = _cq_find(&slots.t, _cq_key(r))
