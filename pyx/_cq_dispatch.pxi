@@ -32,7 +32,7 @@ DEF LOAD_AHEAD = 512
 
 cdef struct _CqState:
     int64_t key                 # (topic hash << 32) | queue id
-    const char *topic           # the topic's bytes (owned by the _CqSlot)
+    const char *topic           # the topic's bytes: `short_topic`, or owned by the _CqSlot
     Py_ssize_t topic_len
     char *addr                  # the last file's mapping, pinned while `loaded`
     int64_t cap, wrote, reserved, size, base, max_phy
@@ -40,6 +40,9 @@ cdef struct _CqState:
     bint loaded                 # loaded and pinned in the current call
     bint appendable             # loaded with a file this loop can append to
     PyObject *owner             # its _CqSlot (kept alive by CqSlots)
+    # A topic up to 48 bytes is kept here, beside the fields every row reads: with 40 000
+    # queues each row's topic comparison would otherwise be one more cache miss.
+    char short_topic[48]
 
 
 cdef struct _CqEntry:          # key and state side by side: one cache line per probe
@@ -157,7 +160,11 @@ cdef class CqSlots:
         s.cq = cq
         s.mfq = cq.mfq
         s.st.key = key
-        s.st.topic = PyBytes_AS_STRING(topic)
+        if len(topic) <= sizeof(s.st.short_topic):
+            memcpy(s.st.short_topic, PyBytes_AS_STRING(topic), len(topic))
+            s.st.topic = s.st.short_topic
+        else:
+            s.st.topic = PyBytes_AS_STRING(topic)
         s.st.topic_len = len(topic)
         s.st.gen = 0
         s.st.loaded = False
