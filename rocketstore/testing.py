@@ -1,5 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""pytest helpers shared by tests/ and bench/: the backend parameter and a store factory.
+"""Test helpers shared by tests/ and bench/: the backend parameter and a store factory.
+
+It ships in the wheel (the installed suite uses it) but imports pytest only when a helper that
+reports through pytest runs, so importing it never needs pytest.
 
 ROCKETSTORE_EXPECT_BACKENDS=cext,cffi,pure (set by .ci/run) turns a backend that fails to
 import into a test failure instead of a silently shorter matrix.
@@ -7,8 +10,7 @@ import into a test failure instead of a silently shorter matrix.
 import contextlib
 import os
 import subprocess
-
-import pytest
+import zlib
 
 from . import kernels
 from .clock import StepClock
@@ -35,7 +37,16 @@ def load_backend(name):
     try:
         return kernels.load(name)
     except ImportError as exc:
+        import pytest
         pytest.fail(f"backend {name!r} is expected but does not import: {exc}")
+
+
+def fixed_seed(name):
+    """A random seed that is the same on every run, unlike hash() of a str (PYTHONHASHSEED),
+    and printed, so that a failing kill schedule can be replayed: ROCKETSTORE_SEED overrides it."""
+    seed = int(os.environ.get("ROCKETSTORE_SEED") or zlib.crc32(name.encode()))
+    print(f"seed for {name}: {seed} (replay with ROCKETSTORE_SEED={seed})")
+    return seed
 
 
 def small_config(**overrides):
@@ -63,16 +74,31 @@ def run_cli(*args, check=False):
                           text=True, check=check)
 
 
-def tree_digest(root):
-    """SHA-256 of every file under `root`, keyed by its path relative to `root`."""
+def tree_digest(root, ignore=()):
+    """SHA-256 of every file under `root`, keyed by its path relative to `root`, leaving out
+    the file names in `ignore` (comparing two stores' bytes, leave out "lock" and "abort":
+    they hold a pid, or say only how the store was closed)."""
     import hashlib
     out = {}
     for d, _, names in os.walk(root):
         for name in names:
+            if name in ignore:
+                continue
             path = os.path.join(d, name)
             with open(path, "rb") as f:
                 out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
     return out
+
+
+def wait_until(cond, timeout=10.0, what="the condition"):
+    """Poll `cond()` until it is true; AssertionError naming `what` after `timeout` s. The
+    timeout is a hang guard, never a speed claim: shared CI machines stall for seconds."""
+    import time
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.002)
 
 
 def wait_flushed(store, timeout=5.0):

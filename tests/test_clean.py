@@ -227,9 +227,7 @@ def test_the_disk_check_thread_marks_the_disk_full_on_its_own(tmp_path, backend,
     finally:
         MessageStore.DISK_CHECK_INITIAL_DELAY_MS = old
     try:
-        deadline = time.monotonic() + 5
-        while not store.running_flags.is_disk_full and time.monotonic() < deadline:
-            time.sleep(0.005)
+        testing.wait_until(lambda: store.running_flags.is_disk_full, what="the disk-full flag")
         assert store.put_message(Message("T", b"x")).status is \
             PutMessageStatus.SERVICE_NOT_AVAILABLE
     finally:

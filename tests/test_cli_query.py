@@ -7,7 +7,7 @@ import sys
 
 from rocketstore import Message, testing
 
-from test_conformance import BASIC, broker_messages, tree_bytes
+from broker_data import BASIC, broker_messages, tree_bytes
 
 
 def run(*args):

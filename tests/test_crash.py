@@ -154,7 +154,7 @@ def check_store(root, backend, mode, acks, must_keep_all):
 def test_killed_writer_loses_nothing_its_flush_mode_promised(tmp_path, mode, power,
                                                              must_keep_all):
     backend = testing.backend_params()[0]
-    rng = random.Random(hash((mode, power)) & 0xFFFF)
+    rng = random.Random(testing.fixed_seed(f"crash-{mode}-{power}"))
     root = tmp_path / "store"
     log = tmp_path / "durability.log" if power else None
     start = 0

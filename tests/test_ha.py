@@ -27,14 +27,6 @@ FILE = 64 * 1024
 
 
 # ---- helpers ----------------------------------------------------------------------------------
-def wait_until(pred, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
-
-
 class Node:
     """A store in a child process (tests/crashers/ha_node.py)."""
 
@@ -138,7 +130,7 @@ def assert_prefix(master_root, slave_store):
 
 
 def acked_from_master(master, timeout=15.0):
-    wait_until(lambda: master.ha_service.push2slave_max_offset >= master.get_max_phy_offset(),
+    testing.wait_until(lambda: master.ha_service.push2slave_max_offset >= master.get_max_phy_offset(),
                timeout, "the slave to acknowledge everything")
 
 
@@ -240,7 +232,7 @@ def test_slave_commitlog_is_byte_identical_across_files_and_serves_the_same_mess
     try:
         end = master.wait_done()
         assert end > 10 * FILE                            # several files, blank tails included
-        wait_until(lambda: slave.get_max_phy_offset() == end, 20, "the slave to catch up")
+        testing.wait_until(lambda: slave.get_max_phy_offset() == end, 20, "the slave to catch up")
         testing.wait_dispatched(slave)
         served = all_messages(slave)
         assert sorted(served) == [a[0] for a in sorted(master.acks)]
@@ -260,13 +252,13 @@ def test_sigkilled_slave_recovers_and_catches_up(tmp_path):
     try:
         slave = Node(tmp_path / "s", "SLAVE", tmp_path, master=f"127.0.0.1:"
                      f"{master.ha_service.port}")
-        wait_until(lambda: master.ha_service.connections and
+        testing.wait_until(lambda: master.ha_service.connections and
                    master.ha_service.connections[0].next_transfer_from_where >= 0, 10, "slave")
         t, _ = producer(master, 6000)
-        wait_until(lambda: master.ha_service.push2slave_max_offset > 4 * FILE, 20, "transfer")
+        testing.wait_until(lambda: master.ha_service.push2slave_max_offset > 4 * FILE, 20, "transfer")
         slave.kill()                                      # mid-transfer: the master still puts
         killed_at = master.ha_service.push2slave_max_offset
-        wait_until(lambda: not master.ha_service.connections, 10, "the dead connection to go")
+        testing.wait_until(lambda: not master.ha_service.connections, 10, "the dead connection to go")
         slave = Node(tmp_path / "s", "SLAVE", tmp_path, master=f"127.0.0.1:"
                      f"{master.ha_service.port}")
         t.join(60)
@@ -340,11 +332,11 @@ def test_cut_connection_reconnects_and_resumes_byte_identical(tmp_path):
     proxy = CuttableProxy(master.ha_service.port)
     try:
         slave = Node(tmp_path / "s", "SLAVE", tmp_path, master=f"127.0.0.1:{proxy.port}")
-        wait_until(lambda: master.ha_service.connections and
+        testing.wait_until(lambda: master.ha_service.connections and
                    master.ha_service.connections[0].next_transfer_from_where >= 0, 10, "slave")
         t, _ = producer(master, 5000)
         for _ in range(2):
-            wait_until(lambda: master.ha_service.push2slave_max_offset > 2 * FILE, 20, "data")
+            testing.wait_until(lambda: master.ha_service.push2slave_max_offset > 2 * FILE, 20, "data")
             proxy.cut()
             time.sleep(0.1)
         t.join(60)
@@ -368,7 +360,7 @@ def test_sigkilled_sync_master_left_every_acknowledged_message_on_the_slave(tmp_
                   batch_every=4)
     slave = open_node(tmp_path / "s", "SLAVE", master=master.address)
     try:
-        wait_until(lambda: sum(a[3] == "PUT_OK" for a in master.acks) > 1500, 30, "acks")
+        testing.wait_until(lambda: sum(a[3] == "PUT_OK" for a in master.acks) > 1500, 30, "acks")
         master.kill()
         acks = list(master.acks)
         ok = [a for a in acks if a[3] == "PUT_OK"]
@@ -423,7 +415,7 @@ def test_sync_master_answers_slave_not_available_timeout_or_ok(tmp_path):
         # A slave that reports once and then never acknowledges: timeouts.
         fake = socket.create_connection(("127.0.0.1", master.ha_service.port))
         fake.sendall(wire.encode_report(master.get_max_phy_offset()))
-        wait_until(lambda: master.ha_service.push2slave_max_offset == r.wrote_bytes, 5, "ack")
+        testing.wait_until(lambda: master.ha_service.push2slave_max_offset == r.wrote_bytes, 5, "ack")
         t0 = time.monotonic()
         assert master.put_message(message(1)).status is P.FLUSH_SLAVE_TIMEOUT
         assert 0.25 < time.monotonic() - t0 < 2.0
@@ -433,7 +425,7 @@ def test_sync_master_answers_slave_not_available_timeout_or_ok(tmp_path):
         assert master.put_message(nowait).status is P.PUT_OK
         assert time.monotonic() - t0 < 0.2
         fake.close()
-        wait_until(lambda: not master.ha_service.connections, 5, "the fake to go")
+        testing.wait_until(lambda: not master.ha_service.connections, 5, "the fake to go")
         assert master.put_message(message(4)).status is P.SLAVE_NOT_AVAILABLE
         slave = open_node(tmp_path / "s", "SLAVE", master=f"127.0.0.1:{master.ha_service.port}")
         try:
@@ -454,7 +446,7 @@ def test_sync_master_counts_a_slave_too_far_behind_as_not_available(tmp_path):
     master.start()
     try:
         fake = socket.create_connection(("127.0.0.1", master.ha_service.port))
-        wait_until(lambda: master.ha_service.connections, 5, "connection")
+        testing.wait_until(lambda: master.ha_service.connections, 5, "connection")
         for i in range(10):                  # 0 acknowledged, so the gap passes 1000 bytes
             r = master.put_message(message(i))
         assert r.status is P.SLAVE_NOT_AVAILABLE
@@ -554,7 +546,7 @@ def test_slave_drops_a_hostile_master_and_appends_nothing_out_of_place(tmp_path,
         good = 0 if attack == "unaligned-first" else 1000
         if good:
             fake.send(wire.encode_header(0, good) + data[:good])
-            wait_until(lambda: slave.get_max_phy_offset() == good, 5, "the good frame")
+            testing.wait_until(lambda: slave.get_max_phy_offset() == good, 5, "the good frame")
         frame = {
             "offset-ahead": wire.encode_header(good + 1, 10) + data[good:good + 10],
             "offset-behind": wire.encode_header(good - 10, 10) + data[good - 10:good],
@@ -573,7 +565,7 @@ def test_slave_drops_a_hostile_master_and_appends_nothing_out_of_place(tmp_path,
             assert slave.commitlog.mfq.files == []
         client = slave.ha_service.client
         if attack in ("unaligned-first", "past-file-end"):
-            wait_until(lambda: not client.following, 5, "the client to stop")
+            testing.wait_until(lambda: not client.following, 5, "the client to stop")
             assert "file-size mismatch" in client.error
             return
         # It reconnects and reports its real offset again.
@@ -593,7 +585,7 @@ def test_master_closes_a_slave_that_never_reads(tmp_path):
         fake = socket.create_connection(("127.0.0.1", master.ha_service.port))
         fake.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         fake.sendall(wire.encode_report(0))
-        wait_until(lambda: master.ha_service.connections, 5, "connection")
+        testing.wait_until(lambda: master.ha_service.connections, 5, "connection")
         conn = master.ha_service.connections[0]
         stop = threading.Event()
 
@@ -604,7 +596,7 @@ def test_master_closes_a_slave_that_never_reads(tmp_path):
                 except OSError:
                     return
         threading.Thread(target=heartbeats, daemon=True).start()
-        wait_until(lambda: not master.ha_service.connections, 10, "the master to give up")
+        testing.wait_until(lambda: not master.ha_service.connections, 10, "the master to give up")
         stop.set()
         assert conn.next_transfer_from_where < master.get_max_phy_offset()
         fake.close()
@@ -617,12 +609,12 @@ def test_master_closes_a_silent_slave_and_one_reporting_beyond_its_data(tmp_path
     try:
         master.put_message(message(0))
         silent = socket.create_connection(("127.0.0.1", master.ha_service.port))
-        wait_until(lambda: master.ha_service.connections, 5, "connection")
-        wait_until(lambda: not master.ha_service.connections, 5, "housekeeping")
+        testing.wait_until(lambda: master.ha_service.connections, 5, "connection")
+        testing.wait_until(lambda: not master.ha_service.connections, 5, "housekeeping")
         silent.close()
         liar = socket.create_connection(("127.0.0.1", master.ha_service.port))
         liar.sendall(wire.encode_report(master.get_max_phy_offset() + 1))
-        wait_until(lambda: master.ha_service.connections == [] and
+        testing.wait_until(lambda: master.ha_service.connections == [] and
                    master.ha_service.push2slave_max_offset == 0, 5, "the liar to go")
         liar.settimeout(5)
         assert liar.recv(100) == b""
@@ -643,7 +635,7 @@ def test_master_refuses_connections_beyond_ha_max_connections(tmp_path):
             s = socket.create_connection(("127.0.0.1", master.ha_service.port))
             s.sendall(wire.encode_report(0))
             socks.append(s)
-        wait_until(lambda: master.ha_service.refused_connections == 3, 5, "refusals")
+        testing.wait_until(lambda: master.ha_service.refused_connections == 3, 5, "refusals")
         assert len(master.ha_service.connections) == 2
         closed = 0
         for s in socks:
@@ -658,10 +650,10 @@ def test_master_refuses_connections_beyond_ha_max_connections(tmp_path):
         for s in socks[:2]:
             s.close()
         socks = socks[2:]
-        wait_until(lambda: len(master.ha_service.connections) == 0, 10, "the two to close")
+        testing.wait_until(lambda: len(master.ha_service.connections) == 0, 10, "the two to close")
         late = socket.create_connection(("127.0.0.1", master.ha_service.port))
         socks.append(late)
-        wait_until(lambda: len(master.ha_service.connections) == 1, 5, "a freed slot is used")
+        testing.wait_until(lambda: len(master.ha_service.connections) == 1, 5, "a freed slot is used")
     finally:
         for s in socks:
             s.close()
@@ -684,8 +676,8 @@ def test_master_closes_a_peer_that_trickles_bytes_but_never_reports_in_time(tmp_
                     return
                 i += 1
         threading.Thread(target=trickle, daemon=True).start()
-        wait_until(lambda: master.ha_service.connections, 5, "connection")
-        wait_until(lambda: not master.ha_service.connections, 10, "housekeeping")
+        testing.wait_until(lambda: master.ha_service.connections, 5, "connection")
+        testing.wait_until(lambda: not master.ha_service.connections, 10, "housekeeping")
         peer.settimeout(5)
         try:
             while peer.recv(65536):
@@ -716,9 +708,9 @@ def test_slave_fed_a_record_with_a_path_topic_stops_following_and_dispatches_not
         slave = open_node(tmp_path / "a" / "b" / "s", "SLAVE",
                           master=f"127.0.0.1:{master.ha_service.port}")
         client = slave.ha_service.client
-        wait_until(lambda: client.error is not None, 10, "the slave to refuse the record")
+        testing.wait_until(lambda: client.error is not None, 10, "the slave to refuse the record")
         assert "corrupt record from the master at %d" % victim.commit_log_offset in client.error
-        wait_until(lambda: not client.following, 5, "the client to stop")
+        testing.wait_until(lambda: not client.following, 5, "the client to stop")
         assert slave.reput_service.reput_from_offset == victim.commit_log_offset
         assert sorted(slave.consume_queue_table) == ["Good"]
         assert slave.get_message("g", "Good", 0, 0, 32).messages.__len__() == 5
@@ -737,7 +729,7 @@ def test_a_master_slave_file_size_mismatch_stops_the_slave_with_a_reason(tmp_pat
     slave = open_node(tmp_path / "s", "SLAVE", file_size=slave_size,
                       master=f"127.0.0.1:{master.ha_service.port}")
     try:
-        wait_until(lambda: master.ha_service.connections and
+        testing.wait_until(lambda: master.ha_service.connections and
                    master.ha_service.connections[0].next_transfer_from_where >= 0, 10,
                    "the slave to join")
         i = 0
@@ -745,10 +737,10 @@ def test_a_master_slave_file_size_mismatch_stops_the_slave_with_a_reason(tmp_pat
             assert master.put_message(message(i)).ok
             i += 1
         client = slave.ha_service.client
-        wait_until(lambda: client.error is not None, 15, "the mismatch to be detected")
+        testing.wait_until(lambda: client.error is not None, 15, "the mismatch to be detected")
         assert "file-size mismatch" in client.error
-        wait_until(lambda: not client.following, 5, "the client to stop")
-        wait_until(lambda: not master.ha_service.connections, 5, "the master to see it go")
+        testing.wait_until(lambda: not client.following, 5, "the client to stop")
+        testing.wait_until(lambda: not master.ha_service.connections, 5, "the master to see it go")
         assert "stopped following" in serve._status(slave)
         assert master.ha_service.slave_error is None      # one drop, no loop: no stall
     finally:
@@ -773,7 +765,7 @@ def test_master_names_a_slave_that_keeps_dropping_the_stream_at_one_offset(tmp_p
                 got += s.recv(wire.HEADER_SIZE - len(got))
             assert wire.decode_header(got)[0] == 0
             s.close()
-            wait_until(lambda: not master.ha_service.connections, 5, "the drop")
+            testing.wait_until(lambda: not master.ha_service.connections, 5, "the drop")
         assert "dropped the connection 3 times in a row at offset 0" in \
             master.ha_service.slave_error
         assert "mapped_file_size_commit_log" in master.ha_service.slave_error
@@ -808,7 +800,7 @@ def test_cli_serve_replicates_between_two_processes_and_stops_on_sigint(tmp_path
                         commitlog_files(tmp_path / "m")[name])
             except (OSError, KeyError):
                 return False
-        wait_until(same, 15, "the slave's file to match the master's")
+        testing.wait_until(same, 15, "the slave's file to match the master's")
     finally:
         for p in (s, m):
             if p is not None:
@@ -834,7 +826,7 @@ def test_master_names_a_slave_that_cleaning_left_behind_its_commit_log(tmp_path,
         address = f"127.0.0.1:{master.ha_service.port}"
         slave = open_node(tmp_path / "s", "SLAVE", master=address)
         assert master.put_message(Message("T", b"a" * 1000)).ok
-        wait_until(lambda: slave.get_max_phy_offset() == master.get_max_phy_offset(), 20,
+        testing.wait_until(lambda: slave.get_max_phy_offset() == master.get_max_phy_offset(), 20,
                    "the slave to catch up")
         slave_max = slave.get_max_phy_offset()
         slave.shutdown()
@@ -846,7 +838,7 @@ def test_master_names_a_slave_that_cleaning_left_behind_its_commit_log(tmp_path,
         master.clean_files_periodically()
         assert master.get_min_phy_offset() > slave_max
         slave = open_node(tmp_path / "s", "SLAVE", master=address)
-        wait_until(lambda: any("cleaning removed the CommitLog" in r.getMessage()
+        testing.wait_until(lambda: any("cleaning removed the CommitLog" in r.getMessage()
                                for r in caplog.records), 20, "the master to name the slave")
         assert slave.get_max_phy_offset() == slave_max
     finally:

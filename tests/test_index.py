@@ -20,20 +20,12 @@ from rocketstore.index_file import (IndexFile, index_file_size, infer_geometry,
                                     time_millis_to_human_string)
 from rocketstore.index_service import index_keys
 from rocketstore.message import java_string_hash
-from rocketstore.status import PutMessageStatus
 
-from conftest import DATA
-from test_conformance import BASIC, broker_config, broker_messages
+from broker_data import BASIC, broker_messages
 
-BACKENDS = testing.backend_params()
 LONG_MAX = (1 << 63) - 1
 STAMPS = [1796046348973, 1796046349996, 1796046350997]     # spec 02 §3
 SLOTS, ENTRIES = 5_000_000, 20_000_000                       # the defaults of §3.2
-
-
-@pytest.fixture(scope="module")
-def backends():
-    return [testing.load_backend(name) for name in BACKENDS]
 
 
 def _entry_pos(slot_num, n):
@@ -889,7 +881,7 @@ def test_index_keys_kernel_matches_the_broker_key_rule_in_every_backend():
 
 
 def test_index_keys_writes_a_row_all_or_none_and_skips_rollback():
-    from rocketstore import Message, format as F, testing
+    from rocketstore import format as F, testing
     buf = bytearray(4096)
     pos = 0
     pure = testing.load_backend("pure")

@@ -3,12 +3,10 @@
 random messages; decode(encode(m)) gives back every MessageExt field; a damaged store never
 makes open / verify / dump raise anything but a StoreError, and every example is small so it
 ends in bounded time. HYPOTHESIS_PROFILE=ci (default) or dev picks the example counts."""
-import hashlib
 import os
 import random
 import shutil
 
-import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -48,18 +46,6 @@ messages = st.builds(
     reconsume_times=st.integers(0, 16))
 
 
-def digest_tree(root):
-    out = {}
-    for d, _, files in os.walk(root):
-        for name in files:
-            if name in ("lock", "abort"):
-                continue
-            with open(os.path.join(d, name), "rb") as f:
-                out[os.path.relpath(os.path.join(d, name), root)] = \
-                    hashlib.sha256(f.read()).hexdigest()
-    return out
-
-
 @settings(max_examples=6 * EXAMPLES, **SETTINGS)
 @given(msgs=st.lists(messages, min_size=1, max_size=25), batch=st.booleans())
 def test_random_messages_give_identical_store_directories_on_every_backend(tmp_path_factory,
@@ -80,7 +66,7 @@ def test_random_messages_give_identical_store_directories_on_every_backend(tmp_p
                     store.put_message(m)
         finally:
             store.shutdown()
-        trees[name] = digest_tree(root)
+        trees[name] = testing.tree_digest(root, ignore=("lock", "abort"))
     first = trees[BACKENDS[0]]
     assert any(k.startswith("commitlog") for k in first)
     for name in BACKENDS[1:]:

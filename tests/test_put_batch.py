@@ -26,11 +26,6 @@ def _bodies(n=N):
     return [bytes([65 + i % 26]) * (90 + i % 37) for i in range(n)]
 
 
-def _digest(root):
-    return {k: v for k, v in testing.tree_digest(root).items()
-            if k not in ("lock", "abort")}
-
-
 def _tree_after(root, backend, put, config=None, n=N):
     store = testing.open_store(root, backend, config)
     try:
@@ -39,7 +34,7 @@ def _tree_after(root, backend, put, config=None, n=N):
         assert result.count == n
     finally:
         store.shutdown()
-    return _digest(root)
+    return testing.tree_digest(root, ignore=("lock", "abort"))
 
 
 def _same_bytes(tmp_path, backend, batch_kwargs, msgs):
