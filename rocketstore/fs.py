@@ -5,12 +5,14 @@ Everything above it calls `FileSystem` methods, so tests can hand a store a doub
 faults (google/leveldb's Env). Paths are plain strings.
 """
 import errno
+import fcntl
 import mmap
 import os
 import sys
+import threading
 import time
 
-from .errors import UnsafePathError
+from .errors import StoreLockedError, UnsafePathError
 
 # Never follow a symlink when opening a file to create or write it: a planted link would take
 # the write (truncate, extend, map) to a file outside the store.
@@ -42,6 +44,11 @@ def is_inside(root, path):
     real = os.path.realpath(path)
     return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
 
+
+# POSIX record locks belong to the process, so a second store in this process would get the
+# lock again: FileSystem.lock keeps its own registry of locked files, keyed by (device, inode).
+_held = set()
+_held_mutex = threading.Lock()
 
 # A file being sized under its temporary name; one left behind was killed before its rename,
 # so nothing was ever written to it.
@@ -324,6 +331,45 @@ class FileSystem:
                 os.fsync(fd)
         finally:
             os.close(fd)
+
+    def lock(self, path):
+        """Take the store's lock file: an exclusive lock on bytes [0,1) of `path`, as
+        FileChannel.tryLock(0, 1, false) takes it (so a Java broker and rocketstore exclude
+        each other), then write the broker's 4 bytes "lock". Returns a handle for unlock();
+        StoreLockedError when this or another process holds it."""
+        # The lock is taken before anything else is checked: a planted link must not get the
+        # "lock" bytes written through it.
+        fd = open_nofollow(path, os.O_RDWR | os.O_CREAT)
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino)
+        with _held_mutex:
+            if key in _held:
+                os.close(fd)
+                raise StoreLockedError(f"{path} is locked by another MessageStore in this "
+                                       "process")
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+            except OSError:
+                os.close(fd)
+                raise StoreLockedError(f"{path} is locked by another process: the store is "
+                                       "already open") from None
+            _held.add(key)
+        try:
+            os.pwrite(fd, b"lock", 0)
+            os.fsync(fd)
+        except BaseException:
+            self.unlock((fd, key))
+            raise
+        return fd, key
+
+    def unlock(self, handle):
+        fd, key = handle
+        with _held_mutex:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_UN, 1, 0)
+            finally:
+                os.close(fd)
+                _held.discard(key)
 
     def disk_usage_ratio(self, path):
         """UtilAll#getDiskPartitionSpaceUsedPercent: used / (used + usable), rounded up to a

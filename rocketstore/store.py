@@ -46,12 +46,12 @@ log = logging.getLogger(__name__)
 _SIZE_SAMPLE = 64
 
 
-def _usual_size(paths):
+def _usual_size(fs, paths):
     """The size most of `paths` have (the larger on a tie), 0 when none has any: every
     segment has its directory's file size, so a truncated or empty one must not decide."""
     counts = {}
     for p in paths:
-        size = os.path.getsize(p)
+        size = fs.size(p)
         if size:
             counts[size] = counts.get(size, 0) + 1
     return max(counts, key=lambda size: (counts[size], size)) if counts else 0
@@ -131,7 +131,7 @@ class MessageStore:
         self.commit_service = None
         self.flush_cq_service = None
         self.ha_service = None             # HAService once started (spec 05)
-        self._lock = None if read_only else StoreLock(self.root)
+        self._lock = None if read_only else StoreLock(self.root, self.fs)
         self.running_flags = RunningFlags()
         self.disk_usage = disk_usage or disk_usage_source(self.fs)
         self.disk_full_reason = "disk full"
@@ -153,36 +153,38 @@ class MessageStore:
             self.config.access_message_in_memory_max_ratio // 100
 
     @classmethod
-    def open_read_only(cls, root, config=None, kernels=None):
+    def open_read_only(cls, root, config=None, kernels=None, fs=None):
         """Open an existing store (ours or a broker's) for reading: no lock, no writes, file
-        sizes taken from the files themselves. Returns a loaded store; call shutdown()."""
+        sizes taken from the files themselves. Returns a loaded store; call shutdown().
+        `fs` as for MessageStore (a fault-injecting double in tests)."""
         root = os.fspath(root)
+        fs = fs or DEFAULT_FS
         sizes = {}
         cl_dir = os.path.join(root, "commitlog")
-        names = split_segment_names(DEFAULT_FS, cl_dir, None)[0]
-        size = _usual_size([os.path.join(cl_dir, n) for n in names])
+        names = split_segment_names(fs, cl_dir, None)[0]
+        size = _usual_size(fs, [os.path.join(cl_dir, n) for n in names])
         if size:
             sizes["mapped_file_size_commit_log"] = size
         cq_base = os.path.join(root, "consumequeue")
         cq_files = []
-        for topic in DEFAULT_FS.list_dir(cq_base):
+        for topic in fs.list_dir(cq_base):
             # Never size the store from a planted symlink, nor list a stray file.
             if _resolves_outside(root, os.path.join(cq_base, topic)) or \
-                    not DEFAULT_FS.is_dir(os.path.join(cq_base, topic)):
+                    not fs.is_dir(os.path.join(cq_base, topic)):
                 continue
-            qdirs = [q for q in DEFAULT_FS.list_dir(os.path.join(cq_base, topic))
+            qdirs = [q for q in fs.list_dir(os.path.join(cq_base, topic))
                      if is_queue_dir_name(q)
                      and not _resolves_outside(root, os.path.join(cq_base, topic, q))
-                     and DEFAULT_FS.is_dir(os.path.join(cq_base, topic, q))]
+                     and fs.is_dir(os.path.join(cq_base, topic, q))]
             for q in qdirs:
-                files = split_segment_names(DEFAULT_FS, os.path.join(cq_base, topic, q),
+                files = split_segment_names(fs, os.path.join(cq_base, topic, q),
                                             None)[0]
                 cq_files += [os.path.join(cq_base, topic, q, f) for f in files]
                 if len(cq_files) >= _SIZE_SAMPLE:
                     break
             if len(cq_files) >= _SIZE_SAMPLE:
                 break
-        size = _usual_size(cq_files)
+        size = _usual_size(fs, cq_files)
         if size:
             sizes["mapped_file_size_consume_queue"] = size
         if config is None:
@@ -191,15 +193,15 @@ class MessageStore:
             config = dataclasses.replace(config, **sizes)
         idx_dir = os.path.join(root, "index")
         idx = [os.path.join(idx_dir, n)
-               for n in split_segment_names(DEFAULT_FS, idx_dir, None, is_index_name)[0]]
-        geometry = infer_geometry(idx, DEFAULT_FS, config.max_hash_slot_num, config.max_index_num)
+               for n in split_segment_names(fs, idx_dir, None, is_index_name)[0]]
+        geometry = infer_geometry(idx, fs, config.max_hash_slot_num, config.max_index_num)
         if geometry is not None:
             config = dataclasses.replace(config, max_hash_slot_num=geometry[0],
                                          max_index_num=geometry[1])
         else:
             log.warning("%s: index file sizes fit no hash slot / index number pair tried; "
                         "key queries will find nothing", idx_dir)
-        store = cls(root, config, kernels=kernels, read_only=True)
+        store = cls(root, config, kernels=kernels, read_only=True, fs=fs)
         store.load()
         return store
 
