@@ -142,7 +142,8 @@ def _verify(args):
     from .store import MessageStore
     from .verify import verify_store
     import os
-    _, holder = _lock_holder(os.path.join(args.store_dir, "lock"))
+    from .fs import DEFAULT
+    _, holder = DEFAULT.lock_holder(os.path.join(args.store_dir, "lock"))
     if holder:
         print(f"rocketstore verify: warning: the store is in use (pid {holder} holds its "
               f"lock): what it writes meanwhile may show as problems", file=sys.stderr)
@@ -243,30 +244,6 @@ def _cq_tags_code(store, m):
     return int(units[0]["tags_code"])
 
 
-def _lock_holder(path):
-    """(file exists, pid holding its OS lock or 0, or None when it cannot tell). F_GETLK
-    only asks: taking the lock, even briefly, could fail a broker starting at that moment."""
-    import fcntl
-    import os
-    import struct
-    if not os.path.exists(path):
-        return False, None
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return True, None
-    try:
-        # struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid (+ padding).
-        query = struct.pack("hhqqi", fcntl.F_WRLCK, 0, 0, 1, 0).ljust(32, b"\0")
-        answer = fcntl.fcntl(fd, fcntl.F_GETLK, query)
-        l_type, _, _, _, pid = struct.unpack_from("hhqqi", answer)
-        return True, (0 if l_type == fcntl.F_UNLCK else pid)
-    except (OSError, struct.error):
-        return True, None
-    finally:
-        os.close(fd)
-
-
 def _files_per_kind(store):
     """{kind: {"files": n, "bytes": apparent size, "allocatedBytes": on disk}} for commitlog,
     consumequeue, index and config. Segments are created at full size but sparse, so the
@@ -346,7 +323,7 @@ def store_stat(store):
     for group in store.subscription_groups.subscription_group_table:
         groups.setdefault(group, {"group": group, "lag": 0, "topics": []})
     cp = store.checkpoint
-    lock_file, holder = _lock_holder(os.path.join(root, "lock"))
+    lock_file, holder = store.fs.lock_holder(os.path.join(root, "lock"))
     try:
         disk = store.fs.disk_usage_ratio(root)
     except OSError:

@@ -4,6 +4,7 @@
 Everything above it calls `FileSystem` methods, so tests can hand a store a double that injects
 faults (google/leveldb's Env). Paths are plain strings.
 """
+import ctypes
 import errno
 import fcntl
 import mmap
@@ -49,6 +50,19 @@ def is_inside(root, path):
 # lock again: FileSystem.lock keeps its own registry of locked files, keyed by (device, inode).
 _held = set()
 _held_mutex = threading.Lock()
+
+class _Flock(ctypes.Structure):
+    """struct flock, with the field order of this platform's <fcntl.h> (ctypes lays out the
+    padding): Linux puts l_type and l_whence first, the BSDs and macOS last."""
+    _common = [("l_start", ctypes.c_int64), ("l_len", ctypes.c_int64), ("l_pid", ctypes.c_int32)]
+    _kind = [("l_type", ctypes.c_short), ("l_whence", ctypes.c_short)]
+    if sys.platform.startswith("linux"):
+        _fields_ = _kind + _common
+    elif sys.platform.startswith("freebsd"):
+        _fields_ = _common + _kind + [("l_sysid", ctypes.c_int)]
+    else:                                       # macOS, NetBSD, OpenBSD
+        _fields_ = _common + _kind
+
 
 # A file being sized under its temporary name; one left behind was killed before its rename,
 # so nothing was ever written to it.
@@ -370,6 +384,24 @@ class FileSystem:
             finally:
                 os.close(fd)
                 _held.discard(key)
+
+    def lock_holder(self, path):
+        """(the file exists, the pid holding its lock or 0, or None when it cannot tell).
+        F_GETLK only asks: taking the lock, even briefly, could fail a broker starting then."""
+        if not os.path.exists(path):
+            return False, None
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return True, None
+        try:
+            query = _Flock(l_type=fcntl.F_WRLCK, l_whence=os.SEEK_SET, l_start=0, l_len=1)
+            answer = _Flock.from_buffer_copy(fcntl.fcntl(fd, fcntl.F_GETLK, bytes(query)))
+            return True, (0 if answer.l_type == fcntl.F_UNLCK else answer.l_pid)
+        except (OSError, ValueError):
+            return True, None
+        finally:
+            os.close(fd)
 
     def disk_usage_ratio(self, path):
         """UtilAll#getDiskPartitionSpaceUsedPercent: used / (used + usable), rounded up to a
