@@ -388,6 +388,10 @@ class CommitLog:
             pos += e.size
             encoded.append(e)
         total = pos
+        if batch_props is not None and total + F.END_FILE_MIN_BLANK_LENGTH > self.file_size:
+            raise MessageIllegalError(
+                f"the broker batch takes {total} bytes: with its end-of-file blank it does "
+                f"not fit a CommitLog file of {self.file_size} bytes")
         view = memoryview(buf)[:total]
         qoffs = array.array("q", bytes(8 * n))
         sizes = np.fromiter((e.size for e in encoded), dtype=np.int64, count=n)
@@ -420,6 +424,13 @@ class CommitLog:
                             sizes[:done], ts, rd, [e.store_raw for e in encoded[:done]],
                             reason=reason)
                     wpos = mf.wrote_position
+                    if batch_props is not None and \
+                            total + F.END_FILE_MIN_BLANK_LENGTH > self.file_size - wpos:
+                        # 4.9.x appends a broker batch (MessageExtBatch) whole: when it does
+                        # not fit, the blank goes where the batch would start and the whole
+                        # batch into the next file (spec 01 §5).
+                        self._end_file(mf, wpos)
+                        continue
                     base = mf.file_from_offset + wpos
                     count, nbytes = self._k.commitlog_append_batch(
                         mf.write_target, wpos, self.file_size, view[rd:], qoffs[done:], base,

@@ -274,6 +274,36 @@ def test_broker_batch_appends_its_properties_to_every_item(store):
     assert first.store_timestamp == second.store_timestamp
 
 
+def test_a_broker_batch_that_does_not_fit_goes_whole_to_the_next_file(tmp_path, backend):
+    # 4.9.x's doAppend of a MessageExtBatch: the blank record where the batch would start,
+    # and the whole batch at the start of the next file (a plain list rolls per record).
+    size = 4096
+    store = testing.open_store(tmp_path / "s", backend,
+                               testing.small_config(mapped_file_size_commit_log=size))
+    try:
+        head = store.put_message(Message("Batch", b"h" * 3300))
+        end = head.commit_log_offset + head.wrote_bytes
+        items = [Message("Batch", b"%d" % i * 150) for i in range(6)]
+        rs = store.put_messages(items, batch_properties={"TAGS": "T"})
+        assert rs.status is PutMessageStatus.PUT_OK and rs.count == 6
+        assert end + int(rs.sizes[:2].sum()) + 8 <= size      # the head of it would fit
+        assert list(rs.commit_log_offsets) == list(size + np.concatenate(
+            ([0], np.cumsum(rs.sizes[:-1]))))
+        assert list(rs.queue_offsets) == list(range(1, 7))
+        blank = store.commitlog.mfq.files[0].mm[end:end + 8]
+        assert blank == (size - end).to_bytes(4, "big") + \
+            (F.BLANK_MAGIC_CODE & 0xFFFFFFFF).to_bytes(4, "big")
+        testing.wait_dispatched(store)
+        got = store.get_message("g", "Batch", 0, 1)
+        assert [m.body for m in got.messages] == [m.body for m in items]
+        with pytest.raises(MessageIllegalError, match="does not fit a CommitLog file"):
+            store.put_messages([Message("Batch", b"x" * 1500) for _ in range(3)],
+                               batch_properties={})
+        assert store.get_max_offset_in_queue("Batch", 0) == 7
+    finally:
+        store.shutdown()
+
+
 @pytest.mark.parametrize("items, props", [
     ([Message("A", b""), Message("B", b"")], {}),
     ([Message("A", b"", sys_flag=F.TRANSACTION_PREPARED_TYPE)], {}),
