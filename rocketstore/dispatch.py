@@ -116,11 +116,16 @@ class ConsumeQueueDispatcher(Dispatcher):
         for cq, g in groups.items():
             self._flush_group(cq, g)
         if last_ts:
-            store.checkpoint.logics_msg_timestamp = last_ts
-            if store.is_slave:
-                # A slave appends raw bytes with no store time at hand, so its CQ writer
-                # feeds physicMsgTimestamp, as ConsumeQueue#putMessagePositionInfoWrapper does.
-                store.checkpoint.physic_msg_timestamp = last_ts
+            self._dispatched_until(last_ts)
+
+    def _dispatched_until(self, last_ts):
+        """The checkpoint's times after units up to store time `last_ts` were written."""
+        store = self._store
+        store.checkpoint.logics_msg_timestamp = last_ts
+        if store.is_slave:
+            # A slave appends raw bytes with no store time at hand, so its CQ writer feeds
+            # physicMsgTimestamp, as ConsumeQueue#putMessagePositionInfoWrapper does.
+            store.checkpoint.physic_msg_timestamp = last_ts
 
     def _dispatch_row(self, row, buf):
         """One row by ConsumeQueue.put_unit's rules; returns its queue (cq_dispatch's slow path)."""
@@ -144,7 +149,7 @@ class ConsumeQueueDispatcher(Dispatcher):
             last_ts = self._k_dispatch(arr, buf, self._slots,
                                        lambda i: self._dispatch_row(arr[i].item(), buf))
             if last_ts:
-                self._store.checkpoint.logics_msg_timestamp = last_ts
+                self._dispatched_until(last_ts)
             return
         tx = arr["sys_flag"] & F.TRANSACTION_TYPE_MASK
         keep = (tx != F.TRANSACTION_PREPARED_TYPE) & (tx != F.TRANSACTION_ROLLBACK_TYPE)
@@ -162,7 +167,7 @@ class ConsumeQueueDispatcher(Dispatcher):
                 self._dispatch_group(arr[idx], buf, data)
         finally:
             del data            # no view of the mapping may outlive the call
-        self._store.checkpoint.logics_msg_timestamp = int(arr["store_timestamp"][-1])
+        self._dispatched_until(int(arr["store_timestamp"][-1]))
 
     def _dispatch_group(self, g, buf, data):
         tpos = int(g["pos"][0] + g["topic_off"][0])
