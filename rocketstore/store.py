@@ -881,15 +881,23 @@ class MessageStore:
         check_str(msg_id, "msg_id")
         return query.view_message_by_id(self, msg_id)
 
-    def get_offset_in_queue_by_time(self, topic, queue_id, timestamp):
+    def get_offset_in_queue_by_time(self, topic, queue_id, timestamp, boundary=None):
         """The queue offset of the message stored nearest `timestamp` (4.9.x algorithm,
-        ConsumeQueue#getOffsetInQueueByTime; the file is chosen by its mtime)."""
+        ConsumeQueue#getOffsetInQueueByTime; the file is chosen by its mtime). With
+        `boundary` "lower" or "upper", 5.x's BoundaryType: the first message stored at or
+        after `timestamp`, or the last one stored at or before it."""
         self._check_open()
         check_str(topic, "topic")
         check_int(queue_id, "queue_id")
         check_int(timestamp, "timestamp")
+        if boundary is not None and boundary not in query.BOUNDARIES:
+            raise InvalidArgumentError(f"boundary must be None, 'lower' or 'upper', "
+                                       f"got {boundary!r}")
         self._catch_up()
-        return query.get_offset_in_queue_by_time(self, topic, queue_id, timestamp)
+        if boundary is None:
+            return query.get_offset_in_queue_by_time(self, topic, queue_id, timestamp)
+        return query.get_offset_in_queue_by_boundary(self, topic, queue_id, timestamp,
+                                                     boundary)
 
     # ---- the rest of DefaultMessageStore's read interface -----------------------------------
     # Java's versions call findConsumeQueue, which creates a missing queue; these never create

@@ -114,3 +114,29 @@ def test_append_to_commit_log_is_a_slaves_and_wakes_reput(tmp_path, backend):
         assert slave.get_max_offset_in_queue("T", 0) == 3
     finally:
         slave.shutdown()
+
+
+@pytest.mark.parametrize("per_time", [1, 3])
+def test_offset_by_time_with_a_boundary_finds_the_first_and_last_stored_then(tmp_path, backend,
+                                                                            per_time):
+    # 5.x BoundaryType over three ConsumeQueue files (100 units each), with runs of equal
+    # store times: lower is the first message stored at or after t, upper the last at or
+    # before it; below every time both are 0, above it lower is the queue's end.
+    from rocketstore.clock import ReplayClock
+    n = 250
+    times = [10_000 + (i // per_time) * 10 for i in range(n)]
+    store = testing.open_store(tmp_path / "s", backend, clock=ReplayClock(times))
+    try:
+        rs = [store.put_message(Message("T", b"x")) for _ in range(n)]
+        assert [r.store_timestamp for r in rs] == times
+        for t in sorted({times[0] - 5, times[-1] + 5} | {times[i] + d for i in
+                                                           range(0, n, 7) for d in (-3, 0, 4)}):
+            lower = next((i for i, v in enumerate(times) if v >= t), n)
+            upper = max((i for i, v in enumerate(times) if v <= t), default=0)
+            assert store.get_offset_in_queue_by_time("T", 0, t, "lower") == lower, t
+            assert store.get_offset_in_queue_by_time("T", 0, t, "upper") == upper, t
+        assert store.get_offset_in_queue_by_time("U", 0, times[0], "lower") == 0
+        with pytest.raises(InvalidArgumentError, match="boundary"):
+            store.get_offset_in_queue_by_time("T", 0, times[0], "LOWER")
+    finally:
+        store.shutdown()
