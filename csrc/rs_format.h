@@ -136,7 +136,7 @@
 #define RS_SCAN_CORRUPT 3    /* bad magic, CRC or impossible length */
 #define RS_SCAN_MISMATCH 4   /* parsed lengths != TOTALSIZE (stop_size): Java's "[BUG]" record */
 #define RS_SCAN_PARTIAL 5    /* record runs past end, or fewer than 8 bytes remain */
-#define RS_SCAN_TOPIC 6      /* topic empty or with a byte outside [%|a-zA-Z0-9_-]: corrupt */
+#define RS_SCAN_TOPIC 6      /* topic not UTF-8, empty, "." or "..", or with a / or NUL */
 
 /* rs_scan_rec.info bits (format.SCAN_INFO_*). */
 #define RS_SCAN_INFO_V2 0x1

@@ -12,8 +12,8 @@ from .batch import max_len_check
 from .config import BrokerRole
 from .errors import KernelBoundsError, MessageIllegalError, StoreClosedError
 from .mapped_file_queue import MappedFileQueue
-from .message import (PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, TOPIC_PATTERN,
-                      Message, body_bytes, pack_host, properties_to_string)
+from .message import (PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC,
+                      Message, body_bytes, pack_host, properties_to_string, topic_problem)
 from .services.allocate import AllocateMappedFileService
 from .transient_pool import TransientStorePool
 from .status import PutMessageResult, PutMessagesResult, PutMessageStatus
@@ -125,13 +125,10 @@ class CommitLog:
     def _topic_bytes(self, topic):
         raw = self._topics.get(topic)
         if raw is None:
-            if not isinstance(topic, str) or not TOPIC_PATTERN.fullmatch(topic):
-                raise MessageIllegalError(
-                    f"topic {topic!r} does not match RocketMQ's rule ^[%|a-zA-Z0-9_-]+$")
-            if len(topic) > F.MAX_TOPIC_LENGTH:
-                raise MessageIllegalError(
-                    f"topic is {len(topic)} chars; at most {F.MAX_TOPIC_LENGTH} are allowed")
-            raw = topic.encode("ascii")
+            why = topic_problem(topic, F.MAX_TOPIC_LENGTH)
+            if why is not None:
+                raise MessageIllegalError(why)
+            raw = topic.encode("utf-8")
             self._topics[topic] = raw
         return raw
 

@@ -97,6 +97,6 @@ SCAN_EMPTY = 2      # magic 0 at stop_pos: never-written space
 SCAN_CORRUPT = 3    # bad magic, bad CRC, impossible length: the data ends at stop_pos
 SCAN_MISMATCH = 4   # parsed lengths != TOTALSIZE (stop_size): "[BUG]" record, skippable
 SCAN_PARTIAL = 5    # the record at stop_pos runs past `end` (or fewer than 8 bytes remain)
-SCAN_TOPIC = 6      # topic bytes a put would refuse (message.TOPIC_PATTERN): corrupt
+SCAN_TOPIC = 6      # topic bytes a put would refuse (message.topic_problem): corrupt
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"

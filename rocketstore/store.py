@@ -15,7 +15,7 @@ from .arguments import (INT64_MAX, INT64_MIN, check_callable, check_int, check_o
 from .batch import columns
 from .checkpoint import StoreCheckpoint
 from .clock import system_clock
-from .commitlog import TOPIC_PATTERN, CommitLog
+from .commitlog import CommitLog
 from .config import BrokerRole, FlushDiskType, StoreConfig
 from .config_manager import SubscriptionGroupConfig, TopicConfig, all_managers
 from .consume_queue import ConsumeQueue
@@ -29,7 +29,7 @@ from .format import MAX_TOPIC_LENGTH
 from .fs import DEFAULT as DEFAULT_FS, is_inside, mappings_hold_descriptors, raise_fd_limit
 from .lockfile import StoreLock, abort_path
 from .mapped_file_queue import is_index_name, is_queue_dir_name, split_segment_names
-from .message import PROPERTY_WAIT, MessageExt
+from .message import PROPERTY_WAIT, MessageExt, topic_problem
 from .running_flags import NOT_WRITEABLE_MASK, RunningFlags
 from .services.clean import (CleanCommitLogService, CleanConsumeQueueService,
                              StoreScheduledService, disk_usage_source)
@@ -686,11 +686,9 @@ class MessageStore:
         queue_id >= write_queue_nums raises MessageIllegalError."""
         self._check_writable_config()
         # The put's rule, length included: a topic no put accepts needs no config.
-        if not isinstance(topic, str) or not TOPIC_PATTERN.fullmatch(topic):
-            raise ConfigError(f"topic {topic!r} does not match ^[%|a-zA-Z0-9_-]+$")
-        if len(topic) > MAX_TOPIC_LENGTH:
-            raise ConfigError(f"topic is {len(topic)} chars; at most {MAX_TOPIC_LENGTH} are "
-                              "allowed")
+        why = topic_problem(topic, MAX_TOPIC_LENGTH)
+        if why is not None:
+            raise ConfigError(why)
         for name, value in (("read_queue_nums", read_queue_nums),
                             ("write_queue_nums", write_queue_nums), ("perm", perm),
                             ("topic_sys_flag", topic_sys_flag)):

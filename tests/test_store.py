@@ -145,7 +145,7 @@ def test_properties_follow_java_hashmap_iteration_order():
 
 
 @pytest.mark.parametrize("msg, status", [
-    (Message("bad topic", b""), "MESSAGE_ILLEGAL"),
+    (Message("bad/topic", b""), "MESSAGE_ILLEGAL"),
     (Message("../escape", b""), "MESSAGE_ILLEGAL"),
     (Message("T" * 128, b""), "MESSAGE_ILLEGAL"),
     (Message("T", b"x" * (4 * 1024 * 1024 + 1)), "MESSAGE_ILLEGAL"),
