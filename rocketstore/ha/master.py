@@ -45,7 +45,6 @@ __all__ = ["HAService", "HAConnection"]
 READ_BUFFER_SIZE = 1024 * 1024     # ReadSocketService: 1 MiB, reused when full
 DROPS_BEFORE_ERROR = 3
 SOCKET_TIMEOUT_S = 1.0             # the 1 s select of every 4.9.x HA loop
-SNDBUF = 4 * 1024 * 1024
 
 
 def _now_ms():
@@ -267,12 +266,6 @@ class HAConnection:
         self.addr = addr
         self.sock = sock
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            # Room for a whole frame (ha_transfer_batch_size goes up to 4 MiB): fewer, larger
-            # sends. The kernel caps it at net.core.wmem_max.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF)
-        except OSError:
-            pass
         sock.settimeout(SOCKET_TIMEOUT_S)
         self.slave_request_offset = -1      # written by the reader thread only
         self.slave_ack_offset = -1          # written by the reader thread only

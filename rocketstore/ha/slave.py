@@ -50,7 +50,6 @@ POPULATE_MIN = 64 * 1024          # a body this long has its pages populated bef
 # many bytes, whichever comes first (when nothing waits, it is reported at once).
 REPORT_INTERVAL_NS = 1_000_000
 REPORT_BYTES = 4 * 1024 * 1024
-RCVBUF = 4 * 1024 * 1024          # fewer, larger receives on a fast link (the kernel may cap it)
 
 
 def _now_ms():
@@ -165,10 +164,6 @@ class HAClient:
             log.info("HA client: cannot connect to master %s: %s", addr, exc)
             return False
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
-        except OSError:
-            pass
         sock.settimeout(min(1.0, self.config.ha_send_heartbeat_interval / 1000.0))
         self._sock = sock
         self.connected = True
@@ -307,14 +302,16 @@ class HAClient:
             if not self._open_frame(offset, size):
                 return False
             staged = min(size, pos - dispatch)
+            mf, rel = self._frame_mf, self._frame_rel
             if staged:
-                mf, rel = self._frame_mf, self._frame_rel
                 mf.write_target[rel:rel + staged] = stage[dispatch:dispatch + staged]
                 dispatch += staged
                 if not self._body_received(staged):
                     return False
-            if self._frame_view is not None:
-                break                       # the staging buffer is used up
+            if staged < size:
+                # The staging buffer is used up: the rest comes straight into the mapping.
+                self._frame_view = memoryview(mf.write_target)[rel:rel + size]
+                break
         # Only part of a header can be left: move it to the front.
         tail = pos - dispatch
         if tail:
@@ -340,7 +337,6 @@ class HAClient:
             mf.populate(rel, rel + size)
         self._frame_mf, self._frame_rel = mf, rel
         self._frame_size, self._frame_got = size, 0
-        self._frame_view = memoryview(mf.write_target)[rel:rel + size]
         return True
 
     def _body_received(self, n):
@@ -363,6 +359,7 @@ class HAClient:
         return True
 
     def _drop_frame(self):
+        """Forget the frame being received (complete, or its connection lost)."""
         view, self._frame_view = self._frame_view, None
         self._frame_mf = None
         if view is not None:
