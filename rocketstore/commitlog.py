@@ -538,18 +538,10 @@ class CommitLog:
         is shutting down: files stay byte-identical to the master's because nothing is ever
         written out of place. OSError when the disk refuses the space."""
         with self.put_lock:
-            if self.closed:
+            if self.closed or not self._replica_starts_at(start_offset):
                 return None
             files = self.mfq.files
             last = files[-1] if files else None
-            if last is None:
-                if start_offset % self.file_size:
-                    return None
-            elif last.wrote_position >= self.file_size:
-                if start_offset != last.end_offset:
-                    return None
-            elif start_offset != last.file_from_offset + last.wrote_position:
-                return None
             if last is None or last.wrote_position >= self.file_size:
                 mf = self.mfq.get_last_mapped_file(start_offset)
             else:
@@ -563,6 +555,16 @@ class CommitLog:
                 else:
                     self._reserve_ahead(mf, end)
             return mf
+
+    def _replica_starts_at(self, start_offset):
+        """Whether replicated bytes may start at `start_offset` (put_lock held)."""
+        files = self.mfq.files
+        if not files:
+            return start_offset % self.file_size == 0
+        last = files[-1]
+        if last.wrote_position >= self.file_size:
+            return start_offset == last.end_offset
+        return start_offset == last.file_from_offset + last.wrote_position
 
     def publish_replica(self, mf, pos):
         """Replicated bytes were written into `mf` up to `pos` (past its wrote_position, by the
@@ -580,7 +582,8 @@ class CommitLog:
         there."""
         n = len(data)
         if n == 0:
-            return self.replica_target(start_offset, 0) is not None
+            with self.put_lock:
+                return not self.closed and self._replica_starts_at(start_offset)
         mf = self.replica_target(start_offset, n)
         if mf is None:
             return False

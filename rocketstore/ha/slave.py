@@ -87,6 +87,7 @@ class HAClient:
         self._last_write = 0
         self._last_read = 0
         self.error = None                         # why replication stopped for good
+        self._back_off = False                    # wait before reconnecting (disk full)
 
     @property
     def following(self):
@@ -142,6 +143,12 @@ class HAClient:
             try:
                 if self._connect():
                     self._serve()
+                    if self._back_off:
+                        # The disk refused the space: asking again at once would only
+                        # fetch the same frame for nothing.
+                        self._back_off = False
+                        self._wake.wait(retry_s)
+                        self._wake.clear()
                 else:
                     self._wake.wait(retry_s)
                     self._wake.clear()
@@ -326,6 +333,7 @@ class HAClient:
         try:
             mf = commitlog.replica_target(offset, size)
         except OSError as exc:
+            self._back_off = True
             self._close(f"cannot reserve {size} bytes at offset {offset}: {exc}")
             return False
         if mf is None:
