@@ -625,6 +625,44 @@ def test_slave_assembles_frames_however_the_stream_is_cut(tmp_path):
         fake.close()
 
 
+def test_slave_on_a_full_disk_drops_the_frame_and_takes_it_once_there_is_room(tmp_path):
+    """A frame whose space the disk refuses closes the connection with nothing published;
+    the client waits its reconnect interval, asks again, and appends once there is room."""
+    import errno
+    from rocketstore.fs import FileSystem
+
+    class CommitLogFull(FileSystem):
+        full = True
+
+        def reserve(self, path, offset, length):
+            if self.full and f"{os.sep}commitlog{os.sep}" in path:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+            return super().reserve(path, offset, length)
+
+    data = real_records(tmp_path)
+    fake = FakeMaster()
+    fs = CommitLogFull()
+    slave = MessageStore(tmp_path / "s", node_config("SLAVE", FILE,
+                                                     master=f"127.0.0.1:{fake.port}"),
+                         kernels=BACKEND, fs=fs)
+    slave.load()
+    slave.start()
+    try:
+        assert fake.accept() == 0
+        fake.send(wire.encode_header(0, len(data)) + data)
+        assert fake.closed_by_peer(), "the slave kept the connection"
+        assert slave.get_max_phy_offset() == 0
+        fs.full = False
+        assert fake.accept() == 0
+        fake.send(wire.encode_header(0, len(data)) + data)
+        wait_until(lambda: slave.get_max_phy_offset() == len(data), 10, "the frame")
+        assert bytes(slave.commitlog.get_data(0, len(data))) == data
+        assert slave.ha_service.client.error is None
+    finally:
+        slave.shutdown()
+        fake.close()
+
+
 def test_group_transfer_releases_exactly_the_producers_an_ack_covers():
     """Each SYNC_MASTER producer parks until an acknowledgement reaches its offset: an ack
     releases those it covers, at once, and leaves the others parked (no poll, no wake-all);
