@@ -535,38 +535,69 @@ class CommitLog:
         return PutMessageStatus.PUT_OK if after_put is None else after_put(end_offset, msg)
 
     # ---- HA slave (spec 05 §4.1) ------------------------------------------------------------
-    def append_data(self, start_offset, data):
-        """CommitLog#appendData: append raw replicated bytes that begin at `start_offset`,
-        which must be this CommitLog's max offset; a full last file rolls to the next one and
-        an empty CommitLog starts with the file named `start_offset`, which must be a file
-        boundary. The bytes must fit the file (master frames never span files). False, with
-        nothing written, when any of this does not hold: files stay byte-identical to the
-        master's because nothing is ever written out of place."""
-        n = len(data)
+    def replica_target(self, start_offset, size):
+        """Where replicated bytes [start_offset, start_offset + size) go (CommitLog#appendData
+        split in two, so the HA client can receive them straight into the mapping): the file
+        to write them into at its wrote_position, reserved (and its allocator asked to
+        populate ahead) for all `size` bytes. `start_offset` must be this CommitLog's max
+        offset; a full last file rolls to the next one and an empty CommitLog starts with the
+        file named `start_offset`, which must be a file boundary; the bytes must fit the file
+        (master frames never span files). None when any of this does not hold, or the store
+        is shutting down: files stay byte-identical to the master's because nothing is ever
+        written out of place. OSError when the disk refuses the space."""
         with self.put_lock:
-            if self.closed:
-                return False
+            if self.closed or not self._replica_starts_at(start_offset):
+                return None
             files = self.mfq.files
             last = files[-1] if files else None
-            if last is None:
-                if start_offset % self.file_size:
-                    return False
-            elif last.wrote_position >= self.file_size:
-                if start_offset != last.end_offset:
-                    return False
-            elif start_offset != last.file_from_offset + last.wrote_position:
-                return False
-            if n == 0:
-                return True
             if last is None or last.wrote_position >= self.file_size:
                 mf = self.mfq.get_last_mapped_file(start_offset)
             else:
                 mf = last
-            if mf.file_from_offset + mf.wrote_position != start_offset:
+            end = mf.wrote_position + size
+            if mf.file_from_offset + mf.wrote_position != start_offset or end > self.file_size:
+                return None
+            if end > mf.refill_position:
+                if end <= mf.reserved_position and self.allocator is not None:
+                    self.allocator.refill(mf, end)
+                else:
+                    self._reserve_ahead(mf, end)
+            return mf
+
+    def _replica_starts_at(self, start_offset):
+        """Whether replicated bytes may start at `start_offset` (put_lock held)."""
+        files = self.mfq.files
+        if not files:
+            return start_offset % self.file_size == 0
+        last = files[-1]
+        if last.wrote_position >= self.file_size:
+            return start_offset == last.end_offset
+        return start_offset == last.file_from_offset + last.wrote_position
+
+    def publish_replica(self, mf, pos):
+        """Replicated bytes were written into `mf` up to `pos` (past its wrote_position, by the
+        HA client, through replica_target's file): make them readable. False, with nothing
+        published, once the store is shutting down."""
+        with self.put_lock:
+            if self.closed or pos > self.file_size or pos < mf.wrote_position:
                 return False
-            if mf.wrote_position + n > mf.reserved_position:
-                self._reserve_ahead(mf, mf.wrote_position + n)
-            return mf.append_bytes(data)
+            mf.wrote_position = mf.committed_position = pos
+        return True
+
+    def append_data(self, start_offset, data):
+        """CommitLog#appendData: append raw replicated bytes that begin at `start_offset`
+        (rules as replica_target). False, with nothing written, when they do not belong
+        there."""
+        n = len(data)
+        if n == 0:
+            with self.put_lock:
+                return not self.closed and self._replica_starts_at(start_offset)
+        mf = self.replica_target(start_offset, n)
+        if mf is None:
+            return False
+        pos = mf.wrote_position
+        mf.write_target[pos:pos + n] = data
+        return self.publish_replica(mf, pos + n)
 
     # ---- reads ------------------------------------------------------------------------------
     def get_data(self, offset, size):

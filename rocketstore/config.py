@@ -23,6 +23,7 @@ from rocketstore.errors import ConfigError
 
 log = logging.getLogger(__name__)
 from rocketstore.format import CQ_STORE_UNIT_SIZE
+from rocketstore.ha.wire import MAX_FRAME_BODY as HA_MAX_FRAME_BODY
 
 __all__ = [
     "BrokerRole",
@@ -218,7 +219,10 @@ class StoreConfig:
     ha_listen_port: int = 10912
     ha_send_heartbeat_interval: int = 5000
     ha_housekeeping_interval: int = 20_000
-    ha_transfer_batch_size: int = 32 * 1024
+    # Most body bytes per master->slave frame. 4.9.x's default is 32 KiB; ours is the largest
+    # frame a 4.9.x slave takes (its 4 MiB read buffer less the 12-byte header): fewer frames,
+    # fewer offset reports, and the slave receives each body straight into its mapping.
+    ha_transfer_batch_size: int = HA_MAX_FRAME_BODY
     ha_master_address: Optional[str] = None              # "host:port" of the master, on a slave
     ha_slave_fallbehind_max: int = 256 * 1024 * 1024
     broker_role: BrokerRole = BrokerRole.ASYNC_MASTER
@@ -311,6 +315,11 @@ class StoreConfig:
         if self.cq_file_size > _INT32_MAX:
             raise ConfigError(f"{_label('mapped_file_size_consume_queue')} rounds up to "
                               f"{self.cq_file_size}, past Java's int range")
+        if not 0 < self.ha_transfer_batch_size <= HA_MAX_FRAME_BODY:
+            # A larger frame never completes in a 4.9.x slave's 4 MiB read buffer: it stalls.
+            raise ConfigError(f"{_label('ha_transfer_batch_size')} must be 1..{HA_MAX_FRAME_BODY}"
+                              f" (what a 4.9 slave's read buffer holds), got "
+                              f"{self.ha_transfer_batch_size}")
         if not 0 <= self.ha_listen_port <= 65535:
             raise ConfigError(f"{_label('ha_listen_port')} must be a port (0..65535), "
                               f"got {self.ha_listen_port}")

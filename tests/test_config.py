@@ -76,7 +76,6 @@ SPEC_DEFAULTS = {
     "haListenPort": 10912,
     "haSendHeartbeatInterval": 5000,
     "haHousekeepingInterval": 20_000,
-    "haTransferBatchSize": 32_768,
     "haSlaveFallbehindMax": 268_435_456,
     "slaveTimeout": 3000,
     "putMsgIndexHightWater": 600_000,
@@ -120,6 +119,8 @@ def test_defaults_match_spec_table():
     assert cfg.ha_master_address is None
     assert cfg.ha_bind_address == "127.0.0.1"
     assert cfg.prefault_next_file is True
+    # Not 4.9.x's 32 KiB: the largest frame a 4.9 slave's 4 MiB read buffer takes (spec 05).
+    assert cfg.ha_transfer_batch_size == 4 * 1024 * 1024 - 12
     assert cfg.extra_properties == {}
     assert "extra_properties" not in repr(cfg)
 
@@ -229,6 +230,8 @@ def test_properties_syntax():
     ("brokerRole", "MASTER"),
     ("checkCRCOnRecover", "yes"),
     ("haListenPort", "70000"),
+    ("haTransferBatchSize", "4194293"),        # a 4.9 slave's read buffer never holds it
+    ("haTransferBatchSize", "0"),
     ("deleteWhen", "4am"),
     ("messageDelayLevel", "1s 5x"),
     ("messageDelayLevel", "1s  5s"),           # Java splits on single spaces

@@ -2,8 +2,10 @@
 """HA replication (spec 05): wire bytes, the slave's append rule, and master/slave runs across
 processes on 127.0.0.1 ephemeral ports, with kills, cut sockets and hostile peers."""
 import dataclasses
+import itertools
 import os
 import queue
+import random
 import signal
 import socket
 import subprocess
@@ -31,9 +33,9 @@ class Node:
     """A store in a child process (tests/crashers/ha_node.py)."""
 
     def __init__(self, root, role, tmp_path, master=None, produce=0, wait_slave=False,
-                 batch_every=0):
+                 batch_every=0, file_size=FILE):
         cmd = [sys.executable, NODE, str(root), "--role", role, "--backend", BACKEND,
-               "--file-size", str(FILE), "--produce", str(produce),
+               "--file-size", str(file_size), "--produce", str(produce),
                "--batch-every", str(batch_every)]
         if master:
             cmd += ["--master", master]
@@ -374,6 +376,319 @@ def test_sigkilled_sync_master_left_every_acknowledged_message_on_the_slave(tmp_
         assert_prefix(tmp_path / "m", slave)     # the master may hold more than it sent
     finally:
         slave.shutdown()
+
+
+class FrameTap:
+    """A proxy between one slave and the master that reads the frame headers going to the
+    slave. hold(n) stops forwarding once n bytes of the master's stream went through (the
+    stream's first n bytes; the rest waits in the proxy) until the proxy closes."""
+
+    def __init__(self, master_port, hold=None):
+        self.master_port = master_port
+        self.hold = hold
+        self.listen = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listen.getsockname()[1]
+        self.frames = []                  # (offset, size) of every header forwarded
+        self.forwarded = 0                # master -> slave bytes
+        self.holding = threading.Event()
+        self._socks = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        try:
+            a, _ = self.listen.accept()
+        except OSError:
+            return
+        b = socket.create_connection(("127.0.0.1", self.master_port))
+        self._socks = [a, b]
+        threading.Thread(target=CuttableProxy._pipe, args=(a, b), daemon=True).start()
+        threading.Thread(target=self._down, args=(b, a), daemon=True).start()
+
+    def _down(self, src, dst):
+        pending = b""                     # bytes of a header not yet complete
+        body_left = 0
+        try:
+            while True:
+                data = src.recv(1 << 20)
+                if not data:
+                    break
+                if self.hold is not None:
+                    data = data[:max(0, self.hold - self.forwarded)]
+                view = memoryview(data)
+                while view:                        # parse headers as the slave will
+                    if body_left:
+                        k = min(body_left, len(view))
+                        body_left -= k
+                        view = view[k:]
+                        continue
+                    need = wire.HEADER_SIZE - len(pending)
+                    pending += bytes(view[:need])
+                    view = view[need:]
+                    if len(pending) == wire.HEADER_SIZE:
+                        offset, size = wire.decode_header(pending)
+                        self.frames.append((offset, size))
+                        body_left, pending = size, b""
+                dst.sendall(data)
+                self.forwarded += len(data)
+                if self.hold is not None and self.forwarded >= self.hold:
+                    self.holding.set()
+                    while src.recv(1 << 20):       # drain, forward nothing more
+                        pass
+                    break
+        except OSError:
+            pass
+
+    def close(self):
+        self.listen.close()
+        for s in self._socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+
+def put_big(store, total, size=16000):
+    """Put messages of `size` random bytes until the CommitLog holds `total` bytes."""
+    i = 0
+    while store.get_max_phy_offset() < total:
+        batch = [Message("Big", os.urandom(size), keys=f"k{i + j}", queue_id=j % 2)
+                 for j in range(64)]
+        assert store.put_messages(batch).ok
+        i += 64
+    return i
+
+
+def test_large_frames_are_cut_at_file_ends_and_replicate_byte_identical(tmp_path):
+    """Frames up to the 4.9 slave's limit, each inside one file: the master's frames are
+    MAX_FRAME_BODY long unless the file (or the data) ends first, and the slave, receiving
+    them straight into its mapping, holds the same files."""
+    fs = 6 << 20                           # not a multiple of a frame: frames end at files
+    master = open_node(tmp_path / "m", "ASYNC_MASTER", file_size=fs,
+                       batch=wire.MAX_FRAME_BODY)
+    tap = slave = None
+    try:
+        put_big(master, 3 * fs + (1 << 20))
+        # The slave already holds the master's first file (as if replicated before), so it
+        # asks for the second one on: an empty slave would start at the master's last file.
+        os.makedirs(tmp_path / "s" / "commitlog")
+        name = "%020d" % 0
+        with open(tmp_path / "m" / "commitlog" / name, "rb") as src, \
+                open(tmp_path / "s" / "commitlog" / name, "wb") as dst:
+            dst.write(src.read())
+        tap = FrameTap(master.ha_service.port)
+        slave = open_node(tmp_path / "s", "SLAVE", file_size=fs,
+                          master=f"127.0.0.1:{tap.port}")
+        acked_from_master(master, 30)
+        end = master.get_max_phy_offset()
+        testing.wait_dispatched(slave)
+        assert slave.get_message("g", "Big", 0, 0, 4).messages      # served from file 0 on
+        data = [f for f in tap.frames if f[1]]
+        assert data[0][0] == fs
+        pos = fs
+        for offset, size in data:
+            assert offset == pos and 0 < size <= wire.MAX_FRAME_BODY
+            assert offset // fs == (offset + size - 1) // fs, "a frame spans two files"
+            pos += size
+            assert size == wire.MAX_FRAME_BODY or pos % fs == 0 or pos == end
+        assert pos == end
+        assert sum(size == wire.MAX_FRAME_BODY for _, size in data) == 2     # one per file
+        assert sum((o + n) % fs == 0 for o, n in data) == 2            # files 1 and 2 end
+        client = slave.ha_service.client
+        assert client.frames_received >= len(data)
+        assert client.reports_sent < len(data) + 5      # not a report per read
+    finally:
+        if slave is not None:
+            slave.shutdown()
+        if tap is not None:
+            tap.close()
+        master.shutdown()
+    m, s = assert_same_commitlog(tmp_path / "m", tmp_path / "s")
+    assert sorted(m) == sorted(s)
+
+
+def test_slave_killed_mid_frame_resumes_byte_identical(tmp_path):
+    """A slave SIGKILLed with half a large frame written into its mapping (and so into its
+    file) but not acknowledged: it restarts, recovers, asks for what it lacks and ends with
+    the master's files byte for byte."""
+    fs = 16 << 20
+    big = wire.MAX_FRAME_BODY
+    master = open_node(tmp_path / "m", "ASYNC_MASTER", file_size=fs, batch=big)
+    tap = None
+    try:
+        put_big(master, 2 * big + (1 << 20))               # file 0 only: the slave starts at 0
+        hold = wire.HEADER_SIZE + big + wire.HEADER_SIZE + big // 2
+        tap = FrameTap(master.ha_service.port, hold=hold)
+        slave = Node(tmp_path / "s", "SLAVE", tmp_path, master=f"127.0.0.1:{tap.port}",
+                     file_size=fs)
+        assert tap.holding.wait(20), "the tap never forwarded half the second frame"
+        with open(tmp_path / "m" / "commitlog" / ("%020d" % 0), "rb") as f:
+            f.seek(big)
+            half = f.read(big // 2)
+        path = tmp_path / "s" / "commitlog" / ("%020d" % 0)
+
+        def partial_in_file():
+            with open(path, "rb") as f:
+                f.seek(big)
+                return f.read(big // 2) == half
+        wait_until(partial_in_file, 20, "half the second frame in the slave's file")
+        conn = master.ha_service.connections[0]
+        wait_until(lambda: conn.slave_ack_offset == big, 10, "the first frame's ack")
+        slave.kill()                                       # mid-frame: acked only frame 1
+        assert conn.slave_ack_offset == big
+        tap.close()
+        wait_until(lambda: not master.ha_service.connections, 10, "the dead connection to go")
+        slave = Node(tmp_path / "s", "SLAVE", tmp_path, file_size=fs,
+                     master=f"127.0.0.1:{master.ha_service.port}")
+        acked_from_master(master, 30)
+        slave.stop()
+    finally:
+        if tap is not None:
+            tap.close()
+        master.shutdown()
+    m, s = assert_same_commitlog(tmp_path / "m", tmp_path / "s")
+    assert sorted(m) == sorted(s)
+
+
+def test_slave_reports_once_per_burst_not_once_per_frame(tmp_path):
+    """200 frames arriving together are acknowledged by a handful of reports, the last one
+    the end of the data (so a SYNC_MASTER producer still hears at once)."""
+    data = real_records(tmp_path)
+    fake = FakeMaster()
+    slave = open_node(tmp_path / "s", "SLAVE", master=f"127.0.0.1:{fake.port}")
+    try:
+        assert fake.accept() == 0
+        cuts = [len(data) * i // 200 for i in range(201)]
+        fake.send(b"".join(wire.encode_header(a, b - a) + data[a:b]
+                           for a, b in zip(cuts, cuts[1:])))
+        reports = []
+        buf = b""
+        while not reports or reports[-1] != len(data):
+            buf += fake.conn.recv(4096)
+            while len(buf) >= 8:
+                reports.append(wire.decode_report(buf[:8]))
+                buf = buf[8:]
+        assert reports == sorted(reports)
+        assert len(reports) <= 10, reports
+        assert slave.ha_service.client.frames_received == 200
+    finally:
+        slave.shutdown()
+        fake.close()
+
+
+def test_slave_assembles_frames_however_the_stream_is_cut(tmp_path):
+    """Headers and bodies cut at any byte, bodies larger than the staging buffer included:
+    the staged part of a body and the part received straight into the mapping join up byte
+    for byte, and the slave dispatches every record."""
+    fs = 1 << 20
+    src = open_node(tmp_path / "src", "ASYNC_MASTER", file_size=fs)
+    try:
+        count = put_big(src, 300_000, size=3000)
+        data = bytes(src.commitlog.get_data(0, src.get_max_phy_offset()))
+    finally:
+        src.shutdown()
+    rnd = random.Random(15)
+    stream, pos = [], 0
+    for size in itertools.cycle([150_000, 1, 70_000, 12, 0, 40_000, 99_999]):
+        if pos == len(data):
+            break
+        size = min(size, len(data) - pos)
+        stream.append(wire.encode_header(pos, size) + data[pos:pos + size])
+        pos += size
+    stream = b"".join(stream)
+    fake = FakeMaster()
+    slave = open_node(tmp_path / "s", "SLAVE", file_size=fs, master=f"127.0.0.1:{fake.port}")
+    try:
+        assert fake.accept() == 0
+        fake.conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        pos = 0
+        while pos < len(stream):
+            n = rnd.choice([1, 5, 11, 12, 13, 700, 30_000, 70_000])
+            fake.send(stream[pos:pos + n])
+            pos += n
+            time.sleep(0.0005)                 # mostly one receive per piece
+        wait_until(lambda: slave.get_max_phy_offset() == len(data), 10, "every frame")
+        assert bytes(slave.commitlog.get_data(0, len(data))) == data
+        testing.wait_dispatched(slave)
+        r = slave.get_message("g", "Big", 0, 0, 10_000)
+        assert len(r.messages) == (count + 1) // 2 and slave.ha_service.client.error is None
+    finally:
+        slave.shutdown()
+        fake.close()
+
+
+def test_slave_on_a_full_disk_drops_the_frame_and_takes_it_once_there_is_room(tmp_path):
+    """A frame whose space the disk refuses closes the connection with nothing published;
+    the client waits its reconnect interval, asks again, and appends once there is room."""
+    import errno
+    from rocketstore.fs import FileSystem
+
+    class CommitLogFull(FileSystem):
+        full = True
+
+        def reserve(self, path, offset, length):
+            if self.full and f"{os.sep}commitlog{os.sep}" in path:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+            return super().reserve(path, offset, length)
+
+    data = real_records(tmp_path)
+    fake = FakeMaster()
+    fs = CommitLogFull()
+    slave = MessageStore(tmp_path / "s", node_config("SLAVE", FILE,
+                                                     master=f"127.0.0.1:{fake.port}"),
+                         kernels=BACKEND, fs=fs)
+    slave.load()
+    slave.start()
+    try:
+        assert fake.accept() == 0
+        fake.send(wire.encode_header(0, len(data)) + data)
+        assert fake.closed_by_peer(), "the slave kept the connection"
+        assert slave.get_max_phy_offset() == 0
+        fs.full = False
+        assert fake.accept() == 0
+        fake.send(wire.encode_header(0, len(data)) + data)
+        wait_until(lambda: slave.get_max_phy_offset() == len(data), 10, "the frame")
+        assert bytes(slave.commitlog.get_data(0, len(data))) == data
+        assert slave.ha_service.client.error is None
+    finally:
+        slave.shutdown()
+        fake.close()
+
+
+def test_group_transfer_releases_exactly_the_producers_an_ack_covers():
+    """Each SYNC_MASTER producer parks until an acknowledgement reaches its offset: an ack
+    releases those it covers, at once, and leaves the others parked (no poll, no wake-all);
+    a timeout and shutdown answer False."""
+    from rocketstore.ha.group_transfer import GroupTransferService
+    gt = GroupTransferService()
+    results = {}
+
+    def wait(offset):
+        results[offset] = gt.wait_for(offset, 60_000)
+    threads = {o: threading.Thread(target=wait, args=(o,)) for o in range(100, 900, 100)}
+    for t in threads.values():
+        t.start()
+    wait_until(lambda: gt.waiting == 8, 10, "eight parked producers")
+    gt.notify_transfer_some(450)
+    for o in (100, 200, 300, 400):
+        threads[o].join(10)
+        assert results.get(o) is True
+    assert gt.waiting == 4 and all(threads[o].is_alive() for o in (500, 600, 700, 800))
+    gt.notify_transfer_some(300)                       # behind the max: changes nothing
+    assert gt.push2slave_max_offset == 450 and gt.waiting == 4
+    gt.notify_transfer_some(800)
+    for o in (500, 600, 700, 800):
+        threads[o].join(10)
+        assert results.get(o) is True
+    assert gt.wait_for(800, 0) is True                 # acknowledged already: no wait
+    assert gt.wait_for(801, 20) is False and gt.waiting == 0        # timed out, unparked
+    late = threading.Thread(target=wait, args=(5000,))
+    late.start()
+    wait_until(lambda: gt.waiting == 1, 10, "a parked producer")
+    gt.shutdown()
+    late.join(10)
+    assert results[5000] is False
+    assert gt.wait_for(6000, 60_000) is False          # after shutdown: at once
 
 
 # ---- in-process behaviour ----------------------------------------------------------------------

@@ -13,8 +13,8 @@ REPORT_SIZE = REPORT.size          # 8
 HEADER_SIZE = HEADER.size          # 12
 
 # HAClient's read buffer in 4.9.x is 4 MiB: a frame whose body cannot fit it never completes
-# there (the slave stalls). We refuse such a frame instead, which bounds the slave's memory
-# whatever the master's haTransferBatchSize is.
+# there (the slave stalls). Our slave refuses such a frame, and our master sends none: this is
+# the default and the cap of ha_transfer_batch_size.
 SLAVE_READ_BUFFER_SIZE = 4 * 1024 * 1024
 MAX_FRAME_BODY = SLAVE_READ_BUFFER_SIZE - HEADER_SIZE
 
