@@ -531,13 +531,13 @@ def test_slave_killed_mid_frame_resumes_byte_identical(tmp_path):
             with open(path, "rb") as f:
                 f.seek(big)
                 return f.read(big // 2) == half
-        wait_until(partial_in_file, 20, "half the second frame in the slave's file")
+        testing.wait_until(partial_in_file, 20, "half the second frame in the slave's file")
         conn = master.ha_service.connections[0]
-        wait_until(lambda: conn.slave_ack_offset == big, 10, "the first frame's ack")
+        testing.wait_until(lambda: conn.slave_ack_offset == big, 10, "the first frame's ack")
         slave.kill()                                       # mid-frame: acked only frame 1
         assert conn.slave_ack_offset == big
         tap.close()
-        wait_until(lambda: not master.ha_service.connections, 10, "the dead connection to go")
+        testing.wait_until(lambda: not master.ha_service.connections, 10, "the dead connection to go")
         slave = Node(tmp_path / "s", "SLAVE", tmp_path, file_size=fs,
                      master=f"127.0.0.1:{master.ha_service.port}")
         acked_from_master(master, 30)
@@ -607,7 +607,7 @@ def test_slave_assembles_frames_however_the_stream_is_cut(tmp_path):
             fake.send(stream[pos:pos + n])
             pos += n
             time.sleep(0.0005)                 # mostly one receive per piece
-        wait_until(lambda: slave.get_max_phy_offset() == len(data), 10, "every frame")
+        testing.wait_until(lambda: slave.get_max_phy_offset() == len(data), 10, "every frame")
         assert bytes(slave.commitlog.get_data(0, len(data))) == data
         testing.wait_dispatched(slave)
         r = slave.get_message("g", "Big", 0, 0, 10_000)
@@ -647,7 +647,7 @@ def test_slave_on_a_full_disk_drops_the_frame_and_takes_it_once_there_is_room(tm
         fs.full = False
         assert fake.accept() == 0
         fake.send(wire.encode_header(0, len(data)) + data)
-        wait_until(lambda: slave.get_max_phy_offset() == len(data), 10, "the frame")
+        testing.wait_until(lambda: slave.get_max_phy_offset() == len(data), 10, "the frame")
         assert bytes(slave.commitlog.get_data(0, len(data))) == data
         assert slave.ha_service.client.error is None
     finally:
@@ -668,7 +668,7 @@ def test_group_transfer_releases_exactly_the_producers_an_ack_covers():
     threads = {o: threading.Thread(target=wait, args=(o,)) for o in range(100, 900, 100)}
     for t in threads.values():
         t.start()
-    wait_until(lambda: gt.waiting == 8, 10, "eight parked producers")
+    testing.wait_until(lambda: gt.waiting == 8, 10, "eight parked producers")
     gt.notify_transfer_some(450)
     for o in (100, 200, 300, 400):
         threads[o].join(10)
@@ -684,7 +684,7 @@ def test_group_transfer_releases_exactly_the_producers_an_ack_covers():
     assert gt.wait_for(801, 20) is False and gt.waiting == 0        # timed out, unparked
     late = threading.Thread(target=wait, args=(5000,))
     late.start()
-    wait_until(lambda: gt.waiting == 1, 10, "a parked producer")
+    testing.wait_until(lambda: gt.waiting == 1, 10, "a parked producer")
     gt.shutdown()
     late.join(10)
     assert results[5000] is False
