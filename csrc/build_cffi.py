@@ -88,6 +88,14 @@ int rs_index_keys(const uint8_t *buf, size_t len, const rs_scan_rec *rows, size_
 int rs_index_lookup(const uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
                     int32_t key_hash, int64_t begin, int64_t end,
                     int64_t *out, int64_t cap, int64_t *count);
+int rs_index_walk(const uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
+                  int32_t key_hash, int64_t begin, int64_t end, int32_t *at, int64_t *hops,
+                  int64_t *out, int64_t cap, int64_t *count);
+int rs_index_has_key(const uint8_t *props, size_t props_len, const uint8_t *key,
+                     size_t key_len);
+int rs_index_match(const uint8_t *buf, size_t len, int64_t pos, int64_t phy_offset,
+                   const uint8_t *topic, size_t topic_len, const uint8_t *key, size_t key_len,
+                   int64_t begin, int64_t end, int32_t *size);
 int rs_sync_range(const uint8_t *buf, size_t len, int64_t start, int64_t length);
 int rs_batch_encode(uint8_t *out, size_t out_len, int64_t pos, int64_t limit,
                     const uint8_t *topic, size_t topic_len, int32_t queue_id,

@@ -120,6 +120,10 @@ cdef extern from * nogil:
                       int32_t *out_hashes, int32_t *out_rows, size_t cap, size_t *count,
                       size_t *rows_done)
     const int RS_INDEX_STOP_NONE
+    const int RS_INDEX_HEADER_SIZE
+    const int RS_INDEX_POS_BEGIN_TIMESTAMP
+    const int RS_INDEX_POS_END_TIMESTAMP
+    const int RS_INDEX_POS_END_PHY_OFFSET
     const int RS_INDEX_STOP_FULL
     const int RS_INDEX_STOP_ROOM
     int rs_index_dispatch(uint8_t *ibuf, size_t ilen, int32_t slot_num, int32_t index_num,
@@ -129,6 +133,15 @@ cdef extern from * nogil:
     int rs_index_lookup(const uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
                         int32_t key_hash, int64_t begin, int64_t end,
                         int64_t *out, int64_t cap, int64_t *count)
+    int rs_index_walk(const uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
+                      int32_t key_hash, int64_t begin, int64_t end, int32_t *at, int64_t *hops,
+                      int64_t *out, int64_t cap, int64_t *count)
+    int rs_index_has_key(const uint8_t *props, size_t props_len, const uint8_t *key,
+                         size_t key_len)
+    int rs_index_match(const uint8_t *buf, size_t len, int64_t pos, int64_t phy_offset,
+                       const uint8_t *topic, size_t topic_len, const uint8_t *key,
+                       size_t key_len, int64_t begin, int64_t end, int32_t *size)
+    int64_t rs_load_i64(const uint8_t *p)
 
     # rs_sync.h
     int rs_sync_range(const uint8_t *buf, size_t len, int64_t start, int64_t length)
