@@ -78,6 +78,15 @@ static inline int32_t rs_index_abs(uint32_t h)
     return s == INT32_MIN ? 0 : (s < 0 ? -s : s);
 }
 
+int rs_index_key_hash(const uint8_t *topic, size_t topic_len, const uint8_t *key,
+                      size_t key_len, int32_t *hash)
+{
+    uint32_t h = 31 * rs_java_hash_continue(0, topic, topic_len) + '#';
+
+    *hash = rs_index_abs(rs_java_hash_continue(h, key, key_len));
+    return RS_OK;
+}
+
 int rs_index_keys(const uint8_t *buf, size_t len, const rs_scan_rec *rows, size_t nrows,
                   int32_t *out_hashes, int32_t *out_rows, size_t cap, size_t *count,
                   size_t *rows_done)

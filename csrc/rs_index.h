@@ -24,6 +24,15 @@
 int rs_index_hash(const uint8_t *buf, size_t len, int32_t *hash);
 
 /*
+ * rs_index_key_hash - rs_index_hash of the key IndexService#buildKey makes, topic + "#" + key,
+ * from the UTF-8 topic and key apart (each whole UTF-8 text), so a query builds no string.
+ * Returns RS_OK and the hash (>= 0) in *hash.
+ * GIL: keys are short; wrappers keep it.
+ */
+int rs_index_key_hash(const uint8_t *topic, size_t topic_len, const uint8_t *key,
+                      size_t key_len, int32_t *hash);
+
+/*
  * rs_index_keys - the keys IndexService#buildIndex puts for scanned records: for each row i of
  * rows[0, nrows) (commitlog_scan output over buf) that is not a ROLLBACK record, the index hash
  * of topic#UNIQ_KEY (if the properties hold a non-empty UNIQ_KEY) and then of topic#piece for

@@ -125,26 +125,27 @@ def index_query(files, mfq, topic, key, int64_t want, int64_t begin, int64_t end
     newest first), in ascending CommitLog offset order. See contract.index_query."""
     cdef Py_buffer iv
     cdef int64_t out[WALK_CHUNK]
-    cdef int64_t walk_begin = begin, count = 0, hops, fb, fe, nbytes = 0, last_ts = 0
-    cdef int64_t last_phy = 0, j, cap
+    cdef int64_t seen[WALK_CHUNK]         # offsets judged, the first WALK_CHUNK of them
+    cdef int64_t walk_begin = begin, count = 0, hops, fb = 0, fe, nbytes = 0, last_ts = 0
+    cdef int64_t last_phy = 0, j, cap, off, first_off = 0
     cdef int32_t key_hash = 0, at, slot_num, index_num, size
-    cdef Py_ssize_t i, nf, nkept = 0
+    cdef Py_ssize_t i, nf, nkept = 0, nseen = 0, s
     cdef const char *tp
     cdef const char *kp
     cdef Py_ssize_t tlen, klen
     cdef int r
-    cdef bint matched
-    kept = []
-    judged = None
+    cdef bint matched, dup
+    messages = []
+    offsets = None                        # with more than one kept, their offsets
+    more_seen = None                      # offsets judged past the first WALK_CHUNK
     nf = len(files)
     if nf == 0 or want <= 0:
-        return kept, 0, 0, 0
+        return messages, 0, 0, 0
     # UnicodeEncodeError for a lone surrogate, as str.encode raises in every backend.
-    tk = (topic + "#" + key).encode("utf-8")
     tp = PyUnicode_AsUTF8AndSize(topic, &tlen)
     kp = PyUnicode_AsUTF8AndSize(key, &klen)
-    rs_index_hash(<const uint8_t *>PyBytes_AS_STRING(tk), <size_t>PyBytes_GET_SIZE(tk),
-                  &key_hash)
+    rs_index_key_hash(<const uint8_t *>tp, <size_t>tlen, <const uint8_t *>kp, <size_t>klen,
+                      &key_hash)
     # An entry keeps whole seconds after its file's begin, rounded down: a record stored at
     # `begin` may read up to 999 ms earlier (IndexService.lookup_offsets).
     if begin > 0:
@@ -167,11 +168,13 @@ def index_query(files, mfq, topic, key, int64_t want, int64_t begin, int64_t end
             # IndexFile#isTimeMatched
             matched = (walk_begin < fb and end > fe) or (fb <= walk_begin <= fe) or \
                 (fb <= end <= fe)
+            if not matched:
+                continue
             slot_num = f.slot_num
             index_num = f.index_num
             at = 0
             hops = 0
-            while matched and at >= 0 and nkept < want:
+            while at >= 0 and nkept < want:
                 cap = want - nkept
                 if cap > WALK_CHUNK:
                     cap = WALK_CHUNK
@@ -179,28 +182,43 @@ def index_query(files, mfq, topic, key, int64_t want, int64_t begin, int64_t end
                                   key_hash, walk_begin, end, &at, &hops, out, cap, &count)
                 _check(r, "index_query")
                 for j in range(count):
-                    if judged is None:
-                        judged = set()
-                    elif out[j] in judged:
-                        continue          # one record, two keys of it on this chain
-                    judged.add(out[j])
-                    msg = _query_judge(mfq, out[j], <const uint8_t *>tp, <size_t>tlen,
+                    off = out[j]
+                    # Each offset is judged once: one record's keys may share a chain.
+                    dup = False
+                    for s in range(nseen):
+                        if seen[s] == off:
+                            dup = True
+                            break
+                    if dup or (more_seen is not None and off in more_seen):
+                        continue
+                    if nseen < WALK_CHUNK:
+                        seen[nseen] = off
+                        nseen += 1
+                    else:
+                        if more_seen is None:
+                            more_seen = set()
+                        more_seen.add(off)
+                    msg = _query_judge(mfq, off, <const uint8_t *>tp, <size_t>tlen,
                                        <const uint8_t *>kp, <size_t>klen, begin, end, decode,
                                        &size)
-                    if msg is not None:
-                        kept.append((out[j], msg))
-                        nbytes += size
-                        nkept += 1
-                        if nkept == want:
-                            break
+                    if msg is None:
+                        continue
+                    messages.append(msg)
+                    nbytes += size
+                    nkept += 1
+                    if nkept == 1:
+                        first_off = off
+                    elif nkept == 2:
+                        offsets = [first_off, off]
+                    elif nkept > 2:
+                        offsets.append(off)
+                    if nkept == want:
+                        break
         finally:
             PyBuffer_Release(&iv)
         if fb < walk_begin or nkept >= want:
             break
     if nkept > 1:
-        kept.sort(key=_first)
-    return [m for _, m in kept], nbytes, last_ts, last_phy
-
-
-def _first(pair):
-    return pair[0]
+        order = sorted(range(nkept), key=offsets.__getitem__)
+        messages = [messages[o] for o in order]
+    return messages, nbytes, last_ts, last_phy

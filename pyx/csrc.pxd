@@ -133,6 +133,8 @@ cdef extern from * nogil:
     int rs_index_lookup(const uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
                         int32_t key_hash, int64_t begin, int64_t end,
                         int64_t *out, int64_t cap, int64_t *count)
+    int rs_index_key_hash(const uint8_t *topic, size_t topic_len, const uint8_t *key,
+                          size_t key_len, int32_t *hash)
     int rs_index_walk(const uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
                       int32_t key_hash, int64_t begin, int64_t end, int32_t *at, int64_t *hops,
                       int64_t *out, int64_t cap, int64_t *count)

@@ -43,17 +43,14 @@ def query_message(store, topic, key, max_num=32, begin=0, end=None):
     on past hits it throws out until enough are kept or the chains end: the broker's three
     rounds could come back empty while matching messages sat behind a second's worth of
     misses."""
-    result = QueryMessageResult()
-    index = store._indexer
-    want = min(max_num, store.config.max_msgs_num_batch)
     messages, nbytes, last_ts, last_phy = store.kernels.index_query(
-        index.index_file_list, store.commitlog.mfq, topic, key, want, begin,
-        LONG_MAX if end is None else end, MessageExt.decode)
-    result.messages = messages
-    result.buffer_total_size = nbytes
-    result.index_last_update_timestamp = last_ts
-    result.index_last_update_phy_offset = last_phy
-    return result
+        store._indexer.index_file_list, store.commitlog.mfq, topic, key,
+        min(max_num, store.config.max_msgs_num_batch), begin,
+        LONG_MAX if end is None else end, _decode)
+    return QueryMessageResult(messages, last_ts, last_phy, nbytes)
+
+
+_decode = MessageExt.decode
 
 
 def query_message_by_unique_key(store, topic, uniq_key):
