@@ -62,40 +62,50 @@ def index_match(buf, int64_t limit, int64_t pos, int64_t phy_offset, topic, key,
     return size if r == 1 else 0
 
 
-cdef object _query_judge(object mfq, int64_t offset, const uint8_t *topic, size_t topic_len,
-                         const uint8_t *key, size_t key_len, int64_t begin, int64_t end,
-                         object decode, int32_t *size):
-    """The decoded record at CommitLog `offset` if it answers the query, else None. The file
-    is found as MappedFileQueue.find_by_offset finds it; its mapping is borrowed as a buffer
-    for the check and the copy, so it cannot be unmapped meanwhile (a file unmapped before
-    reads as no record, as CommitLog.get_data answers)."""
-    cdef Py_buffer v
-    cdef int64_t first, fsize, idx, start, limit
-    cdef Py_ssize_t nfiles
-    cdef int r
-    cdef object files = mfq.files, mf = None
-    nfiles = len(files)
-    size[0] = 0
-    if nfiles == 0:
-        return None
-    fsize = mfq.file_size
-    first = files[0].file_from_offset
-    if fsize <= 0 or offset < first:
-        return None
-    idx = offset // fsize - first // fsize
-    if 0 <= idx < nfiles:
-        mf = files[idx]
-        start = mf.file_from_offset
-        if not (start <= offset < start + fsize):
-            mf = None
-    if mf is None:
-        for g in files:
-            start = g.file_from_offset
-            if start <= offset < start + fsize:
-                mf = g
-                break
-        else:
+cdef class _CommitLogFiles:
+    """The CommitLog files of one query, read from its MappedFileQueue once: the segment
+    holding an offset is then found as MappedFileQueue.find_by_offset finds it, in C."""
+    cdef object files
+    cdef Py_ssize_t n
+    cdef int64_t first, fsize
+
+    def __cinit__(self, mfq):
+        self.files = mfq.files
+        self.n = len(self.files)
+        self.fsize = mfq.file_size
+        self.first = self.files[0].file_from_offset if self.n else 0
+
+    cdef object find(self, int64_t offset):
+        cdef int64_t idx, start
+        if self.n == 0 or self.fsize <= 0 or offset < self.first:
             return None
+        idx = offset // self.fsize - self.first // self.fsize
+        if 0 <= idx < self.n:
+            mf = self.files[idx]
+            start = mf.file_from_offset
+            if start <= offset < start + self.fsize:
+                return mf
+        for mf in self.files:
+            start = mf.file_from_offset
+            if start <= offset < start + self.fsize:
+                return mf
+        return None
+
+
+cdef object _query_judge(_CommitLogFiles logs, int64_t offset, const uint8_t *topic,
+                         size_t topic_len, const uint8_t *key, size_t key_len, int64_t begin,
+                         int64_t end, object decode, int32_t *size):
+    """The decoded record at CommitLog `offset` if it answers the query, else None. Its
+    file's mapping is borrowed as a buffer for the check and the copy, so it cannot be
+    unmapped meanwhile (a file unmapped before reads as no record, as CommitLog.get_data
+    answers)."""
+    cdef Py_buffer v
+    cdef int64_t start, limit
+    cdef int r
+    size[0] = 0
+    mf = logs.find(offset)
+    if mf is None:
+        return None
     start = mf.file_from_offset
     limit = mf.read_position
     memset(&v, 0, sizeof(v))
@@ -135,6 +145,7 @@ def index_query(files, mfq, topic, key, int64_t want, int64_t begin, int64_t end
     cdef Py_ssize_t tlen, klen
     cdef int r
     cdef bint matched, dup
+    cdef _CommitLogFiles logs = None      # read on the first offset to judge
     messages = []
     offsets = None                        # with more than one kept, their offsets
     more_seen = None                      # offsets judged past the first WALK_CHUNK
@@ -198,7 +209,9 @@ def index_query(files, mfq, topic, key, int64_t want, int64_t begin, int64_t end
                         if more_seen is None:
                             more_seen = set()
                         more_seen.add(off)
-                    msg = _query_judge(mfq, off, <const uint8_t *>tp, <size_t>tlen,
+                    if logs is None:
+                        logs = _CommitLogFiles(mfq)
+                    msg = _query_judge(logs, off, <const uint8_t *>tp, <size_t>tlen,
                                        <const uint8_t *>kp, <size_t>klen, begin, end, decode,
                                        &size)
                     if msg is None:

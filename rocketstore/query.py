@@ -43,14 +43,17 @@ def query_message(store, topic, key, max_num=32, begin=0, end=None):
     on past hits it throws out until enough are kept or the chains end: the broker's three
     rounds could come back empty while matching messages sat behind a second's worth of
     misses."""
-    messages, nbytes, last_ts, last_phy = store.kernels.index_query(
+    cap = store.config.max_msgs_num_batch
+    r = _new(QueryMessageResult)
+    (r.messages, r.buffer_total_size, r.index_last_update_timestamp,
+     r.index_last_update_phy_offset) = store.kernels.index_query(
         store._indexer.index_file_list, store.commitlog.mfq, topic, key,
-        min(max_num, store.config.max_msgs_num_batch), begin,
-        LONG_MAX if end is None else end, _decode)
-    return QueryMessageResult(messages, last_ts, last_phy, nbytes)
+        max_num if max_num < cap else cap, begin, LONG_MAX if end is None else end, _decode)
+    return r
 
 
 _decode = MessageExt.decode
+_new = object.__new__                     # the result's four fields are set at once
 
 
 def query_message_by_unique_key(store, topic, uniq_key):
