@@ -7,8 +7,7 @@ import struct
 
 from .errors import InvalidArgumentError
 from .format import CQ_STORE_UNIT_SIZE as UNIT
-from .message import (KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, MessageExt,
-                      decode_msg_id)
+from .message import PROPERTY_UNIQ_KEY, MessageExt, decode_msg_id
 from .status import QueryMessageResult
 
 log = logging.getLogger(__name__)
@@ -18,22 +17,10 @@ LONG_MIN = -(1 << 63)
 _UNIT = struct.Struct(">qi")
 
 
-def message_has_key(msg, topic, key):
-    """The record really carries `key` under `topic`: its UNIQ_KEY, or a KEYS piece. The index
-    matches hashes only, so this is what keeps a collision out of a query's answer (the
-    kernels' index_match says the same of the record's bytes)."""
-    if msg.topic != topic or key not in msg.properties_string:
-        return False
-    props = msg.properties
-    if props.get(PROPERTY_UNIQ_KEY) == key:
-        return True
-    keys = props.get(PROPERTY_KEYS)
-    return bool(key) and keys is not None and key in keys.split(KEY_SEPARATOR)
-
-
 def query_message(store, topic, key, max_num=32, begin=0, end=None):
     """DefaultMessageStore#queryMessage: the newest messages (at most max_num, capped by
-    max_msgs_num_batch) that carry the key (see message_has_key) and were stored in
+    max_msgs_num_batch) that carry the key under the topic (its UNIQ_KEY, or a piece of its
+    KEYS: the client's filter, which a broker leaves to the client) and were stored in
     [begin, end], in ascending offset order.
 
     The index matches hashes, and times only to the second, so every hit is judged against
