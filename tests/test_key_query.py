@@ -366,3 +366,18 @@ def test_a_key_with_a_lone_surrogate_raises_as_str_encode_does(tmp_path, backend
 def test_a_broken_commitlog_bound_is_a_bounds_error_not_a_read(backend):
     with pytest.raises(KernelBoundsError):
         backend.index_match(b"\0" * 8, -1, 0, 0, b"T", b"k", 0, LONG_MAX)
+
+
+def test_non_ascii_keys_are_hashed_and_matched_as_the_index_build_does(tmp_path, backend):
+    keys = ["ключ", "k😀", "é", "日本"]
+    config, puts, _ = _build(tmp_path, [Message("T", b"%d" % i, keys=k)
+                                        for i, k in enumerate(keys)] +
+                             [Message("T", b"u", properties={"UNIQ_KEY": "ü😀"})])
+    store = _open(tmp_path, config, backend.NAME)
+    try:
+        for (off, _, m) in puts[:-1]:
+            assert _answer(store, "T", m.keys)[0] == [off]
+        assert _answer(store, "T", "ü😀")[0] == [puts[-1][0]]
+        assert _answer(store, "T", "k😀 ")[0] == []
+    finally:
+        store.shutdown()
