@@ -179,13 +179,12 @@ def index_query(files, mfq, topic, key, int64_t want, int64_t begin, int64_t end
             # IndexFile#isTimeMatched
             matched = (walk_begin < fb and end > fe) or (fb <= walk_begin <= fe) or \
                 (fb <= end <= fe)
-            if not matched:
-                continue
             slot_num = f.slot_num
             index_num = f.index_num
             at = 0
             hops = 0
-            while at >= 0 and nkept < want:
+            # A file outside the window is not walked, but its begin still ends the loop.
+            while matched and at >= 0 and nkept < want:
                 cap = want - nkept
                 if cap > WALK_CHUNK:
                     cap = WALK_CHUNK
