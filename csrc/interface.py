@@ -9,9 +9,9 @@
   cffi module both compile with, so the two builds cannot drift apart.
 
 What the headers may hold, so that this reader stays small: integer `#define RS_*` constants,
-`typedef struct NAME { ... } NAME;`, function prototypes, `static inline` helpers and
-`typedef char check[cond ? 1 : -1]` size checks (C-only:
-neither binding sees them). `#if` blocks are not evaluated, so prototypes must not sit in them.
+`typedef struct NAME { ... } NAME;`, function prototypes, `static inline` helpers (declared to
+Cython, which compiles against the headers, not to cffi) and `typedef char check[cond ? 1 : -1]`
+size checks (C-only). `#if` blocks are not evaluated, so prototypes must not sit in them.
 This module is build-time only (it runs from the source tree; it is not in the wheel).
 """
 import glob
@@ -27,6 +27,7 @@ HEADERS = ["rs_common.h", "rs_format.h", "rs_crc32.h", "rs_msg.h", "rs_commitlog
 _DEFINE = re.compile(r"^\s*#\s*define\s+(RS_\w+)\s+\(?-?(?:0x[0-9A-Fa-f]+|\d+)\)?\s*$", re.M)
 _STRUCT = re.compile(r"^typedef struct (\w+) \{(.*)\} (\w+);$")
 _STATIC_ASSERT = re.compile(r"^typedef char \w+\[")   # a C89 compile-time size check
+_INLINE = re.compile(r"^static inline [\w ]+?[\s*]+(rs_\w+)\s*\(.*\)$")
 _PROTO = re.compile(r"^[\w ]+?[\s*]+(rs_\w+)\s*\(.*\);$")
 
 
@@ -69,11 +70,12 @@ def parse(text):
     """(constants, structs, functions) of one header's text.
 
     constants: [name]; structs: [(name, [field declaration])]; functions: [(name, prototype)],
-    each prototype on one line without its `;`."""
+    each prototype on one line without its `;`; inlines: the `static inline` helpers as
+    [(name, prototype)], once each (a header may define one per #if branch)."""
     text = _strip_comments(text).replace("\\\n", " ")   # join continued #if lines
     constants = _DEFINE.findall(text)
     body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
-    structs, functions = [], []
+    structs, functions, inlines = [], [], {}
     statement, depth = [], 0
     for ch in body:
         statement.append(ch)
@@ -81,8 +83,14 @@ def parse(text):
             depth += 1
         elif ch == "}":
             depth -= 1
-            if depth == 0 and "".join(statement).lstrip().startswith("static"):
-                statement = []          # a static inline helper's body: C-only
+            text = "".join(statement).lstrip()
+            if depth == 0 and text.startswith("static"):
+                # a static inline helper: its prototype for Cython, its body stays in C
+                head = " ".join(text[:text.index("{")].split())
+                m = _INLINE.match(head)
+                if m:
+                    inlines.setdefault(m.group(1), head[len("static inline "):])
+                statement = []
         elif ch == ";" and depth == 0:
             decl = " ".join("".join(statement).split())
             statement = []
@@ -101,25 +109,26 @@ def parse(text):
             functions.append((m.group(1), decl[:-1]))
     if "".join(statement).strip():
         raise ValueError(f"csrc header: unterminated declaration {''.join(statement)!r}")
-    return constants, structs, functions
+    return constants, structs, functions, list(inlines.items())
 
 
 def declarations():
     """The parsed interface of every header, in include order."""
-    constants, structs, functions = [], [], []
+    constants, structs, functions, inlines = [], [], [], []
     for header in HEADERS:
         with open(os.path.join(HERE, header)) as f:
-            c, s, fn = parse(f.read())
+            c, s, fn, inl = parse(f.read())
         constants += c
         structs += s
         functions += fn
-    return constants, structs, functions
+        inlines += inl
+    return constants, structs, functions, inlines
 
 
 def cffi_cdef():
     """The cffi cdef: structs and prototypes as the headers spell them, and every integer
     constant as `#define RS_X ...`, so that `_cffi_lib.lib.RS_X` carries the compiler's value."""
-    constants, structs, functions = declarations()
+    constants, structs, functions, _ = declarations()
     out = []
     for name, fields in structs:
         out.append(f"typedef struct {name} {{\n"
@@ -147,10 +156,11 @@ def _wrap(line, indent, width=100):
 
 
 def cython_pxd():
-    """pyx/csrc.pxd: the same interface for Cython. Every function is pure arithmetic on caller
-    buffers (rs_sync_range alone does I/O), so the whole block is nogil: the .pyx decides per
-    call whether releasing the GIL pays."""
-    constants, structs, functions = declarations()
+    """pyx/csrc.pxd: the same interface for Cython, and the static inline helpers too (Cython
+    compiles against the headers, so it can call them; cffi's cdef leaves them out). Every
+    function is pure arithmetic on caller buffers (rs_sync_range alone does I/O), so the whole
+    block is nogil: the .pyx decides per call whether releasing the GIL pays."""
+    constants, structs, functions, inlines = declarations()
     out = ["# SPDX-License-Identifier: Apache-2.0",
            "# GENERATED by setup.py from csrc/*.h (csrc/interface.py): do not edit, do not commit.",
            "from libc.stdint cimport (int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t,",
@@ -164,7 +174,7 @@ def cython_pxd():
     for name, fields in structs:
         out.append(f"    ctypedef struct {name}:")
         out += [f"        {field}" for field in fields]
-    out += [_wrap(proto, "    ") for _, proto in functions]
+    out += [_wrap(proto, "    ") for _, proto in functions + inlines]
     return "\n".join(out) + "\n"
 
 

@@ -556,6 +556,7 @@ include "_put.pxi"
 
 
 include "_cq_dispatch.pxi"
+include "_query.pxi"
 
 
 # ---- index dispatch (the reput thread's other hot loop) ------------------------------------

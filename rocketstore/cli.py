@@ -408,6 +408,7 @@ def _query(args):
     from .message import decode_msg_id
     from .mapped_file_queue import is_index_name, split_segment_names
     from .store import MessageStore
+    from . import query
     if args.what == "id":
         try:
             decode_msg_id(args.msg_id)
@@ -440,8 +441,8 @@ def _query(args):
             messages = [m] if m is not None else []
             what = f"msgId {args.msg_id}"
         elif args.what == "offset":
-            m = store.look_message_by_offset(args.phy_offset)
-            messages = [m] if m is not None and m.commit_log_offset == args.phy_offset else []
+            m = query.message_at(store, args.phy_offset)
+            messages = [m] if m is not None else []
             what = f"commit-log offset {args.phy_offset}"
         else:
             if args.queue not in store.consume_queue_table.get(args.topic, {}):

@@ -854,13 +854,20 @@ class MessageStore:
         kept, in ascending offset order: a QueryMessageResult (DefaultMessageStore#queryMessage,
         but every hit is checked against its record, so a hash collision never answers).
         Every put that returned before the call is indexed for it."""
-        self._check_open()
-        check_str(topic, "topic")
-        check_str(key, "key")
-        check_int(max_num, "max_num", 1)
-        # Store timestamps are Java longs: a wider bound overflowed the index lookup.
-        check_int(begin, "begin", INT64_MIN, INT64_MAX)
-        check_optional_int(end, "end", INT64_MIN, INT64_MAX)
+        if not self._loaded:
+            self._check_open()
+        # The common call in a few type checks; anything else goes through the full checks,
+        # which say what is wrong.
+        if not (type(topic) is str and type(key) is str and type(max_num) is int
+                and type(begin) is int and (end is None or type(end) is int)
+                and 1 <= max_num and INT64_MIN <= begin <= INT64_MAX
+                and (end is None or INT64_MIN <= end <= INT64_MAX)):
+            check_str(topic, "topic")
+            check_str(key, "key")
+            check_int(max_num, "max_num", 1)
+            # Store timestamps are Java longs: a wider bound overflowed the index lookup.
+            check_int(begin, "begin", INT64_MIN, INT64_MAX)
+            check_optional_int(end, "end", INT64_MIN, INT64_MAX)
         self._catch_up()
         return query.query_message(self, topic, key, max_num, begin, end)
 

@@ -40,7 +40,7 @@ def test_every_header_is_read(interface):
 
 
 def test_every_declared_function_is_rendered_once(interface):
-    _, _, functions = interface.declarations()
+    _, _, functions, _ = interface.declarations()
     names = [name for name, _ in functions]
     assert len(names) == len(set(names))
     assert set(names) == _prototypes_by_grep()
@@ -50,16 +50,18 @@ def test_every_declared_function_is_rendered_once(interface):
         assert len(re.findall(rf"\b{name}\(", pxd)) == 1, name
 
 
-def test_static_inline_helpers_stay_c_only(interface):
-    cdef = interface.cffi_cdef()
+def test_static_inline_helpers_reach_cython_once_and_not_cffi(interface):
+    cdef, pxd = interface.cffi_cdef(), interface.cython_pxd()
     assert "rs_load_be32" not in cdef and "rs_in_bounds" not in cdef
-    assert "rs_load_be32" not in interface.cython_pxd()
+    # rs_common.h defines rs_load_be32 once per byte-order branch: declared once
+    assert len(re.findall(r"\brs_load_be32\(", pxd)) == 1
+    assert "    int64_t rs_load_i64(const uint8_t *p)\n" in pxd
 
 
 def test_the_cffi_module_exposes_every_header_function(interface):
     testing.load_backend("cffi")            # fails, never skips, when cffi is not built
     from rocketstore.kernels._cffi_lib import lib
-    _, _, functions = interface.declarations()
+    _, _, functions, _ = interface.declarations()
     for name, _ in functions:
         assert callable(getattr(lib, name)), name
 
@@ -79,16 +81,18 @@ def test_a_declaration_it_cannot_read_is_an_error_not_a_silent_gap(interface):
 
 
 def test_parse_reads_constants_structs_prototypes_and_skips_inline_bodies(interface):
-    consts, structs, functions = interface.parse(
+    consts, structs, functions, inlines = interface.parse(
         "/* c */\n#define RS_A (-3)   /* why */\n#define RS_B 0x10\n#define RS_S \"x\"\n"
         "#define RS_F(x) (x)\n"
         "typedef struct rs_t {\n  int32_t a; /* a */\n  const uint8_t *p;\n} rs_t;\n"
         "typedef char rs_t_is_16[(sizeof(rs_t) == 16) ? 1 : -1];\n"
         "static inline int rs_h(int a) { return a; }\n"
+        "static inline int rs_h(int a) { return -a; }\n"
         "int rs_f(const uint8_t *buf,\n         size_t len);\n")
     assert consts == ["RS_A", "RS_B"]
     assert structs == [("rs_t", ["int32_t a", "const uint8_t *p"])]
     assert functions == [("rs_f", "int rs_f(const uint8_t *buf, size_t len)")]
+    assert inlines == [("rs_h", "int rs_h(int a)")]
 
 
 def test_both_builds_compile_with_the_same_flags_and_sources(interface, monkeypatch):

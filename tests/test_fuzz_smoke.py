@@ -54,7 +54,15 @@ def _scan(k, buf, start, end, crc, cap):
 
 def replay_msg_check(k, data):
     ctl, buf = (data[0] if data else 0), data[1:]
-    return _scan(k, buf, ctl & 0x0F, len(buf), bool(ctl & 0x10), 1)
+    pos = ctl & 0x0F
+    scanned = _scan(k, buf, pos, len(buf), bool(ctl & 0x10), 1)
+    # A key query's record check over the same bytes, at the offset the record states.
+    phy = struct.unpack_from(">q", buf, pos + 28)[0] if pos + 36 <= len(buf) else 0
+    try:
+        match = k.index_match(buf, len(buf), pos, phy, None, b"a", -(1 << 63), (1 << 63) - 1)
+    except StoreError as exc:
+        match = type(exc).__name__
+    return scanned, match
 
 
 def replay_commitlog_scan(k, data):
@@ -94,6 +102,12 @@ def replay_index(k, data):
     out = np.zeros(8, dtype=np.int64)
     n1 = k.index_lookup(buf, slot_num, index_num, key_hash, begin, end, cap, out)
     r1 = out[:n1].tolist()
+    # The same walk resumed one result at a time finds the same offsets.
+    walked, at, hops, one = [], 0, 0, np.zeros(1, dtype=np.int64)
+    while len(walked) < cap and at >= 0:
+        n, at, hops = k.index_walk(buf, slot_num, index_num, key_hash, begin, end, at, hops, one)
+        walked += one[:n].tolist()
+    assert walked == r1
     put = k.index_put(buf, slot_num, index_num, key_hash, begin, end)
     n2 = k.index_lookup(buf, slot_num, index_num, key_hash, -(1 << 63), (1 << 63) - 1, 8, out)
     return r1, put, out[:n2].tolist(), bytes(buf)

@@ -28,6 +28,9 @@ KERNEL_NAMES = (
     "index_put_batch",
     "index_keys",
     "index_lookup",
+    "index_walk",
+    "index_match",
+    "index_query",
     "sync_range",
     "batch_encode",
     "column_join",
@@ -159,6 +162,39 @@ class Kernels(Protocol):
         min(max_num, len(out_offsets)). The walk also stops after index_num hops and on any
         out-of-range prevIndex, so a corrupt chain that loops terminates; it never reads
         outside the file's geometry."""
+
+    def index_walk(self, buf, slot_num: int, index_num: int, key_hash: int, begin: int,
+                   end: int, at: int, hops: int, out_offsets) -> Tuple[int, int, int]:
+        """index_lookup that goes on where an earlier call stopped: `at` is 0 to start at
+        key_hash's slot, the entry to resume at, or < 0 when the walk is over (nothing read);
+        `hops` the hops walked so far (0 to start). Fills out_offsets (int64) up to its length
+        and returns (count, at, hops) for the next call; at is -1 once the chain ended by any
+        of index_lookup's stops, whose index_num-hop bound counts every call's hops."""
+
+    def index_match(self, buf, limit: int, pos: int, phy_offset: int, topic, key, begin: int,
+                    end: int) -> int:
+        """Whether the record at buf[pos:limit] (limit: the end of readable data) answers a
+        query for `key` under `topic` (UTF-8 bytes): a whole, valid record by the scan's
+        record check (CRC not checked), PHYSICALOFFSET == phy_offset, STORETIMESTAMP in
+        [begin, end], topic bytes equal, and `key` (non-empty) equal to its UNIQ_KEY or to a
+        piece of its KEYS split on single spaces (last valid segment of a name wins, as
+        index_keys reads them). A None topic or key is not compared (a msgId names a record
+        by its offset alone). Returns the record's TOTALSIZE if so, else 0: damage is a 0,
+        never an exception. limit outside [0, len(buf)] or pos outside [0, limit] is a bounds
+        error."""
+
+    def index_query(self, files, mfq, topic: str, key: str, want: int, begin: int, end: int,
+                    decode) -> Tuple[list, int, int, int]:
+        """MessageStore.query_message's work as one call (spec 02 §2.6): hash topic#key, walk
+        its chain in each IndexFile of `files` newest file first (files whose time range
+        misses the window are passed over; the walk stops after a file that begins before
+        it), each chain newest first, over entries in [begin - 999 ms, end] (entry times are
+        whole seconds), and judge each offset once with index_match against the CommitLog
+        file of MappedFileQueue `mfq` holding it, until `want` records answer or the chains
+        end. Returns (messages, their total bytes, the last file's endTimestamp and
+        endPhyOffset): messages are decode(record bytes) of the kept records, in ascending
+        offset order. Mappings are borrowed as buffers while read, so they are not unmapped
+        under the call; a file unmapped already holds nothing."""
 
     def sync_range(self, buf, fd: int, start: int, length: int) -> None:
         """Make buf[start:start+length] (a writable mmap of `fd`) durable, without holding the GIL."""
