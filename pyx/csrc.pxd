@@ -29,6 +29,12 @@ cdef extern from * nogil:
     const int RS_BORNHOST_V6_FLAG
     const int RS_STOREHOSTADDRESS_V6_FLAG
     const int RS_SCAN_INFO_SCHEDULE
+    const int RS_SCAN_INFO_V2
+    const int RS_POS_BORNHOST
+    const int32_t RS_MESSAGE_MAGIC_CODE
+    const int32_t RS_MESSAGE_MAGIC_CODE_V2
+    int32_t rs_load_i32(const uint8_t *p)
+    int64_t rs_load_i64(const uint8_t *p)
 
     ctypedef struct rs_scan_rec:
         int64_t pos

@@ -151,6 +151,7 @@ class MessageStore:
         self._running = False
         self._mem_limit = _total_physical_memory() * \
             self.config.access_message_in_memory_max_ratio // 100
+        self._read_path = read_path.make_read_path(self.kernels)
 
     @classmethod
     def open_read_only(cls, root, config=None, kernels=None):
@@ -832,6 +833,21 @@ class MessageStore:
         self._catch_up()
         return read_path.get_message(self, group, topic, queue_id, offset, max_msg_nums,
                                      message_filter)
+
+    def get_batch(self, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None):
+        """get_message as columns: the same walk, statuses, offsets and records, returned as a
+        read_path.GetBatchResult of numpy columns (commit_log_offset, size, store_timestamp,
+        tags_code, queue_offset, ...) with zero-copy body views (body(i)) that keep their
+        CommitLog file held and mapped while they live. No object is made per message."""
+        self._check_open()
+        check_str(group, "group")
+        check_queue(topic, queue_id)
+        check_int(offset, "offset")
+        check_int(max_msg_nums, "max_msg_nums", 1, read_path.MAX_MSG_NUMS)
+        check_callable(message_filter, "message_filter")
+        self._catch_up()
+        return read_path.get_batch(self, group, topic, queue_id, offset, max_msg_nums,
+                                   message_filter)
 
     def look_message_by_offset(self, phy_offset):
         """The record at a commit-log offset, decoded; None if there is none."""
