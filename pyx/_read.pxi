@@ -134,6 +134,11 @@ cdef class ReadPath:
             <const char *>rec + row.props_off, row.props_len))
         _set_member(m, x[X_PSTR], None)
         _set_member(m, x[X_PROPS], None)
+        # Not tracked by the garbage collector, as PutPath's results: it refers to ints, bytes,
+        # str and None (later its properties dict of str), so it is in no cycle unless a caller
+        # puts it into its own properties map; a consumer keeping many would otherwise make
+        # every collection walk them (measured: ~40 % of a get_message of 32).
+        PyObject_GC_UnTrack(m)
         return m
 
     def decode_rows(self, buf, rows, Py_ssize_t n):
