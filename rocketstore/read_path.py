@@ -13,7 +13,7 @@ import logging
 import numpy as np
 
 from . import format as F
-from .errors import RS_E_ARG, RS_E_BOUNDS, StoreClosedError, raise_for_status
+from .errors import RS_E_ARG, RS_E_BOUNDS, StoreClosedError, StoreError, raise_for_status
 from .mapped_file import MappedFile
 from .message import MessageExt
 from .status import GetMessageResult, GetMessageStatus as G
@@ -207,14 +207,15 @@ class PyReadPath:
         return (found if batch else messages), scanned, removing, max_phy
 
 
-def _prelude(store, topic, queue_id, offset):
+def _prelude(store, topic, queue_id, offset, cq=None):
     """The queue and the statuses decided before any unit is read: (cq, min, max, result or
     None), as DefaultMessageStore#getMessage orders them."""
     if not store._loaded:
         raise StoreClosedError("the store is not loaded")
-    cq = store.find_consume_queue(topic, queue_id)
-    min_off = cq.min_offset_in_queue
-    max_off = cq.max_offset_in_queue
+    if cq is None:
+        cq = store.find_consume_queue(topic, queue_id)
+    min_off = cq.min_logic_offset // UNIT
+    max_off = cq.mfq.get_max_offset() // UNIT
     corr = store._next_offset_correction
     if max_off == 0:
         return cq, min_off, max_off, (G.NO_MESSAGE_IN_QUEUE, corr(offset, 0))
@@ -232,13 +233,14 @@ def _scan_limit(max_msg_nums):
     return max(16000, max_msg_nums * UNIT) // UNIT
 
 
-def get_message(store, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None):
+def get_message(store, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None,
+                cq=None):
     """DefaultMessageStore#getMessage over a loaded store (spec 01 §6): statuses and next
     offsets as RocketMQ's table, units walked in place by the store's ReadPath, records
     checked and decoded. The walk goes on into the queue's next file while fewer than
-    `max_msg_nums` were found."""
-    max_py = store.commitlog.max_offset
-    cq, min_off, max_off, early = _prelude(store, topic, queue_id, offset)
+    `max_msg_nums` were found. `cq`: the queue, when the caller has it."""
+    max_py = store.commitlog.mfq.get_max_offset()
+    cq, min_off, max_off, early = _prelude(store, topic, queue_id, offset, cq)
     if early is not None:
         return GetMessageResult(early[0], early[1], min_off, max_off)
     commitlog = store.commitlog
@@ -299,6 +301,10 @@ class _FileHold:
         if not self._released:
             self._released = True
             self.mf.release()
+            try:
+                self.view.release()     # unpinned, unless body views were taken from it
+            except BufferError:
+                pass
 
     def __del__(self):
         self.release()
@@ -323,7 +329,8 @@ class GetBatchResult:
     read-only memoryview of record i's body in its CommitLog file; the file stays held (its
     expiry and the store's shutdown wait, as for a held MappedFile) while the result or any
     body view lives, or until release() (views taken before then stay readable, even after
-    the file is deleted). Use `with store.get_batch(...) as b:` to release at once."""
+    the file is deleted; body views not taken by then can no longer be). Use
+    `with store.get_batch(...) as b:` to release at once."""
 
     __slots__ = ("status", "next_begin_offset", "min_offset", "max_offset", "rows",
                  "file_index", "suggest_pulling_from_slave", "_holds", "_buffers")
@@ -365,6 +372,9 @@ class GetBatchResult:
         buf = self._buffers[k]
         if buf is None:
             hold = self._holds[k]
+            if hold._released:
+                raise StoreError("this batch was released: its body views must be taken "
+                                 "before release()")
             buf = np.frombuffer(hold.view, dtype=np.uint8).view(BodyBuffer)
             buf._hold = hold
             self._buffers[k] = buf

@@ -823,16 +823,26 @@ class MessageStore:
         the records collected, after the first one).
 
         `message_filter`, if given, is called with each unit's tagsCode and skips the unit when
-        it returns False. Messages come back decoded as MessageExt."""
+        it returns False. Messages come back decoded as MessageExt (properties decoded on
+        first use)."""
         self._check_open()
-        check_str(group, "group")
-        check_queue(topic, queue_id)
-        check_int(offset, "offset")
-        check_int(max_msg_nums, "max_msg_nums", 1, read_path.MAX_MSG_NUMS)
-        check_callable(message_filter, "message_filter")
+        queues = self.consume_queue_table.get(topic)
+        cq = queues.get(queue_id) if queues is not None else None
+        # The common call, checked by type alone: a queue that exists has a valid topic and
+        # queue id (a bool would find queue 0 or 1, hence the exact type).
+        if cq is None or type(queue_id) is not int or type(offset) is not int \
+                or type(group) is not str or type(max_msg_nums) is not int \
+                or not 0 < max_msg_nums <= read_path.MAX_MSG_NUMS \
+                or (message_filter is not None and not callable(message_filter)):
+            check_str(group, "group")
+            check_queue(topic, queue_id)
+            offset = check_int(offset, "offset")
+            max_msg_nums = check_int(max_msg_nums, "max_msg_nums", 1, read_path.MAX_MSG_NUMS)
+            check_callable(message_filter, "message_filter")
+            cq = None
         self._catch_up()
         return read_path.get_message(self, group, topic, queue_id, offset, max_msg_nums,
-                                     message_filter)
+                                     message_filter, cq)
 
     def get_batch(self, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None):
         """get_message as columns: the same walk, statuses, offsets and records, returned as a
