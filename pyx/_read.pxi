@@ -42,6 +42,8 @@ DEF X_PSTR = 17
 DEF X_PROPS = 18
 DEF N_EXT_SLOTS = 19
 _MF_SLOTS = ("file_from_offset", "committed_position", "mm")
+_GET_RESULT_SLOTS = ("status", "next_begin_offset", "min_offset", "max_offset", "messages",
+                     "suggest_pulling_from_slave")
 DEF R_FROM = 0
 DEF R_READ = 1
 DEF R_MM = 2
@@ -73,12 +75,26 @@ cdef class ReadPath:
     cdef object _topic_s
     cdef bytes _born
     cdef bytes _store
+    # Likewise the last store time (one per put batch) and record size (fixed-size messages).
+    cdef object _ts_obj
+    cdef int64_t _ts
+    cdef object _size_obj
+    cdef int32_t _size
+    # pull(): GetMessageResult's type, members and statuses.
+    cdef type _result
+    cdef Py_ssize_t _g[6]
+    cdef object _found, _no_matched, _removing
 
-    def __init__(self, message_type, mapped_file_type, on_corrupt):
+    def __init__(self, message_type, mapped_file_type, on_corrupt, result_type=None,
+                 statuses=None):
         _member_offsets(message_type, _EXT_SLOTS, self._x)
         _member_offsets(mapped_file_type, _MF_SLOTS, self._f)
         self._ext = message_type
         self._on_corrupt = on_corrupt
+        self._result = result_type
+        if result_type is not None:
+            _member_offsets(result_type, _GET_RESULT_SLOTS, self._g)
+            self._found, self._no_matched, self._removing = statuses
 
     # ---- one message -------------------------------------------------------------------------
     cdef inline bytes _host(self, const uint8_t *p, Py_ssize_t n, bint store):
@@ -99,7 +115,13 @@ cdef class ReadPath:
         cdef const uint8_t *p
         cdef Py_ssize_t n
         m = PyType_GenericAlloc(<PyTypeObject *>self._ext, 0)
-        _set_member(m, x[X_SIZE], row.size)
+        if self._size_obj is None or self._size != row.size:
+            self._size_obj = row.size
+            self._size = row.size
+        if self._ts_obj is None or self._ts != row.store_timestamp:
+            self._ts_obj = row.store_timestamp
+            self._ts = row.store_timestamp
+        _set_member(m, x[X_SIZE], self._size_obj)
         _set_member(m, x[X_CRC], row.body_crc)
         _set_member(m, x[X_QID], row.queue_id)
         _set_member(m, x[X_FLAG], row.flag)
@@ -107,7 +129,7 @@ cdef class ReadPath:
         _set_member(m, x[X_PHY], row.phy_offset)
         _set_member(m, x[X_SYSF], row.sys_flag)
         _set_member(m, x[X_BORN_TS], row.born_timestamp)
-        _set_member(m, x[X_STORE_TS], row.store_timestamp)
+        _set_member(m, x[X_STORE_TS], self._ts_obj)
         _set_member(m, x[X_RECONSUME], row.reconsume_times)
         _set_member(m, x[X_PREPARED], row.prepared_tx_offset)
         _set_member(m, x[X_MAGIC], _MAGIC_V2 if row.info & RS_SCAN_INFO_V2 else _MAGIC_V1)
@@ -214,6 +236,58 @@ cdef class ReadPath:
         """The unit walk of read_path.PyReadPath.read, with the same arguments and results:
         (messages or row count, units scanned or -1 when the first unit's file is not there,
         whether a record was found removed before any was found, the last record's offset)."""
+        return self._walk(cq_files, cq_file_size, log_files, log_file_size, offset, max_off,
+                          min_logic, max_n, scan_limit, max_bytes, message_filter, rows, held,
+                          row_file)
+
+    def pull(self, store, cq, int64_t offset, Py_ssize_t max_n, message_filter,
+             int64_t max_bytes):
+        """read_path.PyReadPath.pull: get_message's common case as one call, the queue's and
+        CommitLog's positions read here and the GetMessageResult built here. None when the
+        answer is decided before a unit is read (the offset outside the queue) or the first
+        unit's file is missing: read_path.get_message gives those."""
+        cdef int64_t max_py, min_logic, max_off, max_phy, scanned
+        cdef Py_ssize_t *g = self._g
+        if self._result is None:
+            return None
+        commitlog = store.commitlog
+        log_files = commitlog.mfq.files
+        cq_files = cq.mfq.files
+        if not log_files or not cq_files:
+            return None
+        last = log_files[len(log_files) - 1]
+        max_py = <int64_t>(<object>_member(last, self._f[R_FROM])) \
+            + <int64_t>(<object>_member(last, self._f[R_READ]))
+        last = cq_files[len(cq_files) - 1]
+        max_off = (<int64_t>(<object>_member(last, self._f[R_FROM]))
+                   + <int64_t>(<object>_member(last, self._f[R_READ]))) // RS_CQ_STORE_UNIT_SIZE
+        min_logic = cq.min_logic_offset
+        if max_off == 0 or offset < min_logic // RS_CQ_STORE_UNIT_SIZE or offset >= max_off:
+            return None
+        # Units looked at, filtered out or not: the broker's bound on one call's scan.
+        messages, scanned, removing, max_phy = self._walk(
+            cq_files, cq.file_size, log_files, commitlog.file_size, offset, max_off, min_logic,
+            max_n, max(16000, max_n * RS_CQ_STORE_UNIT_SIZE) // RS_CQ_STORE_UNIT_SIZE,
+            max_bytes, message_filter, None, None, None)
+        if scanned < 0:
+            return None
+        r = PyType_GenericAlloc(<PyTypeObject *>self._result, 0)
+        if messages:
+            _set_member(r, g[0], self._found)
+            _set_member(r, g[5], max_py - max_phy > <int64_t>store._mem_limit)
+        else:
+            _set_member(r, g[0], self._removing if removing else self._no_matched)
+            _set_member(r, g[5], False)
+        _set_member(r, g[1], offset + scanned)
+        _set_member(r, g[2], min_logic // RS_CQ_STORE_UNIT_SIZE)
+        _set_member(r, g[3], max_off)
+        _set_member(r, g[4], messages)
+        return r
+
+    cdef tuple _walk(self, list cq_files, int64_t cq_file_size, list log_files,
+                     int64_t log_file_size, int64_t offset, int64_t max_off, int64_t min_logic,
+                     Py_ssize_t max_n, int64_t scan_limit, int64_t max_bytes, message_filter,
+                     rows, list held, row_file):
         cdef Py_buffer qv, lv, rv, fv
         cdef _Window q, lw
         cdef rs_scan_rec row
@@ -237,7 +311,8 @@ cdef class ReadPath:
         lf = None
         try:
             if batch:
-                if getattr(rows, "dtype", None) != _SCAN_DTYPE:
+                # A SCAN_DTYPE array, or a plain writable buffer of rows (bytearray).
+                if getattr(rows, "dtype", _SCAN_DTYPE) != _SCAN_DTYPE:
                     _raise_for_status(RS_E_ARG, "read: rows must be a SCAN_DTYPE array")
                 _rw(rows, &rv)
                 _rw(row_file, &fv)
@@ -274,6 +349,9 @@ cdef class ReadPath:
                         tags = rs_load_i64(u + 12)
                         if not message_filter(tags):
                             continue
+                    if size <= 0:               # no record is that long: a damaged unit
+                        self._on_corrupt(offset + scanned - 1, phy, RS_E_ARG)
+                        continue
                     # Units of one queue mostly point into the same CommitLog file: keep it.
                     if not (have_log and lw.start <= phy and phy + size <= lw.end):
                         if batch and lf is not None and not log_rows:
@@ -291,8 +369,7 @@ cdef class ReadPath:
                                 lf = None
                         else:
                             lf = None
-                    if not (have_log and lw.start <= phy and size >= 0
-                            and phy + size <= lw.end):
+                    if not (have_log and lw.start <= phy and phy + size <= lw.end):
                         if not found:
                             removing = True
                         skip_below = phy + log_file_size - phy % log_file_size
@@ -304,6 +381,9 @@ cdef class ReadPath:
                             self._on_corrupt(offset + scanned - 1, phy, r)
                         continue                # a damaged unit: skipped, as a filter would
                     if batch:
+                        # The unit's tagsCode, what a filter sees (a delayed message's unit
+                        # holds its delivery time, not the TAGS hash).
+                        row.tags_code = rs_load_i64(u + 12)
                         out_rows[found] = row
                         out_file[found] = <int32_t>(len(held) - 1)
                         log_rows = True

@@ -38,7 +38,8 @@ def make_read_path(kernels):
     """The backend's compiled ReadPath if it has one, else PyReadPath over its kernels."""
     compiled = getattr(kernels, "ReadPath", None)
     if compiled is not None:
-        return compiled(MessageExt, MappedFile, _corrupt)
+        return compiled(MessageExt, MappedFile, _corrupt, GetMessageResult,
+                        (G.FOUND, G.NO_MATCHED_MESSAGE, G.MESSAGE_WAS_REMOVING))
     return PyReadPath(kernels, _corrupt)
 
 
@@ -94,6 +95,27 @@ class PyReadPath:
             out.append(MessageExt.from_row(mv, row))
         return out
 
+    def pull(self, store, cq, offset, max_n, message_filter, max_bytes):
+        """get_message's common case for queue `cq`: its GetMessageResult, or None when the
+        answer is decided before a unit is read (the offset outside the queue) or the first
+        unit's file is missing, which get_message below answers."""
+        max_off = cq.mfq.get_max_offset() // UNIT
+        min_logic = cq.min_logic_offset
+        if max_off == 0 or offset < min_logic // UNIT or offset >= max_off:
+            return None
+        max_py = store.commitlog.mfq.get_max_offset()
+        commitlog = store.commitlog
+        messages, scanned, removing, max_phy = self.read(
+            cq.mfq.files, cq.file_size, commitlog.mfq.files, commitlog.file_size, offset,
+            max_off, min_logic, max_n, _scan_limit(max_n), max_bytes, message_filter)
+        if scanned < 0:
+            return None
+        if messages:
+            return GetMessageResult(G.FOUND, offset + scanned, min_logic // UNIT, max_off,
+                                    messages, max_py - max_phy > store._mem_limit)
+        return GetMessageResult(G.MESSAGE_WAS_REMOVING if removing else G.NO_MATCHED_MESSAGE,
+                                offset + scanned, min_logic // UNIT, max_off, messages, False)
+
     def read(self, cq_files, cq_file_size, log_files, log_file_size, offset, max_off,
              min_logic, max_n, scan_limit, max_bytes, message_filter, rows=None, held=None,
              row_file=None):
@@ -108,7 +130,8 @@ class PyReadPath:
         makes the walk skip the rest of that CommitLog file.
 
         Without `rows`: returns (MessageExt list, units scanned, removing, last offset).
-        With `rows` (a SCAN_DTYPE array), `held` (a list) and `row_file` (int32), each found
+        With `rows` (a SCAN_DTYPE array or a writable buffer of such rows), `held` (a list)
+        and `row_file` (int32 array or buffer), each found
         record's row goes to rows[i] (pos relative to its file), the CommitLog files they lie
         in are held (MappedFile.hold) and appended to `held`, and row_file[i] indexes it; the
         first result is then the row count. Units scanned is -1 when the first unit's queue
@@ -116,8 +139,11 @@ class PyReadPath:
         file was found gone before any record was found (MESSAGE_WAS_REMOVING)."""
         batch = rows is not None
         if batch:
-            if getattr(rows, "dtype", None) != F.SCAN_DTYPE:
+            if getattr(rows, "dtype", F.SCAN_DTYPE) != F.SCAN_DTYPE:
                 raise_for_status(RS_E_ARG, "read: rows must be a SCAN_DTYPE array")
+            # Plain writable buffers (bytearray) are taken as rows and int32s.
+            rows = np.frombuffer(rows, dtype=F.SCAN_DTYPE)
+            row_file = np.frombuffer(row_file, dtype=np.int32)
             if min(len(rows), len(row_file)) < max_n or held is None:
                 raise_for_status(RS_E_ARG, "read: fewer output rows than max_n")
         messages = [] if not batch else None
@@ -159,6 +185,9 @@ class PyReadPath:
                         scanned += 1
                         if message_filter is not None and not message_filter(tags):
                             continue
+                        if size <= 0:           # no record is that long: a damaged unit
+                            self._on_corrupt(offset + scanned - 1, phy, RS_E_ARG)
+                            continue
                         if not (log is not None and log[1] <= phy and phy + size <= log[2]):
                             if batch and lf is not None and not log_rows:
                                 held.pop().release()
@@ -174,8 +203,7 @@ class PyReadPath:
                                     lf = None
                             else:
                                 lf = None
-                        if not (log is not None and log[1] <= phy and size >= 0
-                                and phy + size <= log[2]):
+                        if not (log is not None and log[1] <= phy and phy + size <= log[2]):
                             if not found:
                                 removing = True
                             skip_below = phy + log_file_size - phy % log_file_size
@@ -189,6 +217,9 @@ class PyReadPath:
                             continue
                         if batch:
                             rows[found] = row
+                            # The unit's tagsCode, what a filter sees (a delayed message's
+                            # unit holds its delivery time, not the TAGS hash).
+                            rows[found]["tags_code"] = tags
                             row_file[found] = len(held) - 1
                             log_rows = True
                         else:
@@ -258,16 +289,18 @@ def get_message(store, group, topic, queue_id, offset, max_msg_nums=32, message_
                             offset + scanned, min_off, max_off, messages, False)
 
 
-def get_batch(store, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None):
+def get_batch(store, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None,
+              cq=None):
     """get_message's walk with the rows handed back as columns (a GetBatchResult): the same
-    statuses, offsets and messages, no object per message, bodies left in the mapping."""
-    max_py = store.commitlog.max_offset
-    cq, min_off, max_off, early = _prelude(store, topic, queue_id, offset)
+    statuses, offsets and records, no object per message, bodies left in the mapping."""
+    max_py = store.commitlog.mfq.get_max_offset()
+    cq, min_off, max_off, early = _prelude(store, topic, queue_id, offset, cq)
     if early is not None:
         return GetBatchResult(early[0], early[1], min_off, max_off)
     commitlog = store.commitlog
-    rows = np.empty(max_msg_nums, dtype=F.SCAN_DTYPE)
-    row_file = np.empty(max_msg_nums, dtype=np.int32)
+    # Plain buffers, viewed as numpy arrays only when a column is asked for.
+    rows = bytearray(max_msg_nums * F.SCAN_DTYPE.itemsize)
+    row_file = bytearray(max_msg_nums * 4)
     held = []
     n, scanned, removing, max_phy = store._read_path.read(
         cq.mfq.files, cq.file_size, commitlog.mfq.files, commitlog.file_size, offset, max_off,
@@ -278,33 +311,42 @@ def get_batch(store, group, topic, queue_id, offset, max_msg_nums=32, message_fi
                               store._next_offset_correction(offset, cq.roll_next_file(offset)),
                               min_off, max_off)
     if n:
-        return GetBatchResult(G.FOUND, offset + scanned, min_off, max_off, rows[:n],
-                              row_file[:n], held, max_py - max_phy > store._mem_limit)
+        return GetBatchResult(G.FOUND, offset + scanned, min_off, max_off, n, rows, row_file,
+                              held, max_py - max_phy > store._mem_limit)
     return GetBatchResult(G.MESSAGE_WAS_REMOVING if removing else G.NO_MATCHED_MESSAGE,
                           offset + scanned, min_off, max_off)
 
 
 class _FileHold:
-    """One CommitLog file held for a batch's body views (MappedFile.hold): expiry and
-    shutdown wait for the hold (Java's SelectMappedBufferResult), and the read-only view taken
-    here keeps the pages mapped even if a forced destroy unlinks the file meanwhile. Released
-    once, by release() or when the last object using it goes."""
+    """A batch's hold on one CommitLog file (MappedFile.hold), once a body view of it was
+    asked for: its read-only view of the mapping keeps the pages mapped even if a forced
+    destroy unlinks the file, and every BodyBuffer over it refers to this object, so the hold
+    lasts while any body view lives. Released once, by release() or when the last user goes."""
     __slots__ = ("mf", "view", "_released", "__weakref__")
 
     def __init__(self, mf):
         self.mf = mf
-        # The file was held while its records were read, so it is mapped now.
-        self.view = memoryview(mf.mm).toreadonly()
         self._released = False
+        try:
+            self.view = memoryview(mf.mm).toreadonly()
+        except ValueError:
+            # Only a destroy forced past destroy_maped_file_interval_forcibly unmaps a held
+            # file; its bytes are gone.
+            self.release()
+            raise StoreError(f"{mf.path} was deleted while this batch held it (forced after "
+                             "destroy_maped_file_interval_forcibly): its bodies are gone") \
+                from None
 
     def release(self):
         if not self._released:
             self._released = True
             self.mf.release()
-            try:
-                self.view.release()     # unpinned, unless body views were taken from it
-            except BufferError:
-                pass
+            view = getattr(self, "view", None)
+            if view is not None:
+                try:
+                    view.release()      # unpinned, unless body views were taken from it
+                except BufferError:
+                    pass
 
     def __del__(self):
         self.release()
@@ -322,37 +364,61 @@ class GetBatchResult:
     """get_batch's answer: get_message's status, next_begin_offset, min/max offsets and
     suggest_pulling_from_slave, and the records found as numpy columns in queue order.
 
-    Columns: commit_log_offset, size, store_timestamp, tags_code (as the record's properties
-    give it; the ConsumeQueue unit holds the same unless rewritten, as for delayed messages),
-    queue_offset, born_timestamp, queue_id, sys_flag, body_crc, body_length; `rows` is the
-    record-check kernel's whole row array (format.SCAN_DTYPE). body(i) is a zero-copy,
-    read-only memoryview of record i's body in its CommitLog file; the file stays held (its
-    expiry and the store's shutdown wait, as for a held MappedFile) while the result or any
-    body view lives, or until release() (views taken before then stay readable, even after
-    the file is deleted; body views not taken by then can no longer be). Use
+    Columns: commit_log_offset, size, store_timestamp, tags_code (the ConsumeQueue unit's, as
+    a filter sees it: the TAGS hash, or a delayed message's delivery time), queue_offset,
+    born_timestamp, queue_id, sys_flag, body_crc, body_length; `rows` is the record-check
+    kernel's whole row array (format.SCAN_DTYPE, pos relative to the record's file) and
+    file_index the file of each row. Columns are views of `rows`, made when asked.
+
+    body(i) is a zero-copy, read-only memoryview of record i's body in its CommitLog file. The
+    files stay held (their expiry and the store's shutdown wait, as for a held MappedFile)
+    while the result or any body view lives, or until release(): body views taken before then
+    stay readable, even after their file is deleted; none can be taken after. Use
     `with store.get_batch(...) as b:` to release at once."""
 
-    __slots__ = ("status", "next_begin_offset", "min_offset", "max_offset", "rows",
-                 "file_index", "suggest_pulling_from_slave", "_holds", "_buffers")
+    __slots__ = ("status", "next_begin_offset", "min_offset", "max_offset",
+                 "suggest_pulling_from_slave", "_n", "_raw", "_raw_file", "_rows", "_held",
+                 "_holds", "_buffers", "_released")
 
-    def __init__(self, status, next_begin_offset, min_offset, max_offset, rows=None,
-                 file_index=None, held=(), suggest_pulling_from_slave=False):
+    def __init__(self, status, next_begin_offset, min_offset, max_offset, n=0, rows=None,
+                 row_file=None, held=(), suggest_pulling_from_slave=False):
         self.status = status
         self.next_begin_offset = next_begin_offset
         self.min_offset = min_offset
         self.max_offset = max_offset
-        self.rows = rows if rows is not None else np.empty(0, dtype=F.SCAN_DTYPE)
-        self.file_index = file_index if file_index is not None else np.empty(0, np.int32)
         self.suggest_pulling_from_slave = suggest_pulling_from_slave
-        self._holds = [_FileHold(mf) for mf in held]
-        self._buffers = [None] * len(held)
+        self._n = n
+        self._raw = rows
+        self._raw_file = row_file
+        self._rows = None
+        self._held = held               # MappedFiles, each held once for this result
+        self._holds = None              # their _FileHold, once a body view was asked for
+        self._buffers = None
+        self._released = False
 
     @property
     def message_count(self):
-        return len(self.rows)
+        return self._n
 
     def __len__(self):
-        return len(self.rows)
+        return self._n
+
+    @property
+    def rows(self):
+        rows = self._rows
+        if rows is None:
+            if self._n:
+                rows = np.frombuffer(self._raw, dtype=F.SCAN_DTYPE, count=self._n)
+            else:
+                rows = np.empty(0, dtype=F.SCAN_DTYPE)
+            self._rows = rows
+        return rows
+
+    @property
+    def file_index(self):
+        if not self._n:
+            return np.empty(0, dtype=np.int32)
+        return np.frombuffer(self._raw_file, dtype=np.int32, count=self._n)
 
     commit_log_offset = property(lambda self: self.rows["phy_offset"])
     size = property(lambda self: self.rows["size"])
@@ -368,13 +434,16 @@ class GetBatchResult:
     def buffer(self, i):
         """The read-only uint8 view (BodyBuffer) of the CommitLog file holding record i;
         record i's body is buffer(i)[rows["pos"][i] + rows["body_off"][i]:][:body_length[i]]."""
+        if self._released:
+            raise StoreError("this batch was released: its body views must be taken "
+                             "before release()")
         k = int(self.file_index[i])
+        if self._holds is None:
+            self._holds = [None] * len(self._held)
+            self._buffers = [None] * len(self._held)
         buf = self._buffers[k]
         if buf is None:
-            hold = self._holds[k]
-            if hold._released:
-                raise StoreError("this batch was released: its body views must be taken "
-                                 "before release()")
+            hold = self._holds[k] = _FileHold(self._held[k])   # takes over the hold
             buf = np.frombuffer(hold.view, dtype=np.uint8).view(BodyBuffer)
             buf._hold = hold
             self._buffers[k] = buf
@@ -388,12 +457,30 @@ class GetBatchResult:
 
     def bodies(self):
         """Every record's body(i), in order."""
-        return [self.body(i) for i in range(len(self.rows))]
+        return [self.body(i) for i in range(self._n)]
 
     def release(self):
         """Let the held files go (expiry, shutdown); body views already taken stay readable."""
-        for hold in self._holds:
-            hold.release()
+        if self._released:
+            return
+        self._released = True
+        holds = self._holds
+        for k, mf in enumerate(self._held):
+            if holds is not None and holds[k] is not None:
+                holds[k].release()
+            else:
+                mf.release()
+        self._buffers = None
+
+    def __del__(self):
+        # Files whose body views were taken stay held by those views (their _FileHold).
+        if self._released:
+            return
+        self._released = True
+        holds = self._holds
+        for k, mf in enumerate(self._held):
+            if holds is None or holds[k] is None:
+                mf.release()
 
     def __enter__(self):
         return self
@@ -404,7 +491,7 @@ class GetBatchResult:
     def __repr__(self):
         return (f"GetBatchResult({self.status.name}, next_begin_offset="
                 f"{self.next_begin_offset}, min={self.min_offset}, max={self.max_offset}, "
-                f"messages={len(self.rows)})")
+                f"messages={self._n})")
 
 
 def iter_messages(store, from_offset=None):
