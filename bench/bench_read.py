@@ -14,8 +14,8 @@ file on every call; this bench shows whether the rate still depends on the backl
 The peer is an LMDB database holding the same CommitLog record bytes, keyed by queue offset
 (8-byte big-endian): a pull is one cursor positioned at its first offset (set_key) and
 stepped in order, values returned as bytes, in one read transaction per round. Ratios against
-it (>1: faster than the cursor) go into extra_info["x_lmdb"], taken from the LMDB rate measured
-earlier in the same run.
+it (>1: faster than the cursor) go into extra_info["x_lmdb"] (mean rounds) and
+["x_lmdb_best"] (fastest rounds), taken from the LMDB rates measured earlier in the same run.
 
 Groups: "read: pull 32" and "read: pull 1024" per backlog. Every round's last pull is checked
 against the bodies put there, outside the timed region; the store is read back (sampled) once
@@ -121,17 +121,25 @@ def test_lmdb_cursor(benchmark, workload, backlog, pull):
     # A CommitLog record ends with its body, topic and properties: the body is in there.
     want = _expect(msgs, start, pull)
     assert len(got) == pull and all(w in g for w, g in zip(want, got))
-    rate = WINDOW / benchmark.stats.stats.mean
-    _PEER_RATE[(backlog, pull)] = rate
-    benchmark.extra_info["msgs_per_s"] = round(rate)
+    _PEER_RATE[(backlog, pull)] = _rates(benchmark)
+    _record(benchmark, backlog, pull)
+
+
+def _rates(benchmark):
+    """msgs/s from the mean round and from the fastest (on a loaded machine the fastest
+    round is the one least disturbed by other processes)."""
+    stats = benchmark.stats.stats
+    return WINDOW / stats.mean, WINDOW / stats.min
 
 
 def _record(benchmark, backlog, pull):
-    rate = WINDOW / benchmark.stats.stats.mean
-    benchmark.extra_info["msgs_per_s"] = round(rate)
+    mean, best = _rates(benchmark)
+    benchmark.extra_info["msgs_per_s"] = round(mean)
+    benchmark.extra_info["msgs_per_s_best"] = round(best)
     peer = _PEER_RATE.get((backlog, pull))
     if peer:
-        benchmark.extra_info["x_lmdb"] = round(rate / peer, 3)
+        benchmark.extra_info["x_lmdb"] = round(mean / peer[0], 3)
+        benchmark.extra_info["x_lmdb_best"] = round(best / peer[1], 3)
 
 
 @pytest.mark.parametrize("pull", PULLS)

@@ -13,6 +13,7 @@
 # is borrowed as a buffer while its bytes are read, so a file closed meanwhile (cleaning) is
 # seen as removed instead of being read after munmap; the GIL is held throughout, as a batch
 # of 32 costs less than releasing it twice.
+from cpython.bytearray cimport PyByteArray_FromStringAndSize
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 
 __all__ += ("ReadPath",)
@@ -44,6 +45,10 @@ DEF N_EXT_SLOTS = 19
 _MF_SLOTS = ("file_from_offset", "committed_position", "mm")
 _GET_RESULT_SLOTS = ("status", "next_begin_offset", "min_offset", "max_offset", "messages",
                      "suggest_pulling_from_slave")
+_BATCH_RESULT_SLOTS = ("status", "next_begin_offset", "min_offset", "max_offset",
+                       "suggest_pulling_from_slave", "_n", "_raw", "_raw_file", "_rows", "_held",
+                       "_holds", "_buffers", "_released")
+DEF N_BATCH_SLOTS = 13
 DEF R_FROM = 0
 DEF R_READ = 1
 DEF R_MM = 2
@@ -84,9 +89,12 @@ cdef class ReadPath:
     cdef type _result
     cdef Py_ssize_t _g[6]
     cdef object _found, _no_matched, _removing
+    # pull_batch(): read_path.GetBatchResult's type and members.
+    cdef type _batch
+    cdef Py_ssize_t _b[N_BATCH_SLOTS]
 
     def __init__(self, message_type, mapped_file_type, on_corrupt, result_type=None,
-                 statuses=None):
+                 statuses=None, batch_result_type=None):
         _member_offsets(message_type, _EXT_SLOTS, self._x)
         _member_offsets(mapped_file_type, _MF_SLOTS, self._f)
         self._ext = message_type
@@ -95,6 +103,9 @@ cdef class ReadPath:
         if result_type is not None:
             _member_offsets(result_type, _GET_RESULT_SLOTS, self._g)
             self._found, self._no_matched, self._removing = statuses
+        self._batch = batch_result_type
+        if batch_result_type is not None:
+            _member_offsets(batch_result_type, _BATCH_RESULT_SLOTS, self._b)
 
     # ---- one message -------------------------------------------------------------------------
     cdef inline bytes _host(self, const uint8_t *p, Py_ssize_t n, bint store):
@@ -240,33 +251,87 @@ cdef class ReadPath:
                           min_logic, max_n, scan_limit, max_bytes, message_filter, rows, held,
                           row_file)
 
+    cdef int _positions(self, store, cq, int64_t *max_py, int64_t *max_off) except -1:
+        """The CommitLog's and the queue's max offsets (bytes; units); 0 if either is empty."""
+        log_files = store.commitlog.mfq.files
+        cq_files = cq.mfq.files
+        if not log_files or not cq_files:
+            return 0
+        last = log_files[len(log_files) - 1]
+        max_py[0] = <int64_t>(<object>_member(last, self._f[R_FROM])) \
+            + <int64_t>(<object>_member(last, self._f[R_READ]))
+        last = cq_files[len(cq_files) - 1]
+        max_off[0] = (<int64_t>(<object>_member(last, self._f[R_FROM]))
+                      + <int64_t>(<object>_member(last, self._f[R_READ]))) \
+            // RS_CQ_STORE_UNIT_SIZE
+        return 1
+
+    def pull_batch(self, store, cq, int64_t offset, Py_ssize_t max_n, message_filter,
+                   int64_t max_bytes):
+        """read_path.PyReadPath.pull_batch: get_batch's common case as one call, building the
+        GetBatchResult here. None as for pull()."""
+        cdef int64_t max_py = 0, min_logic, max_off = 0, max_phy, scanned
+        cdef Py_ssize_t n
+        cdef Py_ssize_t *b = self._b
+        if self._batch is None or not self._positions(store, cq, &max_py, &max_off):
+            return None
+        min_logic = cq.min_logic_offset
+        if max_off == 0 or offset < min_logic // RS_CQ_STORE_UNIT_SIZE or offset >= max_off:
+            return None
+        commitlog = store.commitlog
+        # Plain buffers, viewed as numpy arrays only when a column is asked for.
+        rows = PyByteArray_FromStringAndSize(NULL, max_n * SCAN_REC_SIZE)
+        row_file = PyByteArray_FromStringAndSize(NULL, max_n * 4)
+        held = []
+        n, scanned, removing, max_phy = self._walk(
+            cq.mfq.files, cq.file_size, commitlog.mfq.files, commitlog.file_size, offset,
+            max_off, min_logic, max_n,
+            max(16000, max_n * RS_CQ_STORE_UNIT_SIZE) // RS_CQ_STORE_UNIT_SIZE, max_bytes,
+            message_filter, rows, held, row_file)
+        if scanned < 0:
+            for f in held:
+                f.release()
+            return None
+        r = PyType_GenericAlloc(<PyTypeObject *>self._batch, 0)
+        if n:
+            _set_member(r, b[0], self._found)
+            _set_member(r, b[4], max_py - max_phy > <int64_t>store._mem_limit)
+            _set_member(r, b[6], rows)
+            _set_member(r, b[7], row_file)
+        else:
+            _set_member(r, b[0], self._removing if removing else self._no_matched)
+            _set_member(r, b[4], False)
+            _set_member(r, b[6], None)
+            _set_member(r, b[7], None)
+        _set_member(r, b[1], offset + scanned)
+        _set_member(r, b[2], min_logic // RS_CQ_STORE_UNIT_SIZE)
+        _set_member(r, b[3], max_off)
+        _set_member(r, b[5], n)
+        _set_member(r, b[8], None)
+        _set_member(r, b[9], held)
+        _set_member(r, b[10], None)
+        _set_member(r, b[11], None)
+        _set_member(r, b[12], False)
+        return r
+
     def pull(self, store, cq, int64_t offset, Py_ssize_t max_n, message_filter,
              int64_t max_bytes):
         """read_path.PyReadPath.pull: get_message's common case as one call, the queue's and
         CommitLog's positions read here and the GetMessageResult built here. None when the
         answer is decided before a unit is read (the offset outside the queue) or the first
         unit's file is missing: read_path.get_message gives those."""
-        cdef int64_t max_py, min_logic, max_off, max_phy, scanned
+        cdef int64_t max_py = 0, min_logic, max_off = 0, max_phy, scanned
         cdef Py_ssize_t *g = self._g
-        if self._result is None:
+        if self._result is None or not self._positions(store, cq, &max_py, &max_off):
             return None
         commitlog = store.commitlog
-        log_files = commitlog.mfq.files
-        cq_files = cq.mfq.files
-        if not log_files or not cq_files:
-            return None
-        last = log_files[len(log_files) - 1]
-        max_py = <int64_t>(<object>_member(last, self._f[R_FROM])) \
-            + <int64_t>(<object>_member(last, self._f[R_READ]))
-        last = cq_files[len(cq_files) - 1]
-        max_off = (<int64_t>(<object>_member(last, self._f[R_FROM]))
-                   + <int64_t>(<object>_member(last, self._f[R_READ]))) // RS_CQ_STORE_UNIT_SIZE
         min_logic = cq.min_logic_offset
         if max_off == 0 or offset < min_logic // RS_CQ_STORE_UNIT_SIZE or offset >= max_off:
             return None
         # Units looked at, filtered out or not: the broker's bound on one call's scan.
         messages, scanned, removing, max_phy = self._walk(
-            cq_files, cq.file_size, log_files, commitlog.file_size, offset, max_off, min_logic,
+            cq.mfq.files, cq.file_size, commitlog.mfq.files, commitlog.file_size, offset,
+            max_off, min_logic,
             max_n, max(16000, max_n * RS_CQ_STORE_UNIT_SIZE) // RS_CQ_STORE_UNIT_SIZE,
             max_bytes, message_filter, None, None, None)
         if scanned < 0:

@@ -39,7 +39,8 @@ def make_read_path(kernels):
     compiled = getattr(kernels, "ReadPath", None)
     if compiled is not None:
         return compiled(MessageExt, MappedFile, _corrupt, GetMessageResult,
-                        (G.FOUND, G.NO_MATCHED_MESSAGE, G.MESSAGE_WAS_REMOVING))
+                        (G.FOUND, G.NO_MATCHED_MESSAGE, G.MESSAGE_WAS_REMOVING),
+                        GetBatchResult)
     return PyReadPath(kernels, _corrupt)
 
 
@@ -115,6 +116,31 @@ class PyReadPath:
                                     messages, max_py - max_phy > store._mem_limit)
         return GetMessageResult(G.MESSAGE_WAS_REMOVING if removing else G.NO_MATCHED_MESSAGE,
                                 offset + scanned, min_logic // UNIT, max_off, messages, False)
+
+    def pull_batch(self, store, cq, offset, max_n, message_filter, max_bytes):
+        """get_batch's common case for queue `cq`: its GetBatchResult, or None as for pull."""
+        max_off = cq.mfq.get_max_offset() // UNIT
+        min_logic = cq.min_logic_offset
+        if max_off == 0 or offset < min_logic // UNIT or offset >= max_off:
+            return None
+        max_py = store.commitlog.mfq.get_max_offset()
+        commitlog = store.commitlog
+        rows = bytearray(max_n * F.SCAN_DTYPE.itemsize)
+        row_file = bytearray(max_n * 4)
+        held = []
+        n, scanned, removing, max_phy = self.read(
+            cq.mfq.files, cq.file_size, commitlog.mfq.files, commitlog.file_size, offset,
+            max_off, min_logic, max_n, _scan_limit(max_n), max_bytes, message_filter, rows,
+            held, row_file)
+        if scanned < 0:
+            for f in held:
+                f.release()
+            return None
+        if n:
+            return GetBatchResult(G.FOUND, offset + scanned, min_logic // UNIT, max_off, n,
+                                  rows, row_file, held, max_py - max_phy > store._mem_limit)
+        return GetBatchResult(G.MESSAGE_WAS_REMOVING if removing else G.NO_MATCHED_MESSAGE,
+                              offset + scanned, min_logic // UNIT, max_off)
 
     def read(self, cq_files, cq_file_size, log_files, log_file_size, offset, max_off,
              min_logic, max_n, scan_limit, max_bytes, message_filter, rows=None, held=None,

@@ -864,6 +864,11 @@ class MessageStore:
         self._check_open()
         cq = self._checked_queue(group, topic, queue_id, offset, max_msg_nums, message_filter)
         self._catch_up()
+        if cq is not None and self._loaded:
+            r = self._read_path.pull_batch(self, cq, offset, max_msg_nums, message_filter,
+                                           read_path.MAX_BYTES)
+            if r is not None:
+                return r
         return read_path.get_batch(self, group, topic, queue_id, int(offset), int(max_msg_nums),
                                    message_filter, cq)
 
