@@ -296,51 +296,33 @@ def get_message(store, group, topic, queue_id, offset, max_msg_nums=32, message_
     offsets as RocketMQ's table, units walked in place by the store's ReadPath, records
     checked and decoded. The walk goes on into the queue's next file while fewer than
     `max_msg_nums` were found. `cq`: the queue, when the caller has it."""
-    max_py = store.commitlog.mfq.get_max_offset()
     cq, min_off, max_off, early = _prelude(store, topic, queue_id, offset, cq)
-    if early is not None:
-        return GetMessageResult(early[0], early[1], min_off, max_off)
-    commitlog = store.commitlog
-    messages, scanned, removing, max_phy = store._read_path.read(
-        cq.mfq.files, cq.file_size, commitlog.mfq.files, commitlog.file_size, offset, max_off,
-        cq.min_logic_offset, max_msg_nums, _scan_limit(max_msg_nums), MAX_BYTES, message_filter)
-    if scanned < 0:
-        return GetMessageResult(G.OFFSET_FOUND_NULL,
-                                store._next_offset_correction(offset, cq.roll_next_file(offset)),
-                                min_off, max_off)
-    if messages:
-        return GetMessageResult(G.FOUND, offset + scanned, min_off, max_off, messages,
-                                max_py - max_phy > store._mem_limit)
-    return GetMessageResult(G.MESSAGE_WAS_REMOVING if removing else G.NO_MATCHED_MESSAGE,
-                            offset + scanned, min_off, max_off, messages, False)
+    if early is None:
+        r = store._read_path.pull(store, cq, offset, max_msg_nums, message_filter, MAX_BYTES)
+        if r is not None:
+            return r
+        early = _found_null(store, cq, offset)
+    return GetMessageResult(early[0], early[1], min_off, max_off)
 
 
 def get_batch(store, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None,
               cq=None):
     """get_message's walk with the rows handed back as columns (a GetBatchResult): the same
     statuses, offsets and records, no object per message, bodies left in the mapping."""
-    max_py = store.commitlog.mfq.get_max_offset()
     cq, min_off, max_off, early = _prelude(store, topic, queue_id, offset, cq)
-    if early is not None:
-        return GetBatchResult(early[0], early[1], min_off, max_off)
-    commitlog = store.commitlog
-    # Plain buffers, viewed as numpy arrays only when a column is asked for.
-    rows = bytearray(max_msg_nums * F.SCAN_DTYPE.itemsize)
-    row_file = bytearray(max_msg_nums * 4)
-    held = []
-    n, scanned, removing, max_phy = store._read_path.read(
-        cq.mfq.files, cq.file_size, commitlog.mfq.files, commitlog.file_size, offset, max_off,
-        cq.min_logic_offset, max_msg_nums, _scan_limit(max_msg_nums), MAX_BYTES, message_filter,
-        rows, held, row_file)
-    if scanned < 0:
-        return GetBatchResult(G.OFFSET_FOUND_NULL,
-                              store._next_offset_correction(offset, cq.roll_next_file(offset)),
-                              min_off, max_off)
-    if n:
-        return GetBatchResult(G.FOUND, offset + scanned, min_off, max_off, n, rows, row_file,
-                              held, max_py - max_phy > store._mem_limit)
-    return GetBatchResult(G.MESSAGE_WAS_REMOVING if removing else G.NO_MATCHED_MESSAGE,
-                          offset + scanned, min_off, max_off)
+    if early is None:
+        r = store._read_path.pull_batch(store, cq, offset, max_msg_nums, message_filter,
+                                        MAX_BYTES)
+        if r is not None:
+            return r
+        early = _found_null(store, cq, offset)
+    return GetBatchResult(early[0], early[1], min_off, max_off)
+
+
+def _found_null(store, cq, offset):
+    """OFFSET_FOUND_NULL: no unit where the offset says (its queue file is gone, or not yet
+    written); the next offset is the next file's first."""
+    return G.OFFSET_FOUND_NULL, store._next_offset_correction(offset, cq.roll_next_file(offset))
 
 
 class _FileHold:
