@@ -414,7 +414,7 @@ cdef class ReadPath:
                         tags = rs_load_i64(u + 12)
                         if not message_filter(tags):
                             continue
-                    if size <= 0:               # no record is that long: a damaged unit
+                    if size <= 0 or phy < 0:    # no record is there: a damaged unit
                         self._on_corrupt(offset + scanned - 1, phy, RS_E_ARG)
                         continue
                     # Units of one queue mostly point into the same CommitLog file: keep it.

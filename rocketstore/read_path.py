@@ -211,7 +211,7 @@ class PyReadPath:
                         scanned += 1
                         if message_filter is not None and not message_filter(tags):
                             continue
-                        if size <= 0:           # no record is that long: a damaged unit
+                        if size <= 0 or phy < 0:    # no record is there: a damaged unit
                             self._on_corrupt(offset + scanned - 1, phy, RS_E_ARG)
                             continue
                         if not (log is not None and log[1] <= phy and phy + size <= log[2]):
