@@ -181,8 +181,10 @@ class PyReadPath:
         skip_below = -1
         lf = log = None
         log_rows = False
+        ahead = []              # rows checked ahead in the current CommitLog file
+        at = 0
         # Units are read in chunks of what the call can use, never the queue's whole tail.
-        chunk = max(256, 2 * max_n)
+        chunk = max(64, 2 * max_n)
         try:
             while True:
                 pos = (offset + scanned) * UNIT
@@ -201,7 +203,7 @@ class PyReadPath:
                     units = np.frombuffer(qmv, dtype=F.CQ_DTYPE, count=k,
                                           offset=pos - qstart + done * UNIT).tolist()
                     done += k
-                    for phy, size, tags in units:
+                    for i, (phy, size, tags) in enumerate(units):
                         if phy < skip_below:
                             scanned += 1
                             continue
@@ -219,6 +221,7 @@ class PyReadPath:
                                 held.pop().release()
                             log = None
                             log_rows = False
+                            ahead = []
                             lf = _find(log_files, phy, log_file_size)
                             if lf is not None and (not batch or lf.hold()):
                                 if batch:
@@ -235,8 +238,31 @@ class PyReadPath:
                             skip_below = phy + log_file_size - phy % log_file_size
                             continue
                         rel = phy - log[1]
-                        n, _, reason, _ = check(log[0], rel, rel + size, False, one)
-                        row = one.tolist()[0] if n else None
+                        while at < len(ahead) and ahead[at][0] < rel:
+                            at += 1
+                        if at < len(ahead) and ahead[at][0] == rel and ahead[at][7] <= size:
+                            row = ahead[at]
+                            at += 1
+                        else:
+                            # The units after this one that point right behind its record
+                            # (a queue written alone) are checked in the same call; each is
+                            # taken below only where its own unit would have it.
+                            end = rel + size
+                            j = i + 1
+                            last = min(len(units), i + max_n - found)
+                            while j < last:
+                                p2, s2, _ = units[j]
+                                if p2 - log[1] != end or s2 <= 0 or p2 + s2 > log[2]:
+                                    break
+                                end += s2
+                                j += 1
+                            out = one if j == i + 1 else np.empty(j - i, dtype=F.SCAN_DTYPE)
+                            n, _, reason, _ = check(log[0], rel, end, False, out)
+                            ahead = out[:n].tolist()
+                            row = ahead[0] if n else None
+                            if row is not None and row[7] > size:
+                                row, reason = None, F.SCAN_PARTIAL   # runs past its unit
+                            at = 1
                         if row is None or row[1] != phy:
                             if row is None:
                                 self._on_corrupt(offset + scanned - 1, phy, reason)
