@@ -11,8 +11,10 @@
 # MessageExt and MappedFile are __slots__ classes: their members are read and written at the
 # offsets their member descriptors give (_member / _set_member, as PutPath does). Every mapping
 # is borrowed as a buffer while its bytes are read, so a file closed meanwhile (cleaning) is
-# seen as removed instead of being read after munmap; the GIL is held throughout, as a batch
-# of 32 costs less than releasing it twice.
+# seen as removed instead of being read after munmap. The GIL is held throughout: the walk
+# makes Python objects per record (get_message) or calls hold() per file and the filter per
+# unit, and a pull of 32 costs less than releasing it twice; a get_batch of tens of thousands
+# holds it for milliseconds.
 from cpython.bytearray cimport PyByteArray_FromStringAndSize
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 
@@ -65,8 +67,11 @@ cdef struct _Window:
 
 
 cdef class ReadPath:
-    """ReadPath(message_type, mapped_file_type, on_corrupt): the unit walk of get_message and
-    get_batch as one call (read), and MessageExt objects from scanned rows (decode_rows).
+    """ReadPath(message_type, mapped_file_type, on_corrupt, result_type=None, statuses=None,
+    batch_result_type=None): the unit walk of get_message and get_batch as one call (read),
+    the whole common case of each with its result built here (pull, pull_batch: needs the
+    result types and the (FOUND, NO_MATCHED_MESSAGE, MESSAGE_WAS_REMOVING) statuses), and
+    MessageExt objects from scanned rows (decode_rows).
 
     on_corrupt(queue_offset, phy_offset, reason) is called for a unit whose record fails the
     record check (the unit is then skipped, as a filter would)."""
