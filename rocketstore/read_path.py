@@ -365,17 +365,14 @@ class _FileHold:
             self.view = memoryview(mf.mm).toreadonly()
         except ValueError:
             # Only a destroy forced past destroy_maped_file_interval_forcibly unmaps a held
-            # file; its bytes are gone.
-            self.release()
-            raise StoreError(f"{mf.path} was deleted while this batch held it (forced after "
-                             "destroy_maped_file_interval_forcibly): its bodies are gone") \
-                from None
+            # file: its bytes are gone (GetBatchResult.buffer says so).
+            self.view = None
 
     def release(self):
         if not self._released:
             self._released = True
             self.mf.release()
-            view = getattr(self, "view", None)
+            view = self.view
             if view is not None:
                 try:
                     view.release()      # unpinned, unless body views were taken from it
@@ -478,6 +475,11 @@ class GetBatchResult:
         buf = self._buffers[k]
         if buf is None:
             hold = self._holds[k] = _FileHold(self._held[k])   # takes over the hold
+            if hold.view is None:
+                raise StoreError(
+                    f"{hold.mf.path} was deleted while this batch held it (forced after "
+                    "destroy_maped_file_interval_forcibly) and before a body view of it was "
+                    "taken: its bodies are gone")
             buf = np.frombuffer(hold.view, dtype=np.uint8).view(BodyBuffer)
             buf._hold = hold
             self._buffers[k] = buf

@@ -303,6 +303,31 @@ def test_body_views_keep_their_file_held_and_mapped_after_the_store_deletes_it(t
         store.shutdown()
 
 
+def test_a_body_asked_for_after_a_forced_delete_raises_and_the_hold_is_released_once(
+        tmp_path, backend):
+    cfg = testing.small_config(mapped_file_size_commit_log=4096)
+    store = testing.open_store(tmp_path / "s", backend, config=cfg)
+    try:
+        bodies = [b"%03d" % i + b"f" * 300 for i in range(30)]
+        assert all(store.put_message(Message("Gone", body)).ok for body in bodies)
+        testing.wait_dispatched(store)
+        testing.wait_flushed(store)
+        b = store.get_batch("g", "Gone", 0, 0, 3)
+        first = store.commitlog.mfq.files[0]
+        assert first.ref_count == 1
+        # Forced at once: no view pins the pages, so the file is unmapped under the hold.
+        assert first.try_destroy(NOW, 0)
+        assert not os.path.exists(first.path)
+        assert b.commit_log_offset.tolist()[:1] == [0]     # the columns are copies
+        with pytest.raises(StoreError, match="deleted while this batch held it"):
+            b.body(0)
+        b.release()
+        b.release()
+        assert first.ref_count == 0
+    finally:
+        store.shutdown()
+
+
 def test_a_released_batch_holds_nothing_and_its_views_stay_readable(tmp_path, backend):
     cfg = testing.small_config(mapped_file_size_commit_log=4096)
     store = testing.open_store(tmp_path / "s", backend, config=cfg)
