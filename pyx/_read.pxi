@@ -66,6 +66,17 @@ cdef struct _Window:
     const uint8_t *buf
 
 
+cdef inline bint _row_inside(const rs_scan_rec *r, Py_ssize_t buf_len) noexcept:
+    """Whether the fields `r` locates (hosts, body, topic, properties) lie inside its record and
+    the record inside a buffer of buf_len bytes."""
+    cdef int64_t hosts = RS_POS_BORNHOST + (20 if r.sys_flag & RS_BORNHOST_V6_FLAG else 8) \
+        + 8 + (20 if r.sys_flag & RS_STOREHOSTADDRESS_V6_FLAG else 8)
+    return (r.pos >= 0 and r.size >= hosts and r.pos + r.size <= buf_len
+            and 0 <= r.body_off and 0 <= r.body_len and r.body_off + r.body_len <= r.size
+            and 0 <= r.topic_off and 0 <= r.topic_len and r.topic_off + r.topic_len <= r.size
+            and 0 <= r.props_off and 0 <= r.props_len and r.props_off + r.props_len <= r.size)
+
+
 cdef class ReadPath:
     """ReadPath(message_type, mapped_file_type, on_corrupt, result_type=None, statuses=None,
     batch_result_type=None): the unit walk of get_message and get_batch as one call (read),
@@ -198,8 +209,9 @@ cdef class ReadPath:
                 _raise_for_status(RS_E_BOUNDS, "decode_rows: more rows than given")
             r = <const rs_scan_rec *>rv.buf
             for i in range(n):
-                # Rows may come from anywhere: each record must lie inside the buffer.
-                if r[i].pos < 0 or r[i].size < 0 or r[i].pos + r[i].size > b.len:
+                # Rows may come from anywhere: every field must lie inside its record, and the
+                # record inside the buffer.
+                if not _row_inside(&r[i], b.len):
                     _raise_for_status(RS_E_BOUNDS, "decode_rows: a row outside the buffer")
                 out.append(self._message(<const uint8_t *>b.buf + r[i].pos, &r[i]))
         finally:

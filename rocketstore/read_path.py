@@ -73,6 +73,17 @@ def _open(f):
     return mv, start, start + min(f.committed_position, len(mv))
 
 
+def _row_inside(row, buf_len):
+    """Whether the fields a SCAN_DTYPE row (a tuple) locates lie inside its record and the
+    record inside a buffer of buf_len bytes (pyx/_read.pxi _row_inside)."""
+    pos, size, sysf = row[0], row[7], row[9]
+    hosts = F.POS_BORNHOST + (20 if sysf & F.BORNHOST_V6_FLAG else 8) + 8 \
+        + (20 if sysf & F.STOREHOSTADDRESS_V6_FLAG else 8)
+    return (pos >= 0 and size >= hosts and pos + size <= buf_len
+            and all(0 <= off and 0 <= length and off + length <= size
+                    for off, length in (row[13:15], row[15:17], row[17:19])))
+
+
 class PyReadPath:
     """The unit walk of get_message and get_batch over the contract's kernels: the reference
     that the compiled ReadPath (pyx/_read.pxi) meets, at pure or cffi speed."""
@@ -91,7 +102,7 @@ class PyReadPath:
         mv = memoryview(buf).cast("B")
         out = []
         for row in rows[:n].tolist():
-            if row[0] < 0 or row[7] < 0 or row[0] + row[7] > len(mv):
+            if not _row_inside(row, len(mv)):
                 raise_for_status(RS_E_BOUNDS, "decode_rows: a row outside the buffer")
             out.append(MessageExt.from_row(mv, row))
         return out

@@ -127,6 +127,13 @@ def test_decode_rows_refuses_rows_outside_its_buffer(backend):
         rp.decode_rows(bytes(50), rows, 1)
     with pytest.raises(ValueError):
         rp.decode_rows(bytes(500), rows, 2)
+    # Inside the buffer, but a field past its record's end.
+    rows["body_off"] = 90
+    rows["body_len"] = 20
+    with pytest.raises(ValueError):
+        rp.decode_rows(bytes(500), rows, 1)
+    rows["body_len"] = 10
+    assert rp.decode_rows(bytes(500), rows, 1)[0].body == bytes(10)
     with pytest.raises(ValueError):
         rp.decode_rows(bytes(500), np.zeros(1, dtype=F.CQ_DTYPE), 1)
 
