@@ -553,6 +553,7 @@ def column_join(items, bint text):
 
 include "_mapping.pxi"
 include "_put.pxi"
+include "_read.pxi"
 
 
 include "_cq_dispatch.pxi"

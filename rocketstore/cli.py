@@ -17,8 +17,6 @@ def _selected(store, args, damage):
     does not end the walk: each problem goes to `damage(where, detail)` and the records
     after it follow, as `verify` finds them."""
     import os
-    from .errors import CorruptRecordError
-    from .message import MessageExt
     from .verify import walk_commitlog
     start = getattr(args, "from_offset", None)
     if args.limit is not None and args.limit < 0:
@@ -32,12 +30,8 @@ def _selected(store, args, damage):
             damage(f"{os.path.relpath(mf.path, store.root)}@{pos}", detail)
             continue
         _, mf, chunk = step
-        for pos, size in zip(chunk["pos"].tolist(), chunk["size"].tolist()):
-            try:
-                m = MessageExt.decode(mf.mm[pos:pos + size])
-            except CorruptRecordError as exc:
-                damage(f"{os.path.relpath(mf.path, store.root)}@{pos}", str(exc))
-                continue
+        # The records the scan checked, decoded from its rows (the read path's decoder).
+        for m in store._read_path.decode_rows(mf.mm, chunk, len(chunk)):
             if args.to_offset is not None and m.commit_log_offset >= args.to_offset:
                 return
             if args.topic is not None and m.topic != args.topic:

@@ -237,24 +237,6 @@ class ConsumeQueue:
             return np.empty(0, dtype=CQ_DTYPE)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    def read_units(self, index):
-        """(bytes of units from `index` to the end of its file's readable area, file) or
-        (None, None): getIndexBuffer."""
-        pos = index * UNIT
-        if pos < self.min_logic_offset:
-            return None, None
-        f = self.mfq.find_by_offset(pos)
-        if f is None:
-            return None, None
-        rel = pos - f.file_from_offset
-        end = f.read_position
-        if rel >= end:
-            return None, None
-        try:
-            return f.mm[rel:end], f
-        except ValueError:              # unmapped by cleaning meanwhile
-            return None, None
-
     def roll_next_file(self, index):
         per_file = self.file_size // UNIT
         return index + per_file - index % per_file

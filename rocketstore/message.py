@@ -297,13 +297,18 @@ _MAGICS = (F.MESSAGE_MAGIC_CODE, F.MESSAGE_MAGIC_CODE_V2)
 
 class MessageExt(_Keyed):
     """A stored record, decoded (MessageExt). Header fields, body and topic are decoded at once;
-    the properties map, tags, keys and msgId on first use."""
+    the properties string, the properties map, tags, keys and msgId on first use: a consumer
+    reading bodies pays for no property it does not look at.
+
+    The read path (read_path.get_message, iter_messages) builds these from the rows the
+    record-check kernel fills (from_row here, or the compiled ReadPath), never re-parsing a
+    record; decode() is the stand-alone decoder of one record's bytes."""
 
     __slots__ = ("store_size", "body_crc", "queue_id", "flag", "queue_offset",
                  "commit_log_offset", "sys_flag", "born_timestamp", "born_host_raw",
                  "store_timestamp", "store_host_raw", "reconsume_times",
-                 "prepared_transaction_offset", "body", "topic", "properties_string",
-                 "magic", "_props")
+                 "prepared_transaction_offset", "body", "topic", "magic", "_praw", "_pstr",
+                 "_props")
 
     @classmethod
     def decode(cls, rec, check_crc=False):
@@ -348,15 +353,64 @@ class MessageExt(_Keyed):
             p += tlen
             plen = _I16.unpack_from(rec, p)[0]
             p += 2
-            m.properties_string = rec[p:p + plen].decode("utf-8", "replace") if plen else ""
+            m._praw = bytes(rec[p:p + plen])
             if blen < 0 or tlen < 0 or plen < 0 or p + plen != size:
                 raise CorruptRecordError("record lengths do not add up to TOTALSIZE")
         except (struct.error, IndexError) as exc:
             raise CorruptRecordError(f"not a decodable record: {exc}") from None
         if check_crc and zlib.crc32(m.body) & 0x7FFFFFFF != crc:
             raise CorruptRecordError("body CRC mismatch")
+        m._pstr = None
         m._props = None
         return m
+
+    @classmethod
+    def from_row(cls, buf, row, topic=None):
+        """The message of one record-check row (format.SCAN_DTYPE, as a tuple from tolist())
+        over `buf`, where row[0] (pos) is the record's start: the kernel has validated the
+        record and found every field, so nothing is parsed here. `topic`, when given, is the
+        str of the record's topic bytes (a queue's records share it)."""
+        (pos, phy, qoff, _tags, sts, bts, prepared, size, qid, sysf, flag, crc, reconsume,
+         body_off, body_len, topic_off, topic_len, props_off, props_len, info, _h) = row
+        m = cls.__new__(cls)
+        m.store_size = size
+        m.magic = F.MESSAGE_MAGIC_CODE_V2 if info & F.SCAN_INFO_V2 else F.MESSAGE_MAGIC_CODE
+        m.body_crc = crc
+        m.queue_id = qid
+        m.flag = flag
+        m.queue_offset = qoff
+        m.commit_log_offset = phy
+        m.sys_flag = sysf
+        m.born_timestamp = bts
+        m.store_timestamp = sts
+        m.reconsume_times = reconsume
+        m.prepared_transaction_offset = prepared
+        p = pos + F.POS_BORNHOST
+        n = 20 if sysf & F.BORNHOST_V6_FLAG else 8
+        m.born_host_raw = bytes(buf[p:p + n])
+        p += n + 8
+        n = 20 if sysf & F.STOREHOSTADDRESS_V6_FLAG else 8
+        m.store_host_raw = bytes(buf[p:p + n])
+        p = pos + body_off
+        m.body = bytes(buf[p:p + body_len])
+        if topic is None:
+            p = pos + topic_off
+            topic = bytes(buf[p:p + topic_len]).decode("utf-8", "replace")
+        m.topic = topic
+        p = pos + props_off
+        m._praw = bytes(buf[p:p + props_len])
+        m._pstr = None
+        m._props = None
+        return m
+
+    @property
+    def properties_string(self):
+        """The stored properties text (name\x01value pairs joined by \x02), decoded on first
+        use."""
+        s = self._pstr
+        if s is None:
+            s = self._pstr = self._praw.decode("utf-8", "replace") if self._praw else ""
+        return s
 
     @property
     def properties(self):

@@ -152,6 +152,7 @@ class MessageStore:
         self._confirm_offset = -1
         self._mem_limit = _total_physical_memory() * \
             self.config.access_message_in_memory_max_ratio // 100
+        self._read_path = read_path.make_read_path(self.kernels)
 
     @classmethod
     def open_read_only(cls, root, config=None, kernels=None, fs=None):
@@ -823,16 +824,54 @@ class MessageStore:
         the records collected, after the first one).
 
         `message_filter`, if given, is called with each unit's tagsCode and skips the unit when
-        it returns False. Messages come back decoded as MessageExt."""
+        it returns False. Messages come back decoded as MessageExt (properties decoded on
+        first use)."""
         self._check_open()
-        check_str(group, "group")
-        check_queue(topic, queue_id)
-        check_int(offset, "offset")
-        check_int(max_msg_nums, "max_msg_nums", 1, read_path.MAX_MSG_NUMS)
-        check_callable(message_filter, "message_filter")
+        cq = self._checked_queue(group, topic, queue_id, offset, max_msg_nums, message_filter)
         self._catch_up()
-        return read_path.get_message(self, group, topic, queue_id, offset, max_msg_nums,
-                                     message_filter)
+        if cq is not None and self._loaded:
+            # The common case as one call; the rest (statuses decided before a unit is read)
+            # below.
+            r = self._read_path.pull(self, cq, offset, max_msg_nums, message_filter,
+                                     read_path.MAX_BYTES)
+            if r is not None:
+                return r
+        return read_path.get_message(self, group, topic, queue_id, int(offset),
+                                     int(max_msg_nums), message_filter, cq)
+
+    def _checked_queue(self, group, topic, queue_id, offset, max_msg_nums, message_filter):
+        """get_message's and get_batch's arguments checked; the queue when it exists."""
+        queues = self.consume_queue_table.get(topic)
+        cq = queues.get(queue_id) if queues is not None else None
+        # The common call, checked by type alone: a queue that exists has a valid topic and
+        # queue id (a bool would find queue 0 or 1, hence the exact type).
+        if cq is None or type(queue_id) is not int or type(offset) is not int \
+                or type(group) is not str or type(max_msg_nums) is not int \
+                or not 0 < max_msg_nums <= read_path.MAX_MSG_NUMS \
+                or (message_filter is not None and not callable(message_filter)):
+            check_str(group, "group")
+            check_queue(topic, queue_id)
+            check_int(offset, "offset")
+            check_int(max_msg_nums, "max_msg_nums", 1, read_path.MAX_MSG_NUMS)
+            check_callable(message_filter, "message_filter")
+            return None
+        return cq
+
+    def get_batch(self, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None):
+        """get_message as columns: the same walk, statuses, offsets and records, returned as a
+        read_path.GetBatchResult of numpy columns (commit_log_offset, size, store_timestamp,
+        tags_code, queue_offset, ...) with zero-copy body views (body(i)) that keep their
+        CommitLog file held and mapped while they live. No object is made per message."""
+        self._check_open()
+        cq = self._checked_queue(group, topic, queue_id, offset, max_msg_nums, message_filter)
+        self._catch_up()
+        if cq is not None and self._loaded:
+            r = self._read_path.pull_batch(self, cq, offset, max_msg_nums, message_filter,
+                                           read_path.MAX_BYTES)
+            if r is not None:
+                return r
+        return read_path.get_batch(self, group, topic, queue_id, int(offset), int(max_msg_nums),
+                                   message_filter, cq)
 
     def look_message_by_offset(self, phy_offset):
         """The record at a commit-log offset, decoded; None if there is none."""
