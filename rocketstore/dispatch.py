@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 R_POS, R_PHY, R_QOFF, R_TAGS, R_STORE_TS = 0, 1, 2, 3, 4
 R_SIZE, R_QID, R_SYSFLAG = 7, 8, 9
 R_BODY_OFF, R_BODY_LEN = 13, 14
-R_TOPIC_OFF, R_TOPIC_LEN, R_PROPS_OFF, R_PROPS_LEN, R_INFO = 15, 16, 17, 18, 19
+R_TOPIC_OFF, R_TOPIC_LEN, R_PROPS_OFF, R_PROPS_LEN, R_INFO, R_TOPIC_HASH = 15, 16, 17, 18, 19, 20
 
 _SKIP_CQ = (F.TRANSACTION_PREPARED_TYPE, F.TRANSACTION_ROLLBACK_TYPE)
 
@@ -74,6 +74,9 @@ class ConsumeQueueDispatcher(Dispatcher):
         # (topic hash, queue id); used by the dispatching thread only.
         self._k_dispatch = getattr(store.kernels, "cq_dispatch", None)
         self._slots = None
+        # (topic hash << 32 | queue id) -> the queues cq_dispatch may append to under that key
+        # (two when topics share a hash): what a batch touched is marked dirty from its rows.
+        self._cq_of_key = {}
         if self._k_dispatch is not None:
             from .consume_queue import ConsumeQueue
             from .mapped_file import MappedFile
@@ -123,14 +126,40 @@ class ConsumeQueueDispatcher(Dispatcher):
                 store.checkpoint.physic_msg_timestamp = last_ts
 
     def _dispatch_row(self, row, buf):
-        """One row by ConsumeQueue.put_unit's rules; returns its queue (cq_dispatch's slow path)."""
+        """One row by ConsumeQueue.put_unit's rules; returns its queue (cq_dispatch's slow path,
+        which then remembers the queue under the row's key)."""
         pos = row[R_POS] + row[R_TOPIC_OFF]
         cq = _queue_of(self._store, buf[pos:pos + row[R_TOPIC_LEN]], row[R_QID])
         tags = row[R_TAGS]
         if row[R_INFO] & F.SCAN_INFO_SCHEDULE:
             tags = self._schedule_tags_code(row, buf)
         cq.put_unit(row[R_PHY], row[R_SIZE], tags, row[R_QOFF])
+        key = (row[R_TOPIC_HASH] << 32) | (row[R_QID] & 0xFFFFFFFF)
+        known = self._cq_of_key.get(key)
+        if known is None:
+            self._cq_of_key[key] = (cq,)
+        elif cq not in known:
+            self._cq_of_key[key] = known + (cq,)
         return cq
+
+    def _mark_dispatched(self, arr):
+        """Mark dirty every queue cq_dispatch may have appended to for the rows of `arr` (the
+        compiled loop writes units without calling back): one entry per distinct key."""
+        if not len(arr):
+            return
+        key = (arr["topic_hash"].astype(np.int64) << 32) | \
+            (arr["queue_id"].astype(np.int64) & 0xFFFFFFFF)
+        # A batch to a few queues (the common case) dedups fastest through a set; thousands
+        # of rows to thousands of queues through a sort.
+        keys = np.unique(key).tolist() if len(key) > 4096 else set(key.tolist())
+        cq_of_key = self._cq_of_key
+        touched = []
+        for k in keys:
+            cqs = cq_of_key.get(k)
+            if cqs is not None:             # None: no unit went there (a prepared record)
+                touched.extend(cqs)
+        if touched:
+            self._store.dirty_cqs.mark_all(touched)
 
     def dispatch_array(self, arr, buf):
         """The same as dispatch(), by columns. With the backend's cq_dispatch, one compiled
@@ -141,8 +170,11 @@ class ConsumeQueueDispatcher(Dispatcher):
         consecutive queue offsets becomes one batch kernel call."""
         if self._k_dispatch is not None:
             arr = np.ascontiguousarray(arr)
-            last_ts = self._k_dispatch(arr, buf, self._slots,
-                                       lambda i: self._dispatch_row(arr[i].item(), buf))
+            try:
+                last_ts = self._k_dispatch(arr, buf, self._slots,
+                                           lambda i: self._dispatch_row(arr[i].item(), buf))
+            finally:
+                self._mark_dispatched(arr)
             if last_ts:
                 self._store.checkpoint.logics_msg_timestamp = last_ts
             return
