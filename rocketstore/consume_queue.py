@@ -31,15 +31,18 @@ def _reserve(f, end):
 
 class DirtyQueues:
     """The ConsumeQueues written since the flusher last took them, so a flush round costs the
-    queues that changed, not every queue of the store. A queue is marked after its positions
-    move: a flusher that takes the set in between flushes what was there and finds the queue
-    marked again next round."""
+    queues that changed, not every queue of the store.
 
-    __slots__ = ("_lock", "_queues")
+    A writer marks a queue after its positions moved, and need not mark it again while
+    `epoch` (bumped by every take) is the one it marked it in: a take after the write flushes
+    the write, and the next write after a take sees the new epoch and marks again."""
+
+    __slots__ = ("_lock", "_queues", "epoch")
 
     def __init__(self):
         self._lock = threading.Lock()
         self._queues = set()
+        self.epoch = 0
 
     def mark(self, cq):
         with self._lock:
@@ -53,6 +56,7 @@ class DirtyQueues:
         """The marked queues; the set starts empty again."""
         with self._lock:
             queues, self._queues = self._queues, set()
+            self.epoch += 1
         return queues
 
     def __len__(self):
@@ -66,7 +70,7 @@ class ConsumeQueue:
     """Units are written by the reput thread only; readers take `self.mfq.files` once."""
 
     __slots__ = ("topic", "queue_id", "mfq", "file_size", "max_physic_offset",
-                 "min_logic_offset", "_k", "_commit_log_min", "dirty")
+                 "min_logic_offset", "_k", "_commit_log_min", "dirty", "_marked")
 
     def __init__(self, root, topic, queue_id, file_size, kernels, fs, writable=True,
                  reserve_window=0):
@@ -81,8 +85,10 @@ class ConsumeQueue:
         self.max_physic_offset = -1     # end (offset + size) of the last unit's record
         self.min_logic_offset = 0       # byte offset of the first valid unit
         self._k = kernels
-        # The store's DirtyQueues, marked after every write (None: nothing tracks this queue).
+        # The store's DirtyQueues, marked after a write (None: nothing tracks this queue), and
+        # the epoch it was last marked in.
         self.dirty = None
+        self._marked = -1
 
     # ---- load and recovery (spec 02 §1.5-1.6) --------------------------------------------
     def load(self):
@@ -154,7 +160,10 @@ class ConsumeQueue:
     def _mark(self):
         dirty = self.dirty
         if dirty is not None:
-            dirty.mark(self)
+            epoch = dirty.epoch             # read after the write: see DirtyQueues
+            if epoch != self._marked:
+                dirty.mark(self)
+                self._marked = epoch
 
     def correct_min_offset(self, min_commit_log_offset):
         """The first unit whose record is still in the CommitLog sets min_logic_offset."""
@@ -255,8 +264,8 @@ class ConsumeQueue:
         f.wrote_position = f.committed_position = pos + UNIT
         self.max_physic_offset = offset + size
         dirty = self.dirty
-        if dirty is not None:
-            dirty.mark(self)
+        if dirty is not None and dirty.epoch != self._marked:
+            self._mark()
 
     def _fill_pre_blank(self, f, expect):
         """A queue whose first unit is not 0 starts with filler units (fillPreBlank)."""

@@ -373,12 +373,15 @@ class FlushConsumeQueueService(ServiceThread):
             least = 0
             snapshot = self._store.checkpoint.logics_msg_timestamp
         dirty = self._store.dirty_cqs
+        left = []
         for cq in dirty.take():
             for _ in range(retry_times):
                 if cq.flush(least):
                     break
             if _unflushed(cq):
-                dirty.mark(cq)
+                left.append(cq)
+        if left:
+            dirty.mark_all(left)
         if least == 0:
             if snapshot > 0:
                 self._store.checkpoint.logics_msg_timestamp = snapshot
