@@ -65,12 +65,13 @@ class GroupCommitService(ServiceThread):
     bytes durable, so a sync wakes exactly the puts it served (no notify_all convoy).
 
     Up to MAX_SYNCS syncs of consecutive ranges run at once: the file system merges
-    concurrent syncs into one journal commit, so a second sync started while the first waits
-    on the disk costs far less than a second in turn (measured: 2 at once make 3x the syncs
-    per second of 1, on ext4). The flushed offset is the end of the longest prefix of ranges
-    whose syncs finished; a put is acknowledged only once it is inside that prefix. A put that
-    finds MAX_SYNCS running waits, and the first sync to finish hands its slot to the waiting
-    put with the lowest offset that no sync covers.
+    concurrent syncs into one journal commit, so a sync started while another waits on the
+    disk costs far less than one started after it (measured on ext4: 2 at once make 3x the
+    syncs per second of 1; 16 threads putting ran 3x faster with 4 than with 1, 4 producers
+    of batches 2x, and 8 gained nothing over 4). The flushed offset is the end of the longest
+    prefix of ranges whose syncs finished; a put is acknowledged only once it is inside that
+    prefix. A put that finds MAX_SYNCS running waits, and the first sync to finish hands its
+    slot to the waiting put with the lowest offset that no sync covers.
 
     The thread starts a sync every 10 ms, or on wakeup(), when something is unflushed: for
     puts that do not wait (WAIT=false) and a slave's appends, as 4.9.x's GroupCommitService
@@ -245,11 +246,11 @@ class GroupCommitService(ServiceThread):
         the checkpoint's physicMsgTimestamp follow, as MappedFileQueue.flush(0) leaves them."""
         mfq = self._mfq
         old = mfq.flushed_where
-        for f in mfq.files:
+        for f in reversed(mfq.files):           # the newest first: one or two files moved
             lo = f.file_from_offset
-            if lo >= flushed:
+            if lo + f.file_size <= old:
                 break
-            if lo + f.file_size > old:
+            if lo < flushed:
                 f.flushed_position = max(f.flushed_position, min(flushed - lo, f.file_size))
         mfq.flushed_where = flushed
         mfq.store_timestamp = ts
