@@ -240,6 +240,17 @@ class MappedFile:
             self.release()
         return self.flushed_position
 
+    def sync(self, start, end):
+        """Make [start, end) durable, leaving flushed_position to the caller: SYNC_FLUSH's group
+        commit runs several syncs of one file at once and advances the position itself, in
+        order. Nothing if the file is being destroyed."""
+        if end <= start or not self.hold():
+            return
+        try:
+            self._fs.sync_mapped(self._k, self.mm, self.path, start, end - start)
+        finally:
+            self.release()
+
     # ---- reference counting (ReferenceResource) ---------------------------------------
     def hold(self):
         """Borrow the mapping; False once the file is being destroyed."""

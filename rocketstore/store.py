@@ -18,7 +18,7 @@ from .clock import system_clock
 from .commitlog import CommitLog
 from .config import BrokerRole, FlushDiskType, StoreConfig
 from .config_manager import SubscriptionGroupConfig, TopicConfig, all_managers
-from .consume_queue import ConsumeQueue
+from .consume_queue import ConsumeQueue, DirtyQueues
 from .dispatch import ConsumeQueueDispatcher
 from .ha.master import HAService
 from .index_file import infer_geometry
@@ -123,6 +123,8 @@ class MessageStore:
         self.consume_queue_table = {}      # topic -> {queue_id: ConsumeQueue}
         self._cq_raw = {}                  # (topic bytes, queue_id) -> ConsumeQueue, for reput
         self._cq_lock = threading.Lock()
+        # Queues written since FlushConsumeQueueService last took them (ConsumeQueue.dirty).
+        self.dirty_cqs = DirtyQueues()
         self.dispatchers = [ConsumeQueueDispatcher(self)]
         self.checkpoint = None
         self.recovery_report = None
@@ -537,6 +539,7 @@ class MessageStore:
                                   self.kernels, self.fs, writable=self.writable,
                                   reserve_window=self.config.consume_queue_reserve_window)
                 cq.mfq.root = self.root
+                cq.dirty = self.dirty_cqs
                 queues[queue_id] = cq
                 self._cq_raw[(topic.encode("utf-8"), queue_id)] = cq
             return cq
