@@ -32,7 +32,7 @@ from .mapped_file_queue import is_index_name, is_queue_dir_name, split_segment_n
 from .message import PROPERTY_WAIT, MessageExt
 from .running_flags import NOT_WRITEABLE_MASK, RunningFlags
 from .services.clean import (CleanCommitLogService, CleanConsumeQueueService,
-                             StoreScheduledService, disk_usage_source)
+                             StoreScheduledService, StoreSize, disk_usage_source)
 from .services.flush import (CommitRealTimeService, FlushConsumeQueueService,
                              FlushRealTimeService, GroupCommitService)
 from .services.reput import ReputMessageService
@@ -768,6 +768,12 @@ class MessageStore:
         self._check_open()
         check_optional_int(now_ms, "now_ms", INT64_MIN, INT64_MAX)
         return self.clean_commitlog_service.plan(now_ms)
+
+    def store_size(self):
+        """Bytes the store's CommitLog, ConsumeQueue and index files take on disk (allocated
+        blocks: the files are sparse), as store_size_budget counts them."""
+        self._check_open()
+        return StoreSize(self).total
 
     def execute_delete_files_manually(self):
         """Make the next 20 cleaning rounds delete expired files whatever the hour."""
