@@ -159,3 +159,215 @@ def test_budget_without_protection_reports_what_the_groups_lose(make):
     assert plan.lost == {"slow": sum(r.commit_log_offset < new_min for r in results)}
     assert len(store.clean_files_periodically()) == len(plan.files)
     assert len(names(store)) == 1
+
+
+# ---- delete_topic -------------------------------------------------------------------------
+
+def _topic_dir(store, topic):
+    return os.path.join(store.root, "consumequeue", topic)
+
+
+def test_delete_topic_removes_queues_config_and_offsets_and_keeps_records(make):
+    store = make()
+    store.update_topic_config("Gone", read_queue_nums=2, write_queue_nums=2)
+    gone = fill(store, 30, topic="Gone") + fill(store, 5, topic="Gone", queue_id=1)
+    kept = fill(store, 10, topic="Kept")
+    store.commit_offset("g", "Gone", 0, 7)
+    store.commit_offset("g", "Kept", 0, 3)
+    max_before = store.get_max_phy_offset()
+    assert store.delete_topic("Gone") is True
+    assert not os.path.exists(_topic_dir(store, "Gone"))
+    assert store.topic_config("Gone") is None
+    assert store.query_offset("g", "Gone", 0) == -1
+    assert store.query_offset("g", "Kept", 0) == 3
+    # Its records stay in the CommitLog until they expire.
+    assert store.get_max_phy_offset() == max_before
+    assert store.look_message_by_offset(gone[0].commit_log_offset).topic == "Gone"
+    # Not served: as for a topic never written.
+    never = store.get_message("g", "Never", 0, 0)
+    g = store.get_message("g", "Gone", 0, 0)
+    assert g.status is never.status and g.messages == [] and \
+        g.next_begin_offset == never.next_begin_offset
+    assert store.get_max_offset_in_queue("Gone", 0) == 0
+    assert store.get_message("g", "Kept", 0, 0, 64).messages[-1].commit_log_offset == \
+        kept[-1].commit_log_offset
+    # Deleting it again has nothing left to delete.
+    assert store.delete_topic("Gone") is False
+
+
+def test_a_put_after_delete_topic_starts_a_fresh_queue_at_offset_zero(make):
+    store = make()
+    fill(store, 25, topic="T")
+    store.delete_topic("T")
+    r = store.put_message(Message("T", b"new"))
+    assert r.ok and r.queue_offset == 0
+    g = store.get_message("g", "T", 0, 0, 64)
+    assert g.status is G.FOUND and [m.body for m in g.messages] == [b"new"]
+
+
+@pytest.mark.parametrize("put_after", [False, True])
+@pytest.mark.parametrize("crash", [False, True])
+def test_a_deleted_topic_is_not_served_after_restart(tmp_path, backend, crash, put_after):
+    root = tmp_path / "store"
+    store = testing.open_store(root, backend, config=config())
+    fill(store, 40, topic="T")
+    fill(store, 5, topic="Other")
+    fill(store, 20, topic="T")       # T's records are the newest in the CommitLog
+    store.delete_topic("T")
+    if put_after:
+        r = store.put_message(Message("T", b"after", queue_id=0))
+        assert r.ok and r.queue_offset == 0
+    testing.wait_dispatched(store)
+    testing.wait_flushed(store)
+    if crash:
+        # An abnormal exit: the next open dispatches the CommitLog again from its start.
+        store.checkpoint.physic_msg_timestamp = store.checkpoint.logics_msg_timestamp = 0
+        store.checkpoint.index_msg_timestamp = 0
+        store.checkpoint.flush()
+        store.shutdown()
+        open(root / "abort", "wb").close()
+    else:
+        # A clean exit: the next start dispatches from where the remaining queues end,
+        # which is before T's last records.
+        store.shutdown()
+    again = testing.open_store(root, backend, config=config())
+    try:
+        if crash:
+            assert again.recovery_report.dispatched > 60
+        testing.wait_dispatched(again)
+        want = [b"after"] if put_after else []
+        assert [m.body for m in again.get_message("g", "T", 0, 0, 64).messages] == want
+        assert again.get_max_offset_in_queue("T", 0) == len(want)
+        assert again.get_message("g", "T", 0, 40, 64).messages == []
+        r = again.put_message(Message("T", b"later"))
+        assert r.ok and r.queue_offset == len(want)
+        assert len(again.get_message("g", "Other", 0, 0, 64).messages) == 5
+    finally:
+        again.shutdown()
+
+
+def test_a_deletion_killed_after_its_entry_finishes_at_the_next_open(tmp_path, backend):
+    root = tmp_path / "store"
+    store = testing.open_store(root, backend, config=config())
+    store.update_topic_config("T")
+    fill(store, 30, topic="T")
+    fill(store, 3, topic="Other")
+    store.commit_offset("g", "T", 0, 4)
+    store.persist_configs()
+    # The first step of delete_topic (the durable entry), then a kill: queues, config and
+    # offsets are all still there.
+    store.deleted_topics.mark("T", store.get_max_phy_offset(), pending=True)
+    store.shutdown()
+    again = testing.open_store(root, backend, config=config())
+    try:
+        assert "T" not in again.consume_queue_table
+        assert not os.path.exists(_topic_dir(again, "T"))
+        assert again.topic_config("T") is None and again.query_offset("g", "T", 0) == -1
+        assert again.get_message("g", "T", 0, 0).messages == []
+        assert again.deleted_topics.pending() == []
+        assert len(again.get_message("g", "Other", 0, 0, 64).messages) == 3
+    finally:
+        again.shutdown()
+
+
+def test_a_deletion_killed_after_setting_its_queues_aside_finishes_at_the_next_open(
+        tmp_path, backend):
+    root = tmp_path / "store"
+    store = testing.open_store(root, backend, config=config())
+    fill(store, 30, topic="T")
+    store.shutdown()
+    # The state between the rename and the removal of the set-aside directory.
+    store = MessageStore(root, config(), kernels=backend)
+    store.load()
+    store.deleted_topics.mark("T", store.get_max_phy_offset(), pending=True)
+    store.shutdown()
+    os.rename(root / "consumequeue" / "T", root / "consumequeue" / "T.deleted")
+    again = testing.open_store(root, backend, config=config())
+    try:
+        assert not os.path.exists(root / "consumequeue" / "T.deleted")
+        assert again.get_message("g", "T", 0, 0).messages == []
+        assert again.stray_files() == []
+    finally:
+        again.shutdown()
+
+
+def test_a_read_only_open_does_not_serve_a_topic_whose_deletion_was_interrupted(
+        tmp_path, backend):
+    root = tmp_path / "store"
+    store = testing.open_store(root, backend, config=config())
+    fill(store, 30, topic="T")
+    fill(store, 3, topic="Other")
+    store.deleted_topics.mark("T", store.get_max_phy_offset(), pending=True)
+    store.shutdown()
+    reader = MessageStore.open_read_only(root, kernels=backend)
+    try:
+        assert "T" not in reader.consume_queue_table
+        assert len(reader.get_message("g", "Other", 0, 0, 64).messages) == 3
+    finally:
+        reader.shutdown()
+    assert os.path.isdir(root / "consumequeue" / "T")     # a reader changes nothing
+
+
+def test_delete_topic_refuses_bad_input_and_a_read_only_store(make, tmp_path, backend):
+    store = make()
+    fill(store, 3, topic="T")
+    with pytest.raises(TypeError):
+        store.delete_topic(None)
+    store.shutdown()
+    with pytest.raises(StoreClosedError):
+        store.delete_topic("T")
+    reader = MessageStore.open_read_only(store.root, kernels=backend)
+    try:
+        with pytest.raises(StoreClosedError):
+            reader.delete_topic("T")
+    finally:
+        reader.shutdown()
+
+
+def test_deleted_topic_entries_go_once_its_records_expired(make):
+    store = make(store_size_budget=1)
+    fill(store, 30, topic="T")
+    store.delete_topic("T")
+    assert "T" in store.deleted_topics.table
+    fill(store, 60, topic="Other")
+    store.clean_files_periodically()
+    assert store.get_min_phy_offset() > store.deleted_topics.table.get("T", {"offset": 0})[
+        "offset"] or "T" not in store.deleted_topics.table
+    assert "T" not in store.deleted_topics.table and store._deleted_raw == {}
+
+
+# ---- clean_unused_topic, destroy -----------------------------------------------------------
+
+def test_clean_unused_topic_keeps_the_kept_and_system_topics(make):
+    store = make()
+    for topic in ("Keep", "Drop", "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC",
+                  "rmq_sys_foo", "TBW102", "%LMQ%x"):
+        fill(store, 2, topic=topic)
+    store.update_topic_config("Drop")
+    assert store.clean_unused_topic({"Keep"}) == ["Drop"]
+    assert sorted(store.consume_queue_table) == sorted(
+        ["Keep", "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "rmq_sys_foo", "TBW102",
+         "%LMQ%x"])
+    assert not os.path.exists(_topic_dir(store, "Drop"))
+    assert store.topic_config("Drop") is not None       # 4.9.8 leaves the config
+    assert store.get_message("g", "Drop", 0, 0).messages == []
+    with pytest.raises(TypeError):
+        store.clean_unused_topic("Keep")
+
+
+def test_destroy_is_refused_while_the_store_is_open_and_removes_every_file_after(
+        make, tmp_path):
+    store = make()
+    fill(store, 10)
+    store.update_topic_config("TopicA")
+    with pytest.raises(Exception, match="shutdown"):
+        store.destroy()
+    assert os.path.isdir(os.path.join(store.root, "commitlog"))
+    store.shutdown()
+    foreign = os.path.join(store.root, "mine.txt")
+    open(foreign, "w").close()
+    store.destroy()
+    assert os.listdir(store.root) == ["mine.txt"]
+    os.remove(foreign)
+    store.destroy()                 # nothing left: a second call is harmless
+    assert not os.path.exists(store.root)

@@ -433,6 +433,10 @@ class CleanConsumeQueueService:
         index_service = getattr(store, "index_service", None)
         if index_service is not None:
             index_service.delete_expired_file(min_offset)
+        # A deleted topic whose records have all expired needs no entry any more.
+        deleted = getattr(store, "deleted_topics", None)
+        if deleted is not None and deleted.table and deleted.prune(min_offset):
+            store._deleted_raw = deleted.offsets_by_bytes()
         return total
 
 
