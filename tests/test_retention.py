@@ -371,3 +371,48 @@ def test_destroy_is_refused_while_the_store_is_open_and_removes_every_file_after
     os.remove(foreign)
     store.destroy()                 # nothing left: a second call is harmless
     assert not os.path.exists(store.root)
+
+
+def test_a_kill_anywhere_in_delete_topic_leaves_the_topic_whole_or_deleted(tmp_path):
+    """Kill the deletion at each of its file-system changes in turn; every time the store
+    opens (recovering) with T either whole (all 30 messages, config, offsets) or deleted (not
+    served, config and offsets gone), and a put to T then works. One backend (the first
+    expected): the deletion's file-system steps are Python's, the same under every backend,
+    and a child process per step costs seconds."""
+    import subprocess
+    import sys
+    backend = testing.load_backend(testing.backend_params()[0])
+    child = os.path.join(os.path.dirname(__file__), "crashers", "delete_topic.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    seen = set()
+    for kill_at in range(1, 100):
+        root = tmp_path / f"store{kill_at}"
+        rc = subprocess.run([sys.executable, child, str(root), backend.NAME, str(kill_at)],
+                            env=env, timeout=120).returncode
+        assert rc in (0, 9)
+        store = testing.open_store(root, backend, config=config())
+        try:
+            testing.wait_dispatched(store)
+            got = [m.body for q in (0, 1)
+                   for m in store.get_message("g", "T", q, 0, 64).messages]
+            whole = len(got) == 30
+            if whole:
+                assert store.topic_config("T") is not None
+                assert store.query_offset("g", "T", 0) == 3
+                seen.add("whole")
+            else:
+                assert got == [], f"killed at change {kill_at}: {len(got)} of T's messages"
+                assert store.topic_config("T") is None
+                assert store.query_offset("g", "T", 0) == -1
+                assert not any(n.startswith("T") for n in
+                               os.listdir(os.path.join(root, "consumequeue")))
+                seen.add("deleted")
+            assert [m.body for m in store.get_message("g", "Other", 0, 0, 64).messages] == \
+                [b"o%d" % i for i in range(5)]
+            r = store.put_message(Message("T", b"new", queue_id=0))
+            assert r.ok and r.queue_offset == (15 if whole else 0)
+        finally:
+            store.shutdown()
+        if rc == 0:
+            break
+    assert rc == 0 and seen == {"whole", "deleted"}
