@@ -75,7 +75,6 @@ def test_store_size_budget_is_validated():
 def test_store_size_counts_allocated_bytes_of_commitlog_queues_and_index(make):
     store = make()
     fill(store)
-    fs = store.fs
     paths = [f.path for f in store.commitlog.mfq.files]
     paths += [f.path for cq in store.all_consume_queues() for f in cq.mfq.files]
     paths += [f.path for f in store.index_service.index_file_list]
@@ -416,3 +415,66 @@ def test_a_kill_anywhere_in_delete_topic_leaves_the_topic_whole_or_deleted(tmp_p
         if rc == 0:
             break
     assert rc == 0 and seen == {"whole", "deleted"}
+
+
+# ---- the CLI --------------------------------------------------------------------------------
+
+# small_config's index numbers, which the index file sizes alone do not tell.
+INDEX_OPTS = ("--max-hash-slot-num", "64", "--max-index-num", "500")
+
+
+def _cli_store(root, backend):
+    store = testing.open_store(root, backend, config=config())
+    store.update_topic_config("T")
+    fill(store, 12, topic="T")
+    fill(store, 3, topic="Other")
+    store.commit_offset("g", "T", 0, 2)
+    return store
+
+
+def test_cli_delete_topic_deletes_and_verify_stays_clean(tmp_path, backend):
+    import json
+    root = tmp_path / "store"
+    _cli_store(root, backend).shutdown()
+    r = testing.run_cli("delete-topic", str(root), "T", *INDEX_OPTS)
+    assert r.returncode == 0 and "deleted topic T" in r.stdout, r.stderr
+    st = json.loads(testing.run_cli("stat", str(root), "--json", check=True).stdout)
+    assert [t["topic"] for t in st["topics"]] == ["Other"]
+    assert all(t["topic"] != "T" for g in st["groups"] for t in g["topics"])
+    # Its records are still in the CommitLog, and that is no damage.
+    assert testing.run_cli("verify", str(root)).returncode == 0
+    r = testing.run_cli("delete-topic", str(root), "T", *INDEX_OPTS)
+    assert r.returncode == 1 and "nothing deleted" in r.stderr
+
+
+def test_cli_delete_topic_refuses_a_store_in_use_in_one_line(tmp_path, backend):
+    root = tmp_path / "store"
+    store = _cli_store(root, backend)
+    try:
+        r = testing.run_cli("delete-topic", str(root), "T", *INDEX_OPTS)
+        assert r.returncode == 2
+        assert r.stderr.count("\n") == 1 and f"process {os.getpid()} holds its lock" in r.stderr, \
+            r.stderr
+        assert store.get_message("g", "T", 0, 0, 64).messages
+    finally:
+        store.shutdown()
+
+
+def test_cli_stat_shows_the_store_size_against_a_budget(tmp_path, backend):
+    import json
+    root = tmp_path / "store"
+    _cli_store(root, backend).shutdown()
+    reader = MessageStore.open_read_only(root, kernels=backend)
+    try:
+        size = reader.store_size()
+    finally:
+        reader.shutdown()
+    st = json.loads(testing.run_cli("stat", str(root), "--json", "--budget",
+                                    str(4 * size), check=True).stdout)
+    assert st["storeSize"] == {"bytes": size, "budget": 4 * size, "budgetUsedRatio": 0.25}
+    out = testing.run_cli("stat", str(root), "--budget", str(4 * size), check=True).stdout
+    assert f"budget     {size:,} of {4 * size:,} bytes used (25.0%" in out
+    out = testing.run_cli("stat", str(root), check=True).stdout
+    assert f"size       {size:,} bytes" in out and "no budget" in out
+    r = testing.run_cli("stat", str(root), "--budget", "-1")
+    assert r.returncode == 2 and "--budget" in r.stderr
