@@ -75,7 +75,9 @@ def test_store_size_budget_is_validated():
 def test_store_size_counts_allocated_bytes_of_commitlog_queues_and_index(make):
     store = make()
     fill(store)
-    paths = [f.path for f in store.commitlog.mfq.files]
+    cl_dir = store.commitlog.mfq.store_path
+    # Every CommitLog segment, the one the allocator made ahead of the writer included.
+    paths = [os.path.join(cl_dir, n) for n in os.listdir(cl_dir)]
     paths += [f.path for cq in store.all_consume_queues() for f in cq.mfq.files]
     paths += [f.path for f in store.index_service.index_file_list]
     want = sum(os.stat(p).st_blocks * 512 for p in paths)

@@ -121,11 +121,17 @@ class StoreSize:
 
     def __init__(self, store):
         from ..format import CQ_STORE_UNIT_SIZE
+        from ..mapped_file_queue import split_segment_names
         fs = store.fs
-        self.commitlog = {id(mf): allocated_bytes(fs, mf.path)
-                          for mf in store.commitlog.mfq.files}
+        mfq = store.commitlog.mfq
+        self.commitlog = {id(mf): allocated_bytes(fs, mf.path) for mf in mfq.files}
         covered = []
-        other = 0
+        # Segments on disk the list does not hold yet count too: the next file the allocator
+        # created ahead of the writer takes its reserved window.
+        listed = {os.path.basename(mf.path) for mf in mfq.files}
+        other = sum(allocated_bytes(fs, os.path.join(mfq.store_path, name))
+                    for name in split_segment_names(fs, mfq.store_path, None)[0]
+                    if name not in listed)
         for cq in store.all_consume_queues():
             files = cq.mfq.files
             for f in files:
