@@ -118,7 +118,7 @@ def _cext_modules():
 
 setup(
     packages=find_packages(include=["rocketstore", "rocketstore*"]),
-    package_data={"rocketstore": ["py.typed"]},
+    package_data={"rocketstore": ["py.typed", "*.pyi"]},
     ext_modules=_cext_modules() if BUILD_CEXT else [],
     cffi_modules=["csrc/build_cffi.py:ffibuilder"] if BUILD_CFFI else [],
     cmdclass={"build_ext": explaining_build_ext},

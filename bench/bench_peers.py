@@ -120,9 +120,6 @@ class RocketStore:
         cfg = StoreConfig(
             **_file_sizes(),
             flush_disk_type=FlushDiskType.SYNC_FLUSH if sync else FlushDiskType.ASYNC_FLUSH,
-            # Embedded reads are not network transfers: let one get_message call return 1000.
-            max_transfer_count_on_message_in_memory=READ_BATCH,
-            max_transfer_bytes_on_message_in_memory=READ_BATCH * 1024,
             # An ephemeral HA port, so a store (or a broker) already on 10912 does not matter.
             **({"ha_listen_port": 0} if "ha_listen_port" in _CONFIG_FIELDS else {}))
         self.store = MessageStore(path, cfg, kernels=backend)

@@ -659,9 +659,9 @@ def build_parser():
                    help="a store_size_budget in bytes to show the store's size against")
     s.set_defaults(func=_stat)
 
-    dt = sub.add_parser("delete-topic", parents=[index_opts], help="delete a topic's queues, config and consumer "
-                                             "offsets (takes the store's lock: not while it "
-                                             "is open elsewhere)")
+    dt = sub.add_parser("delete-topic", parents=[index_opts],
+                        help="delete a topic's queues, config and consumer offsets (takes the "
+                             "store's lock: not while it is open elsewhere)")
     dt.add_argument("store_dir", help="store root")
     dt.add_argument("topic")
     dt.set_defaults(func=_delete_topic)

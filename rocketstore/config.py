@@ -11,6 +11,7 @@ A few rocketstore fields follow them; each says where its value lives in a Java 
 import dataclasses
 import enum
 import ipaddress
+import logging
 import math
 import os
 import re
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from rocketstore.errors import ConfigError
+
+log = logging.getLogger(__name__)
 from rocketstore.format import CQ_STORE_UNIT_SIZE
 
 __all__ = [
@@ -62,6 +65,92 @@ def _default_root_dir():
     # Java: System.getProperty("user.home") + File.separator + "store", evaluated per instance.
     return os.path.join(os.path.expanduser("~"), "store")
 
+
+# MessageStoreConfig fields rocketstore carries (so a broker.conf round-trips) but does not
+# implement. Set to anything but the Java default, each is refused: a setting that silently
+# does nothing would mislead. The README's "Config fields not implemented" lists them.
+# tests/test_config.py checks that no field here is read anywhere and every other field is.
+_DLEDGER = "DLedger (Raft) CommitLogs are not supported"
+_LMQ = "light message queues (LMQ) and multi-dispatch are not supported"
+_CQ_EXT = "ConsumeQueue extension files (consumequeue_ext) are neither written nor read"
+_NO_STATS = "the store keeps no such statistics yet"
+_NO_ASYNC_SCHEDULE = "delayed messages are delivered synchronously"
+NOT_IMPLEMENTED = {
+    "store_path_d_ledger_commit_log": _DLEDGER,
+    "read_only_commit_log_store_paths": "a multi-path (read-only extra) CommitLog is not "
+                                        "supported",
+    "enable_consume_queue_ext": _CQ_EXT,
+    "mapped_file_size_consume_queue_ext": _CQ_EXT,
+    "bit_map_length_consume_queue_ext": _CQ_EXT,
+    "use_reentrant_lock_when_put_message": "the put lock is one kind of mutex; Java's choice "
+                                           "between a spin and a reentrant lock has no "
+                                           "counterpart",
+    "put_msg_index_hight_water": "no back-pressure on the index backlog",
+    "flush_least_pages_when_warm_maped_file": "files are warmed by MADV_POPULATE_WRITE in "
+                                              "reserved windows, with no flush while warming",
+    "max_transfer_bytes_on_message_in_memory": "get_message is bounded by its max_msg_nums "
+                                               "and a fixed byte budget",
+    "max_transfer_count_on_message_in_memory": "get_message is bounded by its max_msg_nums "
+                                               "and a fixed byte budget",
+    "max_transfer_bytes_on_message_in_disk": "get_message is bounded by its max_msg_nums and "
+                                             "a fixed byte budget",
+    "max_transfer_count_on_message_in_disk": "get_message is bounded by its max_msg_nums and "
+                                             "a fixed byte budget",
+    "debug_lock_enable": "there is no lock-debugging thread",
+    "duplication_enable": "the confirm offset of duplicated (DLedger) stores is not kept",
+    "disk_fall_recorded": _NO_STATS,
+    "os_page_cache_busy_time_out_mills": "puts never answer OS_PAGECACHE_BUSY yet",
+    "default_query_max_num": "query_message takes its max_num from the caller",
+    "fast_fail_if_no_buffer_in_store_pool": "the transient pool never fails a put fast",
+    "enable_d_leger_commit_log": _DLEDGER,
+    "d_leger_group": _DLEDGER,
+    "d_leger_peers": _DLEDGER,
+    "d_leger_self_id": _DLEDGER,
+    "preferred_leader_id": _DLEDGER,
+    "enable_batch_push": "the HA master has no batch-push mode",
+    "enable_schedule_message_stats": _NO_STATS,
+    "enable_lmq": _LMQ,
+    "enable_multi_dispatch": _LMQ,
+    "max_lmq_consume_queue_num": _LMQ,
+    "enable_schedule_async_deliver": _NO_ASYNC_SCHEDULE,
+    "schedule_async_deliver_max_pending_limit": _NO_ASYNC_SCHEDULE,
+    "schedule_async_deliver_max_resend_num2_blocked": _NO_ASYNC_SCHEDULE,
+}
+
+# Keys of 4.9.8's BrokerConfig, NettyServerConfig and NettyClientConfig: a broker.conf holds
+# them beside the store's, so from_properties keeps them quietly (extra_properties) and warns
+# only about a key that none of the three knows.
+BROKER_KEYS = frozenset("""
+aclEnable adminBrokerThreadPoolNums autoCreateSubscriptionGroup autoCreateTopicEnable
+autoDeleteUnusedStats brokerClusterName brokerFastFailureEnable brokerIP1 brokerIP2 brokerId
+brokerName brokerPermission brokerTopicEnable channelNotActiveInterval clientAsyncSemaphoreValue
+clientCallbackExecutorThreads clientChannelMaxIdleTimeSeconds clientCloseSocketIfTimeout
+clientManageThreadPoolNums clientManagerThreadPoolQueueCapacity clientOnewaySemaphoreValue
+clientPooledByteBufAllocatorEnable clientSocketRcvBufSize clientSocketSndBufSize
+clientWorkerThreads clusterTopicEnable commercialBaseCount commercialBigCount commercialEnable
+commercialTimerCount commercialTransCount compressedRegister configBlackList
+connectTimeoutMillis consumerFallbehindThreshold consumerManageThreadPoolNums
+consumerManagerThreadPoolQueueCapacity defaultTopicQueueNums disableConsumeIfConsumerReadSlowly
+enableCalcFilterBitMap enableDetailStat enablePropertyFilter endTransactionPoolQueueCapacity
+endTransactionThreadPoolNums expectConsumerNumUseFilter fetchNamesrvAddrByAddressServer
+filterDataCleanTimeSpan filterServerNums filterSupportRetry flushConsumerOffsetHistoryInterval
+flushConsumerOffsetInterval forceRegister heartbeatThreadPoolNums
+heartbeatThreadPoolQueueCapacity highSpeedMode isolateLogEnable listenPort longPollingEnable
+maxDelayTime maxErrorRateOfBloomFilter messageStorePlugIn msgTraceTopicName namesrvAddr
+notifyConsumerIdsChangedEnable processReplyMessageThreadPoolNums pullMessageThreadPoolNums
+pullThreadPoolQueueCapacity putMessageFutureThreadPoolNums putThreadPoolQueueCapacity
+queryMessageThreadPoolNums queryThreadPoolQueueCapacity regionId registerBrokerTimeoutMills
+registerNameServerPeriod rejectTransactionMessage replyThreadPoolQueueCapacity rocketmqHome
+sendMessageThreadPoolNums sendThreadPoolQueueCapacity serverAsyncSemaphoreValue
+serverCallbackExecutorThreads serverChannelMaxIdleTimeSeconds serverOnewaySemaphoreValue
+serverPooledByteBufAllocatorEnable serverSelectorThreads serverSocketBacklog
+serverSocketRcvBufSize serverSocketSndBufSize serverWorkerThreads shortPollingTimeMills
+slaveReadEnable startAcceptSendRequestTimeStamp storeReplyMessageEnable traceOn traceTopicEnable
+transactionCheckInterval transactionCheckMax transactionTimeOut transferMsgByHeap
+useEpollNativeSelector useTLS waitTimeMillsInHeartbeatQueue waitTimeMillsInPullQueue
+waitTimeMillsInSendQueue waitTimeMillsInTransactionQueue writeBufferHighWaterMark
+writeBufferLowWaterMark
+""".split())
 
 @dataclass
 class StoreConfig:
@@ -212,6 +301,12 @@ class StoreConfig:
         self._check_semantics()
 
     def _check_semantics(self):
+        for name, why in NOT_IMPLEMENTED.items():
+            value = getattr(self, name)
+            if value != _FIELD_DEFAULTS[name]:
+                raise ConfigError(
+                    f"{_label(name)} = {value!r} is not implemented by rocketstore ({why}); "
+                    f"leave it at its default {_FIELD_DEFAULTS[name]!r}")
         for name in _POSITIVE_FIELDS:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{_label(name)} must be > 0, got {getattr(self, name)}")
@@ -306,6 +401,9 @@ class StoreConfig:
                 if name in _FROM_PROPERTIES:
                     kwargs[name] = _convert(name, key, raw, _KIND[name])
                 else:
+                    if key not in BROKER_KEYS:
+                        log.warning("broker.conf key %r is no setting of a 4.9.8 store, "
+                                    "broker or netty server/client: ignored", key)
                     extra[key] = raw
         if host is not None or port is not None:
             default_host, default_port = _FIELD_DEFAULTS["store_host"]

@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import threading
+from typing import Optional
 from dataclasses import dataclass, field
 
 from .errors import StoreClosedError
@@ -243,7 +244,7 @@ class SubscriptionGroupConfig(_JsonBean):
 # One writer at a time per file: concurrent persists shared `F.tmp` (one truncating what another
 # was about to rename: torn files, FileNotFoundError), and one holding an older table could
 # rename it over a newer one. Keyed by path, so two managers of one file take turns too.
-_file_locks = {}
+_file_locks: dict = {}
 _file_locks_mutex = threading.Lock()
 
 
@@ -260,7 +261,7 @@ class ConfigManager:
     """One JSON file (`[C]ConfigManager.java`): `encode()`/`decode()` the table, `load()` with
     fallback to `.bak`, `persist()` crash-safe. Subclasses hold their table under `_lock`."""
 
-    file_name = None
+    file_name: Optional[str] = None
 
     def __init__(self, root, fs, clock=None, read_only=False):
         self.path = os.path.join(root, "config", self.file_name)

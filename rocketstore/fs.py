@@ -48,14 +48,15 @@ def is_inside(root, path):
 
 # POSIX record locks belong to the process, so a second store in this process would get the
 # lock again: FileSystem.lock keeps its own registry of locked files, keyed by (device, inode).
-_held = set()
+_held: set = set()
 _held_mutex = threading.Lock()
 
 class _Flock(ctypes.Structure):
     """struct flock, with the field order of this platform's <fcntl.h> (ctypes lays out the
     padding): Linux puts l_type and l_whence first, the BSDs and macOS last."""
-    _common = [("l_start", ctypes.c_int64), ("l_len", ctypes.c_int64), ("l_pid", ctypes.c_int32)]
-    _kind = [("l_type", ctypes.c_short), ("l_whence", ctypes.c_short)]
+    _common: list = [("l_start", ctypes.c_int64), ("l_len", ctypes.c_int64),
+                     ("l_pid", ctypes.c_int32)]
+    _kind: list = [("l_type", ctypes.c_short), ("l_whence", ctypes.c_short)]
     if sys.platform.startswith("linux"):
         _fields_ = _kind + _common
     elif sys.platform.startswith("freebsd"):

@@ -99,7 +99,7 @@ def _hashmap_order(names):
     return sorted(range(len(names)), key=lambda i: (spread[i] & (cap - 1), i))
 
 
-_ORDER_CACHE = {}
+_ORDER_CACHE: dict = {}
 
 
 def hashmap_order(names):
@@ -165,7 +165,7 @@ def tags_code_of(tags):
 
 
 # ---- hosts ----------------------------------------------------------------------------------
-_HOST_CACHE = {}
+_HOST_CACHE: dict = {}
 
 
 def pack_host(host):

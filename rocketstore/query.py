@@ -162,3 +162,93 @@ def get_offset_in_queue_by_time(store, topic, queue_id, timestamp):
         return _java_div(base + offset, UNIT)
     finally:
         mf.release()
+
+
+BOUNDARIES = ("lower", "upper")
+
+
+def get_offset_in_queue_by_boundary(store, topic, queue_id, timestamp, boundary):
+    """ConsumeQueue#getOffsetInQueueByTime(timestamp, BoundaryType) as 5.x does it: "lower"
+    is the first queue offset whose message was stored at or after `timestamp`, "upper" the
+    last one stored at or before it (between two stored times, lower is the later message and
+    upper the earlier one, so that [lower, upper] ranges read well). The file is chosen by the
+    store times of its first and last units, not by its mtime. 0 without a queue."""
+    queues = store.consume_queue_table.get(topic)
+    cq = queues.get(queue_id) if queues else None
+    files = list(cq.mfq.files) if cq is not None else []
+    if not files:
+        return 0
+    pickup = store.commitlog.pickup_store_timestamp
+
+    def time_at(mf, pos):
+        phy, size = _UNIT.unpack_from(mf.mm, pos)
+        return pickup(phy, size)
+
+    held = [mf for mf in files if mf.hold()]
+    try:
+        if len(held) != len(files):
+            return 0                    # cleaning removed a file meanwhile
+        mf = None
+        if boundary == "lower":
+            # the first file (but the last) ending at or after timestamp, else the last
+            mf = next((f for f in files[:-1] if time_at(f, f.file_size - UNIT) >= timestamp),
+                      files[-1])
+        else:
+            for f in reversed(files):
+                start = time_at(f, 0)
+                if start <= 0 or start <= timestamp:     # an unknown start (-1) counts too
+                    mf = f
+                    break
+            if mf is None:
+                return 0
+        return _bounded_search(store, cq, mf, timestamp, boundary, time_at)
+    finally:
+        for f in held:
+            f.release()
+
+
+def _bounded_search(store, cq, mf, timestamp, boundary, time_at):
+    base = mf.file_from_offset
+    low = max(0, cq.min_logic_offset - base)
+    size = mf.file_size
+    if 0 != mf.read_position != size:
+        size = mf.read_position            # the last file, being written
+    ceiling = size - UNIT
+    floor = low
+    high = ceiling
+    lower = boundary == "lower"
+    # Every unit stored before timestamp, or every one after it.
+    if time_at(mf, ceiling) < timestamp:
+        return _java_div(base + ceiling + (UNIT if lower else 0), UNIT)
+    if time_at(mf, floor) > timestamp:
+        return base // UNIT if lower else 0
+    min_phy = store.commitlog.min_offset
+    target = left = right = -1
+    while high >= low:
+        mid = (low + high) // (2 * UNIT) * UNIT
+        phy, _ = _UNIT.unpack_from(mf.mm, mid)
+        if phy < min_phy:
+            low = mid + UNIT
+            left = mid
+            continue
+        store_time = time_at(mf, mid)
+        if store_time < 0:
+            return 0
+        if store_time == timestamp:
+            target = mid
+            break
+        if store_time > timestamp:
+            high = mid - UNIT
+            right = mid
+        else:
+            low = mid + UNIT
+            left = mid
+    if target != -1:
+        # Neighbours may share the store time: walk to the first (lower) or last (upper).
+        step = -UNIT if lower else UNIT
+        while floor <= target + step <= ceiling and time_at(mf, target + step) == timestamp:
+            target += step
+        offset = target
+    else:
+        offset = right if lower else left
+    return _java_div(base + offset, UNIT)

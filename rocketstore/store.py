@@ -24,8 +24,8 @@ from .dispatch import ConsumeQueueDispatcher
 from .ha.master import HAService
 from .index_file import infer_geometry
 from .index_service import IndexService
-from .errors import (ConfigError, CorruptRecordError, StoreClosedError, StoreError,
-                     StoreLoadError, UnsafePathError)
+from .errors import (ConfigError, CorruptRecordError, InvalidArgumentError, StoreClosedError,
+                     StoreError, StoreLoadError, UnsafePathError)
 from .format import MAX_TOPIC_LENGTH
 from .fs import DEFAULT as DEFAULT_FS, is_inside, mappings_hold_descriptors, raise_fd_limit
 from .lockfile import StoreLock, abort_path
@@ -158,6 +158,7 @@ class MessageStore:
         self.scheduled_service = None
         self._loaded = False
         self._running = False
+        self._confirm_offset = -1
         self._mem_limit = _total_physical_memory() * \
             self.config.access_message_in_memory_max_ratio // 100
 
@@ -1066,15 +1067,123 @@ class MessageStore:
         check_str(msg_id, "msg_id")
         return query.view_message_by_id(self, msg_id)
 
-    def get_offset_in_queue_by_time(self, topic, queue_id, timestamp):
+    def get_offset_in_queue_by_time(self, topic, queue_id, timestamp, boundary=None):
         """The queue offset of the message stored nearest `timestamp` (4.9.x algorithm,
-        ConsumeQueue#getOffsetInQueueByTime; the file is chosen by its mtime)."""
+        ConsumeQueue#getOffsetInQueueByTime; the file is chosen by its mtime). With
+        `boundary` "lower" or "upper", 5.x's BoundaryType: the first message stored at or
+        after `timestamp`, or the last one stored at or before it."""
         self._check_open()
         check_str(topic, "topic")
         check_int(queue_id, "queue_id")
         check_int(timestamp, "timestamp")
+        if boundary is not None and boundary not in query.BOUNDARIES:
+            raise InvalidArgumentError(f"boundary must be None, 'lower' or 'upper', "
+                                       f"got {boundary!r}")
         self._catch_up()
-        return query.get_offset_in_queue_by_time(self, topic, queue_id, timestamp)
+        if boundary is None:
+            return query.get_offset_in_queue_by_time(self, topic, queue_id, timestamp)
+        return query.get_offset_in_queue_by_boundary(self, topic, queue_id, timestamp,
+                                                     boundary)
+
+    # ---- the rest of DefaultMessageStore's read interface -----------------------------------
+    # Java's versions call findConsumeQueue, which creates a missing queue; these never create
+    # one (a read must not leave a queue directory behind) and answer as for an empty queue.
+    def get_consume_queue(self, topic, queue_id):
+        """The ConsumeQueue of `topic`/`queue_id`, or None when the store has none
+        (getConsumeQueue). find_consume_queue is the variant that creates it."""
+        self._check_open()
+        check_queue(topic, queue_id)
+        self._catch_up()
+        return self.consume_queue_table.get(topic, {}).get(queue_id)
+
+    def _unit(self, topic, queue_id, queue_offset):
+        """(commit-log offset, size) of a queue's unit, or None (getIndexBuffer)."""
+        check_int(queue_offset, "queue_offset")
+        cq = self.get_consume_queue(topic, queue_id)
+        if cq is None or queue_offset < cq.min_offset_in_queue:
+            return None
+        units = cq.units(queue_offset, 1)
+        return (int(units[0]["offset"]), int(units[0]["size"])) if len(units) else None
+
+    def get_message_total_in_queue(self, topic, queue_id):
+        """Units in the queue (max - min offset; 0 for a queue the store does not have)."""
+        cq = self.get_consume_queue(topic, queue_id)
+        return cq.message_total_in_queue if cq is not None else 0
+
+    def get_commit_log_offset_in_queue(self, topic, queue_id, queue_offset):
+        """The commit-log offset the queue's unit `queue_offset` points at, 0 if none."""
+        self._check_open()
+        unit = self._unit(topic, queue_id, queue_offset)
+        return unit[0] if unit else 0
+
+    def get_message_store_timestamp(self, topic, queue_id, queue_offset):
+        """The store time of the queue's message `queue_offset`, -1 if none."""
+        self._check_open()
+        unit = self._unit(topic, queue_id, queue_offset)
+        return self.commitlog.pickup_store_timestamp(*unit) if unit else -1
+
+    def get_earliest_message_time(self, topic=None, queue_id=None):
+        """The store time of the oldest message: of the store's first record, or with
+        `topic` and `queue_id` of the queue's first unit; -1 if none."""
+        self._check_open()
+        if topic is None and queue_id is None:
+            off = self.commitlog.min_offset
+            rec = self.commitlog.get_message_bytes(off) if off >= 0 else None
+            return self.commitlog.pickup_store_timestamp(off, len(rec)) if rec else -1
+        cq = self.get_consume_queue(topic, queue_id)
+        if cq is None:
+            return -1
+        return self.get_message_store_timestamp(topic, queue_id, cq.min_offset_in_queue)
+
+    def select_one_message_by_offset(self, commit_log_offset, size=None):
+        """The raw bytes of the record at `commit_log_offset` (its `size` read from the record
+        unless given), or None: selectOneMessageByOffset, as a copy."""
+        self._check_open()
+        check_int(commit_log_offset, "commit_log_offset", 0)
+        if size is None:
+            return self.commitlog.get_message_bytes(commit_log_offset)
+        check_int(size, "size", 1)
+        return self.commitlog.get_data(commit_log_offset, size)
+
+    def check_in_disk_by_consume_offset(self, topic, queue_id, consume_offset):
+        """True when the queue's message `consume_offset` lies further behind the CommitLog's
+        end than access_message_in_memory_max_ratio of the machine's memory allows, so a read
+        would likely come from disk (checkInDiskByConsumeOffset); False if there is none."""
+        self._check_open()
+        unit = self._unit(topic, queue_id, consume_offset)
+        return unit is not None and self.commitlog.max_offset - unit[0] > self._mem_limit
+
+    def append_to_commit_log(self, start_offset, data):
+        """A slave's append of replicated CommitLog bytes that begin at `start_offset` (the
+        CommitLog's end; appendToCommitLog): True when written, and reput is woken. A master
+        refuses it (InvalidArgumentError): raw bytes would bypass its queue offsets."""
+        self._check_open()
+        check_int(start_offset, "start_offset", 0)
+        if not self.is_slave:
+            raise InvalidArgumentError("append_to_commit_log is for a slave's replicated "
+                                       "bytes; a master stores messages with put_message")
+        ok = self.commitlog.append_data(start_offset, memoryview(data).cast("B"))
+        if ok and self.reput_service is not None:
+            self.reput_service.wakeup()
+        return ok
+
+    def get_confirm_offset(self):
+        """The confirm offset (getConfirmOffset): -1 until set_confirm_offset, as in 4.9.8,
+        which reads it only in duplication mode; rocketstore does not implement that mode (see
+        config.NOT_IMPLEMENTED), so here it is a value kept for the caller."""
+        self._check_open()
+        return self._confirm_offset
+
+    def set_confirm_offset(self, offset):
+        self._check_open()
+        check_int(offset, "offset", -1)
+        self._confirm_offset = offset
+
+    def is_transient_store_pool_deficient(self):
+        """True when the write-buffer pool is enabled and has no buffer left."""
+        self._check_open()
+        pool = self.commitlog.pool
+        return pool is not None and pool.available == 0
 
     def iter_messages(self, from_offset=None):
         """Every record in commit-log order, decoded (blank records skipped)."""

@@ -231,6 +231,18 @@ EVERY_CALL = [
     ("execute_delete_files_manually", lambda s: s.execute_delete_files_manually()),
     ("persist_configs", lambda s: s.persist_configs()),
     ("dispatch_behind_bytes", lambda s: s.dispatch_behind_bytes()),
+    ("get_consume_queue", lambda s: s.get_consume_queue("T", 0)),
+    ("get_message_total_in_queue", lambda s: s.get_message_total_in_queue("T", 0)),
+    ("get_commit_log_offset_in_queue", lambda s: s.get_commit_log_offset_in_queue("T", 0, 0)),
+    ("get_message_store_timestamp", lambda s: s.get_message_store_timestamp("T", 0, 0)),
+    ("get_earliest_message_time", lambda s: s.get_earliest_message_time()),
+    ("select_one_message_by_offset", lambda s: s.select_one_message_by_offset(0)),
+    ("check_in_disk_by_consume_offset",
+     lambda s: s.check_in_disk_by_consume_offset("T", 0, 0)),
+    ("append_to_commit_log", lambda s: s.append_to_commit_log(0, b"")),
+    ("get_confirm_offset", lambda s: s.get_confirm_offset()),
+    ("set_confirm_offset", lambda s: s.set_confirm_offset(0)),
+    ("is_transient_store_pool_deficient", lambda s: s.is_transient_store_pool_deficient()),
 ]
 
 
