@@ -419,6 +419,16 @@ def test_a_kill_anywhere_in_delete_topic_leaves_the_topic_whole_or_deleted(tmp_p
     assert rc == 0 and seen == {"whole", "deleted"}
 
 
+def test_destroy_is_refused_while_another_store_holds_the_directory(make, backend):
+    from rocketstore.errors import StoreLockedError
+    store = make()
+    fill(store, 5)
+    other = MessageStore(store.root, config(), kernels=backend)
+    with pytest.raises(StoreLockedError):
+        other.destroy()
+    assert store.get_message("g", "TopicA", 0, 0, 64).messages
+
+
 # ---- the CLI --------------------------------------------------------------------------------
 
 # small_config's index numbers, which the index file sizes alone do not tell.
