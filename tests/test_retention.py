@@ -57,6 +57,17 @@ def fill(store, n=60, topic="TopicA", queue_id=0, body=b"b" * 200):
     return results
 
 
+def read_all(store, topic, queue_id=0):
+    """Every message of a queue, batch after batch."""
+    out, offset = [], store.get_min_offset_in_queue(topic, queue_id)
+    while True:
+        g = store.get_message("g", topic, queue_id, offset, 1000)
+        if not g.messages:
+            return out
+        out.extend(g.messages)
+        offset = g.next_begin_offset
+
+
 def names(store):
     return [f.file_name for f in store.commitlog.mfq.files]
 
@@ -245,6 +256,40 @@ def test_a_deleted_topic_is_not_served_after_restart(tmp_path, backend, crash, p
         assert len(again.get_message("g", "Other", 0, 0, 64).messages) == 5
     finally:
         again.shutdown()
+
+
+def test_delete_topic_while_other_threads_put_loses_and_misplaces_nothing(make):
+    import threading
+    store = make()
+    fill(store, 20, topic="T")
+    stop = threading.Event()
+    acks = {"Other": [], "T": []}
+
+    def producer(topic):
+        i = 0
+        while not stop.is_set() or i < 50:
+            r = store.put_message(Message(topic, b"%d" % i))
+            assert r.ok
+            acks[topic].append(r)
+            i += 1
+    threads = [threading.Thread(target=producer, args=(t,)) for t in ("Other", "T")]
+    for t in threads:
+        t.start()
+    testing.wait_until(lambda: len(acks["T"]) >= 20, what="puts to T")
+    assert store.delete_topic("T")
+    stop.set()
+    for t in threads:
+        t.join()
+    testing.wait_dispatched(store)
+    other = read_all(store, "Other")
+    assert [m.commit_log_offset for m in other] == [r.commit_log_offset for r in acks["Other"]]
+    # T's puts that came after the deletion form the new queue, from offset 0, in order.
+    deleted_at = store.deleted_topics.table["T"]["offset"]
+    after = [r for r in acks["T"] if r.commit_log_offset >= deleted_at]
+    assert 20 <= len(acks["T"]) - len(after) and after    # puts on both sides
+    got = read_all(store, "T")
+    assert [m.commit_log_offset for m in got] == [r.commit_log_offset for r in after]
+    assert [m.queue_offset for m in got] == list(range(len(after)))
 
 
 def test_a_deletion_killed_after_its_entry_finishes_at_the_next_open(tmp_path, backend):
