@@ -281,11 +281,15 @@ def _ms_to_iso(ms):
         return None
 
 
-def store_stat(store):
+def store_stat(store, budget=None):
     """The `stat` report of an open (read-only) store as a JSON-ready dict, keys in
-    RocketMQ's camelCase as every command's JSON."""
+    RocketMQ's camelCase as every command's JSON. `budget`: the store_size_budget to report
+    the store's size against (None: the store config's; 0: none)."""
     import os
     root = store.root
+    if budget is None:
+        budget = store.config.store_size_budget
+    used = store.store_size()
     topics = []
     for topic in sorted(store.consume_queue_table):
         queues = store.consume_queue_table[topic]
@@ -336,6 +340,9 @@ def store_stat(store):
         "lockFile": lock_file,
         "lockedByPid": holder,
         "diskUsedRatio": disk,
+        # What store_size_budget counts: allocated bytes of CommitLog, queue and index files.
+        "storeSize": {"bytes": used, "budget": budget or None,
+                      "budgetUsedRatio": used / budget if budget else None},
         "topics": topics,
         "groups": [groups[g] for g in sorted(groups)],
     }
@@ -354,6 +361,13 @@ def _print_stat(st, out):
     w(f"abort      {state}\nlock       {lock}\n")
     disk = st["diskUsedRatio"]
     w(f"disk       {'unknown' if disk is None else f'{disk:.1%} used'}\n")
+    size = st["storeSize"]
+    if size["budget"]:
+        w(f"budget     {size['bytes']:,} of {size['budget']:,} bytes used "
+          f"({size['budgetUsedRatio']:.1%}; CommitLog, queues and index, allocated)\n")
+    else:
+        w(f"size       {size['bytes']:,} bytes (CommitLog, queues and index, allocated); "
+          f"no budget given (--budget)\n")
     w("files\n")
     for kind, f in st["files"].items():
         w(f"  {kind:<13}{f['files']:>7} files {f['bytes']:>15,} bytes "
@@ -382,9 +396,11 @@ def _print_stat(st, out):
 
 def _stat(args):
     from .store import MessageStore
+    if args.budget is not None and args.budget < 0:
+        raise UsageError(f"--budget is {args.budget}; it must be at least 0 (0: none)")
     store = MessageStore.open_read_only(args.store_dir, kernels=args.backend)
     try:
-        st = store_stat(store)
+        st = store_stat(store, args.budget)
     finally:
         store.shutdown()
     if args.json:
@@ -392,6 +408,39 @@ def _stat(args):
         sys.stdout.write("\n")
     else:
         _print_stat(st, sys.stdout)
+    return 0
+
+
+def _delete_topic(args):
+    """`delete-topic STORE TOPIC`: opens the store for writing (taking its lock, so never
+    while another process has it open), deletes the topic as MessageStore.delete_topic does,
+    and shuts down cleanly. Exit 1 when the topic had nothing to delete."""
+    from . import repair
+    from .store import MessageStore
+    import os
+    from .fs import DEFAULT as fs
+    # Said first and alone: reading the store to size its files can warn about it, and a
+    # store in use is the whole answer (load() takes the lock itself, which decides a race).
+    _, holder = fs.lock_holder(os.path.join(args.store_dir, "lock"))
+    if holder:
+        raise StoreLockedError(f"{args.store_dir} is in use: process {holder} holds its lock; "
+                               "delete the topic from that process, or stop it first")
+    geometry = {k: v for k, v in (("max_hash_slot_num", args.max_hash_slot_num),
+                                  ("max_index_num", args.max_index_num)) if v is not None}
+    store = MessageStore(args.store_dir, repair._writable_config(args.store_dir, **geometry),
+                         kernels=args.backend)
+    store.load()
+    try:
+        store.start()
+        deleted = store.delete_topic(args.topic)
+    finally:
+        store.shutdown()
+    if not deleted:
+        print(f"rocketstore delete-topic: topic {args.topic} has no queue, config or consumer "
+              f"offset in {args.store_dir}; nothing deleted", file=sys.stderr)
+        return 1
+    print(f"deleted topic {args.topic}: its queues, config and consumer offsets; its records "
+          f"stay in the CommitLog until they expire")
     return 0
 
 
@@ -601,7 +650,16 @@ def build_parser():
                        epilog=CONFIG_JSON_NOTE)
     s.add_argument("store_dir", help="store root (holds commitlog/, consumequeue/, config/)")
     s.add_argument("--json", action="store_true", help="print the report as JSON")
+    s.add_argument("--budget", type=int, default=None,
+                   help="a store_size_budget in bytes to show the store's size against")
     s.set_defaults(func=_stat)
+
+    dt = sub.add_parser("delete-topic", parents=[index_opts],
+                        help="delete a topic's queues, config and consumer offsets (takes the "
+                             "store's lock: not while it is open elsewhere)")
+    dt.add_argument("store_dir", help="store root")
+    dt.add_argument("topic")
+    dt.set_defaults(func=_delete_topic)
 
     q = sub.add_parser("query", help="find messages by key, msgId, commit-log offset, or a "
                                      "queue offset by time (read-only)")
@@ -726,7 +784,7 @@ def main(argv=None):
 # Commands whose positional argument must be an existing store root (serve and bench may
 # create one).
 _STORE_COMMANDS = ("dump", "export", "verify", "recover", "rebuild-cq", "rebuild-index",
-                   "stat", "query")
+                   "stat", "query", "delete-topic")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -290,6 +290,11 @@ class StoreConfig:
     # Beyond RocketMQ (no Java key): keep a CommitLog file while a committed consumer offset
     # still needs it, unless disk usage passes disk_space_clean_forcibly_ratio.
     clean_protect_unconsumed: bool = False
+    # Beyond RocketMQ (no Java key): the most bytes the store's files (CommitLog, ConsumeQueues,
+    # index) may take on disk, counted as allocated blocks; 0 = no budget. Past it, cleaning
+    # deletes the oldest CommitLog files, and the queue and index files they alone cover,
+    # expired or not (an embedded store shares its disk with its application).
+    store_size_budget: int = 0
     # Keys of a broker.conf that are not store fields (brokerName, namesrvAddr, ...), kept so
     # to_properties() writes them back.
     extra_properties: dict = field(default_factory=dict, repr=False)
@@ -309,7 +314,8 @@ class StoreConfig:
         for name in _POSITIVE_FIELDS:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{_label(name)} must be > 0, got {getattr(self, name)}")
-        for name in ("commit_log_reserve_window", "consume_queue_reserve_window"):
+        for name in ("commit_log_reserve_window", "consume_queue_reserve_window",
+                     "store_size_budget"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{_label(name)} must be >= 0, got {getattr(self, name)}")
         if self.cq_file_size > _INT32_MAX:
@@ -450,7 +456,8 @@ _KIND = {
     for name, f in _FIELDS.items()
 }
 # Java `long` fields; every other integer field is a Java `int`.
-_LONG_FIELDS = frozenset({"flush_delay_offset_interval", "os_page_cache_busy_time_out_mills"})
+_LONG_FIELDS = frozenset({"flush_delay_offset_interval", "os_page_cache_busy_time_out_mills",
+                          "store_size_budget"})
 # Sizes the file formats divide by or allocate; Java does not check them, but zero or negative
 # values only fail later, deep inside a MappedFile or IndexFile.
 _POSITIVE_FIELDS = (

@@ -88,6 +88,12 @@ class ConsumeQueueDispatcher(Dispatcher):
         # (topic hash, queue id); used by the dispatching thread only.
         self._k_dispatch = getattr(store.kernels, "cq_dispatch", None)
         self._slots = None
+        self.forget_queues()
+
+    def forget_queues(self):
+        """Drop every queue the compiled loop and the dirty marking remember (a topic was
+        deleted: its queue objects are gone from the store, and a row must find the new one).
+        The caller holds the reput lock, or no dispatch can run."""
         # (topic hash << 32 | queue id) -> the queues cq_dispatch may append to under that key
         # (two when topics share a hash): what a batch touched is marked dirty from its rows.
         self._cq_of_key = {}
@@ -98,7 +104,14 @@ class ConsumeQueueDispatcher(Dispatcher):
         if self._k_dispatch is not None:
             from .consume_queue import ConsumeQueue
             from .mapped_file import MappedFile
-            self._slots = store.kernels.CqSlots(MappedFile, ConsumeQueue)
+            self._slots = self._store.kernels.CqSlots(MappedFile, ConsumeQueue)
+
+    def _deleted(self, row, buf):
+        """True for a record of a deleted topic put before its deletion: it stays in the
+        CommitLog until it expires, but never gets a unit again (topic_delete.py)."""
+        pos = row[R_POS] + row[R_TOPIC_OFF]
+        below = self._store._deleted_raw.get(bytes(buf[pos:pos + row[R_TOPIC_LEN]]))
+        return below is not None and row[R_PHY] < below
 
     def _schedule_tags_code(self, row, buf):
         """SCHEDULE_TOPIC_XXXX units carry the delivery time (spec 01 §3.7)."""
@@ -114,10 +127,13 @@ class ConsumeQueueDispatcher(Dispatcher):
 
     def dispatch(self, rows, buf):
         store = self._store
+        deleted = store._deleted_raw
         groups = {}
         last_ts = 0
         for row in rows:
             if row[R_SYSFLAG] & F.TRANSACTION_TYPE_MASK in _SKIP_CQ:
+                continue
+            if deleted and self._deleted(row, buf):
                 continue
             pos = row[R_POS] + row[R_TOPIC_OFF]
             cq = _queue_of(store, buf[pos:pos + row[R_TOPIC_LEN]], row[R_QID])
@@ -150,7 +166,10 @@ class ConsumeQueueDispatcher(Dispatcher):
 
     def _dispatch_row(self, row, buf):
         """One row by ConsumeQueue.put_unit's rules; returns its queue (cq_dispatch's slow path,
-        which then remembers the queue under the row's key)."""
+        which then remembers the queue under the row's key), or None for a deleted topic's
+        record (the loop then does not remember it)."""
+        if self._store._deleted_raw and self._deleted(row, buf):
+            return None
         pos = row[R_POS] + row[R_TOPIC_OFF]
         cq = _queue_of(self._store, buf[pos:pos + row[R_TOPIC_LEN]], row[R_QID])
         tags = row[R_TAGS]
@@ -256,6 +275,11 @@ class ConsumeQueueDispatcher(Dispatcher):
                 np.frombuffer(topic, dtype=np.uint8)).all()
             if not same:                # two topics share a hash: go row by row
                 self.dispatch(g.tolist(), buf)
+                return
+        below = self._store._deleted_raw.get(topic)
+        if below is not None:
+            g = g[g["phy_offset"] >= below]     # a deleted topic's records before deletion
+            if not len(g):
                 return
         cq = _queue_of(self._store, topic, int(g["queue_id"][0]))
         tags = np.ascontiguousarray(g["tags_code"])

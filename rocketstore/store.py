@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """MessageStore: the composition root (DefaultMessageStore). It wires the CommitLog, the
 ConsumeQueues, the services and recovery together, and delegates every real job to them."""
+import contextlib
 import dataclasses
 import errno
 import logging
@@ -24,7 +25,7 @@ from .ha.master import HAService
 from .index_file import infer_geometry
 from .index_service import IndexService
 from .errors import (ConfigError, CorruptRecordError, InvalidArgumentError, StoreClosedError,
-                     StoreLoadError, UnsafePathError)
+                     StoreError, StoreLoadError, UnsafePathError)
 from .format import MAX_TOPIC_LENGTH
 from .fs import DEFAULT as DEFAULT_FS, is_inside, mappings_hold_descriptors, raise_fd_limit
 from .lockfile import StoreLock, abort_path
@@ -32,11 +33,13 @@ from .mapped_file_queue import is_index_name, is_queue_dir_name, split_segment_n
 from .message import PROPERTY_WAIT, MessageExt, topic_problem
 from .running_flags import NOT_WRITEABLE_MASK, RunningFlags
 from .services.clean import (CleanCommitLogService, CleanConsumeQueueService,
-                             StoreScheduledService, disk_usage_source)
+                             StoreScheduledService, StoreSize, disk_usage_source)
 from .services.flush import (CommitRealTimeService, FlushConsumeQueueService,
                              FlushRealTimeService, GroupCommitService)
 from .services.reput import ReputMessageService
 from .status import PutMessageResult, PutMessagesResult, PutMessageStatus
+from . import topic_delete
+from .topic_delete import DeletedTopicManager
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,9 @@ def _usual_size(fs, paths):
         if size:
             counts[size] = counts.get(size, 0) + 1
     return max(counts, key=lambda size: (counts[size], size)) if counts else 0
+
+
+_NO_LOCK = contextlib.nullcontext()
 
 
 def _resolves_outside(root, path):
@@ -141,6 +147,9 @@ class MessageStore:
         (self.topic_configs, self.subscription_groups, self.consumer_offsets,
          self.delay_offsets) = all_managers(self.root, self.fs, self.clock, read_only)
         self.topic_configs.on_change = self._topic_configs_changed
+        # Deleted topics and where in the CommitLog they were deleted (topic_delete.py).
+        self.deleted_topics = DeletedTopicManager(self.root, self.fs, self.clock, read_only)
+        self._deleted_raw = {}             # topic bytes -> offset; read by the dispatcher
         # Cleaning calls its delete_expired_file(min_offset); it dispatches after the CQs.
         # The store's own reference drives load/flush/close even if a test swaps the hook.
         self._indexer = self.index_service = IndexService(self)
@@ -242,6 +251,12 @@ class MessageStore:
                     self._adopt_geometry(repair.pending_geometry(rebuilding))
             last_exit_ok = (not force_recovery and rebuilding is None and
                             not self.fs.exists(abort_path(self.root)))
+            # Before the queues and recovery: a deleted topic's leftovers are not loaded, and
+            # its records are not dispatched again.
+            if not self.deleted_topics.load():
+                raise StoreLoadError(f"{self.deleted_topics.path} and its .bak are both "
+                                     "corrupt")
+            self._deleted_raw = self.deleted_topics.offsets_by_bytes()
             self.commitlog.load()
             self._load_consume_queues()
             self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"), self.fs,
@@ -253,6 +268,7 @@ class MessageStore:
             if rebuilding is not None:
                 repair.end_pending_rebuild(self)
             self._load_configs()
+            self._finish_pending_deletions()
         except BaseException as exc:
             self._close_files()
             if self._lock is not None:
@@ -343,6 +359,13 @@ class MessageStore:
         base = os.path.join(self.root, "consumequeue")
         for topic in self.fs.list_dir(base):
             tdir = os.path.join(base, topic)
+            if topic.endswith(topic_delete.DELETED_SUFFIX) and self.fs.is_dir(tdir) and \
+                    not self._outside_root(tdir):
+                # A deletion killed before it removed the queues it had set aside.
+                if self.writable:
+                    log.info("removing %s: the rest of a topic deletion", tdir)
+                    topic_delete.remove_tree(self.fs, tdir)
+                continue
             if not self.fs.is_dir(tdir):
                 log.warning("ignoring %s: not a topic directory; left as it is", tdir)
                 continue
@@ -359,6 +382,21 @@ class MessageStore:
                     continue
                 cq = self._new_cq(topic, int(qid))
                 cq.load()
+        for topic, entry in self.deleted_topics.table.items():
+            for cq in list(self.consume_queue_table.get(topic, {}).values()):
+                if topic_delete.is_leftover(cq, entry["offset"]):
+                    # Killed between the deletion's entry and its queues' removal.
+                    self._forget_queue(cq)
+                    if self.writable:
+                        log.info("removing %s: its topic was deleted", cq.mfq.store_path)
+                        cq.destroy()
+                        self.fs.remove_dir_if_empty(cq.mfq.store_path)
+                    else:
+                        cq.close()
+            if not self.consume_queue_table.get(topic, True):
+                del self.consume_queue_table[topic]
+                if self.writable:
+                    self.fs.remove_dir_if_empty(os.path.join(base, topic))
 
     def stray_files(self):
         """Paths (relative to the root) under commitlog/, consumequeue/ and index/ that are
@@ -567,6 +605,148 @@ class MessageStore:
         return [cq for queues in list(self.consume_queue_table.values())
                 for cq in list(queues.values())]
 
+    def _forget_queue(self, cq):
+        """Take a queue out of the tables (the caller holds the locks the store needs)."""
+        with self._cq_lock:
+            queues = self.consume_queue_table.get(cq.topic)
+            if queues is not None and queues.get(cq.queue_id) is cq:
+                del queues[cq.queue_id]
+            key = (cq.topic.encode("utf-8"), cq.queue_id)
+            if self._cq_raw.get(key) is cq:
+                del self._cq_raw[key]
+
+    # ---- topic deletion (topic_delete.py) -----------------------------------------------------
+    def delete_topic(self, topic):
+        """Delete a topic as 5.x deleteTopics and the broker's deleteTopic do: its
+        ConsumeQueues, its topic config and every group's consumer offsets on it go; its
+        records stay in the CommitLog until they expire, and are never served again
+        (get_message answers as for a topic never written). A later put to it starts a fresh
+        queue at offset 0. Returns True when the topic had anything to delete.
+
+        Crash-safe: a store killed during the call opens with the topic whole or deleted."""
+        self._check_writable_config()
+        check_str(topic, "topic")
+        return self._delete_topic(topic, configs=True)
+
+    def clean_unused_topic(self, keep):
+        """4.9.8 cleanUnusedTopic: delete the ConsumeQueues of every topic not in `keep`
+        (an iterable of topic names), except system topics (SCHEDULE_TOPIC_XXXX, RMQ_SYS_*,
+        rmq_sys_*, TBW102, ...) and LMQ topics. Topic configs and consumer offsets stay, as in
+        4.9.8. Returns the topics whose queues were deleted, sorted."""
+        self._check_writable_config()
+        if isinstance(keep, (str, bytes)):
+            raise TypeError("keep must be an iterable of topic names, not a single string")
+        keep = set(keep)
+        for t in keep:
+            check_str(t, "topic in keep")
+        gone = [t for t in sorted(self.consume_queue_table)
+                if t not in keep and not topic_delete.is_system_topic(t)]
+        return [t for t in gone if self._delete_topic(t, configs=False)]
+
+    def _delete_topic(self, topic, configs):
+        cl = self.commitlog
+        reput = self.reput_service
+        with cl.put_lock:
+            if cl.closed:
+                cl._refuse_closed()
+            queues = self.consume_queue_table.get(topic) or {}
+            has_config = configs and self.topic_configs.select(topic) is not None
+            has_offsets = configs and any(
+                t == topic for _, t, _ in self.consumer_offsets.entries())
+            # A queue object with no file is what a read of an unknown topic creates.
+            has_queues = any(cq.mfq.files for cq in queues.values()) or \
+                self.fs.is_dir(os.path.join(self.root, "consumequeue", topic))
+            if not (has_queues or has_config or has_offsets):
+                return False
+            with (reput._lock if reput is not None else _NO_LOCK):
+                # Every record put so far reaches its queue now, so what is removed below
+                # is all the topic has, and what reput dispatches later was put later.
+                if self.commit_service is not None:
+                    self.commit_service.commit_now()
+                if reput is not None and not reput.is_stopped:
+                    reput.do_reput()
+                deleted_at = max(cl.max_offset, cl.mfq.get_max_wrote_position())
+                # The commit point: from here on the topic is deleted, whatever happens.
+                self.deleted_topics.mark(topic, deleted_at, pending=True)
+                self._deleted_raw = self.deleted_topics.offsets_by_bytes()
+                with self._cq_lock:
+                    queues = self.consume_queue_table.pop(topic, {})
+                    for qid in queues:
+                        self._cq_raw.pop((topic.encode("utf-8"), qid), None)
+                table = cl.topic_queue_table
+                for key in [k for k in table if k[0] == topic]:
+                    del table[key]          # the next put to it starts at queue offset 0
+                for d in self.dispatchers:
+                    forget = getattr(d, "forget_queues", None)
+                    if forget is not None:
+                        forget()
+                base = os.path.join(self.root, "consumequeue")
+                tdir = os.path.join(base, topic)
+                aside = topic_delete.deleted_dir(base, topic)
+                if self.fs.is_dir(tdir):
+                    if self.fs.exists(aside):
+                        topic_delete.remove_tree(self.fs, aside)
+                    self.fs.rename(tdir, aside)
+                    self.fs.fsync_dir(base)
+        for cq in queues.values():
+            cq.close()
+        self._finish_deletion(topic, configs)
+        log.info("deleted topic %s (%d queue(s)); its records stay in the CommitLog until "
+                 "they expire", topic, len(queues))
+        return True
+
+    def _finish_deletion(self, topic, configs):
+        """The deletion's second half, also run by load() for an entry still pending."""
+        if configs:
+            self.topic_configs.delete(topic)
+            for group, t, _ in self.consumer_offsets.entries():
+                if t == topic:
+                    self.consumer_offsets.remove(group, topic)
+            self.consumer_offsets.persist_if_dirty()
+        aside = topic_delete.deleted_dir(os.path.join(self.root, "consumequeue"), topic)
+        if self.fs.exists(aside):
+            topic_delete.remove_tree(self.fs, aside)
+        self.deleted_topics.mark(topic, 0, pending=False)
+
+    def _finish_pending_deletions(self):
+        if self.read_only:
+            return
+        for topic in self.deleted_topics.pending():
+            log.info("finishing the deletion of topic %s", topic)
+            self._finish_deletion(topic, configs=True)
+
+    def destroy(self):
+        """DefaultMessageStore#destroy: remove every file of the store (CommitLog,
+        ConsumeQueues, index, checkpoint, abort, config/, the rebuild marker, then the lock
+        file and the root if nothing else is left in it). Refused (StoreError) unless the
+        store is shut down, and (StoreLockedError) while another process holds it. Files
+        that are not the store's are left where they are."""
+        if self.read_only:
+            raise StoreError("a read-only store is never destroyed")
+        if self._loaded:
+            raise StoreError("destroy() removes every file of the store: call shutdown() "
+                             "first (the store is still open)")
+        fs = self.fs
+        if not fs.is_dir(self.root):
+            return
+        lock = StoreLock(self.root, fs)
+        lock.acquire()              # no other process may have it open
+        try:
+            cl_dir = self.commitlog.mfq.store_path
+            for name in split_segment_names(fs, cl_dir, None)[0]:
+                fs.remove(os.path.join(cl_dir, name))
+            fs.remove_dir_if_empty(cl_dir)
+            for name in ("consumequeue", "index", "config"):
+                path = os.path.join(self.root, name)
+                if fs.is_dir(path) and not _resolves_outside(self.root, path):
+                    topic_delete.remove_tree(fs, path)
+            for name in ("abort", "checkpoint", "rebuild"):
+                fs.remove(os.path.join(self.root, name))
+        finally:
+            lock.release()
+        fs.remove(os.path.join(self.root, "lock"))
+        fs.remove_dir_if_empty(self.root)
+
     # ---- put ----------------------------------------------------------------------------------
     def _install_put_path(self):
         """Bind put_message to the backend's compiled put path, when it has one: the common
@@ -771,6 +951,12 @@ class MessageStore:
         self._check_open()
         check_optional_int(now_ms, "now_ms", INT64_MIN, INT64_MAX)
         return self.clean_commitlog_service.plan(now_ms)
+
+    def store_size(self):
+        """Bytes the store's CommitLog, ConsumeQueue and index files take on disk (allocated
+        blocks: the files are sparse), as store_size_budget counts them."""
+        self._check_open()
+        return StoreSize(self).total
 
     def execute_delete_files_manually(self):
         """Make the next 20 cleaning rounds delete expired files whatever the hour."""

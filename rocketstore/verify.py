@@ -221,6 +221,12 @@ def _find_units(store, chunk, buf, missing):
             sub = g if len(topics) == 1 else g[np.array(
                 [bytes(buf[p:p + n]) == raw for p, n in zip(
                     (g["pos"] + g["topic_off"]).tolist(), g["topic_len"].tolist())])]
+            below = store._deleted_raw.get(raw)
+            if below is not None:
+                # A deleted topic's records stay until they expire, without units.
+                sub = sub[sub["phy_offset"] >= below]
+                if not len(sub):
+                    continue
             topic = raw.decode("utf-8", "replace")
             qid = int(sub["queue_id"][0])
             cq = store.consume_queue_table.get(topic, {}).get(qid)
