@@ -212,6 +212,61 @@ def test_a_real_topic_of_rmq_sys_trans_half_topic_is_discarded_and_the_level_goe
         store.shutdown()
 
 
+def test_a_refused_put_keeps_the_offset_and_is_retried(tmp_path, backend):
+    clock = Clock()
+    store = open_store(tmp_path / "s", backend, clock)
+    svc = store.schedule_message_service
+    try:
+        for i in range(3):
+            store.put_message(delayed(i))
+        clock.now = T0 + 1000
+        store.running_flags.get_and_make_not_writeable()        # puts answer NOT_AVAILABLE
+        svc.deliver_due()
+        assert real_bodies(store) == [] and store.delay_offsets.get_offset(1) == 0
+        store.running_flags.get_and_make_writeable()
+        svc.deliver_due()
+        assert sorted(real_bodies(store)) == [b"body-0", b"body-1", b"body-2"]
+        assert store.delay_offsets.get_offset(1) == 3
+    finally:
+        store.shutdown()
+
+
+def test_a_record_with_an_unusable_real_topic_is_skipped_and_the_level_goes_on(tmp_path,
+                                                                              backend):
+    clock = Clock()
+    store = open_store(tmp_path / "s", backend, clock)
+    try:
+        # Written straight to the schedule queue (no DELAY: its tagsCode is 0, due at once).
+        for bad in ({"REAL_TOPIC": "no spaces allowed", "REAL_QID": "0"},
+                    {"REAL_TOPIC": "RealTopic", "REAL_QID": "x"},
+                    {"REAL_QID": "0"}):
+            assert store.put_message(Message(F.SCHEDULE_TOPIC, b"bad", queue_id=0,
+                                             properties=bad)).ok
+        store.put_message(delayed(1, queue_id=0))
+        clock.now = T0 + 1000
+        store.schedule_message_service.deliver_due()
+        assert real_bodies(store) == [b"body-1"]
+        assert store.delay_offsets.get_offset(1) == 4
+        assert store.schedule_message_service.skipped == 3
+    finally:
+        store.shutdown()
+
+
+def test_a_run_delivers_past_the_batch_byte_bound(tmp_path, backend, monkeypatch):
+    from rocketstore.services import schedule
+    monkeypatch.setattr(schedule, "DELIVER_BATCH_BYTES", 300)
+    monkeypatch.setattr(schedule, "DELIVER_BATCH", 7)
+    clock = Clock()
+    store = open_store(tmp_path / "s", backend, clock)
+    try:
+        store.put_messages([delayed(i) for i in range(50)])
+        clock.now = T0 + 1000
+        assert store.schedule_message_service.deliver_due() == 50
+        assert sorted(real_bodies(store)) == sorted(f"body-{i}".encode() for i in range(50))
+    finally:
+        store.shutdown()
+
+
 def test_message_timeup_refuses_a_record_without_its_real_queue():
     rec = bytearray(400)
     from rocketstore import kernels

@@ -56,6 +56,8 @@ TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 # Units read and delivered per put-lock acquisition (4.9.8 reads to the end of the CQ file
 # and puts one by one; the batch keeps one lock per many records).
 DELIVER_BATCH = 4096
+# ... and at most about this many record bytes (records may be up to max_message_size).
+DELIVER_BATCH_BYTES = 8 << 20
 
 _JAVA_INT = re.compile(r"[+-]?[0-9]+\Z")
 
@@ -216,10 +218,12 @@ class ScheduleMessageService(ServiceThread):
             not_due = np.flatnonzero(deliver > now)
             n_due = int(not_due[0]) if len(not_due) else len(units)
             if n_due:
-                done = self._deliver(level, offset, units[:n_due])
+                done, refused = self._deliver(level, offset, units[:n_due])
                 offset += done
+                if refused:
+                    return DELAY_FOR_A_WHILE_MS         # retry from there in 100 ms
                 if done < n_due:
-                    return DELAY_FOR_A_WHILE_MS         # a put refused: retry from there
+                    continue                            # cut by bytes: the next batch
             if n_due < len(units):
                 break
         return DELAY_FOR_A_WHILE_MS
@@ -228,14 +232,21 @@ class ScheduleMessageService(ServiceThread):
         return self.is_stopped or not self.store._running
 
     def _deliver(self, level, offset, units):
-        """Put the due `units` (from queue offset `offset`) to their real queues. Returns how
-        many units are done (delivered or skipped); the level's offset is advanced past them
-        only once their records are stored."""
+        """Put the due `units` (from queue offset `offset`) to their real queues, or as many as
+        DELIVER_BATCH_BYTES allows. Returns (units done, delivered or skipped; whether the
+        put path refused one): the level's offset is advanced past them only once their
+        records are stored."""
         store = self.store
         commitlog = store.commitlog
         msgs = []
         slots = []              # unit index each message came from
+        n = len(units)
+        taken = 0
         for i, (phy, size, _) in enumerate(units.tolist()):
+            if taken > DELIVER_BATCH_BYTES:
+                n = i           # the rest in the next batch of this run
+                break
+            taken += size
             rec = commitlog.get_data(phy, size)
             if rec is None:
                 self.skipped += 1       # lookMessageByOffset found nothing: continue
@@ -255,10 +266,9 @@ class ScheduleMessageService(ServiceThread):
                 continue
             msgs.append(msg)
             slots.append(i)
-        n = len(units)
         if not msgs:
             self.offsets.update_offset(level, offset + n)
-            return n
+            return n, False
         try:
             result = store._put_messages(msgs)
         except MessageIllegalError:
@@ -266,16 +276,15 @@ class ScheduleMessageService(ServiceThread):
             # one, skipping it, rather than blocking the level.
             return self._deliver_one_by_one(level, offset, msgs, slots, n)
         stored = result.count if not result.ok else len(msgs)
+        self.delivered += stored
         if stored < len(msgs):
             log.warning("delayed delivery refused (%s: %s); delay level %d retries from "
                         "queue offset %d", result.status.name, result.reason, level,
                         offset + slots[stored])
-            done = slots[stored]
-        else:
-            done = n
-        self.delivered += stored
-        self.offsets.update_offset(level, offset + done)
-        return done
+            self.offsets.update_offset(level, offset + slots[stored])
+            return slots[stored], True
+        self.offsets.update_offset(level, offset + n)
+        return n, False
 
     def _deliver_one_by_one(self, level, offset, msgs, slots, n):
         store = self.store
@@ -289,11 +298,11 @@ class ScheduleMessageService(ServiceThread):
                 self.offsets.update_offset(level, offset + i + 1)
                 continue
             if not result.ok:
-                return i
+                return i, True
             self.delivered += 1
             self.offsets.update_offset(level, offset + i + 1)
         self.offsets.update_offset(level, offset + n)
-        return n
+        return n, False
 
     def deliver_due(self):
         """Run every level once now (what the timers do, without waiting for them): for
