@@ -173,7 +173,8 @@ class ScheduleMessageService(ServiceThread):
             try:
                 delay_ms = self.execute_on_timeup(level)
             except StoreClosedError:
-                return
+                # The store is shutting down and stops this service next: no busy retry.
+                delay_ms = DELAY_FOR_A_WHILE_MS
             except Exception:
                 log.exception("ScheduleMessageService: delivery of delay level %d failed", level)
                 delay_ms = DELAY_FOR_A_PERIOD_MS
