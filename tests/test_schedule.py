@@ -267,15 +267,28 @@ def test_a_run_delivers_past_the_batch_byte_bound(tmp_path, backend, monkeypatch
         store.shutdown()
 
 
-def test_message_timeup_refuses_a_record_without_its_real_queue():
-    rec = bytearray(400)
+def _scheduled_record(props):
     from rocketstore import kernels
-    k = kernels.resolve("pure")
-    props = "DELAY\x011\x02REAL_TOPIC\x01T".encode()
-    size = k.msg_encode(rec, 0, F.SCHEDULE_TOPIC.encode(), b"x", props, 0, 0, 0, 0, 0, 0,
-                        b"\x7f\0\0\1\0\0\0\1", 0, b"\x7f\0\0\1\0\0\0\1", 0, 0)
+    rec = bytearray(600)
+    size = kernels.resolve("pure").msg_encode(
+        rec, 0, F.SCHEDULE_TOPIC.encode(), b"x", props.encode(), 0, 0, 0, 0, 0, 0,
+        b"\x7f\0\0\1\0\0\0\1", 0, b"\x7f\0\0\1\0\0\0\1", 0, 0)
+    return MessageExt.decode(bytes(rec[:size]))
+
+
+def test_message_timeup_keeps_a_value_holding_the_name_value_separator():
+    # string2messageProperties splits a segment at its first \x01 only; the rest, \x01
+    # included, is the value, and messageProperties2String writes it back unchanged.
+    props = "a\x01x\x01y\x02DELAY\x011\x02REAL_TOPIC\x01T\x02REAL_QID\x010"
+    m = message_timeup(_scheduled_record(props))
+    assert string_to_properties(m.properties_string)["a"] == "x\x01y"
+    assert sorted(m.properties_string.split("\x02")) == sorted(props.split("\x02"))
+    assert (m.topic, m.queue_id) == ("T", 0)
+
+
+def test_message_timeup_refuses_a_record_without_its_real_queue():
     with pytest.raises(ValueError, match="REAL_QID"):
-        message_timeup(MessageExt.decode(bytes(rec[:size])))
+        message_timeup(_scheduled_record("DELAY\x011\x02REAL_TOPIC\x01T"))
 
 
 # ---- byte identity with 4.9.8 ---------------------------------------------------------------

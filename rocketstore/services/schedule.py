@@ -44,7 +44,7 @@ import numpy as np
 from .. import format as F
 from ..errors import CorruptRecordError, MessageIllegalError, StoreClosedError
 from ..message import (PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, PROPERTY_WAIT,
-                       Message, MessageExt, properties_to_string, string_to_properties)
+                       Message, MessageExt, hashmap_order, string_to_properties)
 from .base import ServiceThread
 
 log = logging.getLogger(__name__)
@@ -78,13 +78,22 @@ class DeliveredMessage(Message):
     __slots__ = ("properties_string", "born_host_raw", "store_host_raw", "source_offset")
 
 
+def java_properties_string(props):
+    """messageProperties2String of a map read from a record: its pairs in HashMap order. Not
+    message.properties_to_string, which refuses separators inside a value: a value read back
+    may hold \x01 (everything after a segment's first \x01), and Java writes it as it is."""
+    if not props:
+        return ""
+    return "\x02".join([k + "\x01" + props[k] for k in hashmap_order(tuple(props))])
+
+
 def message_timeup(ext):
     """The DeliveredMessage 4.9.8's messageTimeup builds from the scheduled record `ext`
     (a MessageExt). Raises ValueError when REAL_TOPIC or REAL_QID is missing or not usable."""
     props = string_to_properties(ext.properties_string)
     # setPropertiesString(messageProperties2String(msgExt.getProperties())) comes before
     # clearProperty(DELAY): the stored string keeps DELAY (and REAL_TOPIC, REAL_QID).
-    props_string = properties_to_string(props)
+    props_string = java_properties_string(props)
     topic = props.get(PROPERTY_REAL_TOPIC)
     qid = props.get(PROPERTY_REAL_QID)
     if not topic:
