@@ -15,6 +15,7 @@ from .mapped_file_queue import MappedFileQueue
 from .message import (PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC,
                       Message, body_bytes, pack_host, properties_to_string, topic_problem)
 from .services.allocate import AllocateMappedFileService
+from .services.schedule import DeliveredMessage
 from .transient_pool import TransientStorePool
 from .status import PutMessageResult, PutMessagesResult, PutMessageStatus
 
@@ -182,6 +183,8 @@ class CommitLog:
     def encode(self, msg, out, pos, batch_props=None):
         """Validate `msg` and encode its record at out[pos:] with queue offset, physical offset
         and store time left 0 (patched under the lock). Raises MessageIllegalError."""
+        if msg.__class__ is DeliveredMessage:
+            return self._encode_delivered(msg, out, pos)
         topic = msg.topic
         topic_b = self._topic_bytes(topic)
         body = body_bytes(msg.body)
@@ -238,6 +241,40 @@ class CommitLog:
         e.size = size
         e.key = (topic, queue_id)
         e.dispatched = tx not in _NOT_DISPATCHED
+        e.store_raw = store_raw
+        return e
+
+    def _encode_delivered(self, msg, out, pos):
+        """A delayed message's delivery (services/schedule.py): the record messageTimeup
+        builds, its properties string and hosts given as stored, no delay rewrite (its map
+        has no DELAY) and no write-queue check (the store's put path has none)."""
+        topic_b = self._topic_bytes(msg.topic)
+        body = msg.body
+        if len(body) > self._max_body:
+            raise MessageIllegalError(
+                f"body is {len(body)} bytes; max_message_size is {self._max_body}")
+        props_b = msg.properties_string.encode("utf-8")
+        if len(props_b) > F.MAX_PROPERTIES_LENGTH:
+            raise MessageIllegalError(
+                f"properties are {len(props_b)} bytes; at most {F.MAX_PROPERTIES_LENGTH}",
+                status=PutMessageStatus.PROPERTIES_SIZE_EXCEEDED.name)
+        born_raw = msg.born_host_raw
+        store_raw = msg.store_host_raw
+        sys_flag = msg.sys_flag & ~(F.BORNHOST_V6_FLAG | F.STOREHOSTADDRESS_V6_FLAG)
+        if len(born_raw) == 20:
+            sys_flag |= F.BORNHOST_V6_FLAG
+        if len(store_raw) == 20:
+            sys_flag |= F.STOREHOSTADDRESS_V6_FLAG
+        size = self._k.msg_encode(out, pos, topic_b, body, props_b, msg.queue_id, msg.flag, 0,
+                                  0, sys_flag, msg.born_timestamp, born_raw, 0, store_raw,
+                                  msg.reconsume_times, 0)
+        if size + F.END_FILE_MIN_BLANK_LENGTH > self.file_size:
+            raise MessageIllegalError(
+                f"a {size}-byte record cannot fit a {self.file_size}-byte CommitLog file")
+        e = _Encoded()
+        e.size = size
+        e.key = (msg.topic, msg.queue_id)
+        e.dispatched = (sys_flag & F.TRANSACTION_TYPE_MASK) not in _NOT_DISPATCHED
         e.store_raw = store_raw
         return e
 

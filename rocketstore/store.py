@@ -37,6 +37,7 @@ from .services.clean import (CleanCommitLogService, CleanConsumeQueueService,
 from .services.flush import (CommitRealTimeService, FlushConsumeQueueService,
                              FlushRealTimeService, GroupCommitService)
 from .services.reput import ReputMessageService
+from .services.schedule import ScheduleMessageService
 from .status import PutMessageResult, PutMessagesResult, PutMessageStatus
 from . import topic_delete
 from .topic_delete import DeletedTopicManager
@@ -158,6 +159,7 @@ class MessageStore:
         self.clean_commitlog_service = CleanCommitLogService(self)
         self.clean_consume_queue_service = CleanConsumeQueueService(self)
         self.scheduled_service = None
+        self.schedule_message_service = None   # delayed delivery, masters only
         self._loaded = False
         self._running = False
         self._confirm_offset = -1
@@ -478,6 +480,18 @@ class MessageStore:
              self.delay_offsets.persist_if_dirty),
         ])
         self.scheduled_service.start()
+        self.handle_schedule_message_service(cfg.broker_role)
+
+    def handle_schedule_message_service(self, role):
+        """handleScheduleMessageService: a master delivers delayed messages, a slave never
+        does (its records come from the master, deliveries included)."""
+        if role is BrokerRole.SLAVE:
+            service, self.schedule_message_service = self.schedule_message_service, None
+            if service is not None:
+                service.shutdown()
+        elif self.schedule_message_service is None:
+            self.schedule_message_service = ScheduleMessageService(self)
+            self.schedule_message_service.start()
 
     def shutdown(self):
         """Stop services in reverse order, flush everything, write the checkpoint, and remove
@@ -489,6 +503,8 @@ class MessageStore:
             self._running = False
             self.__dict__.pop("put_message", None)
             self.__dict__.pop("put_messages", None)
+            # First: a delivery under way finishes its put, and no later one starts.
+            self.handle_schedule_message_service(BrokerRole.SLAVE)
             # Before anything is committed or flushed: a put already holding the lock
             # finishes its write first, every later one raises StoreClosedError, so what
             # the final commit and flush cover is everything ever acknowledged.
