@@ -20,7 +20,6 @@ import statistics
 import threading
 import time
 
-import pytest
 
 from rocketstore import MessageStore
 from rocketstore import format as F

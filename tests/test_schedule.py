@@ -237,7 +237,7 @@ def test_a_record_with_an_unusable_real_topic_is_skipped_and_the_level_goes_on(t
     store = open_store(tmp_path / "s", backend, clock)
     try:
         # Written straight to the schedule queue (no DELAY: its tagsCode is 0, due at once).
-        for bad in ({"REAL_TOPIC": "no spaces allowed", "REAL_QID": "0"},
+        for bad in ({"REAL_TOPIC": "no/slashes", "REAL_QID": "0"},
                     {"REAL_TOPIC": "RealTopic", "REAL_QID": "x"},
                     {"REAL_QID": "0"}):
             assert store.put_message(Message(F.SCHEDULE_TOPIC, b"bad", queue_id=0,
