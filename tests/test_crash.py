@@ -207,6 +207,9 @@ def test_every_key_of_every_recovered_record_is_found_after_a_kill(tmp_path, nam
         store.shutdown()
     ro = MessageStore.open_read_only(root, kernels=name)
     try:
-        assert [str(p) for p in verify_store(ro).problems] == []
+        problems = verify_store(ro).problems
     finally:
         ro.shutdown()
+    # A load that was never started keeps the abort file, as 4.9.8's does (reput never caught
+    # up): verify says the next open recovers again, and finds nothing else.
+    assert [p.kind for p in problems] == ["abort"], [str(p) for p in problems]
