@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from rocketstore.errors import ConfigError
-
-log = logging.getLogger(__name__)
 from rocketstore.format import CQ_STORE_UNIT_SIZE
 from rocketstore.ha.wire import MAX_FRAME_BODY as HA_MAX_FRAME_BODY
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "BrokerRole",
@@ -191,7 +191,7 @@ class StoreConfig:
     destroy_maped_file_interval_forcibly: int = 120_000
     redelete_hanged_file_interval: int = 120_000
     delete_when: str = "04"                              # ';'-separated local hours
-    disk_max_used_space_ratio: int = 75                  # read via effective_disk_max_used_space_ratio
+    disk_max_used_space_ratio: int = 75     # read via effective_disk_max_used_space_ratio
     file_reserved_time: int = 72                         # hours
     put_msg_index_hight_water: int = 600_000
     max_message_size: int = 4 * 1024 * 1024
@@ -240,7 +240,7 @@ class StoreConfig:
     os_page_cache_busy_time_out_mills: int = 1000        # Java long
     default_query_max_num: int = 32
     # --- TransientStorePool ---
-    transient_store_pool_enable: bool = False            # read via effective_transient_store_pool_enable
+    transient_store_pool_enable: bool = False   # via effective_transient_store_pool_enable
     transient_store_pool_size: int = 5
     fast_fail_if_no_buffer_in_store_pool: bool = False
     # --- DLedger and later 4.9.x additions (carried for round trips; rocketstore ignores them) ---
@@ -349,7 +349,8 @@ class StoreConfig:
     @property
     def cq_file_size(self):
         """ConsumeQueue file size as Java's getter returns it: rounded up to a multiple of 20."""
-        return math.ceil(self.mapped_file_size_consume_queue / CQ_STORE_UNIT_SIZE) * CQ_STORE_UNIT_SIZE
+        units = math.ceil(self.mapped_file_size_consume_queue / CQ_STORE_UNIT_SIZE)
+        return units * CQ_STORE_UNIT_SIZE
 
     @property
     def effective_disk_max_used_space_ratio(self):
@@ -358,7 +359,8 @@ class StoreConfig:
 
     @property
     def effective_transient_store_pool_enable(self):
-        """Whether the TransientStorePool is used: Java's getter also requires ASYNC_FLUSH and a master."""
+        """Whether the TransientStorePool is used: Java's getter also requires ASYNC_FLUSH and
+        a master."""
         return (self.transient_store_pool_enable
                 and self.flush_disk_type is FlushDiskType.ASYNC_FLUSH
                 and self.broker_role is not BrokerRole.SLAVE)
@@ -449,7 +451,8 @@ class StoreConfig:
 # --- field tables, built once from the dataclass ---
 
 _FIELDS = {f.name: f for f in dataclasses.fields(StoreConfig)}
-_FIELD_DEFAULTS = {f.name: f.default for f in _FIELDS.values() if f.default is not dataclasses.MISSING}
+_FIELD_DEFAULTS = {f.name: f.default for f in _FIELDS.values()
+                   if f.default is not dataclasses.MISSING}
 _KIND = {
     name: {int: int, bool: bool, float: float, str: str, Optional[str]: Optional[str],
            FlushDiskType: FlushDiskType, BrokerRole: BrokerRole, tuple: tuple, dict: dict}[f.type]
@@ -755,7 +758,8 @@ def _convert(name, key, raw, kind):
         except ValueError:
             raise ConfigError(f"{where}: {raw!r} is not a number") from None
         # 5.x writes the disk ratios as percentages (90), 4.9.x as fractions (0.90).
-        if name in ("disk_space_warning_level_ratio", "disk_space_clean_forcibly_ratio") and value > 1:
+        if name in ("disk_space_warning_level_ratio", "disk_space_clean_forcibly_ratio") and \
+                value > 1:
             value /= 100.0
         return value
     if kind in (FlushDiskType, BrokerRole):

@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ['BrokerRole', 'FlushDiskType', 'JAVA_KEYS', 'StoreConfig', 'camel_to_snake', 'parse_delay_level', 'parse_properties']
+__all__ = ['BrokerRole', 'FlushDiskType', 'JAVA_KEYS', 'StoreConfig', 'camel_to_snake',
+           'parse_delay_level', 'parse_properties']
 
 class FlushDiskType(enum.Enum):
     ASYNC_FLUSH = 'ASYNC_FLUSH'

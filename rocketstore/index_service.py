@@ -142,9 +142,10 @@ class IndexService(Dispatcher):
         size = index_file_size(*geometry)
         damaged = [p for p in paths if self._fs.size(p) != size]
         if damaged:
-            what = (f"{self.store_path}: index file(s) "
-                    f"{', '.join(f'{os.path.basename(p)} ({self._fs.size(p)} bytes)' for p in damaged)}"
-                    f" are not the {size} bytes of the others: damaged")
+            named = ", ".join(f"{os.path.basename(p)} ({self._fs.size(p)} bytes)"
+                              for p in damaged)
+            what = (f"{self.store_path}: index file(s) {named} are not the {size} bytes of "
+                    "the others: damaged")
             if self.writable:
                 raise StoreLoadError(what + "; `rocketstore rebuild-index` rebuilds the index")
             log.warning("%s; left out, so key queries miss their keys", what)

@@ -132,8 +132,9 @@ def assert_prefix(master_root, slave_store):
 
 
 def acked_from_master(master, timeout=15.0):
-    testing.wait_until(lambda: master.ha_service.push2slave_max_offset >= master.get_max_phy_offset(),
-               timeout, "the slave to acknowledge everything")
+    testing.wait_until(
+        lambda: master.ha_service.push2slave_max_offset >= master.get_max_phy_offset(),
+        timeout, "the slave to acknowledge everything")
 
 
 def producer(store, count, start=0, batch_every=7):
@@ -257,10 +258,12 @@ def test_sigkilled_slave_recovers_and_catches_up(tmp_path):
         testing.wait_until(lambda: master.ha_service.connections and
                    master.ha_service.connections[0].next_transfer_from_where >= 0, 10, "slave")
         t, _ = producer(master, 6000)
-        testing.wait_until(lambda: master.ha_service.push2slave_max_offset > 4 * FILE, 20, "transfer")
+        testing.wait_until(
+            lambda: master.ha_service.push2slave_max_offset > 4 * FILE, 20, "transfer")
         slave.kill()                                      # mid-transfer: the master still puts
         killed_at = master.ha_service.push2slave_max_offset
-        testing.wait_until(lambda: not master.ha_service.connections, 10, "the dead connection to go")
+        testing.wait_until(
+            lambda: not master.ha_service.connections, 10, "the dead connection to go")
         slave = Node(tmp_path / "s", "SLAVE", tmp_path, master=f"127.0.0.1:"
                      f"{master.ha_service.port}")
         t.join(60)
@@ -338,7 +341,8 @@ def test_cut_connection_reconnects_and_resumes_byte_identical(tmp_path):
                    master.ha_service.connections[0].next_transfer_from_where >= 0, 10, "slave")
         t, _ = producer(master, 5000)
         for _ in range(2):
-            testing.wait_until(lambda: master.ha_service.push2slave_max_offset > 2 * FILE, 20, "data")
+            testing.wait_until(
+                lambda: master.ha_service.push2slave_max_offset > 2 * FILE, 20, "data")
             proxy.cut()
             time.sleep(0.1)
         t.join(60)
@@ -537,7 +541,8 @@ def test_slave_killed_mid_frame_resumes_byte_identical(tmp_path):
         slave.kill()                                       # mid-frame: acked only frame 1
         assert conn.slave_ack_offset == big
         tap.close()
-        testing.wait_until(lambda: not master.ha_service.connections, 10, "the dead connection to go")
+        testing.wait_until(
+            lambda: not master.ha_service.connections, 10, "the dead connection to go")
         slave = Node(tmp_path / "s", "SLAVE", tmp_path, file_size=fs,
                      master=f"127.0.0.1:{master.ha_service.port}")
         acked_from_master(master, 30)
@@ -730,7 +735,8 @@ def test_sync_master_answers_slave_not_available_timeout_or_ok(tmp_path):
         # A slave that reports once and then never acknowledges: timeouts.
         fake = socket.create_connection(("127.0.0.1", master.ha_service.port))
         fake.sendall(wire.encode_report(master.get_max_phy_offset()))
-        testing.wait_until(lambda: master.ha_service.push2slave_max_offset == r.wrote_bytes, 5, "ack")
+        testing.wait_until(
+            lambda: master.ha_service.push2slave_max_offset == r.wrote_bytes, 5, "ack")
         t0 = time.monotonic()
         assert master.put_message(message(1)).status is P.FLUSH_SLAVE_TIMEOUT
         assert 0.25 < time.monotonic() - t0 < 2.0
@@ -968,7 +974,8 @@ def test_master_refuses_connections_beyond_ha_max_connections(tmp_path):
         testing.wait_until(lambda: len(master.ha_service.connections) == 0, 10, "the two to close")
         late = socket.create_connection(("127.0.0.1", master.ha_service.port))
         socks.append(late)
-        testing.wait_until(lambda: len(master.ha_service.connections) == 1, 5, "a freed slot is used")
+        testing.wait_until(
+            lambda: len(master.ha_service.connections) == 1, 5, "a freed slot is used")
     finally:
         for s in socks:
             s.close()

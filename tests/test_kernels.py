@@ -89,7 +89,8 @@ def test_commitlog_append_patches_queue_offset_phy_offset_and_store_timestamp(ba
     raw = bytearray(135)
     backend.msg_encode(raw, 0, **_golden_fields(i, 0, 0, 0))
     out = bytearray(405)
-    assert backend.commitlog_append(out, 135 * i, bytes(raw), i, 135 * i, STORE_TIMESTAMPS[i]) == 135
+    assert backend.commitlog_append(out, 135 * i, bytes(raw), i, 135 * i, STORE_TIMESTAMPS[i]) == \
+        135
     assert bytes(out[135 * i:135 * (i + 1)]) == GOLDEN_RECORDS[i]
 
 

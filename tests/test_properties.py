@@ -76,13 +76,15 @@ def test_random_messages_give_identical_store_directories_on_every_backend(tmp_p
 @settings(max_examples=60 * EXAMPLES, **SETTINGS)
 @given(m=messages, v2=st.booleans(), store_host=hosts, queue_offset=st.integers(0, 1 << 62),
        phy_offset=st.integers(0, 1 << 62), store_ts=st.integers(0, 1 << 45),
-       prepared=st.integers(-(1 << 63), (1 << 63) - 1), sys_bits=st.sampled_from([0, 1, 2, 4, 8, 12]))
+       prepared=st.integers(-(1 << 63), (1 << 63) - 1),
+       sys_bits=st.sampled_from([0, 1, 2, 4, 8, 12]))
 def test_decode_of_encode_gives_back_every_field(m, v2, store_host, queue_offset, phy_offset,
                                                   store_ts, prepared, sys_bits):
     from rocketstore.message import pack_host
     bh, b6 = pack_host(m.born_host)
     sh, s6 = pack_host(store_host)
-    sys_flag = sys_bits | (F.BORNHOST_V6_FLAG if b6 else 0) | (F.STOREHOSTADDRESS_V6_FLAG if s6 else 0)
+    sys_flag = sys_bits | (F.BORNHOST_V6_FLAG if b6 else 0) | \
+        (F.STOREHOSTADDRESS_V6_FLAG if s6 else 0)
     topic = m.topic.encode()
     props = properties_to_string(m.properties).encode()
     size = pure.msg_size(sys_flag, len(m.body), len(topic), len(props), v2)
@@ -128,8 +130,9 @@ def _base_store(tmp_path_factory):
         try:
             rnd = random.Random(5)
             for i in range(30):
-                store.put_message(Message(f"T{i % 3}", bytes(rnd.randrange(256) for _ in range(200)),
-                                          tags=f"tag{i % 4}", keys=[f"k{i}"], queue_id=i % 2))
+                body = bytes(rnd.randrange(256) for _ in range(200))
+                store.put_message(Message(f"T{i % 3}", body, tags=f"tag{i % 4}",
+                                          keys=[f"k{i}"], queue_id=i % 2))
             testing.wait_dispatched(store)
         finally:
             store.shutdown()

@@ -74,7 +74,8 @@ def test_full_file_ends_with_blank_record_and_next_file_starts_at_its_name(store
     prev = [r for r in results if r.commit_log_offset < size][-1]
     end = prev.commit_log_offset + prev.wrote_bytes
     blank = store.commitlog.mfq.files[0].mm[end:end + 8]
-    assert blank == (size - end).to_bytes(4, "big") + (F.BLANK_MAGIC_CODE & 0xFFFFFFFF).to_bytes(4, "big")
+    assert blank == \
+        (size - end).to_bytes(4, "big") + (F.BLANK_MAGIC_CODE & 0xFFFFFFFF).to_bytes(4, "big")
     names = sorted(os.listdir(os.path.join(store.root, "commitlog")))
     assert names[:2] == ["%020d" % 0, "%020d" % size]
     testing.wait_dispatched(store)

@@ -75,7 +75,8 @@ class Kernels(Protocol):
     NAME: str
 
     def crc32(self, data, value: int = 0) -> int:
-        """zlib.crc32(data, value): IEEE CRC-32, unsigned. RocketMQ's BODYCRC is this & 0x7FFFFFFF."""
+        """zlib.crc32(data, value): IEEE CRC-32, unsigned. RocketMQ's BODYCRC is this &
+        0x7FFFFFFF."""
 
     def java_hash(self, data) -> int:
         """Java String.hashCode of the UTF-8 text `data`, over UTF-16 code units, as a signed int32.
@@ -130,7 +131,8 @@ class Kernels(Protocol):
 
     def cq_search(self, buf, start: int, end: int, phy_offset: int) -> int:
         """Binary search over units in buf[start:end] (ascending commitLogOffset): the index,
-        relative to `start`, of the first unit whose offset >= phy_offset; the unit count if none."""
+        relative to `start`, of the first unit whose offset >= phy_offset; the unit count if
+        none."""
 
     def index_hash(self, key) -> int:
         """IndexFile key hash (IndexFile#indexKeyHashMethod): abs(String.hashCode) of the UTF-8
@@ -204,7 +206,8 @@ class Kernels(Protocol):
         under the call; a file unmapped already holds nothing."""
 
     def sync_range(self, buf, fd: int, start: int, length: int) -> None:
-        """Make buf[start:start+length] (a writable mmap of `fd`) durable, without holding the GIL."""
+        """Make buf[start:start+length] (a writable mmap of `fd`) durable, without holding the
+        GIL."""
 
     def batch_encode(self, out, pos: int, limit: int, topic, queue_id: int, bodies, body_off,
                      a, a_off, b, b_off, frags, frag_off, first: int, n: int, flag: int,
