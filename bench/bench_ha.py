@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""HA replication on loopback (spec 05), master in this process, slave in a child process:
+"""HA replication on loopback (doc/05), master in this process, slave in a child process:
 
 - replication throughput: an empty slave copies a 192 MiB CommitLog file (it starts at the
   master's last file, which is the only one), against a raw socket copy of the same mapped

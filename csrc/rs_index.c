@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * rs_index.c - IndexFile put and chain walk (spec 02 §2.3, §2.6).
+ * rs_index.c - IndexFile put and chain walk (doc/02 §2.3, §2.6).
  */
 #include <string.h>
 

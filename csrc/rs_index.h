@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * rs_index.h - IndexFile hash slots and entry chains (spec 02 §2; layout in rs_format.h).
+ * rs_index.h - IndexFile hash slots and entry chains (doc/02 §2; layout in rs_format.h).
  *
  * Every kernel takes the whole mapped file as buf and the file's geometry (slot_num slots,
  * index_num entries).  buf must hold at least RS_INDEX_HEADER_SIZE + slot_num * 4 +
@@ -136,7 +136,7 @@ int rs_index_walk(const uint8_t *buf, size_t len, int32_t slot_num, int32_t inde
  * key as its UTF-8.  Returns 1 or 0.
  * GIL: O(props_len); callable without it.
  * Java: the key filter of MQAdminImpl#queryMessage (KEYS pieces) and of a unique-key query
- * (UNIQ_KEY); the broker's queryMessage compares nothing (spec 02 §2.6).
+ * (UNIQ_KEY); the broker's queryMessage compares nothing (doc/02 §2.6).
  */
 int rs_index_has_key(const uint8_t *props, size_t props_len, const uint8_t *key,
                      size_t key_len);

@@ -133,7 +133,7 @@ int rs_msg_encode_parts(uint8_t *out, size_t out_len, int64_t pos,
 }
 
 /*
- * tagsCode of a properties string (spec 01 §3.6-3.7): split on 0x02; in each segment the first
+ * tagsCode of a properties string (doc/01 §3.6-3.7): split on 0x02; in each segment the first
  * 0x01 must be neither its first nor its last byte, else the segment is skipped.  Java also
  * skips segments shorter than 3 chars, but a segment passing the 0x01 test always has at least
  * name + 0x01 + value = 3 chars, so that test can never decide anything and is not repeated.
@@ -305,7 +305,7 @@ int rs_msg_check(const uint8_t *buf, size_t len, int64_t pos, int check_crc,
     info = (v2 ? RS_SCAN_INFO_V2 : 0) | (has_tags ? RS_SCAN_INFO_HAS_TAGS : 0);
     if (topic_len == (int32_t)(sizeof(RS_SCHEDULE_TOPIC) - 1) &&
         memcmp(rec + topic_off, RS_SCHEDULE_TOPIC, sizeof(RS_SCHEDULE_TOPIC) - 1) == 0)
-        info |= RS_SCAN_INFO_SCHEDULE;   /* the caller derives tagsCode from DELAY (§3.7) */
+        info |= RS_SCAN_INFO_SCHEDULE;   /* the caller derives tagsCode from DELAY (doc/01 §3.7) */
 
     q = RS_POS_BORNHOST + rs_host_len(sys_flag, RS_BORNHOST_V6_FLAG);
     row->pos = pos;

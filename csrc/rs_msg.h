@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * rs_msg.h - size, encode and validate one CommitLog record (spec 01 §3; layout in rs_format.h).
+ * rs_msg.h - size, encode and validate one CommitLog record (doc/01 §3; layout in rs_format.h).
  */
 #ifndef RS_MSG_H
 #define RS_MSG_H

@@ -161,7 +161,7 @@ cdef class ReadPath:
         _set_member(m, x[X_PREPARED], row.prepared_tx_offset)
         _set_member(m, x[X_MAGIC], _MAGIC_V2 if row.info & RS_SCAN_INFO_V2 else _MAGIC_V1)
         # The hosts' lengths follow the sysflag bits, which rs_msg_check has checked against
-        # TOTALSIZE (spec 01 §3.1).
+        # TOTALSIZE (doc/01 §3.1).
         p = rec + RS_POS_BORNHOST
         n = 20 if row.sys_flag & RS_BORNHOST_V6_FLAG else 8
         _set_member(m, x[X_BORN_HOST], self._host(p, n, False))

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""CommitLog: every message of every topic, appended under one put lock (spec 01 §3-§6)."""
+"""CommitLog: every message of every topic, appended under one put lock (doc/01 §3-§6)."""
 import array
 import errno
 import struct
@@ -141,7 +141,7 @@ class CommitLog:
         return buf
 
     def _check_batch(self, msgs, batch_properties):
-        """DefaultMessageStore#checkMessages and the batch encoder's rules (spec 01 §5)."""
+        """DefaultMessageStore#checkMessages and the batch encoder's rules (doc/01 §5)."""
         if {(m.topic, m.queue_id) for m in msgs}.__len__() > 1:
             raise MessageIllegalError("a broker batch holds one topic and queue")
         if any(m.sys_flag & F.TRANSACTION_TYPE_MASK for m in msgs):
@@ -163,7 +163,7 @@ class CommitLog:
 
     def _delay_rewrite(self, msg, topic, queue_id, props):
         """4.9.x put-time rule: a DELAY level on a NOT/COMMIT message moves it to
-        SCHEDULE_TOPIC_XXXX, queue level-1, keeping the real topic and queue (spec 01 §4)."""
+        SCHEDULE_TOPIC_XXXX, queue level-1, keeping the real topic and queue (doc/01 §4)."""
         level = props.get(PROPERTY_DELAY)
         try:
             level = int(level) if level else 0
@@ -203,7 +203,7 @@ class CommitLog:
         tx = sys_flag & F.TRANSACTION_TYPE_MASK
         props = msg.properties
         if batch_props is not None:
-            # A broker batch (MessageExtBatch, spec 01 §5): no delay rewrite, and 4.9.x appends
+            # A broker batch (MessageExtBatch, doc/01 §5): no delay rewrite, and 4.9.x appends
             # the batch's own properties string to each item's, 0x02 between when both exist.
             item = properties_to_string(props) if props else ""
             joined = item + "\x02" + batch_props if item and batch_props else item or batch_props
@@ -462,7 +462,7 @@ class CommitLog:
                             total + F.END_FILE_MIN_BLANK_LENGTH > self.file_size - wpos:
                         # 4.9.x appends a broker batch (MessageExtBatch) whole: when it does
                         # not fit, the blank goes where the batch would start and the whole
-                        # batch into the next file (spec 01 §5).
+                        # batch into the next file (doc/01 §5).
                         self._end_file(mf, wpos)
                         continue
                     base = mf.file_from_offset + wpos
@@ -571,7 +571,7 @@ class CommitLog:
             wake.wakeup()
         return PutMessageStatus.PUT_OK if after_put is None else after_put(end_offset, msg)
 
-    # ---- HA slave (spec 05 §4.1) ------------------------------------------------------------
+    # ---- HA slave (doc/05 §4.1) ------------------------------------------------------------
     def replica_target(self, start_offset, size):
         """Where replicated bytes [start_offset, start_offset + size) go (CommitLog#appendData
         split in two, so the HA client can receive them straight into the mapping): the file

@@ -37,14 +37,14 @@ __all__ = [
 
 
 class FlushDiskType(enum.Enum):
-    """When a put is acknowledged relative to fsync (spec 03 §2)."""
+    """When a put is acknowledged relative to fsync (doc/03 §2)."""
 
     ASYNC_FLUSH = "ASYNC_FLUSH"
     SYNC_FLUSH = "SYNC_FLUSH"
 
 
 class BrokerRole(enum.Enum):
-    """Replication role (spec 05 §1)."""
+    """Replication role (doc/05 §1)."""
 
     ASYNC_MASTER = "ASYNC_MASTER"
     SYNC_MASTER = "SYNC_MASTER"
@@ -268,7 +268,7 @@ class StoreConfig:
     # The broker's own address, written into every record's STOREHOST. Java takes it from
     # BrokerConfig.brokerIP1 and NettyServerConfig.listenPort.
     store_host: tuple = ("127.0.0.1", 10911)
-    # Interface the HA listener binds; a Java master binds every interface (spec 05).
+    # Interface the HA listener binds; a Java master binds every interface (doc/05).
     ha_bind_address: str = "127.0.0.1"
     # Whether an ASYNC_MASTER opens its HA port. A broker always does; an embedded store
     # should not open a TCP port unless asked (`rocketstore serve` asks). A SYNC_MASTER always

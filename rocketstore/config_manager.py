@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The broker's JSON config files under `<root>/config/` (spec 04 §4).
+"""The broker's JSON config files under `<root>/config/` (doc/04 §4).
 
 `topics.json`, `subscriptionGroup.json`, `consumerOffset.json` and `delayOffset.json` are
 written in fastjson's pretty dialect, byte for byte as a 4.9.x broker writes them (tab
@@ -205,7 +205,7 @@ class DataVersion(_JsonBean):
 
 @dataclass
 class TopicConfig(_JsonBean):
-    """`TopicConfig` (spec 04 §4.4). perm: 2 write, 4 read, 6 both, 1 inherit."""
+    """`TopicConfig` (doc/04 §4.4). perm: 2 write, 4 read, 6 both, 1 inherit."""
     topic_name: str
     read_queue_nums: int = 16
     write_queue_nums: int = 16
@@ -285,7 +285,7 @@ class ConfigManager:
         """Replace the table from `text`; raise ValueError (or KeyError/TypeError) if bad."""
         raise NotImplementedError
 
-    # -- load (spec 04 §4.2) --
+    # -- load (doc/04 §4.2) --
     def _read(self, path):
         try:
             data = self._fs.read_bytes(path)
@@ -348,7 +348,7 @@ class ConfigManager:
             self.closed = True
         self.persist_if_dirty()
 
-    # -- persist (spec 04 §4.1) --
+    # -- persist (doc/04 §4.1) --
     def mark_dirty(self):
         self._dirty = True
 

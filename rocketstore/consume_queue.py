@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""ConsumeQueue: one per (topic, queue_id), fixed 20-byte units (spec 02 §1)."""
+"""ConsumeQueue: one per (topic, queue_id), fixed 20-byte units (doc/02 §1)."""
 import logging
 import os
 import struct
@@ -90,7 +90,7 @@ class ConsumeQueue:
         self.dirty = None
         self._marked = -1
 
-    # ---- load and recovery (spec 02 §1.5-1.6) --------------------------------------------
+    # ---- load and recovery (doc/02 §1.5-1.6) --------------------------------------------
     def load(self):
         return self.mfq.load()
 
@@ -176,7 +176,7 @@ class ConsumeQueue:
             self.min_logic_offset = f.file_from_offset + i * UNIT
 
     def delete_expired_file(self, min_commit_log_offset, now_ms):
-        """ConsumeQueue#deleteExpiredFile (spec 02 §1.8): destroy whole files whose units all
+        """ConsumeQueue#deleteExpiredFile (doc/02 §1.8): destroy whole files whose units all
         point below the CommitLog minimum (never the last file), then correct the minimum
         logical offset. Returns the number of files deleted. Called by the clean thread."""
         count = self.mfq.delete_expired_file_by_offset(min_commit_log_offset, UNIT, now_ms)

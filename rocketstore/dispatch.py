@@ -114,7 +114,7 @@ class ConsumeQueueDispatcher(Dispatcher):
         return below is not None and row[R_PHY] < below
 
     def _schedule_tags_code(self, row, buf):
-        """SCHEDULE_TOPIC_XXXX units carry the delivery time (spec 01 §3.7)."""
+        """SCHEDULE_TOPIC_XXXX units carry the delivery time (doc/01 §3.7)."""
         props = row_properties(row, buf)
         try:
             level = int(props.get(PROPERTY_DELAY) or 0)

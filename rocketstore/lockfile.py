@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The `lock` file (one store, one process) and the `abort` marker (spec 03 §4)."""
+"""The `lock` file (one store, one process) and the `abort` marker (doc/03 §4)."""
 import os
 
 

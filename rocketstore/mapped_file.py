@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""MappedFile: one fixed-size, memory-mapped segment file (spec 01 §2, RocketMQ MappedFile.java)."""
+"""MappedFile: one fixed-size, memory-mapped segment file (doc/01 §2, RocketMQ MappedFile.java)."""
 import errno
 import logging
 import os

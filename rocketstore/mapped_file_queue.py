@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""MappedFileQueue: a directory of equally sized segments named by start offset (spec 01 §2)."""
+"""MappedFileQueue: a directory of equally sized segments named by start offset (doc/01 §2)."""
 import datetime
 import logging
 import os

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Message value types and the properties codec (spec 01 §3.6-3.8)."""
+"""Message value types and the properties codec (doc/01 §3.6-3.8)."""
 import ipaddress
 import socket
 import struct
@@ -87,7 +87,7 @@ def java_string_hash(text):
 
 
 def _hashmap_order(names):
-    """Iteration order of a java.util.HashMap that had `names` put in this order (spec 01 §3.6).
+    """Iteration order of a java.util.HashMap that had `names` put in this order (doc/01 §3.6).
 
     Default capacity 16, load factor 0.75: the table doubles when size passes 3/4 of it, and a
     bucket that would reach 9 entries in a table under 64 forces a doubling too (treeifyBin).
@@ -217,7 +217,7 @@ def host_to_string(host):
 
 
 def make_msg_id(store_host_packed, phy_offset):
-    """Offset msgId: store address + port + commit-log offset, uppercase hex (spec 01 §3.8)."""
+    """Offset msgId: store address + port + commit-log offset, uppercase hex (doc/01 §3.8)."""
     return (store_host_packed + struct.pack(">q", phy_offset)).hex().upper()
 
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Message queries of MessageStore, as plain functions over a loaded store: by key and unique
-key through the index (spec 02 §2.6), by msgId, and a queue offset by time (spec 02 §1.9).
+key through the index (doc/02 §2.6), by msgId, and a queue offset by time (doc/02 §1.9).
 """
 import logging
 import struct
@@ -93,7 +93,7 @@ def _java_div(a, b):
 
 
 def get_offset_in_queue_by_time(store, topic, queue_id, timestamp):
-    """ConsumeQueue#getOffsetInQueueByTime as 4.9.x does it (spec 02 §1.9).
+    """ConsumeQueue#getOffsetInQueueByTime as 4.9.x does it (doc/02 §1.9).
 
     The file is the first whose last-modified time is >= timestamp, else the last: the
     broker's own rule, so a store whose files were copied (new mtimes) answers from its first

@@ -157,7 +157,7 @@ class PyReadPath:
              min_logic, max_n, scan_limit, max_bytes, message_filter, rows=None, held=None,
              row_file=None):
         """Walk the queue's units from queue offset `offset` (DefaultMessageStore#getMessage's
-        loop, spec 01 §6) over snapshots of the queue's and the CommitLog's file lists.
+        loop, doc/01 §6) over snapshots of the queue's and the CommitLog's file lists.
 
         A unit is skipped without counting toward max_n when `message_filter(tags_code)` is
         false or its record fails the record check (on_corrupt is told); the walk goes on into
@@ -329,7 +329,7 @@ def _scan_limit(max_msg_nums):
 
 def get_message(store, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None,
                 cq=None):
-    """DefaultMessageStore#getMessage over a loaded store (spec 01 §6): statuses and next
+    """DefaultMessageStore#getMessage over a loaded store (doc/01 §6): statuses and next
     offsets as RocketMQ's table, units walked in place by the store's ReadPath, records
     checked and decoded. The walk goes on into the queue's next file while fewer than
     `max_msg_nums` were found. `cq`: the queue, when the caller has it."""

@@ -139,7 +139,7 @@ class MessageStore:
         self.flush_service = None
         self.commit_service = None
         self.flush_cq_service = None
-        self.ha_service = None             # HAService once started (spec 05)
+        self.ha_service = None             # HAService once started (doc/05)
         self._lock = None if read_only else StoreLock(self.root, self.fs)
         self.running_flags = RunningFlags()
         self.disk_usage = disk_usage or disk_usage_source(self.fs)
@@ -442,7 +442,7 @@ class MessageStore:
         self.reput_service = ReputMessageService(self, reput_from)
         self.reput_service.do_reput()               # catch up before accepting puts
         recovery.recover_topic_queue_table(self)
-        # HA next (spec 03 §7); bound before any thread starts, so a taken port fails clean.
+        # HA next (doc/03 §7); bound before any thread starts, so a taken port fails clean.
         self.ha_service = HAService(self)
         self.ha_service.start()
         self.reput_service.start()
@@ -513,7 +513,7 @@ class MessageStore:
                 # Started last, stopped first: no file deletion during the final flush.
                 self.scheduled_service.shutdown()
                 self.scheduled_service = None
-            self.ha_service.shutdown()              # HA first: spec 03 §7 reversed
+            self.ha_service.shutdown()              # HA first: doc/03 §7 reversed
             self.commitlog.after_put = None
             self.commitlog.wake_on_put = None
             if self.commit_service is not None:

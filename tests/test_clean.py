@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Expired-file cleaning (spec 04 §2-§3), disk-full protection and ENOSPC, driven by an
+"""Expired-file cleaning (doc/04 §2-§3), disk-full protection and ENOSPC, driven by an
 injected clock and disk-usage source: no thread, no sleeping."""
 import errno
 import os

@@ -18,7 +18,7 @@ from rocketstore.config import (
 from rocketstore import config
 from rocketstore.errors import ConfigError
 
-# The "Default configuration values" table of spec 00, by Java key.
+# The "Default configuration values" table of doc/README, by Java key.
 SPEC_DEFAULTS = {
     "mappedFileSizeCommitLog": 1_073_741_824,
     "mappedFileSizeConsumeQueue": 6_000_000,
@@ -119,7 +119,7 @@ def test_defaults_match_spec_table():
     assert cfg.ha_master_address is None
     assert cfg.ha_bind_address == "127.0.0.1"
     assert cfg.prefault_next_file is True
-    # Not 4.9.x's 32 KiB: the largest frame a 4.9 slave's 4 MiB read buffer takes (spec 05).
+    # Not 4.9.x's 32 KiB: the largest frame a 4.9 slave's 4 MiB read buffer takes (doc/05).
     assert cfg.ha_transfer_batch_size == 4 * 1024 * 1024 - 12
     assert cfg.extra_properties == {}
     assert "extra_properties" not in repr(cfg)

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""HA replication (spec 05): wire bytes, the slave's append rule, and master/slave runs across
+"""HA replication (doc/05): wire bytes, the slave's append rule, and master/slave runs across
 processes on 127.0.0.1 ephemeral ports, with kills, cut sockets and hostile peers."""
 import dataclasses
 import itertools

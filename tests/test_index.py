@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""IndexFile kernels and IndexService: golden bytes from spec 02 §3.2, cext == cffi == pure,
+"""IndexFile kernels and IndexService: golden bytes from doc/02 §3.2, cext == cffi == pure,
 terminating walks over corrupt chains, the broker's own index files and query answers, and
 queries that never return a message for a colliding key."""
 import json
@@ -24,7 +24,7 @@ from rocketstore.message import java_string_hash
 from broker_data import BASIC, broker_messages
 
 LONG_MAX = (1 << 63) - 1
-STAMPS = [1796046348973, 1796046349996, 1796046350997]     # spec 02 §3
+STAMPS = [1796046348973, 1796046349996, 1796046350997]     # doc/02 §3
 SLOTS, ENTRIES = 5_000_000, 20_000_000                       # the defaults of §3.2
 
 
@@ -36,7 +36,7 @@ def _put(k, buf, slots, entries, key, phy, ts):
     return k.index_put(buf, slots, entries, k.index_hash(key.encode()), phy, ts)
 
 
-# ---- golden bytes: spec 02 §3.2 --------------------------------------------------------------
+# ---- golden bytes: doc/02 §3.2 --------------------------------------------------------------
 
 def test_index_put_writes_the_broker_written_entries_slots_and_header(backend):
     # An anonymous mapping: 420 MB of address space, only the touched pages are real.
@@ -261,7 +261,7 @@ def test_index_hash_agrees_across_backends(backends, key):
     assert len(hashes) == 1 and hashes.pop() >= 0
 
 
-# ---- which keys: spec 02 §2.4 --------------------------------------------------------------------
+# ---- which keys: doc/02 §2.4 --------------------------------------------------------------------
 
 @pytest.mark.parametrize("props, keys", [
     (b"KEYS\x01a b\x02UNIQ_KEY\x01U1", [b"U1", b"a", b"b"]),
@@ -782,7 +782,7 @@ def test_query_rounds_narrow_end_and_max_num_is_capped(tmp_path, backend):
         store.shutdown()
 
 
-# ---- get_offset_in_queue_by_time: spec 02 §1.9 ----------------------------------------------
+# ---- get_offset_in_queue_by_time: doc/02 §1.9 ----------------------------------------------
 
 def test_a_time_window_holds_exactly_the_messages_stored_inside_it(tmp_path, backend):
     # 7 ms apart, so store times fall between the whole seconds an entry keeps.

@@ -35,7 +35,7 @@ settings.register_profile("thorough", max_examples=2000, deadline=None,
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-# ---- spec 01 §7: the three records a 4.9.8 broker wrote -----------------------------------
+# ---- doc/01 §7: the three records a 4.9.8 broker wrote -----------------------------------
 
 GOLDEN_RECORDS = [bytes.fromhex(h) for h in (
     "00000087daa320a7248c774f000000000000000000000000000000000000000000000000000000000000018b"
@@ -196,7 +196,7 @@ def test_commitlog_scan_reports_a_length_mismatch_with_its_totalsize(backend):
     assert backend.commitlog_scan(buf, 0, len(buf), True, out) == (1, 135, F.SCAN_MISMATCH, 136)
 
 
-# ---- spec 01 §7 blank, spec 01 §3.7 / 02 §1.2 tagsCode, spec 02 §3.1 ConsumeQueue -------------
+# ---- doc/01 §7 blank, doc/01 §3.7 / 02 §1.2 tagsCode, doc/02 §3.1 ConsumeQueue -------------
 
 def test_commitlog_blank_writes_size_then_blank_magic(backend):
     out = bytearray(32768)

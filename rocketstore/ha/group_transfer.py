@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""GroupTransferService (spec 05 §3.4): SYNC_MASTER producers wait until a slave has
+"""GroupTransferService (doc/05 §3.4): SYNC_MASTER producers wait until a slave has
 acknowledged their record's end offset.
 
 4.9.x queues a GroupCommitRequest per put and a service thread polls them (every 10 ms, and on

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""HAService (spec 05 §3): the master's accept loop and one HAConnection per slave, with a
+"""HAService (doc/05 §3): the master's accept loop and one HAConnection per slave, with a
 reader thread (offset reports) and a writer thread (CommitLog frames); on a slave it runs
 the HAClient instead.
 
@@ -234,7 +234,7 @@ class HAService:
         self.notifier.wakeup_all()
 
     def make_after_put(self, flush_after_put):
-        """The SYNC_MASTER put tail (01 §4 step 12): request the flush and the replica, wait
+        """The SYNC_MASTER put tail (doc/01 §4 step 12): request the flush and the replica, wait
         for both; the replica's failure status wins over the flush's."""
         gt = self.group_transfer
         timeout_ms = self.config.slave_timeout
@@ -257,7 +257,7 @@ class HAService:
 
 
 class HAConnection:
-    """One slave: ReadSocketService and WriteSocketService on one socket (spec 05 §3.2-3.3).
+    """One slave: ReadSocketService and WriteSocketService on one socket (doc/05 §3.2-3.3).
     The reader thread owns the teardown: it joins the writer and closes the socket."""
 
     def __init__(self, service, sock, addr):

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""HAClient (spec 05 §4): a slave connects to its master, reports its CommitLog max offset,
+"""HAClient (doc/05 §4): a slave connects to its master, reports its CommitLog max offset,
 and appends each frame whose offset equals its own max offset; anything else drops the
 connection, and the next connection re-reports the real offset.
 

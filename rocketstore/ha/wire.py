@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Classic HA frames (spec 05 §2), big-endian, as pure functions over bytes.
+"""Classic HA frames (doc/05 §2), big-endian, as pure functions over bytes.
 
 Slave -> master: an 8-byte offset report (the slave's CommitLog max offset).
 Master -> slave: a 12-byte header (physical offset of the first body byte, body size) and
@@ -38,7 +38,7 @@ def decode_report(buf, pos=0):
 
 
 def last_report(buf, start, end):
-    """ReadSocketService's rule (spec 05 §3.2): of the unprocessed bytes buf[start:end], only
+    """ReadSocketService's rule (doc/05 §3.2): of the unprocessed bytes buf[start:end], only
     the last complete 8-byte report counts. Reports are aligned on the connection's byte
     stream, so `start` and the returned position are multiples of 8 from the stream start.
     Returns (offset or None, new start)."""

@@ -86,7 +86,7 @@ class Kernels(Protocol):
 
     def msg_size(self, sys_flag: int, body_len: int, topic_len: int, props_len: int,
                  v2: bool = False) -> int:
-        """TOTALSIZE of a record (spec 01 §3.1, calMsgLength). Raises MessageIllegalError when
+        """TOTALSIZE of a record (doc/01 §3.1, calMsgLength). Raises MessageIllegalError when
         the topic is longer than its length field (127 for v1) or properties exceed 32767 bytes."""
 
     def msg_encode(self, out, pos: int, topic, body, props, queue_id: int, flag: int,
@@ -107,7 +107,7 @@ class Kernels(Protocol):
     def commitlog_append_batch(self, out, pos: int, limit: int, records, queue_offsets,
                                phy_base: int, store_timestamp: int) -> Tuple[int, int]:
         """Append whole records from the concatenated `records` to out[pos:limit], each only if
-        it leaves END_FILE_MIN_BLANK_LENGTH bytes before `limit` (spec 01 §3.9). Record k gets
+        it leaves END_FILE_MIN_BLANK_LENGTH bytes before `limit` (doc/01 §3.9). Record k gets
         QUEUEOFFSET queue_offsets[k] (int64 array), PHYSICALOFFSET phy_base + bytes before it,
         and the one batch store timestamp. Returns (records appended, bytes appended)."""
 
@@ -141,7 +141,7 @@ class Kernels(Protocol):
 
     def index_put(self, buf, slot_num: int, index_num: int, key_hash: int, phy_offset: int,
                   store_timestamp: int) -> int:
-        """IndexFile#putKey (spec 02 §2.3) into `buf`, a whole index file of `slot_num` slots
+        """IndexFile#putKey (doc/02 §2.3) into `buf`, a whole index file of `slot_num` slots
         and `index_num` entries (len(buf) >= 40 + 4 slot_num + 20 index_num, else bounds
         error): write entry number indexCount, link it at the head of slot key_hash % slot_num,
         and update the header in place (first entry: begin fields; every entry: hashSlotCount,
@@ -165,7 +165,7 @@ class Kernels(Protocol):
 
     def index_lookup(self, buf, slot_num: int, index_num: int, key_hash: int, begin: int,
                      end: int, max_num: int, out_offsets) -> int:
-        """IndexFile#selectPhyOffset (spec 02 §2.6): walk key_hash's chain newest-first and
+        """IndexFile#selectPhyOffset (doc/02 §2.6): walk key_hash's chain newest-first and
         write into `out_offsets` (a writable int64 array) the phyOffset of every entry whose
         keyHash equals key_hash and whose time lies in [begin, end]. Returns the count, at most
         min(max_num, len(out_offsets)). The walk also stops after index_num hops and on any
@@ -194,7 +194,7 @@ class Kernels(Protocol):
 
     def index_query(self, files, mfq, topic: str, key: str, want: int, begin: int, end: int,
                     decode) -> Tuple[list, int, int, int]:
-        """MessageStore.query_message's work as one call (spec 02 §2.6): hash topic#key, walk
+        """MessageStore.query_message's work as one call (doc/02 §2.6): hash topic#key, walk
         its chain in each IndexFile of `files` newest file first (files whose time range
         misses the window are passed over; the walk stops after a file that begins before
         it), each chain newest first, over entries in [begin - 999 ms, end] (entry times are

@@ -208,7 +208,7 @@ def commitlog_blank(out, pos, size):
 
 
 def _tags_code(props):
-    """tagsCode of a properties string (spec 01 §3.6-3.7); also whether TAGS was present."""
+    """tagsCode of a properties string (doc/01 §3.6-3.7); also whether TAGS was present."""
     tags = None
     for seg in props.split(b"\x02"):
         if len(seg.decode("utf-8", "replace")) < 3:
@@ -351,7 +351,7 @@ def sync_range(buf, fd, start, length):
     os.fdatasync(fd)
 
 
-# ---- IndexFile (spec 02 §2) -------------------------------------------------------------------
+# ---- IndexFile (doc/02 §2) -------------------------------------------------------------------
 _I32_MIN = -(1 << 31)
 _I32_MAX = (1 << 31) - 1
 _IDX_HEAD = struct.Struct(">qqqqii")

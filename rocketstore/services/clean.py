@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Expired-file cleaning and disk-full protection (spec 04 §1-§3).
+"""Expired-file cleaning and disk-full protection (doc/04 §1-§3).
 
 CleanCommitLogService and CleanConsumeQueueService are plain objects whose `run_once(now_ms)`
 does one round, so tests drive them with an injected clock and disk-usage source and no
@@ -435,7 +435,7 @@ class CleanConsumeQueueService:
             total += n
             if n and interval > 0:
                 self.sleep(interval / 1000.0)
-        # Hook for the IndexFile service (spec 02 §2.8), which trails the ConsumeQueues.
+        # Hook for the IndexFile service (doc/02 §2.8), which trails the ConsumeQueues.
         index_service = getattr(store, "index_service", None)
         if index_service is not None:
             index_service.delete_expired_file(min_offset)

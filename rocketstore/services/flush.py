@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Flush services (spec 03 §2): CommitLog async flush and ConsumeQueue flush + checkpoint."""
+"""Flush services (doc/03 §2): CommitLog async flush and ConsumeQueue flush + checkpoint."""
 import logging
 import threading
 import time
@@ -56,7 +56,7 @@ _RUNNING, _DONE, _FAILED = 0, 1, 2
 
 class GroupCommitService(ServiceThread):
     """SYNC_FLUSH group commit without a flusher thread in the way: a put waits until the
-    flushed offset passes its record's end (spec 03 §2.2), and the waiting puts do the syncs.
+    flushed offset passes its record's end (doc/03 §2.2), and the waiting puts do the syncs.
 
     A put whose bytes no running sync covers starts one itself, in its own thread (the sync
     kernels run without the GIL), covering everything written since the last sync began,
@@ -292,7 +292,7 @@ class GroupCommitService(ServiceThread):
 class CommitRealTimeService(ServiceThread):
     """With a TransientStorePool: copy write buffers into the files every
     commit_interval_commit_log ms (4 pages at least, everything every thorough interval), then
-    wake the flusher (spec 03 §2.4)."""
+    wake the flusher (doc/03 §2.4)."""
 
     name = "CommitRealTimeService"
 
