@@ -33,7 +33,8 @@ from .mapped_file_queue import is_index_name, is_queue_dir_name, split_segment_n
 from .message import PROPERTY_WAIT, MessageExt, topic_problem
 from .running_flags import NOT_WRITEABLE_MASK, RunningFlags
 from .services.clean import (CleanCommitLogService, CleanConsumeQueueService,
-                             StoreScheduledService, StoreSize, disk_usage_source)
+                             StoreSize, disk_usage_source)
+from .services.scheduler import StoreScheduledService
 from .services.flush import (CommitRealTimeService, FlushConsumeQueueService,
                              FlushRealTimeService, GroupCommitService)
 from .services.reput import ReputMessageService

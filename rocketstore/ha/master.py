@@ -30,13 +30,13 @@ Differences from 4.9.x, all invisible on the wire:
 import logging
 import socket
 import threading
-import time
 
 from ..config import BrokerRole
 from ..message import PROPERTY_WAIT
 from ..status import PutMessageStatus
 from . import wire
 from .group_transfer import GroupTransferService
+from ..clock import monotonic_ms
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +45,6 @@ __all__ = ["HAService", "HAConnection"]
 READ_BUFFER_SIZE = 1024 * 1024     # ReadSocketService: 1 MiB, reused when full
 DROPS_BEFORE_ERROR = 3
 SOCKET_TIMEOUT_S = 1.0             # the 1 s select of every 4.9.x HA loop
-
-
-def _now_ms():
-    return time.monotonic_ns() // 1_000_000
 
 
 class _DataNotifier:
@@ -312,7 +308,7 @@ class HAConnection:
         buf = bytearray(READ_BUFFER_SIZE)
         view = memoryview(buf)
         pos = process = 0
-        last_report = _now_ms()
+        last_report = monotonic_ms()
         housekeeping = self.service.config.ha_housekeeping_interval
         try:
             while not self._stopped.is_set():
@@ -325,7 +321,7 @@ class HAConnection:
                 except OSError as exc:
                     self.stop(f"read failed: {exc}")
                     break
-                now = _now_ms()
+                now = monotonic_ms()
                 if n == 0:
                     self.stop("the slave closed the connection")
                     break
@@ -385,7 +381,7 @@ class HAConnection:
         heartbeat = cfg.ha_send_heartbeat_interval
         batch = cfg.ha_transfer_batch_size
         notifier = svc.notifier
-        self._last_write = _now_ms()
+        self._last_write = monotonic_ms()
         stopped = self._stopped
         while not stopped.is_set():
             if self.slave_request_offset < 0:
@@ -400,7 +396,7 @@ class HAConnection:
                     self.next_transfer_from_where = self.slave_request_offset
                 log.info("HA: transfer to slave %s starts at %d", self.addr,
                          self.next_transfer_from_where)
-            if _now_ms() - self._last_write > heartbeat:
+            if monotonic_ms() - self._last_write > heartbeat:
                 if not self._send([wire.encode_header(self.next_transfer_from_where, 0)]):
                     return
             generation = notifier.generation
@@ -450,7 +446,7 @@ class HAConnection:
                 try:
                     n = sock.sendmsg(parts)
                 except socket.timeout:
-                    stalled = _now_ms() - self._last_write
+                    stalled = monotonic_ms() - self._last_write
                     if stalled > housekeeping:
                         self.stop(f"housekeeping: the slave read nothing for {stalled} ms")
                         return False
@@ -458,7 +454,7 @@ class HAConnection:
                 except OSError as exc:
                     self.stop(f"write failed: {exc}")
                     return False
-                self._last_write = _now_ms()
+                self._last_write = monotonic_ms()
                 while n:
                     head = parts[0]
                     if n >= len(head):

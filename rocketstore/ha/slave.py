@@ -37,6 +37,7 @@ import threading
 import time
 
 from . import wire
+from ..clock import monotonic_ms
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +51,6 @@ POPULATE_MIN = 64 * 1024          # a body this long has its pages populated bef
 # many bytes, whichever comes first (when nothing waits, it is reported at once).
 REPORT_INTERVAL_NS = 1_000_000
 REPORT_BYTES = 4 * 1024 * 1024
-
-
-def _now_ms():
-    return time.monotonic_ns() // 1_000_000
 
 
 class HAClient:
@@ -177,7 +174,7 @@ class HAClient:
         self.connections_made += 1
         self._pos = self._dispatch = 0
         self._reported = self.store.commitlog.max_offset
-        self._last_write = self._last_read = _now_ms()
+        self._last_write = self._last_read = monotonic_ms()
         log.info("HA client: connected to master %s, slave max offset %d", addr,
                  self._reported)
         return self._report(self._reported)
@@ -206,7 +203,7 @@ class HAClient:
             return False
         self._reported = offset
         self._report_ns = time.monotonic_ns()
-        self._last_write = _now_ms()
+        self._last_write = monotonic_ms()
         self.reports_sent += 1
         return True
 
@@ -234,7 +231,7 @@ class HAClient:
         poller.register(sock, select.POLLIN)
         try:
             while self._sock is not None and not self._stopped.is_set():
-                if _now_ms() - self._last_write > heartbeat:
+                if monotonic_ms() - self._last_write > heartbeat:
                     if not self._report(self._reported):
                         return
                 body = self._frame_view
@@ -254,7 +251,7 @@ class HAClient:
                     self._close(None if self._stopped.is_set() else
                                 "the master closed the connection")
                     return
-                now = _now_ms()
+                now = monotonic_ms()
                 if n:
                     self._last_read = now
                     if body is not None:

@@ -3,8 +3,8 @@
 
 CleanCommitLogService and CleanConsumeQueueService are plain objects whose `run_once(now_ms)`
 does one round, so tests drive them with an injected clock and disk-usage source and no
-thread; StoreScheduledService is the one thread that calls them (and the other periodic jobs)
-on RocketMQ's schedule.
+thread; services/scheduler.py's StoreScheduledService is the one thread that calls them (and
+the other periodic jobs) on RocketMQ's schedule.
 """
 import bisect
 import dataclasses
@@ -14,7 +14,6 @@ import time
 
 import numpy as np
 
-from .base import ServiceThread
 
 log = logging.getLogger(__name__)
 
@@ -501,35 +500,3 @@ def unconsumed_below(store, phy_offset, chunk=65_536):
         if count:
             lost[group] = lost.get(group, 0) + count
     return lost
-
-
-class StoreScheduledService(ServiceThread):
-    """The store's scheduled thread: cleaning every clean_resource_interval after 60 s, the
-    disk-full check every 10 s after 1 s, and config persistence. Each task is
-    (name, first delay ms, period ms, callable); timing is monotonic, the decisions inside
-    the callables use the store clock."""
-
-    name = "StoreScheduledService"
-    join_time_s = 30.0
-
-    def __init__(self, tasks):
-        super().__init__()
-        now = time.monotonic() * 1000.0
-        self.tasks = [[name, now + delay, period, fn] for name, delay, period, fn in tasks]
-
-    def run_once(self):
-        now = time.monotonic() * 1000.0
-        due = min(t[1] for t in self.tasks)
-        if due > now:
-            self.wait_for_running(due - now)
-            return
-        for task in self.tasks:
-            if self.is_stopped:
-                return
-            name, at, period, fn = task
-            if at <= now:
-                task[1] = now + period
-                try:
-                    fn()
-                except Exception:
-                    log.exception("%s: scheduled task %s failed", self.name, name)

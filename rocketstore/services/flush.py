@@ -5,12 +5,9 @@ import threading
 import time
 
 from .base import ServiceThread
+from ..clock import monotonic_ms
 
 log = logging.getLogger(__name__)
-
-
-def _now_ms():
-    return time.monotonic_ns() // 1_000_000
 
 
 class FlushRealTimeService(ServiceThread):
@@ -27,7 +24,7 @@ class FlushRealTimeService(ServiceThread):
     def run_once(self):
         cfg = self._store.config
         least = cfg.flush_commit_log_least_pages
-        now = _now_ms()
+        now = monotonic_ms()
         if now >= self._last_flush + cfg.flush_commit_log_thorough_interval:
             self._last_flush = now
             least = 0
@@ -306,7 +303,7 @@ class CommitRealTimeService(ServiceThread):
     def run_once(self):
         cfg = self._store.config
         least = cfg.commit_commit_log_least_pages
-        now = _now_ms()
+        now = monotonic_ms()
         if now >= self._last_commit + cfg.commit_commit_log_thorough_interval:
             least = 0
         mfq = self._store.commitlog.mfq
@@ -367,7 +364,7 @@ class FlushConsumeQueueService(ServiceThread):
             flush_pending()
         cfg = self._store.config
         least = cfg.flush_consume_queue_least_pages
-        now = _now_ms()
+        now = monotonic_ms()
         snapshot = 0
         if force or now >= self._last_thorough + cfg.flush_consume_queue_thorough_interval:
             self._last_thorough = now
