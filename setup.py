@@ -4,6 +4,9 @@
 - rocketstore.kernels._cext:     Cython, pyx/_cext.pyx + csrc/*.c (CPython only)
 - rocketstore.kernels._cffi_lib: cffi out-of-line API mode, csrc/build_cffi.py + csrc/*.c
 
+Both take their sources, C flags and declarations from csrc/interface.py, which reads them from
+the headers (pyx/csrc.pxd is written from there before cythonize).
+
 Switches (environment): ROCKETSTORE_BUILD_CEXT=0 and ROCKETSTORE_BUILD_CFFI=0 skip a backend
 (both for a pure-Python install); ROCKETSTORE_DEBUG=1 builds with asserts, -O0 -g and Cython
 line tracing + annotation; ROCKETSTORE_SANITIZE=address,undefined builds both modules with those
@@ -11,7 +14,7 @@ sanitizers (run them with the runtimes preloaded: scripts/sanitize-tests). A com
 the build: there is no soft fallback, but the error says what is missing and how to install the
 pure-Python backend instead.
 """
-import glob
+import importlib.util
 import os
 import platform
 import shutil
@@ -31,27 +34,20 @@ CPYTHON = platform.python_implementation() == "CPython"
 BUILD_CEXT = _switch("ROCKETSTORE_BUILD_CEXT", "1") and CPYTHON   # PyPy: cffi only
 BUILD_CFFI = _switch("ROCKETSTORE_BUILD_CFFI", "1")
 DEBUG = _switch("ROCKETSTORE_DEBUG", "0")
-SANITIZE = os.environ.get("ROCKETSTORE_SANITIZE", "").strip()
-
-C_SOURCES = sorted(glob.glob(os.path.join("csrc", "*.c")))
 
 
-def _sanitize_args():
-    # Kept equal to csrc/build_cffi.py's sanitize_args(). -O1 keeps stack traces readable and
-    # still lets ASan see every out-of-bounds access; the same flags go to the link so the
-    # module pulls in the sanitizer runtimes (which must be LD_PRELOADed into python).
-    if not SANITIZE or os.name == "nt":
-        return []
-    return [f"-fsanitize={SANITIZE}", "-fno-omit-frame-pointer", "-g", "-O1"]
+
+def _interface():
+    """csrc/interface.py, the one source of the C interface, sources and flags for both
+    compiled modules (loaded by path: csrc/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("_rocketstore_interface",
+                                                  os.path.join("csrc", "interface.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _compile_args():
-    # Kept equal to csrc/build_cffi.py's compile_args(), which the cffi build uses.
-    if os.name == "nt":
-        return ["/Od", "/Zi"] if DEBUG else ["/O2"]
-    if DEBUG:
-        return ["-O0", "-g", "-std=c99", "-Wall", "-Wextra"] + _sanitize_args()
-    return ["-O3", "-std=c99", "-Wall", "-Wextra"] + _sanitize_args()
+interface = _interface()
 
 
 PURE_INSTALL = ("set ROCKETSTORE_BUILD_CEXT=0 ROCKETSTORE_BUILD_CFFI=0 and run the same pip "
@@ -106,15 +102,15 @@ def _cext_modules():
     if DEBUG:
         directives.update(linetrace=True)
         macros += [("CYTHON_TRACE", "1"), ("CYTHON_TRACE_NOGIL", "1")]
+    # Cython cimports the C interface from pyx/csrc.pxd, rendered from the headers.
+    interface.write_pxd(os.path.join("pyx", "csrc.pxd"))
     ext = Extension(
         "rocketstore.kernels._cext",
-        sources=["pyx/_cext.pyx"] + C_SOURCES,
+        sources=["pyx/_cext.pyx"] + [os.path.relpath(s) for s in interface.sources()],
         include_dirs=["csrc"],
         define_macros=macros,
-        # py-lmdb's trick: a debug build keeps assert() even where the toolchain sets NDEBUG.
-        undef_macros=["NDEBUG"] if DEBUG else [],
-        extra_compile_args=_compile_args(),
-        extra_link_args=_sanitize_args(),
+        extra_compile_args=interface.compile_args(),
+        extra_link_args=interface.link_args(),
     )
     return cythonize([ext], include_path=["pyx"], compiler_directives=directives,
                      build_dir=os.path.join("build", "cython"), annotate=DEBUG)
@@ -122,7 +118,7 @@ def _cext_modules():
 
 setup(
     packages=find_packages(include=["rocketstore", "rocketstore*"]),
-    package_data={"rocketstore": ["py.typed"]},
+    package_data={"rocketstore": ["py.typed", "*.pyi"]},
     ext_modules=_cext_modules() if BUILD_CEXT else [],
     cffi_modules=["csrc/build_cffi.py:ffibuilder"] if BUILD_CFFI else [],
     cmdclass={"build_ext": explaining_build_ext},

@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What durability costs: SYNC_FLUSH batches and threads against a bare fdatasync, ASYNC_FLUSH
-against no flush service at all, and abnormal recovery speed (with CRC check)."""
+"""What durability costs: SYNC_FLUSH batches and threads against plain files doing their own
+pwrite + fdatasync (measured first, in the same run: extra_info["vs_peer"] is the store's speed
+over the peer's), ASYNC_FLUSH against no flush service at all, and abnormal recovery speed
+(with CRC check). extra_info also says how many messages (or batches) one sync served."""
 import os
 import threading
 import time
@@ -8,28 +10,122 @@ import time
 import pytest
 
 from rocketstore import FlushDiskType, MessageStore
-from rocketstore.workload import check_puts, check_read_back, make_messages, sized_config
+from rocketstore.workload import (check_puts, check_read_back, commitlog_bytes,
+                                 make_messages, sized_config)
 
 N = 20_000
 BATCH = 1000
+PRODUCERS = 4
+THREADS = 16
+PER_THREAD = 300
+_peer = {}       # group -> the same run's peer mean, for extra_info["vs_peer"]
 
 
-def test_sync_flush_put_messages(benchmark, backend, store_factory):
+def _vs_peer(benchmark, group):
+    """This result's speed over the peer's (measured first, in the same run): > 1 is faster."""
+    peer = _peer.get(group)
+    if peer is not None and benchmark.stats is not None:
+        benchmark.extra_info["vs_peer"] = round(peer / benchmark.stats.stats.mean, 2)
+
+
+def _note_peer(benchmark, group):
+    if benchmark.stats is not None:
+        _peer[group] = benchmark.stats.stats.mean
+
+
+def _peer_file(directory, size):
+    """A file whose blocks are allocated (unwritten) ahead, as the CommitLog's are."""
+    fd = os.open(os.path.join(directory, "peer.bin"), os.O_RDWR | os.O_CREAT | os.O_TRUNC,
+                 0o644)
+    os.posix_fallocate(fd, 0, size)
+    return fd
+
+
+def _check_peer_file(fd, records, rounds):
+    """The peer's "read back": every record of every round is in the file, in place."""
+    for i in (0, len(records) // 2, len(records) - 1):
+        off = (rounds - 1) * sum(map(len, records)) + sum(map(len, records[:i]))
+        assert os.pread(fd, len(records[i]), off) == records[i]
+
+
+def _peer_records(msgs):
+    """One byte string per message, as long as its CommitLog record (an upper bound)."""
+    return [bytes([65 + i % 26]) * commitlog_bytes([m]) for i, m in enumerate(msgs)]
+
+
+def _syncs(store):
+    return store.flush_service.syncs
+
+
+BATCH_GROUP = "SYNC_FLUSH put_messages (batches of 1000)"
+
+
+def test_pwrite_fdatasync_bandwidth(benchmark, tmp_path):
+    """The ceiling for the group above: the same number of bytes, pwrite in 1 MiB calls to a
+    file with its blocks allocated, one fdatasync at the end of each round."""
+    msgs = make_messages(N)
+    records = _peer_records(msgs)
+    data = b"".join(records)
+    rounds = 4
+    fd = _peer_file(str(tmp_path), rounds * len(data))
+    state = {"round": 0}
+    mib = 1 << 20
+
+    def run():
+        base = state["round"] * len(data)
+        view = memoryview(data)
+        for o in range(0, len(data), mib):
+            os.pwrite(fd, view[o:o + mib], base + o)
+        os.fdatasync(fd)
+        state["round"] += 1
+    benchmark.group = BATCH_GROUP
+    benchmark.name = "pwrite + fdatasync (bandwidth)"
+    benchmark.extra_info["messages"] = N
+    benchmark.extra_info["bytes"] = len(data)
+    try:
+        benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
+        _check_peer_file(fd, records, state["round"])
+    finally:
+        os.close(fd)
+    _note_peer(benchmark, BATCH_GROUP)
+
+
+@pytest.mark.parametrize("producers", [1, PRODUCERS])
+def test_sync_flush_put_messages(benchmark, backend, store_factory, producers):
+    """`producers` threads each putting its share of N messages in batches of BATCH: one sync
+    may serve batches from several producers."""
     msgs = make_messages(N)
     store = store_factory(backend, msgs, 4, flush_disk_type=FlushDiskType.SYNC_FLUSH)
     batches = [msgs[i:i + BATCH] for i in range(0, N, BATCH)]
+    shares = [batches[p::producers] for p in range(producers)]
     results = []
-    keep = results.append
+    syncs = []
+
+    def produce(share):
+        results.extend([store.put_messages(b) for b in share])
 
     def run():
-        for b in batches:
-            keep(store.put_messages(b))
-    benchmark.group = "SYNC_FLUSH put_messages (batches of 1000)"
+        before = _syncs(store)
+        if producers == 1:
+            produce(batches)
+        else:
+            ts = [threading.Thread(target=produce, args=(s,)) for s in shares]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+        syncs.append(_syncs(store) - before)
+    benchmark.group = BATCH_GROUP
     benchmark.extra_info["messages"] = N
+    benchmark.extra_info["producers"] = producers
     benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
     runs = len(results) // len(batches)
     check_puts(results, runs * N)
-    check_read_back(store, msgs, runs)
+    check_read_back(store, msgs, runs, ordered=producers == 1)
+    benchmark.extra_info["batches_per_sync"] = round(
+        len(batches) * len(syncs) / max(1, sum(syncs)), 2)
+    benchmark.extra_info["bytes"] = commitlog_bytes(msgs)
+    _vs_peer(benchmark, BATCH_GROUP)
 
 
 def _fdatasync_p99_us(directory, rounds=200):
@@ -48,13 +144,68 @@ def _fdatasync_p99_us(directory, rounds=200):
     return samples[int(0.99 * len(samples))]
 
 
-@pytest.mark.parametrize("threads", [16])
+THREADS_GROUP = f"SYNC_FLUSH put_message from {THREADS} threads"
+
+
+def _p99(samples):
+    samples = sorted(samples)
+    return round(samples[int(0.99 * len(samples))], 1)
+
+
+def test_pwrite_fdatasync_per_thread(benchmark, tmp_path):
+    """The peer for the group below: each of THREADS threads appends its records to one file
+    (blocks allocated ahead) with its own pwrite + fdatasync per record, no group commit in
+    the program (the file system may still merge concurrent journal commits)."""
+    msgs = make_messages(THREADS * PER_THREAD)
+    records = _peer_records(msgs)
+    per_round = sum(map(len, records))
+    rounds = 4
+    fd = _peer_file(str(tmp_path), rounds * per_round)
+    offsets = []
+    o = 0
+    for r in records:
+        offsets.append(o)
+        o += len(r)
+    state = {"round": 0}
+    latencies = []
+
+    def worker(idx):
+        base = state["round"] * per_round
+        local = []
+        for i in idx:
+            t0 = time.perf_counter()
+            os.pwrite(fd, records[i], base + offsets[i])
+            os.fdatasync(fd)
+            local.append((time.perf_counter() - t0) * 1e6)
+        latencies.extend(local)
+
+    def run():
+        ts = [threading.Thread(target=worker, args=(range(t, len(records), THREADS),))
+              for t in range(THREADS)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        state["round"] += 1
+    benchmark.group = THREADS_GROUP
+    benchmark.name = f"pwrite + fdatasync per record, {THREADS} threads"
+    benchmark.extra_info["messages"] = len(msgs)
+    try:
+        benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
+        _check_peer_file(fd, records, state["round"])
+    finally:
+        os.close(fd)
+    benchmark.extra_info["put_p99_us"] = _p99(latencies)
+    _note_peer(benchmark, THREADS_GROUP)
+
+
+@pytest.mark.parametrize("threads", [THREADS])
 def test_sync_flush_put_message_threads(benchmark, backend, tmp_path, store_factory, threads):
-    per_thread = 300
-    msgs = make_messages(threads * per_thread)
-    store = store_factory(backend, msgs, 3, flush_disk_type=FlushDiskType.SYNC_FLUSH)
+    msgs = make_messages(threads * PER_THREAD)
+    store = store_factory(backend, msgs, 4, flush_disk_type=FlushDiskType.SYNC_FLUSH)
     latencies = []
     results = []
+    syncs = []
 
     def worker(chunk):
         local = []
@@ -67,20 +218,26 @@ def test_sync_flush_put_message_threads(benchmark, backend, tmp_path, store_fact
         results.extend(done)
 
     def run():
+        before = _syncs(store)
         ts = [threading.Thread(target=worker, args=(msgs[i::threads],)) for i in range(threads)]
         for t in ts:
             t.start()
         for t in ts:
             t.join()
-    benchmark.group = "SYNC_FLUSH put_message from 16 threads"
+        syncs.append(_syncs(store) - before)
+    benchmark.group = THREADS_GROUP
     benchmark.extra_info["messages"] = len(msgs)
-    benchmark.pedantic(run, rounds=3, iterations=1)
+    benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
     runs = len(results) // len(msgs)
     check_puts(results, runs * len(msgs))
     check_read_back(store, msgs, runs, ordered=False)
-    latencies.sort()
-    benchmark.extra_info["put_p99_us"] = round(latencies[int(0.99 * len(latencies))], 1)
-    benchmark.extra_info["fdatasync_p99_us"] = round(_fdatasync_p99_us(str(tmp_path)), 1)
+    benchmark.extra_info["messages_per_sync"] = round(
+        len(msgs) * len(syncs) / max(1, sum(syncs)), 2)
+    benchmark.extra_info["put_p99_us"] = _p99(latencies)
+    p99_sync = _fdatasync_p99_us(str(tmp_path))
+    benchmark.extra_info["fdatasync_p99_us"] = round(p99_sync, 1)
+    benchmark.extra_info["p99_vs_fdatasync_p99"] = round(_p99(latencies) / p99_sync, 2)
+    _vs_peer(benchmark, THREADS_GROUP)
 
 
 @pytest.mark.parametrize("flusher", ["async flush", "no flush service"])

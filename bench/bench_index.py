@@ -3,16 +3,20 @@
 
 - index build during dispatch: IndexService.dispatch over scanned CommitLog rows (keys/s in
   extra_info), default file geometry (5,000,000 slots, 20,000,000 entries);
-- query_message of a single-hit key on a store with N_STORE indexed messages, including reading
-  and decoding the hit (queries/s = 1 / mean);
+- key lookup: query_message of a single-hit key on a store with N_STORE (and, with
+  ROCKETSTORE_BENCH_10M=1, 10 x N_STORE) indexed messages, including reading and decoding the
+  hit (queries/s = 1 / mean), beside LMDB's key lookup over the same messages and keys, in the
+  same group;
 - the bare index_lookup kernel on that store's index file.
 
 `pytest bench/bench_index.py --benchmark-only --benchmark-columns=mean,ops`
 """
 import dataclasses
 import itertools
+import os
 import random
 import shutil
+import struct
 import types
 
 import numpy as np
@@ -24,7 +28,14 @@ from rocketstore.clock import StepClock
 from rocketstore.fs import DEFAULT as FS
 from rocketstore.index_service import IndexService
 from rocketstore.message import Message
-from rocketstore.workload import check_puts, check_read_back, sized_config
+from rocketstore.workload import check_puts, check_read_back, commitlog_bytes, sized_config
+
+from bench_peers import decode_record, encode_record
+
+try:
+    import lmdb
+except ImportError:        # pragma: no cover - the bench extra installs it
+    lmdb = None
 
 N_BUILD = 100_000          # records per build round, each with UNIQ_KEY + 2 KEYS pieces
 N_STORE = 1_000_000        # indexed messages in the query store
@@ -102,46 +113,149 @@ def test_index_build_during_dispatch(benchmark, backend, build_log, tmp_path):
     benchmark.extra_info.update(keys=keys, keys_per_s=round(keys / benchmark.stats.stats.mean))
 
 
-@pytest.fixture(scope="module")
-def query_store_dir(module_tmp):
-    """A store with N_STORE indexed messages (built once with cext: every backend writes the
-    same bytes), then opened by each backend; yields its root and config."""
-    root = module_tmp / "index-query"
-    msgs = _messages(N_STORE)
-    cfg = _config(root, msgs)
+def _query_sizes():
+    """Indexed messages of the query stores: 1 M always; 10 M when ROCKETSTORE_BENCH_10M=1
+    (building it, and its LMDB twin, takes minutes and ~6 GB of disk)."""
+    sizes = [N_STORE]
+    if os.environ.get("ROCKETSTORE_BENCH_10M") == "1":
+        sizes.append(10 * N_STORE)
+    return sizes
+
+
+def _check_sample(store, n, k=2000, seed=3):
+    """Outside the timed region: each queue holds its share of the n messages put, and k
+    random ones read back through their ConsumeQueue with the body and keys put (the whole
+    list of 10 M messages is never held at once)."""
+    per_queue = {q: len(range(q, n, 4)) for q in range(4)}
+    for q, count in per_queue.items():
+        assert store.get_max_offset_in_queue("BenchTopic", q) == count
+    rng = random.Random(seed)
+    for i in (rng.randrange(n) for _ in range(k)):
+        want = _messages(1, i)[0]
+        r = store.get_message("g", "BenchTopic", i % 4, i // 4, 1)
+        assert r.messages and r.messages[0].body == want.body and \
+            r.messages[0].keys == want.keys, i
+
+
+def _build_lmdb(path, n, step):
+    """LMDB over the same n messages as bench_peers stores them: key -> seq, and seq -> the
+    peer record (encode_record), one write transaction per `step` messages."""
+    env = lmdb.open(str(path), map_size=max(1 << 30, n * 512), max_dbs=2, sync=False,
+                    metasync=False)
+    log, idx = env.open_db(b"log"), env.open_db(b"keys")
+    pack = struct.Struct(">Q").pack
+    for start in range(0, n, step):
+        with env.begin(write=True) as txn:
+            for seq, m in enumerate(_messages(min(step, n - start), start), start):
+                k = pack(seq)
+                txn.put(k, encode_record(m), append=True, db=log)
+                txn.put(m.properties["KEYS"].split(" ")[0].encode(), k, db=idx)
+    with env.begin() as txn:
+        assert txn.stat(idx)["entries"] == n and txn.stat(log)["entries"] == n
+    return env, log, idx
+
+
+@pytest.fixture(scope="module", params=_query_sizes(), ids=lambda n: f"{n // 1_000_000}M")
+def query_store_dir(module_tmp, request):
+    """A store with n indexed messages, each with a UNIQ_KEY and two KEYS pieces (built once
+    with cext: every backend writes the same bytes, and then opened by each backend), and an
+    LMDB environment holding the same messages by key; yields (root, config, n, lmdb)."""
+    n = request.param
+    root = module_tmp / f"index-query-{n}"
+    step = 10_000
+    sample = _messages(step, n - step)            # the longest keys: a bound per record
+    # CommitLog files of at most 1 GiB (the default; an int field): 10 M records take three.
+    mib = 1 << 20
+    log_size = min(1 << 30, -(-(commitlog_bytes(sample, n // step) + mib) // mib) * mib)
+    cfg = sized_config(sample, n // step, store_path_root_dir=str(root),
+                       flush_interval_consume_queue=60_000,
+                       mapped_file_size_commit_log=log_size)
     store = testing.open_store(root, testing.load_backend("cext"), cfg,
                                clock=StepClock(1_800_000_000_000, 1))
-    step = 10_000
-    check_puts([store.put_messages(msgs[i:i + step]) for i in range(0, N_STORE, step)],
-               N_STORE)
-    check_read_back(store, msgs)
+    for start in range(0, n, step):
+        check_puts([store.put_messages(_messages(step, start))], step)
+    if n <= N_STORE:
+        check_read_back(store, _messages(n))
+    else:
+        _check_sample(store, n)
     store.shutdown()
-    yield root, cfg
+    env = _build_lmdb(module_tmp / f"lmdb-{n}", n, step) if lmdb is not None else None
+    yield root, cfg, n, env
+    if env is not None:
+        env[0].close()
     shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(module_tmp / f"lmdb-{n}", ignore_errors=True)
 
 
 @pytest.fixture
 def query_store(query_store_dir, backend):
-    root, cfg = query_store_dir
+    root, cfg, n, _ = query_store_dir
     store = MessageStore(root, cfg, kernels=backend)
     store.load()
     yield store
     store.shutdown()
 
 
-def test_query_message_single_hit(benchmark, backend, query_store):
-    benchmark.group = f"query_message single hit, {N_STORE:,} indexed messages"
-    rng = random.Random(5)
-    keys = itertools.cycle([f"key-{rng.randrange(N_STORE)}" for _ in range(4096)])
+def _random_keys(n, count=4096, seed=5):
+    rng = random.Random(seed)
+    return [f"key-{rng.randrange(n)}" for _ in range(count)]
+
+
+class _Recorder:
+    """Keeps the last 4096 answers a benchmarked call gave for its key, so they are checked
+    after the timed region (the check itself is not what is measured)."""
+
+    def __init__(self, keys):
+        self.keys = keys
+        self.answers = [None] * len(keys)
+        self.i = 0
+
+    def check(self, ok):
+        done = [(k, a) for k, a in zip(self.keys, self.answers) if a is not None]
+        assert done and all(ok(k, a) for k, a in done)
+        return len(done)
+
+
+@pytest.mark.parametrize("max_num", [1, 32])
+def test_query_message_single_hit(benchmark, backend, query_store, query_store_dir, max_num):
+    n = query_store_dir[2]
+    benchmark.group = f"key lookup, {n:,} indexed messages, max_num={max_num}"
+    rec = _Recorder(_random_keys(n))
+    keys, answers, size = rec.keys, rec.answers, len(rec.keys)
     query = query_store.query_message
 
     def one():
-        key = next(keys)
-        r = query("BenchTopic", key)
-        return r.messages[0].keys.split(" ")[0] == key and len(r.messages) == 1
+        i = rec.i = (rec.i + 1) % size
+        answers[i] = query("BenchTopic", keys[i], max_num)
 
-    assert benchmark(one)
-    benchmark.extra_info.update(messages=N_STORE,
+    benchmark(one)
+    checked = rec.check(lambda k, r: len(r.messages) == 1 and
+                        r.messages[0].keys.split(" ")[0] == k)
+    benchmark.extra_info.update(messages=n, checked=checked,
+                                queries_per_s=round(1 / benchmark.stats.stats.mean))
+
+
+@pytest.mark.skipif(lmdb is None, reason="py-lmdb is not installed (the bench extra)")
+@pytest.mark.parametrize("max_num", [1, 32])
+def test_lmdb_key_lookup(benchmark, query_store_dir, max_num):
+    """The peer: LMDB's key -> seq -> record lookup over the same messages and keys, the
+    record decoded (bench_peers' codec), in one read transaction held open across calls
+    (LMDB's best case). max_num only names the group: a key has one value."""
+    n = query_store_dir[2]
+    env, log, idx = query_store_dir[3]
+    benchmark.group = f"key lookup, {n:,} indexed messages, max_num={max_num}"
+    rec = _Recorder([k.encode() for k in _random_keys(n)])
+    keys, answers, size = rec.keys, rec.answers, len(rec.keys)
+    with env.begin() as txn:
+        get = txn.get
+
+        def one():
+            i = rec.i = (rec.i + 1) % size
+            answers[i] = decode_record(get(get(keys[i], db=idx), db=log))
+
+        benchmark(one)
+    checked = rec.check(lambda k, r: r[2].split(" ")[0] == k.decode())
+    benchmark.extra_info.update(messages=n, checked=checked,
                                 queries_per_s=round(1 / benchmark.stats.stats.mean))
 
 

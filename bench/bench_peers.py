@@ -21,15 +21,17 @@ Stores and their durability settings; every peer commits once per 1000 messages:
 
 | variant | write path | durable at commit |
 |---|---|---|
-| rocketstore-<backend>-async | ASYNC_FLUSH, one CommitLog file sized to the workload | no (page cache; flushed every 500 ms) |
+| rocketstore-<backend>-async | ASYNC_FLUSH, one CommitLog file sized to the workload | no (page
+  cache; flushed every 500 ms) |
 | rocketstore-<backend>-sync  | SYNC_FLUSH (group commit msync per put_messages batch) | yes |
 | lmdb-nosync | `lmdb.open(sync=False)`; seq -> record (append=True) and key -> seq | no |
 | lmdb-sync   | `lmdb.open(sync=True)` (default): fsync per commit | yes |
-| sqlite-wal-off  | WAL, `synchronous=OFF`; table with INTEGER PRIMARY KEY and an index on key | no |
+| sqlite-wal-off  | WAL, `synchronous=OFF`; INTEGER PRIMARY KEY table, an index on key | no |
 | sqlite-wal-full | WAL, `synchronous=FULL`: WAL fsynced per commit | yes |
-| rocksdb-nosync  | rocksdict, raw mode, WriteBatch per 1000, WAL on, `sync=False` | no (WAL in page cache) |
+| rocksdb-nosync  | rocksdict, raw mode, WriteBatch per 1000, WAL on, `sync=False` | no (WAL) |
 | rocksdb-sync    | the same with `WriteOptions.sync=True` | yes |
-| file-append     | plain Python: length-prefixed records, buffered write + flush per 1000; key index is an in-memory dict | no |
+| file-append     | plain Python: length-prefixed records, buffered write + flush per 1000;
+  key index is an in-memory dict | no |
 | file-append-fsync | the same with os.fsync per 1000 | yes (records; not the dict) |
 
 Peers store each message as one record (born timestamp, queue id, topic, keys, tags, body) and
@@ -120,9 +122,6 @@ class RocketStore:
         cfg = StoreConfig(
             **_file_sizes(),
             flush_disk_type=FlushDiskType.SYNC_FLUSH if sync else FlushDiskType.ASYNC_FLUSH,
-            # Embedded reads are not network transfers: let one get_message call return 1000.
-            max_transfer_count_on_message_in_memory=READ_BATCH,
-            max_transfer_bytes_on_message_in_memory=READ_BATCH * 1024,
             # An ephemeral HA port, so a store (or a broker) already on 10912 does not matter.
             **({"ha_listen_port": 0} if "ha_listen_port" in _CONFIG_FIELDS else {}))
         self.store = MessageStore(path, cfg, kernels=backend)

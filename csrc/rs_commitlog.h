@@ -25,7 +25,7 @@ int rs_commitlog_append(uint8_t *out, size_t out_len, int64_t pos,
 /*
  * rs_commitlog_append_batch - append whole records from the concatenation recs[0, recs_len)
  * at out[pos, limit), record k only if it leaves END_FILE_MIN_BLANK_LENGTH (8) bytes before
- * limit, so the blank marker always fits (spec 01 §3.9).  Record k gets QUEUEOFFSET
+ * limit, so the blank marker always fits (doc/01 §3.9).  Record k gets QUEUEOFFSET
  * queue_offsets[k], PHYSICALOFFSET phy_base + (bytes appended before it) and STORETIMESTAMP
  * store_timestamp (one value per batch, as 4.9.8 writes it).
  *

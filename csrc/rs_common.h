@@ -2,7 +2,7 @@
 /*
  * rs_common.h - status codes and big-endian load/store helpers shared by every kernel.
  *
- * Every multi-byte integer in RocketMQ's files is big-endian (Java ByteBuffer's default, spec 01
+ * Every multi-byte integer in RocketMQ's files is big-endian (Java ByteBuffer's default, doc/01
  * preamble), so all field access goes through the helpers below, the way leveldb keeps
  * fixed-width coding in util/coding.h.  The status codes must equal rocketstore/errors.py:
  * tests/test_contract.py compares them.

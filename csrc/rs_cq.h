@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * rs_cq.h - 20-byte ConsumeQueue units (spec 02 §1.2; layout in rs_format.h).
+ * rs_cq.h - 20-byte ConsumeQueue units (doc/02 §1.2; layout in rs_format.h).
  */
 #ifndef RS_CQ_H
 #define RS_CQ_H

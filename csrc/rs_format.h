@@ -4,7 +4,7 @@
  *
  * rocketstore/format.py mirrors these values and tests/test_contract.py checks that they agree
  * (it reads the RS_* defines below with a regex, so keep each one a plain integer literal).
- * Spec references are to shared/spec/: 01-commitlog.md and 02-consumequeue-index.md.
+ * Section references (§) are to doc/01-commitlog.md, and doc/02 to doc/02-consumequeue-index.md.
  */
 #ifndef RS_FORMAT_H
 #define RS_FORMAT_H
@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 /*
- * CommitLog record, spec 01 §3.1 (MessageExtEncoder#encode, CommitLog#checkMessageAndReturnSize).
+ * CommitLog record, doc/01 §3.1 (MessageExtEncoder#encode, CommitLog#checkMessageAndReturnSize).
  * Big-endian throughout.  BH/SH = 8 for IPv4 hosts, 20 for IPv6 (sysflag 0x10 / 0x20, §3.2);
  * L = 1 for the v1 magic, 2 for the v2 magic (§3.3).  Offsets shown for IPv4 + v1.
  *
@@ -24,7 +24,7 @@
  *   16       4      FLAG
  *   20       8      QUEUEOFFSET          ConsumeQueue entry index, patched at append
  *   28       8      PHYSICALOFFSET       CommitLog offset of byte 0, patched at append
- *   36       4      SYSFLAG              bit set, spec 01 §3.5
+ *   36       4      SYSFLAG              bit set, doc/01 §3.5
  *   40       8      BORNTIMESTAMP
  *   48       BH     BORNHOST             4 (or 16) address bytes + int port
  *   48+BH    8      STORETIMESTAMP       patched at append
@@ -37,7 +37,7 @@
  *
  *   TOTALSIZE = 68 + BH + SH + 4 + n + L + t + 2 + p   (= 91 + n + t + p for IPv4 + v1)
  *
- * END_OF_FILE blank, spec 01 §3.9: the 8 bytes  int(bytes left in file)  int(BLANK magic).
+ * END_OF_FILE blank, doc/01 §3.9: the 8 bytes  int(bytes left in file)  int(BLANK magic).
  */
 #define RS_MESSAGE_MAGIC_CODE (-626843481)      /* 0xDAA320A7 */
 #define RS_MESSAGE_MAGIC_CODE_V2 (-626843477)   /* 0xDAA320AB */
@@ -59,7 +59,7 @@
 #define RS_POS_BORNTIMESTAMP 40
 #define RS_POS_BORNHOST 48
 
-/* SYSFLAG bits, spec 01 §3.5 (MessageSysFlag). */
+/* SYSFLAG bits, doc/01 §3.5 (MessageSysFlag). */
 #define RS_COMPRESSED_FLAG 0x1
 #define RS_MULTI_TAGS_FLAG 0x2
 #define RS_TRANSACTION_TYPE_MASK 0xC
@@ -74,23 +74,23 @@
 #define RS_HOST_V4_LENGTH 8
 #define RS_HOST_V6_LENGTH 20
 
-/* Properties, spec 01 §3.6 (MessageDecoder). */
+/* Properties, doc/01 §3.6 (MessageDecoder). */
 #define RS_NAME_VALUE_SEPARATOR 0x01
 #define RS_PROPERTY_SEPARATOR 0x02
 #define RS_SCHEDULE_TOPIC "SCHEDULE_TOPIC_XXXX"
 
 /*
- * ConsumeQueue unit, spec 02 §1.2 (ConsumeQueue#putMessagePositionInfo), CQ_STORE_UNIT_SIZE = 20:
+ * ConsumeQueue unit, doc/02 §1.2 (ConsumeQueue#putMessagePositionInfo), CQ_STORE_UNIT_SIZE = 20:
  *
  *   off  size  field
  *   0    8     commitLogOffset   PHYSICALOFFSET of the record
  *   8    4     size              the record's TOTALSIZE
- *   12   8     tagsCode          String.hashCode(TAGS) sign-extended (spec 01 §3.7)
+ *   12   8     tagsCode          String.hashCode(TAGS) sign-extended (doc/01 §3.7)
  */
 #define RS_CQ_STORE_UNIT_SIZE 20
 
 /*
- * IndexFile, spec 02 §2.1 (IndexHeader, IndexFile#putKey).  File = header, then slot_num
+ * IndexFile, doc/02 §2.1 (IndexHeader, IndexFile#putKey).  File = header, then slot_num
  * 4-byte hash slots (int: newest entry number of the slot's chain, 0 = empty), then
  * index_num 20-byte entries; total 40 + slot_num * 4 + index_num * 20 bytes.  Entry number 0
  * is never written, so a full file (indexCount == index_num) holds index_num - 1 entries.
@@ -125,18 +125,18 @@
 #define RS_INDEX_ENTRY_POS_TIME_DIFF 12
 #define RS_INDEX_ENTRY_POS_PREV_INDEX 16
 
-/* Checkpoint, spec 03 §3. */
+/* Checkpoint, doc/03 §3. */
 #define RS_CHECKPOINT_FILE_SIZE 4096
 #define RS_OS_PAGE_SIZE 4096
 
-/* Why rs_commitlog_scan stopped (format.SCAN_*): values, not errors (spec 03 §5.3). */
+/* Why rs_commitlog_scan stopped (format.SCAN_*): values, not errors (doc/03 §5.3). */
 #define RS_SCAN_END 0        /* reached end, or filled the output rows */
 #define RS_SCAN_BLANK 1      /* BLANK magic at stop_pos; stop_size = its TOTALSIZE */
 #define RS_SCAN_EMPTY 2      /* magic 0: never-written space */
 #define RS_SCAN_CORRUPT 3    /* bad magic, CRC or impossible length */
 #define RS_SCAN_MISMATCH 4   /* parsed lengths != TOTALSIZE (stop_size): Java's "[BUG]" record */
 #define RS_SCAN_PARTIAL 5    /* record runs past end, or fewer than 8 bytes remain */
-#define RS_SCAN_TOPIC 6      /* topic empty or with a byte outside [%|a-zA-Z0-9_-]: corrupt */
+#define RS_SCAN_TOPIC 6      /* topic not UTF-8, empty, "." or "..", or with a / or NUL */
 
 /* rs_scan_rec.info bits (format.SCAN_INFO_*). */
 #define RS_SCAN_INFO_V2 0x1

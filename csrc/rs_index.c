@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * rs_index.c - IndexFile put and chain walk (spec 02 §2.3, §2.6).
+ * rs_index.c - IndexFile put and chain walk (doc/02 §2.3, §2.6).
  */
 #include <string.h>
 
 #include "rs_index.h"
 #include "rs_crc32.h"
+#include "rs_msg.h"
 
 int rs_index_hash(const uint8_t *buf, size_t len, int32_t *hash)
 {
@@ -75,6 +76,15 @@ static inline int32_t rs_index_abs(uint32_t h)
 {
     int32_t s = (int32_t)h;
     return s == INT32_MIN ? 0 : (s < 0 ? -s : s);
+}
+
+int rs_index_key_hash(const uint8_t *topic, size_t topic_len, const uint8_t *key,
+                      size_t key_len, int32_t *hash)
+{
+    uint32_t h = 31 * rs_java_hash_continue(0, topic, topic_len) + '#';
+
+    *hash = rs_index_abs(rs_java_hash_continue(h, key, key_len));
+    return RS_OK;
 }
 
 int rs_index_keys(const uint8_t *buf, size_t len, const rs_scan_rec *rows, size_t nrows,
@@ -224,28 +234,34 @@ int rs_index_put_batch(uint8_t *buf, size_t len, int32_t slot_num, int32_t index
     return RS_OK;
 }
 
-int rs_index_lookup(const uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
-                    int32_t key_hash, int64_t begin, int64_t end,
-                    int64_t *out, int64_t cap, int64_t *count)
+int rs_index_walk(const uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
+                  int32_t key_hash, int64_t begin, int64_t end, int32_t *at, int64_t *hops,
+                  int64_t *out, int64_t cap, int64_t *count)
 {
     int r = rs_index_geometry(len, slot_num, index_num);
     const uint8_t *entries;
     int32_t index_count, n;
-    int64_t begin_ts, found = 0, hops;
+    int64_t begin_ts, found = 0, h;
 
     *count = 0;
     if (r != RS_OK)
         return r;
-    if (key_hash < 0)
+    if (key_hash < 0 || *hops < 0)
         return RS_E_ARG;
+    if (*at < 0 || cap <= 0)
+        return RS_OK;                   /* the walk ended in an earlier call, or no room */
     index_count = rs_index_count(buf);
-    n = rs_load_i32(buf + RS_INDEX_HEADER_SIZE + (size_t)(key_hash % slot_num) * RS_INDEX_SLOT_SIZE);
+    n = *at;
+    if (n == 0)
+        n = rs_load_i32(buf + RS_INDEX_HEADER_SIZE +
+                        (size_t)(key_hash % slot_num) * RS_INDEX_SLOT_SIZE);
     /* n >= index_num: a corrupt header may claim more entries than the file holds. */
+    *at = -1;
     if (n <= 0 || n > index_count || n >= index_num || index_count <= 1)
         return RS_OK;
     begin_ts = rs_load_i64(buf + RS_INDEX_POS_BEGIN_TIMESTAMP);
     entries = buf + RS_INDEX_HEADER_SIZE + (size_t)slot_num * RS_INDEX_SLOT_SIZE;
-    for (hops = 0; hops < index_num && found < cap; hops++) {
+    for (h = *hops; h < index_num && found < cap; h++) {
         const uint8_t *e = entries + (size_t)n * RS_INDEX_ENTRY_SIZE;
         int32_t hash_read = rs_load_i32(e + RS_INDEX_ENTRY_POS_KEY_HASH);
         int64_t phy_read = rs_load_i64(e + RS_INDEX_ENTRY_POS_PHY_OFFSET);
@@ -262,9 +278,75 @@ int rs_index_lookup(const uint8_t *buf, size_t len, int32_t slot_num, int32_t in
             time_read < begin)
             break;
         n = prev;
+        if (found == cap) {
+            /* Out of room with the chain going on: the next call starts at prev. */
+            *at = n;
+            h++;
+            break;
+        }
     }
+    *hops = h;
     *count = found;
     return RS_OK;
+}
+
+int rs_index_lookup(const uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
+                    int32_t key_hash, int64_t begin, int64_t end,
+                    int64_t *out, int64_t cap, int64_t *count)
+{
+    int32_t at = 0;
+    int64_t hops = 0;
+
+    return rs_index_walk(buf, len, slot_num, index_num, key_hash, begin, end, &at, &hops, out,
+                         cap, count);
+}
+
+int rs_index_has_key(const uint8_t *props, size_t props_len, const uint8_t *key,
+                     size_t key_len)
+{
+    const uint8_t *uniq, *keys;
+    size_t uniq_len, keys_len, a, b;
+
+    if (key_len == 0)
+        return 0;               /* an empty key is no KEYS piece, and UNIQ_KEY is never empty */
+    rs_index_props(props, props_len, &uniq, &uniq_len, &keys, &keys_len);
+    if (uniq && uniq_len == key_len && memcmp(uniq, key, key_len) == 0)
+        return 1;
+    for (a = 0; keys && a < keys_len; a = b + 1) {
+        for (b = a; b < keys_len && keys[b] != ' '; b++)
+            ;
+        if (b - a == key_len && memcmp(keys + a, key, key_len) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+int rs_index_match(const uint8_t *buf, size_t len, int64_t pos, int64_t phy_offset,
+                   const uint8_t *topic, size_t topic_len, const uint8_t *key, size_t key_len,
+                   int64_t begin, int64_t end, int32_t *size)
+{
+    rs_scan_rec row;
+    const uint8_t *rec;
+    int r;
+
+    *size = 0;
+    if (pos < 0 || (uint64_t)pos > (uint64_t)len)
+        return RS_E_BOUNDS;
+    r = rs_msg_check(buf, len, pos, 0, &row, size);
+    if (r != RS_OK) {
+        *size = 0;
+        return 0;               /* a blank, torn or damaged record answers nothing */
+    }
+    rec = buf + pos;
+    if (row.phy_offset != phy_offset || row.store_timestamp < begin ||
+        row.store_timestamp > end ||
+        (topic && ((size_t)row.topic_len != topic_len ||
+                   memcmp(rec + row.topic_off, topic, topic_len) != 0)) ||
+        (key && !rs_index_has_key(rec + row.props_off, (size_t)row.props_len, key, key_len))) {
+        *size = 0;
+        return 0;
+    }
+    return 1;
 }
 
 /* rs_index_dispatch's keys travel in chunks: a chunk's keys are found and hashed first, and

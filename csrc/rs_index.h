@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * rs_index.h - IndexFile hash slots and entry chains (spec 02 §2; layout in rs_format.h).
+ * rs_index.h - IndexFile hash slots and entry chains (doc/02 §2; layout in rs_format.h).
  *
  * Every kernel takes the whole mapped file as buf and the file's geometry (slot_num slots,
  * index_num entries).  buf must hold at least RS_INDEX_HEADER_SIZE + slot_num * 4 +
@@ -22,6 +22,15 @@
  * Java: IndexFile#indexKeyHashMethod over IndexService#buildKey(topic, key).
  */
 int rs_index_hash(const uint8_t *buf, size_t len, int32_t *hash);
+
+/*
+ * rs_index_key_hash - rs_index_hash of the key IndexService#buildKey makes, topic + "#" + key,
+ * from the UTF-8 topic and key apart (each whole UTF-8 text), so a query builds no string.
+ * Returns RS_OK and the hash (>= 0) in *hash.
+ * GIL: keys are short; wrappers keep it.
+ */
+int rs_index_key_hash(const uint8_t *topic, size_t topic_len, const uint8_t *key,
+                      size_t key_len, int32_t *hash);
 
 /*
  * rs_index_keys - the keys IndexService#buildIndex puts for scanned records: for each row i of
@@ -104,5 +113,47 @@ int rs_index_dispatch(uint8_t *ibuf, size_t ilen, int32_t slot_num, int32_t inde
 int rs_index_lookup(const uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
                     int32_t key_hash, int64_t begin, int64_t end,
                     int64_t *out, int64_t cap, int64_t *count);
+
+/*
+ * rs_index_walk - rs_index_lookup that can go on where it stopped, so a caller that throws
+ * hits out (hash collisions, records outside the time range) walks each chain once.
+ * *at is where to start: 0 for key_hash's slot, an entry number to resume, < 0 when the walk
+ * is over (nothing is read).  *hops counts the hops of earlier calls (0 to start).  On return
+ * *at is the entry the next call starts from, or -1 when the chain ended (by any of
+ * rs_index_lookup's stops: they bound the hops over all calls together), and *hops the hops
+ * so far.  Returns RS_OK with *count results; RS_E_ARG for a negative key_hash or *hops.
+ * GIL: walks up to index_num entries over all calls; wrappers keep it for one query's few hops.
+ * Java: IndexFile#selectPhyOffset.
+ */
+int rs_index_walk(const uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
+                  int32_t key_hash, int64_t begin, int64_t end, int32_t *at, int64_t *hops,
+                  int64_t *out, int64_t cap, int64_t *count);
+
+/*
+ * rs_index_has_key - the properties string props[0, props_len) carries key (non-empty) as its
+ * UNIQ_KEY or as a piece of its KEYS split on single spaces, the values read as
+ * rs_index_keys reads them (last valid segment of a name wins).  Bytes are compared, the
+ * key as its UTF-8.  Returns 1 or 0.
+ * GIL: O(props_len); callable without it.
+ * Java: the key filter of MQAdminImpl#queryMessage (KEYS pieces) and of a unique-key query
+ * (UNIQ_KEY); the broker's queryMessage compares nothing (doc/02 §2.6).
+ */
+int rs_index_has_key(const uint8_t *props, size_t props_len, const uint8_t *key,
+                     size_t key_len);
+
+/*
+ * rs_index_match - the record at buf[pos, len) answers a query for key under topic: it is a
+ * whole, valid record by rs_msg_check (no CRC check; len is the end of readable data), its
+ * PHYSICALOFFSET is phy_offset (the index entry that led here points at its start), its
+ * STORETIMESTAMP lies in [begin, end], its topic bytes equal topic, and rs_index_has_key.
+ * A NULL topic or key is not compared: what a msgId lookup asks (the record at an offset).
+ * Returns 1 with *size = TOTALSIZE, 0 (with *size = 0) when any of that fails (a damaged
+ * record is an answer of 0, never an error), RS_E_BOUNDS when pos is outside [0, len].
+ * GIL: O(record); callable without it.
+ * Java: DefaultMessageStore#lookMessageByOffset + the client's key filter.
+ */
+int rs_index_match(const uint8_t *buf, size_t len, int64_t pos, int64_t phy_offset,
+                   const uint8_t *topic, size_t topic_len, const uint8_t *key, size_t key_len,
+                   int64_t begin, int64_t end, int32_t *size);
 
 #endif /* RS_INDEX_H */

@@ -133,7 +133,7 @@ int rs_msg_encode_parts(uint8_t *out, size_t out_len, int64_t pos,
 }
 
 /*
- * tagsCode of a properties string (spec 01 §3.6-3.7): split on 0x02; in each segment the first
+ * tagsCode of a properties string (doc/01 §3.6-3.7): split on 0x02; in each segment the first
  * 0x01 must be neither its first nor its last byte, else the segment is skipped.  Java also
  * skips segments shorter than 3 chars, but a segment passing the 0x01 test always has at least
  * name + 0x01 + value = 3 chars, so that test can never decide anything and is not repeated.
@@ -184,17 +184,50 @@ static int32_t rs_topic_hash(const uint8_t *p, size_t n)
     return (int32_t)h;
 }
 
-/* The put-side topic rule, ^[%|a-zA-Z0-9_-]+$ (Validators#regularExpressionMatcher). */
+/* The topic rule for stored bytes (message.topic_problem is its Python twin): what a Java
+ * String encodes to (well-formed UTF-8: no overlong form, surrogate or code point past
+ * U+10FFFF), and a name for one directory under consumequeue/ (not empty, "." or "..", no '/'
+ * or NUL). 4.9.8's store takes any topic ("Topic_ü_中" too); only a broker's send path holds
+ * topics to ^[%|a-zA-Z0-9_-]+$. */
 static int rs_topic_ok(const uint8_t *p, int32_t n)
 {
-    int32_t i;
-    if (n <= 0)
+    int32_t i = 0;
+    if (n <= 0 || (n == 1 && p[0] == '.') || (n == 2 && p[0] == '.' && p[1] == '.'))
         return 0;
-    for (i = 0; i < n; i++) {
+    while (i < n) {
         uint8_t c = p[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '%' || c == '|' || c == '_' || c == '-'))
+        int32_t need, k;
+        uint8_t lo = 0x80, hi = 0xBF;
+        if (c < 0x80) {
+            if (c == 0 || c == '/')
+                return 0;
+            i++;
+            continue;
+        }
+        if (c >= 0xC2 && c <= 0xDF)
+            need = 1;
+        else if (c >= 0xE0 && c <= 0xEF) {
+            need = 2;
+            if (c == 0xE0)
+                lo = 0xA0;                /* no overlong form */
+            else if (c == 0xED)
+                hi = 0x9F;                /* no surrogate */
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            need = 3;
+            if (c == 0xF0)
+                lo = 0x90;
+            else if (c == 0xF4)
+                hi = 0x8F;                /* nothing past U+10FFFF */
+        } else
             return 0;
+        if (n - i - 1 < need)
+            return 0;
+        for (k = 1; k <= need; k++) {
+            uint8_t b = p[i + k];
+            if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF))
+                return 0;
+        }
+        i += need + 1;
     }
     return 1;
 }
@@ -272,7 +305,7 @@ int rs_msg_check(const uint8_t *buf, size_t len, int64_t pos, int check_crc,
     info = (v2 ? RS_SCAN_INFO_V2 : 0) | (has_tags ? RS_SCAN_INFO_HAS_TAGS : 0);
     if (topic_len == (int32_t)(sizeof(RS_SCHEDULE_TOPIC) - 1) &&
         memcmp(rec + topic_off, RS_SCHEDULE_TOPIC, sizeof(RS_SCHEDULE_TOPIC) - 1) == 0)
-        info |= RS_SCAN_INFO_SCHEDULE;   /* the caller derives tagsCode from DELAY (§3.7) */
+        info |= RS_SCAN_INFO_SCHEDULE;   /* the caller derives tagsCode from DELAY (doc/01 §3.7) */
 
     q = RS_POS_BORNHOST + rs_host_len(sys_flag, RS_BORNHOST_V6_FLAG);
     row->pos = pos;

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * rs_msg.h - size, encode and validate one CommitLog record (spec 01 §3; layout in rs_format.h).
+ * rs_msg.h - size, encode and validate one CommitLog record (doc/01 §3; layout in rs_format.h).
  */
 #ifndef RS_MSG_H
 #define RS_MSG_H
@@ -73,8 +73,9 @@ int rs_msg_encode_parts(uint8_t *out, size_t out_len, int64_t pos,
  * blank's or record's TOTALSIZE where one was read (0 otherwise) and *row untouched;
  * RS_E_BOUNDS if pos is outside [0, len].
  * The order of checks is CommitLog#checkMessageAndReturnSize's, as pure._check_one spells it,
- * plus the put-side topic rule (RS_SCAN_TOPIC, after the CRC): the topic names a directory
- * under consumequeue/, so bytes a put would refuse ("../x", "/x", "") never reach a dispatcher.
+ * plus the topic rule (RS_SCAN_TOPIC, after the CRC): well-formed UTF-8 naming one directory
+ * under consumequeue/, so bytes a put would refuse ("../x", "/x", "", invalid UTF-8) never
+ * reach a dispatcher.
  * TAGS is found like MessageDecoder#string2messageProperties (last valid TAGS wins) and hashed
  * with rs_java_hash, sign-extended to 64 bits because the ConsumeQueue stores a long.
  * GIL: callable without it.

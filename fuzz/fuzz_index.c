@@ -5,8 +5,9 @@
  * prevIndex chains that loop, point at themselves or past index_num.  Input: slot_num (1..64),
  * index_num (1..64), key hash, lookup window, result cap, then the file bytes (padded with zeros
  * or cut to the geometry; a short tail is also tried as-is for RS_E_BOUNDS).
- * Invariants: count <= cap; lookups terminate (libFuzzer's -timeout catches a loop); a put on a
- * full file writes nothing; a put never touches bytes outside the geometry (ASan: exact size).
+ * Invariants: count <= cap; lookups terminate (libFuzzer's -timeout catches a loop); a walk
+ * resumed one result at a time (rs_index_walk) finds what one lookup finds; a put on a full file
+ * writes nothing; a put never touches bytes outside the geometry (ASan: exact size).
  */
 #include "fuzz_common.h"
 #include "rs_index.h"
@@ -21,7 +22,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int64_t cap = (int64_t)(rs_fuzz_take(&data, &size, 1) % 8);
     size_t need = RS_INDEX_HEADER_SIZE + (size_t)slot_num * 4 + (size_t)index_num * 20;
     uint8_t *file = calloc(need, 1), *before;
-    int64_t out[8], count = -1;
+    int64_t out[8], walked[8], one = 0, n1 = 0, hops = 0, k = 0, count = -1;
+    int32_t at = 0;
     int r;
 
     if (!file)
@@ -37,6 +39,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     r = rs_index_lookup(file, need, slot_num, index_num, key_hash, begin, end, out, cap, &count);
     RS_FUZZ_CHECK(r == RS_OK && count >= 0 && count <= cap);
+    while (k < cap && at >= 0) {
+        r = rs_index_walk(file, need, slot_num, index_num, key_hash, begin, end, &at, &hops,
+                          &one, 1, &n1);
+        RS_FUZZ_CHECK(r == RS_OK && n1 <= 1 && hops <= index_num && (n1 == 1 || at < 0));
+        if (n1)
+            walked[k++] = one;
+    }
+    RS_FUZZ_CHECK(k == count && memcmp(walked, out, (size_t)k * sizeof(int64_t)) == 0);
 
     before = rs_fuzz_dup(file, need);
     r = rs_index_put(file, need, slot_num, index_num, key_hash, begin, end);

@@ -3,9 +3,11 @@
  * fuzz_msg_check - one CommitLog record through rs_msg_check (CommitLog#checkMessageAndReturnSize):
  * v1 and v2 magic, IPv4/IPv6 sysflag bits, every length field (TOTALSIZE, BODY, TOPIC, PROPERTIES).
  * The first input byte picks the start position and CRC checking, so records not at offset 0 and
- * a pos at or past the end are covered too.  Invariants: a good record's fields lie inside it.
+ * a pos at or past the end are covered too.  Invariants: a good record's fields lie inside it;
+ * rs_index_match (a key query's record check) answers only for a record rs_msg_check passes.
  */
 #include "fuzz_common.h"
+#include "rs_index.h"
 #include "rs_msg.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -15,8 +17,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int check_crc = (ctl >> 4) & 1;
     uint8_t *buf = rs_fuzz_dup(data, size);
     rs_scan_rec row;
-    int32_t rec_size = -1;
-    int r;
+    int32_t rec_size = -1, match_size = -1;
+    int64_t phy;
+    int r, m;
 
     memset(&row, 0xA5, sizeof row);
     r = rs_msg_check(buf, size, pos, check_crc, &row, &rec_size);
@@ -35,6 +38,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else {
         RS_FUZZ_CHECK(r >= RS_SCAN_BLANK && r <= RS_SCAN_TOPIC);
     }
+    /* The offset the record states, so that a good record can match: key "a", any topic. */
+    phy = r == RS_OK ? row.phy_offset : 0;
+    m = rs_index_match(buf, size, pos, phy, NULL, 0, (const uint8_t *)"a", 1, INT64_MIN,
+                       INT64_MAX, &match_size);
+    if ((uint64_t)pos > size)
+        RS_FUZZ_CHECK(m == RS_E_BOUNDS && match_size == 0);
+    else if (m == 1)
+        RS_FUZZ_CHECK(r == RS_OK && match_size == rec_size);
+    else
+        RS_FUZZ_CHECK(m == 0 && match_size == 0);
     free(buf);
     return 0;
 }

@@ -4,7 +4,7 @@
  * rs_msg_check's tagsCode uses it) and the topic bytes, wrapped in an otherwise valid record so
  * every input reaches the parser.  Input: 1 control byte (v2, topic length), then topic +
  * properties bytes.  Invariants: the record is refused as RS_SCAN_TOPIC exactly when its topic
- * breaks a put's rule (empty, or a byte outside [%|a-zA-Z0-9_-]); otherwise it is accepted,
+ * breaks a put's rule (empty, ".", "..", a '/' or NUL, or not UTF-8); otherwise it is accepted,
  * HAS_TAGS agrees with a direct search for a well-formed TAGS segment, and tags_code is 0
  * without one.
  */
@@ -27,17 +27,36 @@ static int has_tags(const uint8_t *p, size_t n)
     }
 }
 
-/* Independent statement of the topic rule (TopicValidator's ^[%|a-zA-Z0-9_-]+$). */
+/* Independent statement of the topic rule: decode each code point and check its range. */
 static int topic_ok(const uint8_t *p, size_t n)
 {
-    size_t i;
-    if (n == 0)
+    size_t i = 0;
+    if (n == 0 || (n == 1 && p[0] == '.') || (n == 2 && p[0] == '.' && p[1] == '.'))
         return 0;
-    for (i = 0; i < n; i++)
-        if (!((p[i] >= 'a' && p[i] <= 'z') || (p[i] >= 'A' && p[i] <= 'Z') ||
-              (p[i] >= '0' && p[i] <= '9') || p[i] == '%' || p[i] == '|' || p[i] == '_' ||
-              p[i] == '-'))
+    while (i < n) {
+        uint32_t cp, min;
+        size_t len, k;
+        if (p[i] < 0x80) {
+            if (p[i] == 0 || p[i] == '/')
+                return 0;
+            i++;
+            continue;
+        }
+        if ((p[i] & 0xE0) == 0xC0) { len = 2; cp = p[i] & 0x1F; min = 0x80; }
+        else if ((p[i] & 0xF0) == 0xE0) { len = 3; cp = p[i] & 0x0F; min = 0x800; }
+        else if ((p[i] & 0xF8) == 0xF0) { len = 4; cp = p[i] & 0x07; min = 0x10000; }
+        else return 0;
+        if (i + len > n)
             return 0;
+        for (k = 1; k < len; k++) {
+            if ((p[i + k] & 0xC0) != 0x80)
+                return 0;
+            cp = (cp << 6) | (p[i + k] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+            return 0;
+        i += len;
+    }
     return 1;
 }
 

@@ -553,9 +553,11 @@ def column_join(items, bint text):
 
 include "_mapping.pxi"
 include "_put.pxi"
+include "_read.pxi"
 
 
 include "_cq_dispatch.pxi"
+include "_query.pxi"
 
 
 # ---- index dispatch (the reput thread's other hot loop) ------------------------------------

@@ -4,7 +4,7 @@ out of its domain InvalidArgumentError, a bad message field MessageIllegalError;
 the argument, and each is raised before anything is read, created or written."""
 import operator
 
-from .commitlog import TOPIC_PATTERN
+from .message import topic_problem
 from .errors import InvalidArgumentError, MessageIllegalError, StoreError
 from .format import MAX_TOPIC_LENGTH
 
@@ -42,13 +42,12 @@ def check_optional_int(value, name, lo=None, hi=None):
 
 
 def check_topic(topic, name="topic"):
-    """A topic name RocketMQ accepts (^[%|a-zA-Z0-9_-]+$, at most 127 chars): a queue's
-    directory is named after it, so nothing else may reach the file system."""
+    """A topic a put accepts (message.topic_problem): a queue's directory is named after it,
+    so nothing else may reach the file system."""
     check_str(topic, name)
-    # fullmatch: with match, "$" also matches before a trailing newline.
-    if len(topic) > MAX_TOPIC_LENGTH or not TOPIC_PATTERN.fullmatch(topic):
-        raise InvalidArgumentError(f"{name} {topic!r} is not a topic name: "
-                                   f"^[%|a-zA-Z0-9_-]+$, at most {MAX_TOPIC_LENGTH} chars")
+    why = topic_problem(topic, MAX_TOPIC_LENGTH)
+    if why is not None:
+        raise InvalidArgumentError(f"{name}: {why}")
     return topic
 
 

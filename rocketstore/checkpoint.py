@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""StoreCheckpoint: the 4 KiB `checkpoint` file (spec 03 §3)."""
+"""StoreCheckpoint: the 4 KiB `checkpoint` file (doc/03 §3)."""
 import struct
 
 from .format import CHECKPOINT_FILE_SIZE

@@ -17,8 +17,6 @@ def _selected(store, args, damage):
     does not end the walk: each problem goes to `damage(where, detail)` and the records
     after it follow, as `verify` finds them."""
     import os
-    from .errors import CorruptRecordError
-    from .message import MessageExt
     from .verify import walk_commitlog
     start = getattr(args, "from_offset", None)
     if args.limit is not None and args.limit < 0:
@@ -32,12 +30,8 @@ def _selected(store, args, damage):
             damage(f"{os.path.relpath(mf.path, store.root)}@{pos}", detail)
             continue
         _, mf, chunk = step
-        for pos, size in zip(chunk["pos"].tolist(), chunk["size"].tolist()):
-            try:
-                m = MessageExt.decode(mf.mm[pos:pos + size])
-            except CorruptRecordError as exc:
-                damage(f"{os.path.relpath(mf.path, store.root)}@{pos}", str(exc))
-                continue
+        # The records the scan checked, decoded from its rows (the read path's decoder).
+        for m in store._read_path.decode_rows(mf.mm, chunk, len(chunk)):
             if args.to_offset is not None and m.commit_log_offset >= args.to_offset:
                 return
             if args.topic is not None and m.topic != args.topic:
@@ -142,7 +136,8 @@ def _verify(args):
     from .store import MessageStore
     from .verify import verify_store
     import os
-    _, holder = _lock_holder(os.path.join(args.store_dir, "lock"))
+    from .fs import DEFAULT
+    _, holder = DEFAULT.lock_holder(os.path.join(args.store_dir, "lock"))
     if holder:
         print(f"rocketstore verify: warning: the store is in use (pid {holder} holds its "
               f"lock): what it writes meanwhile may show as problems", file=sys.stderr)
@@ -243,30 +238,6 @@ def _cq_tags_code(store, m):
     return int(units[0]["tags_code"])
 
 
-def _lock_holder(path):
-    """(file exists, pid holding its OS lock or 0, or None when it cannot tell). F_GETLK
-    only asks: taking the lock, even briefly, could fail a broker starting at that moment."""
-    import fcntl
-    import os
-    import struct
-    if not os.path.exists(path):
-        return False, None
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return True, None
-    try:
-        # struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid (+ padding).
-        query = struct.pack("hhqqi", fcntl.F_WRLCK, 0, 0, 1, 0).ljust(32, b"\0")
-        answer = fcntl.fcntl(fd, fcntl.F_GETLK, query)
-        l_type, _, _, _, pid = struct.unpack_from("hhqqi", answer)
-        return True, (0 if l_type == fcntl.F_UNLCK else pid)
-    except (OSError, struct.error):
-        return True, None
-    finally:
-        os.close(fd)
-
-
 def _files_per_kind(store):
     """{kind: {"files": n, "bytes": apparent size, "allocatedBytes": on disk}} for commitlog,
     consumequeue, index and config. Segments are created at full size but sparse, so the
@@ -310,11 +281,15 @@ def _ms_to_iso(ms):
         return None
 
 
-def store_stat(store):
+def store_stat(store, budget=None):
     """The `stat` report of an open (read-only) store as a JSON-ready dict, keys in
-    RocketMQ's camelCase as every command's JSON."""
+    RocketMQ's camelCase as every command's JSON. `budget`: the store_size_budget to report
+    the store's size against (None: the store config's; 0: none)."""
     import os
     root = store.root
+    if budget is None:
+        budget = store.config.store_size_budget
+    used = store.store_size()
     topics = []
     for topic in sorted(store.consume_queue_table):
         queues = store.consume_queue_table[topic]
@@ -346,7 +321,7 @@ def store_stat(store):
     for group in store.subscription_groups.subscription_group_table:
         groups.setdefault(group, {"group": group, "lag": 0, "topics": []})
     cp = store.checkpoint
-    lock_file, holder = _lock_holder(os.path.join(root, "lock"))
+    lock_file, holder = store.fs.lock_holder(os.path.join(root, "lock"))
     try:
         disk = store.fs.disk_usage_ratio(root)
     except OSError:
@@ -365,6 +340,9 @@ def store_stat(store):
         "lockFile": lock_file,
         "lockedByPid": holder,
         "diskUsedRatio": disk,
+        # What store_size_budget counts: allocated bytes of CommitLog, queue and index files.
+        "storeSize": {"bytes": used, "budget": budget or None,
+                      "budgetUsedRatio": used / budget if budget else None},
         "topics": topics,
         "groups": [groups[g] for g in sorted(groups)],
     }
@@ -383,6 +361,13 @@ def _print_stat(st, out):
     w(f"abort      {state}\nlock       {lock}\n")
     disk = st["diskUsedRatio"]
     w(f"disk       {'unknown' if disk is None else f'{disk:.1%} used'}\n")
+    size = st["storeSize"]
+    if size["budget"]:
+        w(f"budget     {size['bytes']:,} of {size['budget']:,} bytes used "
+          f"({size['budgetUsedRatio']:.1%}; CommitLog, queues and index, allocated)\n")
+    else:
+        w(f"size       {size['bytes']:,} bytes (CommitLog, queues and index, allocated); "
+          f"no budget given (--budget)\n")
     w("files\n")
     for kind, f in st["files"].items():
         w(f"  {kind:<13}{f['files']:>7} files {f['bytes']:>15,} bytes "
@@ -411,9 +396,11 @@ def _print_stat(st, out):
 
 def _stat(args):
     from .store import MessageStore
+    if args.budget is not None and args.budget < 0:
+        raise UsageError(f"--budget is {args.budget}; it must be at least 0 (0: none)")
     store = MessageStore.open_read_only(args.store_dir, kernels=args.backend)
     try:
-        st = store_stat(store)
+        st = store_stat(store, args.budget)
     finally:
         store.shutdown()
     if args.json:
@@ -424,6 +411,39 @@ def _stat(args):
     return 0
 
 
+def _delete_topic(args):
+    """`delete-topic STORE TOPIC`: opens the store for writing (taking its lock, so never
+    while another process has it open), deletes the topic as MessageStore.delete_topic does,
+    and shuts down cleanly. Exit 1 when the topic had nothing to delete."""
+    from . import repair
+    from .store import MessageStore
+    import os
+    from .fs import DEFAULT as fs
+    # Said first and alone: reading the store to size its files can warn about it, and a
+    # store in use is the whole answer (load() takes the lock itself, which decides a race).
+    _, holder = fs.lock_holder(os.path.join(args.store_dir, "lock"))
+    if holder:
+        raise StoreLockedError(f"{args.store_dir} is in use: process {holder} holds its lock; "
+                               "delete the topic from that process, or stop it first")
+    geometry = {k: v for k, v in (("max_hash_slot_num", args.max_hash_slot_num),
+                                  ("max_index_num", args.max_index_num)) if v is not None}
+    store = MessageStore(args.store_dir, repair._writable_config(args.store_dir, **geometry),
+                         kernels=args.backend)
+    store.load()
+    try:
+        store.start()
+        deleted = store.delete_topic(args.topic)
+    finally:
+        store.shutdown()
+    if not deleted:
+        print(f"rocketstore delete-topic: topic {args.topic} has no queue, config or consumer "
+              f"offset in {args.store_dir}; nothing deleted", file=sys.stderr)
+        return 1
+    print(f"deleted topic {args.topic}: its queues, config and consumer offsets; its records "
+          f"stay in the CommitLog until they expire")
+    return 0
+
+
 def _query(args):
     """`query key|id|offset|time`: JSON lines as `dump` prints them; exit 1 when nothing is
     found, 2 on a bad argument or store."""
@@ -431,6 +451,7 @@ def _query(args):
     from .message import decode_msg_id
     from .mapped_file_queue import is_index_name, split_segment_names
     from .store import MessageStore
+    from . import query
     if args.what == "id":
         try:
             decode_msg_id(args.msg_id)
@@ -463,8 +484,8 @@ def _query(args):
             messages = [m] if m is not None else []
             what = f"msgId {args.msg_id}"
         elif args.what == "offset":
-            m = store.look_message_by_offset(args.phy_offset)
-            messages = [m] if m is not None and m.commit_log_offset == args.phy_offset else []
+            m = query.message_at(store, args.phy_offset)
+            messages = [m] if m is not None else []
             what = f"commit-log offset {args.phy_offset}"
         else:
             if args.queue not in store.consume_queue_table.get(args.topic, {}):
@@ -629,7 +650,16 @@ def build_parser():
                        epilog=CONFIG_JSON_NOTE)
     s.add_argument("store_dir", help="store root (holds commitlog/, consumequeue/, config/)")
     s.add_argument("--json", action="store_true", help="print the report as JSON")
+    s.add_argument("--budget", type=int, default=None,
+                   help="a store_size_budget in bytes to show the store's size against")
     s.set_defaults(func=_stat)
+
+    dt = sub.add_parser("delete-topic", parents=[index_opts],
+                        help="delete a topic's queues, config and consumer offsets (takes the "
+                             "store's lock: not while it is open elsewhere)")
+    dt.add_argument("store_dir", help="store root")
+    dt.add_argument("topic")
+    dt.set_defaults(func=_delete_topic)
 
     q = sub.add_parser("query", help="find messages by key, msgId, commit-log offset, or a "
                                      "queue offset by time (read-only)")
@@ -754,7 +784,7 @@ def main(argv=None):
 # Commands whose positional argument must be an existing store root (serve and bench may
 # create one).
 _STORE_COMMANDS = ("dump", "export", "verify", "recover", "rebuild-cq", "rebuild-index",
-                   "stat", "query")
+                   "stat", "query", "delete-topic")
 
 
 if __name__ == "__main__":  # pragma: no cover

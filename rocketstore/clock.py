@@ -10,6 +10,11 @@ def system_clock():
     return time.time_ns() // 1_000_000
 
 
+def monotonic_ms():
+    """Milliseconds of a clock that never goes back, for intervals and timeouts (never stored)."""
+    return time.monotonic_ns() // 1_000_000
+
+
 class StepClock:
     """start, start+step, start+2*step, ... one value per call: deterministic timestamps."""
 

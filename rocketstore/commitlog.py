@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""CommitLog: every message of every topic, appended under one put lock (spec 01 §3-§6)."""
+"""CommitLog: every message of every topic, appended under one put lock (doc/01 §3-§6)."""
 import array
 import errno
 import struct
@@ -12,9 +12,10 @@ from .batch import max_len_check
 from .config import BrokerRole
 from .errors import KernelBoundsError, MessageIllegalError, StoreClosedError
 from .mapped_file_queue import MappedFileQueue
-from .message import (PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, TOPIC_PATTERN,
-                      Message, body_bytes, pack_host, properties_to_string)
+from .message import (PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC,
+                      Message, body_bytes, pack_host, properties_to_string, topic_problem)
 from .services.allocate import AllocateMappedFileService
+from .services.schedule import DeliveredMessage
 from .transient_pool import TransientStorePool
 from .status import PutMessageResult, PutMessagesResult, PutMessageStatus
 
@@ -125,13 +126,10 @@ class CommitLog:
     def _topic_bytes(self, topic):
         raw = self._topics.get(topic)
         if raw is None:
-            if not isinstance(topic, str) or not TOPIC_PATTERN.fullmatch(topic):
-                raise MessageIllegalError(
-                    f"topic {topic!r} does not match RocketMQ's rule ^[%|a-zA-Z0-9_-]+$")
-            if len(topic) > F.MAX_TOPIC_LENGTH:
-                raise MessageIllegalError(
-                    f"topic is {len(topic)} chars; at most {F.MAX_TOPIC_LENGTH} are allowed")
-            raw = topic.encode("ascii")
+            why = topic_problem(topic, F.MAX_TOPIC_LENGTH)
+            if why is not None:
+                raise MessageIllegalError(why)
+            raw = topic.encode("utf-8")
             self._topics[topic] = raw
         return raw
 
@@ -143,7 +141,7 @@ class CommitLog:
         return buf
 
     def _check_batch(self, msgs, batch_properties):
-        """DefaultMessageStore#checkMessages and the batch encoder's rules (spec 01 §5)."""
+        """DefaultMessageStore#checkMessages and the batch encoder's rules (doc/01 §5)."""
         if {(m.topic, m.queue_id) for m in msgs}.__len__() > 1:
             raise MessageIllegalError("a broker batch holds one topic and queue")
         if any(m.sys_flag & F.TRANSACTION_TYPE_MASK for m in msgs):
@@ -165,7 +163,7 @@ class CommitLog:
 
     def _delay_rewrite(self, msg, topic, queue_id, props):
         """4.9.x put-time rule: a DELAY level on a NOT/COMMIT message moves it to
-        SCHEDULE_TOPIC_XXXX, queue level-1, keeping the real topic and queue (spec 01 §4)."""
+        SCHEDULE_TOPIC_XXXX, queue level-1, keeping the real topic and queue (doc/01 §4)."""
         level = props.get(PROPERTY_DELAY)
         try:
             level = int(level) if level else 0
@@ -185,6 +183,8 @@ class CommitLog:
     def encode(self, msg, out, pos, batch_props=None):
         """Validate `msg` and encode its record at out[pos:] with queue offset, physical offset
         and store time left 0 (patched under the lock). Raises MessageIllegalError."""
+        if msg.__class__ is DeliveredMessage:
+            return self._encode_delivered(msg, out, pos)
         topic = msg.topic
         topic_b = self._topic_bytes(topic)
         body = body_bytes(msg.body)
@@ -203,7 +203,7 @@ class CommitLog:
         tx = sys_flag & F.TRANSACTION_TYPE_MASK
         props = msg.properties
         if batch_props is not None:
-            # A broker batch (MessageExtBatch, spec 01 §5): no delay rewrite, and 4.9.x appends
+            # A broker batch (MessageExtBatch, doc/01 §5): no delay rewrite, and 4.9.x appends
             # the batch's own properties string to each item's, 0x02 between when both exist.
             item = properties_to_string(props) if props else ""
             joined = item + "\x02" + batch_props if item and batch_props else item or batch_props
@@ -241,6 +241,40 @@ class CommitLog:
         e.size = size
         e.key = (topic, queue_id)
         e.dispatched = tx not in _NOT_DISPATCHED
+        e.store_raw = store_raw
+        return e
+
+    def _encode_delivered(self, msg, out, pos):
+        """A delayed message's delivery (services/schedule.py): the record messageTimeup
+        builds, its properties string and hosts given as stored, no delay rewrite (its map
+        has no DELAY) and no write-queue check (the store's put path has none)."""
+        topic_b = self._topic_bytes(msg.topic)
+        body = msg.body
+        if len(body) > self._max_body:
+            raise MessageIllegalError(
+                f"body is {len(body)} bytes; max_message_size is {self._max_body}")
+        props_b = msg.properties_string.encode("utf-8")
+        if len(props_b) > F.MAX_PROPERTIES_LENGTH:
+            raise MessageIllegalError(
+                f"properties are {len(props_b)} bytes; at most {F.MAX_PROPERTIES_LENGTH}",
+                status=PutMessageStatus.PROPERTIES_SIZE_EXCEEDED.name)
+        born_raw = msg.born_host_raw
+        store_raw = msg.store_host_raw
+        sys_flag = msg.sys_flag & ~(F.BORNHOST_V6_FLAG | F.STOREHOSTADDRESS_V6_FLAG)
+        if len(born_raw) == 20:
+            sys_flag |= F.BORNHOST_V6_FLAG
+        if len(store_raw) == 20:
+            sys_flag |= F.STOREHOSTADDRESS_V6_FLAG
+        size = self._k.msg_encode(out, pos, topic_b, body, props_b, msg.queue_id, msg.flag, 0,
+                                  0, sys_flag, msg.born_timestamp, born_raw, 0, store_raw,
+                                  msg.reconsume_times, 0)
+        if size + F.END_FILE_MIN_BLANK_LENGTH > self.file_size:
+            raise MessageIllegalError(
+                f"a {size}-byte record cannot fit a {self.file_size}-byte CommitLog file")
+        e = _Encoded()
+        e.size = size
+        e.key = (msg.topic, msg.queue_id)
+        e.dispatched = (sys_flag & F.TRANSACTION_TYPE_MASK) not in _NOT_DISPATCHED
         e.store_raw = store_raw
         return e
 
@@ -388,6 +422,10 @@ class CommitLog:
             pos += e.size
             encoded.append(e)
         total = pos
+        if batch_props is not None and total + F.END_FILE_MIN_BLANK_LENGTH > self.file_size:
+            raise MessageIllegalError(
+                f"the broker batch takes {total} bytes: with its end-of-file blank it does "
+                f"not fit a CommitLog file of {self.file_size} bytes")
         view = memoryview(buf)[:total]
         qoffs = array.array("q", bytes(8 * n))
         sizes = np.fromiter((e.size for e in encoded), dtype=np.int64, count=n)
@@ -420,6 +458,13 @@ class CommitLog:
                             sizes[:done], ts, rd, [e.store_raw for e in encoded[:done]],
                             reason=reason)
                     wpos = mf.wrote_position
+                    if batch_props is not None and \
+                            total + F.END_FILE_MIN_BLANK_LENGTH > self.file_size - wpos:
+                        # 4.9.x appends a broker batch (MessageExtBatch) whole: when it does
+                        # not fit, the blank goes where the batch would start and the whole
+                        # batch into the next file (doc/01 §5).
+                        self._end_file(mf, wpos)
+                        continue
                     base = mf.file_from_offset + wpos
                     count, nbytes = self._k.commitlog_append_batch(
                         mf.write_target, wpos, self.file_size, view[rd:], qoffs[done:], base,
@@ -526,39 +571,70 @@ class CommitLog:
             wake.wakeup()
         return PutMessageStatus.PUT_OK if after_put is None else after_put(end_offset, msg)
 
-    # ---- HA slave (spec 05 §4.1) ------------------------------------------------------------
-    def append_data(self, start_offset, data):
-        """CommitLog#appendData: append raw replicated bytes that begin at `start_offset`,
-        which must be this CommitLog's max offset; a full last file rolls to the next one and
-        an empty CommitLog starts with the file named `start_offset`, which must be a file
-        boundary. The bytes must fit the file (master frames never span files). False, with
-        nothing written, when any of this does not hold: files stay byte-identical to the
-        master's because nothing is ever written out of place."""
-        n = len(data)
+    # ---- HA slave (doc/05 §4.1) ------------------------------------------------------------
+    def replica_target(self, start_offset, size):
+        """Where replicated bytes [start_offset, start_offset + size) go (CommitLog#appendData
+        split in two, so the HA client can receive them straight into the mapping): the file
+        to write them into at its wrote_position, reserved (and its allocator asked to
+        populate ahead) for all `size` bytes. `start_offset` must be this CommitLog's max
+        offset; a full last file rolls to the next one and an empty CommitLog starts with the
+        file named `start_offset`, which must be a file boundary; the bytes must fit the file
+        (master frames never span files). None when any of this does not hold, or the store
+        is shutting down: files stay byte-identical to the master's because nothing is ever
+        written out of place. OSError when the disk refuses the space."""
         with self.put_lock:
-            if self.closed:
-                return False
+            if self.closed or not self._replica_starts_at(start_offset):
+                return None
             files = self.mfq.files
             last = files[-1] if files else None
-            if last is None:
-                if start_offset % self.file_size:
-                    return False
-            elif last.wrote_position >= self.file_size:
-                if start_offset != last.end_offset:
-                    return False
-            elif start_offset != last.file_from_offset + last.wrote_position:
-                return False
-            if n == 0:
-                return True
             if last is None or last.wrote_position >= self.file_size:
                 mf = self.mfq.get_last_mapped_file(start_offset)
             else:
                 mf = last
-            if mf.file_from_offset + mf.wrote_position != start_offset:
+            end = mf.wrote_position + size
+            if mf.file_from_offset + mf.wrote_position != start_offset or end > self.file_size:
+                return None
+            if end > mf.refill_position:
+                if end <= mf.reserved_position and self.allocator is not None:
+                    self.allocator.refill(mf, end)
+                else:
+                    self._reserve_ahead(mf, end)
+            return mf
+
+    def _replica_starts_at(self, start_offset):
+        """Whether replicated bytes may start at `start_offset` (put_lock held)."""
+        files = self.mfq.files
+        if not files:
+            return start_offset % self.file_size == 0
+        last = files[-1]
+        if last.wrote_position >= self.file_size:
+            return start_offset == last.end_offset
+        return start_offset == last.file_from_offset + last.wrote_position
+
+    def publish_replica(self, mf, pos):
+        """Replicated bytes were written into `mf` up to `pos` (past its wrote_position, by the
+        HA client, through replica_target's file): make them readable. False, with nothing
+        published, once the store is shutting down."""
+        with self.put_lock:
+            if self.closed or pos > self.file_size or pos < mf.wrote_position:
                 return False
-            if mf.wrote_position + n > mf.reserved_position:
-                self._reserve_ahead(mf, mf.wrote_position + n)
-            return mf.append_bytes(data)
+            mf.wrote_position = mf.committed_position = pos
+        return True
+
+    def append_data(self, start_offset, data):
+        """CommitLog#appendData: append raw replicated bytes that begin at `start_offset`
+        (rules as replica_target). False, with nothing written, when they do not belong
+        there."""
+        n = len(data)
+        if n == 0:
+            with self.put_lock:
+                return not self.closed and self._replica_starts_at(start_offset)
+        mf = self.replica_target(start_offset, n)
+        if mf is None:
+            return False
+        pos = mf.wrote_position
+        mf.write_target[pos:pos + n] = data
+        return self.publish_replica(mf, pos + n)
 
     # ---- reads ------------------------------------------------------------------------------
     def get_data(self, offset, size):

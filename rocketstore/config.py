@@ -11,6 +11,7 @@ A few rocketstore fields follow them; each says where its value lives in a Java 
 import dataclasses
 import enum
 import ipaddress
+import logging
 import math
 import os
 import re
@@ -20,6 +21,9 @@ from typing import Optional
 
 from rocketstore.errors import ConfigError
 from rocketstore.format import CQ_STORE_UNIT_SIZE
+from rocketstore.ha.wire import MAX_FRAME_BODY as HA_MAX_FRAME_BODY
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "BrokerRole",
@@ -33,14 +37,14 @@ __all__ = [
 
 
 class FlushDiskType(enum.Enum):
-    """When a put is acknowledged relative to fsync (spec 03 §2)."""
+    """When a put is acknowledged relative to fsync (doc/03 §2)."""
 
     ASYNC_FLUSH = "ASYNC_FLUSH"
     SYNC_FLUSH = "SYNC_FLUSH"
 
 
 class BrokerRole(enum.Enum):
-    """Replication role (spec 05 §1)."""
+    """Replication role (doc/05 §1)."""
 
     ASYNC_MASTER = "ASYNC_MASTER"
     SYNC_MASTER = "SYNC_MASTER"
@@ -62,6 +66,92 @@ def _default_root_dir():
     # Java: System.getProperty("user.home") + File.separator + "store", evaluated per instance.
     return os.path.join(os.path.expanduser("~"), "store")
 
+
+# MessageStoreConfig fields rocketstore carries (so a broker.conf round-trips) but does not
+# implement. Set to anything but the Java default, each is refused: a setting that silently
+# does nothing would mislead. The README's "Config fields not implemented" lists them.
+# tests/test_config.py checks that no field here is read anywhere and every other field is.
+_DLEDGER = "DLedger (Raft) CommitLogs are not supported"
+_LMQ = "light message queues (LMQ) and multi-dispatch are not supported"
+_CQ_EXT = "ConsumeQueue extension files (consumequeue_ext) are neither written nor read"
+_NO_STATS = "the store keeps no such statistics yet"
+_NO_ASYNC_SCHEDULE = "delayed messages are delivered synchronously"
+NOT_IMPLEMENTED = {
+    "store_path_d_ledger_commit_log": _DLEDGER,
+    "read_only_commit_log_store_paths": "a multi-path (read-only extra) CommitLog is not "
+                                        "supported",
+    "enable_consume_queue_ext": _CQ_EXT,
+    "mapped_file_size_consume_queue_ext": _CQ_EXT,
+    "bit_map_length_consume_queue_ext": _CQ_EXT,
+    "use_reentrant_lock_when_put_message": "the put lock is one kind of mutex; Java's choice "
+                                           "between a spin and a reentrant lock has no "
+                                           "counterpart",
+    "put_msg_index_hight_water": "no back-pressure on the index backlog",
+    "flush_least_pages_when_warm_maped_file": "files are warmed by MADV_POPULATE_WRITE in "
+                                              "reserved windows, with no flush while warming",
+    "max_transfer_bytes_on_message_in_memory": "get_message is bounded by its max_msg_nums "
+                                               "and a fixed byte budget",
+    "max_transfer_count_on_message_in_memory": "get_message is bounded by its max_msg_nums "
+                                               "and a fixed byte budget",
+    "max_transfer_bytes_on_message_in_disk": "get_message is bounded by its max_msg_nums and "
+                                             "a fixed byte budget",
+    "max_transfer_count_on_message_in_disk": "get_message is bounded by its max_msg_nums and "
+                                             "a fixed byte budget",
+    "debug_lock_enable": "there is no lock-debugging thread",
+    "duplication_enable": "the confirm offset of duplicated (DLedger) stores is not kept",
+    "disk_fall_recorded": _NO_STATS,
+    "os_page_cache_busy_time_out_mills": "puts never answer OS_PAGECACHE_BUSY yet",
+    "default_query_max_num": "query_message takes its max_num from the caller",
+    "fast_fail_if_no_buffer_in_store_pool": "the transient pool never fails a put fast",
+    "enable_d_leger_commit_log": _DLEDGER,
+    "d_leger_group": _DLEDGER,
+    "d_leger_peers": _DLEDGER,
+    "d_leger_self_id": _DLEDGER,
+    "preferred_leader_id": _DLEDGER,
+    "enable_batch_push": "the HA master has no batch-push mode",
+    "enable_schedule_message_stats": _NO_STATS,
+    "enable_lmq": _LMQ,
+    "enable_multi_dispatch": _LMQ,
+    "max_lmq_consume_queue_num": _LMQ,
+    "enable_schedule_async_deliver": _NO_ASYNC_SCHEDULE,
+    "schedule_async_deliver_max_pending_limit": _NO_ASYNC_SCHEDULE,
+    "schedule_async_deliver_max_resend_num2_blocked": _NO_ASYNC_SCHEDULE,
+}
+
+# Keys of 4.9.8's BrokerConfig, NettyServerConfig and NettyClientConfig: a broker.conf holds
+# them beside the store's, so from_properties keeps them quietly (extra_properties) and warns
+# only about a key that none of the three knows.
+BROKER_KEYS = frozenset("""
+aclEnable adminBrokerThreadPoolNums autoCreateSubscriptionGroup autoCreateTopicEnable
+autoDeleteUnusedStats brokerClusterName brokerFastFailureEnable brokerIP1 brokerIP2 brokerId
+brokerName brokerPermission brokerTopicEnable channelNotActiveInterval clientAsyncSemaphoreValue
+clientCallbackExecutorThreads clientChannelMaxIdleTimeSeconds clientCloseSocketIfTimeout
+clientManageThreadPoolNums clientManagerThreadPoolQueueCapacity clientOnewaySemaphoreValue
+clientPooledByteBufAllocatorEnable clientSocketRcvBufSize clientSocketSndBufSize
+clientWorkerThreads clusterTopicEnable commercialBaseCount commercialBigCount commercialEnable
+commercialTimerCount commercialTransCount compressedRegister configBlackList
+connectTimeoutMillis consumerFallbehindThreshold consumerManageThreadPoolNums
+consumerManagerThreadPoolQueueCapacity defaultTopicQueueNums disableConsumeIfConsumerReadSlowly
+enableCalcFilterBitMap enableDetailStat enablePropertyFilter endTransactionPoolQueueCapacity
+endTransactionThreadPoolNums expectConsumerNumUseFilter fetchNamesrvAddrByAddressServer
+filterDataCleanTimeSpan filterServerNums filterSupportRetry flushConsumerOffsetHistoryInterval
+flushConsumerOffsetInterval forceRegister heartbeatThreadPoolNums
+heartbeatThreadPoolQueueCapacity highSpeedMode isolateLogEnable listenPort longPollingEnable
+maxDelayTime maxErrorRateOfBloomFilter messageStorePlugIn msgTraceTopicName namesrvAddr
+notifyConsumerIdsChangedEnable processReplyMessageThreadPoolNums pullMessageThreadPoolNums
+pullThreadPoolQueueCapacity putMessageFutureThreadPoolNums putThreadPoolQueueCapacity
+queryMessageThreadPoolNums queryThreadPoolQueueCapacity regionId registerBrokerTimeoutMills
+registerNameServerPeriod rejectTransactionMessage replyThreadPoolQueueCapacity rocketmqHome
+sendMessageThreadPoolNums sendThreadPoolQueueCapacity serverAsyncSemaphoreValue
+serverCallbackExecutorThreads serverChannelMaxIdleTimeSeconds serverOnewaySemaphoreValue
+serverPooledByteBufAllocatorEnable serverSelectorThreads serverSocketBacklog
+serverSocketRcvBufSize serverSocketSndBufSize serverWorkerThreads shortPollingTimeMills
+slaveReadEnable startAcceptSendRequestTimeStamp storeReplyMessageEnable traceOn traceTopicEnable
+transactionCheckInterval transactionCheckMax transactionTimeOut transferMsgByHeap
+useEpollNativeSelector useTLS waitTimeMillsInHeartbeatQueue waitTimeMillsInPullQueue
+waitTimeMillsInSendQueue waitTimeMillsInTransactionQueue writeBufferHighWaterMark
+writeBufferLowWaterMark
+""".split())
 
 @dataclass
 class StoreConfig:
@@ -101,7 +191,7 @@ class StoreConfig:
     destroy_maped_file_interval_forcibly: int = 120_000
     redelete_hanged_file_interval: int = 120_000
     delete_when: str = "04"                              # ';'-separated local hours
-    disk_max_used_space_ratio: int = 75                  # read via effective_disk_max_used_space_ratio
+    disk_max_used_space_ratio: int = 75     # read via effective_disk_max_used_space_ratio
     file_reserved_time: int = 72                         # hours
     put_msg_index_hight_water: int = 600_000
     max_message_size: int = 4 * 1024 * 1024
@@ -129,7 +219,10 @@ class StoreConfig:
     ha_listen_port: int = 10912
     ha_send_heartbeat_interval: int = 5000
     ha_housekeeping_interval: int = 20_000
-    ha_transfer_batch_size: int = 32 * 1024
+    # Most body bytes per master->slave frame. 4.9.x's default is 32 KiB; ours is the largest
+    # frame a 4.9.x slave takes (its 4 MiB read buffer less the 12-byte header): fewer frames,
+    # fewer offset reports, and the slave receives each body straight into its mapping.
+    ha_transfer_batch_size: int = HA_MAX_FRAME_BODY
     ha_master_address: Optional[str] = None              # "host:port" of the master, on a slave
     ha_slave_fallbehind_max: int = 256 * 1024 * 1024
     broker_role: BrokerRole = BrokerRole.ASYNC_MASTER
@@ -147,7 +240,7 @@ class StoreConfig:
     os_page_cache_busy_time_out_mills: int = 1000        # Java long
     default_query_max_num: int = 32
     # --- TransientStorePool ---
-    transient_store_pool_enable: bool = False            # read via effective_transient_store_pool_enable
+    transient_store_pool_enable: bool = False   # via effective_transient_store_pool_enable
     transient_store_pool_size: int = 5
     fast_fail_if_no_buffer_in_store_pool: bool = False
     # --- DLedger and later 4.9.x additions (carried for round trips; rocketstore ignores them) ---
@@ -175,7 +268,7 @@ class StoreConfig:
     # The broker's own address, written into every record's STOREHOST. Java takes it from
     # BrokerConfig.brokerIP1 and NettyServerConfig.listenPort.
     store_host: tuple = ("127.0.0.1", 10911)
-    # Interface the HA listener binds; a Java master binds every interface (spec 05).
+    # Interface the HA listener binds; a Java master binds every interface (doc/05).
     ha_bind_address: str = "127.0.0.1"
     # Whether an ASYNC_MASTER opens its HA port. A broker always does; an embedded store
     # should not open a TCP port unless asked (`rocketstore serve` asks). A SYNC_MASTER always
@@ -197,6 +290,11 @@ class StoreConfig:
     # Beyond RocketMQ (no Java key): keep a CommitLog file while a committed consumer offset
     # still needs it, unless disk usage passes disk_space_clean_forcibly_ratio.
     clean_protect_unconsumed: bool = False
+    # Beyond RocketMQ (no Java key): the most bytes the store's files (CommitLog, ConsumeQueues,
+    # index) may take on disk, counted as allocated blocks; 0 = no budget. Past it, cleaning
+    # deletes the oldest CommitLog files, and the queue and index files they alone cover,
+    # expired or not (an embedded store shares its disk with its application).
+    store_size_budget: int = 0
     # Keys of a broker.conf that are not store fields (brokerName, namesrvAddr, ...), kept so
     # to_properties() writes them back.
     extra_properties: dict = field(default_factory=dict, repr=False)
@@ -207,15 +305,27 @@ class StoreConfig:
         self._check_semantics()
 
     def _check_semantics(self):
+        for name, why in NOT_IMPLEMENTED.items():
+            value = getattr(self, name)
+            if value != _FIELD_DEFAULTS[name]:
+                raise ConfigError(
+                    f"{_label(name)} = {value!r} is not implemented by rocketstore ({why}); "
+                    f"leave it at its default {_FIELD_DEFAULTS[name]!r}")
         for name in _POSITIVE_FIELDS:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{_label(name)} must be > 0, got {getattr(self, name)}")
-        for name in ("commit_log_reserve_window", "consume_queue_reserve_window"):
+        for name in ("commit_log_reserve_window", "consume_queue_reserve_window",
+                     "store_size_budget"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{_label(name)} must be >= 0, got {getattr(self, name)}")
         if self.cq_file_size > _INT32_MAX:
             raise ConfigError(f"{_label('mapped_file_size_consume_queue')} rounds up to "
                               f"{self.cq_file_size}, past Java's int range")
+        if not 0 < self.ha_transfer_batch_size <= HA_MAX_FRAME_BODY:
+            # A larger frame never completes in a 4.9.x slave's 4 MiB read buffer: it stalls.
+            raise ConfigError(f"{_label('ha_transfer_batch_size')} must be 1..{HA_MAX_FRAME_BODY}"
+                              f" (what a 4.9 slave's read buffer holds), got "
+                              f"{self.ha_transfer_batch_size}")
         if not 0 <= self.ha_listen_port <= 65535:
             raise ConfigError(f"{_label('ha_listen_port')} must be a port (0..65535), "
                               f"got {self.ha_listen_port}")
@@ -239,7 +349,8 @@ class StoreConfig:
     @property
     def cq_file_size(self):
         """ConsumeQueue file size as Java's getter returns it: rounded up to a multiple of 20."""
-        return math.ceil(self.mapped_file_size_consume_queue / CQ_STORE_UNIT_SIZE) * CQ_STORE_UNIT_SIZE
+        units = math.ceil(self.mapped_file_size_consume_queue / CQ_STORE_UNIT_SIZE)
+        return units * CQ_STORE_UNIT_SIZE
 
     @property
     def effective_disk_max_used_space_ratio(self):
@@ -248,7 +359,8 @@ class StoreConfig:
 
     @property
     def effective_transient_store_pool_enable(self):
-        """Whether the TransientStorePool is used: Java's getter also requires ASYNC_FLUSH and a master."""
+        """Whether the TransientStorePool is used: Java's getter also requires ASYNC_FLUSH and
+        a master."""
         return (self.transient_store_pool_enable
                 and self.flush_disk_type is FlushDiskType.ASYNC_FLUSH
                 and self.broker_role is not BrokerRole.SLAVE)
@@ -300,6 +412,9 @@ class StoreConfig:
                 if name in _FROM_PROPERTIES:
                     kwargs[name] = _convert(name, key, raw, _KIND[name])
                 else:
+                    if key not in BROKER_KEYS:
+                        log.warning("broker.conf key %r is no setting of a 4.9.8 store, "
+                                    "broker or netty server/client: ignored", key)
                     extra[key] = raw
         if host is not None or port is not None:
             default_host, default_port = _FIELD_DEFAULTS["store_host"]
@@ -336,14 +451,16 @@ class StoreConfig:
 # --- field tables, built once from the dataclass ---
 
 _FIELDS = {f.name: f for f in dataclasses.fields(StoreConfig)}
-_FIELD_DEFAULTS = {f.name: f.default for f in _FIELDS.values() if f.default is not dataclasses.MISSING}
+_FIELD_DEFAULTS = {f.name: f.default for f in _FIELDS.values()
+                   if f.default is not dataclasses.MISSING}
 _KIND = {
     name: {int: int, bool: bool, float: float, str: str, Optional[str]: Optional[str],
            FlushDiskType: FlushDiskType, BrokerRole: BrokerRole, tuple: tuple, dict: dict}[f.type]
     for name, f in _FIELDS.items()
 }
 # Java `long` fields; every other integer field is a Java `int`.
-_LONG_FIELDS = frozenset({"flush_delay_offset_interval", "os_page_cache_busy_time_out_mills"})
+_LONG_FIELDS = frozenset({"flush_delay_offset_interval", "os_page_cache_busy_time_out_mills",
+                          "store_size_budget"})
 # Sizes the file formats divide by or allocate; Java does not check them, but zero or negative
 # values only fail later, deep inside a MappedFile or IndexFile.
 _POSITIVE_FIELDS = (
@@ -641,7 +758,8 @@ def _convert(name, key, raw, kind):
         except ValueError:
             raise ConfigError(f"{where}: {raw!r} is not a number") from None
         # 5.x writes the disk ratios as percentages (90), 4.9.x as fractions (0.90).
-        if name in ("disk_space_warning_level_ratio", "disk_space_clean_forcibly_ratio") and value > 1:
+        if name in ("disk_space_warning_level_ratio", "disk_space_clean_forcibly_ratio") and \
+                value > 1:
             value /= 100.0
         return value
     if kind in (FlushDiskType, BrokerRole):

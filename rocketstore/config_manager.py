@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The broker's JSON config files under `<root>/config/` (spec 04 §4).
+"""The broker's JSON config files under `<root>/config/` (doc/04 §4).
 
 `topics.json`, `subscriptionGroup.json`, `consumerOffset.json` and `delayOffset.json` are
 written in fastjson's pretty dialect, byte for byte as a 4.9.x broker writes them (tab
@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import threading
+from typing import Optional
 from dataclasses import dataclass, field
 
 from .errors import StoreClosedError
@@ -204,7 +205,7 @@ class DataVersion(_JsonBean):
 
 @dataclass
 class TopicConfig(_JsonBean):
-    """`TopicConfig` (spec 04 §4.4). perm: 2 write, 4 read, 6 both, 1 inherit."""
+    """`TopicConfig` (doc/04 §4.4). perm: 2 write, 4 read, 6 both, 1 inherit."""
     topic_name: str
     read_queue_nums: int = 16
     write_queue_nums: int = 16
@@ -243,7 +244,7 @@ class SubscriptionGroupConfig(_JsonBean):
 # One writer at a time per file: concurrent persists shared `F.tmp` (one truncating what another
 # was about to rename: torn files, FileNotFoundError), and one holding an older table could
 # rename it over a newer one. Keyed by path, so two managers of one file take turns too.
-_file_locks = {}
+_file_locks: dict = {}
 _file_locks_mutex = threading.Lock()
 
 
@@ -260,7 +261,7 @@ class ConfigManager:
     """One JSON file (`[C]ConfigManager.java`): `encode()`/`decode()` the table, `load()` with
     fallback to `.bak`, `persist()` crash-safe. Subclasses hold their table under `_lock`."""
 
-    file_name = None
+    file_name: Optional[str] = None
 
     def __init__(self, root, fs, clock=None, read_only=False):
         self.path = os.path.join(root, "config", self.file_name)
@@ -284,7 +285,7 @@ class ConfigManager:
         """Replace the table from `text`; raise ValueError (or KeyError/TypeError) if bad."""
         raise NotImplementedError
 
-    # -- load (spec 04 §4.2) --
+    # -- load (doc/04 §4.2) --
     def _read(self, path):
         try:
             data = self._fs.read_bytes(path)
@@ -347,7 +348,7 @@ class ConfigManager:
             self.closed = True
         self.persist_if_dirty()
 
-    # -- persist (spec 04 §4.1) --
+    # -- persist (doc/04 §4.1) --
     def mark_dirty(self):
         self._dirty = True
 

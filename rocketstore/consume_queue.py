@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""ConsumeQueue: one per (topic, queue_id), fixed 20-byte units (spec 02 §1)."""
+"""ConsumeQueue: one per (topic, queue_id), fixed 20-byte units (doc/02 §1)."""
 import logging
 import os
 import struct
+import threading
 
 import numpy as np
 
@@ -28,11 +29,48 @@ def _reserve(f, end):
     f.populate(old, new)
 
 
+class DirtyQueues:
+    """The ConsumeQueues written since the flusher last took them, so a flush round costs the
+    queues that changed, not every queue of the store.
+
+    A writer marks a queue after its positions moved, and need not mark it again while
+    `epoch` (bumped by every take) is the one it marked it in: a take after the write flushes
+    the write, and the next write after a take sees the new epoch and marks again."""
+
+    __slots__ = ("_lock", "_queues", "epoch")
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._queues = set()
+        self.epoch = 0
+
+    def mark(self, cq):
+        with self._lock:
+            self._queues.add(cq)
+
+    def mark_all(self, cqs):
+        with self._lock:
+            self._queues.update(cqs)
+
+    def take(self):
+        """The marked queues; the set starts empty again."""
+        with self._lock:
+            queues, self._queues = self._queues, set()
+            self.epoch += 1
+        return queues
+
+    def __len__(self):
+        return len(self._queues)
+
+    def __contains__(self, cq):
+        return cq in self._queues
+
+
 class ConsumeQueue:
     """Units are written by the reput thread only; readers take `self.mfq.files` once."""
 
     __slots__ = ("topic", "queue_id", "mfq", "file_size", "max_physic_offset",
-                 "min_logic_offset", "_k", "_commit_log_min")
+                 "min_logic_offset", "_k", "_commit_log_min", "dirty", "_marked")
 
     def __init__(self, root, topic, queue_id, file_size, kernels, fs, writable=True,
                  reserve_window=0):
@@ -47,8 +85,12 @@ class ConsumeQueue:
         self.max_physic_offset = -1     # end (offset + size) of the last unit's record
         self.min_logic_offset = 0       # byte offset of the first valid unit
         self._k = kernels
+        # The store's DirtyQueues, marked after a write (None: nothing tracks this queue), and
+        # the epoch it was last marked in.
+        self.dirty = None
+        self._marked = -1
 
-    # ---- load and recovery (spec 02 §1.5-1.6) --------------------------------------------
+    # ---- load and recovery (doc/02 §1.5-1.6) --------------------------------------------
     def load(self):
         return self.mfq.load()
 
@@ -104,6 +146,24 @@ class ConsumeQueue:
             if self.mfq.writable:
                 f.zero_tail(n * UNIT)
             break
+        self._after_truncate()
+
+    def _after_truncate(self):
+        # A flushed offset past the new end would name a file that is gone: the flush of the
+        # units written next would find nothing, and they would never be flushed.
+        mfq = self.mfq
+        end = mfq.get_max_offset()
+        mfq.flushed_where = min(mfq.flushed_where, end)
+        mfq.committed_where = min(mfq.committed_where, end)
+        self._mark()
+
+    def _mark(self):
+        dirty = self.dirty
+        if dirty is not None:
+            epoch = dirty.epoch             # read after the write: see DirtyQueues
+            if epoch != self._marked:
+                dirty.mark(self)
+                self._marked = epoch
 
     def correct_min_offset(self, min_commit_log_offset):
         """The first unit whose record is still in the CommitLog sets min_logic_offset."""
@@ -116,7 +176,7 @@ class ConsumeQueue:
             self.min_logic_offset = f.file_from_offset + i * UNIT
 
     def delete_expired_file(self, min_commit_log_offset, now_ms):
-        """ConsumeQueue#deleteExpiredFile (spec 02 §1.8): destroy whole files whose units all
+        """ConsumeQueue#deleteExpiredFile (doc/02 §1.8): destroy whole files whose units all
         point below the CommitLog minimum (never the last file), then correct the minimum
         logical offset. Returns the number of files deleted. Called by the clean thread."""
         count = self.mfq.delete_expired_file_by_offset(min_commit_log_offset, UNIT, now_ms)
@@ -179,6 +239,7 @@ class ConsumeQueue:
             f.wrote_position = f.committed_position = pos + k * UNIT
             self.max_physic_offset = int(offsets[start + k - 1]) + int(sizes[start + k - 1])
             start += k
+            self._mark()
 
     def put_unit(self, offset, size, tags_code, queue_offset):
         """One unit (the common reput case): same rules as put_units."""
@@ -202,6 +263,9 @@ class ConsumeQueue:
         self._k.cq_encode(f.mm, pos, offset, size, tags_code)
         f.wrote_position = f.committed_position = pos + UNIT
         self.max_physic_offset = offset + size
+        dirty = self.dirty
+        if dirty is not None and dirty.epoch != self._marked:
+            self._mark()
 
     def _fill_pre_blank(self, f, expect):
         """A queue whose first unit is not 0 starts with filler units (fillPreBlank)."""
@@ -236,24 +300,6 @@ class ConsumeQueue:
         if not parts:
             return np.empty(0, dtype=CQ_DTYPE)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-    def read_units(self, index):
-        """(bytes of units from `index` to the end of its file's readable area, file) or
-        (None, None): getIndexBuffer."""
-        pos = index * UNIT
-        if pos < self.min_logic_offset:
-            return None, None
-        f = self.mfq.find_by_offset(pos)
-        if f is None:
-            return None, None
-        rel = pos - f.file_from_offset
-        end = f.read_position
-        if rel >= end:
-            return None, None
-        try:
-            return f.mm[rel:end], f
-        except ValueError:              # unmapped by cleaning meanwhile
-            return None, None
 
     def roll_next_file(self, index):
         per_file = self.file_size // UNIT

@@ -21,9 +21,23 @@ log = logging.getLogger(__name__)
 R_POS, R_PHY, R_QOFF, R_TAGS, R_STORE_TS = 0, 1, 2, 3, 4
 R_SIZE, R_QID, R_SYSFLAG = 7, 8, 9
 R_BODY_OFF, R_BODY_LEN = 13, 14
-R_TOPIC_OFF, R_TOPIC_LEN, R_PROPS_OFF, R_PROPS_LEN, R_INFO = 15, 16, 17, 18, 19
+R_TOPIC_OFF, R_TOPIC_LEN, R_PROPS_OFF, R_PROPS_LEN, R_INFO, R_TOPIC_HASH = 15, 16, 17, 18, 19, 20
 
 _SKIP_CQ = (F.TRANSACTION_PREPARED_TYPE, F.TRANSACTION_ROLLBACK_TYPE)
+
+# The table of queue keys marked dirty in an epoch (ConsumeQueueDispatcher._mark_dispatched)
+# has at least 8 slots per key, so keys seldom share one; it starts small (emptied every
+# epoch) and grows with the keys. _NO_KEY fills empty slots: a row with that key (topic hash
+# -1, queue id -1) is never taken as marked.
+_TABLE_MIN_BITS = 10
+_NO_KEY = -1
+_FIB = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _slot_of(keys, bits):
+    """Each int64 key's slot in a table of 2^bits (Fibonacci hashing: the top bits of
+    key * 2^64/phi)."""
+    return ((keys.view(np.uint64) * _FIB) >> np.uint64(64 - bits)).astype(np.intp)
 
 
 class Dispatcher:
@@ -74,13 +88,33 @@ class ConsumeQueueDispatcher(Dispatcher):
         # (topic hash, queue id); used by the dispatching thread only.
         self._k_dispatch = getattr(store.kernels, "cq_dispatch", None)
         self._slots = None
+        self.forget_queues()
+
+    def forget_queues(self):
+        """Drop every queue the compiled loop and the dirty marking remember (a topic was
+        deleted: its queue objects are gone from the store, and a row must find the new one).
+        The caller holds the reput lock, or no dispatch can run."""
+        # (topic hash << 32 | queue id) -> the queues cq_dispatch may append to under that key
+        # (two when topics share a hash): what a batch touched is marked dirty from its rows.
+        self._cq_of_key = {}
+        self._epoch = -1            # the dirty_cqs epoch the keys below belong to
+        self._marked_keys = set()   # keys whose queues were marked in it
+        self._marked_table = np.full(1 << _TABLE_MIN_BITS, _NO_KEY, dtype=np.int64)  # by hash
+        self._table_bits = _TABLE_MIN_BITS
         if self._k_dispatch is not None:
             from .consume_queue import ConsumeQueue
             from .mapped_file import MappedFile
-            self._slots = store.kernels.CqSlots(MappedFile, ConsumeQueue)
+            self._slots = self._store.kernels.CqSlots(MappedFile, ConsumeQueue)
+
+    def _deleted(self, row, buf):
+        """True for a record of a deleted topic put before its deletion: it stays in the
+        CommitLog until it expires, but never gets a unit again (topic_delete.py)."""
+        pos = row[R_POS] + row[R_TOPIC_OFF]
+        below = self._store._deleted_raw.get(bytes(buf[pos:pos + row[R_TOPIC_LEN]]))
+        return below is not None and row[R_PHY] < below
 
     def _schedule_tags_code(self, row, buf):
-        """SCHEDULE_TOPIC_XXXX units carry the delivery time (spec 01 §3.7)."""
+        """SCHEDULE_TOPIC_XXXX units carry the delivery time (doc/01 §3.7)."""
         props = row_properties(row, buf)
         try:
             level = int(props.get(PROPERTY_DELAY) or 0)
@@ -93,10 +127,13 @@ class ConsumeQueueDispatcher(Dispatcher):
 
     def dispatch(self, rows, buf):
         store = self._store
+        deleted = store._deleted_raw
         groups = {}
         last_ts = 0
         for row in rows:
             if row[R_SYSFLAG] & F.TRANSACTION_TYPE_MASK in _SKIP_CQ:
+                continue
+            if deleted and self._deleted(row, buf):
                 continue
             pos = row[R_POS] + row[R_TOPIC_OFF]
             cq = _queue_of(store, buf[pos:pos + row[R_TOPIC_LEN]], row[R_QID])
@@ -116,21 +153,81 @@ class ConsumeQueueDispatcher(Dispatcher):
         for cq, g in groups.items():
             self._flush_group(cq, g)
         if last_ts:
-            store.checkpoint.logics_msg_timestamp = last_ts
-            if store.is_slave:
-                # A slave appends raw bytes with no store time at hand, so its CQ writer
-                # feeds physicMsgTimestamp, as ConsumeQueue#putMessagePositionInfoWrapper does.
-                store.checkpoint.physic_msg_timestamp = last_ts
+            self._dispatched_until(last_ts)
+
+    def _dispatched_until(self, last_ts):
+        """The checkpoint's times after units up to store time `last_ts` were written."""
+        store = self._store
+        store.checkpoint.logics_msg_timestamp = last_ts
+        if store.is_slave:
+            # A slave appends raw bytes with no store time at hand, so its CQ writer feeds
+            # physicMsgTimestamp, as ConsumeQueue#putMessagePositionInfoWrapper does.
+            store.checkpoint.physic_msg_timestamp = last_ts
 
     def _dispatch_row(self, row, buf):
-        """One row by ConsumeQueue.put_unit's rules; returns its queue (cq_dispatch's slow path)."""
+        """One row by ConsumeQueue.put_unit's rules; returns its queue (cq_dispatch's slow path,
+        which then remembers the queue under the row's key), or None for a deleted topic's
+        record (the loop then does not remember it)."""
+        if self._store._deleted_raw and self._deleted(row, buf):
+            return None
         pos = row[R_POS] + row[R_TOPIC_OFF]
         cq = _queue_of(self._store, buf[pos:pos + row[R_TOPIC_LEN]], row[R_QID])
         tags = row[R_TAGS]
         if row[R_INFO] & F.SCAN_INFO_SCHEDULE:
             tags = self._schedule_tags_code(row, buf)
         cq.put_unit(row[R_PHY], row[R_SIZE], tags, row[R_QOFF])
+        key = (row[R_TOPIC_HASH] << 32) | (row[R_QID] & 0xFFFFFFFF)
+        known = self._cq_of_key.get(key)
+        if known is None:
+            self._cq_of_key[key] = (cq,)
+        elif cq not in known:
+            self._cq_of_key[key] = known + (cq,)
         return cq
+
+    def _mark_dispatched(self, arr):
+        """Mark dirty every queue cq_dispatch may have appended to for the rows of `arr` (the
+        compiled loop writes units without calling back). Each queue is marked once per epoch
+        of store.dirty_cqs (see DirtyQueues). A batch costs a look-up of each row's key in a
+        table of the keys marked in the epoch (one slot per hash, vectorised: a few ns per
+        row, however many queues), and a set look-up per key the table does not hold (new in
+        the epoch, or sharing a slot with another key)."""
+        if not len(arr):
+            return
+        dirty = self._store.dirty_cqs
+        epoch = dirty.epoch                 # read after the units were written
+        table = self._marked_table
+        marked = self._marked_keys
+        if epoch != self._epoch:
+            self._epoch = epoch
+            table.fill(_NO_KEY)
+            marked.clear()
+        key = (arr["topic_hash"].astype(np.int64) << 32) | \
+            (arr["queue_id"].astype(np.int64) & 0xFFFFFFFF)
+        bits = self._table_bits
+        rest = key[(table[_slot_of(key, bits)] != key) | (key == _NO_KEY)]
+        if not len(rest):
+            return
+        new = [k for k in np.unique(rest).tolist() if k not in marked]
+        if not new:
+            return
+        marked.update(new)
+        if len(marked) << 3 > len(table):
+            while len(marked) << 3 > 1 << bits:
+                bits += 2
+            self._table_bits = bits
+            table = self._marked_table = np.full(1 << bits, _NO_KEY, dtype=np.int64)
+            keys = np.fromiter(marked, dtype=np.int64, count=len(marked))
+        else:
+            keys = np.array(new, dtype=np.int64)
+        table[_slot_of(keys, bits)] = keys
+        cq_of_key = self._cq_of_key
+        touched = []
+        for k in new:
+            cqs = cq_of_key.get(k)
+            if cqs is not None:             # None: no unit went there (a prepared record)
+                touched.extend(cqs)
+        if touched:
+            dirty.mark_all(touched)
 
     def dispatch_array(self, arr, buf):
         """The same as dispatch(), by columns. With the backend's cq_dispatch, one compiled
@@ -141,10 +238,13 @@ class ConsumeQueueDispatcher(Dispatcher):
         consecutive queue offsets becomes one batch kernel call."""
         if self._k_dispatch is not None:
             arr = np.ascontiguousarray(arr)
-            last_ts = self._k_dispatch(arr, buf, self._slots,
-                                       lambda i: self._dispatch_row(arr[i].item(), buf))
+            try:
+                last_ts = self._k_dispatch(arr, buf, self._slots,
+                                           lambda i: self._dispatch_row(arr[i].item(), buf))
+            finally:
+                self._mark_dispatched(arr)
             if last_ts:
-                self._store.checkpoint.logics_msg_timestamp = last_ts
+                self._dispatched_until(last_ts)
             return
         tx = arr["sys_flag"] & F.TRANSACTION_TYPE_MASK
         keep = (tx != F.TRANSACTION_PREPARED_TYPE) & (tx != F.TRANSACTION_ROLLBACK_TYPE)
@@ -162,7 +262,7 @@ class ConsumeQueueDispatcher(Dispatcher):
                 self._dispatch_group(arr[idx], buf, data)
         finally:
             del data            # no view of the mapping may outlive the call
-        self._store.checkpoint.logics_msg_timestamp = int(arr["store_timestamp"][-1])
+        self._dispatched_until(int(arr["store_timestamp"][-1]))
 
     def _dispatch_group(self, g, buf, data):
         tpos = int(g["pos"][0] + g["topic_off"][0])
@@ -175,6 +275,11 @@ class ConsumeQueueDispatcher(Dispatcher):
                 np.frombuffer(topic, dtype=np.uint8)).all()
             if not same:                # two topics share a hash: go row by row
                 self.dispatch(g.tolist(), buf)
+                return
+        below = self._store._deleted_raw.get(topic)
+        if below is not None:
+            g = g[g["phy_offset"] >= below]     # a deleted topic's records before deletion
+            if not len(g):
                 return
         cq = _queue_of(self._store, topic, int(g["queue_id"][0]))
         tags = np.ascontiguousarray(g["tags_code"])

@@ -5,7 +5,7 @@ tests/test_contract.py checks that every value here equals the C header's.
 """
 import numpy as np
 
-# CommitLog record (spec 01 §3)
+# CommitLog record (doc/01 §3)
 MESSAGE_MAGIC_CODE = -626843481          # 0xDAA320A7, v1 record
 MESSAGE_MAGIC_CODE_V2 = -626843477       # 0xDAA320AB, v2 record (2-byte topic length)
 BLANK_MAGIC_CODE = -875286124            # 0xCBD43194, end-of-file filler
@@ -26,7 +26,7 @@ POS_SYSFLAG = 36
 POS_BORNTIMESTAMP = 40
 POS_BORNHOST = 48
 
-# SYSFLAG bits (spec 01 §3.5)
+# SYSFLAG bits (doc/01 §3.5)
 COMPRESSED_FLAG = 0x1
 MULTI_TAGS_FLAG = 0x2
 TRANSACTION_TYPE_MASK = 0xC
@@ -37,16 +37,16 @@ TRANSACTION_ROLLBACK_TYPE = 0xC
 BORNHOST_V6_FLAG = 0x10
 STOREHOSTADDRESS_V6_FLAG = 0x20
 
-# Properties (spec 01 §3.6)
+# Properties (doc/01 §3.6)
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
 
-# ConsumeQueue (spec 02 §1.2)
+# ConsumeQueue (doc/02 §1.2)
 CQ_STORE_UNIT_SIZE = 20
 CQ_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
 assert CQ_DTYPE.itemsize == CQ_STORE_UNIT_SIZE
 
-# IndexFile (spec 02 §2; byte tables in rs_format.h)
+# IndexFile (doc/02 §2; byte tables in rs_format.h)
 INDEX_HEADER_SIZE = 40
 INDEX_SLOT_SIZE = 4
 INDEX_ENTRY_SIZE = 20
@@ -68,7 +68,7 @@ INDEX_ENTRY_DTYPE = np.dtype([("key_hash", ">i4"), ("phy_offset", ">i8"), ("time
 assert INDEX_HEADER_DTYPE.itemsize == INDEX_HEADER_SIZE
 assert INDEX_ENTRY_DTYPE.itemsize == INDEX_ENTRY_SIZE
 
-# Checkpoint (spec 03 §3)
+# Checkpoint (doc/03 §3)
 CHECKPOINT_FILE_SIZE = 4096
 OS_PAGE_SIZE = 4096
 
@@ -90,13 +90,13 @@ SCAN_INFO_V2 = 0x1            # record uses the v2 magic
 SCAN_INFO_HAS_TAGS = 0x2      # a non-empty TAGS property was found (tags_code is its hash)
 SCAN_INFO_SCHEDULE = 0x4      # topic is SCHEDULE_TOPIC_XXXX: caller derives tags_code from DELAY
 
-# Why commitlog_scan stopped (a value, not an error: spec 03 §5.3 outcomes)
+# Why commitlog_scan stopped (a value, not an error: doc/03 §5.3 outcomes)
 SCAN_END = 0        # reached `end` or filled the output array
 SCAN_BLANK = 1      # BLANK_MAGIC_CODE at stop_pos; stop_size = the blank's TOTALSIZE
 SCAN_EMPTY = 2      # magic 0 at stop_pos: never-written space
 SCAN_CORRUPT = 3    # bad magic, bad CRC, impossible length: the data ends at stop_pos
 SCAN_MISMATCH = 4   # parsed lengths != TOTALSIZE (stop_size): "[BUG]" record, skippable
 SCAN_PARTIAL = 5    # the record at stop_pos runs past `end` (or fewer than 8 bytes remain)
-SCAN_TOPIC = 6      # topic bytes a put would refuse (message.TOPIC_PATTERN): corrupt
+SCAN_TOPIC = 6      # topic bytes a put would refuse (message.topic_problem): corrupt
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"

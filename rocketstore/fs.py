@@ -4,13 +4,16 @@
 Everything above it calls `FileSystem` methods, so tests can hand a store a double that injects
 faults (google/leveldb's Env). Paths are plain strings.
 """
+import ctypes
 import errno
+import fcntl
 import mmap
 import os
 import sys
+import threading
 import time
 
-from .errors import UnsafePathError
+from .errors import StoreLockedError, UnsafePathError
 
 # Never follow a symlink when opening a file to create or write it: a planted link would take
 # the write (truncate, extend, map) to a file outside the store.
@@ -41,6 +44,25 @@ def is_inside(root, path):
     root = os.path.realpath(root)
     real = os.path.realpath(path)
     return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+
+
+# POSIX record locks belong to the process, so a second store in this process would get the
+# lock again: FileSystem.lock keeps its own registry of locked files, keyed by (device, inode).
+_held: set = set()
+_held_mutex = threading.Lock()
+
+class _Flock(ctypes.Structure):
+    """struct flock, with the field order of this platform's <fcntl.h> (ctypes lays out the
+    padding): Linux puts l_type and l_whence first, the BSDs and macOS last."""
+    _common: list = [("l_start", ctypes.c_int64), ("l_len", ctypes.c_int64),
+                     ("l_pid", ctypes.c_int32)]
+    _kind: list = [("l_type", ctypes.c_short), ("l_whence", ctypes.c_short)]
+    if sys.platform.startswith("linux"):
+        _fields_ = _kind + _common
+    elif sys.platform.startswith("freebsd"):
+        _fields_ = _common + _kind + [("l_sysid", ctypes.c_int)]
+    else:                                       # macOS, NetBSD, OpenBSD
+        _fields_ = _common + _kind
 
 
 # A file being sized under its temporary name; one left behind was killed before its rename,
@@ -322,6 +344,63 @@ class FileSystem:
                 view = view[n:]
             if sync:
                 os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def lock(self, path):
+        """Take the store's lock file: an exclusive lock on bytes [0,1) of `path`, as
+        FileChannel.tryLock(0, 1, false) takes it (so a Java broker and rocketstore exclude
+        each other), then write the broker's 4 bytes "lock". Returns a handle for unlock();
+        StoreLockedError when this or another process holds it."""
+        # The lock is taken before anything else is checked: a planted link must not get the
+        # "lock" bytes written through it.
+        fd = open_nofollow(path, os.O_RDWR | os.O_CREAT)
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino)
+        with _held_mutex:
+            if key in _held:
+                os.close(fd)
+                raise StoreLockedError(f"{path} is locked by another MessageStore in this "
+                                       "process")
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+            except OSError:
+                os.close(fd)
+                raise StoreLockedError(f"{path} is locked by another process: the store is "
+                                       "already open") from None
+            _held.add(key)
+        try:
+            os.pwrite(fd, b"lock", 0)
+            os.fsync(fd)
+        except BaseException:
+            self.unlock((fd, key))
+            raise
+        return fd, key
+
+    def unlock(self, handle):
+        fd, key = handle
+        with _held_mutex:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_UN, 1, 0)
+            finally:
+                os.close(fd)
+                _held.discard(key)
+
+    def lock_holder(self, path):
+        """(the file exists, the pid holding its lock or 0, or None when it cannot tell).
+        F_GETLK only asks: taking the lock, even briefly, could fail a broker starting then."""
+        if not os.path.exists(path):
+            return False, None
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return True, None
+        try:
+            query = _Flock(l_type=fcntl.F_WRLCK, l_whence=os.SEEK_SET, l_start=0, l_len=1)
+            answer = _Flock.from_buffer_copy(fcntl.fcntl(fd, fcntl.F_GETLK, bytes(query)))
+            return True, (0 if answer.l_type == fcntl.F_UNLCK else answer.l_pid)
+        except (OSError, ValueError):
+            return True, None
         finally:
             os.close(fd)
 

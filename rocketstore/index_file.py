@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""IndexFile: one hash-indexed file of message keys (spec 02 §2; layout in csrc/rs_format.h).
+"""IndexFile: one hash-indexed file of message keys (doc/02 §2; layout in csrc/rs_format.h).
 
 A 40-byte header, `slot_num` 4-byte hash slots and `index_num` 20-byte entries, mapped through
 a MappedFile (so `fs.py` does every file operation and clean-up waits for borrowers). The

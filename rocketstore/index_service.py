@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """IndexService: the reput thread's index dispatcher, the file list, and key queries
-(spec 02 §2.4-2.8, RocketMQ IndexService.java).
+(doc/02 §2.4-2.8, RocketMQ IndexService.java).
 
 The reput thread is the only writer of index files. Readers (queries) and the clean thread take
 `index_file_list` once: it is replaced, never mutated, under `_lock`.
@@ -106,7 +106,7 @@ class IndexService(Dispatcher):
 
         After an abnormal exit, destroy the files whose endTimestamp is past the checkpoint's
         indexMsgTimestamp, and every file after the first of them, so the survivors are a
-        flushed prefix and `end_phy_offset` says where recovery must rebuild from (spec 02
+        flushed prefix and `end_phy_offset` says where recovery must rebuild from (doc/02
         §2.7). A read-only store destroys nothing."""
         paths = []
         names, strays = split_segment_names(self._fs, self.store_path, None, is_index_name)
@@ -142,9 +142,10 @@ class IndexService(Dispatcher):
         size = index_file_size(*geometry)
         damaged = [p for p in paths if self._fs.size(p) != size]
         if damaged:
-            what = (f"{self.store_path}: index file(s) "
-                    f"{', '.join(f'{os.path.basename(p)} ({self._fs.size(p)} bytes)' for p in damaged)}"
-                    f" are not the {size} bytes of the others: damaged")
+            named = ", ".join(f"{os.path.basename(p)} ({self._fs.size(p)} bytes)"
+                              for p in damaged)
+            what = (f"{self.store_path}: index file(s) {named} are not the {size} bytes of "
+                    "the others: damaged")
             if self.writable:
                 raise StoreLoadError(what + "; `rocketstore rebuild-index` rebuilds the index")
             log.warning("%s; left out, so key queries miss their keys", what)
@@ -207,7 +208,7 @@ class IndexService(Dispatcher):
         return self._new_file(store_timestamp)
 
     def dispatch_array(self, arr, buf):
-        """CommitLogDispatcherBuildIndex over a batch of scanned records (spec 02 §2.4): per
+        """CommitLogDispatcherBuildIndex over a batch of scanned records (doc/02 §2.4): per
         record, UNIQ_KEY then each KEYS piece under `topic#key` (hashed by the index_keys
         kernel); ROLLBACK records and records below the current file's endPhyOffset (a
         re-dispatch) are skipped, the latter with numpy before any per-row work. A full file
@@ -321,7 +322,7 @@ class IndexService(Dispatcher):
     def flush_pending(self):
         """IndexService#flush for each file that filled up since the last call: force it, then
         advance the checkpoint's indexMsgTimestamp to its endTimestamp and flush the
-        checkpoint (spec 02 §2.7). Called by the flush-cq thread and at shutdown."""
+        checkpoint (doc/02 §2.7). Called by the flush-cq thread and at shutdown."""
         with self._lock:
             pending, self._pending_flush = self._pending_flush, []
         checkpoint = self._store.checkpoint
@@ -361,7 +362,7 @@ class IndexService(Dispatcher):
         return names
 
     def delete_expired_file(self, offset):
-        """IndexService#deleteExpiredFile (spec 02 §2.8): when the first file ends below
+        """IndexService#deleteExpiredFile (doc/02 §2.8): when the first file ends below
         `offset`, destroy files in order (never the last) while their endPhyOffset < offset.
         Returns the number deleted. Called by the clean thread."""
         files = self.index_file_list

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""MappedFile: one fixed-size, memory-mapped segment file (spec 01 §2, RocketMQ MappedFile.java)."""
+"""MappedFile: one fixed-size, memory-mapped segment file (doc/01 §2, RocketMQ MappedFile.java)."""
 import errno
 import logging
 import os
@@ -239,6 +239,17 @@ class MappedFile:
         finally:
             self.release()
         return self.flushed_position
+
+    def sync(self, start, end):
+        """Make [start, end) durable, leaving flushed_position to the caller: SYNC_FLUSH's group
+        commit runs several syncs of one file at once and advances the position itself, in
+        order. Nothing if the file is being destroyed."""
+        if end <= start or not self.hold():
+            return
+        try:
+            self._fs.sync_mapped(self._k, self.mm, self.path, start, end - start)
+        finally:
+            self.release()
 
     # ---- reference counting (ReferenceResource) ---------------------------------------
     def hold(self):

@@ -1,7 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Message value types and the properties codec (spec 01 §3.6-3.8)."""
+"""Message value types and the properties codec (doc/01 §3.6-3.8)."""
 import ipaddress
-import re
 import socket
 import struct
 import zlib
@@ -22,18 +21,37 @@ PROPERTY_REAL_QID = "REAL_QID"
 PROPERTY_WAIT = "WAIT"
 KEY_SEPARATOR = " "
 
-# The one topic rule, shared by put, topic config and the scan kernels (rs_msg.c rs_topic_ok,
-# pure._check_one). \Z, not $: $ also matches before a final newline, and a topic names a
-# directory under consumequeue/.
-TOPIC_PATTERN = re.compile(r"[%|a-zA-Z0-9_-]+\Z")
-TOPIC_CHARS = frozenset(b"%|_-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-_TOPIC_DELETE = bytes(sorted(TOPIC_CHARS))
+# The one topic rule, shared by put, topic config, the public API's arguments and the scan
+# kernels (rs_msg.c rs_topic_ok is its C twin for stored bytes). 4.9.8's store takes any topic
+# of at most 127 characters (DefaultMessageStore#checkMessage); only a broker's send path holds
+# topics to ^[%|a-zA-Z0-9_-]+$, so a store holds "Topic_ü_中" too. A topic also names one
+# directory under consumequeue/: the empty topic, "." and "..", and any "/" or NUL are refused.
+def topic_problem(topic, max_bytes=127):
+    """Why `topic` cannot be a topic, as a sentence; None when it can. `max_bytes` bounds its
+    UTF-8 length (the v1 record's one length byte), None for no bound."""
+    if not isinstance(topic, str):
+        return f"topic {topic!r} is not a str"
+    if topic in ("", ".", ".."):
+        return f"topic {topic!r} names no directory of its own"
+    if "/" in topic or "\0" in topic:
+        return f"topic {topic!r} holds a '/' or NUL: it would name a path, not a directory"
+    try:
+        n = len(topic.encode("utf-8"))
+    except UnicodeEncodeError:
+        return f"topic {topic!r} is not valid Unicode (a lone surrogate)"
+    if max_bytes is not None and n > max_bytes:
+        return f"topic is {n} bytes in UTF-8; at most {max_bytes} are allowed"
+    return None
 
 
 def valid_topic_bytes(raw):
-    """Whether stored topic bytes obey TOPIC_PATTERN (non-empty, no byte outside the set)."""
-    raw = bytes(raw)
-    return bool(raw) and not raw.translate(None, _TOPIC_DELETE)
+    """Whether stored topic bytes are a topic: well-formed UTF-8 obeying topic_problem (the
+    length is the record format's business)."""
+    try:
+        topic = bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return topic_problem(topic, None) is None
 
 
 def body_bytes(body):
@@ -69,7 +87,7 @@ def java_string_hash(text):
 
 
 def _hashmap_order(names):
-    """Iteration order of a java.util.HashMap that had `names` put in this order (spec 01 §3.6).
+    """Iteration order of a java.util.HashMap that had `names` put in this order (doc/01 §3.6).
 
     Default capacity 16, load factor 0.75: the table doubles when size passes 3/4 of it, and a
     bucket that would reach 9 entries in a table under 64 forces a doubling too (treeifyBin).
@@ -99,7 +117,7 @@ def _hashmap_order(names):
     return sorted(range(len(names)), key=lambda i: (spread[i] & (cap - 1), i))
 
 
-_ORDER_CACHE = {}
+_ORDER_CACHE: dict = {}
 
 
 def hashmap_order(names):
@@ -165,7 +183,7 @@ def tags_code_of(tags):
 
 
 # ---- hosts ----------------------------------------------------------------------------------
-_HOST_CACHE = {}
+_HOST_CACHE: dict = {}
 
 
 def pack_host(host):
@@ -199,7 +217,7 @@ def host_to_string(host):
 
 
 def make_msg_id(store_host_packed, phy_offset):
-    """Offset msgId: store address + port + commit-log offset, uppercase hex (spec 01 §3.8)."""
+    """Offset msgId: store address + port + commit-log offset, uppercase hex (doc/01 §3.8)."""
     return (store_host_packed + struct.pack(">q", phy_offset)).hex().upper()
 
 
@@ -279,13 +297,18 @@ _MAGICS = (F.MESSAGE_MAGIC_CODE, F.MESSAGE_MAGIC_CODE_V2)
 
 class MessageExt(_Keyed):
     """A stored record, decoded (MessageExt). Header fields, body and topic are decoded at once;
-    the properties map, tags, keys and msgId on first use."""
+    the properties string, the properties map, tags, keys and msgId on first use: a consumer
+    reading bodies pays for no property it does not look at.
+
+    The read path (read_path.get_message, iter_messages) builds these from the rows the
+    record-check kernel fills (from_row here, or the compiled ReadPath), never re-parsing a
+    record; decode() is the stand-alone decoder of one record's bytes."""
 
     __slots__ = ("store_size", "body_crc", "queue_id", "flag", "queue_offset",
                  "commit_log_offset", "sys_flag", "born_timestamp", "born_host_raw",
                  "store_timestamp", "store_host_raw", "reconsume_times",
-                 "prepared_transaction_offset", "body", "topic", "properties_string",
-                 "magic", "_props")
+                 "prepared_transaction_offset", "body", "topic", "magic", "_praw", "_pstr",
+                 "_props")
 
     @classmethod
     def decode(cls, rec, check_crc=False):
@@ -330,15 +353,64 @@ class MessageExt(_Keyed):
             p += tlen
             plen = _I16.unpack_from(rec, p)[0]
             p += 2
-            m.properties_string = rec[p:p + plen].decode("utf-8", "replace") if plen else ""
+            m._praw = bytes(rec[p:p + plen])
             if blen < 0 or tlen < 0 or plen < 0 or p + plen != size:
                 raise CorruptRecordError("record lengths do not add up to TOTALSIZE")
         except (struct.error, IndexError) as exc:
             raise CorruptRecordError(f"not a decodable record: {exc}") from None
         if check_crc and zlib.crc32(m.body) & 0x7FFFFFFF != crc:
             raise CorruptRecordError("body CRC mismatch")
+        m._pstr = None
         m._props = None
         return m
+
+    @classmethod
+    def from_row(cls, buf, row, topic=None):
+        """The message of one record-check row (format.SCAN_DTYPE, as a tuple from tolist())
+        over `buf`, where row[0] (pos) is the record's start: the kernel has validated the
+        record and found every field, so nothing is parsed here. `topic`, when given, is the
+        str of the record's topic bytes (a queue's records share it)."""
+        (pos, phy, qoff, _tags, sts, bts, prepared, size, qid, sysf, flag, crc, reconsume,
+         body_off, body_len, topic_off, topic_len, props_off, props_len, info, _h) = row
+        m = cls.__new__(cls)
+        m.store_size = size
+        m.magic = F.MESSAGE_MAGIC_CODE_V2 if info & F.SCAN_INFO_V2 else F.MESSAGE_MAGIC_CODE
+        m.body_crc = crc
+        m.queue_id = qid
+        m.flag = flag
+        m.queue_offset = qoff
+        m.commit_log_offset = phy
+        m.sys_flag = sysf
+        m.born_timestamp = bts
+        m.store_timestamp = sts
+        m.reconsume_times = reconsume
+        m.prepared_transaction_offset = prepared
+        p = pos + F.POS_BORNHOST
+        n = 20 if sysf & F.BORNHOST_V6_FLAG else 8
+        m.born_host_raw = bytes(buf[p:p + n])
+        p += n + 8
+        n = 20 if sysf & F.STOREHOSTADDRESS_V6_FLAG else 8
+        m.store_host_raw = bytes(buf[p:p + n])
+        p = pos + body_off
+        m.body = bytes(buf[p:p + body_len])
+        if topic is None:
+            p = pos + topic_off
+            topic = bytes(buf[p:p + topic_len]).decode("utf-8", "replace")
+        m.topic = topic
+        p = pos + props_off
+        m._praw = bytes(buf[p:p + props_len])
+        m._pstr = None
+        m._props = None
+        return m
+
+    @property
+    def properties_string(self):
+        """The stored properties text (name\x01value pairs joined by \x02), decoded on first
+        use."""
+        s = self._pstr
+        if s is None:
+            s = self._pstr = self._praw.decode("utf-8", "replace") if self._praw else ""
+        return s
 
     @property
     def properties(self):

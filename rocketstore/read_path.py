@@ -1,18 +1,25 @@
 # SPDX-License-Identifier: Apache-2.0
 """The read path of MessageStore, as plain functions over a loaded store: pulling from a
-ConsumeQueue (getMessage) and walking the CommitLog in order."""
+ConsumeQueue (getMessage, and its columnar form get_batch) and walking the CommitLog in order.
+
+The unit walk is one call of a ReadPath: the backend's compiled one when it has it (cext),
+else PyReadPath below, which is the reference both meet. The walk reads a queue's units where
+they lie in its mapping, so a call costs the same whatever the queue's backlog; it checks each
+unit's record with the record-check kernel where it lies in its CommitLog file, and builds
+MessageExt objects from the kernel's row (properties decoded on first use), or, for get_batch,
+hands the rows themselves back beside views of the bodies in the mapping."""
 import logging
-import struct
 
 import numpy as np
 
 from . import format as F
-from .errors import CorruptRecordError, StoreClosedError
+from .errors import RS_E_ARG, RS_E_BOUNDS, StoreClosedError, StoreError, raise_for_status
+from .mapped_file import MappedFile
 from .message import MessageExt
 from .status import GetMessageResult, GetMessageStatus as G
 
 log = logging.getLogger(__name__)
-_UNIT = struct.Struct(">qiq")
+UNIT = F.CQ_STORE_UNIT_SIZE
 
 
 # The bounds of one in-process get_message (a broker caps a remote pull at 32 messages or
@@ -22,100 +29,523 @@ MAX_MSG_NUMS = 65_536
 MAX_BYTES = 64 << 20
 
 
-def get_message(store, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None):
-    """DefaultMessageStore#getMessage over a loaded store (spec 01 §6): statuses and next
-    offsets as RocketMQ's table, units scanned from the ConsumeQueue, records decoded. The
-    scan goes on into the queue's next file while fewer than `max_msg_nums` were found."""
+def _corrupt(queue_offset, phy_offset, reason):
+    log.warning("unit at queue offset %d: the record at commit-log offset %d fails the record "
+                "check (reason %d); skipped", queue_offset, phy_offset, reason)
+
+
+def make_read_path(kernels):
+    """The backend's compiled ReadPath if it has one, else PyReadPath over its kernels."""
+    compiled = getattr(kernels, "ReadPath", None)
+    if compiled is not None:
+        return compiled(MessageExt, MappedFile, _corrupt, GetMessageResult,
+                        (G.FOUND, G.NO_MATCHED_MESSAGE, G.MESSAGE_WAS_REMOVING),
+                        GetBatchResult)
+    return PyReadPath(kernels, _corrupt)
+
+
+def _find(files, offset, file_size):
+    """MappedFileQueue.find_by_offset over a snapshot of its list."""
+    if not files:
+        return None
+    first = files[0].file_from_offset
+    if offset < first or offset >= files[-1].file_from_offset + file_size:
+        return None
+    idx = offset // file_size - first // file_size
+    if 0 <= idx < len(files):
+        f = files[idx]
+        if f.file_from_offset <= offset < f.file_from_offset + file_size:
+            return f
+    for f in files:
+        if f.file_from_offset <= offset < f.file_from_offset + file_size:
+            return f
+    return None
+
+
+def _open(f):
+    """(read-only view of f's mapping, start offset, readable end offset), or None when the
+    file was unmapped meanwhile (cleaning). The view keeps the mapping from being closed."""
+    try:
+        mv = memoryview(f.mm).toreadonly()
+    except (ValueError, BufferError):
+        return None
+    start = f.file_from_offset
+    return mv, start, start + min(f.committed_position, len(mv))
+
+
+def _row_inside(row, buf_len):
+    """Whether the fields a SCAN_DTYPE row (a tuple) locates lie inside its record and the
+    record inside a buffer of buf_len bytes (pyx/_read.pxi _row_inside)."""
+    pos, size, sysf = row[0], row[7], row[9]
+    hosts = F.POS_BORNHOST + (20 if sysf & F.BORNHOST_V6_FLAG else 8) + 8 \
+        + (20 if sysf & F.STOREHOSTADDRESS_V6_FLAG else 8)
+    return (pos >= 0 and size >= hosts and pos + size <= buf_len
+            and all(0 <= off and 0 <= length and off + length <= size
+                    for off, length in (row[13:15], row[15:17], row[17:19])))
+
+
+class PyReadPath:
+    """The unit walk of get_message and get_batch over the contract's kernels: the reference
+    that the compiled ReadPath (pyx/_read.pxi) meets, at pure or cffi speed."""
+
+    def __init__(self, kernels, on_corrupt):
+        self._k = kernels
+        self._on_corrupt = on_corrupt
+
+    def decode_rows(self, buf, rows, n):
+        """MessageExt objects of the first `n` rows (format.SCAN_DTYPE, commitlog_scan's
+        output over `buf`): iter_messages and dump, without re-parsing a record."""
+        if getattr(rows, "dtype", None) != F.SCAN_DTYPE:
+            raise_for_status(RS_E_ARG, "decode_rows: rows must be a SCAN_DTYPE array")
+        if n < 0 or n > len(rows):
+            raise_for_status(RS_E_BOUNDS, "decode_rows: more rows than given")
+        mv = memoryview(buf).cast("B")
+        out = []
+        for row in rows[:n].tolist():
+            if not _row_inside(row, len(mv)):
+                raise_for_status(RS_E_BOUNDS, "decode_rows: a row outside the buffer")
+            out.append(MessageExt.from_row(mv, row))
+        return out
+
+    def pull(self, store, cq, offset, max_n, message_filter, max_bytes):
+        """get_message's common case for queue `cq`: its GetMessageResult, or None when the
+        answer is decided before a unit is read (the offset outside the queue) or the first
+        unit's file is missing, which get_message below answers."""
+        max_off = cq.mfq.get_max_offset() // UNIT
+        min_logic = cq.min_logic_offset
+        if max_off == 0 or offset < min_logic // UNIT or offset >= max_off:
+            return None
+        max_py = store.commitlog.mfq.get_max_offset()
+        commitlog = store.commitlog
+        messages, scanned, removing, max_phy = self.read(
+            cq.mfq.files, cq.file_size, commitlog.mfq.files, commitlog.file_size, offset,
+            max_off, min_logic, max_n, _scan_limit(max_n), max_bytes, message_filter)
+        if scanned < 0:
+            return None
+        if messages:
+            return GetMessageResult(G.FOUND, offset + scanned, min_logic // UNIT, max_off,
+                                    messages, max_py - max_phy > store._mem_limit)
+        return GetMessageResult(G.MESSAGE_WAS_REMOVING if removing else G.NO_MATCHED_MESSAGE,
+                                offset + scanned, min_logic // UNIT, max_off, messages, False)
+
+    def pull_batch(self, store, cq, offset, max_n, message_filter, max_bytes):
+        """get_batch's common case for queue `cq`: its GetBatchResult, or None as for pull."""
+        max_off = cq.mfq.get_max_offset() // UNIT
+        min_logic = cq.min_logic_offset
+        if max_off == 0 or offset < min_logic // UNIT or offset >= max_off:
+            return None
+        max_py = store.commitlog.mfq.get_max_offset()
+        commitlog = store.commitlog
+        rows = bytearray(max_n * F.SCAN_DTYPE.itemsize)
+        row_file = bytearray(max_n * 4)
+        held = []
+        n, scanned, removing, max_phy = self.read(
+            cq.mfq.files, cq.file_size, commitlog.mfq.files, commitlog.file_size, offset,
+            max_off, min_logic, max_n, _scan_limit(max_n), max_bytes, message_filter, rows,
+            held, row_file)
+        if scanned < 0:
+            for f in held:
+                f.release()
+            return None
+        if n:
+            return GetBatchResult(G.FOUND, offset + scanned, min_logic // UNIT, max_off, n,
+                                  rows, row_file, held, max_py - max_phy > store._mem_limit)
+        return GetBatchResult(G.MESSAGE_WAS_REMOVING if removing else G.NO_MATCHED_MESSAGE,
+                              offset + scanned, min_logic // UNIT, max_off)
+
+    def read(self, cq_files, cq_file_size, log_files, log_file_size, offset, max_off,
+             min_logic, max_n, scan_limit, max_bytes, message_filter, rows=None, held=None,
+             row_file=None):
+        """Walk the queue's units from queue offset `offset` (DefaultMessageStore#getMessage's
+        loop, doc/01 §6) over snapshots of the queue's and the CommitLog's file lists.
+
+        A unit is skipped without counting toward max_n when `message_filter(tags_code)` is
+        false or its record fails the record check (on_corrupt is told); the walk goes on into
+        the queue's next file while fewer than max_n were found, up to scan_limit units and
+        the queue's max offset `max_off`, and adds no record once max_bytes are collected
+        (the first always comes). A unit whose record's file is gone (or not yet readable)
+        makes the walk skip the rest of that CommitLog file.
+
+        Without `rows`: returns (MessageExt list, units scanned, removing, last offset).
+        With `rows` (a SCAN_DTYPE array or a writable buffer of such rows), `held` (a list)
+        and `row_file` (int32 array or buffer), each found
+        record's row goes to rows[i] (pos relative to its file), the CommitLog files they lie
+        in are held (MappedFile.hold) and appended to `held`, and row_file[i] indexes it; the
+        first result is then the row count. Units scanned is -1 when the first unit's queue
+        file is missing or holds no unit there (OFFSET_FOUND_NULL). `removing` says a record's
+        file was found gone before any record was found (MESSAGE_WAS_REMOVING)."""
+        batch = rows is not None
+        if batch:
+            if getattr(rows, "dtype", F.SCAN_DTYPE) != F.SCAN_DTYPE:
+                raise_for_status(RS_E_ARG, "read: rows must be a SCAN_DTYPE array")
+            # Plain writable buffers (bytearray) are taken as rows and int32s.
+            rows = np.frombuffer(rows, dtype=F.SCAN_DTYPE)
+            row_file = np.frombuffer(row_file, dtype=np.int32)
+            if min(len(rows), len(row_file)) < max_n or held is None:
+                raise_for_status(RS_E_ARG, "read: fewer output rows than max_n")
+        messages = [] if not batch else None
+        check = self._k.commitlog_scan
+        one = np.empty(1, dtype=F.SCAN_DTYPE)   # per call: readers run in many threads
+        found = scanned = nbytes = max_phy = 0
+        removing = full = False
+        first = True
+        skip_below = -1
+        lf = log = None
+        log_rows = False
+        ahead = []              # rows checked ahead in the current CommitLog file
+        at = 0
+        # Units are read in chunks of what the call can use, never the queue's whole tail.
+        chunk = max(64, 2 * max_n)
+        try:
+            while True:
+                pos = (offset + scanned) * UNIT
+                f = None if pos < min_logic else _find(cq_files, pos, cq_file_size)
+                q = _open(f) if f is not None else None
+                if q is None or pos >= q[2]:
+                    if first:
+                        scanned = -1
+                    break
+                first = False
+                qmv, qstart, qend = q
+                take = min((qend - pos) // UNIT, scan_limit - scanned)
+                done = 0
+                while done < take and not full:
+                    k = min(take - done, chunk)
+                    units = np.frombuffer(qmv, dtype=F.CQ_DTYPE, count=k,
+                                          offset=pos - qstart + done * UNIT).tolist()
+                    done += k
+                    for i, (phy, size, tags) in enumerate(units):
+                        if phy < skip_below:
+                            scanned += 1
+                            continue
+                        if found and (found >= max_n or nbytes + size > max_bytes):
+                            full = True
+                            break
+                        scanned += 1
+                        if message_filter is not None and not message_filter(tags):
+                            continue
+                        if size <= 0 or phy < 0:    # no record is there: a damaged unit
+                            self._on_corrupt(offset + scanned - 1, phy, RS_E_ARG)
+                            continue
+                        if not (log is not None and log[1] <= phy and phy + size <= log[2]):
+                            if batch and lf is not None and not log_rows:
+                                held.pop().release()
+                            log = None
+                            log_rows = False
+                            ahead = []
+                            lf = _find(log_files, phy, log_file_size)
+                            if lf is not None and (not batch or lf.hold()):
+                                if batch:
+                                    held.append(lf)
+                                log = _open(lf)
+                                if log is None and batch:
+                                    held.pop().release()
+                                    lf = None
+                            else:
+                                lf = None
+                        if not (log is not None and log[1] <= phy and phy + size <= log[2]):
+                            if not found:
+                                removing = True
+                            skip_below = phy + log_file_size - phy % log_file_size
+                            continue
+                        rel = phy - log[1]
+                        while at < len(ahead) and ahead[at][0] < rel:
+                            at += 1
+                        if at < len(ahead) and ahead[at][0] == rel and ahead[at][7] <= size:
+                            row = ahead[at]
+                            at += 1
+                        else:
+                            # The units after this one that point right behind its record
+                            # (a queue written alone) are checked in the same call; each is
+                            # taken below only where its own unit would have it.
+                            end = rel + size
+                            j = i + 1
+                            last = min(len(units), i + max_n - found)
+                            while j < last:
+                                p2, s2, _ = units[j]
+                                if p2 - log[1] != end or s2 <= 0 or p2 + s2 > log[2]:
+                                    break
+                                end += s2
+                                j += 1
+                            out = one if j == i + 1 else np.empty(j - i, dtype=F.SCAN_DTYPE)
+                            n, _, reason, _ = check(log[0], rel, end, False, out)
+                            ahead = out[:n].tolist()
+                            row = ahead[0] if n else None
+                            if row is not None and row[7] > size:
+                                row, reason = None, F.SCAN_PARTIAL   # runs past its unit
+                            at = 1
+                        if row is None or row[1] != phy:
+                            if row is None:
+                                self._on_corrupt(offset + scanned - 1, phy, reason)
+                            continue
+                        if batch:
+                            rows[found] = row
+                            # The unit's tagsCode, what a filter sees (a delayed message's
+                            # unit holds its delivery time, not the TAGS hash).
+                            rows[found]["tags_code"] = tags
+                            row_file[found] = len(held) - 1
+                            log_rows = True
+                        else:
+                            messages.append(MessageExt.from_row(log[0], row))
+                        found += 1
+                        nbytes += size
+                        max_phy = phy
+                    del units
+                del qmv, q
+                if full or found >= max_n or scanned >= scan_limit \
+                        or offset + scanned >= max_off:
+                    break
+        finally:
+            if batch and lf is not None and not log_rows and held:
+                held.pop().release()
+        return (found if batch else messages), scanned, removing, max_phy
+
+
+def _prelude(store, topic, queue_id, offset, cq=None):
+    """The queue and the statuses decided before any unit is read: (cq, min, max, result or
+    None), as DefaultMessageStore#getMessage orders them."""
     if not store._loaded:
         raise StoreClosedError("the store is not loaded")
-    max_py = store.commitlog.max_offset
-    cq = store.find_consume_queue(topic, queue_id)
-    min_off = cq.min_offset_in_queue
-    max_off = cq.max_offset_in_queue
+    if cq is None:
+        cq = store.find_consume_queue(topic, queue_id)
+    min_off = cq.min_logic_offset // UNIT
+    max_off = cq.mfq.get_max_offset() // UNIT
     corr = store._next_offset_correction
     if max_off == 0:
-        return GetMessageResult(G.NO_MESSAGE_IN_QUEUE, corr(offset, 0), min_off, max_off)
+        return cq, min_off, max_off, (G.NO_MESSAGE_IN_QUEUE, corr(offset, 0))
     if offset < min_off:
-        return GetMessageResult(G.OFFSET_TOO_SMALL, corr(offset, min_off), min_off, max_off)
+        return cq, min_off, max_off, (G.OFFSET_TOO_SMALL, corr(offset, min_off))
     if offset == max_off:
-        return GetMessageResult(G.OFFSET_OVERFLOW_ONE, offset, min_off, max_off)
+        return cq, min_off, max_off, (G.OFFSET_OVERFLOW_ONE, offset)
     if offset > max_off:
-        return GetMessageResult(G.OFFSET_OVERFLOW_BADLY, corr(offset, max_off), min_off,
-                                max_off)
-    units, _ = cq.read_units(offset)
-    if units is None:
-        return GetMessageResult(G.OFFSET_FOUND_NULL, corr(offset, cq.roll_next_file(offset)),
-                                min_off, max_off)
-    status = G.NO_MATCHED_MESSAGE
-    messages = []
-    next_phy_file_start = -1
-    max_phy_seen = 0
-    nbytes = 0
-    mem_limit = store._mem_limit
-    commitlog = store.commitlog
-    decode = MessageExt.decode
-    append = messages.append
-    mf = None
-    mf_start = mf_end = 0
+        return cq, min_off, max_off, (G.OFFSET_OVERFLOW_BADLY, corr(offset, max_off))
+    return cq, min_off, max_off, None
+
+
+def _scan_limit(max_msg_nums):
     # Units looked at, filtered out or not: the broker's bound on one call's scan.
-    scan_limit = max(16000, max_msg_nums * F.CQ_STORE_UNIT_SIZE) // F.CQ_STORE_UNIT_SIZE
-    scanned = 0
-    full = False
-    while True:
-        take = min(len(units) // F.CQ_STORE_UNIT_SIZE, scan_limit - scanned)
-        for phy, size, tags in _UNIT.iter_unpack(units[:take * F.CQ_STORE_UNIT_SIZE]):
-            if phy < next_phy_file_start:
-                scanned += 1
-                continue
-            count = len(messages)
-            if count and (count >= max_msg_nums or nbytes + size > MAX_BYTES):
-                full = True
-                break
-            scanned += 1
-            if message_filter is not None and not message_filter(tags):
-                continue
-            # Units of one queue mostly point into the same CommitLog file: reuse it.
-            if not (mf_start <= phy and phy + size <= mf_end):
-                mf = commitlog.mfq.find_by_offset(phy)
-                if mf is not None:
-                    mf_start = mf.file_from_offset
-                    mf_end = mf_start + mf.read_position
-            rec = None
-            if mf is not None and mf_start <= phy and phy + size <= mf_end:
+    return max(16000, max_msg_nums * UNIT) // UNIT
+
+
+def get_message(store, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None,
+                cq=None):
+    """DefaultMessageStore#getMessage over a loaded store (doc/01 §6): statuses and next
+    offsets as RocketMQ's table, units walked in place by the store's ReadPath, records
+    checked and decoded. The walk goes on into the queue's next file while fewer than
+    `max_msg_nums` were found. `cq`: the queue, when the caller has it."""
+    cq, min_off, max_off, early = _prelude(store, topic, queue_id, offset, cq)
+    if early is None:
+        r = store._read_path.pull(store, cq, offset, max_msg_nums, message_filter, MAX_BYTES)
+        if r is not None:
+            return r
+        early = _found_null(store, cq, offset)
+    return GetMessageResult(early[0], early[1], min_off, max_off)
+
+
+def get_batch(store, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None,
+              cq=None):
+    """get_message's walk with the rows handed back as columns (a GetBatchResult): the same
+    statuses, offsets and records, no object per message, bodies left in the mapping."""
+    cq, min_off, max_off, early = _prelude(store, topic, queue_id, offset, cq)
+    if early is None:
+        r = store._read_path.pull_batch(store, cq, offset, max_msg_nums, message_filter,
+                                        MAX_BYTES)
+        if r is not None:
+            return r
+        early = _found_null(store, cq, offset)
+    return GetBatchResult(early[0], early[1], min_off, max_off)
+
+
+def _found_null(store, cq, offset):
+    """OFFSET_FOUND_NULL: no unit where the offset says (its queue file is gone, or not yet
+    written); the next offset is the next file's first."""
+    return G.OFFSET_FOUND_NULL, store._next_offset_correction(offset, cq.roll_next_file(offset))
+
+
+class _FileHold:
+    """A batch's hold on one CommitLog file (MappedFile.hold), once a body view of it was
+    asked for: its read-only view of the mapping keeps the pages mapped even if a forced
+    destroy unlinks the file, and every BodyBuffer over it refers to this object, so the hold
+    lasts while any body view lives. Released once, by release() or when the last user goes."""
+    __slots__ = ("mf", "view", "_released", "__weakref__")
+
+    def __init__(self, mf):
+        self.mf = mf
+        self._released = False
+        try:
+            self.view = memoryview(mf.mm).toreadonly()
+        except ValueError:
+            # Only a destroy forced past destroy_maped_file_interval_forcibly unmaps a held
+            # file: its bytes are gone (GetBatchResult.buffer says so).
+            self.view = None
+
+    def release(self):
+        if not self._released:
+            self._released = True
+            self.mf.release()
+            view = self.view
+            if view is not None:
                 try:
-                    rec = mf.mm[phy - mf_start:phy - mf_start + size]
-                except ValueError:            # unmapped by cleaning meanwhile
-                    rec = None
-            if rec is None:
-                if not messages:
-                    status = G.MESSAGE_WAS_REMOVING
-                next_phy_file_start = commitlog.roll_next_file(phy)
-                continue
-            try:
-                m = decode(rec)
-            except CorruptRecordError as exc:
-                m = None
-                log.warning("%s-%d unit at %d: %s", topic, queue_id, offset + scanned - 1, exc)
-            if m is None or m.commit_log_offset != phy:
-                continue                      # a damaged unit: skip it, as a filter would
-            append(m)
-            nbytes += size
-            max_phy_seen = phy
-            status = G.FOUND
-        if full or len(messages) >= max_msg_nums or scanned >= scan_limit \
-                or offset + scanned >= max_off:
-            break
-        units, _ = cq.read_units(offset + scanned)
-        if units is None:
-            break
-    next_begin = offset + scanned
-    suggest = max_py - max_phy_seen > mem_limit if messages else False
-    return GetMessageResult(status, next_begin, min_off, max_off, messages, suggest)
+                    view.release()      # unpinned, unless body views were taken from it
+                except BufferError:
+                    pass
+
+    def __del__(self):
+        self.release()
+
+
+class BodyBuffer(np.ndarray):
+    """A read-only uint8 view of one held CommitLog file: every slice of it refers to the
+    _FileHold, so the file stays held and mapped while any body view lives."""
+
+    def __array_finalize__(self, obj):
+        self._hold = getattr(obj, "_hold", None)
+
+
+class GetBatchResult:
+    """get_batch's answer: get_message's status, next_begin_offset, min/max offsets and
+    suggest_pulling_from_slave, and the records found as numpy columns in queue order.
+
+    Columns: commit_log_offset, size, store_timestamp, tags_code (the ConsumeQueue unit's, as
+    a filter sees it: the TAGS hash, or a delayed message's delivery time), queue_offset,
+    born_timestamp, queue_id, sys_flag, body_crc, body_length; `rows` is the record-check
+    kernel's whole row array (format.SCAN_DTYPE, pos relative to the record's file) and
+    file_index the file of each row. Columns are views of `rows`, made when asked.
+
+    body(i) is a zero-copy, read-only memoryview of record i's body in its CommitLog file. The
+    files stay held (their expiry and the store's shutdown wait, as for a held MappedFile)
+    while the result or any body view lives, or until release(): body views taken before then
+    stay readable, even after their file is deleted; none can be taken after. Use
+    `with store.get_batch(...) as b:` to release at once."""
+
+    __slots__ = ("status", "next_begin_offset", "min_offset", "max_offset",
+                 "suggest_pulling_from_slave", "_n", "_raw", "_raw_file", "_rows", "_held",
+                 "_holds", "_buffers", "_released")
+
+    def __init__(self, status, next_begin_offset, min_offset, max_offset, n=0, rows=None,
+                 row_file=None, held=(), suggest_pulling_from_slave=False):
+        self.status = status
+        self.next_begin_offset = next_begin_offset
+        self.min_offset = min_offset
+        self.max_offset = max_offset
+        self.suggest_pulling_from_slave = suggest_pulling_from_slave
+        self._n = n
+        self._raw = rows
+        self._raw_file = row_file
+        self._rows = None
+        self._held = held               # MappedFiles, each held once for this result
+        self._holds = None              # their _FileHold, once a body view was asked for
+        self._buffers = None
+        self._released = False
+
+    @property
+    def message_count(self):
+        return self._n
+
+    def __len__(self):
+        return self._n
+
+    @property
+    def rows(self):
+        rows = self._rows
+        if rows is None:
+            if self._n:
+                rows = np.frombuffer(self._raw, dtype=F.SCAN_DTYPE, count=self._n)
+            else:
+                rows = np.empty(0, dtype=F.SCAN_DTYPE)
+            self._rows = rows
+        return rows
+
+    @property
+    def file_index(self):
+        if not self._n:
+            return np.empty(0, dtype=np.int32)
+        return np.frombuffer(self._raw_file, dtype=np.int32, count=self._n)
+
+    commit_log_offset = property(lambda self: self.rows["phy_offset"])
+    size = property(lambda self: self.rows["size"])
+    store_timestamp = property(lambda self: self.rows["store_timestamp"])
+    tags_code = property(lambda self: self.rows["tags_code"])
+    queue_offset = property(lambda self: self.rows["queue_offset"])
+    born_timestamp = property(lambda self: self.rows["born_timestamp"])
+    queue_id = property(lambda self: self.rows["queue_id"])
+    sys_flag = property(lambda self: self.rows["sys_flag"])
+    body_crc = property(lambda self: self.rows["body_crc"])
+    body_length = property(lambda self: self.rows["body_len"])
+
+    def buffer(self, i):
+        """The read-only uint8 view (BodyBuffer) of the CommitLog file holding record i;
+        record i's body is buffer(i)[rows["pos"][i] + rows["body_off"][i]:][:body_length[i]]."""
+        if self._released:
+            raise StoreError("this batch was released: its body views must be taken "
+                             "before release()")
+        k = int(self.file_index[i])
+        if self._holds is None:
+            self._holds = [None] * len(self._held)
+            self._buffers = [None] * len(self._held)
+        buf = self._buffers[k]
+        if buf is None:
+            hold = self._holds[k] = _FileHold(self._held[k])   # takes over the hold
+            if hold.view is None:
+                raise StoreError(
+                    f"{hold.mf.path} was deleted while this batch held it (forced after "
+                    "destroy_maped_file_interval_forcibly) and before a body view of it was "
+                    "taken: its bodies are gone")
+            buf = np.frombuffer(hold.view, dtype=np.uint8).view(BodyBuffer)
+            buf._hold = hold
+            self._buffers[k] = buf
+        return buf
+
+    def body(self, i):
+        """Record i's body: a read-only memoryview into its CommitLog file, no copy."""
+        row = self.rows[i]
+        start = int(row["pos"]) + int(row["body_off"])
+        return memoryview(self.buffer(i)[start:start + int(row["body_len"])])
+
+    def bodies(self):
+        """Every record's body(i), in order."""
+        return [self.body(i) for i in range(self._n)]
+
+    def release(self):
+        """Let the held files go (expiry, shutdown); body views already taken stay readable."""
+        if self._released:
+            return
+        self._released = True
+        holds = self._holds
+        for k, mf in enumerate(self._held):
+            if holds is not None and holds[k] is not None:
+                holds[k].release()
+            else:
+                mf.release()
+        self._buffers = None
+
+    def __del__(self):
+        # Files whose body views were taken stay held by those views (their _FileHold).
+        if self._released:
+            return
+        self._released = True
+        holds = self._holds
+        for k, mf in enumerate(self._held):
+            if holds is None or holds[k] is None:
+                mf.release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __repr__(self):
+        return (f"GetBatchResult({self.status.name}, next_begin_offset="
+                f"{self.next_begin_offset}, min={self.min_offset}, max={self.max_offset}, "
+                f"messages={self._n})")
 
 
 def iter_messages(store, from_offset=None):
-    """Every record in commit-log order, decoded (blank records skipped)."""
+    """Every record in commit-log order, decoded (blank records skipped): the records the scan
+    kernel validated, decoded from its rows by the store's ReadPath."""
     rows = np.empty(1024, dtype=F.SCAN_DTYPE)
+    decode_rows = store._read_path.decode_rows
     offset = store.commitlog.min_offset if from_offset is None else from_offset
     end = store.commitlog.max_offset
     while 0 <= offset < end:
@@ -125,9 +555,7 @@ def iter_messages(store, from_offset=None):
         start = offset - mf.file_from_offset
         n, stop, reason, _ = store.kernels.commitlog_scan(mf.mm, start, mf.read_position,
                                                          False, rows)
-        for row in rows[:n].tolist():
-            pos, size = row[0], row[7]
-            yield MessageExt.decode(mf.mm[pos:pos + size])
+        yield from decode_rows(mf.mm, rows, n)
         offset = mf.file_from_offset + stop
         if reason == F.SCAN_BLANK or (reason == F.SCAN_END
                                       and stop >= mf.read_position >= mf.file_size):

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Startup recovery (spec 03 §5-§6), as plain functions over a loaded store.
+"""Startup recovery (doc/03 §5-§6), as plain functions over a loaded store.
 
 Recovery never raises on a bad tail: the scan stops at the last good record, everything after
 it is truncated, and the RecoveryReport says what was dropped.

@@ -287,7 +287,7 @@ def _reset_checkpoint(fs, root, reset_index):
 
 # Store roots whose rebuild this process has just marked: the open that follows finds the
 # marker as an interrupted rebuild would leave it, but nothing was interrupted.
-_MARKED_HERE = set()
+_MARKED_HERE: set = set()
 
 
 def mark_rebuild(fs, root, dirs):

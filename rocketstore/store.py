@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """MessageStore: the composition root (DefaultMessageStore). It wires the CommitLog, the
 ConsumeQueues, the services and recovery together, and delegates every real job to them."""
+import contextlib
 import dataclasses
 import errno
 import logging
@@ -15,28 +16,32 @@ from .arguments import (INT64_MAX, INT64_MIN, check_callable, check_int, check_o
 from .batch import columns
 from .checkpoint import StoreCheckpoint
 from .clock import system_clock
-from .commitlog import TOPIC_PATTERN, CommitLog
+from .commitlog import CommitLog
 from .config import BrokerRole, FlushDiskType, StoreConfig
 from .config_manager import SubscriptionGroupConfig, TopicConfig, all_managers
-from .consume_queue import ConsumeQueue
+from .consume_queue import ConsumeQueue, DirtyQueues
 from .dispatch import ConsumeQueueDispatcher
 from .ha.master import HAService
 from .index_file import infer_geometry
 from .index_service import IndexService
-from .errors import (ConfigError, CorruptRecordError, StoreClosedError, StoreLoadError,
-                     UnsafePathError)
+from .errors import (ConfigError, CorruptRecordError, InvalidArgumentError, StoreClosedError,
+                     StoreError, StoreLoadError, UnsafePathError)
 from .format import MAX_TOPIC_LENGTH
 from .fs import DEFAULT as DEFAULT_FS, is_inside, mappings_hold_descriptors, raise_fd_limit
 from .lockfile import StoreLock, abort_path
 from .mapped_file_queue import is_index_name, is_queue_dir_name, split_segment_names
-from .message import PROPERTY_WAIT, MessageExt
+from .message import PROPERTY_WAIT, MessageExt, topic_problem
 from .running_flags import NOT_WRITEABLE_MASK, RunningFlags
 from .services.clean import (CleanCommitLogService, CleanConsumeQueueService,
-                             StoreScheduledService, disk_usage_source)
+                             StoreSize, disk_usage_source)
+from .services.scheduler import StoreScheduledService
 from .services.flush import (CommitRealTimeService, FlushConsumeQueueService,
                              FlushRealTimeService, GroupCommitService)
 from .services.reput import ReputMessageService
+from .services.schedule import ScheduleMessageService
 from .status import PutMessageResult, PutMessagesResult, PutMessageStatus
+from . import topic_delete
+from .topic_delete import DeletedTopicManager
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +51,18 @@ log = logging.getLogger(__name__)
 _SIZE_SAMPLE = 64
 
 
-def _usual_size(paths):
+def _usual_size(fs, paths):
     """The size most of `paths` have (the larger on a tie), 0 when none has any: every
     segment has its directory's file size, so a truncated or empty one must not decide."""
     counts = {}
     for p in paths:
-        size = os.path.getsize(p)
+        size = fs.size(p)
         if size:
             counts[size] = counts.get(size, 0) + 1
     return max(counts, key=lambda size: (counts[size], size)) if counts else 0
+
+
+_NO_LOCK = contextlib.nullcontext()
 
 
 def _resolves_outside(root, path):
@@ -123,6 +131,8 @@ class MessageStore:
         self.consume_queue_table = {}      # topic -> {queue_id: ConsumeQueue}
         self._cq_raw = {}                  # (topic bytes, queue_id) -> ConsumeQueue, for reput
         self._cq_lock = threading.Lock()
+        # Queues written since FlushConsumeQueueService last took them (ConsumeQueue.dirty).
+        self.dirty_cqs = DirtyQueues()
         self.dispatchers = [ConsumeQueueDispatcher(self)]
         self.checkpoint = None
         self.recovery_report = None
@@ -130,8 +140,8 @@ class MessageStore:
         self.flush_service = None
         self.commit_service = None
         self.flush_cq_service = None
-        self.ha_service = None             # HAService once started (spec 05)
-        self._lock = None if read_only else StoreLock(self.root)
+        self.ha_service = None             # HAService once started (doc/05)
+        self._lock = None if read_only else StoreLock(self.root, self.fs)
         self.running_flags = RunningFlags()
         self.disk_usage = disk_usage or disk_usage_source(self.fs)
         self.disk_full_reason = "disk full"
@@ -139,6 +149,9 @@ class MessageStore:
         (self.topic_configs, self.subscription_groups, self.consumer_offsets,
          self.delay_offsets) = all_managers(self.root, self.fs, self.clock, read_only)
         self.topic_configs.on_change = self._topic_configs_changed
+        # Deleted topics and where in the CommitLog they were deleted (topic_delete.py).
+        self.deleted_topics = DeletedTopicManager(self.root, self.fs, self.clock, read_only)
+        self._deleted_raw = {}             # topic bytes -> offset; read by the dispatcher
         # Cleaning calls its delete_expired_file(min_offset); it dispatches after the CQs.
         # The store's own reference drives load/flush/close even if a test swaps the hook.
         self._indexer = self.index_service = IndexService(self)
@@ -147,42 +160,47 @@ class MessageStore:
         self.clean_commitlog_service = CleanCommitLogService(self)
         self.clean_consume_queue_service = CleanConsumeQueueService(self)
         self.scheduled_service = None
+        self.schedule_message_service = None   # delayed delivery, masters only
         self._loaded = False
         self._running = False
+        self._confirm_offset = -1
         self._mem_limit = _total_physical_memory() * \
             self.config.access_message_in_memory_max_ratio // 100
+        self._read_path = read_path.make_read_path(self.kernels)
 
     @classmethod
-    def open_read_only(cls, root, config=None, kernels=None):
+    def open_read_only(cls, root, config=None, kernels=None, fs=None):
         """Open an existing store (ours or a broker's) for reading: no lock, no writes, file
-        sizes taken from the files themselves. Returns a loaded store; call shutdown()."""
+        sizes taken from the files themselves. Returns a loaded store; call shutdown().
+        `fs` as for MessageStore (a fault-injecting double in tests)."""
         root = os.fspath(root)
+        fs = fs or DEFAULT_FS
         sizes = {}
         cl_dir = os.path.join(root, "commitlog")
-        names = split_segment_names(DEFAULT_FS, cl_dir, None)[0]
-        size = _usual_size([os.path.join(cl_dir, n) for n in names])
+        names = split_segment_names(fs, cl_dir, None)[0]
+        size = _usual_size(fs, [os.path.join(cl_dir, n) for n in names])
         if size:
             sizes["mapped_file_size_commit_log"] = size
         cq_base = os.path.join(root, "consumequeue")
         cq_files = []
-        for topic in DEFAULT_FS.list_dir(cq_base):
+        for topic in fs.list_dir(cq_base):
             # Never size the store from a planted symlink, nor list a stray file.
             if _resolves_outside(root, os.path.join(cq_base, topic)) or \
-                    not DEFAULT_FS.is_dir(os.path.join(cq_base, topic)):
+                    not fs.is_dir(os.path.join(cq_base, topic)):
                 continue
-            qdirs = [q for q in DEFAULT_FS.list_dir(os.path.join(cq_base, topic))
+            qdirs = [q for q in fs.list_dir(os.path.join(cq_base, topic))
                      if is_queue_dir_name(q)
                      and not _resolves_outside(root, os.path.join(cq_base, topic, q))
-                     and DEFAULT_FS.is_dir(os.path.join(cq_base, topic, q))]
+                     and fs.is_dir(os.path.join(cq_base, topic, q))]
             for q in qdirs:
-                files = split_segment_names(DEFAULT_FS, os.path.join(cq_base, topic, q),
+                files = split_segment_names(fs, os.path.join(cq_base, topic, q),
                                             None)[0]
                 cq_files += [os.path.join(cq_base, topic, q, f) for f in files]
                 if len(cq_files) >= _SIZE_SAMPLE:
                     break
             if len(cq_files) >= _SIZE_SAMPLE:
                 break
-        size = _usual_size(cq_files)
+        size = _usual_size(fs, cq_files)
         if size:
             sizes["mapped_file_size_consume_queue"] = size
         if config is None:
@@ -191,15 +209,15 @@ class MessageStore:
             config = dataclasses.replace(config, **sizes)
         idx_dir = os.path.join(root, "index")
         idx = [os.path.join(idx_dir, n)
-               for n in split_segment_names(DEFAULT_FS, idx_dir, None, is_index_name)[0]]
-        geometry = infer_geometry(idx, DEFAULT_FS, config.max_hash_slot_num, config.max_index_num)
+               for n in split_segment_names(fs, idx_dir, None, is_index_name)[0]]
+        geometry = infer_geometry(idx, fs, config.max_hash_slot_num, config.max_index_num)
         if geometry is not None:
             config = dataclasses.replace(config, max_hash_slot_num=geometry[0],
                                          max_index_num=geometry[1])
         else:
             log.warning("%s: index file sizes fit no hash slot / index number pair tried; "
                         "key queries will find nothing", idx_dir)
-        store = cls(root, config, kernels=kernels, read_only=True)
+        store = cls(root, config, kernels=kernels, read_only=True, fs=fs)
         store.load()
         return store
 
@@ -236,6 +254,12 @@ class MessageStore:
                     self._adopt_geometry(repair.pending_geometry(rebuilding))
             last_exit_ok = (not force_recovery and rebuilding is None and
                             not self.fs.exists(abort_path(self.root)))
+            # Before the queues and recovery: a deleted topic's leftovers are not loaded, and
+            # its records are not dispatched again.
+            if not self.deleted_topics.load():
+                raise StoreLoadError(f"{self.deleted_topics.path} and its .bak are both "
+                                     "corrupt")
+            self._deleted_raw = self.deleted_topics.offsets_by_bytes()
             self.commitlog.load()
             self._load_consume_queues()
             self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"), self.fs,
@@ -247,6 +271,7 @@ class MessageStore:
             if rebuilding is not None:
                 repair.end_pending_rebuild(self)
             self._load_configs()
+            self._finish_pending_deletions()
         except BaseException as exc:
             self._close_files()
             if self._lock is not None:
@@ -337,6 +362,13 @@ class MessageStore:
         base = os.path.join(self.root, "consumequeue")
         for topic in self.fs.list_dir(base):
             tdir = os.path.join(base, topic)
+            if topic.endswith(topic_delete.DELETED_SUFFIX) and self.fs.is_dir(tdir) and \
+                    not self._outside_root(tdir):
+                # A deletion killed before it removed the queues it had set aside.
+                if self.writable:
+                    log.info("removing %s: the rest of a topic deletion", tdir)
+                    topic_delete.remove_tree(self.fs, tdir)
+                continue
             if not self.fs.is_dir(tdir):
                 log.warning("ignoring %s: not a topic directory; left as it is", tdir)
                 continue
@@ -353,6 +385,21 @@ class MessageStore:
                     continue
                 cq = self._new_cq(topic, int(qid))
                 cq.load()
+        for topic, entry in self.deleted_topics.table.items():
+            for cq in list(self.consume_queue_table.get(topic, {}).values()):
+                if topic_delete.is_leftover(cq, entry["offset"]):
+                    # Killed between the deletion's entry and its queues' removal.
+                    self._forget_queue(cq)
+                    if self.writable:
+                        log.info("removing %s: its topic was deleted", cq.mfq.store_path)
+                        cq.destroy()
+                        self.fs.remove_dir_if_empty(cq.mfq.store_path)
+                    else:
+                        cq.close()
+            if not self.consume_queue_table.get(topic, True):
+                del self.consume_queue_table[topic]
+                if self.writable:
+                    self.fs.remove_dir_if_empty(os.path.join(base, topic))
 
     def stray_files(self):
         """Paths (relative to the root) under commitlog/, consumequeue/ and index/ that are
@@ -396,7 +443,7 @@ class MessageStore:
         self.reput_service = ReputMessageService(self, reput_from)
         self.reput_service.do_reput()               # catch up before accepting puts
         recovery.recover_topic_queue_table(self)
-        # HA next (spec 03 §7); bound before any thread starts, so a taken port fails clean.
+        # HA next (doc/03 §7); bound before any thread starts, so a taken port fails clean.
         self.ha_service = HAService(self)
         self.ha_service.start()
         self.reput_service.start()
@@ -434,6 +481,18 @@ class MessageStore:
              self.delay_offsets.persist_if_dirty),
         ])
         self.scheduled_service.start()
+        self.handle_schedule_message_service(cfg.broker_role)
+
+    def handle_schedule_message_service(self, role):
+        """handleScheduleMessageService: a master delivers delayed messages, a slave never
+        does (its records come from the master, deliveries included)."""
+        if role is BrokerRole.SLAVE:
+            service, self.schedule_message_service = self.schedule_message_service, None
+            if service is not None:
+                service.shutdown()
+        elif self.schedule_message_service is None:
+            self.schedule_message_service = ScheduleMessageService(self)
+            self.schedule_message_service.start()
 
     def shutdown(self):
         """Stop services in reverse order, flush everything, write the checkpoint, and remove
@@ -445,6 +504,8 @@ class MessageStore:
             self._running = False
             self.__dict__.pop("put_message", None)
             self.__dict__.pop("put_messages", None)
+            # First: a delivery under way finishes its put, and no later one starts.
+            self.handle_schedule_message_service(BrokerRole.SLAVE)
             # Before anything is committed or flushed: a put already holding the lock
             # finishes its write first, every later one raises StoreClosedError, so what
             # the final commit and flush cover is everything ever acknowledged.
@@ -453,7 +514,7 @@ class MessageStore:
                 # Started last, stopped first: no file deletion during the final flush.
                 self.scheduled_service.shutdown()
                 self.scheduled_service = None
-            self.ha_service.shutdown()              # HA first: spec 03 §7 reversed
+            self.ha_service.shutdown()              # HA first: doc/03 §7 reversed
             self.commitlog.after_put = None
             self.commitlog.wake_on_put = None
             if self.commit_service is not None:
@@ -533,6 +594,7 @@ class MessageStore:
                                   self.kernels, self.fs, writable=self.writable,
                                   reserve_window=self.config.consume_queue_reserve_window)
                 cq.mfq.root = self.root
+                cq.dirty = self.dirty_cqs
                 queues[queue_id] = cq
                 self._cq_raw[(topic.encode("utf-8"), queue_id)] = cq
             return cq
@@ -559,6 +621,148 @@ class MessageStore:
     def all_consume_queues(self):
         return [cq for queues in list(self.consume_queue_table.values())
                 for cq in list(queues.values())]
+
+    def _forget_queue(self, cq):
+        """Take a queue out of the tables (the caller holds the locks the store needs)."""
+        with self._cq_lock:
+            queues = self.consume_queue_table.get(cq.topic)
+            if queues is not None and queues.get(cq.queue_id) is cq:
+                del queues[cq.queue_id]
+            key = (cq.topic.encode("utf-8"), cq.queue_id)
+            if self._cq_raw.get(key) is cq:
+                del self._cq_raw[key]
+
+    # ---- topic deletion (topic_delete.py) -----------------------------------------------------
+    def delete_topic(self, topic):
+        """Delete a topic as 5.x deleteTopics and the broker's deleteTopic do: its
+        ConsumeQueues, its topic config and every group's consumer offsets on it go; its
+        records stay in the CommitLog until they expire, and are never served again
+        (get_message answers as for a topic never written). A later put to it starts a fresh
+        queue at offset 0. Returns True when the topic had anything to delete.
+
+        Crash-safe: a store killed during the call opens with the topic whole or deleted."""
+        self._check_writable_config()
+        check_str(topic, "topic")
+        return self._delete_topic(topic, configs=True)
+
+    def clean_unused_topic(self, keep):
+        """4.9.8 cleanUnusedTopic: delete the ConsumeQueues of every topic not in `keep`
+        (an iterable of topic names), except system topics (SCHEDULE_TOPIC_XXXX, RMQ_SYS_*,
+        rmq_sys_*, TBW102, ...) and LMQ topics. Topic configs and consumer offsets stay, as in
+        4.9.8. Returns the topics whose queues were deleted, sorted."""
+        self._check_writable_config()
+        if isinstance(keep, (str, bytes)):
+            raise TypeError("keep must be an iterable of topic names, not a single string")
+        keep = set(keep)
+        for t in keep:
+            check_str(t, "topic in keep")
+        gone = [t for t in sorted(self.consume_queue_table)
+                if t not in keep and not topic_delete.is_system_topic(t)]
+        return [t for t in gone if self._delete_topic(t, configs=False)]
+
+    def _delete_topic(self, topic, configs):
+        cl = self.commitlog
+        reput = self.reput_service
+        with cl.put_lock:
+            if cl.closed:
+                cl._refuse_closed()
+            queues = self.consume_queue_table.get(topic) or {}
+            has_config = configs and self.topic_configs.select(topic) is not None
+            has_offsets = configs and any(
+                t == topic for _, t, _ in self.consumer_offsets.entries())
+            # A queue object with no file is what a read of an unknown topic creates.
+            has_queues = any(cq.mfq.files for cq in queues.values()) or \
+                self.fs.is_dir(os.path.join(self.root, "consumequeue", topic))
+            if not (has_queues or has_config or has_offsets):
+                return False
+            with (reput._lock if reput is not None else _NO_LOCK):
+                # Every record put so far reaches its queue now, so what is removed below
+                # is all the topic has, and what reput dispatches later was put later.
+                if self.commit_service is not None:
+                    self.commit_service.commit_now()
+                if reput is not None and not reput.is_stopped:
+                    reput.do_reput()
+                deleted_at = max(cl.max_offset, cl.mfq.get_max_wrote_position())
+                # The commit point: from here on the topic is deleted, whatever happens.
+                self.deleted_topics.mark(topic, deleted_at, pending=True)
+                self._deleted_raw = self.deleted_topics.offsets_by_bytes()
+                with self._cq_lock:
+                    queues = self.consume_queue_table.pop(topic, {})
+                    for qid in queues:
+                        self._cq_raw.pop((topic.encode("utf-8"), qid), None)
+                table = cl.topic_queue_table
+                for key in [k for k in table if k[0] == topic]:
+                    del table[key]          # the next put to it starts at queue offset 0
+                for d in self.dispatchers:
+                    forget = getattr(d, "forget_queues", None)
+                    if forget is not None:
+                        forget()
+                base = os.path.join(self.root, "consumequeue")
+                tdir = os.path.join(base, topic)
+                aside = topic_delete.deleted_dir(base, topic)
+                if self.fs.is_dir(tdir):
+                    if self.fs.exists(aside):
+                        topic_delete.remove_tree(self.fs, aside)
+                    self.fs.rename(tdir, aside)
+                    self.fs.fsync_dir(base)
+        for cq in queues.values():
+            cq.close()
+        self._finish_deletion(topic, configs)
+        log.info("deleted topic %s (%d queue(s)); its records stay in the CommitLog until "
+                 "they expire", topic, len(queues))
+        return True
+
+    def _finish_deletion(self, topic, configs):
+        """The deletion's second half, also run by load() for an entry still pending."""
+        if configs:
+            self.topic_configs.delete(topic)
+            for group, t, _ in self.consumer_offsets.entries():
+                if t == topic:
+                    self.consumer_offsets.remove(group, topic)
+            self.consumer_offsets.persist_if_dirty()
+        aside = topic_delete.deleted_dir(os.path.join(self.root, "consumequeue"), topic)
+        if self.fs.exists(aside):
+            topic_delete.remove_tree(self.fs, aside)
+        self.deleted_topics.mark(topic, 0, pending=False)
+
+    def _finish_pending_deletions(self):
+        if self.read_only:
+            return
+        for topic in self.deleted_topics.pending():
+            log.info("finishing the deletion of topic %s", topic)
+            self._finish_deletion(topic, configs=True)
+
+    def destroy(self):
+        """DefaultMessageStore#destroy: remove every file of the store (CommitLog,
+        ConsumeQueues, index, checkpoint, abort, config/, the rebuild marker, then the lock
+        file and the root if nothing else is left in it). Refused (StoreError) unless the
+        store is shut down, and (StoreLockedError) while another process holds it. Files
+        that are not the store's are left where they are."""
+        if self.read_only:
+            raise StoreError("a read-only store is never destroyed")
+        if self._loaded:
+            raise StoreError("destroy() removes every file of the store: call shutdown() "
+                             "first (the store is still open)")
+        fs = self.fs
+        if not fs.is_dir(self.root):
+            return
+        lock = StoreLock(self.root, fs)
+        lock.acquire()              # no other process may have it open
+        try:
+            cl_dir = self.commitlog.mfq.store_path
+            for name in split_segment_names(fs, cl_dir, None)[0]:
+                fs.remove(os.path.join(cl_dir, name))
+            fs.remove_dir_if_empty(cl_dir)
+            for name in ("consumequeue", "index", "config"):
+                path = os.path.join(self.root, name)
+                if fs.is_dir(path) and not _resolves_outside(self.root, path):
+                    topic_delete.remove_tree(fs, path)
+            for name in ("abort", "checkpoint", "rebuild"):
+                fs.remove(os.path.join(self.root, name))
+        finally:
+            lock.release()
+        fs.remove(os.path.join(self.root, "lock"))
+        fs.remove_dir_if_empty(self.root)
 
     # ---- put ----------------------------------------------------------------------------------
     def _install_put_path(self):
@@ -683,11 +887,9 @@ class MessageStore:
         queue_id >= write_queue_nums raises MessageIllegalError."""
         self._check_writable_config()
         # The put's rule, length included: a topic no put accepts needs no config.
-        if not isinstance(topic, str) or not TOPIC_PATTERN.fullmatch(topic):
-            raise ConfigError(f"topic {topic!r} does not match ^[%|a-zA-Z0-9_-]+$")
-        if len(topic) > MAX_TOPIC_LENGTH:
-            raise ConfigError(f"topic is {len(topic)} chars; at most {MAX_TOPIC_LENGTH} are "
-                              "allowed")
+        why = topic_problem(topic, MAX_TOPIC_LENGTH)
+        if why is not None:
+            raise ConfigError(why)
         for name, value in (("read_queue_nums", read_queue_nums),
                             ("write_queue_nums", write_queue_nums), ("perm", perm),
                             ("topic_sys_flag", topic_sys_flag)):
@@ -767,6 +969,12 @@ class MessageStore:
         check_optional_int(now_ms, "now_ms", INT64_MIN, INT64_MAX)
         return self.clean_commitlog_service.plan(now_ms)
 
+    def store_size(self):
+        """Bytes the store's CommitLog, ConsumeQueue and index files take on disk (allocated
+        blocks: the files are sparse), as store_size_budget counts them."""
+        self._check_open()
+        return StoreSize(self).total
+
     def execute_delete_files_manually(self):
         """Make the next 20 cleaning rounds delete expired files whatever the hour."""
         self._check_running()
@@ -822,16 +1030,54 @@ class MessageStore:
         the records collected, after the first one).
 
         `message_filter`, if given, is called with each unit's tagsCode and skips the unit when
-        it returns False. Messages come back decoded as MessageExt."""
+        it returns False. Messages come back decoded as MessageExt (properties decoded on
+        first use)."""
         self._check_open()
-        check_str(group, "group")
-        check_queue(topic, queue_id)
-        check_int(offset, "offset")
-        check_int(max_msg_nums, "max_msg_nums", 1, read_path.MAX_MSG_NUMS)
-        check_callable(message_filter, "message_filter")
+        cq = self._checked_queue(group, topic, queue_id, offset, max_msg_nums, message_filter)
         self._catch_up()
-        return read_path.get_message(self, group, topic, queue_id, offset, max_msg_nums,
-                                     message_filter)
+        if cq is not None and self._loaded:
+            # The common case as one call; the rest (statuses decided before a unit is read)
+            # below.
+            r = self._read_path.pull(self, cq, offset, max_msg_nums, message_filter,
+                                     read_path.MAX_BYTES)
+            if r is not None:
+                return r
+        return read_path.get_message(self, group, topic, queue_id, int(offset),
+                                     int(max_msg_nums), message_filter, cq)
+
+    def _checked_queue(self, group, topic, queue_id, offset, max_msg_nums, message_filter):
+        """get_message's and get_batch's arguments checked; the queue when it exists."""
+        queues = self.consume_queue_table.get(topic)
+        cq = queues.get(queue_id) if queues is not None else None
+        # The common call, checked by type alone: a queue that exists has a valid topic and
+        # queue id (a bool would find queue 0 or 1, hence the exact type).
+        if cq is None or type(queue_id) is not int or type(offset) is not int \
+                or type(group) is not str or type(max_msg_nums) is not int \
+                or not 0 < max_msg_nums <= read_path.MAX_MSG_NUMS \
+                or (message_filter is not None and not callable(message_filter)):
+            check_str(group, "group")
+            check_queue(topic, queue_id)
+            check_int(offset, "offset")
+            check_int(max_msg_nums, "max_msg_nums", 1, read_path.MAX_MSG_NUMS)
+            check_callable(message_filter, "message_filter")
+            return None
+        return cq
+
+    def get_batch(self, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None):
+        """get_message as columns: the same walk, statuses, offsets and records, returned as a
+        read_path.GetBatchResult of numpy columns (commit_log_offset, size, store_timestamp,
+        tags_code, queue_offset, ...) with zero-copy body views (body(i)) that keep their
+        CommitLog file held and mapped while they live. No object is made per message."""
+        self._check_open()
+        cq = self._checked_queue(group, topic, queue_id, offset, max_msg_nums, message_filter)
+        self._catch_up()
+        if cq is not None and self._loaded:
+            r = self._read_path.pull_batch(self, cq, offset, max_msg_nums, message_filter,
+                                           read_path.MAX_BYTES)
+            if r is not None:
+                return r
+        return read_path.get_batch(self, group, topic, queue_id, int(offset), int(max_msg_nums),
+                                   message_filter, cq)
 
     def look_message_by_offset(self, phy_offset):
         """The record at a commit-log offset, decoded; None if there is none."""
@@ -853,13 +1099,20 @@ class MessageStore:
         kept, in ascending offset order: a QueryMessageResult (DefaultMessageStore#queryMessage,
         but every hit is checked against its record, so a hash collision never answers).
         Every put that returned before the call is indexed for it."""
-        self._check_open()
-        check_str(topic, "topic")
-        check_str(key, "key")
-        check_int(max_num, "max_num", 1)
-        # Store timestamps are Java longs: a wider bound overflowed the index lookup.
-        check_int(begin, "begin", INT64_MIN, INT64_MAX)
-        check_optional_int(end, "end", INT64_MIN, INT64_MAX)
+        if not self._loaded:
+            self._check_open()
+        # The common call in a few type checks; anything else goes through the full checks,
+        # which say what is wrong.
+        if not (type(topic) is str and type(key) is str and type(max_num) is int
+                and type(begin) is int and (end is None or type(end) is int)
+                and 1 <= max_num and INT64_MIN <= begin <= INT64_MAX
+                and (end is None or INT64_MIN <= end <= INT64_MAX)):
+            check_str(topic, "topic")
+            check_str(key, "key")
+            check_int(max_num, "max_num", 1)
+            # Store timestamps are Java longs: a wider bound overflowed the index lookup.
+            check_int(begin, "begin", INT64_MIN, INT64_MAX)
+            check_optional_int(end, "end", INT64_MIN, INT64_MAX)
         self._catch_up()
         return query.query_message(self, topic, key, max_num, begin, end)
 
@@ -878,15 +1131,123 @@ class MessageStore:
         check_str(msg_id, "msg_id")
         return query.view_message_by_id(self, msg_id)
 
-    def get_offset_in_queue_by_time(self, topic, queue_id, timestamp):
+    def get_offset_in_queue_by_time(self, topic, queue_id, timestamp, boundary=None):
         """The queue offset of the message stored nearest `timestamp` (4.9.x algorithm,
-        ConsumeQueue#getOffsetInQueueByTime; the file is chosen by its mtime)."""
+        ConsumeQueue#getOffsetInQueueByTime; the file is chosen by its mtime). With
+        `boundary` "lower" or "upper", 5.x's BoundaryType: the first message stored at or
+        after `timestamp`, or the last one stored at or before it."""
         self._check_open()
         check_str(topic, "topic")
         check_int(queue_id, "queue_id")
         check_int(timestamp, "timestamp")
+        if boundary is not None and boundary not in query.BOUNDARIES:
+            raise InvalidArgumentError(f"boundary must be None, 'lower' or 'upper', "
+                                       f"got {boundary!r}")
         self._catch_up()
-        return query.get_offset_in_queue_by_time(self, topic, queue_id, timestamp)
+        if boundary is None:
+            return query.get_offset_in_queue_by_time(self, topic, queue_id, timestamp)
+        return query.get_offset_in_queue_by_boundary(self, topic, queue_id, timestamp,
+                                                     boundary)
+
+    # ---- the rest of DefaultMessageStore's read interface -----------------------------------
+    # Java's versions call findConsumeQueue, which creates a missing queue; these never create
+    # one (a read must not leave a queue directory behind) and answer as for an empty queue.
+    def get_consume_queue(self, topic, queue_id):
+        """The ConsumeQueue of `topic`/`queue_id`, or None when the store has none
+        (getConsumeQueue). find_consume_queue is the variant that creates it."""
+        self._check_open()
+        check_queue(topic, queue_id)
+        self._catch_up()
+        return self.consume_queue_table.get(topic, {}).get(queue_id)
+
+    def _unit(self, topic, queue_id, queue_offset):
+        """(commit-log offset, size) of a queue's unit, or None (getIndexBuffer)."""
+        check_int(queue_offset, "queue_offset")
+        cq = self.get_consume_queue(topic, queue_id)
+        if cq is None or queue_offset < cq.min_offset_in_queue:
+            return None
+        units = cq.units(queue_offset, 1)
+        return (int(units[0]["offset"]), int(units[0]["size"])) if len(units) else None
+
+    def get_message_total_in_queue(self, topic, queue_id):
+        """Units in the queue (max - min offset; 0 for a queue the store does not have)."""
+        cq = self.get_consume_queue(topic, queue_id)
+        return cq.message_total_in_queue if cq is not None else 0
+
+    def get_commit_log_offset_in_queue(self, topic, queue_id, queue_offset):
+        """The commit-log offset the queue's unit `queue_offset` points at, 0 if none."""
+        self._check_open()
+        unit = self._unit(topic, queue_id, queue_offset)
+        return unit[0] if unit else 0
+
+    def get_message_store_timestamp(self, topic, queue_id, queue_offset):
+        """The store time of the queue's message `queue_offset`, -1 if none."""
+        self._check_open()
+        unit = self._unit(topic, queue_id, queue_offset)
+        return self.commitlog.pickup_store_timestamp(*unit) if unit else -1
+
+    def get_earliest_message_time(self, topic=None, queue_id=None):
+        """The store time of the oldest message: of the store's first record, or with
+        `topic` and `queue_id` of the queue's first unit; -1 if none."""
+        self._check_open()
+        if topic is None and queue_id is None:
+            off = self.commitlog.min_offset
+            rec = self.commitlog.get_message_bytes(off) if off >= 0 else None
+            return self.commitlog.pickup_store_timestamp(off, len(rec)) if rec else -1
+        cq = self.get_consume_queue(topic, queue_id)
+        if cq is None:
+            return -1
+        return self.get_message_store_timestamp(topic, queue_id, cq.min_offset_in_queue)
+
+    def select_one_message_by_offset(self, commit_log_offset, size=None):
+        """The raw bytes of the record at `commit_log_offset` (its `size` read from the record
+        unless given), or None: selectOneMessageByOffset, as a copy."""
+        self._check_open()
+        check_int(commit_log_offset, "commit_log_offset", 0)
+        if size is None:
+            return self.commitlog.get_message_bytes(commit_log_offset)
+        check_int(size, "size", 1)
+        return self.commitlog.get_data(commit_log_offset, size)
+
+    def check_in_disk_by_consume_offset(self, topic, queue_id, consume_offset):
+        """True when the queue's message `consume_offset` lies further behind the CommitLog's
+        end than access_message_in_memory_max_ratio of the machine's memory allows, so a read
+        would likely come from disk (checkInDiskByConsumeOffset); False if there is none."""
+        self._check_open()
+        unit = self._unit(topic, queue_id, consume_offset)
+        return unit is not None and self.commitlog.max_offset - unit[0] > self._mem_limit
+
+    def append_to_commit_log(self, start_offset, data):
+        """A slave's append of replicated CommitLog bytes that begin at `start_offset` (the
+        CommitLog's end; appendToCommitLog): True when written, and reput is woken. A master
+        refuses it (InvalidArgumentError): raw bytes would bypass its queue offsets."""
+        self._check_open()
+        check_int(start_offset, "start_offset", 0)
+        if not self.is_slave:
+            raise InvalidArgumentError("append_to_commit_log is for a slave's replicated "
+                                       "bytes; a master stores messages with put_message")
+        ok = self.commitlog.append_data(start_offset, memoryview(data).cast("B"))
+        if ok and self.reput_service is not None:
+            self.reput_service.wakeup()
+        return ok
+
+    def get_confirm_offset(self):
+        """The confirm offset (getConfirmOffset): -1 until set_confirm_offset, as in 4.9.8,
+        which reads it only in duplication mode; rocketstore does not implement that mode (see
+        config.NOT_IMPLEMENTED), so here it is a value kept for the caller."""
+        self._check_open()
+        return self._confirm_offset
+
+    def set_confirm_offset(self, offset):
+        self._check_open()
+        check_int(offset, "offset", -1)
+        self._confirm_offset = offset
+
+    def is_transient_store_pool_deficient(self):
+        """True when the write-buffer pool is enabled and has no buffer left."""
+        self._check_open()
+        pool = self.commitlog.pool
+        return pool is not None and pool.available == 0
 
     def iter_messages(self, from_offset=None):
         """Every record in commit-log order, decoded (blank records skipped)."""

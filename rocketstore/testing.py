@@ -1,18 +1,23 @@
 # SPDX-License-Identifier: Apache-2.0
-"""pytest helpers shared by tests/ and bench/: the backend parameter and a store factory.
+"""Test helpers shared by tests/ and bench/: the backend parameter and a store factory.
+
+It ships in the wheel (the installed suite uses it) but imports pytest only when a helper that
+reports through pytest runs, so importing it never needs pytest.
 
 ROCKETSTORE_EXPECT_BACKENDS=cext,cffi,pure (set by .ci/run) turns a backend that fails to
 import into a test failure instead of a silently shorter matrix.
 """
 import contextlib
+import errno
 import os
 import subprocess
-
-import pytest
+import threading
+import zlib
 
 from . import kernels
 from .clock import StepClock
 from .config import StoreConfig
+from .fs import FileSystem
 from .store import MessageStore
 from .workload import wait_dispatched  # noqa: F401  (shared with bench/ and rocketstore bench)
 
@@ -35,7 +40,16 @@ def load_backend(name):
     try:
         return kernels.load(name)
     except ImportError as exc:
+        import pytest
         pytest.fail(f"backend {name!r} is expected but does not import: {exc}")
+
+
+def fixed_seed(name):
+    """A random seed that is the same on every run, unlike hash() of a str (PYTHONHASHSEED),
+    and printed, so that a failing kill schedule can be replayed: ROCKETSTORE_SEED overrides it."""
+    seed = int(os.environ.get("ROCKETSTORE_SEED") or zlib.crc32(name.encode()))
+    print(f"seed for {name}: {seed} (replay with ROCKETSTORE_SEED={seed})")
+    return seed
 
 
 def small_config(**overrides):
@@ -63,16 +77,31 @@ def run_cli(*args, check=False):
                           text=True, check=check)
 
 
-def tree_digest(root):
-    """SHA-256 of every file under `root`, keyed by its path relative to `root`."""
+def tree_digest(root, ignore=()):
+    """SHA-256 of every file under `root`, keyed by its path relative to `root`, leaving out
+    the file names in `ignore` (comparing two stores' bytes, leave out "lock" and "abort":
+    they hold a pid, or say only how the store was closed)."""
     import hashlib
     out = {}
     for d, _, names in os.walk(root):
         for name in names:
+            if name in ignore:
+                continue
             path = os.path.join(d, name)
             with open(path, "rb") as f:
                 out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
     return out
+
+
+def wait_until(cond, timeout=10.0, what="the condition"):
+    """Poll `cond()` until it is true; AssertionError naming `what` after `timeout` s. The
+    timeout is a hang guard, never a speed claim: shared CI machines stall for seconds."""
+    import time
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.002)
 
 
 def wait_flushed(store, timeout=5.0):
@@ -116,3 +145,200 @@ def tmpfs(mountpoint, size):
         yield mountpoint
     finally:
         subprocess.run(["umount", "-l", str(mountpoint)], check=True)
+
+
+class FaultInjectingFileSystem(FileSystem):
+    """A FileSystem double for fault tests, after LevelDB's FaultInjectionTestEnv.
+
+    - `fail(op, err, match, times)` makes an operation raise OSError(err) for the paths
+      `match` accepts (a substring or a predicate; all paths by default), `times` times or
+      until `heal()`. The operations are the FileSystem methods that can meet a full or
+      failing disk: create, map (writable), reserve, sync (sync_mapped, sync_checkpoint,
+      fsync_dir), write (write_bytes), read (read_bytes, map read-only), rename, remove, lock.
+    - It keeps, for each file the store writes, the bytes its last sync made durable (the
+      first sight of a file that was already there counts as durable). `crash()` is the power
+      cut: from then on nothing the process does reaches "the disk" (the calls still work, as
+      they would until the process noticed). After the store is shut down or abandoned,
+      `drop_unsynced()` rewrites every such file as the cut left it, removes the files made
+      after it and restores those removed after it: what a reopen after a power cut finds.
+
+    Data only: a file created (or renamed, removed) before the cut is taken to exist (be
+    renamed, be gone) after it, as ext4's ordered mode mostly gives; its bytes are what its
+    syncs covered, zeros elsewhere, and a write_bytes without sync leaves nothing durable.
+    """
+
+    OPS = ("create", "map", "reserve", "sync", "write", "read", "rename", "remove", "lock")
+    _GONE = None
+
+    def __init__(self):
+        self._faults = []               # [op, errno, match, remaining or None]
+        self.injected = {}              # op -> faults raised
+        self._durable = {}              # path -> bytearray, or _GONE
+        self._made_after_cut = set()
+        self._cut = False
+        self._mutex = threading.Lock()
+
+    # ---- faults ----------------------------------------------------------------------------
+    def fail(self, op, err=errno.ENOSPC, match=None, times=None):
+        if op not in self.OPS:
+            raise ValueError(f"op must be one of {self.OPS}, got {op!r}")
+        if match is None:
+            test = lambda path: True                            # noqa: E731
+        elif callable(match):
+            test = match
+        else:
+            test = lambda path: match in path                   # noqa: E731
+        with self._mutex:
+            self._faults.append([op, err, test, times])
+
+    def heal(self):
+        with self._mutex:
+            self._faults.clear()
+
+    def _check(self, op, path):
+        with self._mutex:
+            for fault in self._faults:
+                f_op, err, test, remaining = fault
+                if f_op == op and test(path) and (remaining is None or remaining > 0):
+                    if remaining is not None:
+                        fault[3] -= 1
+                    self.injected[op] = self.injected.get(op, 0) + 1
+                    raise OSError(err, os.strerror(err), path)
+
+    # ---- the durable image -----------------------------------------------------------------
+    def _seen(self, path):
+        """Start tracking `path`: its current bytes are durable (it was there before, and
+        nothing tracked has written it since)."""
+        if path not in self._durable and path not in self._made_after_cut:
+            try:
+                with open(path, "rb") as f:
+                    self._durable[path] = bytearray(f.read())
+            except FileNotFoundError:
+                self._durable[path] = self._GONE
+
+    def _made(self, path):
+        with self._mutex:
+            if self._cut:
+                if self._durable.get(path, self._GONE) is self._GONE:
+                    self._made_after_cut.add(path)
+            elif self._durable.get(path) is self._GONE or path not in self._durable:
+                self._durable[path] = bytearray()
+
+    def _synced(self, path, data, start=0):
+        with self._mutex:
+            if self._cut:
+                return
+            image = self._durable.get(path)
+            if image is None:
+                image = self._durable[path] = bytearray()
+            end = start + len(data)
+            if len(image) < end:
+                image.extend(bytes(end - len(image)))
+            image[start:end] = data
+
+    def crash(self):
+        with self._mutex:
+            self._cut = True
+
+    def drop_unsynced(self):
+        """Leave the files as the power cut left them; call once the store's mappings are
+        gone (after shutdown, or after the crashed process's store was abandoned)."""
+        with self._mutex:
+            for path in self._made_after_cut:
+                if os.path.lexists(path):
+                    os.remove(path)
+            for path, image in self._durable.items():
+                if image is self._GONE:
+                    if os.path.lexists(path):
+                        os.remove(path)
+                    continue
+                size = len(image)
+                if os.path.exists(path):
+                    size = max(size, os.path.getsize(path))   # sizing is metadata: it stays
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as f:
+                    f.write(image)
+                    f.truncate(size)
+            self._durable.clear()
+            self._made_after_cut.clear()
+            self._cut = False
+
+    # ---- the FileSystem operations ---------------------------------------------------------
+    def create_sized(self, path, size, preallocate=False):
+        self._check("create", path)
+        existed = os.path.lexists(path)
+        if existed:
+            with self._mutex:
+                self._seen(path)
+        super().create_sized(path, size, preallocate)
+        if not existed:
+            self._made(path)
+
+    def map(self, path, size, writable=True, kernels=None):
+        self._check("map" if writable else "read", path)
+        if writable:
+            with self._mutex:
+                self._seen(path)
+        return super().map(path, size, writable, kernels)
+
+    def reserve(self, path, offset, length):
+        self._check("reserve", path)
+        return super().reserve(path, offset, length)
+
+    def sync_mapped(self, kernels, mm, path, start, length):
+        self._check("sync", path)
+        super().sync_mapped(kernels, mm, path, start, length)
+        self._synced(path, mm[start:start + length], start)
+
+    def sync_checkpoint(self, mm, path):
+        self._check("sync", path)
+        super().sync_checkpoint(mm, path)
+        self._synced(path, mm[:], 0)
+
+    def fsync_dir(self, path):
+        self._check("sync", path)
+        super().fsync_dir(path)
+
+    def write_bytes(self, path, data, sync=True):
+        self._check("write", path)
+        with self._mutex:
+            self._seen(path)
+        super().write_bytes(path, data, sync)
+        with self._mutex:
+            durable = sync and not self._cut
+            if durable:
+                self._durable[path] = bytearray(data)
+        if not durable:
+            self._made(path)            # the name exists; its bytes are not durable
+
+    def read_bytes(self, path):
+        self._check("read", path)
+        return super().read_bytes(path)
+
+    def rename(self, src, dst):
+        self._check("rename", dst)
+        with self._mutex:
+            self._seen(src)
+            self._seen(dst)
+        super().rename(src, dst)
+        with self._mutex:
+            if self._cut:
+                if src in self._made_after_cut:
+                    self._made_after_cut.discard(src)
+                    self._made_after_cut.add(dst)
+            else:
+                self._durable[dst] = self._durable.get(src) or bytearray()
+                self._durable[src] = self._GONE
+
+    def remove(self, path):
+        self._check("remove", path)
+        with self._mutex:
+            self._seen(path)
+        super().remove(path)
+        with self._mutex:
+            if not self._cut:
+                self._durable[path] = self._GONE
+
+    def lock(self, path):
+        self._check("lock", path)
+        return super().lock(path)

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """TransientStorePool: write buffers the size of a CommitLog file, locked in RAM where the OS
-allows it, borrowed by each new CommitLog file and returned when it is committed (spec 03 §2.4).
+allows it, borrowed by each new CommitLog file and returned when it is committed (doc/03 §2.4).
 
 Appends then land in process memory and reach the page cache only on commit, so page-cache
 stalls do not reach producers; the price is that a process crash loses what was not yet

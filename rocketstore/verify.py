@@ -28,6 +28,7 @@ _REASONS = {F.SCAN_CORRUPT: "corrupt record (bad magic, length or body CRC)",
 @dataclasses.dataclass
 class Problem:
     kind: str          # commitlog | consumequeue | index | checkpoint | config | repair | link
+    #                    | abort
     file: str          # path relative to the store root
     offset: int        # byte offset inside that file (-1: the file as a whole)
     detail: str
@@ -220,6 +221,12 @@ def _find_units(store, chunk, buf, missing):
             sub = g if len(topics) == 1 else g[np.array(
                 [bytes(buf[p:p + n]) == raw for p, n in zip(
                     (g["pos"] + g["topic_off"]).tolist(), g["topic_len"].tolist())])]
+            below = store._deleted_raw.get(raw)
+            if below is not None:
+                # A deleted topic's records stay until they expire, without units.
+                sub = sub[sub["phy_offset"] >= below]
+                if not len(sub):
+                    continue
             topic = raw.decode("utf-8", "replace")
             qid = int(sub["queue_id"][0])
             cq = store.consume_queue_table.get(topic, {}).get(qid)
@@ -657,6 +664,7 @@ def verify_store(store, progress=None):
                         ("checkpoint", lambda: _check_checkpoint(store, report, good)),
                         ("config", lambda: _check_configs(store, report)),
                         ("repair", lambda: _check_pending_rebuild(store, report)),
+                        ("abort", lambda: _check_abort(store, report)),
                         ("link", lambda: _check_links(store, report))):
         try:
             check()
@@ -664,6 +672,33 @@ def verify_store(store, progress=None):
             report.problems.append(Problem(kind, kind, -1,
                                            f"check stopped by damage: {exc!r}"))
     return report
+
+
+def _check_abort(store, report):
+    """An `abort` file with no process holding the lock: the last one did not shut down. The
+    next writable open runs abnormal recovery; say what it would do, computed read-only by
+    the recovery code itself (repair.plan_recovery, as `recover --dry-run`)."""
+    from .lockfile import abort_path
+    from .repair import plan_recovery
+    if not store.fs.exists(abort_path(store.root)):
+        return
+    if store.fs.lock_holder(os.path.join(store.root, "lock"))[1]:
+        return      # a running store keeps its abort file; the CLI warns that it is in use
+    what = "the last run did not shut down cleanly"
+    try:
+        plan = plan_recovery(store.root, kernels=store.kernels,
+                             max_hash_slot_num=store.config.max_hash_slot_num,
+                             max_index_num=store.config.max_index_num)
+    except (StoreError, OSError, ValueError) as exc:
+        detail = f"{what}; recovery's plan cannot be computed: {exc}"
+    else:
+        detail = (f"{what}: the next writable open runs abnormal recovery, scanning from "
+                  f"CommitLog file {plan.start_file}; the CommitLog would end at "
+                  f"{plan.process_offset} ({plan.stop_reason or 'clean'}), "
+                  f"{plan.truncated_bytes} byte(s) past it truncated, "
+                  f"{sum(plan.truncated_units.values())} consume-queue unit(s) dropped, "
+                  f"{plan.redispatch_records} record(s) dispatched again")
+    report.problems.append(Problem("abort", "abort", -1, detail))
 
 
 def _check_pending_rebuild(store, report):

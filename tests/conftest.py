@@ -6,13 +6,19 @@ import pytest
 
 from rocketstore import testing
 
-DATA = os.path.join(os.path.dirname(__file__), "data")
+from broker_data import DATA
 
 
 @pytest.fixture(params=testing.backend_params())
 def backend(request):
     """Each store test runs once per kernel backend."""
     return testing.load_backend(request.param)
+
+
+@pytest.fixture(scope="session")
+def backends():
+    """Every backend under test, loaded once, for tests that compare them with each other."""
+    return [testing.load_backend(name) for name in testing.backend_params()]
 
 
 @pytest.fixture

@@ -183,6 +183,6 @@ def test_bench_put_raising_in_a_producer_thread_reaches_the_caller(store, thread
     from rocketstore.errors import MessageIllegalError
     from rocketstore.progress import progress_bar
     msgs = make_messages(4)
-    msgs[3].topic = "not a topic"
+    msgs[3].topic = "not/a topic"
     with progress_bar(4, "produce") as bar, pytest.raises(MessageIllegalError, match="topic"):
         _produce(store, msgs, 1, threads, bar)

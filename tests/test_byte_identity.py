@@ -1,22 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Every backend writes the same bytes for the same seeded workload."""
-import hashlib
-import os
 
 from rocketstore import Message, testing
 from rocketstore.workload import make_messages
-
-
-def digest_tree(root):
-    out = {}
-    for d, _, files in os.walk(root):
-        for name in files:
-            if name in ("lock", "abort"):
-                continue
-            path = os.path.join(d, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
-    return out
 
 
 def write_workload(root, backend):
@@ -31,7 +17,7 @@ def write_workload(root, backend):
         store.put_messages(msgs[500:])
     finally:
         store.shutdown()
-    return digest_tree(root)
+    return testing.tree_digest(root, ignore=("lock", "abort"))
 
 
 def test_all_backends_write_identical_store_directories(tmp_path):

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Expired-file cleaning (spec 04 §2-§3), disk-full protection and ENOSPC, driven by an
+"""Expired-file cleaning (doc/04 §2-§3), disk-full protection and ENOSPC, driven by an
 injected clock and disk-usage source: no thread, no sleeping."""
 import errno
 import os
@@ -8,7 +8,6 @@ import time
 import pytest
 
 from rocketstore import GetMessageStatus as G, Message, MessageStore, PutMessageStatus, testing
-from rocketstore.fs import FileSystem
 from rocketstore.running_flags import DISK_FULL_BIT
 
 NOW = 1_700_000_000_000
@@ -227,9 +226,7 @@ def test_the_disk_check_thread_marks_the_disk_full_on_its_own(tmp_path, backend,
     finally:
         MessageStore.DISK_CHECK_INITIAL_DELAY_MS = old
     try:
-        deadline = time.monotonic() + 5
-        while not store.running_flags.is_disk_full and time.monotonic() < deadline:
-            time.sleep(0.005)
+        testing.wait_until(lambda: store.running_flags.is_disk_full, what="the disk-full flag")
         assert store.put_message(Message("T", b"x")).status is \
             PutMessageStatus.SERVICE_NOT_AVAILABLE
     finally:
@@ -366,27 +363,25 @@ def test_protect_unconsumed_gives_way_past_the_forced_ratio(make, disk):
 
 # ---- ENOSPC -------------------------------------------------------------------------------
 
-class FullDisk(FileSystem):
-    """Fails creating or mapping any CommitLog file but the first one with ENOSPC."""
+class FullDisk(testing.FaultInjectingFileSystem):
+    """Fails creating (`where`="create") or mapping ("map") any CommitLog file but the first
+    one with ENOSPC while `full`."""
 
     def __init__(self, where):
+        super().__init__()
         self.where = where
         self.full = True
 
-    def _check(self, path):
-        if self.full and os.sep + "commitlog" + os.sep in path \
-                and os.path.basename(path) != "%020d" % 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+    @property
+    def full(self):
+        return bool(self._faults)
 
-    def create_sized(self, path, size, preallocate=False):
-        if self.where == "create":
-            self._check(path)
-        super().create_sized(path, size, preallocate)
-
-    def map(self, path, size, writable=True, kernels=None):
-        if self.where == "map" and writable:
-            self._check(path)
-        return super().map(path, size, writable, kernels)
+    @full.setter
+    def full(self, full):
+        self.heal()
+        if full:
+            self.fail(self.where, errno.ENOSPC, match=lambda path: os.sep + "commitlog" + os.sep
+                      in path and os.path.basename(path) != "%020d" % 0)
 
 
 @pytest.mark.parametrize("where", ["create", "map"])

@@ -135,7 +135,24 @@ DAMAGE = {
                                              "[" * 200_000 + "]" * 200_000),
     "config-binary": lambda r: (r / "config" / "subscriptionGroup.json").write_bytes(
         b"\xff\xfe\x00garbage"),
+    "abort-left-behind": lambda r: (r / "abort").write_bytes(b""),
+    "cq-cut-to-whole-units": lambda r: cut(cq_file(r, "LogTopic", "0"), 200),
+    "cq-forged-unit-past-the-end": lambda r: _forge_past_end(cq_file(r, "OrderTopic", "1", i=-1)),
 }
+
+
+def _last_unit(path):
+    data = path.read_bytes()
+    return max(i for i in range(0, len(data), 20) if data[i:i + 20] != bytes(20))
+
+
+def _forge_past_end(path):
+    """The queue's last unit made to point far past the CommitLog's end."""
+    pos = _last_unit(path)
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        f.write(struct.pack(">qiq", 1 << 40, 135, 0))
+    return pos
 
 
 def _zero(path, start, length):
@@ -216,3 +233,26 @@ def test_verify_calls_a_negative_checkpoint_timestamp_negative(clean_store, tmp_
     rc, out, err = run("verify", root)
     assert rc == 1
     assert "checkpoint: checkpoint: physic_msg_timestamp -1 is negative" in out.splitlines()
+
+
+def test_verify_names_each_damage_at_its_file_and_offset(clean_store, tmp_path):
+    root = tmp_path / "store"
+    shutil.copytree(clean_store, root)
+    cut(cq_file(root, "LogTopic", "0"), 200)                    # a whole number of units
+    forged_file = cq_file(root, "OrderTopic", "1", i=-1)
+    forged = _forge_past_end(forged_file)
+    os.remove(cq_file(root, "PayTopic", "0"))
+    (root / "abort").write_bytes(b"")
+    rc, out, err = run("verify", root, "--json")
+    assert rc == 1, err
+    found = {(p["kind"], p["file"], p["offset"]): p["detail"]
+             for p in json.loads(out)["problems"]}
+    log_q = os.path.join("consumequeue", "LogTopic", "0", "%020d" % 0)
+    assert "200 bytes" in found[("consumequeue", log_q, -1)]
+    assert "missing" in found[("consumequeue", log_q, 200)]
+    order_q = os.path.relpath(forged_file, root)
+    assert "past where the queue ends" in found[("consumequeue", order_q, forged)]
+    assert any(kind == "consumequeue" and f.startswith(os.path.join("consumequeue", "PayTopic",
+                                                                    "0"))
+               and "missing" in detail for (kind, f, _), detail in found.items())
+    assert "abnormal recovery" in found[("abort", "abort", -1)]

@@ -7,7 +7,7 @@ import sys
 
 from rocketstore import Message, testing
 
-from test_conformance import BASIC, broker_messages, tree_bytes
+from broker_data import BASIC, broker_messages, tree_bytes
 
 
 def run(*args):
@@ -42,7 +42,8 @@ def test_query_key_honours_begin_end_and_max(broker_store):
     r = run("key", broker_store, "OrderTopic", "grp-0", "--max", 5)
     assert [m["commitLogOffset"] for m in lines(r.stdout)] == \
         [m["commitLogOffset"] for m in msgs[-5:]]
-    r = run("key", broker_store, "OrderTopic", "grp-0", "--end", msgs[0]["storeTimestamp"] - 10 ** 6)
+    end = msgs[0]["storeTimestamp"] - 10 ** 6
+    r = run("key", broker_store, "OrderTopic", "grp-0", "--end", end)
     assert r.returncode == 1
 
 

@@ -178,7 +178,8 @@ def test_verify_reports_a_deeply_nested_config_file(broker_store):
     (broker_store / "config" / "consumerOffset.json").write_text(deep)
     out = rocketstore("verify", str(broker_store))
     assert out.returncode == 1 and "Traceback" not in out.stderr
-    assert "config: config/consumerOffset.json: does not parse: JSON nested too deeply" in out.stdout
+    assert "config: config/consumerOffset.json: does not parse: JSON nested too deeply" \
+        in out.stdout
 
 
 def test_verify_refuses_a_directory_that_holds_no_store(broker_store):
@@ -354,7 +355,8 @@ def test_an_index_header_with_an_impossible_count_does_not_hide_the_other_index_
     assert out.returncode == 0 and "ord-1199" in out.stdout, out.stderr
     out = rocketstore("verify", str(broker_store))
     assert out.returncode == 1
-    assert out.stdout.splitlines()[0] == f"index: index/{name}@36: indexCount 43142178 outside 1..500"
+    assert out.stdout.splitlines()[0] == \
+        f"index: index/{name}@36: indexCount 43142178 outside 1..500"
 
 
 def test_a_segment_longer_than_the_others_is_one_finding_not_an_unreadable_store(

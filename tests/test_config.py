@@ -2,6 +2,7 @@
 """StoreConfig: 4.9.x defaults, broker.conf parsing, validation and derived values."""
 import dataclasses
 import os
+import re
 
 import pytest
 
@@ -14,9 +15,10 @@ from rocketstore.config import (
     parse_delay_level,
     parse_properties,
 )
+from rocketstore import config
 from rocketstore.errors import ConfigError
 
-# The "Default configuration values" table of spec 00, by Java key.
+# The "Default configuration values" table of doc/README, by Java key.
 SPEC_DEFAULTS = {
     "mappedFileSizeCommitLog": 1_073_741_824,
     "mappedFileSizeConsumeQueue": 6_000_000,
@@ -74,7 +76,6 @@ SPEC_DEFAULTS = {
     "haListenPort": 10912,
     "haSendHeartbeatInterval": 5000,
     "haHousekeepingInterval": 20_000,
-    "haTransferBatchSize": 32_768,
     "haSlaveFallbehindMax": 268_435_456,
     "slaveTimeout": 3000,
     "putMsgIndexHightWater": 600_000,
@@ -118,6 +119,8 @@ def test_defaults_match_spec_table():
     assert cfg.ha_master_address is None
     assert cfg.ha_bind_address == "127.0.0.1"
     assert cfg.prefault_next_file is True
+    # Not 4.9.x's 32 KiB: the largest frame a 4.9 slave's 4 MiB read buffer takes (doc/05).
+    assert cfg.ha_transfer_batch_size == 4 * 1024 * 1024 - 12
     assert cfg.extra_properties == {}
     assert "extra_properties" not in repr(cfg)
 
@@ -178,12 +181,12 @@ def test_from_properties_explicit_ha_port_and_overrides():
 
 def test_from_properties_accepts_aliases_and_percent_ratios():
     cfg = StoreConfig.from_properties({
-        "isEnableBatchPush": "true",           # Java field name, as object2Properties writes it
+        "isEnableBatchPush": "false",          # Java field name, as object2Properties writes it
         "haMaxGapNotInSync": "1024",           # 5.x name of haSlaveFallbehindMax
         "diskSpaceWarningLevelRatio": "80",    # 5.x writes percent
         "diskSpaceCleanForciblyRatio": "0.7",  # 4.9.x system property style
     })
-    assert cfg.enable_batch_push is True
+    assert cfg.enable_batch_push is False and "isEnableBatchPush" not in cfg.extra_properties
     assert cfg.ha_slave_fallbehind_max == 1024
     assert cfg.disk_space_warning_level_ratio == pytest.approx(0.80)
     assert cfg.disk_space_clean_forcibly_ratio == pytest.approx(0.70)
@@ -227,6 +230,8 @@ def test_properties_syntax():
     ("brokerRole", "MASTER"),
     ("checkCRCOnRecover", "yes"),
     ("haListenPort", "70000"),
+    ("haTransferBatchSize", "4194293"),        # a 4.9 slave's read buffer never holds it
+    ("haTransferBatchSize", "0"),
     ("deleteWhen", "4am"),
     ("messageDelayLevel", "1s 5x"),
     ("messageDelayLevel", "1s  5s"),           # Java splits on single spaces
@@ -261,7 +266,7 @@ def test_constructor_validates(kwargs, field_name):
 def test_constructor_normalises():
     cfg = StoreConfig(flush_disk_type="SYNC_FLUSH", broker_role="slave",
                       store_host=["::1", 9876], disk_space_warning_level_ratio=1,
-                      os_page_cache_busy_time_out_mills=1 << 40)
+                      flush_delay_offset_interval=1 << 40)
     assert cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH
     assert cfg.broker_role is BrokerRole.SLAVE
     assert cfg.store_host == ("::1", 9876)
@@ -319,7 +324,6 @@ def test_round_trip_through_to_properties(tmp_path):
         path,
         store_host=("fe80::1", 10911),
         ha_master_address="10.0.0.9:10912",
-        d_leger_group="g 1",
         store_path_commit_log="C:\\rocketmq\\commit log",
         message_delay_level="1s 2m 3d",
         delete_when="04",
@@ -328,7 +332,7 @@ def test_round_trip_through_to_properties(tmp_path):
     text = original.to_properties()
     assert "checkCRCOnRecover=false" in text
     assert "brokerIP1=fe80\\:\\:1" in text
-    assert "dLegerGroup=g 1" in text
+    assert "storePathCommitLog=C\\:\\\\rocketmq\\\\commit log" in text
     assert "storePathDLedgerCommitLog" not in text          # None is left out
     again = StoreConfig.from_properties(text)
     assert again == original
@@ -336,3 +340,66 @@ def test_round_trip_through_to_properties(tmp_path):
     path2.write_text(text, encoding="latin-1")              # ASCII only after escaping
     assert StoreConfig.from_properties(path2) == original
     assert StoreConfig.from_properties(StoreConfig().to_properties()) == StoreConfig()
+
+
+# ---- honest config: a field is implemented, or refused when set --------------------------
+def _other_value(name):
+    default = getattr(StoreConfig(), name)
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, int):
+        return default + 1
+    return "x"
+
+
+@pytest.mark.parametrize("name", sorted(config.NOT_IMPLEMENTED))
+def test_a_field_rocketstore_does_not_implement_is_refused_when_set(name):
+    StoreConfig(**{name: getattr(StoreConfig(), name)})          # its default is fine
+    with pytest.raises(ConfigError, match=f"{name}.*not implemented by rocketstore"):
+        StoreConfig(**{name: _other_value(name)})
+    key = config.JAVA_KEYS[name]
+    with pytest.raises(ConfigError, match="not implemented"):
+        StoreConfig.from_properties({key: str(_other_value(name)).lower()})
+
+
+def _package_source():
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "rocketstore")
+    text = []
+    for d, _, names in os.walk(root):
+        for n in names:
+            if n.endswith(".py") and not (d == root and n == "config.py"):
+                with open(os.path.join(d, n)) as f:
+                    text.append(f.read())
+    pyx = os.path.join(os.path.dirname(root), "pyx")
+    for n in os.listdir(pyx) if os.path.isdir(pyx) else ():
+        if n.endswith((".pyx", ".pxi")):
+            with open(os.path.join(pyx, n)) as f:
+                text.append(f.read())
+    return "\n".join(text)
+
+
+# Fields the store reads through one of StoreConfig's derived getters.
+_READ_VIA = {"disk_max_used_space_ratio": "effective_disk_max_used_space_ratio",
+             "message_delay_level": "delay_levels",
+             "store_path_commit_log": "commitlog_dir",
+             "transient_store_pool_enable": "effective_transient_store_pool_enable"}
+
+
+def test_every_field_is_either_read_by_the_store_or_listed_as_not_implemented():
+    source = _package_source()
+    fields = {f.name for f in dataclasses.fields(StoreConfig)} - {"extra_properties"}
+    read = {name for name in fields
+            if re.search(rf"\b{_READ_VIA.get(name, name)}\b", source)}
+    assert read & set(config.NOT_IMPLEMENTED) == set(), "implemented now: drop from the table"
+    assert fields - read - set(config.NOT_IMPLEMENTED) == set(), "read nowhere: implement it"
+
+
+def test_from_properties_warns_about_a_key_no_broker_knows(caplog):
+    with caplog.at_level("WARNING", logger="rocketstore.config"):
+        cfg = StoreConfig.from_properties({"brokerName": "b", "namesrvAddr": "n:9876",
+                                           "flushDiskTyp": "SYNC_FLUSH"})
+    assert cfg.extra_properties == {"brokerName": "b", "namesrvAddr": "n:9876",
+                                    "flushDiskTyp": "SYNC_FLUSH"}
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "'flushDiskTyp'" in warned[0]

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""config/*.json: fastjson's dialect byte for byte (spec 04 §4.5), the crash-safe write order,
+"""config/*.json: fastjson's dialect byte for byte (doc/04 §4.5), the crash-safe write order,
 the .bak fallback, and the store API that sits on them (topics, groups, consumer offsets)."""
 import logging
 import os
@@ -17,7 +17,7 @@ from rocketstore.fs import FileSystem
 DATA = os.path.join(os.path.dirname(__file__), "data", "rmq-4.9.8-basic", "store")
 T = 1_700_000_000_000
 
-# Spec 04 §4.5, tabs as tabs, no trailing newline (MixAll.string2File writes the string as is).
+# doc/04 §4.5, tabs as tabs, no trailing newline (MixAll.string2File writes the string as is).
 TOPICS_JSON = ('{\n\t"dataVersion":{\n\t\t"counter":3,\n\t\t"timestamp":1700000000000\n\t},\n'
                '\t"topicConfigTable":{\n\t\t"TopicTest":{\n\t\t\t"order":false,\n'
                '\t\t\t"perm":6,\n\t\t\t"readQueueNums":4,\n\t\t\t"topicFilterType":"SINGLE_TAG",\n'

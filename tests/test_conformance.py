@@ -1,30 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """Against a store written by Apache RocketMQ 4.9.8 (tests/data/rmq-4.9.8-basic)."""
-import json
 import os
 import subprocess
 import sys
 
-from rocketstore import Message, MessageStore, StoreConfig
+from rocketstore import Message, MessageStore
 from rocketstore.clock import ReplayClock
 from rocketstore.message import string_to_properties
 
-from conftest import DATA
-
-BASIC = os.path.join(DATA, "rmq-4.9.8-basic")
-# The driver put properties into the message's HashMap in this order (README of the data set).
-INSERTION_ORDER = ["TAGS", "KEYS", "orderId", "region", "priority", "traceOn", "UNIQ_KEY"]
-
-
-def broker_messages():
-    with open(os.path.join(BASIC, "messages.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
-def broker_config(**kw):
-    return StoreConfig(mapped_file_size_commit_log=32768, mapped_file_size_consume_queue=1000,
-                       max_index_num=500, max_hash_slot_num=64, store_host=("10.0.0.1", 10911),
-                       **kw)
+from broker_data import BASIC, INSERTION_ORDER, broker_config, broker_messages, tree_bytes
 
 
 def replay(root, backend):
@@ -41,17 +25,6 @@ def replay(root, backend):
                 born_timestamp=m["bornTimestamp"], born_host=(host, int(port))))
             assert (r.commit_log_offset, r.queue_offset, r.msg_id) == \
                 (m["commitLogOffset"], m["queueOffset"], m["msgId"])
-
-
-def tree_bytes(root, sub):
-    out = {}
-    base = os.path.join(root, sub)
-    for d, _, files in os.walk(base):
-        for name in files:
-            path = os.path.join(d, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, base)] = f.read()
-    return out
 
 
 def test_dump_of_broker_store_equals_the_brokers_own_record(broker_store):

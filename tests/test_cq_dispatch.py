@@ -166,3 +166,25 @@ def test_kept_queue_state_follows_a_queue_destroyed_between_calls(tmp_path):
     assert cq_digest(tmp_path / "c") == cq_digest(tmp_path / "n")
     assert got == want
     assert got[1] == (12, [b"r1-%d" % i for i in range(1, 12, 2)])
+
+
+def test_a_slaves_dispatch_advances_physic_msg_timestamp(tmp_path, backend):
+    # ConsumeQueue#putMessagePositionInfoWrapper: on a SLAVE each unit written also sets the
+    # checkpoint's physicMsgTimestamp (nothing else on a slave knows a record's store time).
+    from rocketstore import BrokerRole
+    master = testing.open_store(tmp_path / "m", backend)
+    try:
+        rs = [master.put_message(Message("T", b"%d" % i)) for i in range(5)]
+        raw = bytes(master.commitlog.mfq.files[0].mm[:rs[-1].commit_log_offset +
+                                                       rs[-1].wrote_bytes])
+    finally:
+        master.shutdown()
+    slave = testing.open_store(tmp_path / "s", backend,
+                               testing.small_config(broker_role=BrokerRole.SLAVE))
+    try:
+        assert slave.commitlog.append_data(0, raw)
+        testing.wait_dispatched(slave)
+        assert slave.checkpoint.physic_msg_timestamp == rs[-1].store_timestamp
+        assert slave.checkpoint.logics_msg_timestamp == rs[-1].store_timestamp
+    finally:
+        slave.shutdown()

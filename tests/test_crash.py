@@ -154,7 +154,7 @@ def check_store(root, backend, mode, acks, must_keep_all):
 def test_killed_writer_loses_nothing_its_flush_mode_promised(tmp_path, mode, power,
                                                              must_keep_all):
     backend = testing.backend_params()[0]
-    rng = random.Random(hash((mode, power)) & 0xFFFF)
+    rng = random.Random(testing.fixed_seed(f"crash-{mode}-{power}"))
     root = tmp_path / "store"
     log = tmp_path / "durability.log" if power else None
     start = 0
@@ -207,6 +207,9 @@ def test_every_key_of_every_recovered_record_is_found_after_a_kill(tmp_path, nam
         store.shutdown()
     ro = MessageStore.open_read_only(root, kernels=name)
     try:
-        assert [str(p) for p in verify_store(ro).problems] == []
+        problems = verify_store(ro).problems
     finally:
         ro.shutdown()
+    # A load that was never started keeps the abort file, as 4.9.8's does (reput never caught
+    # up): verify says the next open recovers again, and finds nothing else.
+    assert [p.kind for p in problems] == ["abort"], [str(p) for p in problems]

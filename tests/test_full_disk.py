@@ -205,17 +205,22 @@ def test_reserve_window_must_not_be_negative():
 
 # ---- in process, with a file system double that refuses reservations ----------------------
 
-class NoSpace(FileSystem):
+class NoSpace(testing.FaultInjectingFileSystem):
     """Refuses every reservation of a path containing `where` with ENOSPC while `full`."""
 
     def __init__(self, where=os.sep):
+        super().__init__()
         self.where = where
-        self.full = False
 
-    def reserve(self, path, offset, length):
-        if self.full and self.where in path:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-        return super().reserve(path, offset, length)
+    @property
+    def full(self):
+        return bool(self._faults)
+
+    @full.setter
+    def full(self, full):
+        self.heal()
+        if full:
+            self.fail("reserve", errno.ENOSPC, match=self.where)
 
 
 def small(**kw):
@@ -327,14 +332,10 @@ def test_recovery_that_must_write_on_a_full_disk_fails_clearly_and_loses_nothing
 
 
 def test_shutdown_completes_when_the_config_files_cannot_be_written(tmp_path, backend):
-    class FullForJson(FileSystem):
-        def write_bytes(self, path, data, sync=True):
-            if path.endswith(".json.tmp"):
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-            return super().write_bytes(path, data, sync)
-
+    full_for_json = testing.FaultInjectingFileSystem()
+    full_for_json.fail("write", errno.ENOSPC, match=lambda path: path.endswith(".json.tmp"))
     root = tmp_path / "s"
-    store = testing.open_store(root, backend, config=small(), fs=FullForJson())
+    store = testing.open_store(root, backend, config=small(), fs=full_for_json)
     assert store.put_message(Message("TopicA", b"kept")).ok
     with pytest.raises(OSError, match="No space left"):
         store.update_topic_config("TopicA")

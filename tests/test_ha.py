@@ -1,9 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""HA replication (spec 05): wire bytes, the slave's append rule, and master/slave runs across
+"""HA replication (doc/05): wire bytes, the slave's append rule, and master/slave runs across
 processes on 127.0.0.1 ephemeral ports, with kills, cut sockets and hostile peers."""
 import dataclasses
+import itertools
 import os
 import queue
+import random
 import signal
 import socket
 import subprocess
@@ -27,21 +29,13 @@ FILE = 64 * 1024
 
 
 # ---- helpers ----------------------------------------------------------------------------------
-def wait_until(pred, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
-
-
 class Node:
     """A store in a child process (tests/crashers/ha_node.py)."""
 
     def __init__(self, root, role, tmp_path, master=None, produce=0, wait_slave=False,
-                 batch_every=0):
+                 batch_every=0, file_size=FILE):
         cmd = [sys.executable, NODE, str(root), "--role", role, "--backend", BACKEND,
-               "--file-size", str(FILE), "--produce", str(produce),
+               "--file-size", str(file_size), "--produce", str(produce),
                "--batch-every", str(batch_every)]
         if master:
             cmd += ["--master", master]
@@ -138,8 +132,9 @@ def assert_prefix(master_root, slave_store):
 
 
 def acked_from_master(master, timeout=15.0):
-    wait_until(lambda: master.ha_service.push2slave_max_offset >= master.get_max_phy_offset(),
-               timeout, "the slave to acknowledge everything")
+    testing.wait_until(
+        lambda: master.ha_service.push2slave_max_offset >= master.get_max_phy_offset(),
+        timeout, "the slave to acknowledge everything")
 
 
 def producer(store, count, start=0, batch_every=7):
@@ -240,7 +235,7 @@ def test_slave_commitlog_is_byte_identical_across_files_and_serves_the_same_mess
     try:
         end = master.wait_done()
         assert end > 10 * FILE                            # several files, blank tails included
-        wait_until(lambda: slave.get_max_phy_offset() == end, 20, "the slave to catch up")
+        testing.wait_until(lambda: slave.get_max_phy_offset() == end, 20, "the slave to catch up")
         testing.wait_dispatched(slave)
         served = all_messages(slave)
         assert sorted(served) == [a[0] for a in sorted(master.acks)]
@@ -260,13 +255,15 @@ def test_sigkilled_slave_recovers_and_catches_up(tmp_path):
     try:
         slave = Node(tmp_path / "s", "SLAVE", tmp_path, master=f"127.0.0.1:"
                      f"{master.ha_service.port}")
-        wait_until(lambda: master.ha_service.connections and
+        testing.wait_until(lambda: master.ha_service.connections and
                    master.ha_service.connections[0].next_transfer_from_where >= 0, 10, "slave")
         t, _ = producer(master, 6000)
-        wait_until(lambda: master.ha_service.push2slave_max_offset > 4 * FILE, 20, "transfer")
+        testing.wait_until(
+            lambda: master.ha_service.push2slave_max_offset > 4 * FILE, 20, "transfer")
         slave.kill()                                      # mid-transfer: the master still puts
         killed_at = master.ha_service.push2slave_max_offset
-        wait_until(lambda: not master.ha_service.connections, 10, "the dead connection to go")
+        testing.wait_until(
+            lambda: not master.ha_service.connections, 10, "the dead connection to go")
         slave = Node(tmp_path / "s", "SLAVE", tmp_path, master=f"127.0.0.1:"
                      f"{master.ha_service.port}")
         t.join(60)
@@ -340,11 +337,12 @@ def test_cut_connection_reconnects_and_resumes_byte_identical(tmp_path):
     proxy = CuttableProxy(master.ha_service.port)
     try:
         slave = Node(tmp_path / "s", "SLAVE", tmp_path, master=f"127.0.0.1:{proxy.port}")
-        wait_until(lambda: master.ha_service.connections and
+        testing.wait_until(lambda: master.ha_service.connections and
                    master.ha_service.connections[0].next_transfer_from_where >= 0, 10, "slave")
         t, _ = producer(master, 5000)
         for _ in range(2):
-            wait_until(lambda: master.ha_service.push2slave_max_offset > 2 * FILE, 20, "data")
+            testing.wait_until(
+                lambda: master.ha_service.push2slave_max_offset > 2 * FILE, 20, "data")
             proxy.cut()
             time.sleep(0.1)
         t.join(60)
@@ -368,7 +366,7 @@ def test_sigkilled_sync_master_left_every_acknowledged_message_on_the_slave(tmp_
                   batch_every=4)
     slave = open_node(tmp_path / "s", "SLAVE", master=master.address)
     try:
-        wait_until(lambda: sum(a[3] == "PUT_OK" for a in master.acks) > 1500, 30, "acks")
+        testing.wait_until(lambda: sum(a[3] == "PUT_OK" for a in master.acks) > 1500, 30, "acks")
         master.kill()
         acks = list(master.acks)
         ok = [a for a in acks if a[3] == "PUT_OK"]
@@ -382,6 +380,320 @@ def test_sigkilled_sync_master_left_every_acknowledged_message_on_the_slave(tmp_
         assert_prefix(tmp_path / "m", slave)     # the master may hold more than it sent
     finally:
         slave.shutdown()
+
+
+class FrameTap:
+    """A proxy between one slave and the master that reads the frame headers going to the
+    slave. hold(n) stops forwarding once n bytes of the master's stream went through (the
+    stream's first n bytes; the rest waits in the proxy) until the proxy closes."""
+
+    def __init__(self, master_port, hold=None):
+        self.master_port = master_port
+        self.hold = hold
+        self.listen = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listen.getsockname()[1]
+        self.frames = []                  # (offset, size) of every header forwarded
+        self.forwarded = 0                # master -> slave bytes
+        self.holding = threading.Event()
+        self._socks = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        try:
+            a, _ = self.listen.accept()
+        except OSError:
+            return
+        b = socket.create_connection(("127.0.0.1", self.master_port))
+        self._socks = [a, b]
+        threading.Thread(target=CuttableProxy._pipe, args=(a, b), daemon=True).start()
+        threading.Thread(target=self._down, args=(b, a), daemon=True).start()
+
+    def _down(self, src, dst):
+        pending = b""                     # bytes of a header not yet complete
+        body_left = 0
+        try:
+            while True:
+                data = src.recv(1 << 20)
+                if not data:
+                    break
+                if self.hold is not None:
+                    data = data[:max(0, self.hold - self.forwarded)]
+                view = memoryview(data)
+                while view:                        # parse headers as the slave will
+                    if body_left:
+                        k = min(body_left, len(view))
+                        body_left -= k
+                        view = view[k:]
+                        continue
+                    need = wire.HEADER_SIZE - len(pending)
+                    pending += bytes(view[:need])
+                    view = view[need:]
+                    if len(pending) == wire.HEADER_SIZE:
+                        offset, size = wire.decode_header(pending)
+                        self.frames.append((offset, size))
+                        body_left, pending = size, b""
+                dst.sendall(data)
+                self.forwarded += len(data)
+                if self.hold is not None and self.forwarded >= self.hold:
+                    self.holding.set()
+                    while src.recv(1 << 20):       # drain, forward nothing more
+                        pass
+                    break
+        except OSError:
+            pass
+
+    def close(self):
+        self.listen.close()
+        for s in self._socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+
+def put_big(store, total, size=16000):
+    """Put messages of `size` random bytes until the CommitLog holds `total` bytes."""
+    i = 0
+    while store.get_max_phy_offset() < total:
+        batch = [Message("Big", os.urandom(size), keys=f"k{i + j}", queue_id=j % 2)
+                 for j in range(64)]
+        assert store.put_messages(batch).ok
+        i += 64
+    return i
+
+
+def test_large_frames_are_cut_at_file_ends_and_replicate_byte_identical(tmp_path):
+    """Frames up to the 4.9 slave's limit, each inside one file: the master's frames are
+    MAX_FRAME_BODY long unless the file (or the data) ends first, and the slave, receiving
+    them straight into its mapping, holds the same files."""
+    fs = 6 << 20                           # not a multiple of a frame: frames end at files
+    master = open_node(tmp_path / "m", "ASYNC_MASTER", file_size=fs,
+                       batch=wire.MAX_FRAME_BODY)
+    tap = slave = None
+    try:
+        put_big(master, 3 * fs + (1 << 20))
+        # The slave already holds the master's first file (as if replicated before), so it
+        # asks for the second one on: an empty slave would start at the master's last file.
+        os.makedirs(tmp_path / "s" / "commitlog")
+        name = "%020d" % 0
+        with open(tmp_path / "m" / "commitlog" / name, "rb") as src, \
+                open(tmp_path / "s" / "commitlog" / name, "wb") as dst:
+            dst.write(src.read())
+        tap = FrameTap(master.ha_service.port)
+        slave = open_node(tmp_path / "s", "SLAVE", file_size=fs,
+                          master=f"127.0.0.1:{tap.port}")
+        acked_from_master(master, 30)
+        end = master.get_max_phy_offset()
+        testing.wait_dispatched(slave)
+        assert slave.get_message("g", "Big", 0, 0, 4).messages      # served from file 0 on
+        data = [f for f in tap.frames if f[1]]
+        assert data[0][0] == fs
+        pos = fs
+        for offset, size in data:
+            assert offset == pos and 0 < size <= wire.MAX_FRAME_BODY
+            assert offset // fs == (offset + size - 1) // fs, "a frame spans two files"
+            pos += size
+            assert size == wire.MAX_FRAME_BODY or pos % fs == 0 or pos == end
+        assert pos == end
+        assert sum(size == wire.MAX_FRAME_BODY for _, size in data) == 2     # one per file
+        assert sum((o + n) % fs == 0 for o, n in data) == 2            # files 1 and 2 end
+        client = slave.ha_service.client
+        assert client.frames_received >= len(data)
+        assert client.reports_sent < len(data) + 5      # not a report per read
+    finally:
+        if slave is not None:
+            slave.shutdown()
+        if tap is not None:
+            tap.close()
+        master.shutdown()
+    m, s = assert_same_commitlog(tmp_path / "m", tmp_path / "s")
+    assert sorted(m) == sorted(s)
+
+
+def test_slave_killed_mid_frame_resumes_byte_identical(tmp_path):
+    """A slave SIGKILLed with half a large frame written into its mapping (and so into its
+    file) but not acknowledged: it restarts, recovers, asks for what it lacks and ends with
+    the master's files byte for byte."""
+    fs = 16 << 20
+    big = wire.MAX_FRAME_BODY
+    master = open_node(tmp_path / "m", "ASYNC_MASTER", file_size=fs, batch=big)
+    tap = None
+    try:
+        put_big(master, 2 * big + (1 << 20))               # file 0 only: the slave starts at 0
+        hold = wire.HEADER_SIZE + big + wire.HEADER_SIZE + big // 2
+        tap = FrameTap(master.ha_service.port, hold=hold)
+        slave = Node(tmp_path / "s", "SLAVE", tmp_path, master=f"127.0.0.1:{tap.port}",
+                     file_size=fs)
+        assert tap.holding.wait(20), "the tap never forwarded half the second frame"
+        with open(tmp_path / "m" / "commitlog" / ("%020d" % 0), "rb") as f:
+            f.seek(big)
+            half = f.read(big // 2)
+        path = tmp_path / "s" / "commitlog" / ("%020d" % 0)
+
+        def partial_in_file():
+            with open(path, "rb") as f:
+                f.seek(big)
+                return f.read(big // 2) == half
+        testing.wait_until(partial_in_file, 20, "half the second frame in the slave's file")
+        conn = master.ha_service.connections[0]
+        testing.wait_until(lambda: conn.slave_ack_offset == big, 10, "the first frame's ack")
+        slave.kill()                                       # mid-frame: acked only frame 1
+        assert conn.slave_ack_offset == big
+        tap.close()
+        testing.wait_until(
+            lambda: not master.ha_service.connections, 10, "the dead connection to go")
+        slave = Node(tmp_path / "s", "SLAVE", tmp_path, file_size=fs,
+                     master=f"127.0.0.1:{master.ha_service.port}")
+        acked_from_master(master, 30)
+        slave.stop()
+    finally:
+        if tap is not None:
+            tap.close()
+        master.shutdown()
+    m, s = assert_same_commitlog(tmp_path / "m", tmp_path / "s")
+    assert sorted(m) == sorted(s)
+
+
+def test_slave_reports_once_per_burst_not_once_per_frame(tmp_path):
+    """200 frames arriving together are acknowledged by a handful of reports, the last one
+    the end of the data (so a SYNC_MASTER producer still hears at once)."""
+    data = real_records(tmp_path)
+    fake = FakeMaster()
+    slave = open_node(tmp_path / "s", "SLAVE", master=f"127.0.0.1:{fake.port}")
+    try:
+        assert fake.accept() == 0
+        cuts = [len(data) * i // 200 for i in range(201)]
+        fake.send(b"".join(wire.encode_header(a, b - a) + data[a:b]
+                           for a, b in zip(cuts, cuts[1:])))
+        reports = []
+        buf = b""
+        while not reports or reports[-1] != len(data):
+            buf += fake.conn.recv(4096)
+            while len(buf) >= 8:
+                reports.append(wire.decode_report(buf[:8]))
+                buf = buf[8:]
+        assert reports == sorted(reports)
+        assert len(reports) <= 10, reports
+        assert slave.ha_service.client.frames_received == 200
+    finally:
+        slave.shutdown()
+        fake.close()
+
+
+def test_slave_assembles_frames_however_the_stream_is_cut(tmp_path):
+    """Headers and bodies cut at any byte, bodies larger than the staging buffer included:
+    the staged part of a body and the part received straight into the mapping join up byte
+    for byte, and the slave dispatches every record."""
+    fs = 1 << 20
+    src = open_node(tmp_path / "src", "ASYNC_MASTER", file_size=fs)
+    try:
+        count = put_big(src, 300_000, size=3000)
+        data = bytes(src.commitlog.get_data(0, src.get_max_phy_offset()))
+    finally:
+        src.shutdown()
+    rnd = random.Random(15)
+    stream, pos = [], 0
+    for size in itertools.cycle([150_000, 1, 70_000, 12, 0, 40_000, 99_999]):
+        if pos == len(data):
+            break
+        size = min(size, len(data) - pos)
+        stream.append(wire.encode_header(pos, size) + data[pos:pos + size])
+        pos += size
+    stream = b"".join(stream)
+    fake = FakeMaster()
+    slave = open_node(tmp_path / "s", "SLAVE", file_size=fs, master=f"127.0.0.1:{fake.port}")
+    try:
+        assert fake.accept() == 0
+        fake.conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        pos = 0
+        while pos < len(stream):
+            n = rnd.choice([1, 5, 11, 12, 13, 700, 30_000, 70_000])
+            fake.send(stream[pos:pos + n])
+            pos += n
+            time.sleep(0.0005)                 # mostly one receive per piece
+        testing.wait_until(lambda: slave.get_max_phy_offset() == len(data), 10, "every frame")
+        assert bytes(slave.commitlog.get_data(0, len(data))) == data
+        testing.wait_dispatched(slave)
+        r = slave.get_message("g", "Big", 0, 0, 10_000)
+        assert len(r.messages) == (count + 1) // 2 and slave.ha_service.client.error is None
+    finally:
+        slave.shutdown()
+        fake.close()
+
+
+def test_slave_on_a_full_disk_drops_the_frame_and_takes_it_once_there_is_room(tmp_path):
+    """A frame whose space the disk refuses closes the connection with nothing published;
+    the client waits its reconnect interval, asks again, and appends once there is room."""
+    import errno
+    from rocketstore.fs import FileSystem
+
+    class CommitLogFull(FileSystem):
+        full = True
+
+        def reserve(self, path, offset, length):
+            if self.full and f"{os.sep}commitlog{os.sep}" in path:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+            return super().reserve(path, offset, length)
+
+    data = real_records(tmp_path)
+    fake = FakeMaster()
+    fs = CommitLogFull()
+    slave = MessageStore(tmp_path / "s", node_config("SLAVE", FILE,
+                                                     master=f"127.0.0.1:{fake.port}"),
+                         kernels=BACKEND, fs=fs)
+    slave.load()
+    slave.start()
+    try:
+        assert fake.accept() == 0
+        fake.send(wire.encode_header(0, len(data)) + data)
+        assert fake.closed_by_peer(), "the slave kept the connection"
+        assert slave.get_max_phy_offset() == 0
+        fs.full = False
+        assert fake.accept() == 0
+        fake.send(wire.encode_header(0, len(data)) + data)
+        testing.wait_until(lambda: slave.get_max_phy_offset() == len(data), 10, "the frame")
+        assert bytes(slave.commitlog.get_data(0, len(data))) == data
+        assert slave.ha_service.client.error is None
+    finally:
+        slave.shutdown()
+        fake.close()
+
+
+def test_group_transfer_releases_exactly_the_producers_an_ack_covers():
+    """Each SYNC_MASTER producer parks until an acknowledgement reaches its offset: an ack
+    releases those it covers, at once, and leaves the others parked (no poll, no wake-all);
+    a timeout and shutdown answer False."""
+    from rocketstore.ha.group_transfer import GroupTransferService
+    gt = GroupTransferService()
+    results = {}
+
+    def wait(offset):
+        results[offset] = gt.wait_for(offset, 60_000)
+    threads = {o: threading.Thread(target=wait, args=(o,)) for o in range(100, 900, 100)}
+    for t in threads.values():
+        t.start()
+    testing.wait_until(lambda: gt.waiting == 8, 10, "eight parked producers")
+    gt.notify_transfer_some(450)
+    for o in (100, 200, 300, 400):
+        threads[o].join(10)
+        assert results.get(o) is True
+    assert gt.waiting == 4 and all(threads[o].is_alive() for o in (500, 600, 700, 800))
+    gt.notify_transfer_some(300)                       # behind the max: changes nothing
+    assert gt.push2slave_max_offset == 450 and gt.waiting == 4
+    gt.notify_transfer_some(800)
+    for o in (500, 600, 700, 800):
+        threads[o].join(10)
+        assert results.get(o) is True
+    assert gt.wait_for(800, 0) is True                 # acknowledged already: no wait
+    assert gt.wait_for(801, 20) is False and gt.waiting == 0        # timed out, unparked
+    late = threading.Thread(target=wait, args=(5000,))
+    late.start()
+    testing.wait_until(lambda: gt.waiting == 1, 10, "a parked producer")
+    gt.shutdown()
+    late.join(10)
+    assert results[5000] is False
+    assert gt.wait_for(6000, 60_000) is False          # after shutdown: at once
 
 
 # ---- in-process behaviour ----------------------------------------------------------------------
@@ -423,7 +735,8 @@ def test_sync_master_answers_slave_not_available_timeout_or_ok(tmp_path):
         # A slave that reports once and then never acknowledges: timeouts.
         fake = socket.create_connection(("127.0.0.1", master.ha_service.port))
         fake.sendall(wire.encode_report(master.get_max_phy_offset()))
-        wait_until(lambda: master.ha_service.push2slave_max_offset == r.wrote_bytes, 5, "ack")
+        testing.wait_until(
+            lambda: master.ha_service.push2slave_max_offset == r.wrote_bytes, 5, "ack")
         t0 = time.monotonic()
         assert master.put_message(message(1)).status is P.FLUSH_SLAVE_TIMEOUT
         assert 0.25 < time.monotonic() - t0 < 2.0
@@ -433,7 +746,7 @@ def test_sync_master_answers_slave_not_available_timeout_or_ok(tmp_path):
         assert master.put_message(nowait).status is P.PUT_OK
         assert time.monotonic() - t0 < 0.2
         fake.close()
-        wait_until(lambda: not master.ha_service.connections, 5, "the fake to go")
+        testing.wait_until(lambda: not master.ha_service.connections, 5, "the fake to go")
         assert master.put_message(message(4)).status is P.SLAVE_NOT_AVAILABLE
         slave = open_node(tmp_path / "s", "SLAVE", master=f"127.0.0.1:{master.ha_service.port}")
         try:
@@ -454,7 +767,7 @@ def test_sync_master_counts_a_slave_too_far_behind_as_not_available(tmp_path):
     master.start()
     try:
         fake = socket.create_connection(("127.0.0.1", master.ha_service.port))
-        wait_until(lambda: master.ha_service.connections, 5, "connection")
+        testing.wait_until(lambda: master.ha_service.connections, 5, "connection")
         for i in range(10):                  # 0 acknowledged, so the gap passes 1000 bytes
             r = master.put_message(message(i))
         assert r.status is P.SLAVE_NOT_AVAILABLE
@@ -554,7 +867,7 @@ def test_slave_drops_a_hostile_master_and_appends_nothing_out_of_place(tmp_path,
         good = 0 if attack == "unaligned-first" else 1000
         if good:
             fake.send(wire.encode_header(0, good) + data[:good])
-            wait_until(lambda: slave.get_max_phy_offset() == good, 5, "the good frame")
+            testing.wait_until(lambda: slave.get_max_phy_offset() == good, 5, "the good frame")
         frame = {
             "offset-ahead": wire.encode_header(good + 1, 10) + data[good:good + 10],
             "offset-behind": wire.encode_header(good - 10, 10) + data[good - 10:good],
@@ -573,7 +886,7 @@ def test_slave_drops_a_hostile_master_and_appends_nothing_out_of_place(tmp_path,
             assert slave.commitlog.mfq.files == []
         client = slave.ha_service.client
         if attack in ("unaligned-first", "past-file-end"):
-            wait_until(lambda: not client.following, 5, "the client to stop")
+            testing.wait_until(lambda: not client.following, 5, "the client to stop")
             assert "file-size mismatch" in client.error
             return
         # It reconnects and reports its real offset again.
@@ -593,7 +906,7 @@ def test_master_closes_a_slave_that_never_reads(tmp_path):
         fake = socket.create_connection(("127.0.0.1", master.ha_service.port))
         fake.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         fake.sendall(wire.encode_report(0))
-        wait_until(lambda: master.ha_service.connections, 5, "connection")
+        testing.wait_until(lambda: master.ha_service.connections, 5, "connection")
         conn = master.ha_service.connections[0]
         stop = threading.Event()
 
@@ -604,7 +917,7 @@ def test_master_closes_a_slave_that_never_reads(tmp_path):
                 except OSError:
                     return
         threading.Thread(target=heartbeats, daemon=True).start()
-        wait_until(lambda: not master.ha_service.connections, 10, "the master to give up")
+        testing.wait_until(lambda: not master.ha_service.connections, 10, "the master to give up")
         stop.set()
         assert conn.next_transfer_from_where < master.get_max_phy_offset()
         fake.close()
@@ -617,12 +930,12 @@ def test_master_closes_a_silent_slave_and_one_reporting_beyond_its_data(tmp_path
     try:
         master.put_message(message(0))
         silent = socket.create_connection(("127.0.0.1", master.ha_service.port))
-        wait_until(lambda: master.ha_service.connections, 5, "connection")
-        wait_until(lambda: not master.ha_service.connections, 5, "housekeeping")
+        testing.wait_until(lambda: master.ha_service.connections, 5, "connection")
+        testing.wait_until(lambda: not master.ha_service.connections, 5, "housekeeping")
         silent.close()
         liar = socket.create_connection(("127.0.0.1", master.ha_service.port))
         liar.sendall(wire.encode_report(master.get_max_phy_offset() + 1))
-        wait_until(lambda: master.ha_service.connections == [] and
+        testing.wait_until(lambda: master.ha_service.connections == [] and
                    master.ha_service.push2slave_max_offset == 0, 5, "the liar to go")
         liar.settimeout(5)
         assert liar.recv(100) == b""
@@ -643,7 +956,7 @@ def test_master_refuses_connections_beyond_ha_max_connections(tmp_path):
             s = socket.create_connection(("127.0.0.1", master.ha_service.port))
             s.sendall(wire.encode_report(0))
             socks.append(s)
-        wait_until(lambda: master.ha_service.refused_connections == 3, 5, "refusals")
+        testing.wait_until(lambda: master.ha_service.refused_connections == 3, 5, "refusals")
         assert len(master.ha_service.connections) == 2
         closed = 0
         for s in socks:
@@ -658,10 +971,11 @@ def test_master_refuses_connections_beyond_ha_max_connections(tmp_path):
         for s in socks[:2]:
             s.close()
         socks = socks[2:]
-        wait_until(lambda: len(master.ha_service.connections) == 0, 10, "the two to close")
+        testing.wait_until(lambda: len(master.ha_service.connections) == 0, 10, "the two to close")
         late = socket.create_connection(("127.0.0.1", master.ha_service.port))
         socks.append(late)
-        wait_until(lambda: len(master.ha_service.connections) == 1, 5, "a freed slot is used")
+        testing.wait_until(
+            lambda: len(master.ha_service.connections) == 1, 5, "a freed slot is used")
     finally:
         for s in socks:
             s.close()
@@ -684,8 +998,8 @@ def test_master_closes_a_peer_that_trickles_bytes_but_never_reports_in_time(tmp_
                     return
                 i += 1
         threading.Thread(target=trickle, daemon=True).start()
-        wait_until(lambda: master.ha_service.connections, 5, "connection")
-        wait_until(lambda: not master.ha_service.connections, 10, "housekeeping")
+        testing.wait_until(lambda: master.ha_service.connections, 5, "connection")
+        testing.wait_until(lambda: not master.ha_service.connections, 10, "housekeeping")
         peer.settimeout(5)
         try:
             while peer.recv(65536):
@@ -716,9 +1030,9 @@ def test_slave_fed_a_record_with_a_path_topic_stops_following_and_dispatches_not
         slave = open_node(tmp_path / "a" / "b" / "s", "SLAVE",
                           master=f"127.0.0.1:{master.ha_service.port}")
         client = slave.ha_service.client
-        wait_until(lambda: client.error is not None, 10, "the slave to refuse the record")
+        testing.wait_until(lambda: client.error is not None, 10, "the slave to refuse the record")
         assert "corrupt record from the master at %d" % victim.commit_log_offset in client.error
-        wait_until(lambda: not client.following, 5, "the client to stop")
+        testing.wait_until(lambda: not client.following, 5, "the client to stop")
         assert slave.reput_service.reput_from_offset == victim.commit_log_offset
         assert sorted(slave.consume_queue_table) == ["Good"]
         assert slave.get_message("g", "Good", 0, 0, 32).messages.__len__() == 5
@@ -737,7 +1051,7 @@ def test_a_master_slave_file_size_mismatch_stops_the_slave_with_a_reason(tmp_pat
     slave = open_node(tmp_path / "s", "SLAVE", file_size=slave_size,
                       master=f"127.0.0.1:{master.ha_service.port}")
     try:
-        wait_until(lambda: master.ha_service.connections and
+        testing.wait_until(lambda: master.ha_service.connections and
                    master.ha_service.connections[0].next_transfer_from_where >= 0, 10,
                    "the slave to join")
         i = 0
@@ -745,10 +1059,10 @@ def test_a_master_slave_file_size_mismatch_stops_the_slave_with_a_reason(tmp_pat
             assert master.put_message(message(i)).ok
             i += 1
         client = slave.ha_service.client
-        wait_until(lambda: client.error is not None, 15, "the mismatch to be detected")
+        testing.wait_until(lambda: client.error is not None, 15, "the mismatch to be detected")
         assert "file-size mismatch" in client.error
-        wait_until(lambda: not client.following, 5, "the client to stop")
-        wait_until(lambda: not master.ha_service.connections, 5, "the master to see it go")
+        testing.wait_until(lambda: not client.following, 5, "the client to stop")
+        testing.wait_until(lambda: not master.ha_service.connections, 5, "the master to see it go")
         assert "stopped following" in serve._status(slave)
         assert master.ha_service.slave_error is None      # one drop, no loop: no stall
     finally:
@@ -773,7 +1087,7 @@ def test_master_names_a_slave_that_keeps_dropping_the_stream_at_one_offset(tmp_p
                 got += s.recv(wire.HEADER_SIZE - len(got))
             assert wire.decode_header(got)[0] == 0
             s.close()
-            wait_until(lambda: not master.ha_service.connections, 5, "the drop")
+            testing.wait_until(lambda: not master.ha_service.connections, 5, "the drop")
         assert "dropped the connection 3 times in a row at offset 0" in \
             master.ha_service.slave_error
         assert "mapped_file_size_commit_log" in master.ha_service.slave_error
@@ -808,7 +1122,7 @@ def test_cli_serve_replicates_between_two_processes_and_stops_on_sigint(tmp_path
                         commitlog_files(tmp_path / "m")[name])
             except (OSError, KeyError):
                 return False
-        wait_until(same, 15, "the slave's file to match the master's")
+        testing.wait_until(same, 15, "the slave's file to match the master's")
     finally:
         for p in (s, m):
             if p is not None:
@@ -834,7 +1148,7 @@ def test_master_names_a_slave_that_cleaning_left_behind_its_commit_log(tmp_path,
         address = f"127.0.0.1:{master.ha_service.port}"
         slave = open_node(tmp_path / "s", "SLAVE", master=address)
         assert master.put_message(Message("T", b"a" * 1000)).ok
-        wait_until(lambda: slave.get_max_phy_offset() == master.get_max_phy_offset(), 20,
+        testing.wait_until(lambda: slave.get_max_phy_offset() == master.get_max_phy_offset(), 20,
                    "the slave to catch up")
         slave_max = slave.get_max_phy_offset()
         slave.shutdown()
@@ -846,7 +1160,7 @@ def test_master_names_a_slave_that_cleaning_left_behind_its_commit_log(tmp_path,
         master.clean_files_periodically()
         assert master.get_min_phy_offset() > slave_max
         slave = open_node(tmp_path / "s", "SLAVE", master=address)
-        wait_until(lambda: any("cleaning removed the CommitLog" in r.getMessage()
+        testing.wait_until(lambda: any("cleaning removed the CommitLog" in r.getMessage()
                                for r in caplog.records), 20, "the master to name the slave")
         assert slave.get_max_phy_offset() == slave_max
     finally:

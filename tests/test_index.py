@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""IndexFile kernels and IndexService: golden bytes from spec 02 §3.2, cext == cffi == pure,
+"""IndexFile kernels and IndexService: golden bytes from doc/02 §3.2, cext == cffi == pure,
 terminating walks over corrupt chains, the broker's own index files and query answers, and
 queries that never return a message for a colliding key."""
 import json
@@ -20,20 +20,12 @@ from rocketstore.index_file import (IndexFile, index_file_size, infer_geometry,
                                     time_millis_to_human_string)
 from rocketstore.index_service import index_keys
 from rocketstore.message import java_string_hash
-from rocketstore.status import PutMessageStatus
 
-from conftest import DATA
-from test_conformance import BASIC, broker_config, broker_messages
+from broker_data import BASIC, broker_messages
 
-BACKENDS = testing.backend_params()
 LONG_MAX = (1 << 63) - 1
-STAMPS = [1796046348973, 1796046349996, 1796046350997]     # spec 02 §3
+STAMPS = [1796046348973, 1796046349996, 1796046350997]     # doc/02 §3
 SLOTS, ENTRIES = 5_000_000, 20_000_000                       # the defaults of §3.2
-
-
-@pytest.fixture(scope="module")
-def backends():
-    return [testing.load_backend(name) for name in BACKENDS]
 
 
 def _entry_pos(slot_num, n):
@@ -44,7 +36,7 @@ def _put(k, buf, slots, entries, key, phy, ts):
     return k.index_put(buf, slots, entries, k.index_hash(key.encode()), phy, ts)
 
 
-# ---- golden bytes: spec 02 §3.2 --------------------------------------------------------------
+# ---- golden bytes: doc/02 §3.2 --------------------------------------------------------------
 
 def test_index_put_writes_the_broker_written_entries_slots_and_header(backend):
     # An anonymous mapping: 420 MB of address space, only the touched pages are real.
@@ -53,9 +45,12 @@ def test_index_put_writes_the_broker_written_entries_slots_and_header(backend):
     for i in range(3):
         assert _put(backend, buf, SLOTS, ENTRIES, f"TopicTest#key{i}", 135 * i, STAMPS[i]) == i + 2
     assert buf[20_000_040:20_000_060] == bytes(20)
-    assert buf[20_000_060:20_000_080].hex().upper() == "62B4514D" "0000000000000000" "00000000" "00000000"
-    assert buf[20_000_080:20_000_100].hex().upper() == "62B4514C" "0000000000000087" "00000001" "00000000"
-    assert buf[20_000_100:20_000_120].hex().upper() == "62B4514B" "000000000000010E" "00000002" "00000000"
+    assert buf[20_000_060:20_000_080].hex().upper() == \
+        "62B4514D" "0000000000000000" "00000000" "00000000"
+    assert buf[20_000_080:20_000_100].hex().upper() == \
+        "62B4514C" "0000000000000087" "00000001" "00000000"
+    assert buf[20_000_100:20_000_120].hex().upper() == \
+        "62B4514B" "000000000000010E" "00000002" "00000000"
     assert buf[3_937_884:3_937_888] == bytes.fromhex("00000001")
     assert buf[3_937_880:3_937_884] == bytes.fromhex("00000002")
     assert buf[3_937_876:3_937_880] == bytes.fromhex("00000003")
@@ -67,7 +62,8 @@ def test_index_put_writes_the_broker_written_entries_slots_and_header(backend):
     assert out[0] == 135
     # The derived example: a second key1 at 405, 3.5 s later, chains to entry 2.
     assert _put(backend, buf, SLOTS, ENTRIES, "TopicTest#key1", 405, STAMPS[0] + 3500) == 5
-    assert buf[20_000_120:20_000_140].hex().upper() == "62B4514C" "0000000000000195" "00000003" "00000002"
+    assert buf[20_000_120:20_000_140].hex().upper() == \
+        "62B4514C" "0000000000000195" "00000003" "00000002"
     assert buf[3_937_880:3_937_884] == bytes.fromhex("00000004")
     assert backend.index_lookup(buf, SLOTS, ENTRIES, h, 0, LONG_MAX, 32, out) == 2
     assert out[:2].tolist() == [405, 135]          # newest first
@@ -76,7 +72,8 @@ def test_index_put_writes_the_broker_written_entries_slots_and_header(backend):
     buf.close()
 
 
-@pytest.mark.parametrize("key, code", [("TopicTest#key0", 1655984461), ("TopicTest#key1", 1655984460),
+@pytest.mark.parametrize("key, code", [("TopicTest#key0", 1655984461),
+                                       ("TopicTest#key1", 1655984460),
                                        ("TopicTest#key2", 1655984459)])
 def test_index_hash_is_the_absolute_java_string_hash(backend, key, code):
     assert java_string_hash(key) == -code
@@ -264,7 +261,7 @@ def test_index_hash_agrees_across_backends(backends, key):
     assert len(hashes) == 1 and hashes.pop() >= 0
 
 
-# ---- which keys: spec 02 §2.4 ----------------------------------------------------------------------
+# ---- which keys: doc/02 §2.4 --------------------------------------------------------------------
 
 @pytest.mark.parametrize("props, keys", [
     (b"KEYS\x01a b\x02UNIQ_KEY\x01U1", [b"U1", b"a", b"b"]),
@@ -321,7 +318,8 @@ def test_every_key_of_every_broker_message_finds_exactly_its_messages(broker_ro)
 def test_index_last_update_is_the_newest_files_end(broker_ro):
     r = broker_ro.query_message("OrderTopic", "ord-0")
     last = broker_ro._indexer.index_file_list[-1]
-    assert r.index_last_update_timestamp == last.end_timestamp == broker_messages()[-1]["storeTimestamp"]
+    assert r.index_last_update_timestamp == last.end_timestamp == \
+        broker_messages()[-1]["storeTimestamp"]
     assert r.index_last_update_phy_offset == last.end_phy_offset
 
 
@@ -329,7 +327,8 @@ def test_broker_index_files_hold_one_entry_per_indexed_key(broker_ro):
     files = broker_ro._indexer.index_file_list
     assert [f.index_count for f in files] == [500] * 5 + [143]
     header, slots, entries = files[0].arrays()
-    assert header["index_count"][0] == 500 and header["hash_slot_count"][0] == files[0].hash_slot_count
+    assert header["index_count"][0] == 500 and header["hash_slot_count"][0] == \
+        files[0].hash_slot_count
     assert (slots >= 0).all() and entries[0].tobytes() == bytes(20)
     assert int(entries["phy_offset"][1]) == 0 == files[0].begin_phy_offset
     del header, slots, entries
@@ -583,7 +582,7 @@ def test_index_files_pointing_past_a_truncated_commit_log_are_rebuilt(tmp_path, 
         ro.shutdown()
 
 
-# ---- IndexService in a running store ---------------------------------------------------------------
+# ---- IndexService in a running store -------------------------------------------------------------
 
 def _store(root, backend, **cfg):
     return testing.open_store(root, backend, testing.small_config(**cfg),
@@ -777,12 +776,13 @@ def test_query_rounds_narrow_end_and_max_num_is_capped(tmp_path, backend):
                                 end=rs[5].store_timestamp)
         assert [m.commit_log_offset for m in r.messages] == \
             [x.commit_log_offset for x in rs[2:6]]
-        assert store.query_message("T", "same", begin=rs[-1].store_timestamp + 10 ** 7).messages == []
+        later = rs[-1].store_timestamp + 10 ** 7
+        assert store.query_message("T", "same", begin=later).messages == []
     finally:
         store.shutdown()
 
 
-# ---- get_offset_in_queue_by_time: spec 02 §1.9 ----------------------------------------------
+# ---- get_offset_in_queue_by_time: doc/02 §1.9 ----------------------------------------------
 
 def test_a_time_window_holds_exactly_the_messages_stored_inside_it(tmp_path, backend):
     # 7 ms apart, so store times fall between the whole seconds an entry keeps.
@@ -889,7 +889,7 @@ def test_index_keys_kernel_matches_the_broker_key_rule_in_every_backend():
 
 
 def test_index_keys_writes_a_row_all_or_none_and_skips_rollback():
-    from rocketstore import Message, format as F, testing
+    from rocketstore import format as F, testing
     buf = bytearray(4096)
     pos = 0
     pure = testing.load_backend("pure")

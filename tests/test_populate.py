@@ -46,13 +46,6 @@ class Recording(FileSystem):
         return super().prefault(mm, start, length, chunk)
 
 
-def wait_until(cond, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.002)
-
-
 def settled(mf):
     """The allocator has answered the writer's last request: refill_position sits below the
     reserved end again (or the file is reserved to its end), and every reserved page is in."""
@@ -67,14 +60,14 @@ def test_the_writer_asks_for_the_next_window_while_half_a_window_of_populated_pa
     try:
         # The first file of a new store is made and populated before any put.
         path = os.path.join(store.commitlog.mfq.store_path, f"{0:020d}")
-        wait_until(lambda: os.path.exists(path) and testing.resident_bytes(path) >= WINDOW)
+        testing.wait_until(lambda: os.path.exists(path) and testing.resident_bytes(path) >= WINDOW)
         acks = []
         while len(store.commitlog.mfq.files) < 2:
             r = store.put_message(Message("TopicA", b"p" * 30000))
             assert r.ok
             acks.append(r)
             mf = store.commitlog.mfq.files[-1]
-            wait_until(lambda mf=mf: settled(mf))
+            testing.wait_until(lambda mf=mf: settled(mf))
             if mf.reserved_position < mf.file_size:
                 ahead = mf.reserved_position - mf.wrote_position
                 # At least half a window populated ahead; bounded to about one window.
@@ -101,9 +94,9 @@ def test_a_loaded_file_gets_its_window_populated_ahead_of_its_write_position(tmp
         mf = store.commitlog.mfq.files[-1]
         wrote = mf.wrote_position
         assert 0 < wrote < mf.file_size
-        wait_until(lambda: mf.reserved_position >= wrote + WINDOW)
+        testing.wait_until(lambda: mf.reserved_position >= wrote + WINDOW)
         first = wrote - wrote % 4096
-        wait_until(lambda: testing.resident_bytes(mf.path) >= mf.reserved_position - first)
+        testing.wait_until(lambda: testing.resident_bytes(mf.path) >= mf.reserved_position - first)
         assert mf.refill_position == mf.reserved_position - WINDOW // 2
         assert set(fs.reservers) == {ALLOCATOR}
     finally:
@@ -122,7 +115,7 @@ def test_a_store_whose_last_file_is_full_prepares_the_next_one_at_start(tmp_path
     store = testing.open_store(root, backend, config=config())
     try:
         assert store.commitlog.mfq.files[-1].is_full
-        wait_until(lambda: os.path.exists(second) and
+        testing.wait_until(lambda: os.path.exists(second) and
                    testing.resident_bytes(second) >= WINDOW)
         assert store.put_message(Message("TopicA", b"next")).ok
         assert store.commitlog.mfq.files[-1].path == second
@@ -135,7 +128,7 @@ def test_a_slave_prepares_no_first_file_since_the_master_names_it(tmp_path, back
     slave = testing.open_store(tmp_path / "sl", backend,
                                config=config(broker_role=BrokerRole.SLAVE))
     try:
-        wait_until(lambda: os.listdir(master.commitlog.mfq.store_path))
+        testing.wait_until(lambda: os.listdir(master.commitlog.mfq.store_path))
         time.sleep(0.2)
         assert not os.path.exists(slave.commitlog.mfq.store_path) or \
             os.listdir(slave.commitlog.mfq.store_path) == []
@@ -169,7 +162,7 @@ def test_puts_go_on_while_every_populate_is_stuck(tmp_path, backend):
         # The file the writer made itself meanwhile gets a window populated ahead of its
         # writer too, once the allocator runs again.
         mf = store.commitlog.mfq.files[-1]
-        wait_until(lambda: settled(mf))
+        testing.wait_until(lambda: settled(mf))
         assert mf.reserved_position - mf.wrote_position >= WINDOW // 2
     finally:
         fs.hold.set()
@@ -188,7 +181,7 @@ def test_a_disk_full_for_the_background_refill_refuses_only_the_put_past_the_res
             assert r.ok
             acks.append(r)
         mf = store.commitlog.mfq.files[-1]
-        wait_until(lambda: settled(mf))
+        testing.wait_until(lambda: settled(mf))
         fs.full = True
         reserved = mf.reserved_position
         asked = len(fs.reservers)
@@ -203,7 +196,7 @@ def test_a_disk_full_for_the_background_refill_refuses_only_the_put_past_the_res
         # The next put would have ended past the reserved end; the allocator tried first.
         assert acks[-1].commit_log_offset + 2 * acks[-1].wrote_bytes + 8 > reserved
         assert mf.reserved_position == reserved
-        wait_until(lambda: ALLOCATOR in fs.reservers[asked:])
+        testing.wait_until(lambda: ALLOCATOR in fs.reservers[asked:])
         fs.full = False
         assert not store.clean_commitlog_service.is_space_full()
         r = store.put_message(Message("TopicA", b"%06d" % len(acks) + b"after"))

@@ -3,12 +3,10 @@
 random messages; decode(encode(m)) gives back every MessageExt field; a damaged store never
 makes open / verify / dump raise anything but a StoreError, and every example is small so it
 ends in bounded time. HYPOTHESIS_PROFILE=ci (default) or dev picks the example counts."""
-import hashlib
 import os
 import random
 import shutil
 
-import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -48,18 +46,6 @@ messages = st.builds(
     reconsume_times=st.integers(0, 16))
 
 
-def digest_tree(root):
-    out = {}
-    for d, _, files in os.walk(root):
-        for name in files:
-            if name in ("lock", "abort"):
-                continue
-            with open(os.path.join(d, name), "rb") as f:
-                out[os.path.relpath(os.path.join(d, name), root)] = \
-                    hashlib.sha256(f.read()).hexdigest()
-    return out
-
-
 @settings(max_examples=6 * EXAMPLES, **SETTINGS)
 @given(msgs=st.lists(messages, min_size=1, max_size=25), batch=st.booleans())
 def test_random_messages_give_identical_store_directories_on_every_backend(tmp_path_factory,
@@ -80,7 +66,7 @@ def test_random_messages_give_identical_store_directories_on_every_backend(tmp_p
                     store.put_message(m)
         finally:
             store.shutdown()
-        trees[name] = digest_tree(root)
+        trees[name] = testing.tree_digest(root, ignore=("lock", "abort"))
     first = trees[BACKENDS[0]]
     assert any(k.startswith("commitlog") for k in first)
     for name in BACKENDS[1:]:
@@ -90,13 +76,15 @@ def test_random_messages_give_identical_store_directories_on_every_backend(tmp_p
 @settings(max_examples=60 * EXAMPLES, **SETTINGS)
 @given(m=messages, v2=st.booleans(), store_host=hosts, queue_offset=st.integers(0, 1 << 62),
        phy_offset=st.integers(0, 1 << 62), store_ts=st.integers(0, 1 << 45),
-       prepared=st.integers(-(1 << 63), (1 << 63) - 1), sys_bits=st.sampled_from([0, 1, 2, 4, 8, 12]))
+       prepared=st.integers(-(1 << 63), (1 << 63) - 1),
+       sys_bits=st.sampled_from([0, 1, 2, 4, 8, 12]))
 def test_decode_of_encode_gives_back_every_field(m, v2, store_host, queue_offset, phy_offset,
                                                   store_ts, prepared, sys_bits):
     from rocketstore.message import pack_host
     bh, b6 = pack_host(m.born_host)
     sh, s6 = pack_host(store_host)
-    sys_flag = sys_bits | (F.BORNHOST_V6_FLAG if b6 else 0) | (F.STOREHOSTADDRESS_V6_FLAG if s6 else 0)
+    sys_flag = sys_bits | (F.BORNHOST_V6_FLAG if b6 else 0) | \
+        (F.STOREHOSTADDRESS_V6_FLAG if s6 else 0)
     topic = m.topic.encode()
     props = properties_to_string(m.properties).encode()
     size = pure.msg_size(sys_flag, len(m.body), len(topic), len(props), v2)
@@ -142,8 +130,9 @@ def _base_store(tmp_path_factory):
         try:
             rnd = random.Random(5)
             for i in range(30):
-                store.put_message(Message(f"T{i % 3}", bytes(rnd.randrange(256) for _ in range(200)),
-                                          tags=f"tag{i % 4}", keys=[f"k{i}"], queue_id=i % 2))
+                body = bytes(rnd.randrange(256) for _ in range(200))
+                store.put_message(Message(f"T{i % 3}", body, tags=f"tag{i % 4}",
+                                          keys=[f"k{i}"], queue_id=i % 2))
             testing.wait_dispatched(store)
         finally:
             store.shutdown()

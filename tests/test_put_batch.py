@@ -2,7 +2,6 @@
 """MessageStore.put_batch: a columnar batch writes exactly the bytes put_messages writes for the
 same messages, on every backend; bad input is refused before anything is written."""
 import errno
-import os
 import random
 
 import numpy as np
@@ -11,7 +10,6 @@ import pytest
 from rocketstore import Message, MessageIllegalError, PutMessageStatus, testing
 from rocketstore.config import BrokerRole
 from rocketstore.errors import KernelBoundsError, StoreClosedError
-from rocketstore.fs import FileSystem
 
 N = 600          # ~130 KiB of records: two rolls of small_config's 64 KiB CommitLog files
 BORN = dict(born_timestamp=1_700_000_000_123, born_host=("10.0.0.7", 40001))
@@ -26,11 +24,6 @@ def _bodies(n=N):
     return [bytes([65 + i % 26]) * (90 + i % 37) for i in range(n)]
 
 
-def _digest(root):
-    return {k: v for k, v in testing.tree_digest(root).items()
-            if k not in ("lock", "abort")}
-
-
 def _tree_after(root, backend, put, config=None, n=N):
     store = testing.open_store(root, backend, config)
     try:
@@ -39,7 +32,7 @@ def _tree_after(root, backend, put, config=None, n=N):
         assert result.count == n
     finally:
         store.shutdown()
-    return _digest(root)
+    return testing.tree_digest(root, ignore=("lock", "abort"))
 
 
 def _same_bytes(tmp_path, backend, batch_kwargs, msgs):
@@ -240,22 +233,17 @@ def test_batch_encode_kernel_equals_msg_encode_and_checks_its_offsets(backend):
                        foff, 0, 3, 7, 0, 11, host, 12, host, 100, 5000)
 
 
-class NoSpaceFor(FileSystem):
-    """Refuses with ENOSPC every reservation of a path containing `where`."""
-
-    def __init__(self, where):
-        self.where = where
-
-    def reserve(self, path, offset, length):
-        if self.where in path:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-        return super().reserve(path, offset, length)
+def no_space_for(where):
+    """A file system refusing with ENOSPC every reservation of a path containing `where`."""
+    fs = testing.FaultInjectingFileSystem()
+    fs.fail("reserve", errno.ENOSPC, match=where)
+    return fs
 
 
 def test_put_batch_stopped_by_a_full_disk_keeps_what_it_wrote_and_refuses_the_rest(
         tmp_path, backend):
     # The second CommitLog file cannot be reserved: the batch fills the first and stops.
-    fs = NoSpaceFor("%020d" % (64 * 1024))
+    fs = no_space_for("%020d" % (64 * 1024))
     store = testing.open_store(tmp_path, backend, fs=fs)
     try:
         bodies = _bodies()

@@ -185,15 +185,18 @@ def test_a_put_after_shutdown_began_raises_store_closed_and_writes_nothing(tmp_p
     assert bodies == [b"kept"]
 
 
-class FailingSync(FileSystem):
+class FailingSync(testing.FaultInjectingFileSystem):
     """msync of CommitLog files fails with EIO once `failing` is set: a disk gone bad."""
 
-    failing = False
+    @property
+    def failing(self):
+        return bool(self._faults)
 
-    def sync_mapped(self, kernels, mm, path, start, length):
-        if self.failing and os.sep + "commitlog" + os.sep in path:
-            raise OSError(errno.EIO, os.strerror(errno.EIO), path)
-        return super().sync_mapped(kernels, mm, path, start, length)
+    @failing.setter
+    def failing(self, failing):
+        self.heal()
+        if failing:
+            self.fail("sync", errno.EIO, match=os.sep + "commitlog" + os.sep)
 
 
 def test_shutdown_keeps_the_abort_file_when_the_commitlog_could_not_be_flushed(tmp_path,

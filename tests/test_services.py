@@ -2,9 +2,7 @@
 """Flush, commit and reput services: what each flush mode promises, observed."""
 import threading
 import time
-import types
 
-import pytest
 
 from rocketstore import (FlushDiskType, GetMessageStatus as G, Message, PutMessageStatus,
                          testing)
@@ -89,26 +87,36 @@ def test_wait_false_does_not_wait_for_the_flush(tmp_path, backend):
 
 
 def test_transient_pool_shows_readers_only_committed_bytes(tmp_path, backend):
+    # A first put of more than the 4 least pages is committed; after it, no thorough commit for
+    # 24 days, so a put smaller than 4 pages stays in its write buffer until a reader asks.
     cfg = testing.small_config(transient_store_pool_enable=True, transient_store_pool_size=3,
-                               commit_interval_commit_log=200,
-                               commit_commit_log_thorough_interval=200)
+                               commit_interval_commit_log=10,
+                               commit_commit_log_least_pages=4,
+                               commit_commit_log_thorough_interval=2 ** 31 - 1)
     store = testing.open_store(tmp_path / "s", backend, cfg)
     try:
         assert store.commitlog.pool is not None and store.commit_service is not None
+        first = store.put_message(Message("Pool", b"f" * (4 * 4096 + 100)))
+        testing.wait_until(lambda: store.get_max_phy_offset() > first.commit_log_offset,
+                           what="the first commit")
         r = store.put_message(Message("Pool", b"buffered"))
-        deadline = time.monotonic() + 5
-        while store.get_max_phy_offset() <= r.commit_log_offset and time.monotonic() < deadline:
-            time.sleep(0.01)
-        testing.wait_dispatched(store)
-        g = store.get_message("g", "Pool", 0, 0)
+        assert r.status is PutMessageStatus.PUT_OK
+        time.sleep(0.1)                         # ten commit rounds
+        mfq = store.commitlog.mfq
+        assert mfq.get_max_wrote_position() == r.commit_log_offset + r.wrote_bytes
+        assert mfq.committed_where == r.commit_log_offset
+        assert store.get_max_phy_offset() == r.commit_log_offset     # not visible yet
+        # A read commits the buffers first (read-your-writes), then sees the put.
+        g = store.get_message("g", "Pool", 0, 1)
         assert g.status is G.FOUND and g.messages[0].body == b"buffered"
+        assert store.get_max_phy_offset() == r.commit_log_offset + r.wrote_bytes
         for i in range(300):                    # roll through several files and buffers
             store.put_message(Message("Pool", b"y" * 500))
     finally:
         store.shutdown()
     store = testing.open_store(tmp_path / "s", backend, cfg)
     try:
-        assert store.get_max_offset_in_queue("Pool", 0) == 301
+        assert store.get_max_offset_in_queue("Pool", 0) == 302
     finally:
         store.shutdown()
 
@@ -120,10 +128,9 @@ def test_async_flush_eventually_flushes_and_writes_the_checkpoint(tmp_path, back
     store = testing.open_store(tmp_path / "s", backend, cfg, clock=clock)
     try:
         r = store.put_message(Message("A", b"x"))
-        deadline = time.monotonic() + 5
-        while store.commitlog.mfq.flushed_where < r.commit_log_offset + r.wrote_bytes:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        testing.wait_until(
+            lambda: store.commitlog.mfq.flushed_where >= r.commit_log_offset + r.wrote_bytes,
+            what="the flush")
         testing.wait_dispatched(store)
     finally:
         store.shutdown()
@@ -132,13 +139,12 @@ def test_async_flush_eventually_flushes_and_writes_the_checkpoint(tmp_path, back
     assert int.from_bytes(raw[8:16], "big") == r.store_timestamp      # logicsMsgTimestamp
 
 
-def test_reput_makes_a_put_visible_within_milliseconds(tmp_path, backend):
+def test_reput_dispatches_a_put_with_no_reader_asking(tmp_path, backend):
+    # A read catches reput up itself (read-your-writes), so this waits on reput alone.
     store = testing.open_store(tmp_path / "s", backend)
     try:
         store.put_message(Message("Fast", b"x"))
-        deadline = time.monotonic() + 1.0
-        while store.get_message("g", "Fast", 0, 0).status is not G.FOUND:
-            assert time.monotonic() < deadline
-            time.sleep(0.0005)
+        testing.wait_until(lambda: store.dispatch_behind_bytes() == 0, what="reput")
+        assert store.get_max_offset_in_queue("Fast", 0) == 1
     finally:
         store.shutdown()

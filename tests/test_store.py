@@ -74,13 +74,18 @@ def test_full_file_ends_with_blank_record_and_next_file_starts_at_its_name(store
     prev = [r for r in results if r.commit_log_offset < size][-1]
     end = prev.commit_log_offset + prev.wrote_bytes
     blank = store.commitlog.mfq.files[0].mm[end:end + 8]
-    assert blank == (size - end).to_bytes(4, "big") + (F.BLANK_MAGIC_CODE & 0xFFFFFFFF).to_bytes(4, "big")
+    assert blank == \
+        (size - end).to_bytes(4, "big") + (F.BLANK_MAGIC_CODE & 0xFFFFFFFF).to_bytes(4, "big")
     names = sorted(os.listdir(os.path.join(store.root, "commitlog")))
     assert names[:2] == ["%020d" % 0, "%020d" % size]
     testing.wait_dispatched(store)
-    got = store.get_message("g", "Roll", 0, 0, 70)
-    assert [m.commit_log_offset for m in got.messages] == \
-        [r.commit_log_offset for r in results][:len(got.messages)]
+    offsets, next_offset = [], 0
+    while next_offset < 70:                 # 32 per call at most (maxTransferCount)
+        got = store.get_message("g", "Roll", 0, next_offset, 70)
+        assert got.status is G.FOUND and got.messages
+        offsets += [m.commit_log_offset for m in got.messages]
+        next_offset = got.next_begin_offset
+    assert offsets == [r.commit_log_offset for r in results]
 
 
 def test_get_message_statuses_follow_rocketmq(store):
@@ -141,7 +146,7 @@ def test_properties_follow_java_hashmap_iteration_order():
 
 
 @pytest.mark.parametrize("msg, status", [
-    (Message("bad topic", b""), "MESSAGE_ILLEGAL"),
+    (Message("bad/topic", b""), "MESSAGE_ILLEGAL"),
     (Message("../escape", b""), "MESSAGE_ILLEGAL"),
     (Message("T" * 128, b""), "MESSAGE_ILLEGAL"),
     (Message("T", b"x" * (4 * 1024 * 1024 + 1)), "MESSAGE_ILLEGAL"),
@@ -268,6 +273,36 @@ def test_broker_batch_appends_its_properties_to_every_item(store):
     assert first.properties_string == "KEYS\x01k1\x02" + batch
     assert second.properties_string == batch
     assert first.store_timestamp == second.store_timestamp
+
+
+def test_a_broker_batch_that_does_not_fit_goes_whole_to_the_next_file(tmp_path, backend):
+    # 4.9.x's doAppend of a MessageExtBatch: the blank record where the batch would start,
+    # and the whole batch at the start of the next file (a plain list rolls per record).
+    size = 4096
+    store = testing.open_store(tmp_path / "s", backend,
+                               testing.small_config(mapped_file_size_commit_log=size))
+    try:
+        head = store.put_message(Message("Batch", b"h" * 3300))
+        end = head.commit_log_offset + head.wrote_bytes
+        items = [Message("Batch", b"%d" % i * 150) for i in range(6)]
+        rs = store.put_messages(items, batch_properties={"TAGS": "T"})
+        assert rs.status is PutMessageStatus.PUT_OK and rs.count == 6
+        assert end + int(rs.sizes[:2].sum()) + 8 <= size      # the head of it would fit
+        assert list(rs.commit_log_offsets) == list(size + np.concatenate(
+            ([0], np.cumsum(rs.sizes[:-1]))))
+        assert list(rs.queue_offsets) == list(range(1, 7))
+        blank = store.commitlog.mfq.files[0].mm[end:end + 8]
+        assert blank == (size - end).to_bytes(4, "big") + \
+            (F.BLANK_MAGIC_CODE & 0xFFFFFFFF).to_bytes(4, "big")
+        testing.wait_dispatched(store)
+        got = store.get_message("g", "Batch", 0, 1)
+        assert [m.body for m in got.messages] == [m.body for m in items]
+        with pytest.raises(MessageIllegalError, match="does not fit a CommitLog file"):
+            store.put_messages([Message("Batch", b"x" * 1500) for _ in range(3)],
+                               batch_properties={})
+        assert store.get_max_offset_in_queue("Batch", 0) == 7
+    finally:
+        store.shutdown()
 
 
 @pytest.mark.parametrize("items, props", [

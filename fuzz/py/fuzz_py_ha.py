@@ -1,24 +1,56 @@
 # SPDX-License-Identifier: Apache-2.0
-"""py_ha: a master's byte stream through the slave's frame decoder (HAClient._dispatch_frames,
-wire.decode_header) delivered in arbitrary chunks, and the same bytes through the master's
-report reader (wire.last_report). Invariants: a frame is appended only at the slave's max
-offset and only whole; an oversized or negative header closes the connection, and a frame off
-the slave's file grid also halts the client; nothing raises."""
+"""py_ha: a master's byte stream through the slave's frame decoder delivered in arbitrary
+chunks, as HAClient._serve delivers it: into the staging buffer (HAClient._dispatch_frames,
+wire.decode_header) or, while a frame's body is open, straight into the file's mapping
+(HAClient._body_received); and the same bytes through the master's report reader
+(wire.last_report). Invariants: a frame is published only at the slave's max offset and only
+whole, with exactly the stream's body bytes; an oversized or negative header closes the
+connection, and a frame off the slave's file grid also halts the client; nothing raises."""
 import _harness  # sets sys.path; instruments rocketstore under atheris
 
 with _harness.instrumented(__name__):
     from rocketstore.ha import wire
     from rocketstore.ha.slave import HAClient
 
+FILE_SIZE = 1 << 16
+
+
+class _File:
+    def __init__(self, file_from_offset):
+        self.file_from_offset = file_from_offset
+        self.write_target = bytearray(FILE_SIZE)
+        self.wrote_position = 0
+
+    def populate(self, start, end):
+        assert 0 <= start <= end <= FILE_SIZE
+
 
 class _CommitLog:
+    file_size = FILE_SIZE
+
     def __init__(self):
         self.max_offset = 0
-        self.file_size = 1 << 20
+        self.mf = None
+        self.open = None                 # (file, position, size) of the frame being received
+        self.published = []              # (offset, body) of every whole frame
 
-    def append_data(self, offset, body):
+    def replica_target(self, offset, size):
+        assert self.open is None
         assert offset == self.max_offset or self.max_offset == 0, (offset, self.max_offset)
-        self.max_offset = offset + len(body)
+        assert offset // FILE_SIZE == (offset + size - 1) // FILE_SIZE, "spans two files"
+        if self.mf is None or self.mf.wrote_position == FILE_SIZE:
+            assert offset % FILE_SIZE == 0
+            self.mf = _File(offset)
+        self.open = (self.mf, self.mf.wrote_position, size)
+        return self.mf
+
+    def publish_replica(self, mf, pos):
+        f, start, size = self.open
+        assert mf is f and pos == start + size, "published a partial frame"
+        self.open = None
+        mf.wrote_position = pos
+        self.max_offset = mf.file_from_offset + pos
+        self.published.append((mf.file_from_offset + start, bytes(mf.write_target[start:pos])))
         return True
 
 
@@ -31,20 +63,31 @@ class _Store:
 
 class _Client(HAClient):
     def __init__(self):
-        # No socket and no thread: only the buffer state _dispatch_frames works on. A small
-        # read buffer keeps the "move the tail to the front" path reachable.
-        self.store = _Store()
-        self._buf = bytearray(256)
-        self._pos = self._dispatch = 0
-        self.frames_received = 0
+        # No socket and no thread: only the state the frame decoder works on. A small staging
+        # buffer keeps the "move a partial header to the front" path reachable.
+        super().__init__(_Store())
+        self._stage = bytearray(256)
         self.closed = None
-        self.error = None
 
     def _close(self, why=None):
+        self._drop_frame()
         self.closed = why or "closed"
 
     def halt(self, reason):
         self.error = reason
+
+
+def frames(stream):
+    """(offset, body) of the whole, non-empty frames at the start of `stream`."""
+    out, i = [], 0
+    while len(stream) - i >= wire.HEADER_SIZE:
+        offset, size = wire.HEADER.unpack_from(stream, i)
+        if size < 0 or len(stream) - i - wire.HEADER_SIZE < size:
+            break
+        if size:
+            out.append((offset, stream[i + wire.HEADER_SIZE:i + wire.HEADER_SIZE + size]))
+        i += wire.HEADER_SIZE + size
+    return out
 
 
 def TestOneInput(data):
@@ -53,36 +96,32 @@ def TestOneInput(data):
     step = data[0] % 64 + 1
     stream = data[1:]
     c = _Client()
-    view = memoryview(c._buf)
+    stage = memoryview(c._stage)
     i = 0
     while i < len(stream) and c.closed is None:
-        room = len(c._buf) - c._pos
-        if room == 0:
-            break            # a frame larger than the buffer: the real slave refuses it first
-        chunk = stream[i:i + min(step, room)]
-        c._buf[c._pos:c._pos + len(chunk)] = chunk
-        c._pos += len(chunk)
-        i += len(chunk)
-        ok = _dispatch(c, view)
+        if c._frame_view is not None:
+            n = min(step, c._frame_size - c._frame_got, len(stream) - i)
+            c._frame_view[c._frame_got:c._frame_got + n] = stream[i:i + n]
+            ok = c._body_received(n)
+        else:
+            room = len(c._stage) - c._pos
+            assert room >= len(c._stage) - wire.HEADER_SIZE    # at most a partial header left
+            n = min(step, room, len(stream) - i)
+            c._stage[c._pos:c._pos + n] = stream[i:i + n]
+            c._pos += n
+            ok = c._dispatch_frames(stage)
+        i += n
         assert ok == (c.closed is None)
         assert c.error is None or c.closed is not None
-        assert 0 <= c._dispatch <= c._pos <= len(c._buf)
-    view.release()
+        assert not ok or (c._dispatch == 0 and 0 <= c._pos < wire.HEADER_SIZE)
+    c._drop_frame()
+    stage.release()
+    published = c.store.commitlog.published
+    assert published == frames(stream)[:len(published)]
     pos = len(stream) - len(stream) % 8
     off, new = wire.last_report(stream, 0, len(stream))
     assert new == (pos if pos >= 8 else 0)
     assert off is None or off == wire.decode_report(stream, pos - 8)
-
-
-def _dispatch(c, view):
-    # The real method bounds bodies by wire.MAX_FRAME_BODY (4 MiB); with a 256-byte buffer a
-    # body that can never fit would wait forever, exactly what the bound prevents upstream.
-    saved = wire.MAX_FRAME_BODY
-    try:
-        wire.decode_header.__defaults__ = (0, len(c._buf) - wire.HEADER_SIZE)
-        return c._dispatch_frames(view)
-    finally:
-        wire.decode_header.__defaults__ = (0, saved)
 
 
 if __name__ == "__main__":

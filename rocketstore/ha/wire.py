@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Classic HA frames (spec 05 §2), big-endian, as pure functions over bytes.
+"""Classic HA frames (doc/05 §2), big-endian, as pure functions over bytes.
 
 Slave -> master: an 8-byte offset report (the slave's CommitLog max offset).
 Master -> slave: a 12-byte header (physical offset of the first body byte, body size) and
@@ -13,8 +13,8 @@ REPORT_SIZE = REPORT.size          # 8
 HEADER_SIZE = HEADER.size          # 12
 
 # HAClient's read buffer in 4.9.x is 4 MiB: a frame whose body cannot fit it never completes
-# there (the slave stalls). We refuse such a frame instead, which bounds the slave's memory
-# whatever the master's haTransferBatchSize is.
+# there (the slave stalls). Our slave refuses such a frame, and our master sends none: this is
+# the default and the cap of ha_transfer_batch_size.
 SLAVE_READ_BUFFER_SIZE = 4 * 1024 * 1024
 MAX_FRAME_BODY = SLAVE_READ_BUFFER_SIZE - HEADER_SIZE
 
@@ -38,7 +38,7 @@ def decode_report(buf, pos=0):
 
 
 def last_report(buf, start, end):
-    """ReadSocketService's rule (spec 05 §3.2): of the unprocessed bytes buf[start:end], only
+    """ReadSocketService's rule (doc/05 §3.2): of the unprocessed bytes buf[start:end], only
     the last complete 8-byte report counts. Reports are aligned on the connection's byte
     stream, so `start` and the returned position are multiples of 8 from the stream start.
     Returns (offset or None, new start)."""

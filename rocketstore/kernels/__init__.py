@@ -17,8 +17,8 @@ _MODULES = {
     "cffi": "rocketstore.kernels.cffi_backend",
     "pure": "rocketstore.kernels.pure",
 }
-_loaded = {}
-_errors = {}
+_loaded: dict = {}
+_errors: dict = {}
 
 
 def load(name):

@@ -16,13 +16,15 @@ from ..format import SCAN_DTYPE as _SCAN_DTYPE
 from ._cffi_lib import ffi as _ffi
 from ._cffi_lib import lib as _lib
 from . import pure as _pure
+from . import _query_loop
 
 NAME = "cffi"
 
 __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_append",
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
            "cq_encode_batch", "cq_search", "index_hash", "index_put", "index_put_batch",
-           "index_keys", "index_lookup", "sync_range", "batch_encode", "column_join")
+           "index_keys", "index_lookup", "index_walk", "index_match", "index_query",
+           "sync_range", "batch_encode", "column_join")
 
 _from_buffer = _ffi.from_buffer
 _release_cdata = _ffi.release
@@ -278,6 +280,46 @@ def index_lookup(buf, slot_num, index_num, key_hash, begin, end, max_num, out_of
         _release(b, o)
     _check(r, "index_lookup")
     return count[0]
+
+
+def index_walk(buf, slot_num, index_num, key_hash, begin, end, at, hops, out_offsets):
+    st = _new("int32_t *", at)
+    hp = _new("int64_t *", hops)
+    count = _new("int64_t *")
+    b = o = None
+    try:
+        o = _rw(out_offsets, "int64_t[]")
+        b = _ro(buf)
+        r = _lib.rs_index_walk(b, len(b), slot_num, index_num, key_hash, begin, end, st, hp, o,
+                               len(o), count)
+    finally:
+        _release(b, o)
+    _check(r, "index_walk")
+    return count[0], st[0], hp[0]
+
+
+def index_match(buf, limit, pos, phy_offset, topic, key, begin, end):
+    size = _new("int32_t *")
+    b = t = k = None
+    try:
+        b = _ro(buf)
+        # None: not compared (NULL to C).
+        t = _ffi.NULL if topic is None else _ro(topic)
+        k = _ffi.NULL if key is None else _ro(key)
+        if limit < 0 or limit > len(b):
+            _raise_for_status(_RS_E_BOUNDS, "index_match")
+        r = _lib.rs_index_match(b, limit, pos, phy_offset, t,
+                                0 if topic is None else len(t), k,
+                                0 if key is None else len(k), begin, end, size)
+    finally:
+        _release(b, t if topic is not None else None, k if key is not None else None)
+    _check(r, "index_match")
+    return size[0] if r == 1 else 0
+
+
+def index_query(files, mfq, topic, key, want, begin, end, decode):
+    return _query_loop.index_query(_sys.modules[__name__], files, mfq, topic, key, want, begin,
+                                   end, decode)
 
 
 def sync_range(buf, fd, start, length):

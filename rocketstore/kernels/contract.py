@@ -28,6 +28,9 @@ KERNEL_NAMES = (
     "index_put_batch",
     "index_keys",
     "index_lookup",
+    "index_walk",
+    "index_match",
+    "index_query",
     "sync_range",
     "batch_encode",
     "column_join",
@@ -52,12 +55,19 @@ KERNEL_NAMES = (
 #   and putting each row's keys into IndexFile f in compiled code and asking slow(f, row) for
 #   the file to go on in when f is full or out of reserved blocks; see
 #   index_service.IndexService.dispatch_array. Without it, index_keys and index_put_batch.
+#   ReadPath(message_type, mapped_file_type, on_corrupt, result_type, statuses,
+#   batch_result_type): get_message's and get_batch's unit walk as one compiled call
+#   (`.read(...)`; `.pull(store, cq, offset, max_n, filter, max_bytes)` and `.pull_batch(...)`
+#   for get_message's and get_batch's common cases, results built in the call), and
+#   MessageExt objects from scanned rows (`.decode_rows(buf, rows, n)`), with
+#   read_path.PyReadPath's arguments and results. Without it, PyReadPath over commitlog_scan.
 OPTIONAL_NAMES = (
     "Mapping",
     "cq_dispatch",
     "CqSlots",
     "index_dispatch",
     "PutPath",
+    "ReadPath",
 )
 
 
@@ -65,7 +75,8 @@ class Kernels(Protocol):
     NAME: str
 
     def crc32(self, data, value: int = 0) -> int:
-        """zlib.crc32(data, value): IEEE CRC-32, unsigned. RocketMQ's BODYCRC is this & 0x7FFFFFFF."""
+        """zlib.crc32(data, value): IEEE CRC-32, unsigned. RocketMQ's BODYCRC is this &
+        0x7FFFFFFF."""
 
     def java_hash(self, data) -> int:
         """Java String.hashCode of the UTF-8 text `data`, over UTF-16 code units, as a signed int32.
@@ -75,7 +86,7 @@ class Kernels(Protocol):
 
     def msg_size(self, sys_flag: int, body_len: int, topic_len: int, props_len: int,
                  v2: bool = False) -> int:
-        """TOTALSIZE of a record (spec 01 §3.1, calMsgLength). Raises MessageIllegalError when
+        """TOTALSIZE of a record (doc/01 §3.1, calMsgLength). Raises MessageIllegalError when
         the topic is longer than its length field (127 for v1) or properties exceed 32767 bytes."""
 
     def msg_encode(self, out, pos: int, topic, body, props, queue_id: int, flag: int,
@@ -96,7 +107,7 @@ class Kernels(Protocol):
     def commitlog_append_batch(self, out, pos: int, limit: int, records, queue_offsets,
                                phy_base: int, store_timestamp: int) -> Tuple[int, int]:
         """Append whole records from the concatenated `records` to out[pos:limit], each only if
-        it leaves END_FILE_MIN_BLANK_LENGTH bytes before `limit` (spec 01 §3.9). Record k gets
+        it leaves END_FILE_MIN_BLANK_LENGTH bytes before `limit` (doc/01 §3.9). Record k gets
         QUEUEOFFSET queue_offsets[k] (int64 array), PHYSICALOFFSET phy_base + bytes before it,
         and the one batch store timestamp. Returns (records appended, bytes appended)."""
 
@@ -120,7 +131,8 @@ class Kernels(Protocol):
 
     def cq_search(self, buf, start: int, end: int, phy_offset: int) -> int:
         """Binary search over units in buf[start:end] (ascending commitLogOffset): the index,
-        relative to `start`, of the first unit whose offset >= phy_offset; the unit count if none."""
+        relative to `start`, of the first unit whose offset >= phy_offset; the unit count if
+        none."""
 
     def index_hash(self, key) -> int:
         """IndexFile key hash (IndexFile#indexKeyHashMethod): abs(String.hashCode) of the UTF-8
@@ -129,7 +141,7 @@ class Kernels(Protocol):
 
     def index_put(self, buf, slot_num: int, index_num: int, key_hash: int, phy_offset: int,
                   store_timestamp: int) -> int:
-        """IndexFile#putKey (spec 02 §2.3) into `buf`, a whole index file of `slot_num` slots
+        """IndexFile#putKey (doc/02 §2.3) into `buf`, a whole index file of `slot_num` slots
         and `index_num` entries (len(buf) >= 40 + 4 slot_num + 20 index_num, else bounds
         error): write entry number indexCount, link it at the head of slot key_hash % slot_num,
         and update the header in place (first entry: begin fields; every entry: hashSlotCount,
@@ -153,15 +165,49 @@ class Kernels(Protocol):
 
     def index_lookup(self, buf, slot_num: int, index_num: int, key_hash: int, begin: int,
                      end: int, max_num: int, out_offsets) -> int:
-        """IndexFile#selectPhyOffset (spec 02 §2.6): walk key_hash's chain newest-first and
+        """IndexFile#selectPhyOffset (doc/02 §2.6): walk key_hash's chain newest-first and
         write into `out_offsets` (a writable int64 array) the phyOffset of every entry whose
         keyHash equals key_hash and whose time lies in [begin, end]. Returns the count, at most
         min(max_num, len(out_offsets)). The walk also stops after index_num hops and on any
         out-of-range prevIndex, so a corrupt chain that loops terminates; it never reads
         outside the file's geometry."""
 
+    def index_walk(self, buf, slot_num: int, index_num: int, key_hash: int, begin: int,
+                   end: int, at: int, hops: int, out_offsets) -> Tuple[int, int, int]:
+        """index_lookup that goes on where an earlier call stopped: `at` is 0 to start at
+        key_hash's slot, the entry to resume at, or < 0 when the walk is over (nothing read);
+        `hops` the hops walked so far (0 to start). Fills out_offsets (int64) up to its length
+        and returns (count, at, hops) for the next call; at is -1 once the chain ended by any
+        of index_lookup's stops, whose index_num-hop bound counts every call's hops."""
+
+    def index_match(self, buf, limit: int, pos: int, phy_offset: int, topic, key, begin: int,
+                    end: int) -> int:
+        """Whether the record at buf[pos:limit] (limit: the end of readable data) answers a
+        query for `key` under `topic` (UTF-8 bytes): a whole, valid record by the scan's
+        record check (CRC not checked), PHYSICALOFFSET == phy_offset, STORETIMESTAMP in
+        [begin, end], topic bytes equal, and `key` (non-empty) equal to its UNIQ_KEY or to a
+        piece of its KEYS split on single spaces (last valid segment of a name wins, as
+        index_keys reads them). A None topic or key is not compared (a msgId names a record
+        by its offset alone). Returns the record's TOTALSIZE if so, else 0: damage is a 0,
+        never an exception. limit outside [0, len(buf)] or pos outside [0, limit] is a bounds
+        error."""
+
+    def index_query(self, files, mfq, topic: str, key: str, want: int, begin: int, end: int,
+                    decode) -> Tuple[list, int, int, int]:
+        """MessageStore.query_message's work as one call (doc/02 §2.6): hash topic#key, walk
+        its chain in each IndexFile of `files` newest file first (files whose time range
+        misses the window are passed over; the walk stops after a file that begins before
+        it), each chain newest first, over entries in [begin - 999 ms, end] (entry times are
+        whole seconds), and judge each offset once with index_match against the CommitLog
+        file of MappedFileQueue `mfq` holding it, until `want` records answer or the chains
+        end. Returns (messages, their total bytes, the last file's endTimestamp and
+        endPhyOffset): messages are decode(record bytes) of the kept records, in ascending
+        offset order. Mappings are borrowed as buffers while read, so they are not unmapped
+        under the call; a file unmapped already holds nothing."""
+
     def sync_range(self, buf, fd: int, start: int, length: int) -> None:
-        """Make buf[start:start+length] (a writable mmap of `fd`) durable, without holding the GIL."""
+        """Make buf[start:start+length] (a writable mmap of `fd`) durable, without holding the
+        GIL."""
 
     def batch_encode(self, out, pos: int, limit: int, topic, queue_id: int, bodies, body_off,
                      a, a_off, b, b_off, frags, frag_off, first: int, n: int, flag: int,

@@ -2,6 +2,7 @@
 """Reference kernels in Python (struct, zlib, numpy). The compiled backends must match these
 byte for byte; tests/test_kernels.py holds them to it."""
 import os
+import sys
 import struct
 import zlib
 
@@ -10,6 +11,7 @@ import numpy as np
 from .. import format as F
 from ..errors import (RS_E_ARG, RS_E_BOUNDS, RS_E_TOO_LONG, raise_for_status)
 from ..message import valid_topic_bytes
+from . import _query_loop
 
 NAME = "pure"
 
@@ -206,7 +208,7 @@ def commitlog_blank(out, pos, size):
 
 
 def _tags_code(props):
-    """tagsCode of a properties string (spec 01 §3.6-3.7); also whether TAGS was present."""
+    """tagsCode of a properties string (doc/01 §3.6-3.7); also whether TAGS was present."""
     tags = None
     for seg in props.split(b"\x02"):
         if len(seg.decode("utf-8", "replace")) < 3:
@@ -349,7 +351,7 @@ def sync_range(buf, fd, start, length):
     os.fdatasync(fd)
 
 
-# ---- IndexFile (spec 02 §2) -------------------------------------------------------------------
+# ---- IndexFile (doc/02 §2) -------------------------------------------------------------------
 _I32_MIN = -(1 << 31)
 _I32_MAX = (1 << 31) - 1
 _IDX_HEAD = struct.Struct(">qqqqii")
@@ -484,20 +486,34 @@ def index_put_batch(buf, slot_num, index_num, key_hashes, phy_offsets, store_tim
 
 
 def index_lookup(buf, slot_num, index_num, key_hash, begin, end, max_num, out_offsets):
-    mv = memoryview(buf).cast("B")
-    _index_geometry(mv, slot_num, index_num, "index_lookup")
-    if key_hash < 0:
-        raise_for_status(RS_E_ARG, "index_lookup")
     cap = max(0, min(max_num, len(out_offsets)))
+    return _walk(buf, slot_num, index_num, key_hash, begin, end, 0, 0, out_offsets, cap,
+                 "index_lookup")[0]
+
+
+def index_walk(buf, slot_num, index_num, key_hash, begin, end, at, hops, out_offsets):
+    return _walk(buf, slot_num, index_num, key_hash, begin, end, at, hops, out_offsets,
+                 len(out_offsets), "index_walk")
+
+
+def _walk(buf, slot_num, index_num, key_hash, begin, end, at, hops, out_offsets, cap, what):
+    """rs_index_walk: (count, at, hops)."""
+    mv = memoryview(buf).cast("B")
+    _index_geometry(mv, slot_num, index_num, what)
+    if key_hash < 0 or hops < 0:
+        raise_for_status(RS_E_ARG, what)
+    if at < 0 or cap <= 0:
+        return 0, at, hops
     count = _index_count(mv)
-    n = _I32.unpack_from(mv, F.INDEX_HEADER_SIZE + (key_hash % slot_num) * F.INDEX_SLOT_SIZE)[0]
+    n = at or _I32.unpack_from(mv, F.INDEX_HEADER_SIZE +
+                               (key_hash % slot_num) * F.INDEX_SLOT_SIZE)[0]
     if n <= 0 or n > count or n >= index_num or count <= 1:
-        return 0
+        return 0, -1, hops
     begin_ts = _I64.unpack_from(mv, F.INDEX_POS_BEGIN_TIMESTAMP)[0]
     entries = F.INDEX_HEADER_SIZE + slot_num * F.INDEX_SLOT_SIZE
     found = 0
-    hops = 0
-    # At most index_num hops: a corrupt chain that loops still ends.
+    at = -1
+    # At most index_num hops over all calls: a corrupt chain that loops still ends.
     while hops < index_num and found < cap:
         hops += 1
         hash_read, phy_read, diff, prev = _IDX_ENTRY.unpack_from(
@@ -511,4 +527,43 @@ def index_lookup(buf, slot_num, index_num, key_hash, begin, end, max_num, out_of
         if prev <= 0 or prev > count or prev >= index_num or prev == n or time_read < begin:
             break
         n = prev
-    return found
+        if found == cap:
+            at = n                        # the chain goes on: the next call starts there
+            break
+    return found, at, hops
+
+
+def _has_key(props, key):
+    """rs_index_has_key over bytes."""
+    if not key:
+        return False
+    if _prop_value(props, b"UNIQ_KEY") == key:
+        return True
+    pieces = _prop_value(props, b"KEYS")
+    return pieces is not None and key in pieces.split(b" ")
+
+
+def index_match(buf, limit, pos, phy_offset, topic, key, begin, end):
+    mv = memoryview(buf).cast("B")
+    if limit < 0 or limit > len(mv) or pos < 0 or pos > limit:
+        raise_for_status(RS_E_BOUNDS, "index_match")
+    reason, size, row = _check_one(mv, pos, limit, False)
+    if reason is not None:
+        return 0
+    topic_off, topic_len, props_off, props_len = row[15], row[16], row[17], row[18]
+    if row[1] != phy_offset or not begin <= row[4] <= end:
+        return 0
+    # None: not compared.
+    if topic is not None and mv[pos + topic_off:pos + topic_off + topic_len] != bytes(topic):
+        return 0
+    if key is not None and \
+            not _has_key(bytes(mv[pos + props_off:pos + props_off + props_len]), bytes(key)):
+        return 0
+    return size
+
+
+def index_query(files, mfq, topic, key, want, begin, end, decode):
+    return _query_loop.index_query(_SELF, files, mfq, topic, key, want, begin, end, decode)
+
+
+_SELF = sys.modules[__name__]

@@ -1,11 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Expired-file cleaning and disk-full protection (spec 04 §1-§3).
+"""Expired-file cleaning and disk-full protection (doc/04 §1-§3).
 
 CleanCommitLogService and CleanConsumeQueueService are plain objects whose `run_once(now_ms)`
 does one round, so tests drive them with an injected clock and disk-usage source and no
-thread; StoreScheduledService is the one thread that calls them (and the other periodic jobs)
-on RocketMQ's schedule.
+thread; services/scheduler.py's StoreScheduledService is the one thread that calls them (and
+the other periodic jobs) on RocketMQ's schedule.
 """
+import bisect
 import dataclasses
 import logging
 import os
@@ -13,7 +14,6 @@ import time
 
 import numpy as np
 
-from .base import ServiceThread
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,11 @@ class CleanPlan:
 
     `files`: (file name, start offset, end offset) of each file it would delete, oldest first;
     `lost`: group -> committed-but-unconsumed messages those files hold; `protected`: files
-    kept only because `clean_protect_unconsumed` is on."""
+    kept only because `clean_protect_unconsumed` is on. `budget` is `store_size_budget` (0:
+    none), `store_bytes` the bytes the store's files take on disk now (allocated blocks), and
+    `over_budget` whether that passes the budget, which makes the round delete the oldest
+    files, expired or not; `freed_bytes` is what the round would free in all (the CommitLog
+    files and the queue and index files they alone cover)."""
     time_up: bool
     space_to_delete: bool
     manual: bool
@@ -64,6 +68,10 @@ class CleanPlan:
     files: list
     lost: dict
     protected: list
+    budget: int = 0
+    store_bytes: int = 0
+    over_budget: bool = False
+    freed_bytes: int = 0
 
     @property
     def bytes(self):
@@ -75,6 +83,83 @@ class CleanPlan:
         d["protected"] = [{"name": n, "start": s, "end": e} for n, s, e in self.protected]
         d["bytes"] = self.bytes
         return d
+
+
+def allocated_bytes(fs, path):
+    """Bytes `path` takes on disk (allocated blocks), 0 when it is gone (deleted meanwhile)."""
+    try:
+        return fs.allocated(path)
+    except OSError:
+        return 0
+
+
+def _last_unit_phy(mf, unit_size):
+    """The physical offset in the last unit of a full ConsumeQueue file, as
+    deleteExpiredFileByOffset reads it; None when the file was unmapped meanwhile."""
+    try:
+        return int.from_bytes(mf.mm[mf.file_size - unit_size:mf.file_size - unit_size + 8],
+                              "big", signed=True)
+    except ValueError:
+        return None
+
+
+class StoreSize:
+    """The bytes a store's files take on disk, and what deleting a prefix of its CommitLog
+    would free.
+
+    Sizes are allocated blocks (st_blocks), not apparent sizes: every segment is created at its
+    full size but sparse, so a 1 GiB CommitLog file holding 10 MB takes 10 MB (plus its
+    reserved window) of the disk the budget protects. The apparent size would count 1 GiB
+    for it (a budget below one file size would then delete everything it could at once), and
+    the data size would miss the reserved blocks, which the disk does pay for.
+
+    `covered` lists, per ConsumeQueue and index file that cleaning would delete once the
+    CommitLog minimum passes a physical offset (never a queue's last file, as
+    CleanConsumeQueueService and IndexService decide), that offset and the file's bytes,
+    sorted, so freed(new_min) is one bisect."""
+
+    def __init__(self, store):
+        from ..format import CQ_STORE_UNIT_SIZE
+        from ..mapped_file_queue import split_segment_names
+        fs = store.fs
+        mfq = store.commitlog.mfq
+        self.commitlog = {id(mf): allocated_bytes(fs, mf.path) for mf in mfq.files}
+        covered = []
+        # Segments on disk the list does not hold yet count too: the next file the allocator
+        # created ahead of the writer takes its reserved window.
+        listed = {os.path.basename(mf.path) for mf in mfq.files}
+        other = sum(allocated_bytes(fs, os.path.join(mfq.store_path, name))
+                    for name in split_segment_names(fs, mfq.store_path, None)[0]
+                    if name not in listed)
+        for cq in store.all_consume_queues():
+            files = cq.mfq.files
+            for f in files:
+                size = allocated_bytes(fs, f.path)
+                other += size
+                if f is not files[-1]:
+                    key = _last_unit_phy(f, CQ_STORE_UNIT_SIZE)
+                    if key is not None:
+                        covered.append((key, size))
+        index_files = store.index_service.index_file_list
+        for f in index_files:
+            size = allocated_bytes(fs, f.path)
+            other += size
+            if f is not index_files[-1]:
+                covered.append((f.end_phy_offset, size))
+        covered.sort()
+        self._keys = [k for k, _ in covered]
+        self._sums = [0]
+        for _, size in covered:
+            self._sums.append(self._sums[-1] + size)
+        self.total = sum(self.commitlog.values()) + other
+
+    def of(self, mf):
+        return self.commitlog.get(id(mf), 0)
+
+    def covered_below(self, new_min):
+        """Bytes of the queue and index files cleaning deletes once the CommitLog minimum is
+        `new_min` (each one whose last physical offset is below it)."""
+        return self._sums[bisect.bisect_left(self._keys, new_min)]
 
 
 class CleanCommitLogService:
@@ -184,20 +269,27 @@ class CleanCommitLogService:
             end = min(end, reput.reput_from_offset)
         return end
 
-    def select(self, now_ms, clean_at_once, protect_below=None):
+    def select(self, now_ms, clean_at_once, protect_below=None, size=None):
         """deleteExpiredFileByTime's choice: leading files (never the last one) that expired
         or, with clean_at_once, any; at most delete_file_batch_max; stop at the first one
         kept, so a newer file never goes while an older remains. A file reaching past
         deletable_end() is always kept; with `protect_below`, so is one reaching past that
-        physical offset. Returns (files, protected)."""
+        physical offset. With `size` (a StoreSize) past store_size_budget, files also go
+        unexpired, oldest first, until what they and the queue and index files they alone
+        cover free brings the store within its budget. Returns (files, protected, freed
+        bytes)."""
         cfg = self.store.config
         expired_ms = cfg.file_reserved_time * HOUR_MS
         safe_end = self.deletable_end()
+        over = size.total - cfg.store_size_budget \
+            if size is not None and cfg.store_size_budget > 0 else 0
         chosen, protected = [], []
+        freed = 0
         for mf in self.store.commitlog.mfq.files[:-1]:
             if len(chosen) >= cfg.delete_file_batch_max:
                 break
-            if not (clean_at_once or now_ms >= self.last_modified_ms(mf) + expired_ms):
+            if not (clean_at_once or freed < over or
+                    now_ms >= self.last_modified_ms(mf) + expired_ms):
                 break
             if mf.end_offset > safe_end:
                 log.info("keeping %s: not yet dispatched and flushed (up to %d)",
@@ -207,7 +299,15 @@ class CleanCommitLogService:
                 protected.append(mf)
                 break
             chosen.append(mf)
-        return chosen, protected
+            if size is not None:
+                freed = sum(size.of(f) for f in chosen) + size.covered_below(mf.end_offset)
+        return chosen, protected, freed
+
+    def measure(self):
+        """A StoreSize when a store_size_budget is set, else None (nothing is measured)."""
+        if self.store.config.store_size_budget <= 0:
+            return None
+        return StoreSize(self.store)
 
     def _protect_below(self, immediately):
         cfg = self.store.config
@@ -224,14 +324,23 @@ class CleanCommitLogService:
         manual = self.manual_delete_file_several_times > 0
         if manual:
             self.manual_delete_file_several_times -= 1
-        if not (time_up or space or manual):
+        size = self.measure()
+        over_budget = size is not None and size.total > cfg.store_size_budget
+        if not (time_up or space or manual or over_budget):
             return []
         clean_at_once = cfg.clean_file_forcibly_enable and self.clean_immediately
         log.info("begin to delete before %d hours file. timeup: %s spacefull: %s "
-                 "manualDeleteFileSeveralTimes: %d cleanAtOnce: %s", cfg.file_reserved_time,
-                 time_up, space, self.manual_delete_file_several_times, clean_at_once)
-        files, protected = self.select(now_ms, clean_at_once,
-                                       self._protect_below(self.clean_immediately))
+                 "manualDeleteFileSeveralTimes: %d cleanAtOnce: %s overBudget: %s",
+                 cfg.file_reserved_time, time_up, space, self.manual_delete_file_several_times,
+                 clean_at_once, over_budget)
+        files, protected, freed = self.select(now_ms, clean_at_once,
+                                              self._protect_below(self.clean_immediately),
+                                              size)
+        if over_budget and size.total - freed > cfg.store_size_budget:
+            log.warning("the store takes %d bytes, past its store_size_budget of %d; this "
+                        "round frees %d (the current CommitLog file, undispatched or "
+                        "unflushed data%s are kept)", size.total, cfg.store_size_budget, freed,
+                        " and unconsumed files" if protected else "")
         if protected:
             log.info("keeping %s: a consumer group has not consumed it "
                      "(clean_protect_unconsumed)", protected[0].file_name)
@@ -280,16 +389,24 @@ class CleanCommitLogService:
         space, immediately, _, ratio = self._assess()
         manual = self.manual_delete_file_several_times > 0
         clean_at_once = cfg.clean_file_forcibly_enable and immediately
-        files, protected = [], []
-        if time_up or space or manual:
-            files, protected = self.select(now_ms, clean_at_once,
-                                           self._protect_below(immediately))
+        # Measured whatever the budget, so the plan always says how big the store is.
+        size = StoreSize(store)
+        over_budget = 0 < cfg.store_size_budget < size.total
+        files, protected, freed = [], [], 0
+        if time_up or space or manual or over_budget:
+            files, protected, freed = self.select(
+                now_ms, clean_at_once, self._protect_below(immediately),
+                size if cfg.store_size_budget > 0 else None)
+            if files and not freed:
+                freed = sum(size.of(f) for f in files) + \
+                    size.covered_below(files[-1].end_offset)
         new_min = files[-1].end_offset if files else None
         lost = unconsumed_below(store, new_min) if new_min is not None else {}
         return CleanPlan(time_up, space, manual, clean_at_once, ratio,
                          [(f.file_name, f.file_from_offset, f.end_offset) for f in files],
                          lost, [(f.file_name, f.file_from_offset, f.end_offset)
-                                for f in protected])
+                                for f in protected],
+                         cfg.store_size_budget, size.total, over_budget, freed)
 
 
 class CleanConsumeQueueService:
@@ -317,10 +434,14 @@ class CleanConsumeQueueService:
             total += n
             if n and interval > 0:
                 self.sleep(interval / 1000.0)
-        # Hook for the IndexFile service (spec 02 §2.8), which trails the ConsumeQueues.
+        # Hook for the IndexFile service (doc/02 §2.8), which trails the ConsumeQueues.
         index_service = getattr(store, "index_service", None)
         if index_service is not None:
             index_service.delete_expired_file(min_offset)
+        # A deleted topic whose records have all expired needs no entry any more.
+        deleted = getattr(store, "deleted_topics", None)
+        if deleted is not None and deleted.table and deleted.prune(min_offset):
+            store._deleted_raw = deleted.offsets_by_bytes()
         return total
 
 
@@ -379,35 +500,3 @@ def unconsumed_below(store, phy_offset, chunk=65_536):
         if count:
             lost[group] = lost.get(group, 0) + count
     return lost
-
-
-class StoreScheduledService(ServiceThread):
-    """The store's scheduled thread: cleaning every clean_resource_interval after 60 s, the
-    disk-full check every 10 s after 1 s, and config persistence. Each task is
-    (name, first delay ms, period ms, callable); timing is monotonic, the decisions inside
-    the callables use the store clock."""
-
-    name = "StoreScheduledService"
-    join_time_s = 30.0
-
-    def __init__(self, tasks):
-        super().__init__()
-        now = time.monotonic() * 1000.0
-        self.tasks = [[name, now + delay, period, fn] for name, delay, period, fn in tasks]
-
-    def run_once(self):
-        now = time.monotonic() * 1000.0
-        due = min(t[1] for t in self.tasks)
-        if due > now:
-            self.wait_for_running(due - now)
-            return
-        for task in self.tasks:
-            if self.is_stopped:
-                return
-            name, at, period, fn = task
-            if at <= now:
-                task[1] = now + period
-                try:
-                    fn()
-                except Exception:
-                    log.exception("%s: scheduled task %s failed", self.name, name)

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""ReputMessageService: tails the CommitLog and feeds every dispatcher (spec 03 §8)."""
+"""ReputMessageService: tails the CommitLog and feeds every dispatcher (doc/03 §8)."""
 import logging
 import threading
 

@@ -63,7 +63,7 @@ def main():
     out.flush()
     if args.wait_slave:
         # Until the writer has picked its start: a brand-new slave starts at the last file
-        # the master has at that moment (spec 05 §3.3).
+        # the master has at that moment (doc/05 §3.3).
         while not any(c.next_transfer_from_where >= 0 for c in store.ha_service.connections):
             time.sleep(0.005)
     i = 0

@@ -1,0 +1,236 @@
+# SPDX-License-Identifier: Apache-2.0
+# Key queries as one compiled call (included by _cext.pyx): hash, slot, chain walk across the
+# index files, record check and key match, with Python touched only to find the mappings and
+# to decode the answers.
+
+__all__ += ("index_walk", "index_match", "index_query")
+
+# Offsets taken from a chain per rs_index_walk call: a query mostly wants a handful.
+DEF WALK_CHUNK = 64
+cdef const uint8_t *_EMPTY = <const uint8_t *>b""
+
+
+def index_walk(buf, int32_t slot_num, int32_t index_num, int32_t key_hash, int64_t begin,
+               int64_t end, int32_t at, int64_t hops, out_offsets):
+    """rs_index_walk: (count, at, hops); see contract.index_walk."""
+    cdef Py_buffer b
+    cdef int64_t[::1] o = out_offsets
+    cdef int64_t count = 0
+    cdef int r
+    memset(&b, 0, sizeof(b))
+    _ro(buf, &b)
+    try:
+        r = rs_index_walk(<const uint8_t *>b.buf, <size_t>b.len, slot_num, index_num, key_hash,
+                          begin, end, &at, &hops, &o[0] if o.shape[0] else NULL,
+                          <int64_t>o.shape[0], &count)
+    finally:
+        PyBuffer_Release(&b)
+    _check(r, "index_walk")
+    return count, at, hops
+
+
+def index_match(buf, int64_t limit, int64_t pos, int64_t phy_offset, topic, key,
+                int64_t begin, int64_t end):
+    """rs_index_match over buf[0, limit): the record's size when it answers, else 0."""
+    cdef Py_buffer b, t, k
+    cdef const uint8_t *tp
+    cdef const uint8_t *kp
+    cdef int32_t size = 0
+    cdef int r
+    memset(&b, 0, sizeof(b))
+    memset(&t, 0, sizeof(t))
+    memset(&k, 0, sizeof(k))
+    try:
+        _ro(buf, &b)
+        if topic is not None:
+            _ro(topic, &t)
+        if key is not None:
+            _ro(key, &k)
+        if limit < 0 or limit > b.len:
+            _raise_for_status(RS_E_BOUNDS, "index_match")
+        # None: not compared (NULL to C). An empty buffer is compared, so it must not
+        # arrive as NULL.
+        tp = NULL if topic is None else (<const uint8_t *>t.buf if t.len else _EMPTY)
+        kp = NULL if key is None else (<const uint8_t *>k.buf if k.len else _EMPTY)
+        r = rs_index_match(<const uint8_t *>b.buf, <size_t>limit, pos, phy_offset, tp,
+                           <size_t>t.len, kp, <size_t>k.len, begin, end, &size)
+    finally:
+        PyBuffer_Release(&k)
+        PyBuffer_Release(&t)
+        PyBuffer_Release(&b)
+    _check(r, "index_match")
+    return size if r == 1 else 0
+
+
+cdef class _CommitLogFiles:
+    """The CommitLog files of one query, read from its MappedFileQueue once: the segment
+    holding an offset is then found as MappedFileQueue.find_by_offset finds it, in C."""
+    cdef object files
+    cdef Py_ssize_t n
+    cdef int64_t first, fsize
+
+    def __cinit__(self, mfq):
+        self.files = mfq.files
+        self.n = len(self.files)
+        self.fsize = mfq.file_size
+        self.first = self.files[0].file_from_offset if self.n else 0
+
+    cdef object find(self, int64_t offset):
+        cdef int64_t idx, start
+        if self.n == 0 or self.fsize <= 0 or offset < self.first:
+            return None
+        idx = offset // self.fsize - self.first // self.fsize
+        if 0 <= idx < self.n:
+            mf = self.files[idx]
+            start = mf.file_from_offset
+            if start <= offset < start + self.fsize:
+                return mf
+        for mf in self.files:
+            start = mf.file_from_offset
+            if start <= offset < start + self.fsize:
+                return mf
+        return None
+
+
+cdef object _query_judge(_CommitLogFiles logs, int64_t offset, const uint8_t *topic,
+                         size_t topic_len, const uint8_t *key, size_t key_len, int64_t begin,
+                         int64_t end, object decode, int32_t *size):
+    """The decoded record at CommitLog `offset` if it answers the query, else None. Its
+    file's mapping is borrowed as a buffer for the check and the copy, so it cannot be
+    unmapped meanwhile (a file unmapped before reads as no record, as CommitLog.get_data
+    answers)."""
+    cdef Py_buffer v
+    cdef int64_t start, limit
+    cdef int r
+    size[0] = 0
+    mf = logs.find(offset)
+    if mf is None:
+        return None
+    start = mf.file_from_offset
+    limit = mf.read_position
+    memset(&v, 0, sizeof(v))
+    try:
+        PyObject_GetBuffer(mf.mm, &v, PyBUF_SIMPLE)
+    except ValueError:                    # unmapped by cleaning meanwhile
+        return None
+    try:
+        if limit > v.len:
+            limit = v.len
+        if offset - start >= limit:
+            return None
+        r = rs_index_match(<const uint8_t *>v.buf, <size_t>limit, offset - start, offset,
+                           topic, topic_len, key, key_len, begin, end, size)
+        if r != 1:
+            size[0] = 0
+            return None
+        rec = PyBytes_FromStringAndSize(<const char *>v.buf + (offset - start), size[0])
+    finally:
+        PyBuffer_Release(&v)
+    return decode(rec)
+
+
+def index_query(files, mfq, topic, key, int64_t want, int64_t begin, int64_t end, decode):
+    """The messages under `topic` that carry `key` (UNIQ_KEY or a KEYS piece), stored in
+    [begin, end]: the newest `want` by the index's order (newest file first, each chain
+    newest first), in ascending CommitLog offset order. See contract.index_query."""
+    cdef Py_buffer iv
+    cdef int64_t out[WALK_CHUNK]
+    cdef int64_t seen[WALK_CHUNK]         # offsets judged, the first WALK_CHUNK of them
+    cdef int64_t walk_begin = begin, count = 0, hops, fb = 0, fe, nbytes = 0, last_ts = 0
+    cdef int64_t last_phy = 0, j, cap, off, first_off = 0
+    cdef int32_t key_hash = 0, at, slot_num, index_num, size
+    cdef Py_ssize_t i, nf, nkept = 0, nseen = 0, s
+    cdef const char *tp
+    cdef const char *kp
+    cdef Py_ssize_t tlen, klen
+    cdef int r
+    cdef bint matched, dup
+    cdef _CommitLogFiles logs = None      # read on the first offset to judge
+    messages = []
+    offsets = None                        # with more than one kept, their offsets
+    more_seen = None                      # offsets judged past the first WALK_CHUNK
+    nf = len(files)
+    if nf == 0 or want <= 0:
+        return messages, 0, 0, 0
+    # UnicodeEncodeError for a lone surrogate, as str.encode raises in every backend.
+    tp = PyUnicode_AsUTF8AndSize(topic, &tlen)
+    kp = PyUnicode_AsUTF8AndSize(key, &klen)
+    rs_index_key_hash(<const uint8_t *>tp, <size_t>tlen, <const uint8_t *>kp, <size_t>klen,
+                      &key_hash)
+    # An entry keeps whole seconds after its file's begin, rounded down: a record stored at
+    # `begin` may read up to 999 ms earlier (IndexService.lookup_offsets).
+    if begin > 0:
+        walk_begin = begin - 999 if begin > 999 else 0
+    for i in range(nf - 1, -1, -1):
+        f = files[i]
+        memset(&iv, 0, sizeof(iv))
+        try:
+            PyObject_GetBuffer(f.mf.mm, &iv, PyBUF_SIMPLE)
+        except ValueError:                # unmapped: a destroyed file holds nothing
+            continue
+        try:
+            if iv.len < RS_INDEX_HEADER_SIZE:
+                continue
+            fb = rs_load_i64(<const uint8_t *>iv.buf + RS_INDEX_POS_BEGIN_TIMESTAMP)
+            fe = rs_load_i64(<const uint8_t *>iv.buf + RS_INDEX_POS_END_TIMESTAMP)
+            if i == nf - 1:
+                last_ts = fe
+                last_phy = rs_load_i64(<const uint8_t *>iv.buf + RS_INDEX_POS_END_PHY_OFFSET)
+            # IndexFile#isTimeMatched
+            matched = (walk_begin < fb and end > fe) or (fb <= walk_begin <= fe) or \
+                (fb <= end <= fe)
+            slot_num = f.slot_num
+            index_num = f.index_num
+            at = 0
+            hops = 0
+            # A file outside the window is not walked, but its begin still ends the loop.
+            while matched and at >= 0 and nkept < want:
+                cap = want - nkept
+                if cap > WALK_CHUNK:
+                    cap = WALK_CHUNK
+                r = rs_index_walk(<const uint8_t *>iv.buf, <size_t>iv.len, slot_num, index_num,
+                                  key_hash, walk_begin, end, &at, &hops, out, cap, &count)
+                _check(r, "index_query")
+                for j in range(count):
+                    off = out[j]
+                    # Each offset is judged once: one record's keys may share a chain.
+                    dup = False
+                    for s in range(nseen):
+                        if seen[s] == off:
+                            dup = True
+                            break
+                    if dup or (more_seen is not None and off in more_seen):
+                        continue
+                    if nseen < WALK_CHUNK:
+                        seen[nseen] = off
+                        nseen += 1
+                    else:
+                        if more_seen is None:
+                            more_seen = set()
+                        more_seen.add(off)
+                    if logs is None:
+                        logs = _CommitLogFiles(mfq)
+                    msg = _query_judge(logs, off, <const uint8_t *>tp, <size_t>tlen,
+                                       <const uint8_t *>kp, <size_t>klen, begin, end, decode,
+                                       &size)
+                    if msg is None:
+                        continue
+                    messages.append(msg)
+                    nbytes += size
+                    nkept += 1
+                    if nkept == 1:
+                        first_off = off
+                    elif nkept == 2:
+                        offsets = [first_off, off]
+                    elif nkept > 2:
+                        offsets.append(off)
+                    if nkept == want:
+                        break
+        finally:
+            PyBuffer_Release(&iv)
+        if fb < walk_begin or nkept >= want:
+            break
+    if nkept > 1:
+        order = sorted(range(nkept), key=offsets.__getitem__)
+        messages = [messages[o] for o in order]
+    return messages, nbytes, last_ts, last_phy

@@ -1,0 +1,486 @@
+# SPDX-License-Identifier: Apache-2.0
+# ReadPath: MessageStore.get_message's unit walk as one compiled call (included by _cext.pyx).
+#
+# read_path.PyReadPath is the reference for every backend; this class walks the same units in
+# the same order and gives the same results. The ConsumeQueue's units are read where they lie
+# in its mapping (the queue's tail is never copied, so a call costs the same whatever the
+# backlog), each unit's record is validated by rs_msg_check where it lies in its CommitLog
+# file, and the call either builds the MessageExt objects (get_message) or copies the kernel's
+# rows out (get_batch, whose bodies stay in the mapping).
+#
+# MessageExt and MappedFile are __slots__ classes: their members are read and written at the
+# offsets their member descriptors give (_member / _set_member, as PutPath does). Every mapping
+# is borrowed as a buffer while its bytes are read, so a file closed meanwhile (cleaning) is
+# seen as removed instead of being read after munmap. The GIL is held throughout: the walk
+# makes Python objects per record (get_message) or calls hold() per file and the filter per
+# unit, and a pull of 32 costs less than releasing it twice; a get_batch of tens of thousands
+# holds it for milliseconds.
+from cpython.bytearray cimport PyByteArray_FromStringAndSize
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+
+__all__ += ("ReadPath",)
+
+_EXT_SLOTS = ("store_size", "body_crc", "queue_id", "flag", "queue_offset", "commit_log_offset",
+              "sys_flag", "born_timestamp", "born_host_raw", "store_timestamp", "store_host_raw",
+              "reconsume_times", "prepared_transaction_offset", "body", "topic", "magic",
+              "_praw", "_pstr", "_props")
+DEF X_SIZE = 0
+DEF X_CRC = 1
+DEF X_QID = 2
+DEF X_FLAG = 3
+DEF X_QOFF = 4
+DEF X_PHY = 5
+DEF X_SYSF = 6
+DEF X_BORN_TS = 7
+DEF X_BORN_HOST = 8
+DEF X_STORE_TS = 9
+DEF X_STORE_HOST = 10
+DEF X_RECONSUME = 11
+DEF X_PREPARED = 12
+DEF X_BODY = 13
+DEF X_TOPIC = 14
+DEF X_MAGIC = 15
+DEF X_PRAW = 16
+DEF X_PSTR = 17
+DEF X_PROPS = 18
+DEF N_EXT_SLOTS = 19
+_MF_SLOTS = ("file_from_offset", "committed_position", "mm")
+_GET_RESULT_SLOTS = ("status", "next_begin_offset", "min_offset", "max_offset", "messages",
+                     "suggest_pulling_from_slave")
+_BATCH_RESULT_SLOTS = ("status", "next_begin_offset", "min_offset", "max_offset",
+                       "suggest_pulling_from_slave", "_n", "_raw", "_raw_file", "_rows", "_held",
+                       "_holds", "_buffers", "_released")
+DEF N_BATCH_SLOTS = 13
+DEF R_FROM = 0
+DEF R_READ = 1
+DEF R_MM = 2
+
+cdef object _MAGIC_V1 = RS_MESSAGE_MAGIC_CODE
+cdef object _MAGIC_V2 = RS_MESSAGE_MAGIC_CODE_V2
+
+
+cdef struct _Window:
+    # The file being read: its start offset, readable end (absolute offsets) and mapping.
+    int64_t start
+    int64_t end
+    const uint8_t *buf
+
+
+cdef inline bint _row_inside(const rs_scan_rec *r, Py_ssize_t buf_len) noexcept:
+    """Whether the fields `r` locates (hosts, body, topic, properties) lie inside its record and
+    the record inside a buffer of buf_len bytes."""
+    cdef int64_t hosts = RS_POS_BORNHOST + (20 if r.sys_flag & RS_BORNHOST_V6_FLAG else 8) \
+        + 8 + (20 if r.sys_flag & RS_STOREHOSTADDRESS_V6_FLAG else 8)
+    return (r.pos >= 0 and r.size >= hosts and r.pos + r.size <= buf_len
+            and 0 <= r.body_off and 0 <= r.body_len and r.body_off + r.body_len <= r.size
+            and 0 <= r.topic_off and 0 <= r.topic_len and r.topic_off + r.topic_len <= r.size
+            and 0 <= r.props_off and 0 <= r.props_len and r.props_off + r.props_len <= r.size)
+
+
+cdef class ReadPath:
+    """ReadPath(message_type, mapped_file_type, on_corrupt, result_type=None, statuses=None,
+    batch_result_type=None): the unit walk of get_message and get_batch as one call (read),
+    the whole common case of each with its result built here (pull, pull_batch: needs the
+    result types and the (FOUND, NO_MATCHED_MESSAGE, MESSAGE_WAS_REMOVING) statuses), and
+    MessageExt objects from scanned rows (decode_rows).
+
+    on_corrupt(queue_offset, phy_offset, reason) is called for a unit whose record fails the
+    record check (the unit is then skipped, as a filter would)."""
+    cdef Py_ssize_t _x[N_EXT_SLOTS]
+    cdef Py_ssize_t _f[3]
+    cdef type _ext
+    cdef object _on_corrupt
+    # The last topic and hosts met, reused while records repeat them (a queue's records share
+    # a topic, and mostly their hosts): a memcmp instead of a new object per message.
+    cdef bytes _topic_b
+    cdef object _topic_s
+    cdef bytes _born
+    cdef bytes _store
+    # Likewise the last store time (one per put batch) and record size (fixed-size messages).
+    cdef object _ts_obj
+    cdef int64_t _ts
+    cdef object _size_obj
+    cdef int32_t _size
+    # pull(): GetMessageResult's type, members and statuses.
+    cdef type _result
+    cdef Py_ssize_t _g[6]
+    cdef object _found, _no_matched, _removing
+    # pull_batch(): read_path.GetBatchResult's type and members.
+    cdef type _batch
+    cdef Py_ssize_t _b[N_BATCH_SLOTS]
+
+    def __init__(self, message_type, mapped_file_type, on_corrupt, result_type=None,
+                 statuses=None, batch_result_type=None):
+        _member_offsets(message_type, _EXT_SLOTS, self._x)
+        _member_offsets(mapped_file_type, _MF_SLOTS, self._f)
+        self._ext = message_type
+        self._on_corrupt = on_corrupt
+        self._result = result_type
+        if result_type is not None:
+            _member_offsets(result_type, _GET_RESULT_SLOTS, self._g)
+            self._found, self._no_matched, self._removing = statuses
+        self._batch = batch_result_type
+        if batch_result_type is not None:
+            _member_offsets(batch_result_type, _BATCH_RESULT_SLOTS, self._b)
+
+    # ---- one message -------------------------------------------------------------------------
+    cdef inline bytes _host(self, const uint8_t *p, Py_ssize_t n, bint store):
+        cdef bytes old = self._store if store else self._born
+        if old is not None and PyBytes_GET_SIZE(old) == n \
+                and memcmp(PyBytes_AS_STRING(old), p, <size_t>n) == 0:
+            return old
+        new = PyBytes_FromStringAndSize(<const char *>p, n)
+        if store:
+            self._store = new
+        else:
+            self._born = new
+        return new
+
+    cdef object _message(self, const uint8_t *rec, const rs_scan_rec *row):
+        """A MessageExt of the checked record at `rec` with the kernel's `row`."""
+        cdef Py_ssize_t *x = self._x
+        cdef const uint8_t *p
+        cdef Py_ssize_t n
+        m = PyType_GenericAlloc(<PyTypeObject *>self._ext, 0)
+        if self._size_obj is None or self._size != row.size:
+            self._size_obj = row.size
+            self._size = row.size
+        if self._ts_obj is None or self._ts != row.store_timestamp:
+            self._ts_obj = row.store_timestamp
+            self._ts = row.store_timestamp
+        _set_member(m, x[X_SIZE], self._size_obj)
+        _set_member(m, x[X_CRC], row.body_crc)
+        _set_member(m, x[X_QID], row.queue_id)
+        _set_member(m, x[X_FLAG], row.flag)
+        _set_member(m, x[X_QOFF], row.queue_offset)
+        _set_member(m, x[X_PHY], row.phy_offset)
+        _set_member(m, x[X_SYSF], row.sys_flag)
+        _set_member(m, x[X_BORN_TS], row.born_timestamp)
+        _set_member(m, x[X_STORE_TS], self._ts_obj)
+        _set_member(m, x[X_RECONSUME], row.reconsume_times)
+        _set_member(m, x[X_PREPARED], row.prepared_tx_offset)
+        _set_member(m, x[X_MAGIC], _MAGIC_V2 if row.info & RS_SCAN_INFO_V2 else _MAGIC_V1)
+        # The hosts' lengths follow the sysflag bits, which rs_msg_check has checked against
+        # TOTALSIZE (doc/01 §3.1).
+        p = rec + RS_POS_BORNHOST
+        n = 20 if row.sys_flag & RS_BORNHOST_V6_FLAG else 8
+        _set_member(m, x[X_BORN_HOST], self._host(p, n, False))
+        p += n + 8
+        n = 20 if row.sys_flag & RS_STOREHOSTADDRESS_V6_FLAG else 8
+        _set_member(m, x[X_STORE_HOST], self._host(p, n, True))
+        _set_member(m, x[X_BODY], PyBytes_FromStringAndSize(
+            <const char *>rec + row.body_off, row.body_len))
+        p = rec + row.topic_off
+        n = row.topic_len
+        if self._topic_b is None or PyBytes_GET_SIZE(self._topic_b) != n \
+                or memcmp(PyBytes_AS_STRING(self._topic_b), p, <size_t>n) != 0:
+            # The kernel let through only [%|a-zA-Z0-9_-] bytes: ASCII.
+            self._topic_s = PyUnicode_DecodeUTF8(<const char *>p, n, "replace")
+            self._topic_b = PyBytes_FromStringAndSize(<const char *>p, n)
+        _set_member(m, x[X_TOPIC], self._topic_s)
+        # The properties stay bytes until asked for (MessageExt.properties_string).
+        _set_member(m, x[X_PRAW], PyBytes_FromStringAndSize(
+            <const char *>rec + row.props_off, row.props_len))
+        _set_member(m, x[X_PSTR], None)
+        _set_member(m, x[X_PROPS], None)
+        # Not tracked by the garbage collector, as PutPath's results: it refers to ints, bytes,
+        # str and None (later its properties dict of str), so it is in no cycle unless a caller
+        # puts it into its own properties map; a consumer keeping many would otherwise make
+        # every collection walk them (measured: ~40 % of a get_message of 32).
+        PyObject_GC_UnTrack(m)
+        return m
+
+    def decode_rows(self, buf, rows, Py_ssize_t n):
+        """MessageExt objects of the first `n` rows (format.SCAN_DTYPE, commitlog_scan's output
+        over `buf`): iter_messages and dump, without re-parsing a record."""
+        cdef Py_buffer b, rv
+        cdef const rs_scan_rec *r
+        cdef Py_ssize_t i
+        cdef list out = []
+        dtype = getattr(rows, "dtype", None)
+        if dtype is not None and dtype != _SCAN_DTYPE:
+            _raise_for_status(RS_E_ARG, "decode_rows: rows must be a SCAN_DTYPE array")
+        memset(&b, 0, sizeof(b))
+        memset(&rv, 0, sizeof(rv))
+        try:
+            _ro(buf, &b)
+            _ro(rows, &rv)
+            if n < 0 or n > rv.len // SCAN_REC_SIZE:
+                _raise_for_status(RS_E_BOUNDS, "decode_rows: more rows than given")
+            r = <const rs_scan_rec *>rv.buf
+            for i in range(n):
+                # Rows may come from anywhere: every field must lie inside its record, and the
+                # record inside the buffer.
+                if not _row_inside(&r[i], b.len):
+                    _raise_for_status(RS_E_BOUNDS, "decode_rows: a row outside the buffer")
+                out.append(self._message(<const uint8_t *>b.buf + r[i].pos, &r[i]))
+        finally:
+            PyBuffer_Release(&rv)
+            PyBuffer_Release(&b)
+        return out
+
+    # ---- the unit walk ---------------------------------------------------------------------
+    cdef object _find(self, list files, int64_t offset, int64_t file_size):
+        """MappedFileQueue.find_by_offset over a snapshot of its list (None if not found)."""
+        cdef Py_ssize_t n = len(files), idx
+        cdef int64_t first, last, start
+        if n == 0:
+            return None
+        first = <object>_member(files[0], self._f[R_FROM])
+        last = <object>_member(files[n - 1], self._f[R_FROM])
+        if offset < first or offset >= last + file_size:
+            return None
+        idx = <Py_ssize_t>(offset // file_size - first // file_size)
+        if 0 <= idx < n:
+            f = files[idx]
+            start = <object>_member(f, self._f[R_FROM])
+            if start <= offset < start + file_size:
+                return f
+        for f in files:
+            start = <object>_member(f, self._f[R_FROM])
+            if start <= offset < start + file_size:
+                return f
+        return None
+
+    cdef int _open(self, object f, Py_buffer *view, _Window *w) except -1:
+        """Borrow file `f`'s mapping into `view` (released first); 0 when it is closed."""
+        PyBuffer_Release(view)
+        mm = <object>_member(f, self._f[R_MM])
+        try:
+            _ro(mm, view)
+        except (ValueError, BufferError):
+            return 0                    # unmapped by cleaning meanwhile
+        w.start = <object>_member(f, self._f[R_FROM])
+        w.end = w.start + <int64_t>(<object>_member(f, self._f[R_READ]))
+        if w.end - w.start > view.len:
+            w.end = w.start + view.len
+        w.buf = <const uint8_t *>view.buf
+        return 1
+
+    def read(self, list cq_files, int64_t cq_file_size, list log_files, int64_t log_file_size,
+             int64_t offset, int64_t max_off, int64_t min_logic, Py_ssize_t max_n,
+             int64_t scan_limit, int64_t max_bytes, message_filter, rows=None,
+             list held=None, row_file=None):
+        """The unit walk of read_path.PyReadPath.read, with the same arguments and results:
+        (messages or row count, units scanned or -1 when the first unit's file is not there,
+        whether a record was found removed before any was found, the last record's offset)."""
+        return self._walk(cq_files, cq_file_size, log_files, log_file_size, offset, max_off,
+                          min_logic, max_n, scan_limit, max_bytes, message_filter, rows, held,
+                          row_file)
+
+    cdef int _positions(self, store, cq, int64_t *max_py, int64_t *max_off) except -1:
+        """The CommitLog's and the queue's max offsets (bytes; units); 0 if either is empty."""
+        log_files = store.commitlog.mfq.files
+        cq_files = cq.mfq.files
+        if not log_files or not cq_files:
+            return 0
+        last = log_files[len(log_files) - 1]
+        max_py[0] = <int64_t>(<object>_member(last, self._f[R_FROM])) \
+            + <int64_t>(<object>_member(last, self._f[R_READ]))
+        last = cq_files[len(cq_files) - 1]
+        max_off[0] = (<int64_t>(<object>_member(last, self._f[R_FROM]))
+                      + <int64_t>(<object>_member(last, self._f[R_READ]))) \
+            // RS_CQ_STORE_UNIT_SIZE
+        return 1
+
+    def pull_batch(self, store, cq, int64_t offset, Py_ssize_t max_n, message_filter,
+                   int64_t max_bytes):
+        """read_path.PyReadPath.pull_batch: get_batch's common case as one call, building the
+        GetBatchResult here. None as for pull()."""
+        cdef int64_t max_py = 0, min_logic, max_off = 0, max_phy, scanned
+        cdef Py_ssize_t n
+        cdef Py_ssize_t *b = self._b
+        if self._batch is None or not self._positions(store, cq, &max_py, &max_off):
+            return None
+        min_logic = cq.min_logic_offset
+        if max_off == 0 or offset < min_logic // RS_CQ_STORE_UNIT_SIZE or offset >= max_off:
+            return None
+        commitlog = store.commitlog
+        # Plain buffers, viewed as numpy arrays only when a column is asked for.
+        rows = PyByteArray_FromStringAndSize(NULL, max_n * SCAN_REC_SIZE)
+        row_file = PyByteArray_FromStringAndSize(NULL, max_n * 4)
+        held = []
+        n, scanned, removing, max_phy = self._walk(
+            cq.mfq.files, cq.file_size, commitlog.mfq.files, commitlog.file_size, offset,
+            max_off, min_logic, max_n,
+            max(16000, max_n * RS_CQ_STORE_UNIT_SIZE) // RS_CQ_STORE_UNIT_SIZE, max_bytes,
+            message_filter, rows, held, row_file)
+        if scanned < 0:
+            for f in held:
+                f.release()
+            return None
+        r = PyType_GenericAlloc(<PyTypeObject *>self._batch, 0)
+        if n:
+            _set_member(r, b[0], self._found)
+            _set_member(r, b[4], max_py - max_phy > <int64_t>store._mem_limit)
+            _set_member(r, b[6], rows)
+            _set_member(r, b[7], row_file)
+        else:
+            _set_member(r, b[0], self._removing if removing else self._no_matched)
+            _set_member(r, b[4], False)
+            _set_member(r, b[6], None)
+            _set_member(r, b[7], None)
+        _set_member(r, b[1], offset + scanned)
+        _set_member(r, b[2], min_logic // RS_CQ_STORE_UNIT_SIZE)
+        _set_member(r, b[3], max_off)
+        _set_member(r, b[5], n)
+        _set_member(r, b[8], None)
+        _set_member(r, b[9], held)
+        _set_member(r, b[10], None)
+        _set_member(r, b[11], None)
+        _set_member(r, b[12], False)
+        return r
+
+    def pull(self, store, cq, int64_t offset, Py_ssize_t max_n, message_filter,
+             int64_t max_bytes):
+        """read_path.PyReadPath.pull: get_message's common case as one call, the queue's and
+        CommitLog's positions read here and the GetMessageResult built here. None when the
+        answer is decided before a unit is read (the offset outside the queue) or the first
+        unit's file is missing: read_path.get_message gives those."""
+        cdef int64_t max_py = 0, min_logic, max_off = 0, max_phy, scanned
+        cdef Py_ssize_t *g = self._g
+        if self._result is None or not self._positions(store, cq, &max_py, &max_off):
+            return None
+        commitlog = store.commitlog
+        min_logic = cq.min_logic_offset
+        if max_off == 0 or offset < min_logic // RS_CQ_STORE_UNIT_SIZE or offset >= max_off:
+            return None
+        # Units looked at, filtered out or not: the broker's bound on one call's scan.
+        messages, scanned, removing, max_phy = self._walk(
+            cq.mfq.files, cq.file_size, commitlog.mfq.files, commitlog.file_size, offset,
+            max_off, min_logic,
+            max_n, max(16000, max_n * RS_CQ_STORE_UNIT_SIZE) // RS_CQ_STORE_UNIT_SIZE,
+            max_bytes, message_filter, None, None, None)
+        if scanned < 0:
+            return None
+        r = PyType_GenericAlloc(<PyTypeObject *>self._result, 0)
+        if messages:
+            _set_member(r, g[0], self._found)
+            _set_member(r, g[5], max_py - max_phy > <int64_t>store._mem_limit)
+        else:
+            _set_member(r, g[0], self._removing if removing else self._no_matched)
+            _set_member(r, g[5], False)
+        _set_member(r, g[1], offset + scanned)
+        _set_member(r, g[2], min_logic // RS_CQ_STORE_UNIT_SIZE)
+        _set_member(r, g[3], max_off)
+        _set_member(r, g[4], messages)
+        return r
+
+    cdef tuple _walk(self, list cq_files, int64_t cq_file_size, list log_files,
+                     int64_t log_file_size, int64_t offset, int64_t max_off, int64_t min_logic,
+                     Py_ssize_t max_n, int64_t scan_limit, int64_t max_bytes, message_filter,
+                     rows, list held, row_file):
+        cdef Py_buffer qv, lv, rv, fv
+        cdef _Window q, lw
+        cdef rs_scan_rec row
+        cdef rs_scan_rec *out_rows = NULL
+        cdef int32_t *out_file = NULL
+        cdef int32_t rsize
+        cdef int64_t pos, rel, take, i, phy, tags, scanned = 0, nbytes = 0, max_phy = 0
+        cdef int64_t skip_below = -1, qidx
+        cdef int32_t size
+        cdef Py_ssize_t found = 0, cap = 0
+        cdef bint removing = False, full = False, first = True, batch = rows is not None
+        cdef bint have_log = False, log_rows = False
+        cdef const uint8_t *u
+        cdef int r
+        cdef list messages = None
+        memset(&qv, 0, sizeof(qv))
+        memset(&lv, 0, sizeof(lv))
+        memset(&rv, 0, sizeof(rv))
+        memset(&fv, 0, sizeof(fv))
+        lw.start = lw.end = 0
+        lf = None
+        try:
+            if batch:
+                # A SCAN_DTYPE array, or a plain writable buffer of rows (bytearray).
+                if getattr(rows, "dtype", _SCAN_DTYPE) != _SCAN_DTYPE:
+                    _raise_for_status(RS_E_ARG, "read: rows must be a SCAN_DTYPE array")
+                _rw(rows, &rv)
+                _rw(row_file, &fv)
+                cap = min(rv.len // SCAN_REC_SIZE, fv.len // 4)
+                if cap < max_n or held is None:
+                    _raise_for_status(RS_E_ARG, "read: fewer output rows than max_n")
+                out_rows = <rs_scan_rec *>rv.buf
+                out_file = <int32_t *>fv.buf
+            else:
+                messages = []
+            while True:
+                qidx = offset + scanned
+                pos = qidx * RS_CQ_STORE_UNIT_SIZE
+                f = None if pos < min_logic else self._find(cq_files, pos, cq_file_size)
+                if f is None or not self._open(f, &qv, &q) or pos >= q.end:
+                    if first:
+                        scanned = -1
+                    break
+                first = False
+                rel = pos - q.start
+                take = min((q.end - pos) // RS_CQ_STORE_UNIT_SIZE, scan_limit - scanned)
+                for i in range(take):
+                    u = q.buf + rel + i * RS_CQ_STORE_UNIT_SIZE
+                    phy = rs_load_i64(u)
+                    size = rs_load_i32(u + 8)
+                    if phy < skip_below:
+                        scanned += 1
+                        continue
+                    if found and (found >= max_n or nbytes + size > max_bytes):
+                        full = True
+                        break
+                    scanned += 1
+                    if message_filter is not None:
+                        tags = rs_load_i64(u + 12)
+                        if not message_filter(tags):
+                            continue
+                    if size <= 0 or phy < 0:    # no record is there: a damaged unit
+                        self._on_corrupt(offset + scanned - 1, phy, RS_E_ARG)
+                        continue
+                    # Units of one queue mostly point into the same CommitLog file: keep it.
+                    if not (have_log and lw.start <= phy and phy + size <= lw.end):
+                        if batch and lf is not None and not log_rows:
+                            held.pop().release()
+                        have_log = False
+                        log_rows = False
+                        lf = self._find(log_files, phy, log_file_size)
+                        if lf is not None and (not batch or lf.hold()):
+                            if batch:
+                                held.append(lf)
+                            if self._open(lf, &lv, &lw):
+                                have_log = True
+                            elif batch:
+                                held.pop().release()
+                                lf = None
+                        else:
+                            lf = None
+                    if not (have_log and lw.start <= phy and phy + size <= lw.end):
+                        if not found:
+                            removing = True
+                        skip_below = phy + log_file_size - phy % log_file_size
+                        continue
+                    r = rs_msg_check(lw.buf, <size_t>(phy + size - lw.start), phy - lw.start,
+                                     0, &row, &rsize)
+                    if r != RS_OK or row.phy_offset != phy:
+                        if r != RS_OK:
+                            self._on_corrupt(offset + scanned - 1, phy, r)
+                        continue                # a damaged unit: skipped, as a filter would
+                    if batch:
+                        # The unit's tagsCode, what a filter sees (a delayed message's unit
+                        # holds its delivery time, not the TAGS hash).
+                        row.tags_code = rs_load_i64(u + 12)
+                        out_rows[found] = row
+                        out_file[found] = <int32_t>(len(held) - 1)
+                        log_rows = True
+                    else:
+                        messages.append(self._message(lw.buf + row.pos, &row))
+                    found += 1
+                    nbytes += size
+                    max_phy = phy
+                if full or found >= max_n or scanned >= scan_limit or offset + scanned >= max_off:
+                    break
+        finally:
+            if batch and lf is not None and not log_rows and held:
+                held.pop().release()
+            PyBuffer_Release(&qv)
+            PyBuffer_Release(&lv)
+            PyBuffer_Release(&rv)
+            PyBuffer_Release(&fv)
+        return (found if batch else messages), scanned, removing, max_phy

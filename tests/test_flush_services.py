@@ -1,0 +1,362 @@
+# SPDX-License-Identifier: Apache-2.0
+"""SYNC_FLUSH group commit (puts do the syncs, several at once, each woken by the sync that
+covered it) and the ConsumeQueue flusher (a round flushes the queues written, and only them)."""
+import errno
+import os
+import threading
+import time
+
+import pytest
+
+from rocketstore import FlushDiskType, Message, PutMessageStatus, testing
+from rocketstore.consume_queue import ConsumeQueue
+from rocketstore.fs import FileSystem
+
+
+def sync_config(**kw):
+    return testing.small_config(flush_disk_type=FlushDiskType.SYNC_FLUSH, **kw)
+
+
+class _GatedSync:
+    """A kernel module whose msync waits until `gate` is set: a disk that stalls on demand."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def sync_range(self, *args):
+        self.gate.wait()
+        return self._inner.sync_range(*args)
+
+
+class _FailingSync(FileSystem):
+    """msync of CommitLog files fails with EIO while `failing` is set."""
+
+    failing = False
+
+    def sync_mapped(self, kernels, mm, path, start, length):
+        if self.failing and os.sep + "commitlog" + os.sep in path:
+            raise OSError(errno.EIO, os.strerror(errno.EIO), path)
+        return super().sync_mapped(kernels, mm, path, start, length)
+
+
+def _end(result):
+    """The CommitLog offset just past what a put_message / put_messages result wrote."""
+    if hasattr(result, "commit_log_offsets"):
+        return int(result.commit_log_offsets[-1]) + int(result.sizes[-1])
+    return result.commit_log_offset + result.wrote_bytes
+
+
+def _until(predicate, what, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.002)
+
+
+def _put(store, t, i):
+    """Thread t's i-th put: a single message, or every third time a batch of four."""
+    if i % 3 == 2:
+        return store.put_messages([Message("G", b"%d-%d-%d" % (t, i, j), queue_id=t % 4)
+                                   for j in range(4)])
+    return store.put_message(Message("G", b"%d-%d" % (t, i), queue_id=t % 4))
+
+
+# ---- group commit -------------------------------------------------------------------------
+def test_every_put_acknowledged_under_sync_flush_is_flushed_when_it_returns(tmp_path,
+                                                                            backend):
+    # Small CommitLog files: syncs cross file boundaries while many threads put.
+    store = testing.open_store(tmp_path / "s", backend, sync_config())
+    late = []
+    results = []
+
+    def produce(t):
+        mfq = store.commitlog.mfq
+        for i in range(40):
+            r = _put(store, t, i)
+            # Read at once, in the putting thread: durable when acknowledged, not later.
+            if r.status is PutMessageStatus.PUT_OK and mfq.flushed_where < _end(r):
+                late.append((t, i, mfq.flushed_where, _end(r)))
+            results.append(r)
+    try:
+        threads = [threading.Thread(target=produce, args=(t,)) for t in range(24)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(results) == 24 * 40
+        assert all(r.status is PutMessageStatus.PUT_OK for r in results)
+        assert late == []
+        assert store.commitlog.mfq.flushed_where == store.commitlog.mfq.get_max_offset()
+        svc = store.flush_service
+        assert svc._ranges == [] and svc._waiters == [] and svc._running == 0
+    finally:
+        store.shutdown()
+    assert not (tmp_path / "s" / "abort").exists()
+
+
+def test_puts_and_batches_written_while_syncs_run_share_the_next_sync(tmp_path, backend):
+    kernels = _GatedSync(backend)
+    store = testing.open_store(tmp_path / "s", kernels, sync_config(sync_flush_timeout=30_000))
+    svc = store.flush_service
+    n = svc.MAX_SYNCS + 8
+    results = [None] * n
+    try:
+        before = svc.syncs
+        kernels.gate.clear()
+
+        def produce(i):
+            results[i] = _put(store, i, 2 if i % 2 else 0)
+        threads = [threading.Thread(target=produce, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        # MAX_SYNCS syncs are stuck (the thread may hold one); every other put waits.
+        _until(lambda: svc._running == svc.MAX_SYNCS
+               and len(svc._waiters) >= n - svc.MAX_SYNCS, "the puts to wait")
+        kernels.gate.set()
+        for t in threads:
+            t.join()
+        assert all(r.status is PutMessageStatus.PUT_OK for r in results)
+        assert store.commitlog.mfq.flushed_where >= max(_end(r) for r in results)
+        # The stuck syncs, one sync for every put that waited behind them, and at most one
+        # for a put that reached its wait late.
+        assert svc.syncs - before <= svc.MAX_SYNCS + 2 < n
+    finally:
+        kernels.gate.set()
+        store.shutdown()
+
+
+def test_a_put_waiting_behind_a_stalled_sync_answers_flush_disk_timeout_in_time(tmp_path,
+                                                                                  backend):
+    kernels = _GatedSync(backend)
+    store = testing.open_store(tmp_path / "s", kernels, sync_config(sync_flush_timeout=200))
+    svc = store.flush_service
+    svc.MAX_SYNCS = 1                   # the stalled sync holds the only slot
+    first = []
+    try:
+        kernels.gate.clear()
+        leader = threading.Thread(
+            target=lambda: first.append(store.put_message(Message("T", b"leader"))))
+        leader.start()
+        _until(lambda: svc._running == 1, "the first sync to start")
+        t0 = time.monotonic()
+        r = store.put_message(Message("T", b"follower"))
+        waited = time.monotonic() - t0
+        assert r.status is PutMessageStatus.FLUSH_DISK_TIMEOUT and r.status.ok
+        assert waited < 5.0                     # its own timeout, not the stalled sync
+        assert leader.is_alive()                # still inside msync
+        kernels.gate.set()
+        leader.join()
+        # Its sync outlasted its timeout: durable, but not within the time it was given.
+        assert first[0].status is PutMessageStatus.FLUSH_DISK_TIMEOUT
+        r = store.put_message(Message("T", b"after"))
+        assert r.status is PutMessageStatus.PUT_OK
+        assert store.commitlog.mfq.flushed_where >= _end(r)
+    finally:
+        kernels.gate.set()
+        store.shutdown()
+
+
+def test_shutdown_while_puts_wait_acknowledges_every_put_the_final_sync_covers(tmp_path,
+                                                                              backend):
+    kernels = _GatedSync(backend)
+    store = testing.open_store(tmp_path / "s", kernels, sync_config(sync_flush_timeout=30_000))
+    svc = store.flush_service
+    results = [None] * 8
+    try:
+        kernels.gate.clear()
+
+        def produce(i):
+            results[i] = _put(store, i, i)
+        threads = [threading.Thread(target=produce, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        _until(lambda: len(svc._waiters) + svc._running >= 8, "the puts to wait")
+        closer = threading.Thread(target=store.shutdown)
+        closer.start()
+        time.sleep(0.05)
+        kernels.gate.set()
+        closer.join(30)
+        for t in threads:
+            t.join(30)
+        assert not closer.is_alive()
+        assert all(r.status is PutMessageStatus.PUT_OK for r in results)
+    finally:
+        kernels.gate.set()
+        store.shutdown()
+    assert not (tmp_path / "s" / "abort").exists()
+    store = testing.open_store(tmp_path / "s", backend, sync_config())
+    try:
+        assert sum(store.get_max_offset_in_queue("G", q) for q in range(4)) == \
+            sum(getattr(r, "count", 1) for r in results)
+    finally:
+        store.shutdown()
+
+
+def test_shutdown_with_a_failing_disk_ends_every_wait_without_acknowledging(tmp_path,
+                                                                             backend):
+    fs = _FailingSync()
+    store = testing.open_store(tmp_path / "s", backend, sync_config(sync_flush_timeout=30_000),
+                               fs=fs)
+    results = [None] * 6
+    try:
+        assert store.put_message(Message("T", b"durable")).status is PutMessageStatus.PUT_OK
+        fs.failing = True
+
+        def produce(i):
+            results[i] = _put(store, i, 0)
+        threads = [threading.Thread(target=produce, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(0.1)                         # syncs fail and are retried meanwhile
+        t0 = time.monotonic()
+        store.shutdown()
+        for t in threads:
+            t.join(30)
+        assert time.monotonic() - t0 < 20       # not each put's 30 s timeout
+        assert all(r.status is PutMessageStatus.FLUSH_DISK_TIMEOUT for r in results)
+    finally:
+        fs.failing = False
+        store.shutdown()
+    assert (tmp_path / "s" / "abort").exists()  # the next open recovers
+
+
+def test_a_failed_sync_is_retried_before_later_puts_count_as_flushed(tmp_path, backend):
+    fs = _FailingSync()
+    store = testing.open_store(tmp_path / "s", backend, sync_config(sync_flush_timeout=100),
+                               fs=fs)
+    try:
+        fs.failing = True
+        r = store.put_message(Message("T", b"not yet"))
+        assert r.status is PutMessageStatus.FLUSH_DISK_TIMEOUT
+        assert store.commitlog.mfq.flushed_where < _end(r)
+        fs.failing = False
+        r2 = store.put_message(Message("T", b"after"))
+        assert r2.status is PutMessageStatus.PUT_OK
+        assert store.commitlog.mfq.flushed_where >= _end(r2) > _end(r)
+    finally:
+        store.shutdown()
+
+
+# ---- ConsumeQueue flush -------------------------------------------------------------------
+def _cq_config(**kw):
+    # The flusher's own rounds never come (an hour apart): the test calls do_flush.
+    return testing.small_config(flush_interval_consume_queue=3_600_000, **kw)
+
+
+@pytest.fixture
+def flushed_cqs(monkeypatch):
+    """The ConsumeQueues whose flush() is called, in order."""
+    calls = []
+    real = ConsumeQueue.flush
+
+    def spy(cq, least_pages=0):
+        calls.append(cq)
+        return real(cq, least_pages)
+    monkeypatch.setattr(ConsumeQueue, "flush", spy)
+    return calls
+
+
+def _queues(store, topic):
+    return store.consume_queue_table[topic]
+
+
+def test_a_flush_round_flushes_every_queue_written_since_the_last_and_no_other(
+        tmp_path, backend, flushed_cqs):
+    store = testing.open_store(tmp_path / "s", backend, _cq_config())
+    try:
+        for q in range(40):
+            assert store.put_messages([Message("Q", b"m%d-%d" % (q, i), queue_id=q)
+                                       for i in range(3)]).status.ok
+        testing.wait_dispatched(store)
+        store.flush_cq_service.do_flush(1, force=True)
+        cqs = _queues(store, "Q")
+        assert set(flushed_cqs) == set(cqs.values())
+        assert all(cq.mfq.flushed_where == cq.mfq.get_max_offset() for cq in cqs.values())
+        assert len(store.dirty_cqs) == 0
+
+        del flushed_cqs[:]
+        store.flush_cq_service.do_flush(1, force=True)
+        assert flushed_cqs == []                # nothing written: nothing flushed
+
+        written = {3, 17, 38}
+        store.put_messages([Message("Q", b"again", queue_id=q) for q in sorted(written)])
+        store.put_message(Message("Q", b"once more", queue_id=17))
+        testing.wait_dispatched(store)
+        assert {cq.queue_id for cq in cqs.values() if cq in store.dirty_cqs} == written
+        store.flush_cq_service.do_flush(1, force=True)
+        assert sorted(cq.queue_id for cq in flushed_cqs) == sorted(written)
+        assert all(cq.mfq.flushed_where == cq.mfq.get_max_offset() for cq in cqs.values())
+    finally:
+        store.shutdown()
+
+
+def test_a_queue_below_the_least_pages_stays_marked_until_a_thorough_round(
+        tmp_path, backend, flushed_cqs):
+    store = testing.open_store(tmp_path / "s", backend,
+                               _cq_config(flush_consume_queue_least_pages=2,
+                                          flush_consume_queue_thorough_interval=3_600_000))
+    try:
+        store.put_message(Message("L", b"x"))
+        testing.wait_dispatched(store)
+        svc = store.flush_cq_service
+        svc._last_thorough = time.monotonic_ns() // 1_000_000      # a thorough round just ran
+        cq = _queues(store, "L")[0]
+        svc.do_flush(1)
+        assert flushed_cqs == [cq]
+        assert cq.mfq.flushed_where < cq.mfq.get_max_offset() and cq in store.dirty_cqs
+        svc.do_flush(1, force=True)
+        assert cq.mfq.flushed_where == cq.mfq.get_max_offset()
+        assert cq not in store.dirty_cqs
+    finally:
+        store.shutdown()
+
+
+def test_queues_rebuilt_at_start_are_flushed_by_the_first_round(tmp_path, backend,
+                                                                flushed_cqs):
+    root = tmp_path / "s"
+    store = testing.open_store(root, backend, _cq_config())
+    store.put_messages([Message("R", b"r%d" % i, queue_id=i % 5) for i in range(50)])
+    store.shutdown()
+    for d, _, names in os.walk(root / "consumequeue", topdown=False):
+        for name in names:
+            os.remove(os.path.join(d, name))
+        os.rmdir(d)
+    store = testing.open_store(root, backend, _cq_config())     # reput rebuilds the queues
+    try:
+        cqs = _queues(store, "R")
+        assert len(cqs) == 5 and all(cq in store.dirty_cqs for cq in cqs.values())
+        del flushed_cqs[:]                      # the first store's shutdown flushed its own
+        store.flush_cq_service.do_flush(1, force=True)
+        assert set(flushed_cqs) == set(cqs.values())
+        assert all(cq.mfq.flushed_where == cq.mfq.get_max_offset() == 10 * 20
+                   for cq in cqs.values())
+    finally:
+        store.shutdown()
+
+
+def test_units_written_after_a_truncation_are_flushed(tmp_path, backend, flushed_cqs):
+    # 100 units per ConsumeQueue file (small_config): 250 units fill three files.
+    store = testing.open_store(tmp_path / "s", backend, _cq_config())
+    try:
+        rs = store.put_messages([Message("T", b"t%d" % i) for i in range(250)])
+        testing.wait_dispatched(store)
+        store.flush_cq_service.do_flush(3, force=True)
+        cq = _queues(store, "T")[0]
+        assert len(cq.mfq.files) == 3 and cq.mfq.flushed_where == 250 * 20
+        cq.truncate_dirty_logic_files(int(rs.commit_log_offsets[50]))   # as recovery does
+        assert len(cq.mfq.files) == 1 and cq.max_offset_in_queue == 50
+        assert cq.mfq.flushed_where <= cq.mfq.get_max_offset()
+        del flushed_cqs[:]
+        cq.put_unit(store.commitlog.max_offset, 100, 0, 50)
+        cq.put_unit(store.commitlog.max_offset + 100, 100, 0, 51)
+        store.flush_cq_service.do_flush(1, force=True)
+        assert flushed_cqs == [cq]
+        assert cq.mfq.flushed_where == cq.mfq.get_max_offset() == 52 * 20
+        assert cq.mfq.files[0].flushed_position == 52 * 20
+    finally:
+        store.shutdown()

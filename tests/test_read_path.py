@@ -1,0 +1,390 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The read path's one-call walk (read_path.PyReadPath and the compiled ReadPath): messages
+decoded from the record-check kernel's rows equal the stand-alone decoder's, properties come
+on first use, reads from anywhere in a long queue match the old walk (bench/bench_read.py shows
+their cost no longer grows with the backlog), get_batch's columns are get_message's results,
+and body views keep their file mapped."""
+import gc
+import os
+import struct
+
+import numpy as np
+import pytest
+
+from rocketstore import GetMessageStatus as G, Message, MessageExt, testing
+from rocketstore import format as F
+from rocketstore.errors import StoreError
+from rocketstore.read_path import PyReadPath, make_read_path
+
+NOW = 1_700_000_000_000
+
+# Every MessageExt attribute a caller reads (properties_string and properties included).
+FIELDS = ("store_size", "body_crc", "queue_id", "flag", "queue_offset", "commit_log_offset",
+          "sys_flag", "born_timestamp", "born_host_raw", "store_timestamp", "store_host_raw",
+          "reconsume_times", "prepared_transaction_offset", "body", "topic", "magic",
+          "properties_string", "properties", "tags", "keys", "born_host", "store_host",
+          "msg_id", "transaction_type")
+
+
+def varied_messages(n=60, topic="ReadT"):
+    """Messages that differ in every decoded field: tags, keys, properties (non-ASCII too),
+    hosts (IPv6 among them), flags, empty and large bodies."""
+    out = []
+    for i in range(n):
+        props = {"p%d" % (i % 5): "v" * (i % 7 + 1)}
+        if i % 4 == 1:
+            props["uni"] = "héllo-世界-%d" % i
+        out.append(Message(
+            topic, b"" if i % 9 == 0 else bytes([i % 256]) * (i * 37 % 3000),
+            tags=None if i % 3 == 0 else "Tag%d" % (i % 4),
+            keys=None if i % 5 == 0 else ["k%d" % i, "alt%d" % i],
+            properties=props if i % 6 else None, flag=i % 3,
+            born_timestamp=NOW + i, reconsume_times=i % 2,
+            born_host=("::1", 4000 + i) if i % 7 == 3 else ("10.0.0.%d" % (i % 250), 9000),
+            store_host=("fe80::2", 10911) if i % 11 == 4 else None))
+    return out
+
+
+def eager(store, phy, size):
+    """The record at `phy`, decoded by the stand-alone decoder from a copy of its bytes."""
+    mf = store.commitlog.mfq.find_by_offset(phy)
+    rel = phy - mf.file_from_offset
+    return MessageExt.decode(mf.mm[rel:rel + size])
+
+
+def attrs(m):
+    return {f: getattr(m, f) for f in FIELDS}
+
+
+def pull_all(store, topic, queue_id=0, n=32, get=None):
+    get = get or store.get_message
+    out, offset = [], store.get_min_offset_in_queue(topic, queue_id)
+    while True:
+        g = get("g", topic, queue_id, offset, n)
+        if g.status is not G.FOUND:
+            return out
+        out.append(g)
+        offset = g.next_begin_offset
+
+
+# ---- lazy properties --------------------------------------------------------------------------
+def test_messages_from_the_read_path_equal_the_eager_decoder_with_properties_parsed_lazily(
+        tmp_path, backend):
+    store = testing.open_store(tmp_path / "s", backend)
+    try:
+        msgs = varied_messages()
+        assert all(store.put_message(m).ok for m in msgs)
+        # DELAY moves a message to SCHEDULE_TOPIC_XXXX (a different topic, queue level - 1).
+        assert store.put_message(Message("ReadT", b"later", properties={"DELAY": "3"})).ok
+        got = [m for g in pull_all(store, "ReadT") for m in g.messages]
+        got += store.get_message("g", F.SCHEDULE_TOPIC, 2, 0).messages
+        assert len(got) == len(msgs) + 1
+        for m in got:
+            assert type(m) is MessageExt
+            # Nothing of the properties is decoded until it is asked for.
+            assert m._pstr is None and m._props is None
+            ref = eager(store, m.commit_log_offset, m.store_size)
+            assert attrs(m) == attrs(ref)
+            assert m.to_dict(7) == ref.to_dict(7)
+        assert got[-1].properties["REAL_TOPIC"] == "ReadT"
+        assert got[5].properties["uni"] == "héllo-世界-5"
+        assert [m.body for m in got[:-1]] == [bytes(m.body) for m in msgs]
+        assert got[6].keys == "k6 alt6" and got[5].keys is None
+        assert got[3].tags is None and got[1].tags == "Tag1"
+    finally:
+        store.shutdown()
+
+
+def test_every_backend_reads_the_same_messages_from_the_same_store(tmp_path):
+    root = tmp_path / "s"
+    store = testing.open_store(root, "cext")
+    assert all(store.put_message(m).ok for m in varied_messages(120))
+    store.shutdown()
+    seen = {}
+    for backend in testing.backend_params():
+        store = testing.open_store(root, backend)
+        try:
+            seen[backend] = [
+                (g.status, g.next_begin_offset, [m.to_dict() for m in g.messages])
+                for g in pull_all(store, "ReadT", n=13)]
+            seen[backend + "-iter"] = [m.to_dict() for m in store.iter_messages()]
+        finally:
+            store.shutdown()
+    first = seen["cext"]
+    assert len(first) == 10 and sum(len(x[2]) for x in first) == 120
+    for backend in testing.backend_params():
+        assert seen[backend] == first
+        assert seen[backend + "-iter"] == [d for x in first for d in x[2]]
+
+
+def test_decode_rows_refuses_rows_outside_its_buffer(backend):
+    rp = make_read_path(backend)
+    assert isinstance(rp, PyReadPath) != hasattr(backend, "ReadPath")
+    rows = np.zeros(1, dtype=F.SCAN_DTYPE)
+    rows["pos"] = 10
+    rows["size"] = 100
+    with pytest.raises(ValueError):
+        rp.decode_rows(bytes(50), rows, 1)
+    with pytest.raises(ValueError):
+        rp.decode_rows(bytes(500), rows, 2)
+    # Inside the buffer, but a field past its record's end.
+    rows["body_off"] = 90
+    rows["body_len"] = 20
+    with pytest.raises(ValueError):
+        rp.decode_rows(bytes(500), rows, 1)
+    rows["body_len"] = 10
+    assert rp.decode_rows(bytes(500), rows, 1)[0].body == bytes(10)
+    with pytest.raises(ValueError):
+        rp.decode_rows(bytes(500), np.zeros(1, dtype=F.CQ_DTYPE), 1)
+
+
+# ---- backlog ------------------------------------------------------------------------------------
+def reference_walk(store, topic, queue_id, offset, n, message_filter=None):
+    """get_message's walk as it was before the one-call read path: the queue's units read
+    one by one, every record decoded by the stand-alone decoder. Filters, damaged records and
+    removed files are not exercised here."""
+    cq = store.consume_queue(topic, queue_id)
+    max_off = cq.max_offset_in_queue
+    out, q = [], offset
+    while len(out) < n and q < max_off:
+        unit = cq.units(q, 1)[0]
+        q += 1
+        if message_filter is not None and not message_filter(int(unit["tags_code"])):
+            continue
+        out.append(eager(store, int(unit["offset"]), int(unit["size"])))
+    return out, q
+
+
+def test_reads_from_the_middle_of_a_long_queue_match_the_old_walk(tmp_path, backend):
+    # 2 000 units over twenty 100-unit ConsumeQueue files and many CommitLog files.
+    store = testing.open_store(tmp_path / "s", backend)
+    try:
+        msgs = [Message("Long", b"%05d" % i + b"y" * (i % 200), tags="t%d" % (i % 3))
+                for i in range(2000)]
+        for i in range(0, 2000, 100):
+            assert store.put_messages(msgs[i:i + 100]).ok
+        testing.wait_dispatched(store)
+        assert len(store.consume_queue("Long", 0).mfq.files) == 20
+        assert len(store.commitlog.mfq.files) > 5
+
+        tag1 = store.kernels.java_hash(b"t1")
+        for offset, n, flt in [(0, 32, None), (1000, 32, None), (1090, 50, None),
+                               (1999, 32, None), (1500, 700, None), (950, 40,
+                                                                     lambda t: t == tag1)]:
+            g = store.get_message("g", "Long", 0, offset, n, flt)
+            want, next_offset = reference_walk(store, "Long", 0, offset, n, flt)
+            assert g.status is G.FOUND
+            assert [attrs(m) for m in g.messages] == [attrs(m) for m in want]
+            assert g.next_begin_offset == next_offset
+            b = store.get_batch("g", "Long", 0, offset, n, flt)
+            assert b.next_begin_offset == next_offset
+            assert b.commit_log_offset.tolist() == [m.commit_log_offset for m in want]
+            b.release()
+        assert store.get_message("g", "Long", 0, 2000).status is G.OFFSET_OVERFLOW_ONE
+    finally:
+        store.shutdown()
+
+
+# ---- get_batch ----------------------------------------------------------------------------------
+def batch_matches(b, g):
+    assert (b.status, b.next_begin_offset, b.min_offset, b.max_offset) == \
+        (g.status, g.next_begin_offset, g.min_offset, g.max_offset)
+    assert b.suggest_pulling_from_slave == g.suggest_pulling_from_slave
+    ms = g.messages
+    assert len(b) == len(ms)
+    for col, attr in [("commit_log_offset", "commit_log_offset"), ("size", "store_size"),
+                      ("store_timestamp", "store_timestamp"), ("queue_offset", "queue_offset"),
+                      ("born_timestamp", "born_timestamp"), ("queue_id", "queue_id"),
+                      ("sys_flag", "sys_flag"), ("body_crc", "body_crc")]:
+        assert getattr(b, col).tolist() == [getattr(m, attr) for m in ms], col
+    assert b.tags_code.tolist() == [m.tags and tags_hash(m.tags) or 0 for m in ms]
+    assert b.body_length.tolist() == [len(m.body) for m in ms]
+    assert [bytes(v) for v in b.bodies()] == [m.body for m in ms]
+
+
+def tags_hash(text):
+    from rocketstore.message import java_string_hash
+    return java_string_hash(text)
+
+
+def test_get_batch_columns_equal_get_message_results(tmp_path, backend):
+    store = testing.open_store(tmp_path / "s", backend)
+    try:
+        msgs = varied_messages(150, "Cols")
+        assert all(store.put_message(m).ok for m in msgs)
+        tag2 = tags_hash("Tag2")
+        for offset in range(0, 150, 17):
+            for n in (1, 7, 32, 200):
+                for flt in (None, lambda t: t == tag2):
+                    g = store.get_message("g", "Cols", 0, offset, n, flt)
+                    with store.get_batch("g", "Cols", 0, offset, n, flt) as b:
+                        batch_matches(b, g)
+        # Statuses without messages come back the same way too.
+        for offset in (-1, 150, 151):
+            g = store.get_message("g", "Cols", 0, offset)
+            b = store.get_batch("g", "Cols", 0, offset)
+            assert (b.status, b.next_begin_offset, len(b)) == \
+                (g.status, g.next_begin_offset, 0)
+        g = store.get_message("g", "Empty", 0, 0)
+        b = store.get_batch("g", "Empty", 0, 0)
+        assert b.status is g.status is G.NO_MESSAGE_IN_QUEUE and len(b) == 0
+        # tags_code is the unit's, as a filter sees it: a delayed message's delivery time.
+        assert store.put_message(Message("Cols", b"later", tags="T",
+                                         properties={"DELAY": "2"})).ok
+        testing.wait_dispatched(store)
+        unit = store.consume_queue(F.SCHEDULE_TOPIC, 1).units(0, 1)[0]
+        with store.get_batch("g", F.SCHEDULE_TOPIC, 1, 0) as b:
+            assert b.tags_code.tolist() == [int(unit["tags_code"])] != [tags_hash("T")]
+        # Body views are read-only: the store's bytes cannot be written through them.
+        b = store.get_batch("g", "Cols", 0, 1, 1)
+        with pytest.raises(TypeError):
+            b.body(0)[0] = 1
+        b.release()
+        # Nothing stays held once the batches are gone.
+        gc.collect()
+        assert all(f.ref_count == 0 for f in store.commitlog.mfq.files)
+    finally:
+        store.shutdown()
+
+
+class Clock:
+    def __init__(self, now=NOW):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+class Disk:
+    def __init__(self, ratio=0.2):
+        self.ratio = ratio
+
+    def __call__(self, path):
+        return self.ratio
+
+
+def test_body_views_keep_their_file_held_and_mapped_after_the_store_deletes_it(tmp_path,
+                                                                               backend):
+    clock, disk = Clock(), Disk()
+    cfg = testing.small_config(
+        mapped_file_size_commit_log=4096, mapped_file_size_consume_queue=10 * 20,
+        file_reserved_time=1, delete_when=str((__import__("time").localtime(NOW / 1000)
+                                              .tm_hour + 12) % 24),
+        delete_commit_log_files_interval=0, delete_consume_queue_files_interval=0,
+        destroy_maped_file_interval_forcibly=120_000, redelete_hanged_file_interval=1000)
+    store = testing.open_store(tmp_path / "s", backend, config=cfg, clock=clock,
+                               disk_usage=disk)
+    try:
+        bodies = [b"%03d" % i + b"z" * 200 for i in range(60)]
+        assert all(store.put_message(Message("Held", body)).ok for body in bodies)
+        testing.wait_dispatched(store)
+        testing.wait_flushed(store)
+        b = store.get_batch("g", "Held", 0, 0, 5)
+        first = store.commitlog.mfq.files[0]
+        assert set(b.file_index.tolist()) == {0} and first.ref_count == 1
+        views = b.bodies()
+        assert [bytes(v) for v in views] == bodies[:5]
+        del b                                 # the views alone keep the hold
+        gc.collect()
+        assert first.ref_count == 1
+        disk.ratio = 0.86
+        store.clean_files_periodically()
+        assert os.path.exists(first.path) and not first.is_available
+        clock.now = NOW + 120_000             # forced: the file goes while views live
+        disk.ratio = 0.2
+        assert store.clean_commitlog_service.redelete_hanged_file(clock.now)
+        assert not os.path.exists(first.path)
+        assert [bytes(v) for v in views] == bodies[:5]
+        # A read now answers for what is left, and never from the deleted file.
+        g = store.get_message("g", "Held", 0, store.get_min_offset_in_queue("Held", 0))
+        assert all(m.commit_log_offset >= store.get_min_phy_offset() for m in g.messages)
+        del views
+        gc.collect()
+        assert first.ref_count == 0
+    finally:
+        store.shutdown()
+
+
+def test_a_body_asked_for_after_a_forced_delete_raises_and_the_hold_is_released_once(
+        tmp_path, backend):
+    cfg = testing.small_config(mapped_file_size_commit_log=4096)
+    store = testing.open_store(tmp_path / "s", backend, config=cfg)
+    try:
+        bodies = [b"%03d" % i + b"f" * 300 for i in range(30)]
+        assert all(store.put_message(Message("Gone", body)).ok for body in bodies)
+        testing.wait_dispatched(store)
+        testing.wait_flushed(store)
+        b = store.get_batch("g", "Gone", 0, 0, 3)
+        first = store.commitlog.mfq.files[0]
+        assert first.ref_count == 1
+        # Forced at once: no view pins the pages, so the file is unmapped under the hold.
+        assert first.try_destroy(NOW, 0)
+        assert not os.path.exists(first.path)
+        assert b.commit_log_offset.tolist()[:1] == [0]     # the columns are copies
+        with pytest.raises(StoreError, match="deleted while this batch held it"):
+            b.body(0)
+        b.release()
+        b.release()
+        assert first.ref_count == 0
+    finally:
+        store.shutdown()
+
+
+def test_a_released_batch_holds_nothing_and_its_views_stay_readable(tmp_path, backend):
+    cfg = testing.small_config(mapped_file_size_commit_log=4096)
+    store = testing.open_store(tmp_path / "s", backend, config=cfg)
+    try:
+        bodies = [b"%03d" % i + b"q" * 300 for i in range(30)]
+        assert all(store.put_message(Message("Rel", body)).ok for body in bodies)
+        testing.wait_dispatched(store)
+        testing.wait_flushed(store)
+        b = store.get_batch("g", "Rel", 0, 0, 30)
+        held = {id(f): f for f in store.commitlog.mfq.files if f.ref_count}
+        assert len(held) == len(set(b.file_index.tolist())) > 1
+        views = b.bodies()
+        b.release()
+        b.release()                           # once only
+        assert all(f.ref_count == 0 for f in held.values())
+        first = store.commitlog.mfq.files[0]
+        # The views still pin the pages: a destroy forced at once unlinks the file and
+        # leaves the mapping to them.
+        assert first.try_destroy(NOW, 0)
+        assert not os.path.exists(first.path)
+        assert [bytes(v) for v in views] == bodies
+        del views
+        # A released batch whose bodies were never viewed pins nothing at all.
+        b = store.get_batch("g", "Rel", 0, 12, 3)
+        second = store.commitlog.mfq.find_by_offset(int(b.commit_log_offset[0]))
+        assert second is store.commitlog.mfq.files[1]
+        assert b.file_index.tolist() == [0, 0, 0] and second.ref_count == 1
+        b.release()
+        assert second.ref_count == 0
+        with pytest.raises(StoreError, match="released"):
+            b.body(0)
+        assert second.close(wait_s=0)         # unmapped at once, the batch still alive
+    finally:
+        store.shutdown()
+
+
+def test_a_damaged_record_is_skipped_by_both_reads_and_reported(tmp_path, backend, caplog):
+    store = testing.open_store(tmp_path / "s", backend)
+    try:
+        assert all(store.put_message(Message("Dmg", b"%d" % i * 10)).ok for i in range(10))
+        testing.wait_dispatched(store)
+        unit = store.consume_queue("Dmg", 0).units(4, 1)[0]
+        mf = store.commitlog.mfq.find_by_offset(int(unit["offset"]))
+        rel = int(unit["offset"]) - mf.file_from_offset
+        mf.mm[rel + 4:rel + 8] = struct.pack(">i", 0x12345678)      # not a magic code
+        # A unit whose size no record can have is skipped alone, not its whole file.
+        cq_mm = store.consume_queue("Dmg", 0).mfq.files[0].mm
+        cq_mm[7 * 20 + 8:7 * 20 + 12] = struct.pack(">i", -5)
+        cq_mm[8 * 20:8 * 20 + 8] = struct.pack(">q", -100)
+        g = store.get_message("g", "Dmg", 0, 0, 32)
+        assert [m.queue_offset for m in g.messages] == [0, 1, 2, 3, 5, 6, 9]
+        assert g.next_begin_offset == 10
+        b = store.get_batch("g", "Dmg", 0, 0, 32)
+        assert b.queue_offset.tolist() == [0, 1, 2, 3, 5, 6, 9]
+        b.release()
+        assert "fails the record check" in caplog.text
+    finally:
+        store.shutdown()

@@ -1,0 +1,20 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Checked by `mypy --strict` in scripts/typecheck (never run): an embedding program written
+against the shipped .pyi types. A stub that loses or mistypes a public name fails here."""
+from rocketstore import (GetMessageStatus, Message, MessageExt, MessageStore, PutMessageStatus,
+                         StoreConfig)
+
+
+def produce_and_consume(root: str) -> list[bytes]:
+    cfg = StoreConfig(mapped_file_size_commit_log=1 << 20)
+    with MessageStore(root, cfg) as store:
+        r = store.put_message(Message("TopicA", b"hello", tags="TagA", keys="k1"))
+        assert r.status is PutMessageStatus.PUT_OK and r.queue_offset >= 0
+        rs = store.put_messages([Message("TopicA", b"%d" % i) for i in range(3)])
+        first: int = int(rs.commit_log_offsets[0])
+        got = store.get_message("g", "TopicA", 0, 0, 32)
+        bodies = [m.body for m in got.messages] if got.status is GetMessageStatus.FOUND else []
+        hit: MessageExt | None = store.look_message_by_offset(first)
+        store.commit_offset("g", "TopicA", 0, got.next_begin_offset)
+        keys = store.query_message("TopicA", "k1").messages
+        return bodies + ([hit.body] if hit is not None else []) + [m.body for m in keys]
