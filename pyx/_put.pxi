@@ -48,7 +48,7 @@ DEF MAX_FAST_PROPS = 8
 DEF KEY_CACHE = 64                  # property names remembered with their HashMap bucket
 DEF FAST_MAX_BODY = 65536           # larger bodies take the path that CRCs without the GIL
 
-# What may follow a record in its file: the blank that ends a full one (spec 01 §3.9).
+# What may follow a record in its file: the blank that ends a full one (doc/01 §3.9).
 cdef int _BLANK = RS_END_FILE_MIN_BLANK_LENGTH
 cdef int _V6_FLAGS = RS_BORNHOST_V6_FLAG | RS_STOREHOSTADDRESS_V6_FLAG
 
