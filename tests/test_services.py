@@ -75,14 +75,31 @@ def test_sync_flush_answers_flush_disk_timeout_when_the_disk_stalls(tmp_path, ba
         store.shutdown()
 
 
+class _HeldSync(_SlowSync):
+    """A kernel module whose msync blocks until `release` is set: a disk that hangs."""
+
+    def __init__(self, inner):
+        super().__init__(inner, 0)
+        self.release = threading.Event()
+
+    def sync_range(self, *args):
+        self.release.wait(30)
+        return self._inner.sync_range(*args)
+
+
 def test_wait_false_does_not_wait_for_the_flush(tmp_path, backend):
-    kernels = _SlowSync(backend, 0.3)
-    store = testing.open_store(tmp_path / "s", kernels, sync_config(sync_flush_timeout=5000))
+    kernels = _HeldSync(backend)
+    store = testing.open_store(tmp_path / "s", kernels, sync_config(sync_flush_timeout=20000))
     try:
-        t0 = time.monotonic()
-        r = store.put_message(Message("NoWait", b"x", properties={"WAIT": "false"}))
-        assert r.status is PutMessageStatus.PUT_OK and time.monotonic() - t0 < 0.25
+        # Every sync hangs until released: a put that waited for one could not return.
+        done = []
+        t = threading.Thread(target=lambda: done.append(store.put_message(
+            Message("NoWait", b"x", properties={"WAIT": "false"}))))
+        t.start()
+        t.join(10)
+        assert done and done[0].status is PutMessageStatus.PUT_OK
     finally:
+        kernels.release.set()
         store.shutdown()
 
 
