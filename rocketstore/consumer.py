@@ -336,8 +336,7 @@ class Consumer(_Cursor):
             batch = self._take(r)
             if batch is not None:
                 return batch
-            if left == 0 or (r.status in _NOTHING_YET and deadline is not None
-                             and time.monotonic() >= deadline):
+            if deadline is not None and time.monotonic() >= deadline:
                 return None
         return None
 
