@@ -53,6 +53,9 @@ class Arrivals:
         self._lock = threading.Lock()
         self._by_key = {}           # key -> [wake, ...]
         self.closed = False
+        # Called with True when the first wait registers and False when the last one goes
+        # (under the lock, so calls never reorder): the store makes puts wake reput then.
+        self.on_waiting = None
 
     def open(self):
         self.closed = False
@@ -61,7 +64,10 @@ class Arrivals:
         with self._lock:
             if self.closed:
                 raise StoreClosedError("the store is shutting down")
+            first = not self._by_key
             self._by_key.setdefault(key, []).append(wake)
+            if first and self.on_waiting is not None:
+                self.on_waiting(True)
 
     def unregister(self, key, wake):
         with self._lock:
@@ -73,6 +79,8 @@ class Arrivals:
                     pass
                 if not wakes:
                     del self._by_key[key]
+                    if not self._by_key and self.on_waiting is not None:
+                        self.on_waiting(False)
 
     @property
     def waiting(self):
@@ -100,8 +108,31 @@ class Arrivals:
         """Shutdown: refuse new waits and wake every waiter."""
         with self._lock:
             self.closed = True
+            self.on_waiting = None
             wakes = [w for ws in self._by_key.values() for w in ws]
         _call_all(wakes)
+
+
+class PutWake:
+    """CommitLog.wake_on_put while consumers wait: a put wakes the reput service as well as
+    the flusher it woke before (`inner`, None when nothing was woken), so the put is
+    dispatched, and its waiters woken, at once rather than at reput's next 1 ms cycle."""
+
+    # Read by the compiled put path before each wakeup(): never set, so every put calls it;
+    # wakeup() itself skips the services already notified.
+    has_notified = False
+
+    def __init__(self, inner, reput):
+        self.inner = inner
+        self.reput = reput
+
+    def wakeup(self):
+        inner = self.inner
+        if inner is not None and not inner.has_notified:
+            inner.wakeup()
+        reput = self.reput
+        if not reput.has_notified:
+            reput.wakeup()
 
 
 def _call_all(wakes):

@@ -19,8 +19,8 @@ from .clock import system_clock
 from .commitlog import CommitLog
 from .config import BrokerRole, FlushDiskType, StoreConfig
 from .config_manager import SubscriptionGroupConfig, TopicConfig, all_managers
-from .consumer import (Arrivals, AsyncConsumer, Consumer, await_message, check_wait_ms,
-                       wait_for_message)
+from .consumer import (Arrivals, AsyncConsumer, Consumer, PutWake, await_message,
+                       check_wait_ms, wait_for_message)
 from .consume_queue import ConsumeQueue, DirtyQueues
 from .dispatch import ConsumeQueueDispatcher
 from .ha.master import HAService
@@ -473,6 +473,12 @@ class MessageStore:
             self.commitlog.wake_on_put = self.commit_service
         if cfg.broker_role is BrokerRole.SYNC_MASTER:
             self.commitlog.after_put = self.ha_service.make_after_put(self.commitlog.after_put)
+        # While consumers wait, puts wake reput too (consumer.PutWake); the hook as set
+        # above is what puts wake otherwise.
+        self._plain_put_wake = self.commitlog.wake_on_put
+        self.arrivals.on_waiting = self._consumers_waiting
+        if self.arrivals.waiting:
+            self._consumers_waiting(True)
         self.fs.write_bytes(abort_path(self.root), b"", sync=False)
         self._running = True
         self._install_put_path()
@@ -557,6 +563,11 @@ class MessageStore:
         if self._lock is not None:
             self._lock.release()
         self._loaded = False
+
+    def _consumers_waiting(self, waiting):
+        """Arrivals.on_waiting: the put hook with or without the reput wake-up."""
+        plain = self._plain_put_wake
+        self.commitlog.wake_on_put = PutWake(plain, self.reput_service) if waiting else plain
 
     def _close_files(self):
         self.commitlog.close()

@@ -139,6 +139,21 @@ def test_a_waiter_on_another_queue_keeps_waiting(store):
     assert [m.body for m in w0.finish().messages] == [b"for 0"]
 
 
+def test_puts_wake_reput_only_while_a_consumer_waits(store):
+    from rocketstore.consumer import PutWake
+    plain = store.commitlog.wake_on_put
+    assert not isinstance(plain, PutWake)
+    w = Waiter(store)
+    w.start()
+    wait_registered(store)
+    hook = store.commitlog.wake_on_put
+    assert isinstance(hook, PutWake)
+    assert hook.inner is plain and hook.reput is store.reput_service
+    put(store, "T", 0, b"x")
+    w.finish()
+    assert store.commitlog.wake_on_put is plain     # the last waiter left
+
+
 def test_wait_with_a_filter_skips_what_it_leaves_out(store):
     wanted = tags_code_of("B")
     w = Waiter(store, message_filter=lambda code: code == wanted)
