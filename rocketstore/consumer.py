@@ -166,12 +166,14 @@ def _waitable(r):
 
 
 class _Cancel:
-    """A wait another thread may end early (Consumer.close)."""
-    __slots__ = ("cancelled", "wake")
+    """A wait another thread may end early (Consumer.close): `wake` is the registered
+    wake-up of the wait under way, `event` is set on close for a stalled consumer."""
+    __slots__ = ("cancelled", "wake", "event")
 
     def __init__(self):
         self.cancelled = False
         self.wake = None
+        self.event = threading.Event()
 
 
 def wait_for_message(store, group, topic, queue_id, offset, max_msg_nums, message_filter,
@@ -271,6 +273,10 @@ class _Cursor:
 
     def __init__(self, store, group, topic, queue_id, batch_size, message_filter):
         store._check_open()
+        if store.read_only:
+            # It could neither commit nor be woken: nothing dispatches in a read-only store.
+            raise StoreClosedError("a read-only store has no consumers (it keeps no consumer "
+                                   "offsets and dispatches nothing): read it with get_message")
         from .arguments import check_callable, check_int, check_queue, check_str
         from .read_path import MAX_MSG_NUMS
         check_str(group, "group")
@@ -286,6 +292,7 @@ class _Cursor:
         self.offset = committed if committed >= 0 else \
             store.get_min_offset_in_queue(topic, queue_id)
         self._pending = None        # the end of the batch handed out, not yet committed
+        self.stalled = False
         self._cancel = _Cancel()
 
     @property
@@ -305,28 +312,45 @@ class _Cursor:
         try:
             self.commit()
         except StoreClosedError:
-            return False
+            if self.store.arrivals.closed or not self.store._loaded:
+                return False        # the store shut down: the iteration ends
+            raise
         return True
 
+    # How long a consumer stuck at an offset out of range waits before it reads again.
+    STALL_S = 1.0
+
     def _take(self, r):
-        """The messages of answer `r` to hand out, or None to read again; moves the offset."""
+        """The messages of answer `r` to hand out, or None to read again; moves the offset.
+        Sets self.stalled when reading again at once would answer the same."""
+        self.stalled = False
         if r.messages:
             self.offset = self._pending = r.next_begin_offset
             return r.messages
-        if r.next_begin_offset != self.offset and r.status not in _NOTHING_YET:
+        if r.status in _NOTHING_YET:
+            if r.next_begin_offset > self.offset:
+                # Units the filter left out: consumed as far as this group is concerned.
+                self.offset = self._pending = r.next_begin_offset
+        elif r.next_begin_offset != self.offset:
             # Below the queue's minimum (expired files) or past its maximum (the queue was
             # recreated): go where the store says, as a broker's PULL_OFFSET_MOVED does.
             log.warning("consumer %s on %s/%d: %s at offset %d, moving to %d", self.group,
                         self.topic, self.queue_id, r.status.name, self.offset,
                         r.next_begin_offset)
             self.offset = self._pending = r.next_begin_offset
-        elif r.next_begin_offset > self.offset:
-            self.offset = r.next_begin_offset       # units the filter left out
+        else:
+            # Out of range and not corrected (a slave with offset_check_in_slave off): no
+            # dispatch will change the answer, so wait a while, not spin.
+            log.warning("consumer %s on %s/%d: %s at offset %d; reading again in %.0f s",
+                        self.group, self.topic, self.queue_id, r.status.name, self.offset,
+                        self.STALL_S)
+            self.stalled = True
         return None
 
     def _cancel_wait(self):
         c = self._cancel
         c.cancelled = True
+        c.event.set()
         wake = c.wake
         if wake is not None:
             wake()
@@ -367,6 +391,10 @@ class Consumer(_Cursor):
             batch = self._take(r)
             if batch is not None:
                 return batch
+            if self.stalled:
+                self._cancel.event.wait(self.STALL_S if deadline is None else
+                                        max(0.0, min(self.STALL_S,
+                                                     deadline - time.monotonic())))
             if deadline is not None and time.monotonic() >= deadline:
                 return None
         return None
@@ -403,6 +431,8 @@ class AsyncConsumer(_Cursor):
             batch = self._take(r)
             if batch is not None:
                 return batch
+            if self.stalled:
+                await loop.run_in_executor(None, self._cancel.event.wait, self.STALL_S)
 
     def close(self):
         """End the iteration; callable from the loop or any thread (the wake-up goes

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Types of the waiting consumers (checked against rocketstore.consumer by mypy.stubtest).
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -37,6 +38,7 @@ class PutWake:
 class _Cancel:
     cancelled: bool
     wake: Optional[_Wake]
+    event: threading.Event
     def __init__(self) -> None: ...
 
 def wait_for_message(store: Any, group: str, topic: str, queue_id: int, offset: int,
@@ -54,6 +56,8 @@ class _Cursor:
     batch_size: int
     message_filter: _Filter
     offset: int
+    stalled: bool
+    STALL_S: float
     def __init__(self, store: Any, group: str, topic: str, queue_id: int, batch_size: int,
                  message_filter: _Filter) -> None: ...
     @property

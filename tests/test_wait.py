@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from rocketstore import Message, testing
+from rocketstore import Message, MessageStore, testing
 from rocketstore.consumer import queue_key
 from rocketstore.errors import InvalidArgumentError, StoreClosedError
 from rocketstore.message import tags_code_of
@@ -285,6 +285,67 @@ def test_consumer_filter_and_arguments(store):
         store.consume("g", "T", 0, batch_size=0)
     with pytest.raises(InvalidArgumentError):
         store.consume("g", "T", -1)
+
+
+def test_consumer_follows_an_offset_past_the_queue_end(store):
+    put(store, "T", 0, b"a")
+    put(store, "T", 0, b"b")
+    store.commit_offset("g", "T", 0, 10)        # e.g. the topic was deleted and recreated
+    with store.consume("g", "T", 0) as c:
+        assert c.next_batch(wait_ms=20) is None
+        assert c.offset == 2
+        put(store, "T", 0, b"c")
+        assert [m.body for m in c.next_batch(wait_ms=LONG_MS)] == [b"c"]
+
+
+def test_units_a_filter_leaves_out_are_committed(store):
+    wanted = tags_code_of("B")
+    put(store, "T", 0, b"a1", tags="A")
+    put(store, "T", 0, b"a2", tags="A")
+    with store.consume("g", "T", 0, message_filter=lambda code: code == wanted) as c:
+        assert c.next_batch(wait_ms=20) is None
+        assert c.offset == 2
+        c.commit()
+    assert store.query_offset("g", "T", 0) == 2
+
+
+def test_an_uncorrected_offset_stalls_without_spinning_and_close_ends_it(store, monkeypatch):
+    # A slave with offset_check_in_slave off answers an out-of-range offset without moving it.
+    monkeypatch.setattr(store, "_next_offset_correction", lambda old, new: old)
+    put(store, "T", 0, b"a")
+    store.commit_offset("g", "T", 0, 10)
+    reads = []
+    real = store.get_message
+
+    def counting(*a, **kw):
+        reads.append(1)
+        return real(*a, **kw)
+    monkeypatch.setattr(store, "get_message", counting)
+    c = store.consume("g", "T", 0)
+    c.STALL_S = LONG_MS / 1000
+    out = []
+    t = threading.Thread(target=lambda: out.append(list(c)), daemon=True)
+    t.start()
+    testing.wait_until(lambda: c.stalled, GUARD, "the consumer to stall")
+    n = len(reads)
+    assert n <= 2               # one read, then a wait: no read loop
+    c.close()
+    t.join(GUARD)
+    assert not t.is_alive() and out == [[]]
+    assert c.offset == 10
+
+
+def test_a_read_only_store_has_no_consumer(tmp_path, backend):
+    s = testing.open_store(tmp_path / "s", backend)
+    put(s, "T", 0, b"a")
+    s.shutdown()
+    ro = MessageStore.open_read_only(tmp_path / "s", kernels=backend)
+    try:
+        with pytest.raises(StoreClosedError, match="read-only"):
+            ro.consume("g", "T", 0)
+        assert [m.body for m in ro.get_message("g", "T", 0, 0, wait_ms=10).messages] == [b"a"]
+    finally:
+        ro.shutdown()
 
 
 # ---- asyncio -------------------------------------------------------------------------------
