@@ -19,6 +19,8 @@ from .clock import system_clock
 from .commitlog import CommitLog
 from .config import BrokerRole, FlushDiskType, StoreConfig
 from .config_manager import SubscriptionGroupConfig, TopicConfig, all_managers
+from .consumer import (Arrivals, AsyncConsumer, Consumer, PutWake, await_message,
+                       check_wait_ms, wait_for_message)
 from .consume_queue import ConsumeQueue, DirtyQueues
 from .dispatch import ConsumeQueueDispatcher
 from .ha.master import HAService
@@ -134,6 +136,9 @@ class MessageStore:
         # Queues written since FlushConsumeQueueService last took them (ConsumeQueue.dirty).
         self.dirty_cqs = DirtyQueues()
         self.dispatchers = [ConsumeQueueDispatcher(self)]
+        # Consumers waiting for their queue (get_message(wait_ms=...), consume, aconsume),
+        # woken by the reput dispatch (consumer.py).
+        self.arrivals = Arrivals()
         self.checkpoint = None
         self.recovery_report = None
         self.reput_service = None
@@ -283,6 +288,7 @@ class MessageStore:
                     f"(MessageStore.open_read_only)") from exc
             raise
         self._loaded = True
+        self.arrivals.open()
         return self.recovery_report
 
     def _adopt_geometry(self, geometry):
@@ -467,6 +473,12 @@ class MessageStore:
             self.commitlog.wake_on_put = self.commit_service
         if cfg.broker_role is BrokerRole.SYNC_MASTER:
             self.commitlog.after_put = self.ha_service.make_after_put(self.commitlog.after_put)
+        # While consumers wait, puts wake reput too (consumer.PutWake); the hook as set
+        # above is what puts wake otherwise.
+        self._plain_put_wake = self.commitlog.wake_on_put
+        self.arrivals.on_waiting = self._consumers_waiting
+        if self.arrivals.waiting:
+            self._consumers_waiting(True)
         self.fs.write_bytes(abort_path(self.root), b"", sync=False)
         self._running = True
         self._install_put_path()
@@ -499,6 +511,9 @@ class MessageStore:
         the abort file only if reput caught up (otherwise the next open recovers)."""
         if not self._loaded:
             return
+        # First: every waiting consumer wakes and gives up (StoreClosedError, or its
+        # iteration ends) instead of reading files about to close.
+        self.arrivals.close()
         caught_up = True
         if self._running:
             self._running = False
@@ -548,6 +563,11 @@ class MessageStore:
         if self._lock is not None:
             self._lock.release()
         self._loaded = False
+
+    def _consumers_waiting(self, waiting):
+        """Arrivals.on_waiting: the put hook with or without the reput wake-up."""
+        plain = self._plain_put_wake
+        self.commitlog.wake_on_put = PutWake(plain, self.reput_service) if waiting else plain
 
     def _close_files(self):
         self.commitlog.close()
@@ -1019,7 +1039,8 @@ class MessageStore:
             return old
         return new
 
-    def get_message(self, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None):
+    def get_message(self, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None,
+                    *, wait_ms=0):
         """Pull up to `max_msg_nums` messages from a queue, from queue offset `offset` on
         (DefaultMessageStore#getMessage: the same statuses and next offsets).
 
@@ -1031,7 +1052,19 @@ class MessageStore:
 
         `message_filter`, if given, is called with each unit's tagsCode and skips the unit when
         it returns False. Messages come back decoded as MessageExt (properties decoded on
-        first use)."""
+        first use).
+
+        `wait_ms` > 0 makes the call wait, up to that many ms, for the queue to have a message
+        at `offset` (one the filter accepts): it returns as soon as the reput dispatch writes
+        one (woken, not polling; the wait holds neither the GIL nor a lock), or when the time
+        is up with what get_message answers then. Only "nothing there yet" answers wait
+        (NO_MESSAGE_IN_QUEUE, OFFSET_OVERFLOW_ONE); an offset out of range answers at once.
+        A shutdown meanwhile raises StoreClosedError. A read-only store dispatches nothing,
+        so there a wait lasts its whole time."""
+        if wait_ms:
+            check_wait_ms(wait_ms)
+            return wait_for_message(self, group, topic, queue_id, offset, max_msg_nums,
+                                    message_filter, wait_ms)
         self._check_open()
         cq = self._checked_queue(group, topic, queue_id, offset, max_msg_nums, message_filter)
         self._catch_up()
@@ -1078,6 +1111,36 @@ class MessageStore:
                 return r
         return read_path.get_batch(self, group, topic, queue_id, int(offset), int(max_msg_nums),
                                    message_filter, cq)
+
+    # ---- consumers that wait, and asyncio (rocketstore/consumer.py) ----------------------------
+    def consume(self, group, topic, queue_id, batch_size=32, message_filter=None):
+        """A Consumer: `for messages in store.consume(group, topic, queue_id):` yields lists of
+        MessageExt as they arrive, from the group's committed offset (the queue's minimum if
+        none), committing a batch's end when the next batch is asked for. close() (or leaving
+        `with store.consume(...) as c:`) or the store's shutdown ends it."""
+        return Consumer(self, group, topic, queue_id, batch_size, message_filter)
+
+    def aconsume(self, group, topic, queue_id, batch_size=32, message_filter=None):
+        """consume() for asyncio: `async for messages in store.aconsume(...)`; the event loop
+        never blocks (reads and commits run in its default executor)."""
+        return AsyncConsumer(self, group, topic, queue_id, batch_size, message_filter)
+
+    async def aput_message(self, msg):
+        """put_message for asyncio. The put runs in the loop's default executor, always: even
+        an ASYNC_FLUSH put can block (the put lock under contention, waiting for the next
+        CommitLog file, a page fault into a file being written), and a SYNC_FLUSH or
+        SYNC_MASTER put waits for the disk or the slave."""
+        import asyncio
+        return await asyncio.get_running_loop().run_in_executor(None, self.put_message, msg)
+
+    async def aget_message(self, group, topic, queue_id, offset, max_msg_nums=32,
+                           message_filter=None, *, wait_ms=0):
+        """get_message (and its wait_ms) for asyncio: the reads run in the loop's default
+        executor, the wait is an asyncio.Event the reput dispatch sets."""
+        check_wait_ms(wait_ms)
+        self._check_open()
+        return await await_message(self, group, topic, queue_id, offset, max_msg_nums,
+                                   message_filter, wait_ms)
 
     def look_message_by_offset(self, phy_offset):
         """The record at a commit-log offset, decoded; None if there is none."""

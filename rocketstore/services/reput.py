@@ -56,6 +56,7 @@ class ReputMessageService(ServiceThread):
                         self.reput_from_offset, min_offset)
             self.reput_from_offset = min_offset
         dispatchers = self._store.dispatchers
+        arrivals = self._store.arrivals
         rows = self._rows
         while self.reput_from_offset < cl.max_offset:
             offset = self.reput_from_offset
@@ -75,6 +76,10 @@ class ReputMessageService(ServiceThread):
                 if n and not self._dispatch(dispatchers, rows[:n], mf.mm):
                     break
                 self.reput_from_offset = mf.file_from_offset + stop
+                if n and arrivals.waiting:
+                    # The units are readable: wake the consumers waiting on their queues
+                    # (the MessageArrivingListener call of the broker's reput).
+                    arrivals.notify(rows[:n])
             finally:
                 mf.release()
             if reason == F.SCAN_END:

@@ -18,3 +18,27 @@ def produce_and_consume(root: str) -> list[bytes]:
         store.commit_offset("g", "TopicA", 0, got.next_begin_offset)
         keys = store.query_message("TopicA", "k1").messages
         return bodies + ([hit.body] if hit is not None else []) + [m.body for m in keys]
+
+
+def wait_and_iterate(store: MessageStore) -> int:
+    got = store.get_message("g", "TopicA", 0, 0, 32, wait_ms=100)
+    n = len(got.messages)
+    with store.consume("g", "TopicA", 0, batch_size=16) as consumer:
+        batch = consumer.next_batch(wait_ms=100)
+        n += len(batch) if batch is not None else 0
+        for messages in consumer:
+            n += sum(len(m.body) for m in messages)
+            consumer.close()
+    return n
+
+
+async def consume_async(store: MessageStore) -> list[bytes]:
+    r = await store.aput_message(Message("TopicA", b"async"))
+    assert r.status is PutMessageStatus.PUT_OK
+    got = await store.aget_message("g", "TopicA", 0, 0, wait_ms=100)
+    bodies = [m.body for m in got.messages]
+    async with store.aconsume("g", "TopicA", 0) as consumer:
+        async for messages in consumer:
+            bodies += [m.body for m in messages]
+            await consumer.aclose()
+    return bodies
