@@ -363,8 +363,9 @@ def test_a_field_rocketstore_does_not_implement_is_refused_when_set(name):
 
 
 def _package_source():
-    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "rocketstore")
+    # The package under test, installed or in the tree (its .py files, not the .pyi stubs).
+    import rocketstore
+    root = os.path.dirname(os.path.abspath(rocketstore.__file__))
     text = []
     for d, _, names in os.walk(root):
         for n in names:
