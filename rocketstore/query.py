@@ -92,6 +92,36 @@ def _java_div(a, b):
     return q if (a >= 0) == (b > 0) else -q
 
 
+def _bisect_units(mm, low, high, timestamp, min_phy, pickup):
+    """ConsumeQueue's binary search over the units at byte positions [low, high] of one file
+    (4.9.x and 5.x share it): (target, left, left_value, right, right_value), target the
+    position of a unit stored exactly at `timestamp` or -1, left/right the nearest positions
+    searched below/above it with their store times (-1 when none); None when a unit's record
+    has no store time. Units pointing below the CommitLog's minimum count as left."""
+    target = left = right = -1
+    left_value = right_value = -1
+    while high >= low:
+        mid = (low + high) // (2 * UNIT) * UNIT
+        phy, size = _UNIT.unpack_from(mm, mid)
+        if phy < min_phy:
+            low = mid + UNIT
+            left = mid
+            continue
+        store_time = pickup(phy, size)
+        if store_time < 0:
+            return None
+        if store_time == timestamp:
+            target = mid
+            break
+        if store_time > timestamp:
+            high = mid - UNIT
+            right, right_value = mid, store_time
+        else:
+            low = mid + UNIT
+            left, left_value = mid, store_time
+    return target, left, left_value, right, right_value
+
+
 def get_offset_in_queue_by_time(store, topic, queue_id, timestamp):
     """ConsumeQueue#getOffsetInQueueByTime as 4.9.x does it (doc/02 §1.9).
 
@@ -117,30 +147,11 @@ def get_offset_in_queue_by_time(store, topic, queue_id, timestamp):
         base = mf.file_from_offset
         low = max(0, cq.min_logic_offset - base)
         high = mf.read_position - UNIT
-        target = left = right = -1
-        left_value = right_value = -1
-        min_phy = store.commitlog.min_offset
         pickup = store.commitlog.pickup_store_timestamp
-        mm = mf.mm
-        while high >= low:
-            mid = (low + high) // (2 * UNIT) * UNIT
-            phy, size = _UNIT.unpack_from(mm, mid)
-            if phy < min_phy:
-                low = mid + UNIT
-                left = mid
-                continue
-            store_time = pickup(phy, size)
-            if store_time < 0:
-                return 0
-            if store_time == timestamp:
-                target = mid
-                break
-            if store_time > timestamp:
-                high = mid - UNIT
-                right, right_value = mid, store_time
-            else:
-                low = mid + UNIT
-                left, left_value = mid, store_time
+        found = _bisect_units(mf.mm, low, high, timestamp, store.commitlog.min_offset, pickup)
+        if found is None:
+            return 0
+        target, left, left_value, right, right_value = found
         if target != -1:
             offset = target
         elif left_value == -1:
@@ -214,27 +225,11 @@ def _bounded_search(store, cq, mf, timestamp, boundary, time_at):
         return _java_div(base + ceiling + (UNIT if lower else 0), UNIT)
     if time_at(mf, floor) > timestamp:
         return base // UNIT if lower else 0
-    min_phy = store.commitlog.min_offset
-    target = left = right = -1
-    while high >= low:
-        mid = (low + high) // (2 * UNIT) * UNIT
-        phy, _ = _UNIT.unpack_from(mf.mm, mid)
-        if phy < min_phy:
-            low = mid + UNIT
-            left = mid
-            continue
-        store_time = time_at(mf, mid)
-        if store_time < 0:
-            return 0
-        if store_time == timestamp:
-            target = mid
-            break
-        if store_time > timestamp:
-            high = mid - UNIT
-            right = mid
-        else:
-            low = mid + UNIT
-            left = mid
+    pickup = store.commitlog.pickup_store_timestamp
+    found = _bisect_units(mf.mm, low, high, timestamp, store.commitlog.min_offset, pickup)
+    if found is None:
+        return 0
+    target, left, _, right, _ = found
     if target != -1:
         # Neighbours may share the store time: walk to the first (lower) or last (upper).
         step = -UNIT if lower else UNIT
