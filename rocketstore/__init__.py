@@ -7,6 +7,7 @@ from .errors import (ConfigError, CorruptRecordError, InvalidArgumentError, Mess
                      StoreClosedError, StoreError, StoreLoadError, StoreLockedError,
                      UnsafePathError)
 from .kernels import BACKEND
+from .live import LiveReader
 from .message import Message, MessageExt
 from .recovery import RecoveryReport
 from .status import (AppendStatus, GetMessageResult, GetMessageStatus, PutMessageResult,
@@ -14,7 +15,7 @@ from .status import (AppendStatus, GetMessageResult, GetMessageStatus, PutMessag
 from .store import MessageStore
 
 __all__ = [
-    "__version__", "BACKEND", "MessageStore", "StoreConfig", "FlushDiskType", "BrokerRole",
+    "__version__", "BACKEND", "MessageStore", "LiveReader", "StoreConfig", "FlushDiskType", "BrokerRole",
     "Message", "MessageExt", "PutMessageStatus", "GetMessageStatus", "AppendStatus",
     "PutMessageResult", "PutMessagesResult", "GetMessageResult", "QueryMessageResult",
     "RecoveryReport",

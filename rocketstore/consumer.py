@@ -12,6 +12,10 @@ queue wakes nobody (two topics sharing a hash cost a spurious wake and a re-read
 Registering before reading is what makes a wake-up impossible to miss: a batch dispatched
 after the registration sets the event, one dispatched before it is seen by the read.
 
+A store whose `poll_backoff` is not None (live.LiveReader: the writer is another process, so
+nothing here dispatches) has no wake-up to wait for: its waits read again after a backoff
+that starts at poll_backoff[0] s and doubles up to poll_backoff[1] s.
+
 Shutdown wakes every waiter: a wait then raises StoreClosedError (as every method of a
 shut-down store does); a Consumer / AsyncConsumer iteration simply ends.
 """
@@ -191,6 +195,8 @@ def wait_for_message(store, group, topic, queue_id, offset, max_msg_nums, messag
         return r
     deadline = None if wait_ms is None else time.monotonic() + wait_ms / 1000.0
     arrivals = store.arrivals
+    poll = store.poll_backoff
+    step = poll[0] if poll is not None else None
     key = queue_key(topic, queue_id)
     event = threading.Event()
     wake = event.set
@@ -203,13 +209,17 @@ def wait_for_message(store, group, topic, queue_id, offset, max_msg_nums, messag
             r, offset = _settle(read, read(offset), offset)
             if not _waitable(r) or (cancel is not None and cancel.cancelled):
                 return r
-            if deadline is None:
-                event.wait()
-            else:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+            timeout = None
+            if deadline is not None:
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
                     return r
-                event.wait(remaining)
+            if poll is not None:
+                # No dispatch in this process wakes the wait (a LiveReader): read again
+                # after a short backoff; close() still wakes it at once.
+                timeout = step if timeout is None else min(timeout, step)
+                step = min(2 * step, poll[1])
+            event.wait(timeout)
             if arrivals.closed:
                 raise StoreClosedError("the store shut down while waiting for a message")
     finally:
@@ -236,6 +246,8 @@ async def await_message(store, group, topic, queue_id, offset, max_msg_nums, mes
         return r
     deadline = None if wait_ms is None else loop.time() + wait_ms / 1000.0
     arrivals = store.arrivals
+    poll = store.poll_backoff
+    step = poll[0] if poll is not None else None
     key = queue_key(topic, queue_id)
     event = asyncio.Event()
 
@@ -254,6 +266,9 @@ async def await_message(store, group, topic, queue_id, offset, max_msg_nums, mes
             timeout = None if deadline is None else deadline - loop.time()
             if timeout is not None and timeout <= 0:
                 return r
+            if poll is not None:            # as in wait_for_message
+                timeout = step if timeout is None else min(timeout, step)
+                step = min(2 * step, poll[1])
             try:
                 await asyncio.wait_for(event.wait(), timeout)
             except asyncio.TimeoutError:
@@ -273,8 +288,9 @@ class _Cursor:
 
     def __init__(self, store, group, topic, queue_id, batch_size, message_filter):
         store._check_open()
-        if store.read_only:
-            # It could neither commit nor be woken: nothing dispatches in a read-only store.
+        if store.read_only and store.poll_backoff is None:
+            # It could neither commit nor be woken: nothing dispatches in a read-only store
+            # (a LiveReader, which polls and keeps its own offsets, can).
             raise StoreClosedError("a read-only store has no consumers (it keeps no consumer "
                                    "offsets and dispatches nothing): read it with get_message")
         from .arguments import check_callable, check_int, check_queue, check_str

@@ -109,6 +109,8 @@ class MessageStore:
     DISK_CHECK_INITIAL_DELAY_MS = 1000
     DISK_CHECK_INTERVAL_MS = 10_000
     CONSUMER_OFFSET_PERSIST_INTERVAL_MS = 5000   # BrokerConfig.flushConsumerOffsetInterval
+    # Waits here are woken by the reput dispatch; a live.LiveReader polls (consumer.py).
+    poll_backoff = None
 
     def __init__(self, root, config=None, clock=None, kernels=None, fs=None, read_only=False,
                  disk_usage=None):
