@@ -15,7 +15,8 @@ from .status import (AppendStatus, GetMessageResult, GetMessageStatus, PutMessag
 from .store import MessageStore
 
 __all__ = [
-    "__version__", "BACKEND", "MessageStore", "LiveReader", "StoreConfig", "FlushDiskType", "BrokerRole",
+    "__version__", "BACKEND", "MessageStore", "LiveReader", "StoreConfig", "FlushDiskType",
+    "BrokerRole",
     "Message", "MessageExt", "PutMessageStatus", "GetMessageStatus", "AppendStatus",
     "PutMessageResult", "PutMessagesResult", "GetMessageResult", "QueryMessageResult",
     "RecoveryReport",

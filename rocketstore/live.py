@@ -403,6 +403,10 @@ class LiveReader:
                 end = q
                 break
             phy, rsize, tags = unit
+            if rsize == 0:
+                # Not written (yet or again: a writer's recovery zeroes the units it drops).
+                cq.end = end = q
+                break
             if phy == 0 and rsize == _BLANK_UNIT_SIZE:
                 q += 1
                 continue
@@ -423,7 +427,8 @@ class LiveReader:
                 continue
             # Not (yet) a valid record: damaged only once the writer went past it for good,
             # i.e. a later unit is written and this one still reads the same.
-            if q + 1 < cq.advance(size) and cq.unit(q, size) == unit:
+            cq.end = q + 1
+            if cq.advance(size) > q + 1 and cq.unit(q, size) == unit:
                 log.warning("%s/%d: the unit at queue offset %d (CommitLog offset %d, %d "
                             "bytes) does not match its record; skipped", cq.topic,
                             cq.queue_id, q, phy, rsize)

@@ -15,7 +15,8 @@ os.write each, so a SIGKILL loses none it printed) and, at the end, "deleted <n>
 files its cleaning deleted). Given --offsets-dir, it reads the readers' offsets files there
 (consumerOffset.json format) and commits their minimum for the group "live-readers" in its
 store, so that cleaning (store_size_budget, clean_protect_unconsumed) never deletes what a
-reader has not read yet (it cleans nothing until N readers have an offsets file). Restarted on the same store, it goes on from each queue's maximum.
+reader has not read yet; it cleans nothing until N readers have an offsets file. Restarted on
+the same store, it goes on from each queue's maximum.
 
 The reader consumes every queue with a Consumer (batches, offsets committed to --offsets) until
 STOPFILE exists (written by the test once the writer is done: JSON {queue id: end offset}) and

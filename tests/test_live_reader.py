@@ -285,9 +285,9 @@ def test_a_unit_is_checked_against_its_records_queue_offset_and_queue(tmp_path, 
 
 
 class _SlowCreate(FileSystem):
-    """A file system whose first new segment past the first one under `directory` appears at its final name with
-    size 0 and keeps it until `release` is set, as a broker's file does between its creation
-    and setLength: a reader started now finds a writer mid-roll."""
+    """A file system whose first new segment past the first one under `directory` appears at
+    its final name with size 0 and keeps it until `release` is set, as a broker's file does
+    between its creation and setLength: a reader started now finds a writer mid-roll."""
 
     def __init__(self, directory):
         self.directory = directory
@@ -436,3 +436,28 @@ def test_aconsume_on_a_reader_never_blocks_the_loop(tmp_path, backend, caplog):
         assert got == [0, 1, 2] and r.status is G.OFFSET_OVERFLOW_ONE
     finally:
         store.shutdown()
+
+
+def test_the_readme_example_runs_a_producer_and_two_consumer_processes(tmp_path):
+    """The README's example, as it is written there: its two scripts are examples/' files,
+    and its commands run them (paths under tmp_path)."""
+    top = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    examples = os.path.join(top, "examples")
+    if not os.path.isdir(examples):
+        pytest.skip("no source tree beside the tests (an installed-wheel run)")
+    with open(os.path.join(top, "README.md")) as f:
+        readme = f.read()
+    section = readme[readme.index("## Readers in other processes"):]
+    for name in ("live_producer.py", "live_consumer.py"):
+        with open(os.path.join(examples, name)) as f:
+            assert "```python\n" + f.read() + "```" in section, f"README's {name} differs"
+    script = section[section.index("```bash\n") + 8:]
+    script = script[:script.index("```")].replace("/tmp/", str(tmp_path) + "/")
+    out = subprocess.run(["bash", "-c", "set -e\n" + script], cwd=top, env=_env(),
+                         capture_output=True, text=True, timeout=HANG_S)
+    assert out.returncode == 0, out.stderr
+    lines = sorted(out.stdout.splitlines())
+    assert lines == ["audit: 10001 messages, next offset 10001",
+                     "billing: 10001 messages, next offset 10001",
+                     "producer: put 10001 messages"]
+    assert os.path.exists(tmp_path / "billing-offsets.json")
