@@ -419,16 +419,18 @@ class LiveReader:
             if rec is None:
                 end = q             # its CommitLog file is not there yet
                 break
-            if rec is not _BAD and self._checks(rec, rows, cq, q, phy, rsize):
+            if self._valid(rec, rows, cq, q, phy, rsize):
                 q += 1
                 if message_filter is None or message_filter(tags):
                     messages.extend(self._read_path.decode_rows(rec, rows, 1))
                     nbytes += rsize
                 continue
             # Not (yet) a valid record: damaged only once the writer went past it for good,
-            # i.e. a later unit is written and this one still reads the same.
+            # i.e. a later unit is written, and read after that, this unit is the same and its
+            # record still fails (a weakly ordered CPU may show a unit before its record).
             cq.end = q + 1
-            if cq.advance(size) > q + 1 and cq.unit(q, size) == unit:
+            if cq.advance(size) > q + 1 and cq.unit(q, size) == unit and \
+                    not self._valid(self._record(phy, rsize), rows, cq, q, phy, rsize):
                 log.warning("%s/%d: the unit at queue offset %d (CommitLog offset %d, %d "
                             "bytes) does not match its record; skipped", cq.topic,
                             cq.queue_id, q, phy, rsize)
@@ -457,6 +459,10 @@ class LiveReader:
             return _GONE if first > start else None
         rel = phy - start
         return mm[rel:rel + size]
+
+    def _valid(self, rec, rows, cq, q, phy, size):
+        return rec is not None and rec is not _BAD and rec is not _GONE and \
+            self._checks(rec, rows, cq, q, phy, size)
 
     def _checks(self, rec, rows, cq, q, phy, size):
         """Whether `rec` is a whole, CRC-valid record and the one unit `q` describes."""

@@ -160,7 +160,9 @@ def test_readers_following_a_writer_killed_by_sigkill(tmp_path):
                 assert end >= 1 and \
                     r.get_message("g", TOPIC, q, end - 1, 1).status is G.FOUND
         for q in range(run.queues):
-            assert run.acked[q] - 64 <= units[q] - 1 <= run.acked[q] + 1
+            # Reput may lag the puts by any amount on a loaded machine; ahead of them it is by
+            # at most the one put under way (the writer puts from one thread).
+            assert units[q] - 1 <= run.acked[q] + 1
         for i in range(len(run.readers)):
             testing.wait_until(lambda: run.committed(i) == units, HANG_S,
                                f"reader {i} to read every unit the killed writer wrote")
