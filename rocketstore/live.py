@@ -4,7 +4,7 @@
 `MessageStore.open_read_only` maps what is there when it opens and stays there. A LiveReader
 takes no lock and writes nothing in the store directory; it maps each ConsumeQueue and
 CommitLog file when a read first needs it, so it follows the writer through new messages, new
-files, rolled files and files that cleaning deletes (doc/04 §1) while it reads.
+files, rolled files and files that cleaning deletes (doc/04 §2-§3) while it reads.
 
 What it can trust: in another process nothing says how far the writer got, so every answer is
 built from what the reader can check itself.
@@ -16,7 +16,7 @@ built from what the reader can check itself.
   file's pages live as long as a mapping does); the reader lets it go once a read needs a
   file the writer created after it.
 - A unit is the writer's word that its record is complete: reput writes it after the record
-  (doc/02 §1). The reader still checks each record against its unit before handing it out:
+  (doc/02 §1.4). The reader still checks each record against its unit before handing it out:
   the record check kernel (rs_msg_check through commitlog_scan, body CRC included) on a copy
   of the record, then its size, CommitLog offset, topic, queue id and queue offset against
   the unit. A unit that is zero, or whose record fails the check while the unit after it is
@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 
 _UNIT = struct.Struct(">qiq")
 # A unit a broker writes before a queue's first real one when the queue's first file starts
-# past offset 0 (ConsumeQueue#fillPreBlank): no record, stepped over.
+# past offset 0 (doc/02 §1.4, step 5): no record, stepped over.
 _BLANK_UNIT_SIZE = 0x7FFFFFFF
 # Fields of a SCAN_DTYPE row as a tuple (rows[i].item()).
 _R_PHY, _R_QOFF, _R_SIZE, _R_QID, _R_TOPIC_OFF, _R_TOPIC_LEN = (
@@ -178,6 +178,8 @@ class _Queue:
                     continue
                 break
             rel = pos - start
+            if not any(mm[rel + 8:rel + 12]):
+                break               # the common answer of a wait's check: nothing new
             n = max(1, (OS_PAGE_SIZE - rel % OS_PAGE_SIZE) // CQ_STORE_UNIT_SIZE)
             stop = min(file_size, rel + n * CQ_STORE_UNIT_SIZE)
             units = np.frombuffer(mm[rel:stop], dtype=np.uint8).reshape(-1, CQ_STORE_UNIT_SIZE)
