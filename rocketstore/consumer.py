@@ -14,7 +14,8 @@ after the registration sets the event, one dispatched before it is seen by the r
 
 A store whose `poll_backoff` is not None (live.LiveReader: the writer is another process, so
 nothing here dispatches) has no wake-up to wait for: its waits read again after a backoff
-that starts at poll_backoff[0] s and doubles up to poll_backoff[1] s.
+that starts at poll_backoff[0] s and doubles up to poll_backoff[1] s; an asyncio wait runs
+that loop in the executor, a slice at a time.
 
 Shutdown wakes every waiter: a wait then raises StoreClosedError (as every method of a
 shut-down store does); a Consumer / AsyncConsumer iteration simply ends.
@@ -245,9 +246,10 @@ async def await_message(store, group, topic, queue_id, offset, max_msg_nums, mes
     if not _waitable(r) or wait_ms == 0:
         return r
     deadline = None if wait_ms is None else loop.time() + wait_ms / 1000.0
+    if store.poll_backoff is not None:
+        return await _await_polling(store, group, topic, queue_id, offset, max_msg_nums,
+                                    message_filter, deadline, cancel)
     arrivals = store.arrivals
-    poll = store.poll_backoff
-    step = poll[0] if poll is not None else None
     key = queue_key(topic, queue_id)
     event = asyncio.Event()
 
@@ -266,9 +268,6 @@ async def await_message(store, group, topic, queue_id, offset, max_msg_nums, mes
             timeout = None if deadline is None else deadline - loop.time()
             if timeout is not None and timeout <= 0:
                 return r
-            if poll is not None:            # as in wait_for_message
-                timeout = step if timeout is None else min(timeout, step)
-                step = min(2 * step, poll[1])
             try:
                 await asyncio.wait_for(event.wait(), timeout)
             except asyncio.TimeoutError:
@@ -279,6 +278,28 @@ async def await_message(store, group, topic, queue_id, offset, max_msg_nums, mes
         if cancel is not None:
             cancel.wake = None
         arrivals.unregister(key, wake)
+
+
+# A polling wait (await_message on a store with poll_backoff) runs in the executor in slices
+# of this many ms: the loop then runs a step per slice, not one per check, and a cancelled
+# task leaves its thread polling no longer than this.
+_POLL_SLICE_MS = 100
+
+
+async def _await_polling(store, group, topic, queue_id, offset, max_msg_nums, message_filter,
+                         deadline, cancel):
+    """await_message where no dispatch wakes a wait: wait_for_message's polling loop, in the
+    loop's default executor, a slice at a time until `deadline` (loop time; None: none)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        left = _POLL_SLICE_MS if deadline is None else \
+            max(0, min(_POLL_SLICE_MS, int((deadline - loop.time()) * 1000)))
+        r = await loop.run_in_executor(None, wait_for_message, store, group, topic, queue_id,
+                                       offset, max_msg_nums, message_filter, left, cancel)
+        if not _waitable(r) or left == 0 or (cancel is not None and cancel.cancelled):
+            return r
+        # Units a filter left out were stepped over: go on from behind them.
+        offset = max(offset, r.next_begin_offset)
 
 
 class _Cursor:
