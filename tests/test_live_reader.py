@@ -6,7 +6,6 @@ CommitLog files of 64 KiB and queue files of 100 units, so files roll every few 
 messages, and a store_size_budget with clean_protect_unconsumed, so cleaning deletes files
 during the run (only those every reader has read). ROCKETSTORE_SOAK_S sets the long run's
 length (default 30 s)."""
-import asyncio
 import json
 import os
 import signal
