@@ -96,12 +96,13 @@ class _Segments:
     """One directory of fixed-size segments (a CommitLog or a ConsumeQueue), each mapped
     read-only the first time a read needs it and only once it has its full size."""
 
-    __slots__ = ("path", "_reader", "_maps", "first_start")
+    __slots__ = ("path", "_reader", "_maps", "_inodes", "first_start")
 
     def __init__(self, reader, path):
         self.path = path
         self._reader = reader
         self._maps = {}             # start offset -> read-only mapping
+        self._inodes = {}           # start offset -> the mapped file's inode number
         self.first_start = -1       # the oldest segment on disk when last listed
 
     def mapping(self, start, size):
@@ -115,13 +116,26 @@ class _Segments:
         try:
             if fs.size(path) < size:
                 return None         # being created: sized, or renamed in, next
+            ino = os.stat(path).st_ino
             mm = fs.map(path, size, writable=False, kernels=self._reader.kernels)
         except FileNotFoundError:
             return None
         with self._reader._lock:
             self._forget_deleted()
             self._maps[start] = mm
+            self._inodes[start] = ino
         return mm
+
+    def replaced(self, start):
+        """True when the file mapped for `start` is no longer the one on disk under its name
+        (deleted, or deleted and made again: a topic deleted and written anew)."""
+        ino = self._inodes.get(start)
+        if ino is None:
+            return False
+        try:
+            return os.stat(os.path.join(self.path, offset_to_file_name(start))).st_ino != ino
+        except FileNotFoundError:
+            return True
 
     def _forget_deleted(self):
         """Let go of the mappings of files cleaning deleted (their readers keep theirs)."""
@@ -129,6 +143,7 @@ class _Segments:
         for start in list(self._maps):
             if not fs.exists(os.path.join(self.path, offset_to_file_name(start))):
                 del self._maps[start]
+                self._inodes.pop(start, None)
 
     def list_first(self, size):
         """The oldest segment's start offset on disk (-1: none); cached in first_start."""
@@ -138,6 +153,8 @@ class _Segments:
 
     def close(self):
         self._maps = {}
+        self._inodes = {}
+        self.first_start = -1
 
 
 class _Queue:
@@ -377,6 +394,17 @@ class LiveReader:
 
     def _read(self, cq, size, offset, max_n, message_filter):
         end = cq.end if offset + max_n <= cq.end else cq.advance(size)
+        if offset >= end:
+            # Nothing new: is the file the end lies in still the queue's? A deleted topic
+            # written anew starts new files under the same names.
+            pos = end * CQ_STORE_UNIT_SIZE
+            if cq.segments.replaced(pos - pos % size):
+                log.info("%s/%d: its ConsumeQueue files were replaced; reading them anew",
+                         cq.topic, cq.queue_id)
+                with self._lock:
+                    cq.segments.close()
+                cq.end = 0
+                end = cq.advance(size)
         first = cq.segments.first_start
         if first < 0 or offset * CQ_STORE_UNIT_SIZE < first:
             first = cq.segments.list_first(size)    # cached otherwise: a listing per read

@@ -473,3 +473,23 @@ def test_the_readme_example_runs_a_producer_and_two_consumer_processes(tmp_path)
                      "billing: 10001 messages, next offset 10001",
                      "producer: put 10001 messages"]
     assert os.path.exists(tmp_path / "billing-offsets.json")
+
+
+def test_a_topic_deleted_and_written_anew_is_read_anew(tmp_path, backend):
+    store = _writer(tmp_path, backend)
+    try:
+        _put(store, 10)
+        testing.wait_until(lambda: store.dispatch_behind_bytes() == 0)
+        with LiveReader(store.root, kernels=backend) as reader:
+            assert _read_all(reader)[0] == list(range(10))
+            store.delete_topic(TOPIC)
+            _put(store, 3)              # the topic again, from queue offset 0
+            testing.wait_until(lambda: store.dispatch_behind_bytes() == 0)
+            r = reader.get_message("g", TOPIC, 0, 10)
+            assert r.status is G.OFFSET_OVERFLOW_BADLY and r.next_begin_offset == 0
+            got = reader.get_message("g", TOPIC, 0, 0).messages
+            assert [m.body for m in got] == [live_worker.body(0, i) for i in range(3)]
+            assert [m.commit_log_offset for m in got] == \
+                [store.get_commit_log_offset_in_queue(TOPIC, 0, i) for i in range(3)]
+    finally:
+        store.shutdown()
