@@ -26,6 +26,9 @@ built from what the reader can check itself.
   skip a damaged unit).
 - A unit pointing below the oldest CommitLog file points at a record cleaning deleted: it is
   stepped over, as a broker's read of a removed message is.
+- A queue whose file under the name the reader mapped is gone or another file (its topic
+  deleted, and perhaps written anew from offset 0) is read anew from the files on disk, checked
+  when a read finds nothing new in it.
 
 Consumer offsets are the reader's own: in memory, or in `offsets_path` (a file outside the
 store directory, in the broker's consumerOffset.json format, written crash-safe as the
