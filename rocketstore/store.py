@@ -178,7 +178,8 @@ class MessageStore:
     @classmethod
     def open_read_only(cls, root, config=None, kernels=None, fs=None):
         """Open an existing store (ours or a broker's) for reading: no lock, no writes, file
-        sizes taken from the files themselves. Returns a loaded store; call shutdown().
+        sizes taken from the files themselves. Returns a loaded store; call shutdown(). It
+        reads the files as they were when it opened; live.LiveReader follows a writer.
         `fs` as for MessageStore (a fault-injecting double in tests)."""
         root = os.fspath(root)
         fs = fs or DEFAULT_FS
