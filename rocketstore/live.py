@@ -77,8 +77,9 @@ _R_PHY, _R_QOFF, _R_SIZE, _R_QID, _R_TOPIC_OFF, _R_TOPIC_LEN = (
 
 
 def _segment_size(fs, directories):
-    """The segment size of files in `directories`: the gap between two neighbours' names when
-    some directory has two, else the size most files have; 0 when nothing tells yet."""
+    """The segment size of files in `directories`: the size most of their first files have
+    (a file being created, still empty, does not count), else the least gap between two
+    neighbours' names; 0 when nothing tells yet."""
     gaps, sizes = [], {}
     for d in directories:
         starts = sorted(int(n) for n in split_segment_names(fs, d, None)[0])
@@ -90,9 +91,9 @@ def _segment_size(fs, directories):
                 continue
             if size:
                 sizes[size] = sizes.get(size, 0) + 1
-    if gaps:
-        return min(gaps)
-    return max(sizes, key=lambda s: (sizes[s], s)) if sizes else 0
+    if sizes:
+        return max(sizes, key=lambda s: (sizes[s], s))
+    return min(gaps) if gaps else 0
 
 
 class _Segments:
