@@ -248,6 +248,8 @@ class LiveReader:
         self._lock = threading.Lock()
         self._queues = {}           # (topic, queue_id) -> _Queue
         self._commitlog = _Segments(self, os.path.join(self.root, "commitlog"))
+        if config is not None:
+            self._check_sizes()
         self._read_path = read_path.make_read_path(self.kernels)
         self.arrivals = Arrivals()      # only close() wakes a wait here (see poll_backoff)
         self.offsets_path = None if offsets_path is None else os.path.abspath(offsets_path)
@@ -288,6 +290,25 @@ class LiveReader:
             raise StoreClosedError("the live reader is closed")
 
     # ---- geometry --------------------------------------------------------------------------
+    def _check_sizes(self):
+        """A config whose file sizes the store's files contradict would show nothing: refuse
+        it (ConfigError) rather than wait for files that never come."""
+        fs = self.fs
+        cq_base = os.path.join(self.root, "consumequeue")
+        queue_dirs = []
+        for topic in fs.list_dir(cq_base)[:8]:
+            tdir = os.path.join(cq_base, topic)
+            if fs.is_dir(tdir):
+                queue_dirs += [os.path.join(tdir, q) for q in fs.list_dir(tdir)[:2]
+                               if is_queue_dir_name(q)]
+        for field, given, dirs in (
+                ("mapped_file_size_commit_log", self._cl_size, [self._commitlog.path]),
+                ("mapped_file_size_consume_queue", self._cq_size, queue_dirs)):
+            found = _segment_size(fs, dirs)
+            if found and found != given:
+                raise ConfigError(f"{field} is {given}, but the store's files are {found} "
+                                  f"bytes (leave config out to take the sizes from the files)")
+
     def _commitlog_size(self):
         if not self._cl_size:
             self._cl_size = _segment_size(self.fs, [self._commitlog.path])

@@ -37,7 +37,7 @@ def small_config(**overrides):
     from rocketstore import testing
     # Small files: the CommitLog rolls every few hundred messages and a queue's file every
     # 100 units, so rolls and cleaning happen within seconds.
-    return testing.small_config(mapped_file_size_commit_log=64 * 1024, **overrides)
+    return testing.small_config(**{"mapped_file_size_commit_log": 64 * 1024, **overrides})
 
 
 def body(queue_id, offset):

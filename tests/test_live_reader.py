@@ -15,7 +15,8 @@ import threading
 
 import pytest
 
-from rocketstore import GetMessageStatus as G, InvalidArgumentError, Message, StoreClosedError
+from rocketstore import (ConfigError, GetMessageStatus as G, InvalidArgumentError, Message,
+                         StoreClosedError)
 from rocketstore import testing
 from rocketstore.format import CQ_STORE_UNIT_SIZE
 from rocketstore.fs import FileSystem
@@ -491,5 +492,21 @@ def test_a_topic_deleted_and_written_anew_is_read_anew(tmp_path, backend):
             assert [m.body for m in got] == [live_worker.body(0, i) for i in range(3)]
             assert [m.commit_log_offset for m in got] == \
                 [store.get_commit_log_offset_in_queue(TOPIC, 0, i) for i in range(3)]
+    finally:
+        store.shutdown()
+
+
+def test_file_sizes_come_from_the_config_when_given(tmp_path, backend):
+    store = _writer(tmp_path, backend)
+    try:
+        _put(store, 500)
+        testing.wait_until(lambda: store.dispatch_behind_bytes() == 0)
+        with LiveReader(store.root, config=store.config, kernels=backend) as reader:
+            assert _read_all(reader)[0] == list(range(500))
+        # A config the files contradict would show nothing: refused.
+        for wrong in (live_worker.small_config(mapped_file_size_consume_queue=1000 * 20),
+                      live_worker.small_config(mapped_file_size_commit_log=1 << 20)):
+            with pytest.raises(ConfigError, match="the store's files are"):
+                LiveReader(store.root, config=wrong, kernels=backend)
     finally:
         store.shutdown()
