@@ -65,8 +65,8 @@ def _query(args):
             if explicit and got != (slots, entries):
                 raise UsageError(f"the index files do not have {slots} hash slots and "
                                  f"{entries} entries")
-            files = store._indexer.index_file_list
-            if not files and split_segment_names(store.fs, store._indexer.store_path, None,
+            files = store.index_service.index_file_list
+            if not files and split_segment_names(store.fs, store.index_service.store_path, None,
                                                  is_index_name)[0]:
                 raise StoreError("cannot tell the index files' hash slot and entry numbers; "
                                  "pass --max-hash-slot-num and --max-index-num")
