@@ -19,7 +19,7 @@ from .services.schedule import DeliveredMessage
 from .transient_pool import TransientStorePool
 from .status import PutMessageResult, PutMessagesResult, PutMessageStatus
 
-_I32 = struct.Struct(">i")
+_I32 = F.I32
 _NOT_DISPATCHED = (F.TRANSACTION_PREPARED_TYPE, F.TRANSACTION_ROLLBACK_TYPE)
 _MAX_RECORD_OVERHEAD = 64 * 1024
 
@@ -662,11 +662,12 @@ class CommitLog:
 
     def pickup_store_timestamp(self, offset, size):
         rec = self.get_data(offset, min(size, 128))
-        if rec is None or len(rec) < 72:
+        if rec is None:
             return -1
-        sys_flag = _I32.unpack_from(rec, F.POS_SYSFLAG)[0]
-        pos = F.POS_BORNHOST + (20 if sys_flag & F.BORNHOST_V6_FLAG else 8)
-        return struct.unpack_from(">q", rec, pos)[0]
+        try:
+            return F.store_timestamp_at(rec)
+        except struct.error:      # `size` too short to reach the STORETIMESTAMP its SYSFLAG places
+            return -1
 
     def flush(self, least_pages=0):
         return self.mfq.flush(least_pages)
