@@ -261,9 +261,9 @@ class CommitLog:
         born_raw = msg.born_host_raw
         store_raw = msg.store_host_raw
         sys_flag = msg.sys_flag & ~(F.BORNHOST_V6_FLAG | F.STOREHOSTADDRESS_V6_FLAG)
-        if len(born_raw) == 20:
+        if len(born_raw) == F.HOST_V6_LENGTH:
             sys_flag |= F.BORNHOST_V6_FLAG
-        if len(store_raw) == 20:
+        if len(store_raw) == F.HOST_V6_LENGTH:
             sys_flag |= F.STOREHOSTADDRESS_V6_FLAG
         size = self._k.msg_encode(out, pos, topic_b, body, props_b, msg.queue_id, msg.flag, 0,
                                   0, sys_flag, msg.born_timestamp, born_raw, 0, store_raw,

@@ -443,7 +443,7 @@ def _check_index(store, report, good):
         try:
             count = int(header["index_count"][0])
             if not 1 <= count <= f.index_num:
-                report.problems.append(Problem("index", rel, 36,
+                report.problems.append(Problem("index", rel, F.INDEX_POS_INDEX_COUNT,
                                                f"indexCount {count} outside 1..{f.index_num}"))
                 continue
             used = entries[1:count]
