@@ -108,13 +108,13 @@ def store_host_length(sys_flag):
 
 
 def pos_store_timestamp(sys_flag):
-    """Where STORETIMESTAMP sits in a record of this SYSFLAG (after a 4- or 16-byte BORNHOST)."""
+    """Where STORETIMESTAMP sits in a record of this SYSFLAG (after an 8- or 20-byte BORNHOST)."""
     return POS_BORNHOST + born_host_length(sys_flag)
 
 
 def pos_record_tail(sys_flag):
     """Where RECORD_TAIL (RECONSUMETIMES .. BODYLENGTH) sits in a record of this SYSFLAG."""
-    return POS_BORNHOST + born_host_length(sys_flag) + 8 + store_host_length(sys_flag)
+    return pos_store_timestamp(sys_flag) + I64.size + store_host_length(sys_flag)
 
 
 def store_timestamp_at(buf, pos=0):
@@ -122,6 +122,7 @@ def store_timestamp_at(buf, pos=0):
     validated, as the broker's pickupStoreTimestamp and isMappedFileMatchedRecover read it."""
     sys_flag = I32.unpack_from(buf, pos + POS_SYSFLAG)[0]
     return I64.unpack_from(buf, pos + pos_store_timestamp(sys_flag))[0]
+
 
 # Properties (doc/01 §3.6)
 NAME_VALUE_SEPARATOR = "\x01"
