@@ -292,6 +292,7 @@ class Message(_Keyed):
 
 # Everything up to BODYLENGTH when both hosts are IPv4 (the common case): one unpack.
 _FIXED_V4 = F.RECORD_FIXED_V4.struct
+_FIXED_V4_SIZE = F.RECORD_FIXED_V4.size
 _MAGICS = (F.MESSAGE_MAGIC_CODE, F.MESSAGE_MAGIC_CODE_V2)
 
 
@@ -331,9 +332,9 @@ class MessageExt(_Keyed):
                 sh = rec[p:p + n]
                 p += n
                 m.reconsume_times, m.prepared_transaction_offset, blen = _TAIL.unpack_from(rec, p)
-                p += F.RECORD_TAIL.size
+                p += _TAIL.size
             else:
-                p = F.RECORD_FIXED_V4.size
+                p = _FIXED_V4_SIZE
             m.store_size = size
             m.magic = magic
             m.body_crc = crc

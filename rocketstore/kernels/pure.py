@@ -23,6 +23,9 @@ _HEAD = F.RECORD_HEAD.struct                   # TOTALSIZE .. BORNTIMESTAMP (48 
 _TAIL = F.RECORD_TAIL.struct                   # RECONSUMETIMES .. BODYLENGTH (16 bytes)
 _CQ = F.CQ_UNIT.struct
 _BLANK = F.BLANK.struct
+_TAIL_SIZE = F.RECORD_TAIL.size
+_pos_store_timestamp = F.pos_store_timestamp
+_pos_record_tail = F.pos_record_tail
 _SCHEDULE = F.SCHEDULE_TOPIC.encode()
 
 
@@ -44,7 +47,7 @@ def msg_size(sys_flag, body_len, topic_len, props_len, v2=False):
         raise_for_status(RS_E_ARG, "msg_size")
     if topic_len > (32767 if v2 else F.MAX_TOPIC_LENGTH) or props_len > F.MAX_PROPERTIES_LENGTH:
         raise_for_status(RS_E_TOO_LONG, "msg_size")
-    size = F.pos_record_tail(sys_flag) + F.RECORD_TAIL.size + body_len + (2 if v2 else 1) \
+    size = _pos_record_tail(sys_flag) + _TAIL_SIZE + body_len + (2 if v2 else 1) \
         + topic_len + 2 + props_len
     if size > 0x7FFFFFFF:
         raise_for_status(RS_E_TOO_LONG, "msg_size")
@@ -82,7 +85,7 @@ def commitlog_append(out, pos, record, queue_offset, phy_offset, store_timestamp
         raise_for_status(RS_E_BOUNDS, "commitlog_append: record too short")
     size = _I32.unpack_from(mv, 0)[0]
     sys_flag = _I32.unpack_from(mv, F.POS_SYSFLAG)[0]
-    ts_pos = F.pos_store_timestamp(sys_flag)
+    ts_pos = _pos_store_timestamp(sys_flag)
     if size < ts_pos + 8 or size > len(mv):
         raise_for_status(RS_E_ARG, "commitlog_append: TOTALSIZE does not fit the record")
     if pos < 0 or pos + size > len(out):
@@ -240,11 +243,11 @@ def _check_one(mv, p, end, check_crc):
     rec = mv[p:p + size]
     (_, _, body_crc, queue_id, flag, queue_offset, phy_offset, sys_flag,
      born_ts) = _HEAD.unpack_from(rec, 0)
-    q = F.pos_record_tail(sys_flag)
-    body_off = q + F.RECORD_TAIL.size
+    q = _pos_record_tail(sys_flag)
+    body_off = q + _TAIL_SIZE
     if body_off > size:
         return F.SCAN_CORRUPT, 0, None
-    store_ts = _I64.unpack_from(rec, F.pos_store_timestamp(sys_flag))[0]
+    store_ts = _I64.unpack_from(rec, _pos_store_timestamp(sys_flag))[0]
     reconsume, prepared, body_len = _TAIL.unpack_from(rec, q)
     if body_len < 0 or body_off + body_len > size:
         return F.SCAN_CORRUPT, 0, None
