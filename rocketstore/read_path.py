@@ -402,6 +402,21 @@ class BodyBuffer(np.ndarray):
         self._hold = getattr(obj, "_hold", None)
 
 
+def held_view(mf, start, end):
+    """A read-only memoryview of `mf`'s bytes [start, end) that keeps the file held
+    (MappedFile.hold) and mapped while it or any slice of it lives, as body views do; None when
+    the file is being destroyed."""
+    if not mf.hold():
+        return None
+    hold = _FileHold(mf)
+    if hold.view is None:
+        hold.release()
+        return None
+    buf = np.frombuffer(hold.view, dtype=np.uint8).view(BodyBuffer)
+    buf._hold = hold
+    return memoryview(buf[start:end])
+
+
 class GetBatchResult:
     """get_batch's answer: get_message's status, next_begin_offset, min/max offsets and
     suggest_pulling_from_slave, and the records found as numpy columns in queue order.
