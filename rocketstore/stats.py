@@ -183,8 +183,11 @@ class StoreStatsService(ServiceThread):
         """Rewrite the runtime file: temporary name, then rename, so a reader never sees
         half of one. Errors are counted and logged by the loop, never raised into a put."""
         store = self._store
+        # The lock time needs the store clock: only the system clock is read from here (an
+        # injected one stamps records, and a call from this thread would take a value).
+        lock_ms = store.lock_time_mills() if store.clock is system_clock else None
         doc = {"pid": os.getpid(), "writtenAt": system_clock(),
-               "runtimeInfo": store.get_runtime_info()}
+               "runtimeInfo": store._runtime_info(lock_ms)}
         path = os.path.join(store.root, RUNTIME_FILE)
         tmp = path + ".tmp"
         store.fs.write_bytes(tmp, json.dumps(doc, sort_keys=True).encode(), sync=False)
@@ -251,8 +254,9 @@ def prometheus_collector(store):
             yield GaugeMetricFamily("rocketstore_dispatch_behind_bytes",
                                     "CommitLog bytes not yet dispatched",
                                     value=store.dispatch_behind_bytes())
-            yield GaugeMetricFamily("rocketstore_page_cache_lock_time_ms",
-                                    "how long the current put has held the put lock",
-                                    value=store.lock_time_mills())
+            if store.clock is system_clock:     # never an injected clock (see publish)
+                yield GaugeMetricFamily("rocketstore_page_cache_lock_time_ms",
+                                        "how long the current put has held the put lock",
+                                        value=store.lock_time_mills())
 
     return _Collector()

@@ -1490,6 +1490,11 @@ class MessageStore:
         bytes left to commit and to flush, as plain numbers). A running store also publishes
         it once a second to its runtime file for `rocketstore stat` (stats.py)."""
         self._check_open()
+        return self._runtime_info(self.lock_time_mills())
+
+    def _runtime_info(self, lock_time_mills):
+        """get_runtime_info with the lock time given: the publishing thread must not call an
+        injected store clock (a replay or step clock hands its values to the records)."""
         info = self.stats_service.runtime_info()
         cl_path = self.commitlog.mfq.store_path
         ratio = self.disk_usage(cl_path)
@@ -1500,7 +1505,8 @@ class MessageStore:
         info["commitLogMinOffset"] = str(self.get_min_phy_offset())
         info["commitLogMaxOffset"] = str(self.get_max_phy_offset())
         info["dispatchBehindBytes"] = str(self.dispatch_behind_bytes())
-        info["pageCacheLockTimeMills"] = str(self.lock_time_mills())
+        if lock_time_mills is not None:
+            info["pageCacheLockTimeMills"] = str(lock_time_mills)
         info["earliestMessageTimeStamp"] = str(self.get_earliest_message_time())
         pool = self.commitlog.pool
         if pool is not None:

@@ -21,8 +21,10 @@ class SetClock:
 
     def __init__(self, now=T0):
         self.now = now
+        self.calls = 0
 
     def __call__(self):
+        self.calls += 1
         return self.now
 
 
@@ -154,6 +156,11 @@ def test_a_put_answers_os_pagecache_busy_while_another_holds_the_lock_too_long(t
             assert r.status is PutMessageStatus.OS_PAGECACHE_BUSY
             assert "os_page_cache_busy_time_out_mills" in r.reason
         assert store.get_runtime_info()["pageCacheLockTimeMills"] == "1001"
+        # The publishing thread never reads an injected clock, lock held or not.
+        calls = clock.calls
+        store.stats_service.publish()
+        assert clock.calls == calls
+        assert "pageCacheLockTimeMills" not in read_runtime_file(store.root)["runtimeInfo"]
         clock.now = T0 + 10_000_000          # isOSPageCacheBusy's guard: a bogus begin time
         assert not store.is_os_page_cache_busy()
         release.set()
