@@ -19,7 +19,7 @@ from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyTypeObject
 from cpython.ref cimport Py_XDECREF
 from libc.string cimport memchr
-from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
+from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
 import numpy as _np
 
@@ -139,10 +139,27 @@ cdef inline int64_t _now_ms() noexcept nogil:
     return <int64_t>ts.tv_sec * 1000 + ts.tv_nsec // 1000000
 
 
+cdef extern from *:
+    """
+    #include <time.h>
+    /* A monotonic clock for the latency statistics (stats.py): the coarse one where the
+       system has it (a few ns a call, ticking every 1-4 ms; measured on a loaded x86-64
+       VM: 10 ns against 50-60 ns for CLOCK_MONOTONIC, read twice per put). */
+    static inline int64_t rs_stats_ns(void) {
+        struct timespec ts;
+    #ifdef CLOCK_MONOTONIC_COARSE
+        clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    #else
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+    #endif
+        return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    }
+    """
+    int64_t rs_stats_ns() noexcept nogil
+
+
 cdef inline int64_t _mono_ns() noexcept nogil:
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+    return rs_stats_ns()
 
 
 cdef inline int _latency_bucket(int64_t ms) noexcept nogil:

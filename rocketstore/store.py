@@ -1119,20 +1119,17 @@ class MessageStore:
             return wait_for_message(self, group, topic, queue_id, offset, max_msg_nums,
                                     message_filter, wait_ms)
         self._check_open()
-        t0 = time.monotonic_ns()
         cq = self._checked_queue(group, topic, queue_id, offset, max_msg_nums, message_filter)
         self._catch_up()
-        r = None
         if cq is not None and self._loaded:
-            # The common case as one call; the rest (statuses decided before a unit is read)
-            # below.
+            # The common case as one call (it counts itself in the statistics); the rest
+            # (statuses decided before a unit is read) below.
             r = self._read_path.pull(self, cq, offset, max_msg_nums, message_filter,
                                      read_path.MAX_BYTES)
-        if r is None:
-            r = read_path.get_message(self, group, topic, queue_id, int(offset),
-                                      int(max_msg_nums), message_filter, cq)
-        self.get_counters.record(r, time.monotonic_ns() - t0)
-        return r
+            if r is not None:
+                return r
+        return read_path.get_message(self, group, topic, queue_id, int(offset),
+                                     int(max_msg_nums), message_filter, cq)
 
     def _checked_queue(self, group, topic, queue_id, offset, max_msg_nums, message_filter):
         """get_message's and get_batch's arguments checked; the queue when it exists."""
@@ -1158,18 +1155,15 @@ class MessageStore:
         tags_code, queue_offset, ...) with zero-copy body views (body(i)) that keep their
         CommitLog file held and mapped while they live. No object is made per message."""
         self._check_open()
-        t0 = time.monotonic_ns()
         cq = self._checked_queue(group, topic, queue_id, offset, max_msg_nums, message_filter)
         self._catch_up()
-        r = None
         if cq is not None and self._loaded:
             r = self._read_path.pull_batch(self, cq, offset, max_msg_nums, message_filter,
                                            read_path.MAX_BYTES)
-        if r is None:
-            r = read_path.get_batch(self, group, topic, queue_id, int(offset),
-                                    int(max_msg_nums), message_filter, cq)
-        self.get_counters.record(r, time.monotonic_ns() - t0)
-        return r
+            if r is not None:
+                return r
+        return read_path.get_batch(self, group, topic, queue_id, int(offset), int(max_msg_nums),
+                                   message_filter, cq)
 
     # ---- consumers that wait, and asyncio (rocketstore/consumer.py) ----------------------------
     def consume(self, group, topic, queue_id, batch_size=32, message_filter=None):
