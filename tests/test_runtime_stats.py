@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from rocketstore import Message, PutMessageStatus, testing
+from rocketstore.clock import ManualClock, ReplayClock
 from rocketstore.stats import (PUT_LATENCY_BUCKETS, RUNTIME_FILE, StoreStatsService,
                                get_totals, latency_bucket, prometheus_collector,
                                read_runtime_file)
@@ -17,12 +18,9 @@ from rocketstore.stats import (PUT_LATENCY_BUCKETS, RUNTIME_FILE, StoreStatsServ
 T0 = 1_700_000_000_000
 
 
-class SetClock:
-    """A store clock that answers whatever the test set last."""
-
-    def __init__(self, now=T0):
-        self.now = now
-        self.calls = 0
+class CountingClock(ManualClock):
+    """A ManualClock that counts its readers' calls."""
+    calls = 0
 
     def __call__(self):
         self.calls += 1
@@ -124,7 +122,7 @@ def test_a_put_answers_os_pagecache_busy_while_another_holds_the_lock_too_long(t
     """isOSPageCacheBusy with an injected clock: a put stalls under the put lock (its file
     is slow to come); while the store clock says it has held the lock over
     os_page_cache_busy_time_out_mills, every put answers OS_PAGECACHE_BUSY at once."""
-    clock = SetClock()
+    clock = CountingClock(T0)
     store = testing.open_store(tmp_path / "s", backend, clock=clock,
                                config=testing.small_config(
                                    os_page_cache_busy_time_out_mills=1000))
@@ -182,7 +180,6 @@ def test_the_store_clock_is_read_for_the_busy_check_only_while_a_put_holds_the_l
     """Puts from one thread never find the lock held, so they call the store clock once
     each, as before: a replay clock's timestamps land on the records unchanged."""
     stamps = [T0 + 7 * i for i in range(20)]
-    from rocketstore.clock import ReplayClock
     store = testing.open_store(tmp_path / "s", backend, clock=ReplayClock(stamps))
     try:
         got = [store.put_message(Message("T", b"x", queue_id=0)).store_timestamp
