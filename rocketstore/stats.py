@@ -25,6 +25,7 @@ import threading
 import time
 
 from .clock import system_clock
+from .fs import DEFAULT as _FS
 from .services.base import ServiceThread
 
 # Cells of CommitLog.put_cells. LOCK_BEGIN is beginTimeInLock: the store time the put lock
@@ -189,8 +190,10 @@ class StoreStatsService(ServiceThread):
                "runtimeInfo": store._runtime_info(lock_ms)}
         path = os.path.join(store.root, RUNTIME_FILE)
         tmp = path + ".tmp"
-        store.fs.write_bytes(tmp, json.dumps(doc, sort_keys=True).encode(), sync=False)
-        store.fs.rename(tmp, path)
+        # The real file system, not the store's (a test's fault-injecting double): the
+        # runtime file is no store data, and must not take a fault meant for a store file.
+        _FS.write_bytes(tmp, json.dumps(doc, sort_keys=True).encode(), sync=False)
+        _FS.rename(tmp, path)
 
     def run_once(self):
         self.wait_for_running(SAMPLE_INTERVAL_MS)
@@ -203,9 +206,9 @@ class StoreStatsService(ServiceThread):
             self.publish_errors += 1        # a full disk: the next second tries again
 
     def on_shutdown(self):
-        store = self._store
-        store.fs.remove(os.path.join(store.root, RUNTIME_FILE))
-        store.fs.remove(os.path.join(store.root, RUNTIME_FILE + ".tmp"))
+        root = self._store.root
+        _FS.remove(os.path.join(root, RUNTIME_FILE))
+        _FS.remove(os.path.join(root, RUNTIME_FILE + ".tmp"))
 
 
 def read_runtime_file(root):
