@@ -108,7 +108,7 @@ cdef class ReadPath:
     # pull_batch(): read_path.GetBatchResult's type and members.
     cdef type _batch
     cdef Py_ssize_t _b[N_BATCH_SLOTS]
-    # Statistics of pull and pull_batch (stats.GetCounters adds them up): calls that found
+    # Statistics of pull and pull_batch (stats.get_totals adds them up): calls that found
     # messages, calls that did not, messages returned, and the longest call (ms).
     cdef readonly int64_t found
     cdef readonly int64_t miss

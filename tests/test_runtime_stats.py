@@ -92,14 +92,15 @@ def test_latency_buckets_are_the_brokers():
 
 
 def test_a_put_that_stalls_lands_in_its_latency_bucket(tmp_path, backend):
-    """The compiled path keeps its own histogram cells: a put held 20 ms under the lock (its
-    store clock stalls) counts in a bucket of 10 ms or more, on every backend."""
+    """The compiled path keeps its own histogram cells: a put held 30 ms under the lock (its
+    store clock stalls) counts in a bucket of 10 ms or more, on every backend (measured on a
+    coarse clock that ticks every few ms, hence the margin)."""
     stall = threading.Event()
 
     def clock():
         if stall.is_set():
             stall.clear()
-            threading.Event().wait(0.02)
+            threading.Event().wait(0.03)
         return T0
 
     store = testing.open_store(tmp_path / "s", backend, clock=clock)
