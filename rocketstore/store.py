@@ -29,7 +29,7 @@ from .index_file import infer_geometry
 from .index_service import IndexService
 from .errors import (ConfigError, CorruptRecordError, InvalidArgumentError, StoreClosedError,
                      StoreError, StoreLoadError, UnsafePathError)
-from .format import MAX_TOPIC_LENGTH
+from .format import MAX_TOPIC_LENGTH, SCHEDULE_TOPIC
 from .fs import DEFAULT as DEFAULT_FS, is_inside, mappings_hold_descriptors, raise_fd_limit
 from .lockfile import StoreLock, abort_path
 from .mapped_file_queue import is_index_name, is_queue_dir_name, split_segment_names
@@ -1478,7 +1478,8 @@ class MessageStore:
         keys: StoreStatsService's (putTps, getFoundTps, getMissTps, getTotalTps and
         getTransferedTps over 10 s, 1 min and 10 min, space separated and empty until that
         much was sampled; the put-latency histogram putMessageDistributeTime; put and get
-        totals), DefaultMessageStore's (disk ratios, CommitLog min and max offsets), and the
+        totals), DefaultMessageStore's (disk ratios, CommitLog min and max offsets, and on a
+        master scheduleMessageOffset_<level> = "delivered,max" per delay level), and the
         broker's store keys (dispatchBehindBytes, pageCacheLockTimeMills,
         earliestMessageTimeStamp; with write buffers remainTransientStoreBufferNumbs and the
         bytes left to commit and to flush, as plain numbers). A running store also publishes
@@ -1496,6 +1497,13 @@ class MessageStore:
         info["commitLogDiskRatio_" + cl_path] = repr(float(ratio))
         info["consumeQueueDiskRatio"] = repr(float(self.disk_usage(
             os.path.join(self.root, "consumequeue"))))
+        if self.schedule_message_service is not None:
+            # ScheduleMessageService.buildRunningStats: "delivered,max" per delay level.
+            queues = self.consume_queue_table.get(SCHEDULE_TOPIC, {})
+            for level, offset in sorted(self.delay_offsets.offset_table.items()):
+                cq = queues.get(level - 1)
+                info[f"scheduleMessageOffset_{level}"] = \
+                    f"{offset},{cq.max_offset_in_queue if cq is not None else 0}"
         info["commitLogMinOffset"] = str(self.get_min_phy_offset())
         info["commitLogMaxOffset"] = str(self.get_max_phy_offset())
         info["dispatchBehindBytes"] = str(self.dispatch_behind_bytes())

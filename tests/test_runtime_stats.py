@@ -63,6 +63,26 @@ def test_puts_and_gets_are_counted_once_per_message_and_once_per_call(tmp_path, 
     assert info["commitLogMaxOffset"] == str(int(batch.commit_log_offsets[-1] + batch.sizes[-1]))
 
 
+def test_runtime_info_reports_each_delay_levels_delivered_and_max_offsets(tmp_path, backend):
+    clock = ManualClock(T0)
+    store = testing.open_store(tmp_path / "s", backend, clock=clock)
+    try:
+        for i in range(3):
+            store.put_message(Message("T", b"d%d" % i, queue_id=0, properties={"DELAY": "2"}))
+        clock.now += 10_000                              # level 2 is 5 s: all three are due
+        assert store.schedule_message_service.deliver_due() == 3
+        # Two more, not due: delivered 3 of 5 (the levels the service has an offset for).
+        for i in range(2):
+            store.put_message(Message("T", b"e%d" % i, queue_id=0, properties={"DELAY": "2"}))
+        testing.wait_dispatched(store)
+        info = store.get_runtime_info()
+    finally:
+        store.shutdown()
+    assert info["scheduleMessageOffset_2"] == "3,5"
+    assert not any(k.startswith("scheduleMessageOffset_") and k != "scheduleMessageOffset_2"
+                   for k in info)
+
+
 def test_tps_is_the_difference_of_two_samples_over_each_window(tmp_path, backend):
     store = testing.open_store(tmp_path / "s", backend)
     try:
