@@ -109,6 +109,22 @@ cdef class ReadPath:
     # pull_batch(): read_path.GetBatchResult's type and members.
     cdef type _batch
     cdef Py_ssize_t _b[N_BATCH_SLOTS]
+    # Statistics of pull and pull_batch (stats.get_totals adds them up): calls that found
+    # messages, calls that did not, messages returned, and the longest call (ms).
+    cdef readonly int64_t found
+    cdef readonly int64_t miss
+    cdef readonly int64_t transferred
+    cdef readonly int64_t time_max
+
+    cdef inline void _count(self, Py_ssize_t n, int64_t t0) noexcept:
+        cdef int64_t ms = (_mono_ns() - t0) // 1000000
+        if n:
+            self.found += 1
+            self.transferred += n
+        else:
+            self.miss += 1
+        if ms > self.time_max:
+            self.time_max = ms
 
     def __init__(self, message_type, mapped_file_type, on_corrupt, result_type=None,
                  statuses=None, batch_result_type=None):
@@ -289,6 +305,7 @@ cdef class ReadPath:
         """read_path.PyReadPath.pull_batch: get_batch's common case as one call, building the
         GetBatchResult here. None as for pull()."""
         cdef int64_t max_py = 0, min_logic, max_off = 0, max_phy, scanned
+        cdef int64_t t0 = _mono_ns()
         cdef Py_ssize_t n
         cdef Py_ssize_t *b = self._b
         if self._batch is None or not self._positions(store, cq, &max_py, &max_off):
@@ -330,6 +347,7 @@ cdef class ReadPath:
         _set_member(r, b[10], None)
         _set_member(r, b[11], None)
         _set_member(r, b[12], False)
+        self._count(n, t0)
         return r
 
     def pull(self, store, cq, int64_t offset, Py_ssize_t max_n, message_filter,
@@ -339,6 +357,7 @@ cdef class ReadPath:
         answer is decided before a unit is read (the offset outside the queue) or the first
         unit's file is missing: read_path.get_message gives those."""
         cdef int64_t max_py = 0, min_logic, max_off = 0, max_phy, scanned
+        cdef int64_t t0 = _mono_ns()
         cdef Py_ssize_t *g = self._g
         if self._result is None or not self._positions(store, cq, &max_py, &max_off):
             return None
@@ -365,6 +384,7 @@ cdef class ReadPath:
         _set_member(r, g[2], min_logic // RS_CQ_STORE_UNIT_SIZE)
         _set_member(r, g[3], max_off)
         _set_member(r, g[4], messages)
+        self._count(len(<list>messages), t0)
         return r
 
     cdef tuple _walk(self, list cq_files, int64_t cq_file_size, list log_files,

@@ -16,6 +16,7 @@ from .message import (PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC,
                       Message, body_bytes, pack_host, properties_to_string, topic_problem)
 from .services.allocate import AllocateMappedFileService
 from .services.schedule import DeliveredMessage
+from .stats import LOCK_BEGIN, PUT_BYTES, PUT_TIMES, new_put_cells
 from .transient_pool import TransientStorePool
 from .status import PutMessageResult, PutMessagesResult, PutMessageStatus
 
@@ -61,6 +62,9 @@ class CommitLog:
         # write, since the files are about to be committed, flushed and closed.
         self.closed = False
         self.topic_queue_table = {}        # (topic, queue_id) -> next queue offset; put_lock
+        # beginTimeInLock, the put counters and the latency histogram (stats.py), shared
+        # with the compiled put path.
+        self.put_cells = new_put_cells()
         self.store_host_raw, v6 = pack_host(tuple(config.store_host))
         self._store_host_v6 = F.STOREHOSTADDRESS_V6_FLAG if v6 else 0
         self._max_body = config.max_message_size
@@ -362,39 +366,45 @@ class CommitLog:
                 self._refuse_closed()
             after_put = self.after_put
             ts = clock()
+            self.put_cells[LOCK_BEGIN] = ts
             try:
-                files = self.mfq.files
-                mf = files[-1] if files else None
-                if mf is None or mf.wrote_position >= self.file_size:
-                    mf = self._writable_file()
-                pos = mf.wrote_position
-                if size + F.END_FILE_MIN_BLANK_LENGTH > self.file_size - pos:
-                    self._end_file(mf, pos)
-                    mf = self._writable_file()
+                try:
+                    files = self.mfq.files
+                    mf = files[-1] if files else None
+                    if mf is None or mf.wrote_position >= self.file_size:
+                        mf = self._writable_file()
                     pos = mf.wrote_position
-            except OSError as exc:
-                # ENOSPC and friends while rolling: nothing of this message was written and
-                # the blank record closing the full file is valid, so refuse and go on.
-                return PutMessageResult(PutMessageStatus.CREATE_MAPEDFILE_FAILED,
-                                        reason=f"create mapped file failed: "
-                                               f"{self._refusal(exc)}")
-            if pos + size + F.END_FILE_MIN_BLANK_LENGTH > mf.refill_position:
-                reason = self._reserve(mf, pos + size)
-                if reason is not None:
-                    return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
-                                            reason=reason)
-            table = self.topic_queue_table
-            qoff = table.get(key, 0) if e.dispatched else 0
-            phy = mf.file_from_offset + pos
-            if mf.wbuf is None:
-                self._k.commitlog_append(mf.mm, pos, buf, qoff, phy, ts)
-                mf.wrote_position = mf.committed_position = pos + size
-            else:
-                self._k.commitlog_append(mf.wbuf, pos, buf, qoff, phy, ts)
-                mf.wrote_position = pos + size
-            mf.store_timestamp = ts
-            if e.dispatched:
-                table[key] = qoff + 1
+                    if size + F.END_FILE_MIN_BLANK_LENGTH > self.file_size - pos:
+                        self._end_file(mf, pos)
+                        mf = self._writable_file()
+                        pos = mf.wrote_position
+                except OSError as exc:
+                    # ENOSPC and friends while rolling: nothing of this message was written and
+                    # the blank record closing the full file is valid, so refuse and go on.
+                    return PutMessageResult(PutMessageStatus.CREATE_MAPEDFILE_FAILED,
+                                            reason=f"create mapped file failed: "
+                                                   f"{self._refusal(exc)}")
+                if pos + size + F.END_FILE_MIN_BLANK_LENGTH > mf.refill_position:
+                    reason = self._reserve(mf, pos + size)
+                    if reason is not None:
+                        return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
+                                                reason=reason)
+                table = self.topic_queue_table
+                qoff = table.get(key, 0) if e.dispatched else 0
+                phy = mf.file_from_offset + pos
+                if mf.wbuf is None:
+                    self._k.commitlog_append(mf.mm, pos, buf, qoff, phy, ts)
+                    mf.wrote_position = mf.committed_position = pos + size
+                else:
+                    self._k.commitlog_append(mf.wbuf, pos, buf, qoff, phy, ts)
+                    mf.wrote_position = pos + size
+                mf.store_timestamp = ts
+                if e.dispatched:
+                    table[key] = qoff + 1
+                self.put_cells[PUT_TIMES] += 1
+                self.put_cells[PUT_BYTES] += size
+            finally:
+                self.put_cells[LOCK_BEGIN] = 0
         status = self.finish_put(after_put, phy + size, msg)
         return PutMessageResult(status, phy, qoff, ts, size, e.store_raw)
 
@@ -436,50 +446,56 @@ class CommitLog:
                     self._refuse_closed()
                 after_put = self.after_put
                 ts = clock()
-                table = self.topic_queue_table
-                for i, e in enumerate(encoded):
-                    if e.dispatched:
-                        q = table.get(e.key, 0)
-                        qoffs[i] = q
-                        table[e.key] = q + 1
-                done = 0
-                rd = 0
-                while done < n:
-                    mf, status, reason = self._batch_file(total - rd)
-                    if mf is None:
-                        # Messages not written give their queue offsets back (highest
-                        # first per queue, as assigned), so the next put leaves no gap.
-                        for e in reversed(encoded[done:]):
-                            if e.dispatched:
-                                table[e.key] -= 1
-                        return PutMessagesResult(
-                            status, done, phys[:done],
-                            np.frombuffer(qoffs, dtype=np.int64)[:done].copy(),
-                            sizes[:done], ts, rd, [e.store_raw for e in encoded[:done]],
-                            reason=reason)
-                    wpos = mf.wrote_position
-                    if batch_props is not None and \
-                            total + F.END_FILE_MIN_BLANK_LENGTH > self.file_size - wpos:
-                        # 4.9.x appends a broker batch (MessageExtBatch) whole: when it does
-                        # not fit, the blank goes where the batch would start and the whole
-                        # batch into the next file (doc/01 §5).
-                        self._end_file(mf, wpos)
-                        continue
-                    base = mf.file_from_offset + wpos
-                    count, nbytes = self._k.commitlog_append_batch(
-                        mf.write_target, wpos, self.file_size, view[rd:], qoffs[done:], base,
-                        ts)
-                    if count:
-                        phys[done:done + count] = base + np.concatenate(
-                            ([0], np.cumsum(sizes[done:done + count - 1])))
-                        mf.wrote_position = wpos + nbytes
-                        if mf.wbuf is None:
-                            mf.committed_position = wpos + nbytes
-                        mf.store_timestamp = ts
-                        done += count
-                        rd += nbytes
-                    if done < n:
-                        self._end_file(mf, mf.wrote_position)
+                self.put_cells[LOCK_BEGIN] = ts
+                try:
+                    table = self.topic_queue_table
+                    for i, e in enumerate(encoded):
+                        if e.dispatched:
+                            q = table.get(e.key, 0)
+                            qoffs[i] = q
+                            table[e.key] = q + 1
+                    done = 0
+                    rd = 0
+                    while done < n:
+                        mf, status, reason = self._batch_file(total - rd)
+                        if mf is None:
+                            # Messages not written give their queue offsets back (highest
+                            # first per queue, as assigned), so the next put leaves no gap.
+                            for e in reversed(encoded[done:]):
+                                if e.dispatched:
+                                    table[e.key] -= 1
+                            self._count_puts(done, rd)
+                            return PutMessagesResult(
+                                status, done, phys[:done],
+                                np.frombuffer(qoffs, dtype=np.int64)[:done].copy(),
+                                sizes[:done], ts, rd, [e.store_raw for e in encoded[:done]],
+                                reason=reason)
+                        wpos = mf.wrote_position
+                        if batch_props is not None and \
+                                total + F.END_FILE_MIN_BLANK_LENGTH > self.file_size - wpos:
+                            # 4.9.x appends a broker batch (MessageExtBatch) whole: when it does
+                            # not fit, the blank goes where the batch would start and the whole
+                            # batch into the next file (doc/01 §5).
+                            self._end_file(mf, wpos)
+                            continue
+                        base = mf.file_from_offset + wpos
+                        count, nbytes = self._k.commitlog_append_batch(
+                            mf.write_target, wpos, self.file_size, view[rd:], qoffs[done:], base,
+                            ts)
+                        if count:
+                            phys[done:done + count] = base + np.concatenate(
+                                ([0], np.cumsum(sizes[done:done + count - 1])))
+                            mf.wrote_position = wpos + nbytes
+                            if mf.wbuf is None:
+                                mf.committed_position = wpos + nbytes
+                            mf.store_timestamp = ts
+                            done += count
+                            rd += nbytes
+                        if done < n:
+                            self._end_file(mf, mf.wrote_position)
+                    self._count_puts(n, total)
+                finally:
+                    self.put_cells[LOCK_BEGIN] = 0
         finally:
             view.release()
         status = PutMessageStatus.PUT_OK
@@ -524,36 +540,42 @@ class CommitLog:
                 self._refuse_closed()
             after_put = self.after_put
             ts = clock()
-            qbase = self.topic_queue_table.get(key, 0)
-            done = rd = 0
-            while done < n:
-                mf, status, reason = self._batch_file(total - rd)
-                if mf is None:
-                    # What was written keeps its queue offsets; the rest takes none.
-                    self.topic_queue_table[key] = qbase + done
-                    return PutMessagesResult(
-                        status, done, phys[:done],
-                        np.arange(qbase, qbase + done, dtype=np.int64), sizes[:done], ts, rd,
-                        [self.store_host_raw] * done, reason=reason)
-                wpos = mf.wrote_position
-                base = mf.file_from_offset + wpos
-                count, nbytes = self._k.batch_encode(
-                    mf.write_target, wpos, self.file_size, *args, done, n, flag, sys_flag,
-                    born_timestamp, born_raw, ts, self.store_host_raw, qbase + done, base)
-                if count:
-                    phys[done] = base
-                    np.cumsum(sizes[done:done + count - 1], out=phys[done + 1:done + count])
-                    phys[done + 1:done + count] += base
-                    mf.wrote_position = wpos + nbytes
-                    if mf.wbuf is None:
-                        mf.committed_position = wpos + nbytes
-                    mf.store_timestamp = ts
-                    done += count
-                    rd += nbytes
-                if done < n:
-                    self._end_file(mf, mf.wrote_position)
-            if n:       # an empty batch leaves no queue behind, as put_messages([]) does
-                self.topic_queue_table[key] = qbase + n
+            self.put_cells[LOCK_BEGIN] = ts
+            try:
+                qbase = self.topic_queue_table.get(key, 0)
+                done = rd = 0
+                while done < n:
+                    mf, status, reason = self._batch_file(total - rd)
+                    if mf is None:
+                        # What was written keeps its queue offsets; the rest takes none.
+                        self.topic_queue_table[key] = qbase + done
+                        self._count_puts(done, rd)
+                        return PutMessagesResult(
+                            status, done, phys[:done],
+                            np.arange(qbase, qbase + done, dtype=np.int64), sizes[:done], ts,
+                            rd, [self.store_host_raw] * done, reason=reason)
+                    wpos = mf.wrote_position
+                    base = mf.file_from_offset + wpos
+                    count, nbytes = self._k.batch_encode(
+                        mf.write_target, wpos, self.file_size, *args, done, n, flag, sys_flag,
+                        born_timestamp, born_raw, ts, self.store_host_raw, qbase + done, base)
+                    if count:
+                        phys[done] = base
+                        np.cumsum(sizes[done:done + count - 1], out=phys[done + 1:done + count])
+                        phys[done + 1:done + count] += base
+                        mf.wrote_position = wpos + nbytes
+                        if mf.wbuf is None:
+                            mf.committed_position = wpos + nbytes
+                        mf.store_timestamp = ts
+                        done += count
+                        rd += nbytes
+                    if done < n:
+                        self._end_file(mf, mf.wrote_position)
+                if n:       # an empty batch leaves no queue behind, as put_messages([]) does
+                    self.topic_queue_table[key] = qbase + n
+                self._count_puts(n, total)
+            finally:
+                self.put_cells[LOCK_BEGIN] = 0
         status = PutMessageStatus.PUT_OK
         if n:
             # after_put reads the message's WAIT property, which the batch shares.
@@ -562,6 +584,11 @@ class CommitLog:
                                              properties=cols.properties))
         return PutMessagesResult(status, n, phys, np.arange(qbase, qbase + n, dtype=np.int64),
                                  sizes, ts, total, [self.store_host_raw] * n)
+
+    def _count_puts(self, n, nbytes):
+        """Under the put lock: `n` records of `nbytes` in all were written."""
+        self.put_cells[PUT_TIMES] += n
+        self.put_cells[PUT_BYTES] += nbytes
 
     def finish_put(self, after_put, end_offset, msg):
         """What follows the lock (handleDiskFlush, handleHA): wake the flusher, then wait for

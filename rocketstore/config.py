@@ -100,7 +100,6 @@ NOT_IMPLEMENTED = {
     "debug_lock_enable": "there is no lock-debugging thread",
     "duplication_enable": "the confirm offset of duplicated (DLedger) stores is not kept",
     "disk_fall_recorded": _NO_STATS,
-    "os_page_cache_busy_time_out_mills": "puts never answer OS_PAGECACHE_BUSY yet",
     "default_query_max_num": "query_message takes its max_num from the caller",
     "fast_fail_if_no_buffer_in_store_pool": "the transient pool never fails a put fast",
     "enable_d_leger_commit_log": _DLEDGER,

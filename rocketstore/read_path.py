@@ -9,6 +9,7 @@ unit's record with the record-check kernel where it lies in its CommitLog file, 
 MessageExt objects from the kernel's row (properties decoded on first use), or, for get_batch,
 hands the rows themselves back beside views of the bodies in the mapping."""
 import logging
+import time
 
 import numpy as np
 
@@ -90,6 +91,18 @@ class PyReadPath:
     def __init__(self, kernels, on_corrupt):
         self._k = kernels
         self._on_corrupt = on_corrupt
+        # Statistics of pull and pull_batch, as the compiled ReadPath keeps them.
+        self.found = self.miss = self.transferred = self.time_max = 0
+
+    def _count(self, n, t0):
+        if n:
+            self.found += 1
+            self.transferred += n
+        else:
+            self.miss += 1
+        ms = (time.monotonic_ns() - t0) // 1_000_000
+        if ms > self.time_max:
+            self.time_max = ms
 
     def decode_rows(self, buf, rows, n):
         """MessageExt objects of the first `n` rows (format.SCAN_DTYPE, commitlog_scan's
@@ -110,6 +123,7 @@ class PyReadPath:
         """get_message's common case for queue `cq`: its GetMessageResult, or None when the
         answer is decided before a unit is read (the offset outside the queue) or the first
         unit's file is missing, which get_message below answers."""
+        t0 = time.monotonic_ns()
         max_off = cq.mfq.get_max_offset() // UNIT
         min_logic = cq.min_logic_offset
         if max_off == 0 or offset < min_logic // UNIT or offset >= max_off:
@@ -121,6 +135,7 @@ class PyReadPath:
             max_off, min_logic, max_n, _scan_limit(max_n), max_bytes, message_filter)
         if scanned < 0:
             return None
+        self._count(len(messages), t0)
         if messages:
             return GetMessageResult(G.FOUND, offset + scanned, min_logic // UNIT, max_off,
                                     messages, max_py - max_phy > store._mem_limit)
@@ -129,6 +144,7 @@ class PyReadPath:
 
     def pull_batch(self, store, cq, offset, max_n, message_filter, max_bytes):
         """get_batch's common case for queue `cq`: its GetBatchResult, or None as for pull."""
+        t0 = time.monotonic_ns()
         max_off = cq.mfq.get_max_offset() // UNIT
         min_logic = cq.min_logic_offset
         if max_off == 0 or offset < min_logic // UNIT or offset >= max_off:
@@ -146,6 +162,7 @@ class PyReadPath:
             for f in held:
                 f.release()
             return None
+        self._count(n, t0)
         if n:
             return GetBatchResult(G.FOUND, offset + scanned, min_logic // UNIT, max_off, n,
                                   rows, row_file, held, max_py - max_phy > store._mem_limit)
@@ -336,8 +353,9 @@ def get_message(store, group, topic, queue_id, offset, max_msg_nums=32, message_
     if early is None:
         r = store._read_path.pull(store, cq, offset, max_msg_nums, message_filter, MAX_BYTES)
         if r is not None:
-            return r
+            return r            # counted by the read path
         early = _found_null(store, cq, offset)
+    store.get_counters.miss += 1
     return GetMessageResult(early[0], early[1], min_off, max_off)
 
 
@@ -350,8 +368,9 @@ def get_batch(store, group, topic, queue_id, offset, max_msg_nums=32, message_fi
         r = store._read_path.pull_batch(store, cq, offset, max_msg_nums, message_filter,
                                         MAX_BYTES)
         if r is not None:
-            return r
+            return r            # counted by the read path
         early = _found_null(store, cq, offset)
+    store.get_counters.miss += 1
     return GetBatchResult(early[0], early[1], min_off, max_off)
 
 
@@ -399,6 +418,21 @@ class BodyBuffer(np.ndarray):
 
     def __array_finalize__(self, obj):
         self._hold = getattr(obj, "_hold", None)
+
+
+def held_view(mf, start, end):
+    """A read-only memoryview of `mf`'s bytes [start, end) that keeps the file held
+    (MappedFile.hold) and mapped while it or any slice of it lives, as body views do; None when
+    the file is being destroyed."""
+    if not mf.hold():
+        return None
+    hold = _FileHold(mf)
+    if hold.view is None:
+        hold.release()
+        return None
+    buf = np.frombuffer(hold.view, dtype=np.uint8).view(BodyBuffer)
+    buf._hold = hold
+    return memoryview(buf[start:end])
 
 
 class GetBatchResult:

@@ -111,7 +111,9 @@ def dirty_tail_bytes(mfq, offset, chunk=1 << 20):
     return 0
 
 
-def _truncate(store, process_offset, max_phy_of_cq, report):
+def truncate(store, process_offset, max_phy_of_cq, report):
+    """Cut the CommitLog at `process_offset` and every ConsumeQueue unit past it (recovery,
+    and MessageStore.reset_write_offset)."""
     commitlog = store.commitlog
     mfq = commitlog.mfq
     report.truncated_bytes = dirty_tail_bytes(mfq, process_offset)
@@ -147,7 +149,7 @@ def recover_normally(store, max_phy_of_cq, report):
     report.start_file = files[start].file_name
     process = scan_commitlog(commitlog, store.kernels, start, store.config.check_crc_on_recover,
                              report=report)
-    _truncate(store, process, max_phy_of_cq, report)
+    truncate(store, process, max_phy_of_cq, report)
     return process
 
 
@@ -190,9 +192,9 @@ def recover_abnormally(store, max_phy_of_cq, report):
 
     process = scan_commitlog(commitlog, store.kernels, start, store.config.check_crc_on_recover,
                              dispatch=dispatch if store.writable else None, report=report)
-    _truncate(store, process, max_phy_of_cq, report)
+    truncate(store, process, max_phy_of_cq, report)
     if index_from >= 0:
-        _drop_index_past(store, process, report)
+        drop_index_past(store, process, report)
     return process
 
 
@@ -242,7 +244,7 @@ def _redispatch_index(store, start, report):
     return begin
 
 
-def _drop_index_past(store, process, report):
+def drop_index_past(store, process, report):
     """A power cut can keep a flushed index file whose records never reached the disk, so
     recovery truncated them. Its entries would stand for whatever is stored there next, and
     the dispatcher would skip those new records as indexed already: destroy such files and

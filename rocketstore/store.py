@@ -7,6 +7,7 @@ import errno
 import logging
 import os
 import threading
+import time
 
 from . import kernels as _kernels
 from .kernels.contract import KERNEL_NAMES
@@ -28,7 +29,7 @@ from .index_file import infer_geometry
 from .index_service import IndexService
 from .errors import (ConfigError, CorruptRecordError, InvalidArgumentError, StoreClosedError,
                      StoreError, StoreLoadError, UnsafePathError)
-from .format import MAX_TOPIC_LENGTH
+from .format import MAX_TOPIC_LENGTH, SCHEDULE_TOPIC
 from .fs import DEFAULT as DEFAULT_FS, is_inside, mappings_hold_descriptors, raise_fd_limit
 from .lockfile import StoreLock, abort_path
 from .mapped_file_queue import is_index_name, is_queue_dir_name, split_segment_names
@@ -41,6 +42,7 @@ from .services.flush import (CommitRealTimeService, FlushConsumeQueueService,
                              FlushRealTimeService, GroupCommitService)
 from .services.reput import ReputMessageService
 from .services.schedule import ScheduleMessageService
+from .stats import LOCK_BEGIN, GetCounters, StoreStatsService, busy_for, record_put
 from .status import PutMessageResult, PutMessagesResult, PutMessageStatus
 from . import topic_delete
 from .topic_delete import DeletedTopicManager
@@ -174,6 +176,9 @@ class MessageStore:
         self._mem_limit = _total_physical_memory() * \
             self.config.access_message_in_memory_max_ratio // 100
         self._read_path = read_path.make_read_path(self.kernels)
+        self.get_counters = GetCounters()
+        # Samples the counters once a second while the store runs (stats.py).
+        self.stats_service = StoreStatsService(self)
 
     @classmethod
     def open_read_only(cls, root, config=None, kernels=None, fs=None):
@@ -497,6 +502,7 @@ class MessageStore:
         ])
         self.scheduled_service.start()
         self.handle_schedule_message_service(cfg.broker_role)
+        self.stats_service.start()
 
     def handle_schedule_message_service(self, role):
         """handleScheduleMessageService: a master delivers delayed messages, a slave never
@@ -528,6 +534,7 @@ class MessageStore:
             # finishes its write first, every later one raises StoreClosedError, so what
             # the final commit and flush cover is everything ever acknowledged.
             self.commitlog.stop_puts()
+            self.stats_service.shutdown()           # removes the runtime file
             if self.scheduled_service is not None:
                 # Started last, stopped first: no file deletion during the final flush.
                 self.scheduled_service.shutdown()
@@ -813,11 +820,17 @@ class MessageStore:
         if self.running_flags.flag_bits & NOT_WRITEABLE_MASK:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
                                     reason=self._not_writeable_reason())
+        if self.commitlog.put_cells[LOCK_BEGIN] and self.is_os_page_cache_busy():
+            return PutMessageResult(PutMessageStatus.OS_PAGECACHE_BUSY, reason=self._busy_reason())
+        t0 = time.monotonic_ns()
         try:
-            return self.commitlog.put_message(msg, self.clock)
+            r = self.commitlog.put_message(msg, self.clock)
         except Exception as exc:
             explain_put_failure((msg,), exc)
             raise
+        record_put(self.commitlog.put_cells, time.monotonic_ns() - t0,
+                   r.status is PutMessageStatus.PUT_OK)
+        return r
 
     # What a compiled put path falls back to (the instance's put_message is then that path).
     _put_message = put_message
@@ -835,17 +848,18 @@ class MessageStore:
         if batch_properties is not None and not isinstance(batch_properties, dict):
             raise TypeError(f"batch_properties must be a dict or None, not "
                             f"{type(batch_properties).__name__}")
-        if self.is_slave or self.running_flags.flag_bits & NOT_WRITEABLE_MASK:
-            import numpy as np
-            empty = np.empty(0, dtype=np.int64)
-            return PutMessagesResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, 0, empty, empty,
-                                     empty, 0, 0, reason=_SLAVE_REASON if self.is_slave
-                                     else self._not_writeable_reason())
+        refused = self._refused_batch()
+        if refused is not None:
+            return refused
+        t0 = time.monotonic_ns()
         try:
-            return self.commitlog.put_messages(msgs, self.clock, batch_properties)
+            r = self.commitlog.put_messages(msgs, self.clock, batch_properties)
         except Exception as exc:
             explain_put_failure(msgs, exc)
             raise
+        record_put(self.commitlog.put_cells, time.monotonic_ns() - t0,
+                   r.status is PutMessageStatus.PUT_OK)
+        return r
 
     _put_messages = put_messages
 
@@ -865,14 +879,53 @@ class MessageStore:
         PutMessagesResult (numpy columns)."""
         self._check_running()
         cols = columns(bodies, tags, keys, properties, self.kernels.column_join)
+        refused = self._refused_batch()
+        if refused is not None:
+            return refused
+        t0 = time.monotonic_ns()
+        r = self.commitlog.put_batch(topic, queue_id, cols, self.clock, flag=flag,
+                                     born_timestamp=born_timestamp, born_host=born_host)
+        record_put(self.commitlog.put_cells, time.monotonic_ns() - t0,
+                   r.status is PutMessageStatus.PUT_OK)
+        return r
+
+    def _refused_batch(self):
+        """checkStoreStatus for a list or a batch: the empty result a slave, a store that
+        is not writeable or a busy put lock answers, or None when the put may go on."""
         if self.is_slave or self.running_flags.flag_bits & NOT_WRITEABLE_MASK:
-            import numpy as np
-            empty = np.empty(0, dtype=np.int64)
-            return PutMessagesResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, 0, empty, empty,
-                                     empty, 0, 0, reason=_SLAVE_REASON if self.is_slave
-                                     else self._not_writeable_reason())
-        return self.commitlog.put_batch(topic, queue_id, cols, self.clock, flag=flag,
-                                        born_timestamp=born_timestamp, born_host=born_host)
+            status = PutMessageStatus.SERVICE_NOT_AVAILABLE
+            reason = _SLAVE_REASON if self.is_slave else self._not_writeable_reason()
+        elif self.commitlog.put_cells[LOCK_BEGIN] and self.is_os_page_cache_busy():
+            status, reason = PutMessageStatus.OS_PAGECACHE_BUSY, self._busy_reason()
+        else:
+            return None
+        import numpy as np
+        empty = np.empty(0, dtype=np.int64)
+        return PutMessagesResult(status, 0, empty, empty, empty, 0, 0, reason=reason)
+
+    # ---- back-pressure (isOSPageCacheBusy) ----------------------------------------------
+    def is_os_page_cache_busy(self):
+        """True when a put has held the put lock longer than
+        config.os_page_cache_busy_time_out_mills (and less than 10,000,000 ms, 4.9.8's guard
+        against a bogus begin time), by the store's clock: puts then answer
+        OS_PAGECACHE_BUSY before taking the lock, as the broker's send path does. The clock
+        is read only while a put holds the lock."""
+        begin = self.commitlog.put_cells[LOCK_BEGIN]
+        return bool(begin) and busy_for(begin, self.clock(),
+                                        self.config.os_page_cache_busy_time_out_mills)
+
+    def lock_time_mills(self):
+        """How long (ms, by the store's clock) the put holding the put lock has held it; 0
+        when none does (lockTimeMills, the broker's pageCacheLockTimeMills)."""
+        begin = self.commitlog.put_cells[LOCK_BEGIN]
+        if not begin:
+            return 0
+        return max(0, self.clock() - begin)
+
+    def _busy_reason(self):
+        return (f"[PC_SYNCHRONIZED]broker busy: the put lock has been held longer than "
+                f"os_page_cache_busy_time_out_mills "
+                f"({self.config.os_page_cache_busy_time_out_mills} ms)")
 
     def _on_disk_full(self, reason):
         """A reservation found the disk full: refuse puts before the lock from now on, until
@@ -1072,8 +1125,8 @@ class MessageStore:
         cq = self._checked_queue(group, topic, queue_id, offset, max_msg_nums, message_filter)
         self._catch_up()
         if cq is not None and self._loaded:
-            # The common case as one call; the rest (statuses decided before a unit is read)
-            # below.
+            # The common case as one call (it counts itself in the statistics); the rest
+            # (statuses decided before a unit is read) below.
             r = self._read_path.pull(self, cq, offset, max_msg_nums, message_filter,
                                      read_path.MAX_BYTES)
             if r is not None:
@@ -1314,6 +1367,161 @@ class MessageStore:
         self._check_open()
         pool = self.commitlog.pool
         return pool is not None and pool.available == 0
+
+    def get_commit_log_data(self, offset):
+        """The CommitLog bytes from `offset` to the written end of the file holding it, as a
+        zero-copy read-only memoryview (getCommitLogData; what HA ships): the file stays held
+        and mapped while the view or a slice of it lives, as get_batch's body views do, so
+        expiry and shutdown wait for it (drop it, or `view.release()`, when done). None when
+        no file holds `offset` or nothing is written there yet."""
+        self._check_open()
+        check_int(offset, "offset", 0)
+        if self.commit_service is not None:
+            self.commit_service.commit_now()         # read-your-writes with write buffers
+        mf = self.commitlog.mfq.find_by_offset(offset, offset == 0)
+        if mf is None:
+            return None
+        pos = offset - mf.file_from_offset
+        end = mf.read_position
+        if not 0 <= pos < end:
+            return None
+        return read_path.held_view(mf, pos, end)
+
+    def flush(self):
+        """Make everything written so far durable and return the CommitLog's flushed offset
+        (DefaultMessageStore#flush). Write buffers are committed first. With SYNC_FLUSH the
+        group commit syncs it, as a put's leader does (GroupCommitService.wait_flushed): one
+        path, so a flush never races the puts' syncs; it waits up to sync_flush_timeout ms
+        and then returns what is flushed. With ASYNC_FLUSH the flusher's full flush runs in
+        the caller's thread, excluding the flusher's own round."""
+        self._check_open()
+        mfq = self.commitlog.mfq
+        if self.read_only:
+            return mfq.flushed_where
+        if self.commit_service is not None:
+            self.commit_service.commit_now()
+        elif self.commitlog.pool is not None:
+            for _ in range(len(mfq.files) + 10):
+                if mfq.commit(0):
+                    break
+        service = self.flush_service
+        if isinstance(service, GroupCommitService):
+            service.wait_flushed(mfq.get_max_offset(), self.config.sync_flush_timeout)
+        elif service is not None:
+            service.flush_all()
+        else:                               # loaded, not started: nothing else flushes
+            for _ in range(len(mfq.files) + 10):
+                if mfq.flush(0):
+                    break
+        if mfq.store_timestamp > 0 and self.checkpoint is not None:
+            self.checkpoint.physic_msg_timestamp = max(self.checkpoint.physic_msg_timestamp,
+                                                       mfq.store_timestamp)
+        return mfq.flushed_where
+
+    def reset_write_offset(self, offset):
+        """Cut the CommitLog back to `offset` (resetWriteOffset, with 5.x's
+        MappedFileQueue.resetOffset: 4.9.8's walks from the list head and so never resets
+        anything). Refused (False) when `offset` is more than two CommitLog files behind the
+        written end, as 5.x refuses it. Otherwise the CommitLog's write, commit and flush
+        positions go to `offset`, later files are deleted, and every ConsumeQueue unit and
+        index file past it goes too, as recovery's truncation does (doc/03 §4); the queue
+        offsets follow. Returns True.
+
+        It holds the put lock throughout, so no put runs meanwhile (and no replicated
+        append on a slave); what was written before it is dispatched and synced first. A
+        slave whose master is ahead fetches the cut bytes again; slaves of this store are
+        not told. An `offset` past the written end or before the first file raises
+        InvalidArgumentError."""
+        self._check_running()
+        check_int(offset, "offset", 0)
+        cl = self.commitlog
+        mfq = cl.mfq
+        reput = self.reput_service
+        flusher = self.flush_service
+        flush_lock = getattr(flusher, "flush_lock", _NO_LOCK)
+        with reput._lock, cl.put_lock:
+            if cl.closed:
+                cl._refuse_closed()
+            if self.commit_service is not None:
+                self.commit_service.commit_now()
+            end = mfq.get_max_wrote_position()
+            first = mfq.first_file
+            if offset > end or (first is not None and offset < first.file_from_offset):
+                raise InvalidArgumentError(
+                    f"offset {offset} is outside the CommitLog [{max(mfq.get_min_offset(), 0)}"
+                    f", {end}]")
+            if end - offset > 2 * cl.file_size:
+                return False
+            # Everything written reaches its queues (and the disk, for SYNC_FLUSH's
+            # accounting) before the cut, so the cut leaves no pending range behind.
+            if not reput.is_stopped:
+                reput.do_reput()
+            if isinstance(flusher, GroupCommitService):
+                flusher.wait_flushed(end, self.config.sync_flush_timeout)
+            with flush_lock:
+                report = recovery.RecoveryReport(normal=True)
+                max_phy = max((cq.max_physic_offset for cq in self.all_consume_queues()),
+                              default=-1)
+                recovery.truncate(self, offset, max_phy, report)
+                recovery.drop_index_past(self, offset, report)
+                recovery.recover_topic_queue_table(self)
+                for d in self.dispatchers:
+                    forget = getattr(d, "forget_queues", None)
+                    if forget is not None:
+                        forget()
+                reput.reput_from_offset = offset
+                if isinstance(flusher, GroupCommitService):
+                    flusher.restart_from(offset)
+        log.warning("CommitLog reset to offset %d: %d bytes dropped", offset,
+                    report.truncated_bytes)
+        return True
+
+    def get_runtime_info(self):
+        """What 4.9.8 reports as the store's runtime info, as a dict of str to str with its
+        keys: StoreStatsService's (putTps, getFoundTps, getMissTps, getTotalTps and
+        getTransferedTps over 10 s, 1 min and 10 min, space separated and empty until that
+        much was sampled; the put-latency histogram putMessageDistributeTime; put and get
+        totals), DefaultMessageStore's (disk ratios, CommitLog min and max offsets, and on a
+        master scheduleMessageOffset_<level> = "delivered,max" per delay level), and the
+        broker's store keys (dispatchBehindBytes, pageCacheLockTimeMills,
+        earliestMessageTimeStamp; with write buffers remainTransientStoreBufferNumbs and the
+        bytes left to commit and to flush, as plain numbers). A running store also publishes
+        it once a second to its runtime file for `rocketstore stat` (stats.py)."""
+        self._check_open()
+        return self._runtime_info(self.lock_time_mills())
+
+    def _runtime_info(self, lock_time_mills):
+        """get_runtime_info with the lock time given: the publishing thread must not call an
+        injected store clock (a replay or step clock hands its values to the records)."""
+        info = self.stats_service.runtime_info()
+        cl_path = self.commitlog.mfq.store_path
+        ratio = self.disk_usage(cl_path)
+        info["commitLogDiskRatio"] = repr(float(ratio))
+        info["commitLogDiskRatio_" + cl_path] = repr(float(ratio))
+        info["consumeQueueDiskRatio"] = repr(float(self.disk_usage(
+            os.path.join(self.root, "consumequeue"))))
+        if self.schedule_message_service is not None:
+            # ScheduleMessageService.buildRunningStats: "delivered,max" per delay level.
+            queues = self.consume_queue_table.get(SCHEDULE_TOPIC, {})
+            for level, offset in sorted(self.delay_offsets.offset_table.items()):
+                cq = queues.get(level - 1)
+                info[f"scheduleMessageOffset_{level}"] = \
+                    f"{offset},{cq.max_offset_in_queue if cq is not None else 0}"
+        info["commitLogMinOffset"] = str(self.get_min_phy_offset())
+        info["commitLogMaxOffset"] = str(self.get_max_phy_offset())
+        info["dispatchBehindBytes"] = str(self.dispatch_behind_bytes())
+        if lock_time_mills is not None:
+            info["pageCacheLockTimeMills"] = str(lock_time_mills)
+        info["earliestMessageTimeStamp"] = str(self.get_earliest_message_time())
+        pool = self.commitlog.pool
+        if pool is not None:
+            mfq = self.commitlog.mfq
+            info["remainTransientStoreBufferNumbs"] = str(pool.available)
+            info["remainHowManyDataToCommit"] = str(max(
+                0, mfq.get_max_wrote_position() - mfq.committed_where))
+            info["remainHowManyDataToFlush"] = str(max(
+                0, mfq.get_max_offset() - mfq.flushed_where))
+        return info
 
     def iter_messages(self, from_offset=None):
         """Every record in commit-log order, decoded (blank records skipped)."""

@@ -80,12 +80,14 @@ def run_cli(*args, check=False):
 def tree_digest(root, ignore=()):
     """SHA-256 of every file under `root`, keyed by its path relative to `root`, leaving out
     the file names in `ignore` (comparing two stores' bytes, leave out "lock" and "abort":
-    they hold a pid, or say only how the store was closed)."""
+    they hold a pid, or say only how the store was closed). A running store's runtime file
+    (stats.RUNTIME_FILE, rewritten every second) is never part of its bytes."""
     import hashlib
+    from .stats import RUNTIME_FILE
     out = {}
     for d, _, names in os.walk(root):
         for name in names:
-            if name in ignore:
+            if name in ignore or name in (RUNTIME_FILE, RUNTIME_FILE + ".tmp"):
                 continue
             path = os.path.join(d, name)
             with open(path, "rb") as f:

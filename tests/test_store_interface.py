@@ -5,7 +5,9 @@ import os
 
 import pytest
 
-from rocketstore import BrokerRole, InvalidArgumentError, Message, testing
+from rocketstore import (BrokerRole, FlushDiskType, InvalidArgumentError, Message,
+                         PutMessageStatus, testing)
+from rocketstore.services.flush import GroupCommitService
 
 
 @pytest.fixture
@@ -140,3 +142,139 @@ def test_offset_by_time_with_a_boundary_finds_the_first_and_last_stored_then(tmp
             store.get_offset_in_queue_by_time("T", 0, times[0], "LOWER")
     finally:
         store.shutdown()
+
+
+# ---- flush, reset_write_offset, get_commit_log_data ----------------------------------------
+
+def _spread(store, n=120, size=1500):
+    """Messages over several 64 KiB CommitLog files, alternating two queues, keyed."""
+    return [store.put_message(Message("T", b"%05d" % i + b"x" * size, queue_id=i % 2,
+                                      keys="k%d" % i)) for i in range(n)]
+
+
+def test_flush_syncs_every_file_written_and_returns_the_flushed_offset(tmp_path, backend):
+    # The flusher waits ten minutes between rounds: only flush() can move the offset.
+    store = testing.open_store(tmp_path / "s", backend, testing.small_config(
+        flush_commit_log_timed=True, flush_interval_commit_log=600_000))
+    try:
+        rs = _spread(store)
+        end = store.get_max_phy_offset()
+        mfq = store.commitlog.mfq
+        assert len(mfq.files) >= 3 and mfq.flushed_where < end
+        assert store.flush() == end == mfq.flushed_where
+        assert all(f.flushed_position == f.read_position for f in mfq.files)
+        assert store.checkpoint.physic_msg_timestamp == rs[-1].store_timestamp
+        assert store.flush() == end                 # nothing new: the same answer
+    finally:
+        store.shutdown()
+
+
+def test_flush_with_write_buffers_commits_them_first(tmp_path, backend):
+    store = testing.open_store(tmp_path / "s", backend, testing.small_config(
+        transient_store_pool_enable=True, transient_store_pool_size=4,
+        flush_commit_log_timed=True, flush_interval_commit_log=600_000,
+        commit_interval_commit_log=600_000))
+    try:
+        _spread(store, n=20)
+        mfq = store.commitlog.mfq
+        end = mfq.get_max_wrote_position()       # in write buffers, not in the files yet
+        assert mfq.committed_where < end
+        assert store.flush() == end == mfq.committed_where == mfq.flushed_where
+        assert store.get_max_phy_offset() == end
+    finally:
+        store.shutdown()
+
+
+def test_flush_with_sync_flush_goes_through_the_group_commit(tmp_path, backend, monkeypatch):
+    calls = []
+    wait_flushed = GroupCommitService.wait_flushed
+
+    def recording(self, offset, timeout_ms):
+        calls.append(offset)
+        return wait_flushed(self, offset, timeout_ms)
+
+    monkeypatch.setattr(GroupCommitService, "wait_flushed", recording)
+    store = testing.open_store(tmp_path / "s", backend, testing.small_config(
+        flush_disk_type=FlushDiskType.SYNC_FLUSH))
+    try:
+        # WAIT=false: the puts return before their sync, as a broker's oneway sends do.
+        for i in range(5):
+            store.put_message(Message("T", b"m%d" % i, properties={"WAIT": "false"}))
+        calls.clear()
+        end = store.get_max_phy_offset()
+        assert store.flush() == end == store.commitlog.mfq.flushed_where
+        assert calls == [end]
+    finally:
+        store.shutdown()
+
+
+@pytest.mark.parametrize("flush", [FlushDiskType.ASYNC_FLUSH, FlushDiskType.SYNC_FLUSH])
+def test_reset_write_offset_cuts_the_commit_log_queues_and_index_back(tmp_path, backend,
+                                                                       flush):
+    root = tmp_path / "s"
+    store = testing.open_store(root, backend, testing.small_config(flush_disk_type=flush))
+    try:
+        rs = _spread(store, n=80)
+        cut = rs[50].commit_log_offset
+        assert store.get_max_phy_offset() - cut <= 2 * store.commitlog.file_size
+        assert store.reset_write_offset(cut) is True
+        assert store.get_max_phy_offset() == cut
+        assert store.get_max_offset_in_queue("T", 0) == 25
+        assert store.get_max_offset_in_queue("T", 1) == 25
+        assert store.query_message("T", "k60").message_count == 0
+        assert store.query_message("T", "k49").message_count == 1
+        assert store.look_message_by_offset(rs[60].commit_log_offset) is None
+        r = store.put_message(Message("T", b"after", queue_id=0, keys="k60"))
+        assert r.status is PutMessageStatus.PUT_OK
+        assert (r.commit_log_offset, r.queue_offset) == (cut, 25)
+        got = store.get_message("g", "T", 0, 25)
+        assert [m.body for m in got.messages] == [b"after"]
+        assert [m.body for m in store.query_message("T", "k60").messages] == [b"after"]
+        assert store.flush() == r.commit_log_offset + r.wrote_bytes
+    finally:
+        store.shutdown()
+    store = testing.open_store(root, backend, testing.small_config(flush_disk_type=flush))
+    try:
+        assert store.recovery_report.normal and store.recovery_report.truncated_bytes == 0
+        assert store.get_max_offset_in_queue("T", 0) == 26
+        assert store.get_max_offset_in_queue("T", 1) == 25
+        assert store.get_message("g", "T", 0, 25).messages[0].body == b"after"
+    finally:
+        store.shutdown()
+
+
+def test_reset_write_offset_refuses_more_than_two_files_back_and_outside_the_log(store):
+    rs = _spread(store, n=150)
+    end = store.get_max_phy_offset()
+    assert end - rs[0].commit_log_offset > 2 * store.commitlog.file_size
+    assert store.reset_write_offset(rs[0].commit_log_offset) is False
+    assert store.get_max_phy_offset() == end
+    assert store.get_max_offset_in_queue("T", 0) == 75
+    with pytest.raises(InvalidArgumentError, match="outside the CommitLog"):
+        store.reset_write_offset(end + 1)
+    with pytest.raises(ValueError):
+        store.reset_write_offset(-1)
+    assert store.reset_write_offset(end) is True             # a cut at the end changes nothing
+    assert store.get_max_offset_in_queue("T", 1) == 75
+
+
+def test_commit_log_data_is_a_view_to_the_files_written_end_that_holds_the_file(store):
+    rs = _fill(store)
+    off = rs[1].commit_log_offset
+    mf = store.commitlog.mfq.find_by_offset(off)
+    before = mf.ref_count
+    view = store.get_commit_log_data(off)
+    assert view.readonly and len(view) == mf.read_position - (off - mf.file_from_offset)
+    assert bytes(view[:rs[1].wrote_bytes]) == bytes(store.select_one_message_by_offset(off))
+    assert mf.ref_count == before + 1
+    tail = view[rs[1].wrote_bytes:]             # a slice keeps the hold too
+    del view
+    assert mf.ref_count == before + 1
+    assert bytes(tail[:4]) == rs[2].wrote_bytes.to_bytes(4, "big")
+    del tail
+    assert mf.ref_count == before
+    end = rs[-1].commit_log_offset + rs[-1].wrote_bytes
+    assert store.get_commit_log_data(end) is None           # nothing written there yet
+    assert store.get_commit_log_data(10 ** 9) is None
+    with pytest.raises(ValueError):
+        store.get_commit_log_data(-1)

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """`stat`: a summary of a store directory, read-only: topics, queues, consumer lag, files,
-checkpoint, lock, disk and the size budget."""
+checkpoint, lock, disk and the size budget, and a running store's runtime statistics (the
+runtime file it rewrites once a second, stats.py)."""
 import sys
 
 from .common import CONFIG_JSON_NOTE, UsageError, print_json
@@ -60,6 +61,17 @@ def _ms_to_iso(ms):
         return None
 
 
+def _runtime(root, holder):
+    """The runtime document a live store published (stats.RUNTIME_FILE), with "live": True
+    when the process that wrote it still holds the store's lock; None when there is none."""
+    from ..stats import read_runtime_file
+    doc = read_runtime_file(root)
+    if doc is None:
+        return None
+    doc["live"] = bool(holder) and doc.get("pid") == holder
+    return doc
+
+
 def store_stat(store, budget=None):
     """The `stat` report of an open (read-only) store as a JSON-ready dict, keys in
     RocketMQ's camelCase as every command's JSON. `budget`: the store_size_budget to report
@@ -107,6 +119,7 @@ def store_stat(store, budget=None):
         disk = None
     return {
         "storeDir": root,
+        "runtime": _runtime(root, holder),
         "commitlog": {"minOffset": store.get_min_phy_offset(),
                       "maxOffset": store.get_max_phy_offset()},
         "files": _files_per_kind(store),
@@ -147,6 +160,7 @@ def _print_stat(st, out):
     else:
         w(f"size       {size['bytes']:,} bytes (CommitLog, queues and index, allocated); "
           f"no budget given (--budget)\n")
+    _print_runtime(st["runtime"], w)
     w("files\n")
     for kind, f in st["files"].items():
         w(f"  {kind:<13}{f['files']:>7} files {f['bytes']:>15,} bytes "
@@ -171,6 +185,20 @@ def _print_stat(st, out):
             for q in t["queues"]:
                 w(f"    {t['topic']} queue {q['queueId']:<4} offset {q['offset']:<10} "
                   f"max {q['maxOffset']}  lag {q['lag']}\n")
+
+
+def _print_runtime(rt, w):
+    if rt is None:
+        w("runtime    none (the store is not running)\n")
+        return
+    state = "live" if rt["live"] else "stale: its writer no longer holds the lock"
+    w(f"runtime    pid {rt.get('pid')}, {state}, written at {_ms_to_iso(rt.get('writtenAt'))}\n")
+    info = rt.get("runtimeInfo") or {}
+    for key in sorted(info):
+        value = info[key]
+        if key == "putMessageDistributeTime":
+            value = value.strip().replace(" ", "  ")
+        w(f"  {key:<32}{value}\n")
 
 
 def _stat(args):

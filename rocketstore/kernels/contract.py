@@ -50,7 +50,10 @@ KERNEL_NAMES = (
 #   message_type, mapped_file_type, result_type, batch_result_type, put_ok, host_cache):
 #   MessageStore.put_message's and put_messages' common cases as compiled calls (`.put(msg)`,
 #   `.put_list(msgs)`), writing each record once at its final offset; every other case goes
-#   to store_put / store_put_list, the Python paths. Without it, those are the methods.
+#   to store_put / store_put_list, the Python paths. It keeps the CommitLog's `put_cells`
+#   (stats.py: beginTimeInLock, put counts and latencies) as the Python paths do, and hands a
+#   put to them while another has held the lock too long (they answer OS_PAGECACHE_BUSY).
+#   Without it, those are the methods.
 #   index_dispatch(rows, buf, f, skip, slow): the index dispatcher's row loop, finding, hashing
 #   and putting each row's keys into IndexFile f in compiled code and asking slow(f, row) for
 #   the file to go on in when f is full or out of reserved blocks; see
@@ -60,7 +63,8 @@ KERNEL_NAMES = (
 #   (`.read(...)`; `.pull(store, cq, offset, max_n, filter, max_bytes)` and `.pull_batch(...)`
 #   for get_message's and get_batch's common cases, results built in the call), and
 #   MessageExt objects from scanned rows (`.decode_rows(buf, rows, n)`), with
-#   read_path.PyReadPath's arguments and results. Without it, PyReadPath over commitlog_scan.
+#   read_path.PyReadPath's arguments and results, and its get statistics (`found`, `miss`,
+#   `transferred`, `time_max`). Without it, PyReadPath over commitlog_scan.
 OPTIONAL_NAMES = (
     "Mapping",
     "cq_dispatch",

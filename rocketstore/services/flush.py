@@ -20,6 +20,8 @@ class FlushRealTimeService(ServiceThread):
         super().__init__()
         self._store = store
         self._last_flush = 0
+        # One flusher at a time: this thread, or MessageStore.flush / reset_write_offset.
+        self.flush_lock = threading.Lock()
 
     def run_once(self):
         cfg = self._store.config
@@ -35,17 +37,22 @@ class FlushRealTimeService(ServiceThread):
         if self.is_stopped:
             return
         mfq = self._store.commitlog.mfq
-        mfq.flush(least)
+        with self.flush_lock:
+            mfq.flush(least)
         if mfq.store_timestamp > 0:
             self._store.checkpoint.physic_msg_timestamp = mfq.store_timestamp
 
-    def on_shutdown(self):
-        # Full flushes until nothing moves, one file per call, so every file written since
-        # the last round is covered; these do not refresh physicMsgTimestamp.
+    def flush_all(self):
+        """Full flushes until nothing moves, one file per call, so every file written so far
+        is covered; these do not refresh physicMsgTimestamp. Any thread."""
         mfq = self._store.commitlog.mfq
-        for _ in range(len(mfq.files) + 10):
-            if mfq.flush(0):
-                break
+        with self.flush_lock:
+            for _ in range(len(mfq.files) + 10):
+                if mfq.flush(0):
+                    break
+
+    def on_shutdown(self):
+        self.flush_all()
 
 
 _RUNNING, _DONE, _FAILED = 0, 1, 2
@@ -136,6 +143,14 @@ class GroupCommitService(ServiceThread):
             me = None
             if not self._sync_claimed(r):
                 backoff = time.monotonic() + self.RETRY_S
+
+    def restart_from(self, offset):
+        """The CommitLog was cut back to `offset` (MessageStore.reset_write_offset), with
+        everything before it synced and no put running: the next range starts there."""
+        with self._lock:
+            if self._ranges or self._running:
+                raise RuntimeError("a sync is running: the CommitLog cannot be cut back now")
+            self._flushed = self._started = offset
 
     # ---- syncs --------------------------------------------------------------------------
     def _claim(self):
