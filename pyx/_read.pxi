@@ -16,6 +16,7 @@
 # unit, and a pull of 32 costs less than releasing it twice; a get_batch of tens of thousands
 # holds it for milliseconds.
 from cpython.bytearray cimport PyByteArray_FromStringAndSize
+from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 
 __all__ += ("ReadPath",)
@@ -79,10 +80,13 @@ cdef inline bint _row_inside(const rs_scan_rec *r, Py_ssize_t buf_len) noexcept:
 
 cdef class ReadPath:
     """ReadPath(message_type, mapped_file_type, on_corrupt, result_type=None, statuses=None,
-    batch_result_type=None): the unit walk of get_message and get_batch as one call (read),
-    the whole common case of each with its result built here (pull, pull_batch: needs the
-    result types and the (FOUND, NO_MATCHED_MESSAGE, MESSAGE_WAS_REMOVING) statuses), and
-    MessageExt objects from scanned rows (decode_rows).
+    batch_result_type=None, limits=None): the unit walk of get_message and get_batch as one
+    call (read), the whole common case of each with its result built here (pull, pull_batch:
+    needs the result types and the (FOUND, NO_MATCHED_MESSAGE, MESSAGE_WAS_REMOVING)
+    statuses), MessageStore's common get_message/get_batch call with its argument checks and
+    catch-up (get_message, get_batch: also needs `limits`, an object whose MAX_MSG_NUMS and
+    MAX_BYTES bound a call, read_path), and MessageExt objects from scanned rows
+    (decode_rows).
 
     on_corrupt(queue_offset, phy_offset, reason) is called for a unit whose record fails the
     record check (the unit is then skipped, as a filter would)."""
@@ -108,9 +112,12 @@ cdef class ReadPath:
     # pull_batch(): read_path.GetBatchResult's type and members.
     cdef type _batch
     cdef Py_ssize_t _b[N_BATCH_SLOTS]
+    # get_message() / get_batch(): what holds MAX_MSG_NUMS and MAX_BYTES (read_path), read on
+    # each call as MessageStore reads them.
+    cdef object _limits
 
     def __init__(self, message_type, mapped_file_type, on_corrupt, result_type=None,
-                 statuses=None, batch_result_type=None):
+                 statuses=None, batch_result_type=None, limits=None):
         _member_offsets(message_type, _EXT_SLOTS, self._x)
         _member_offsets(mapped_file_type, _MF_SLOTS, self._f)
         self._ext = message_type
@@ -122,6 +129,7 @@ cdef class ReadPath:
         self._batch = batch_result_type
         if batch_result_type is not None:
             _member_offsets(batch_result_type, _BATCH_RESULT_SLOTS, self._b)
+        self._limits = limits
 
     # ---- one message -------------------------------------------------------------------------
     cdef inline bytes _host(self, const uint8_t *p, Py_ssize_t n, bint store):
@@ -282,6 +290,71 @@ cdef class ReadPath:
                       + <int64_t>(<object>_member(last, self._f[R_READ]))) \
             // RS_CQ_STORE_UNIT_SIZE
         return 1
+
+    # ---- MessageStore's entry points ----------------------------------------------------------
+    cdef object _common_queue(self, store, group, topic, queue_id, offset, max_n,
+                              message_filter):
+        """The queue of a get_message/get_batch call that takes the common path, after the
+        store's read-your-writes catch-up; None for any other call (the store closed, an
+        argument of another type or out of range, no such queue), which MessageStore then
+        checks, and answers or raises for, in Python. The checks are MessageStore's
+        _check_open and _checked_queue, in that order; the catch-up is its _catch_up, the
+        reput service called only when it is behind the CommitLog's readable end."""
+        cdef int overflow = 0
+        cdef long long v
+        cdef int64_t max_py = 0
+        if self._limits is None or store._loaded is not True:
+            return None
+        if type(group) is not str or type(queue_id) is not int or type(offset) is not int \
+                or type(max_n) is not int \
+                or (message_filter is not None and not callable(message_filter)):
+            return None
+        v = PyLong_AsLongLongAndOverflow(max_n, &overflow)
+        if overflow or not 0 < v <= self._limits.MAX_MSG_NUMS:
+            return None
+        PyLong_AsLongLongAndOverflow(offset, &overflow)
+        if overflow:
+            return None
+        queues = store.consume_queue_table.get(topic)
+        if queues is None:
+            return None
+        cq = queues.get(queue_id)
+        if cq is None:
+            return None
+        if store.commit_service is not None:
+            store._catch_up()
+        else:
+            reput = store.reput_service
+            if reput is not None:
+                log_files = store.commitlog.mfq.files
+                if log_files:
+                    last = log_files[len(log_files) - 1]
+                    max_py = <int64_t>(<object>_member(last, self._f[R_FROM])) \
+                        + <int64_t>(<object>_member(last, self._f[R_READ]))
+                if reput.reput_from_offset < max_py:
+                    reput.catch_up()
+        return cq
+
+    def get_message(self, store, group, topic, queue_id, offset, max_msg_nums,
+                    message_filter):
+        """MessageStore.get_message's common call (no wait) as one: its arguments checked,
+        the catch-up and pull(). None when the call is not the common case or pull() gives
+        None: MessageStore answers it in Python."""
+        cq = self._common_queue(store, group, topic, queue_id, offset, max_msg_nums,
+                                message_filter)
+        if cq is None:
+            return None
+        return self.pull(store, cq, offset, max_msg_nums, message_filter,
+                         self._limits.MAX_BYTES)
+
+    def get_batch(self, store, group, topic, queue_id, offset, max_msg_nums, message_filter):
+        """MessageStore.get_batch's common call as one, as get_message() for pull_batch()."""
+        cq = self._common_queue(store, group, topic, queue_id, offset, max_msg_nums,
+                                message_filter)
+        if cq is None:
+            return None
+        return self.pull_batch(store, cq, offset, max_msg_nums, message_filter,
+                               self._limits.MAX_BYTES)
 
     def pull_batch(self, store, cq, int64_t offset, Py_ssize_t max_n, message_filter,
                    int64_t max_bytes):

@@ -9,6 +9,7 @@ unit's record with the record-check kernel where it lies in its CommitLog file, 
 MessageExt objects from the kernel's row (properties decoded on first use), or, for get_batch,
 hands the rows themselves back beside views of the bodies in the mapping."""
 import logging
+import sys
 
 import numpy as np
 
@@ -40,7 +41,7 @@ def make_read_path(kernels):
     if compiled is not None:
         return compiled(MessageExt, MappedFile, _corrupt, GetMessageResult,
                         (G.FOUND, G.NO_MATCHED_MESSAGE, G.MESSAGE_WAS_REMOVING),
-                        GetBatchResult)
+                        GetBatchResult, sys.modules[__name__])
     return PyReadPath(kernels, _corrupt)
 
 
@@ -106,6 +107,14 @@ class PyReadPath:
                 raise_for_status(RS_E_BOUNDS, "decode_rows: a row outside the buffer")
             out.append(MessageExt.from_row(mv, row))
         return out
+
+    def get_message(self, store, group, topic, queue_id, offset, max_msg_nums,
+                    message_filter):
+        """The compiled ReadPath's fused entry (arguments, catch-up and pull in one call);
+        here always None: MessageStore checks, catches up and calls pull() in Python."""
+        return None
+
+    get_batch = get_message
 
     def pull(self, store, cq, offset, max_n, message_filter, max_bytes):
         """get_message's common case for queue `cq`: its GetMessageResult, or None when the

@@ -1065,6 +1065,12 @@ class MessageStore:
             check_wait_ms(wait_ms)
             return wait_for_message(self, group, topic, queue_id, offset, max_msg_nums,
                                     message_filter, wait_ms)
+        # The common call as one compiled call (the checks below, the catch-up and the pull);
+        # anything else, and every backend without it, takes the steps below.
+        r = self._read_path.get_message(self, group, topic, queue_id, offset, max_msg_nums,
+                                        message_filter)
+        if r is not None:
+            return r
         self._check_open()
         cq = self._checked_queue(group, topic, queue_id, offset, max_msg_nums, message_filter)
         self._catch_up()
@@ -1101,6 +1107,10 @@ class MessageStore:
         read_path.GetBatchResult of numpy columns (commit_log_offset, size, store_timestamp,
         tags_code, queue_offset, ...) with zero-copy body views (body(i)) that keep their
         CommitLog file held and mapped while they live. No object is made per message."""
+        r = self._read_path.get_batch(self, group, topic, queue_id, offset, max_msg_nums,
+                                      message_filter)
+        if r is not None:
+            return r
         self._check_open()
         cq = self._checked_queue(group, topic, queue_id, offset, max_msg_nums, message_filter)
         self._catch_up()
