@@ -45,7 +45,7 @@ DEF X_PRAW = 16
 DEF X_PSTR = 17
 DEF X_PROPS = 18
 DEF N_EXT_SLOTS = 19
-_MF_SLOTS = ("file_from_offset", "committed_position", "mm")
+_MF_SLOTS = ("file_from_offset", "committed_position", "mm", "_lock", "_available", "_refs")
 _GET_RESULT_SLOTS = ("status", "next_begin_offset", "min_offset", "max_offset", "messages",
                      "suggest_pulling_from_slave")
 _BATCH_RESULT_SLOTS = ("status", "next_begin_offset", "min_offset", "max_offset",
@@ -55,6 +55,9 @@ DEF N_BATCH_SLOTS = 13
 DEF R_FROM = 0
 DEF R_READ = 1
 DEF R_MM = 2
+DEF R_LOCK = 3
+DEF R_AVAILABLE = 4
+DEF R_REFS = 5
 
 cdef object _MAGIC_V1 = RS_MESSAGE_MAGIC_CODE
 cdef object _MAGIC_V2 = RS_MESSAGE_MAGIC_CODE_V2
@@ -91,7 +94,7 @@ cdef class ReadPath:
     on_corrupt(queue_offset, phy_offset, reason) is called for a unit whose record fails the
     record check (the unit is then skipped, as a filter would)."""
     cdef Py_ssize_t _x[N_EXT_SLOTS]
-    cdef Py_ssize_t _f[3]
+    cdef Py_ssize_t _f[6]
     cdef type _ext
     cdef object _on_corrupt
     # The last topic and hosts met, reused while records repeat them (a queue's records share
@@ -249,6 +252,20 @@ cdef class ReadPath:
             if start <= offset < start + file_size:
                 return f
         return None
+
+    cdef bint _hold(self, object f) except -1:
+        """MappedFile.hold with its slots read in place (a get_batch holds each file it reads
+        from, and the Python method's frame cost as much as a dozen records' checks): under the
+        file's lock, False once it is being destroyed, else one more borrower."""
+        lock = <object>_member(f, self._f[R_LOCK])
+        lock.acquire()
+        try:
+            if not <object>_member(f, self._f[R_AVAILABLE]):
+                return False
+            _set_member(f, self._f[R_REFS], <object>_member(f, self._f[R_REFS]) + 1)
+            return True
+        finally:
+            lock.release()
 
     cdef int _open(self, object f, Py_buffer *view, _Window *w) except -1:
         """Borrow file `f`'s mapping into `view` (released first); 0 when it is closed."""
@@ -514,7 +531,7 @@ cdef class ReadPath:
                         have_log = False
                         log_rows = False
                         lf = self._find(log_files, phy, log_file_size)
-                        if lf is not None and (not batch or lf.hold()):
+                        if lf is not None and (not batch or self._hold(lf)):
                             if batch:
                                 held.append(lf)
                             if self._open(lf, &lv, &lw):

@@ -277,6 +277,12 @@ def test_body_views_keep_their_file_held_and_mapped_after_the_store_deletes_it(t
         disk.ratio = 0.86
         store.clean_files_periodically()
         assert os.path.exists(first.path) and not first.is_available
+        # A file being destroyed lends no new hold: a batch over its units reads past it.
+        again = store.get_batch("g", "Held", 0, 0, 5)
+        assert first.ref_count == 1
+        assert all(o >= first.file_from_offset + first.file_size
+                   for o in again.commit_log_offset.tolist())
+        again.release()
         clock.now = NOW + 120_000             # forced: the file goes while views live
         disk.ratio = 0.2
         assert store.clean_commitlog_service.redelete_hanged_file(clock.now)
