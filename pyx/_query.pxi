@@ -162,6 +162,11 @@ def index_query(files, mfq, topic, key, int64_t want, int64_t begin, int64_t end
     """The messages under `topic` that carry `key` (UNIQ_KEY or a KEYS piece), stored in
     [begin, end]: the newest `want` by the index's order (newest file first, each chain
     newest first), in ascending CommitLog offset order. See contract.index_query."""
+    return _index_query(files, mfq, topic, key, want, begin, end, decode)
+
+
+cdef tuple _index_query(files, mfq, topic, key, int64_t want, int64_t begin, int64_t end,
+                        decode):
     cdef Py_buffer iv
     cdef int64_t out[WALK_CHUNK]
     cdef int64_t seen[WALK_CHUNK]         # offsets judged, the first WALK_CHUNK of them

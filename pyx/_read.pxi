@@ -17,6 +17,7 @@
 # holds it for milliseconds.
 from cpython.bytearray cimport PyByteArray_FromStringAndSize
 from cpython.long cimport PyLong_AsLongLongAndOverflow
+from libc.limits cimport LLONG_MAX
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 
 __all__ += ("ReadPath",)
@@ -48,6 +49,8 @@ DEF N_EXT_SLOTS = 19
 _MF_SLOTS = ("file_from_offset", "committed_position", "mm", "_lock", "_available", "_refs")
 _GET_RESULT_SLOTS = ("status", "next_begin_offset", "min_offset", "max_offset", "messages",
                      "suggest_pulling_from_slave")
+_QUERY_RESULT_SLOTS = ("messages", "buffer_total_size", "index_last_update_timestamp",
+                       "index_last_update_phy_offset")
 _BATCH_RESULT_SLOTS = ("status", "next_begin_offset", "min_offset", "max_offset",
                        "suggest_pulling_from_slave", "_n", "_raw", "_raw_file", "_rows", "_held",
                        "_holds", "_buffers", "_released")
@@ -118,9 +121,12 @@ cdef class ReadPath:
     # get_message() / get_batch(): what holds MAX_MSG_NUMS and MAX_BYTES (read_path), read on
     # each call as MessageStore reads them.
     cdef object _limits
+    # query_message(): QueryMessageResult's type and members.
+    cdef type _query_result
+    cdef Py_ssize_t _qr[4]
 
     def __init__(self, message_type, mapped_file_type, on_corrupt, result_type=None,
-                 statuses=None, batch_result_type=None, limits=None):
+                 statuses=None, batch_result_type=None, limits=None, query_result_type=None):
         _member_offsets(message_type, _EXT_SLOTS, self._x)
         _member_offsets(mapped_file_type, _MF_SLOTS, self._f)
         self._ext = message_type
@@ -133,6 +139,9 @@ cdef class ReadPath:
         if batch_result_type is not None:
             _member_offsets(batch_result_type, _BATCH_RESULT_SLOTS, self._b)
         self._limits = limits
+        self._query_result = query_result_type
+        if query_result_type is not None:
+            _member_offsets(query_result_type, _QUERY_RESULT_SLOTS, self._qr)
 
     # ---- one message -------------------------------------------------------------------------
     cdef inline bytes _host(self, const uint8_t *p, Py_ssize_t n, bint store):
@@ -319,7 +328,6 @@ cdef class ReadPath:
         reput service called only when it is behind the CommitLog's readable end."""
         cdef int overflow = 0
         cdef long long v
-        cdef int64_t max_py = 0
         if self._limits is None or store._loaded is not True:
             return None
         if type(group) is not str or type(queue_id) is not int or type(offset) is not int \
@@ -338,19 +346,62 @@ cdef class ReadPath:
         cq = queues.get(queue_id)
         if cq is None:
             return None
+        self._catch_up(store)
+        return cq
+
+    cdef int _catch_up(self, store) except -1:
+        """MessageStore._catch_up (read-your-writes), the reput service called only when it is
+        behind the CommitLog's readable end."""
+        cdef int64_t max_py = 0
         if store.commit_service is not None:
             store._catch_up()
-        else:
-            reput = store.reput_service
-            if reput is not None:
-                log_files = store.commitlog.mfq.files
-                if log_files:
-                    last = log_files[len(log_files) - 1]
-                    max_py = <int64_t>(<object>_member(last, self._f[R_FROM])) \
-                        + <int64_t>(<object>_member(last, self._f[R_READ]))
-                if reput.reput_from_offset < max_py:
-                    reput.catch_up()
-        return cq
+            return 0
+        reput = store.reput_service
+        if reput is None:
+            return 0
+        log_files = store.commitlog.mfq.files
+        if log_files:
+            last = log_files[len(log_files) - 1]
+            max_py = <int64_t>(<object>_member(last, self._f[R_FROM])) \
+                + <int64_t>(<object>_member(last, self._f[R_READ]))
+        if reput.reput_from_offset < max_py:
+            reput.catch_up()
+        return 0
+
+    def query_message(self, store, topic, key, max_num, begin, end):
+        """MessageStore.query_message's common call as one (query.query_message: the
+        arguments checked, the catch-up, index_query with hits built from the record check's
+        rows, and the QueryMessageResult). None for any other call, which MessageStore checks
+        and answers in Python."""
+        cdef int overflow = 0
+        cdef long long want, b, e = LLONG_MAX
+        if self._query_result is None or store._loaded is not True:
+            return None
+        if type(topic) is not str or type(key) is not str or type(max_num) is not int \
+                or type(begin) is not int or (end is not None and type(end) is not int):
+            return None
+        want = PyLong_AsLongLongAndOverflow(max_num, &overflow)
+        if overflow or want < 1:
+            return None
+        b = PyLong_AsLongLongAndOverflow(begin, &overflow)
+        if overflow:
+            return None
+        if end is not None:
+            e = PyLong_AsLongLongAndOverflow(end, &overflow)
+            if overflow:
+                return None
+        self._catch_up(store)
+        cap = store.config.max_msgs_num_batch
+        if cap < want:
+            want = cap
+        messages, nbytes, last_ts, last_phy = _index_query(
+            store._indexer.index_file_list, store.commitlog.mfq, topic, key, want, b, e, self)
+        r = PyType_GenericAlloc(<PyTypeObject *>self._query_result, 0)
+        _set_member(r, self._qr[0], messages)
+        _set_member(r, self._qr[1], nbytes)
+        _set_member(r, self._qr[2], last_ts)
+        _set_member(r, self._qr[3], last_phy)
+        return r
 
     def get_message(self, store, group, topic, queue_id, offset, max_msg_nums,
                     message_filter):

@@ -17,7 +17,7 @@ from . import format as F
 from .errors import RS_E_ARG, RS_E_BOUNDS, StoreClosedError, StoreError, raise_for_status
 from .mapped_file import MappedFile
 from .message import MessageExt
-from .status import GetMessageResult, GetMessageStatus as G
+from .status import GetMessageResult, GetMessageStatus as G, QueryMessageResult
 
 log = logging.getLogger(__name__)
 UNIT = F.CQ_STORE_UNIT_SIZE
@@ -41,7 +41,7 @@ def make_read_path(kernels):
     if compiled is not None:
         return compiled(MessageExt, MappedFile, _corrupt, GetMessageResult,
                         (G.FOUND, G.NO_MATCHED_MESSAGE, G.MESSAGE_WAS_REMOVING),
-                        GetBatchResult, sys.modules[__name__])
+                        GetBatchResult, sys.modules[__name__], QueryMessageResult)
     return PyReadPath(kernels, _corrupt)
 
 
@@ -115,6 +115,11 @@ class PyReadPath:
         return None
 
     get_batch = get_message
+
+    def query_message(self, store, topic, key, max_num, begin, end):
+        """The compiled ReadPath's fused key query; here always None: MessageStore checks,
+        catches up and calls query.query_message in Python."""
+        return None
 
     def pull(self, store, cq, offset, max_n, message_filter, max_bytes):
         """get_message's common case for queue `cq`: its GetMessageResult, or None when the

@@ -1172,6 +1172,10 @@ class MessageStore:
         kept, in ascending offset order: a QueryMessageResult (DefaultMessageStore#queryMessage,
         but every hit is checked against its record, so a hash collision never answers).
         Every put that returned before the call is indexed for it."""
+        # The common call as one compiled call (the checks, catch-up and query below).
+        r = self._read_path.query_message(self, topic, key, max_num, begin, end)
+        if r is not None:
+            return r
         if not self._loaded:
             self._check_open()
         # The common call in a few type checks; anything else goes through the full checks,

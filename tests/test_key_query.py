@@ -9,7 +9,7 @@ import struct
 import numpy as np
 import pytest
 
-from rocketstore import Message, MessageStore, testing
+from rocketstore import Message, MessageStore, query, testing
 from rocketstore import format as F
 from rocketstore.clock import StepClock
 from rocketstore.errors import KernelBoundsError
@@ -451,3 +451,37 @@ def test_the_compiled_query_builds_the_same_messages_from_rows_as_from_bytes(ran
         assert kept > 100
     finally:
         store.shutdown()
+
+
+def test_the_fused_query_answers_as_the_store_s_steps_and_leaves_other_calls_to_them(
+        random_store, backend):
+    """store.query_message takes the read path's one-call entry when it has one (cext): its
+    answer equals query.query_message's after the store's catch-up, and any call that is not
+    the common case answers None from it, so the store's checks run."""
+    root, config, puts = random_store
+    store = _open(root, config, backend)
+    rp = store._read_path
+    try:
+        first, last = puts[0][1], puts[-1][1]
+        for topic in ("T0", "T1", "T2"):
+            for key in COLLIDING + ["k3", "dup", "U00000007", "absent"]:
+                for max_num, begin, end in ((1, 0, None), (3, first + 5000, last - 5000),
+                                            (100, 0, last), (2, last + 1, None)):
+                    store._catch_up()
+                    want = query.query_message(store, topic, key, max_num, begin, end)
+                    got = store.query_message(topic, key, max_num, begin, end)
+                    assert type(got) is type(want)
+                    assert [_fields(m) for m in got.messages] == \
+                        [_fields(m) for m in want.messages]
+                    assert (got.buffer_total_size, got.index_last_update_timestamp,
+                            got.index_last_update_phy_offset) == \
+                        (want.buffer_total_size, want.index_last_update_timestamp,
+                         want.index_last_update_phy_offset)
+        for call in (("T0", b"k3", 1, 0, None), (b"T0", "k3", 1, 0, None),
+                     ("T0", "k3", 0, 0, None), ("T0", "k3", True, 0, None),
+                     ("T0", "k3", 1, 1 << 63, None), ("T0", "k3", 1, 0, -(1 << 63) - 1),
+                     ("T0", "k3", 1, 0.0, None), ("T0", "k3", 1 << 64, 0, None)):
+            assert rp.query_message(store, *call) is None
+    finally:
+        store.shutdown()
+    assert rp.query_message(store, "T0", "k3", 1, 0, None) is None      # closed
