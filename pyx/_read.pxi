@@ -46,21 +46,23 @@ DEF X_PRAW = 16
 DEF X_PSTR = 17
 DEF X_PROPS = 18
 DEF N_EXT_SLOTS = 19
-_MF_SLOTS = ("file_from_offset", "committed_position", "mm", "_lock", "_available", "_refs")
+_MF_SLOTS = ("file_from_offset", "committed_position", "mm", "_lock", "_available", "_refs",
+             "_cond")
 _GET_RESULT_SLOTS = ("status", "next_begin_offset", "min_offset", "max_offset", "messages",
                      "suggest_pulling_from_slave")
 _QUERY_RESULT_SLOTS = ("messages", "buffer_total_size", "index_last_update_timestamp",
                        "index_last_update_phy_offset")
 _BATCH_RESULT_SLOTS = ("status", "next_begin_offset", "min_offset", "max_offset",
                        "suggest_pulling_from_slave", "_n", "_raw", "_raw_file", "_rows", "_held",
-                       "_holds", "_buffers", "_released")
-DEF N_BATCH_SLOTS = 13
+                       "_holds", "_buffers", "_released", "_release_files")
+DEF N_BATCH_SLOTS = 14
 DEF R_FROM = 0
 DEF R_READ = 1
 DEF R_MM = 2
 DEF R_LOCK = 3
 DEF R_AVAILABLE = 4
 DEF R_REFS = 5
+DEF R_COND = 6
 
 cdef object _MAGIC_V1 = RS_MESSAGE_MAGIC_CODE
 cdef object _MAGIC_V2 = RS_MESSAGE_MAGIC_CODE_V2
@@ -97,7 +99,7 @@ cdef class ReadPath:
     on_corrupt(queue_offset, phy_offset, reason) is called for a unit whose record fails the
     record check (the unit is then skipped, as a filter would)."""
     cdef Py_ssize_t _x[N_EXT_SLOTS]
-    cdef Py_ssize_t _f[6]
+    cdef Py_ssize_t _f[7]
     cdef type _ext
     cdef object _on_corrupt
     # The last topic and hosts met, reused while records repeat them (a queue's records share
@@ -121,6 +123,7 @@ cdef class ReadPath:
     # get_message() / get_batch(): what holds MAX_MSG_NUMS and MAX_BYTES (read_path), read on
     # each call as MessageStore reads them.
     cdef object _limits
+    cdef object _release_files            # self.release_files, bound once
     # query_message(): QueryMessageResult's type and members.
     cdef type _query_result
     cdef Py_ssize_t _qr[4]
@@ -139,6 +142,7 @@ cdef class ReadPath:
         if batch_result_type is not None:
             _member_offsets(batch_result_type, _BATCH_RESULT_SLOTS, self._b)
         self._limits = limits
+        self._release_files = self.release_files
         self._query_result = query_result_type
         if query_result_type is not None:
             _member_offsets(query_result_type, _QUERY_RESULT_SLOTS, self._qr)
@@ -275,6 +279,26 @@ cdef class ReadPath:
             return True
         finally:
             lock.release()
+
+    cdef int _release(self, object f) except -1:
+        """MappedFile.release with its slots read in place, as _hold: one borrower fewer, and
+        a close() waiting for the last one is woken."""
+        lock = <object>_member(f, self._f[R_LOCK])
+        lock.acquire()
+        try:
+            refs = <object>_member(f, self._f[R_REFS]) - 1
+            _set_member(f, self._f[R_REFS], refs)
+            if refs <= 0 and not <object>_member(f, self._f[R_AVAILABLE]):
+                (<object>_member(f, self._f[R_COND])).notify_all()
+        finally:
+            lock.release()
+        return 0
+
+    def release_files(self, list files):
+        """MappedFile.release of each of `files` (a GetBatchResult's held files, when it goes
+        without a body view taken)."""
+        for f in files:
+            self._release(f)
 
     cdef int _open(self, object f, Py_buffer *view, _Window *w) except -1:
         """Borrow file `f`'s mapping into `view` (released first); 0 when it is closed."""
@@ -470,6 +494,7 @@ cdef class ReadPath:
         _set_member(r, b[10], None)
         _set_member(r, b[11], None)
         _set_member(r, b[12], False)
+        _set_member(r, b[13], self._release_files)
         return r
 
     def pull(self, store, cq, int64_t offset, Py_ssize_t max_n, message_filter,

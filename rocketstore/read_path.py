@@ -434,7 +434,7 @@ class GetBatchResult:
 
     __slots__ = ("status", "next_begin_offset", "min_offset", "max_offset",
                  "suggest_pulling_from_slave", "_n", "_raw", "_raw_file", "_rows", "_held",
-                 "_holds", "_buffers", "_released")
+                 "_holds", "_buffers", "_released", "_release_files")
 
     def __init__(self, status, next_begin_offset, min_offset, max_offset, n=0, rows=None,
                  row_file=None, held=(), suggest_pulling_from_slave=False):
@@ -451,6 +451,9 @@ class GetBatchResult:
         self._holds = None              # their _FileHold, once a body view was asked for
         self._buffers = None
         self._released = False
+        # The compiled ReadPath's release_files(held) when it built this result: MappedFile's
+        # release protocol for every held file in one call, when no body view was taken.
+        self._release_files = None
 
     @property
     def message_count(self):
@@ -526,6 +529,9 @@ class GetBatchResult:
             return
         self._released = True
         holds = self._holds
+        if holds is None and self._release_files is not None:
+            self._release_files(self._held)
+            return
         for k, mf in enumerate(self._held):
             if holds is not None and holds[k] is not None:
                 holds[k].release()
@@ -539,6 +545,9 @@ class GetBatchResult:
             return
         self._released = True
         holds = self._holds
+        if holds is None and self._release_files is not None:
+            self._release_files(self._held)
+            return
         for k, mf in enumerate(self._held):
             if holds is None or holds[k] is None:
                 mf.release()
