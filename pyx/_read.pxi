@@ -88,13 +88,14 @@ cdef inline bint _row_inside(const rs_scan_rec *r, Py_ssize_t buf_len) noexcept:
 
 cdef class ReadPath:
     """ReadPath(message_type, mapped_file_type, on_corrupt, result_type=None, statuses=None,
-    batch_result_type=None, limits=None): the unit walk of get_message and get_batch as one
-    call (read), the whole common case of each with its result built here (pull, pull_batch:
-    needs the result types and the (FOUND, NO_MATCHED_MESSAGE, MESSAGE_WAS_REMOVING)
-    statuses), MessageStore's common get_message/get_batch call with its argument checks and
-    catch-up (get_message, get_batch: also needs `limits`, an object whose MAX_MSG_NUMS and
-    MAX_BYTES bound a call, read_path), and MessageExt objects from scanned rows
-    (decode_rows).
+    batch_result_type=None, limits=None, query_result_type=None): the unit walk of get_message
+    and get_batch as one call (read), the whole common case of each with its result built here
+    (pull, pull_batch: needs the result types and the (FOUND, NO_MATCHED_MESSAGE,
+    MESSAGE_WAS_REMOVING) statuses), MessageStore's common get_message/get_batch call with its
+    argument checks and catch-up (get_message, get_batch: also needs `limits`, an object whose
+    MAX_MSG_NUMS and MAX_BYTES bound a call, read_path), its common key query
+    (query_message: needs QueryMessageResult as query_result_type), and MessageExt objects
+    from scanned rows (decode_rows, and a key query's hits).
 
     on_corrupt(queue_offset, phy_offset, reason) is called for a unit whose record fails the
     record check (the unit is then skipped, as a filter would)."""
