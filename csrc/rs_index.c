@@ -321,32 +321,43 @@ int rs_index_has_key(const uint8_t *props, size_t props_len, const uint8_t *key,
     return 0;
 }
 
-int rs_index_match(const uint8_t *buf, size_t len, int64_t pos, int64_t phy_offset,
-                   const uint8_t *topic, size_t topic_len, const uint8_t *key, size_t key_len,
-                   int64_t begin, int64_t end, int32_t *size)
+int rs_index_match_row(const uint8_t *buf, size_t len, int64_t pos, int64_t phy_offset,
+                       const uint8_t *topic, size_t topic_len, const uint8_t *key,
+                       size_t key_len, int64_t begin, int64_t end, rs_scan_rec *row,
+                       int32_t *size)
 {
-    rs_scan_rec row;
     const uint8_t *rec;
     int r;
 
     *size = 0;
     if (pos < 0 || (uint64_t)pos > (uint64_t)len)
         return RS_E_BOUNDS;
-    r = rs_msg_check(buf, len, pos, 0, &row, size);
+    r = rs_msg_check(buf, len, pos, 0, row, size);
     if (r != RS_OK) {
         *size = 0;
         return 0;               /* a blank, torn or damaged record answers nothing */
     }
     rec = buf + pos;
-    if (row.phy_offset != phy_offset || row.store_timestamp < begin ||
-        row.store_timestamp > end ||
-        (topic && ((size_t)row.topic_len != topic_len ||
-                   memcmp(rec + row.topic_off, topic, topic_len) != 0)) ||
-        (key && !rs_index_has_key(rec + row.props_off, (size_t)row.props_len, key, key_len))) {
+    if (row->phy_offset != phy_offset || row->store_timestamp < begin ||
+        row->store_timestamp > end ||
+        (topic && ((size_t)row->topic_len != topic_len ||
+                   memcmp(rec + row->topic_off, topic, topic_len) != 0)) ||
+        (key && !rs_index_has_key(rec + row->props_off, (size_t)row->props_len, key,
+                                  key_len))) {
         *size = 0;
         return 0;
     }
     return 1;
+}
+
+int rs_index_match(const uint8_t *buf, size_t len, int64_t pos, int64_t phy_offset,
+                   const uint8_t *topic, size_t topic_len, const uint8_t *key, size_t key_len,
+                   int64_t begin, int64_t end, int32_t *size)
+{
+    rs_scan_rec row;
+
+    return rs_index_match_row(buf, len, pos, phy_offset, topic, topic_len, key, key_len, begin,
+                              end, &row, size);
 }
 
 /* rs_index_dispatch's keys travel in chunks: a chunk's keys are found and hashed first, and

@@ -156,4 +156,15 @@ int rs_index_match(const uint8_t *buf, size_t len, int64_t pos, int64_t phy_offs
                    const uint8_t *topic, size_t topic_len, const uint8_t *key, size_t key_len,
                    int64_t begin, int64_t end, int32_t *size);
 
+/*
+ * rs_index_match_row - rs_index_match that also fills *row with rs_msg_check's row of the
+ * record when it answers (1): the caller builds the message from the row instead of parsing
+ * the record again.  *row is unspecified when the answer is not 1.
+ * GIL: O(record); callable without it.
+ */
+int rs_index_match_row(const uint8_t *buf, size_t len, int64_t pos, int64_t phy_offset,
+                       const uint8_t *topic, size_t topic_len, const uint8_t *key,
+                       size_t key_len, int64_t begin, int64_t end, rs_scan_rec *row,
+                       int32_t *size);
+
 #endif /* RS_INDEX_H */

@@ -95,9 +95,9 @@ cdef class _CommitLogFiles:
 cdef object _query_judge(_CommitLogFiles logs, int64_t offset, const uint8_t *topic,
                          size_t topic_len, const uint8_t *key, size_t key_len, int64_t begin,
                          int64_t end, object decode, int32_t *size):
-    """The decoded record at CommitLog `offset` if it answers the query, else None. Its
-    file's mapping is borrowed as a buffer for the check and the copy, so it cannot be
-    unmapped meanwhile (a file unmapped before reads as no record, as CommitLog.get_data
+    """decode(the bytes of the record at CommitLog `offset`) if it answers the query, else
+    None. Its file's mapping is borrowed as a buffer for the check and the copy, so it cannot
+    be unmapped meanwhile (a file unmapped before reads as no record, as CommitLog.get_data
     answers)."""
     cdef Py_buffer v
     cdef int64_t start, limit
@@ -129,10 +129,44 @@ cdef object _query_judge(_CommitLogFiles logs, int64_t offset, const uint8_t *to
     return decode(rec)
 
 
+cdef object _query_judge_row(ReadPath rp, list log_files, int64_t log_file_size,
+                             int64_t offset, const uint8_t *topic, size_t topic_len,
+                             const uint8_t *key, size_t key_len, int64_t begin, int64_t end,
+                             int32_t *size):
+    """_query_judge with the message built by `rp` from the record check's row, as get_message
+    builds its messages: the record is parsed once, and the file is found and borrowed as
+    ReadPath's unit walk does it (its slots read in place, not through attribute lookups)."""
+    cdef Py_buffer v
+    cdef _Window w
+    cdef rs_scan_rec row
+    cdef int r
+    size[0] = 0
+    f = rp._find(log_files, offset, log_file_size)
+    if f is None:
+        return None
+    memset(&v, 0, sizeof(v))
+    try:
+        if not rp._open(f, &v, &w) or offset >= w.end:
+            return None                   # unmapped by cleaning meanwhile, or not readable
+        r = rs_index_match_row(w.buf, <size_t>(w.end - w.start), offset - w.start, offset,
+                               topic, topic_len, key, key_len, begin, end, &row, size)
+        if r != 1:
+            size[0] = 0
+            return None
+        return rp._message(w.buf + row.pos, &row)
+    finally:
+        PyBuffer_Release(&v)
+
+
 def index_query(files, mfq, topic, key, int64_t want, int64_t begin, int64_t end, decode):
     """The messages under `topic` that carry `key` (UNIQ_KEY or a KEYS piece), stored in
     [begin, end]: the newest `want` by the index's order (newest file first, each chain
     newest first), in ascending CommitLog offset order. See contract.index_query."""
+    return _index_query(files, mfq, topic, key, want, begin, end, decode)
+
+
+cdef tuple _index_query(files, mfq, topic, key, int64_t want, int64_t begin, int64_t end,
+                        decode):
     cdef Py_buffer iv
     cdef int64_t out[WALK_CHUNK]
     cdef int64_t seen[WALK_CHUNK]         # offsets judged, the first WALK_CHUNK of them
@@ -146,6 +180,10 @@ def index_query(files, mfq, topic, key, int64_t want, int64_t begin, int64_t end
     cdef int r
     cdef bint matched, dup
     cdef _CommitLogFiles logs = None      # read on the first offset to judge
+    # A ReadPath as decode builds each hit from the record check's row, as get_message does.
+    cdef ReadPath rp = decode if isinstance(decode, ReadPath) else None
+    cdef list log_files = None            # with rp: the CommitLog's files, read once
+    cdef int64_t log_file_size = 0
     messages = []
     offsets = None                        # with more than one kept, their offsets
     more_seen = None                      # offsets judged past the first WALK_CHUNK
@@ -208,11 +246,20 @@ def index_query(files, mfq, topic, key, int64_t want, int64_t begin, int64_t end
                         if more_seen is None:
                             more_seen = set()
                         more_seen.add(off)
-                    if logs is None:
-                        logs = _CommitLogFiles(mfq)
-                    msg = _query_judge(logs, off, <const uint8_t *>tp, <size_t>tlen,
-                                       <const uint8_t *>kp, <size_t>klen, begin, end, decode,
-                                       &size)
+                    if rp is not None:
+                        if log_files is None:
+                            log_files = mfq.files
+                            log_file_size = mfq.file_size
+                        msg = _query_judge_row(rp, log_files, log_file_size, off,
+                                               <const uint8_t *>tp, <size_t>tlen,
+                                               <const uint8_t *>kp, <size_t>klen, begin, end,
+                                               &size)
+                    else:
+                        if logs is None:
+                            logs = _CommitLogFiles(mfq)
+                        msg = _query_judge(logs, off, <const uint8_t *>tp, <size_t>tlen,
+                                           <const uint8_t *>kp, <size_t>klen, begin, end,
+                                           decode, &size)
                     if msg is None:
                         continue
                     messages.append(msg)

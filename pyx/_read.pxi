@@ -16,6 +16,8 @@
 # unit, and a pull of 32 costs less than releasing it twice; a get_batch of tens of thousands
 # holds it for milliseconds.
 from cpython.bytearray cimport PyByteArray_FromStringAndSize
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from libc.limits cimport LLONG_MAX
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 
 __all__ += ("ReadPath",)
@@ -44,16 +46,23 @@ DEF X_PRAW = 16
 DEF X_PSTR = 17
 DEF X_PROPS = 18
 DEF N_EXT_SLOTS = 19
-_MF_SLOTS = ("file_from_offset", "committed_position", "mm")
+_MF_SLOTS = ("file_from_offset", "committed_position", "mm", "_lock", "_available", "_refs",
+             "_cond")
 _GET_RESULT_SLOTS = ("status", "next_begin_offset", "min_offset", "max_offset", "messages",
                      "suggest_pulling_from_slave")
+_QUERY_RESULT_SLOTS = ("messages", "buffer_total_size", "index_last_update_timestamp",
+                       "index_last_update_phy_offset")
 _BATCH_RESULT_SLOTS = ("status", "next_begin_offset", "min_offset", "max_offset",
                        "suggest_pulling_from_slave", "_n", "_raw", "_raw_file", "_rows", "_held",
-                       "_holds", "_buffers", "_released")
-DEF N_BATCH_SLOTS = 13
+                       "_holds", "_buffers", "_released", "_release_files")
+DEF N_BATCH_SLOTS = 14
 DEF R_FROM = 0
 DEF R_READ = 1
 DEF R_MM = 2
+DEF R_LOCK = 3
+DEF R_AVAILABLE = 4
+DEF R_REFS = 5
+DEF R_COND = 6
 
 cdef object _MAGIC_V1 = RS_MESSAGE_MAGIC_CODE
 cdef object _MAGIC_V2 = RS_MESSAGE_MAGIC_CODE_V2
@@ -80,15 +89,19 @@ cdef inline bint _row_inside(const rs_scan_rec *r, Py_ssize_t buf_len) noexcept:
 
 cdef class ReadPath:
     """ReadPath(message_type, mapped_file_type, on_corrupt, result_type=None, statuses=None,
-    batch_result_type=None): the unit walk of get_message and get_batch as one call (read),
-    the whole common case of each with its result built here (pull, pull_batch: needs the
-    result types and the (FOUND, NO_MATCHED_MESSAGE, MESSAGE_WAS_REMOVING) statuses), and
-    MessageExt objects from scanned rows (decode_rows).
+    batch_result_type=None, limits=None, query_result_type=None): the unit walk of get_message
+    and get_batch as one call (read), the whole common case of each with its result built here
+    (pull, pull_batch: needs the result types and the (FOUND, NO_MATCHED_MESSAGE,
+    MESSAGE_WAS_REMOVING) statuses), MessageStore's common get_message/get_batch call with its
+    argument checks and catch-up (get_message, get_batch: also needs `limits`, an object whose
+    MAX_MSG_NUMS and MAX_BYTES bound a call, read_path), its common key query
+    (query_message: needs QueryMessageResult as query_result_type), and MessageExt objects
+    from scanned rows (decode_rows, and a key query's hits).
 
     on_corrupt(queue_offset, phy_offset, reason) is called for a unit whose record fails the
     record check (the unit is then skipped, as a filter would)."""
     cdef Py_ssize_t _x[N_EXT_SLOTS]
-    cdef Py_ssize_t _f[3]
+    cdef Py_ssize_t _f[7]
     cdef type _ext
     cdef object _on_corrupt
     # The last topic and hosts met, reused while records repeat them (a queue's records share
@@ -125,9 +138,16 @@ cdef class ReadPath:
             self.miss += 1
         if ms > self.time_max:
             self.time_max = ms
+    # get_message() / get_batch(): what holds MAX_MSG_NUMS and MAX_BYTES (read_path), read on
+    # each call as MessageStore reads them.
+    cdef object _limits
+    cdef object _release_files            # self.release_files, bound once
+    # query_message(): QueryMessageResult's type and members.
+    cdef type _query_result
+    cdef Py_ssize_t _qr[4]
 
     def __init__(self, message_type, mapped_file_type, on_corrupt, result_type=None,
-                 statuses=None, batch_result_type=None):
+                 statuses=None, batch_result_type=None, limits=None, query_result_type=None):
         _member_offsets(message_type, _EXT_SLOTS, self._x)
         _member_offsets(mapped_file_type, _MF_SLOTS, self._f)
         self._ext = message_type
@@ -139,6 +159,11 @@ cdef class ReadPath:
         self._batch = batch_result_type
         if batch_result_type is not None:
             _member_offsets(batch_result_type, _BATCH_RESULT_SLOTS, self._b)
+        self._limits = limits
+        self._release_files = self.release_files
+        self._query_result = query_result_type
+        if query_result_type is not None:
+            _member_offsets(query_result_type, _QUERY_RESULT_SLOTS, self._qr)
 
     # ---- one message -------------------------------------------------------------------------
     cdef inline bytes _host(self, const uint8_t *p, Py_ssize_t n, bint store):
@@ -259,6 +284,40 @@ cdef class ReadPath:
                 return f
         return None
 
+    cdef bint _hold(self, object f) except -1:
+        """MappedFile.hold with its slots read in place (a get_batch holds each file it reads
+        from, and the Python method's frame cost as much as a dozen records' checks): under the
+        file's lock, False once it is being destroyed, else one more borrower."""
+        lock = <object>_member(f, self._f[R_LOCK])
+        lock.acquire()
+        try:
+            if not <object>_member(f, self._f[R_AVAILABLE]):
+                return False
+            _set_member(f, self._f[R_REFS], <object>_member(f, self._f[R_REFS]) + 1)
+            return True
+        finally:
+            lock.release()
+
+    cdef int _release(self, object f) except -1:
+        """MappedFile.release with its slots read in place, as _hold: one borrower fewer, and
+        a close() waiting for the last one is woken."""
+        lock = <object>_member(f, self._f[R_LOCK])
+        lock.acquire()
+        try:
+            refs = <object>_member(f, self._f[R_REFS]) - 1
+            _set_member(f, self._f[R_REFS], refs)
+            if refs <= 0 and not <object>_member(f, self._f[R_AVAILABLE]):
+                (<object>_member(f, self._f[R_COND])).notify_all()
+        finally:
+            lock.release()
+        return 0
+
+    def release_files(self, list files):
+        """MappedFile.release of each of `files` (a GetBatchResult's held files, when it goes
+        without a body view taken)."""
+        for f in files:
+            self._release(f)
+
     cdef int _open(self, object f, Py_buffer *view, _Window *w) except -1:
         """Borrow file `f`'s mapping into `view` (released first); 0 when it is closed."""
         PyBuffer_Release(view)
@@ -299,6 +358,113 @@ cdef class ReadPath:
                       + <int64_t>(<object>_member(last, self._f[R_READ]))) \
             // RS_CQ_STORE_UNIT_SIZE
         return 1
+
+    # ---- MessageStore's entry points ----------------------------------------------------------
+    cdef object _common_queue(self, store, group, topic, queue_id, offset, max_n,
+                              message_filter):
+        """The queue of a get_message/get_batch call that takes the common path, after the
+        store's read-your-writes catch-up; None for any other call (the store closed, an
+        argument of another type or out of range, no such queue), which MessageStore then
+        checks, and answers or raises for, in Python. The checks are MessageStore's
+        _check_open and _checked_queue, in that order; the catch-up is its _catch_up, the
+        reput service called only when it is behind the CommitLog's readable end."""
+        cdef int overflow = 0
+        cdef long long v
+        if self._limits is None or store._loaded is not True:
+            return None
+        if type(group) is not str or type(queue_id) is not int or type(offset) is not int \
+                or type(max_n) is not int \
+                or (message_filter is not None and not callable(message_filter)):
+            return None
+        v = PyLong_AsLongLongAndOverflow(max_n, &overflow)
+        if overflow or not 0 < v <= self._limits.MAX_MSG_NUMS:
+            return None
+        PyLong_AsLongLongAndOverflow(offset, &overflow)
+        if overflow:
+            return None
+        queues = store.consume_queue_table.get(topic)
+        if queues is None:
+            return None
+        cq = queues.get(queue_id)
+        if cq is None:
+            return None
+        self._catch_up(store)
+        return cq
+
+    cdef int _catch_up(self, store) except -1:
+        """MessageStore._catch_up (read-your-writes), the reput service called only when it is
+        behind the CommitLog's readable end."""
+        cdef int64_t max_py = 0
+        if store.commit_service is not None:
+            store._catch_up()
+            return 0
+        reput = store.reput_service
+        if reput is None:
+            return 0
+        log_files = store.commitlog.mfq.files
+        if log_files:
+            last = log_files[len(log_files) - 1]
+            max_py = <int64_t>(<object>_member(last, self._f[R_FROM])) \
+                + <int64_t>(<object>_member(last, self._f[R_READ]))
+        if reput.reput_from_offset < max_py:
+            reput.catch_up()
+        return 0
+
+    def query_message(self, store, topic, key, max_num, begin, end):
+        """MessageStore.query_message's common call as one (query.query_message: the
+        arguments checked, the catch-up, index_query with hits built from the record check's
+        rows, and the QueryMessageResult). None for any other call, which MessageStore checks
+        and answers in Python."""
+        cdef int overflow = 0
+        cdef long long want, b, e = LLONG_MAX
+        if self._query_result is None or store._loaded is not True:
+            return None
+        if type(topic) is not str or type(key) is not str or type(max_num) is not int \
+                or type(begin) is not int or (end is not None and type(end) is not int):
+            return None
+        want = PyLong_AsLongLongAndOverflow(max_num, &overflow)
+        if overflow or want < 1:
+            return None
+        b = PyLong_AsLongLongAndOverflow(begin, &overflow)
+        if overflow:
+            return None
+        if end is not None:
+            e = PyLong_AsLongLongAndOverflow(end, &overflow)
+            if overflow:
+                return None
+        self._catch_up(store)
+        cap = store.config.max_msgs_num_batch
+        if cap < want:
+            want = cap
+        messages, nbytes, last_ts, last_phy = _index_query(
+            store._indexer.index_file_list, store.commitlog.mfq, topic, key, want, b, e, self)
+        r = PyType_GenericAlloc(<PyTypeObject *>self._query_result, 0)
+        _set_member(r, self._qr[0], messages)
+        _set_member(r, self._qr[1], nbytes)
+        _set_member(r, self._qr[2], last_ts)
+        _set_member(r, self._qr[3], last_phy)
+        return r
+
+    def get_message(self, store, group, topic, queue_id, offset, max_msg_nums,
+                    message_filter):
+        """MessageStore.get_message's common call (no wait) as one: its arguments checked,
+        the catch-up and pull(). None when the call is not the common case or pull() gives
+        None: MessageStore answers it in Python."""
+        cq = self._common_queue(store, group, topic, queue_id, offset, max_msg_nums,
+                                message_filter)
+        if cq is None:
+            return None
+        return self.pull(store, cq, offset, max_msg_nums, message_filter,
+                         self._limits.MAX_BYTES)
+
+    def get_batch(self, store, group, topic, queue_id, offset, max_msg_nums, message_filter):
+        """MessageStore.get_batch's common call as one, as get_message() for pull_batch()."""
+        cq = self._common_queue(store, group, topic, queue_id, offset, max_msg_nums,
+                                message_filter)
+        if cq is None:
+            return None
+        return self.pull_batch(store, cq, offset, max_msg_nums, message_filter,
+                               self._limits.MAX_BYTES)
 
     def pull_batch(self, store, cq, int64_t offset, Py_ssize_t max_n, message_filter,
                    int64_t max_bytes):
@@ -348,6 +514,7 @@ cdef class ReadPath:
         _set_member(r, b[11], None)
         _set_member(r, b[12], False)
         self._count(n, t0)
+        _set_member(r, b[13], self._release_files)
         return r
 
     def pull(self, store, cq, int64_t offset, Py_ssize_t max_n, message_filter,
@@ -462,7 +629,7 @@ cdef class ReadPath:
                         have_log = False
                         log_rows = False
                         lf = self._find(log_files, phy, log_file_size)
-                        if lf is not None and (not batch or lf.hold()):
+                        if lf is not None and (not batch or self._hold(lf)):
                             if batch:
                                 held.append(lf)
                             if self._open(lf, &lv, &lw):

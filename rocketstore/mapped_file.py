@@ -252,6 +252,8 @@ class MappedFile:
             self.release()
 
     # ---- reference counting (ReferenceResource) ---------------------------------------
+    # The compiled ReadPath (pyx/_read.pxi _hold, _release) follows this protocol on these
+    # slots itself for get_batch: a change here is a change there.
     def hold(self):
         """Borrow the mapping; False once the file is being destroyed."""
         with self._lock:

@@ -7,6 +7,7 @@ import logging
 from .errors import InvalidArgumentError
 from .format import CQ_UNIT, CQ_STORE_UNIT_SIZE as UNIT
 from .message import PROPERTY_UNIQ_KEY, MessageExt, decode_msg_id
+from .read_path import PyReadPath
 from .status import QueryMessageResult
 
 log = logging.getLogger(__name__)
@@ -30,11 +31,15 @@ def query_message(store, topic, key, max_num=32, begin=0, end=None):
     rounds could come back empty while matching messages sat behind a second's worth of
     misses."""
     cap = store.config.max_msgs_num_batch
+    # A compiled ReadPath builds each hit from the record check's row, as get_message builds
+    # its messages, instead of parsing the record a second time (MessageExt.decode).
+    rp = store._read_path
     r = _new(QueryMessageResult)
     (r.messages, r.buffer_total_size, r.index_last_update_timestamp,
      r.index_last_update_phy_offset) = store.kernels.index_query(
         store._indexer.index_file_list, store.commitlog.mfq, topic, key,
-        max_num if max_num < cap else cap, begin, LONG_MAX if end is None else end, _decode)
+        max_num if max_num < cap else cap, begin, LONG_MAX if end is None else end,
+        _decode if type(rp) is PyReadPath else rp)
     return r
 
 

@@ -9,6 +9,7 @@ unit's record with the record-check kernel where it lies in its CommitLog file, 
 MessageExt objects from the kernel's row (properties decoded on first use), or, for get_batch,
 hands the rows themselves back beside views of the bodies in the mapping."""
 import logging
+import sys
 import time
 
 import numpy as np
@@ -17,7 +18,7 @@ from . import format as F
 from .errors import RS_E_ARG, RS_E_BOUNDS, StoreClosedError, StoreError, raise_for_status
 from .mapped_file import MappedFile
 from .message import MessageExt
-from .status import GetMessageResult, GetMessageStatus as G
+from .status import GetMessageResult, GetMessageStatus as G, QueryMessageResult
 
 log = logging.getLogger(__name__)
 UNIT = F.CQ_STORE_UNIT_SIZE
@@ -41,7 +42,7 @@ def make_read_path(kernels):
     if compiled is not None:
         return compiled(MessageExt, MappedFile, _corrupt, GetMessageResult,
                         (G.FOUND, G.NO_MATCHED_MESSAGE, G.MESSAGE_WAS_REMOVING),
-                        GetBatchResult)
+                        GetBatchResult, sys.modules[__name__], QueryMessageResult)
     return PyReadPath(kernels, _corrupt)
 
 
@@ -118,6 +119,19 @@ class PyReadPath:
                 raise_for_status(RS_E_BOUNDS, "decode_rows: a row outside the buffer")
             out.append(MessageExt.from_row(mv, row))
         return out
+
+    def get_message(self, store, group, topic, queue_id, offset, max_msg_nums,
+                    message_filter):
+        """The compiled ReadPath's fused entry (arguments, catch-up and pull in one call);
+        here always None: MessageStore checks, catches up and calls pull() in Python."""
+        return None
+
+    get_batch = get_message
+
+    def query_message(self, store, topic, key, max_num, begin, end):
+        """The compiled ReadPath's fused key query; here always None: MessageStore checks,
+        catches up and calls query.query_message in Python."""
+        return None
 
     def pull(self, store, cq, offset, max_n, message_filter, max_bytes):
         """get_message's common case for queue `cq`: its GetMessageResult, or None when the
@@ -453,7 +467,7 @@ class GetBatchResult:
 
     __slots__ = ("status", "next_begin_offset", "min_offset", "max_offset",
                  "suggest_pulling_from_slave", "_n", "_raw", "_raw_file", "_rows", "_held",
-                 "_holds", "_buffers", "_released")
+                 "_holds", "_buffers", "_released", "_release_files")
 
     def __init__(self, status, next_begin_offset, min_offset, max_offset, n=0, rows=None,
                  row_file=None, held=(), suggest_pulling_from_slave=False):
@@ -470,6 +484,9 @@ class GetBatchResult:
         self._holds = None              # their _FileHold, once a body view was asked for
         self._buffers = None
         self._released = False
+        # The compiled ReadPath's release_files(held) when it built this result: MappedFile's
+        # release protocol for every held file in one call, when no body view was taken.
+        self._release_files = None
 
     @property
     def message_count(self):
@@ -545,6 +562,9 @@ class GetBatchResult:
             return
         self._released = True
         holds = self._holds
+        if holds is None and self._release_files is not None:
+            self._release_files(self._held)
+            return
         for k, mf in enumerate(self._held):
             if holds is not None and holds[k] is not None:
                 holds[k].release()
@@ -558,6 +578,9 @@ class GetBatchResult:
             return
         self._released = True
         holds = self._holds
+        if holds is None and self._release_files is not None:
+            self._release_files(self._held)
+            return
         for k, mf in enumerate(self._held):
             if holds is None or holds[k] is None:
                 mf.release()

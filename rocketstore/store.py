@@ -1121,6 +1121,12 @@ class MessageStore:
             check_wait_ms(wait_ms)
             return wait_for_message(self, group, topic, queue_id, offset, max_msg_nums,
                                     message_filter, wait_ms)
+        # The common call as one compiled call (the checks below, the catch-up and the pull);
+        # anything else, and every backend without it, takes the steps below.
+        r = self._read_path.get_message(self, group, topic, queue_id, offset, max_msg_nums,
+                                        message_filter)
+        if r is not None:
+            return r
         self._check_open()
         cq = self._checked_queue(group, topic, queue_id, offset, max_msg_nums, message_filter)
         self._catch_up()
@@ -1157,6 +1163,10 @@ class MessageStore:
         read_path.GetBatchResult of numpy columns (commit_log_offset, size, store_timestamp,
         tags_code, queue_offset, ...) with zero-copy body views (body(i)) that keep their
         CommitLog file held and mapped while they live. No object is made per message."""
+        r = self._read_path.get_batch(self, group, topic, queue_id, offset, max_msg_nums,
+                                      message_filter)
+        if r is not None:
+            return r
         self._check_open()
         cq = self._checked_queue(group, topic, queue_id, offset, max_msg_nums, message_filter)
         self._catch_up()
@@ -1218,6 +1228,10 @@ class MessageStore:
         kept, in ascending offset order: a QueryMessageResult (DefaultMessageStore#queryMessage,
         but every hit is checked against its record, so a hash collision never answers).
         Every put that returned before the call is indexed for it."""
+        # The common call as one compiled call (the checks, catch-up and query below).
+        r = self._read_path.query_message(self, topic, key, max_num, begin, end)
+        if r is not None:
+            return r
         if not self._loaded:
             self._check_open()
         # The common call in a few type checks; anything else goes through the full checks,

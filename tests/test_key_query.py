@@ -9,11 +9,11 @@ import struct
 import numpy as np
 import pytest
 
-from rocketstore import Message, MessageStore, testing
+from rocketstore import Message, MessageStore, query, testing
 from rocketstore import format as F
 from rocketstore.clock import StepClock
 from rocketstore.errors import KernelBoundsError
-from rocketstore.message import java_string_hash, make_msg_id
+from rocketstore.message import MessageExt, java_string_hash, make_msg_id
 
 BACKENDS = testing.backend_params()
 LONG_MAX = (1 << 63) - 1
@@ -381,3 +381,107 @@ def test_non_ascii_keys_are_hashed_and_matched_as_the_index_build_does(tmp_path,
         assert _answer(store, "T", "k😀 ")[0] == []
     finally:
         store.shutdown()
+
+
+_EXT_FIELDS = ("store_size", "body_crc", "queue_id", "flag", "queue_offset", "commit_log_offset",
+               "sys_flag", "born_timestamp", "born_host_raw", "store_timestamp",
+               "store_host_raw", "reconsume_times", "prepared_transaction_offset", "body",
+               "topic", "magic", "properties_string", "properties", "keys", "tags")
+
+
+def _fields(m):
+    return tuple(getattr(m, name) for name in _EXT_FIELDS)
+
+
+def test_a_query_hit_is_the_message_its_record_decodes_to_and_get_message_reads(tmp_path,
+                                                                                 backend):
+    """A hit is built from the record check's row where the backend can (the compiled
+    ReadPath), else decoded from the record's bytes: either way every field is what
+    MessageExt.decode reads from the record and what get_message gives for it, IPv6 hosts,
+    UTF-8 topics' neighbours and empty bodies included."""
+    msgs = [Message("Tq", b"body-%d" % i if i % 5 else b"", tags="t%d" % (i % 3),
+                    keys=f"k{i % 4} all",
+                    properties={"UNIQ_KEY": f"U{i:04X}",
+                                **({"p\u00e9": "v\u00e9"} if i % 2 else {})},
+                    queue_id=i % 2, born_host=("::1", 7) if i % 3 == 0 else ("10.1.2.3", 9))
+            for i in range(24)]
+    config = testing.small_config()
+    with testing.open_store(tmp_path, backend, config,
+                            clock=StepClock(START, 3)) as store:
+        assert all(store.put_message(m).ok for m in msgs)
+        testing.wait_dispatched(store)
+        hits = store.query_message("Tq", "all", 100).messages
+        assert len(hits) == len(msgs)
+        raw = {m.commit_log_offset: MessageExt.decode(bytes(store.commitlog.get_data(
+            m.commit_log_offset, m.store_size))) for m in hits}
+        pulled = {m.commit_log_offset: m for q in (0, 1)
+                  for m in store.get_message("g", "Tq", q, 0, 32).messages}
+        for m in hits:
+            assert _fields(m) == _fields(raw[m.commit_log_offset]) \
+                == _fields(pulled[m.commit_log_offset])
+        # The unique-key and msgId lookups share the path.
+        one = hits[5]
+        assert _fields(store.query_message_by_unique_key("Tq", one.properties["UNIQ_KEY"])) \
+            == _fields(one)
+        assert _fields(store.view_message_by_id(one.msg_id)) == _fields(one)
+
+
+def test_the_compiled_query_builds_the_same_messages_from_rows_as_from_bytes(random_store):
+    """cext's index_query given the store's ReadPath (a hit built from the record check's row)
+    keeps the same records, bytes and messages as given MessageExt.decode (the record's bytes
+    parsed again)."""
+    if "cext" not in BACKENDS:
+        pytest.skip("the cext backend is not built")
+    root, config, puts = random_store
+    store = _open(root, config, "cext")
+    try:
+        files, mfq = store._indexer.index_file_list, store.commitlog.mfq
+        k = store.kernels
+        kept = 0
+        for topic in ("T0", "T1"):
+            for key in _keys_pool(random.Random(0)) + ["U00000007", "absent"]:
+                for want in (1, 3, 100):
+                    a = k.index_query(files, mfq, topic, key, want, 0, LONG_MAX,
+                                      MessageExt.decode)
+                    b = k.index_query(files, mfq, topic, key, want, 0, LONG_MAX,
+                                      store._read_path)
+                    assert [_fields(m) for m in a[0]] == [_fields(m) for m in b[0]]
+                    assert a[1:] == b[1:]
+                    kept += len(a[0])
+        assert kept > 100
+    finally:
+        store.shutdown()
+
+
+def test_the_fused_query_answers_as_the_store_s_steps_and_leaves_other_calls_to_them(
+        random_store, backend):
+    """store.query_message takes the read path's one-call entry when it has one (cext): its
+    answer equals query.query_message's after the store's catch-up, and any call that is not
+    the common case answers None from it, so the store's checks run."""
+    root, config, puts = random_store
+    store = _open(root, config, backend)
+    rp = store._read_path
+    try:
+        first, last = puts[0][1], puts[-1][1]
+        for topic in ("T0", "T1", "T2"):
+            for key in COLLIDING + ["k3", "dup", "U00000007", "absent"]:
+                for max_num, begin, end in ((1, 0, None), (3, first + 5000, last - 5000),
+                                            (100, 0, last), (2, last + 1, None)):
+                    store._catch_up()
+                    want = query.query_message(store, topic, key, max_num, begin, end)
+                    got = store.query_message(topic, key, max_num, begin, end)
+                    assert type(got) is type(want)
+                    assert [_fields(m) for m in got.messages] == \
+                        [_fields(m) for m in want.messages]
+                    assert (got.buffer_total_size, got.index_last_update_timestamp,
+                            got.index_last_update_phy_offset) == \
+                        (want.buffer_total_size, want.index_last_update_timestamp,
+                         want.index_last_update_phy_offset)
+        for call in (("T0", b"k3", 1, 0, None), (b"T0", "k3", 1, 0, None),
+                     ("T0", "k3", 0, 0, None), ("T0", "k3", True, 0, None),
+                     ("T0", "k3", 1, 1 << 63, None), ("T0", "k3", 1, 0, -(1 << 63) - 1),
+                     ("T0", "k3", 1, 0.0, None), ("T0", "k3", 1 << 64, 0, None)):
+            assert rp.query_message(store, *call) is None
+    finally:
+        store.shutdown()
+    assert rp.query_message(store, "T0", "k3", 1, 0, None) is None      # closed

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rocketstore import GetMessageStatus as G, Message, MessageExt, testing
-from rocketstore import format as F
+from rocketstore import format as F, read_path
 from rocketstore.errors import StoreError
 from rocketstore.read_path import PyReadPath, make_read_path
 from rocketstore.clock import ManualClock
@@ -279,6 +279,12 @@ def test_body_views_keep_their_file_held_and_mapped_after_the_store_deletes_it(t
         disk.ratio = 0.86
         store.clean_files_periodically()
         assert os.path.exists(first.path) and not first.is_available
+        # A file being destroyed lends no new hold: a batch over its units reads past it.
+        again = store.get_batch("g", "Held", 0, 0, 5)
+        assert first.ref_count == 1
+        assert all(o >= first.file_from_offset + first.file_size
+                   for o in again.commit_log_offset.tolist())
+        again.release()
         clock.now = NOW + 120_000             # forced: the file goes while views live
         disk.ratio = 0.2
         assert store.clean_commitlog_service.redelete_hanged_file(clock.now)
@@ -377,3 +383,75 @@ def test_a_damaged_record_is_skipped_by_both_reads_and_reported(tmp_path, backen
         assert "fails the record check" in caplog.text
     finally:
         store.shutdown()
+
+
+# ---- MessageStore's fused entry (ReadPath.get_message / get_batch) ----------------------------
+def _answer(r):
+    """What a caller reads of a GetMessageResult or a GetBatchResult."""
+    if hasattr(r, "messages"):
+        return (r.status, r.next_begin_offset, r.min_offset, r.max_offset,
+                r.suggest_pulling_from_slave, [attrs(m) for m in r.messages])
+    with r:
+        return (r.status, r.next_begin_offset, r.min_offset, r.max_offset,
+                r.suggest_pulling_from_slave, r.rows.tobytes(), r.file_index.tolist(),
+                [bytes(b) for b in r.bodies()])
+
+
+def test_the_fused_entry_answers_common_calls_as_the_store_s_separate_steps_do(tmp_path,
+                                                                              backend):
+    """store.get_message/get_batch take the read path's one-call entry when it has one (cext):
+    its answers equal the steps it fuses, the store's catch-up and then pull/pull_batch, and a
+    put that returned is visible to the next call (read-your-writes) though the entry, not
+    the store, decides whether to catch up."""
+    store = testing.open_store(tmp_path / "s", backend)
+    rp = store._read_path
+    try:
+        msgs = varied_messages(90, "Fused")
+        assert all(store.put_message(m).ok for m in msgs)
+        tag1 = tags_hash("Tag1")
+        for get, pull in (("get_message", rp.pull), ("get_batch", rp.pull_batch)):
+            for offset in (0, 5, 37, 89):
+                for n in (1, 3, 32, 100):
+                    for flt in (None, lambda t: t == tag1):
+                        store._catch_up()
+                        want = _answer(pull(store, store.consume_queue("Fused", 0), offset, n,
+                                            flt, read_path.MAX_BYTES))
+                        assert _answer(getattr(store, get)("g", "Fused", 0, offset, n,
+                                                           flt)) == want
+            # Each put is seen by the very next call.
+            for i in range(20):
+                r = store.put_message(Message("Fused", b"new-%s-%d" % (get.encode(), i)))
+                got = getattr(store, get)("g", "Fused", 0, r.queue_offset, 1)
+                body = got.messages[0].body if get == "get_message" else bytes(got.body(0))
+                assert got.status is G.FOUND and body == b"new-%s-%d" % (get.encode(), i)
+    finally:
+        store.shutdown()
+
+
+@pytest.mark.parametrize("call", [
+    ("g", "Fused", True, 0, 1, None),                 # a bool is not a queue id
+    ("g", "Fused", 0, 0.0, 1, None),                  # nor a float an offset
+    ("g", "Fused", 0, 1 << 70, 1, None),              # wider than a Java long
+    ("g", "Fused", 0, 0, 0, None),
+    ("g", "Fused", 0, 0, 1 << 17, None),              # above MAX_MSG_NUMS
+    ("g", "Fused", 0, 0, 1, "not callable"),
+    (b"g", "Fused", 0, 0, 1, None),
+    ("g", "Absent", 0, 0, 1, None),                   # no such queue
+    ("g", "Fused", 7, 0, 1, None),
+    ("g", "Fused", 0, 5, 1, None),                    # beyond the queue: decided before a unit
+    ("g", "Fused", 0, -3, 1, None),
+])
+def test_the_fused_entry_leaves_every_other_call_to_the_store(tmp_path, backend, call):
+    """Any call that is not the common case answers None from the entry, so the store's own
+    checks run and say what is wrong, or give the status (the same as before the entry)."""
+    store = testing.open_store(tmp_path / "s", backend)
+    try:
+        assert store.put_message(Message("Fused", b"x")).ok
+        rp = store._read_path
+        assert rp.get_message(store, *call) is None
+        assert rp.get_batch(store, *call) is None
+    finally:
+        store.shutdown()
+    # A closed store's calls are left to the store too (which raises StoreClosedError).
+    assert rp.get_message(store, "g", "Fused", 0, 0, 1, None) is None
+    assert rp.get_batch(store, "g", "Fused", 0, 0, 1, None) is None

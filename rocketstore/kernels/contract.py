@@ -206,8 +206,11 @@ class Kernels(Protocol):
         file of MappedFileQueue `mfq` holding it, until `want` records answer or the chains
         end. Returns (messages, their total bytes, the last file's endTimestamp and
         endPhyOffset): messages are decode(record bytes) of the kept records, in ascending
-        offset order. Mappings are borrowed as buffers while read, so they are not unmapped
-        under the call; a file unmapped already holds nothing."""
+        offset order; a backend whose ReadPath is compiled also takes that ReadPath as
+        `decode`, and builds each message from the record check's row as get_message does
+        (the same message, the record parsed once). Mappings are borrowed as buffers while
+        read, so they are not unmapped under the call; a file unmapped already holds
+        nothing."""
 
     def sync_range(self, buf, fd: int, start: int, length: int) -> None:
         """Make buf[start:start+length] (a writable mmap of `fd`) durable, without holding the
