@@ -6,11 +6,11 @@ it is truncated, and the RecoveryReport says what was dropped.
 """
 import dataclasses
 import logging
-import time
 
 import numpy as np
 
 from . import format as F
+from .clock import monotonic_ns
 from .dispatch import dispatch_all
 
 log = logging.getLogger(__name__)
@@ -278,7 +278,7 @@ def recover_topic_queue_table(store):
 
 
 def recover(store, last_exit_ok):
-    t0 = time.monotonic()
+    t0 = monotonic_ns()
     report = RecoveryReport(normal=last_exit_ok)
     max_phy = recover_consume_queues(store)
     if last_exit_ok:
@@ -287,6 +287,6 @@ def recover(store, last_exit_ok):
         process = recover_abnormally(store, max_phy, report)
     report.process_offset = process
     recover_topic_queue_table(store)
-    report.seconds = time.monotonic() - t0
+    report.seconds = (monotonic_ns() - t0) / 1e9
     log.info("recovery: %s", report)
     return report

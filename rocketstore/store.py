@@ -450,7 +450,7 @@ class MessageStore:
         self.reput_service.do_reput()               # catch up before accepting puts
         recovery.recover_topic_queue_table(self)
         # HA next (doc/03 §7); bound before any thread starts, so a taken port fails clean.
-        self.ha_service = HAService(self)
+        self.ha_service = HAService(self.config, self.commitlog, self.reput_service.wakeup)
         self.ha_service.start()
         self.reput_service.start()
         self.commitlog.start()

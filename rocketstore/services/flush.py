@@ -4,8 +4,8 @@ import logging
 import threading
 import time
 
-from .base import ServiceThread
 from ..clock import monotonic_ms
+from .base import ServiceThread
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class GroupCommitService(ServiceThread):
 
     name = "GroupCommitService"
     MAX_SYNCS = 4
-    RETRY_S = 0.01          # pause before retrying a failed sync
+    RETRY_MS = 10           # pause before retrying a failed sync
 
     def __init__(self, store):
         super().__init__()
@@ -103,21 +103,21 @@ class GroupCommitService(ServiceThread):
         """Block until `offset` is durable; False after `timeout_ms` (FLUSH_DISK_TIMEOUT)."""
         if self._flushed >= offset:
             return True
-        deadline = time.monotonic() + timeout_ms / 1000.0
+        deadline = monotonic_ms() + timeout_ms
         lock = self._lock
         me = None
-        backoff = 0.0           # after a sync of ours failed: no new attempt before this
+        backoff = 0             # after a sync of ours failed: no new attempt before this
         while True:
             with lock:
                 if me is not None and me in self._waiters:
                     self._waiters.remove(me)            # timed out, not woken
                 if self._flushed >= offset:
-                    return time.monotonic() <= deadline
+                    return monotonic_ms() <= deadline
                 if self._final_flush_done:
                     # Not is_stopped: the final sync still serves a put written before
                     # shutdown, so only its completion ends the wait early.
                     return False
-                now = time.monotonic()
+                now = monotonic_ms()
                 r = None
                 if (self._started < offset or self._failed) and now >= backoff:
                     r = self._claim()
@@ -131,11 +131,11 @@ class GroupCommitService(ServiceThread):
                     me[1].acquire()
                     self._waiters.append(me)
             if r is None:
-                me[1].acquire(True, remaining)
+                me[1].acquire(True, remaining / 1000.0)
                 continue
             me = None
             if not self._sync_claimed(r):
-                backoff = time.monotonic() + self.RETRY_S
+                backoff = monotonic_ms() + self.RETRY_MS
 
     # ---- syncs --------------------------------------------------------------------------
     def _claim(self):

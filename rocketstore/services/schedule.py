@@ -37,11 +37,11 @@ REAL_TOPIC / REAL_QID (or whose real topic is not a valid name) is logged and sk
 import logging
 import re
 import threading
-import time
 
 import numpy as np
 
 from .. import format as F
+from ..clock import monotonic_ms
 from ..errors import CorruptRecordError, MessageIllegalError, StoreClosedError
 from ..message import (PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, PROPERTY_WAIT,
                        Message, MessageExt, hashmap_order, string_to_properties)
@@ -165,16 +165,16 @@ class ScheduleMessageService(ServiceThread):
 
     def start(self):
         self.correct_delay_offset()
-        first = time.monotonic() + FIRST_DELAY_TIME_MS / 1000.0
+        first = monotonic_ms() + FIRST_DELAY_TIME_MS
         self._next_run = {level: first for level in range(1, self.max_delay_level + 1)}
         super().start()
 
     def run_once(self):
-        now = time.monotonic()
+        now = monotonic_ms()
         due = [lv for lv, t in self._next_run.items() if t <= now]
         if not due:
-            wait = min(self._next_run.values(), default=now + 1.0) - now
-            self.wait_for_running(max(1, int(wait * 1000)))
+            wait = min(self._next_run.values(), default=now + 1000) - now
+            self.wait_for_running(max(1, wait))
             return
         for level in due:
             if self.is_stopped:
@@ -187,7 +187,7 @@ class ScheduleMessageService(ServiceThread):
             except Exception:
                 log.exception("ScheduleMessageService: delivery of delay level %d failed", level)
                 delay_ms = DELAY_FOR_A_PERIOD_MS
-            self._next_run[level] = time.monotonic() + delay_ms / 1000.0
+            self._next_run[level] = monotonic_ms() + delay_ms
 
     def on_shutdown(self):
         # ScheduleMessageService#shutdown persists; the store's config close does too.
