@@ -20,7 +20,8 @@ are removed, and an open removes any such directory it finds.
 import logging
 import os
 
-from .config_manager import ConfigManager, _object, bean, parse_fastjson, to_fastjson
+from .codec.fastjson import bean, parse_fastjson, to_fastjson
+from .config_manager import ConfigManager, _object
 from .format import CQ_STORE_UNIT_SIZE
 
 log = logging.getLogger(__name__)

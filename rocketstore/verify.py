@@ -613,7 +613,8 @@ _CHECKPOINT_SIZE = 4096
 def _check_configs(store, report):
     """Each config file (and its .bak) as the broker's config manager reads it: fastjson's
     dialect, the table it must hold; any other .json file must at least parse."""
-    from .config_manager import all_managers, parse_fastjson
+    from .codec.fastjson import parse_fastjson
+    from .config_manager import all_managers
     fs = store.fs
     config_dir = os.path.join(store.root, "config")
     if not fs.is_dir(config_dir):
