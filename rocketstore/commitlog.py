@@ -111,6 +111,19 @@ class CommitLog:
         if self.pool is not None:
             self.pool.destroy()
 
+    # ---- recovery (doc/03 §5) -------------------------------------------------------------
+    def truncate_to(self, offset):
+        """The log ends at `offset`: everything after it is dropped (later files deleted, the
+        holding file's tail zeroed), and the log counts as committed and flushed up to it."""
+        mfq = self.mfq
+        mfq.flushed_where = mfq.committed_where = offset
+        mfq.truncate_dirty_files(offset)
+
+    def reset_queue_offsets(self, table):
+        """Set the next queue offset of every (topic, queue_id) (recoverTopicQueueTable)."""
+        with self.put_lock:
+            self.topic_queue_table = dict(table)
+
     @property
     def min_offset(self):
         """getMinOffset: the first file's start offset (-1 when empty)."""

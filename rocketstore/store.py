@@ -272,7 +272,7 @@ class MessageStore:
             # Before recovery: an abnormal exit drops index files past the checkpoint, and
             # recovery's re-dispatch rebuilds them.
             self._indexer.load(last_exit_ok)
-            self.recovery_report = recovery.recover(self, last_exit_ok)
+            self.recovery_report = recovery.recover(self, last_exit_ok, self._indexer)
             if rebuilding is not None:
                 repair.end_pending_rebuild(self)
             self._load_configs()
