@@ -446,27 +446,35 @@ class MessageStore:
         reput_from = max(0, self.commitlog.min_offset)
         for cq in self.all_consume_queues():
             reput_from = max(reput_from, cq.max_physic_offset)
-        self.reput_service = ReputMessageService(self, reput_from)
+        self.reput_service = ReputMessageService(
+            self.commitlog, self.kernels, self.dispatchers, reput_from, arrivals=self.arrivals,
+            running_flags=self.running_flags, is_slave=self.is_slave)
         self.reput_service.do_reput()               # catch up before accepting puts
         recovery.recover_topic_queue_table(self)
         # HA next (doc/03 §7); bound before any thread starts, so a taken port fails clean.
         self.ha_service = HAService(self.config, self.commitlog, self.reput_service.wakeup)
+        if self.ha_service.client is not None:
+            self.reput_service.halt_replication = self.ha_service.client.halt
         self.ha_service.start()
         self.reput_service.start()
         self.commitlog.start()
-        self.flush_cq_service = FlushConsumeQueueService(self)
+        self.flush_cq_service = FlushConsumeQueueService(
+            self.config, self.checkpoint, self.dirty_cqs, self.all_consume_queues(),
+            self._indexer.flush_pending)
         self.flush_cq_service.start()
         cfg = self.config
         if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH:
-            self.flush_service = GroupCommitService(self)
+            self.flush_service = GroupCommitService(self.commitlog.mfq, self.checkpoint)
             self.commitlog.after_put = self._after_put_sync
         else:
-            self.flush_service = FlushRealTimeService(self)
+            self.flush_service = FlushRealTimeService(self.config, self.commitlog.mfq,
+                                                      self.checkpoint)
             if not cfg.flush_commit_log_timed:
                 self.commitlog.wake_on_put = self.flush_service
         self.flush_service.start()
         if self.commitlog.pool is not None:
-            self.commit_service = CommitRealTimeService(self)
+            self.commit_service = CommitRealTimeService(self.config, self.commitlog.mfq,
+                                                        self.flush_service.wakeup)
             self.commit_service.start()
             # ASYNC_FLUSH with write buffers: the committer wakes, and it wakes the flusher.
             self.commitlog.after_put = None
