@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """HA classes below the facade (doc/05): HAClient, the master's HAService and its accept loop,
-GroupTransferService and CommitLog.held_slice, each driven on its own with a real CommitLog
+and GroupTransferService, each driven on its own with a real CommitLog
 and sockets the test holds, without a MessageStore around them."""
 import socket
 import threading
@@ -223,23 +223,3 @@ def test_group_transfer_started_again_after_shutdown_parks_producers_again():
     gt.notify_transfer_some(10)
     t.join(10)
     assert result == [True] and gt.waiting == 0
-
-
-# ---- CommitLog.held_slice ---------------------------------------------------------------------
-def test_held_slice_holds_the_file_while_the_view_is_used_and_cuts_at_readable_bytes(slave_log):
-    _, commitlog = slave_log
-    data = bytes(range(200))
-    assert commitlog.append_data(0, data)
-    mf = commitlog.mfq.files[0]
-    before = mf.ref_count
-    with commitlog.held_slice(50, 1000) as view:
-        assert bytes(view) == data[50:]                # cut at the read position
-        assert mf.ref_count == before + 1
-    assert mf.ref_count == before
-    with commitlog.held_slice(10, 5) as view:
-        assert bytes(view) == data[10:15]
-    with commitlog.held_slice(200, 10) as view:        # nothing readable there yet
-        assert view is None
-    with commitlog.held_slice(5 * FILE, 10) as view:   # no such file
-        assert view is None
-    assert mf.ref_count == before

@@ -5,6 +5,7 @@ import socket
 import threading
 
 from rocketstore import testing
+from rocketstore.clock import ManualClock
 from rocketstore.services.base import ServiceThread
 from rocketstore.services.scheduler import StoreScheduledService
 
@@ -106,16 +107,8 @@ def test_a_wakeup_ends_a_wait_early_and_one_given_before_the_wait_is_not_lost():
     assert waited.is_set()
 
 
-class FakeMonotonic:
-    def __init__(self):
-        self.ms = 1_000
-
-    def __call__(self):
-        return self.ms
-
-
 def test_scheduled_tasks_run_when_due_then_every_period_and_a_failing_one_spares_the_others():
-    now = FakeMonotonic()
+    now = ManualClock(1_000)                           # monotonic milliseconds here
     ran = []
 
     def failing():
@@ -123,16 +116,16 @@ def test_scheduled_tasks_run_when_due_then_every_period_and_a_failing_one_spares
         raise OSError("disk")
     svc = StoreScheduledService([("clean", 60_000, 10_000, lambda: ran.append("clean")),
                                  ("check", 1_000, 10_000, failing)], now=now)
-    now.ms += 1_000
+    now.now += 1_000
     svc.run_once()
     assert ran == ["fail"]                             # only the disk check is due
-    now.ms += 59_000
+    now.now += 59_000
     svc.run_once()
     assert ran == ["fail", "clean", "fail"]            # the failing check did not stop clean
-    now.ms += 9_999
+    now.now += 9_999
     svc.wakeup()                                       # nothing due: run_once only waits
     svc.run_once()
     assert ran == ["fail", "clean", "fail"]
-    now.ms += 1
+    now.now += 1
     svc.run_once()
     assert ran == ["fail", "clean", "fail", "clean", "fail"]
