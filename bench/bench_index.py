@@ -261,7 +261,7 @@ def test_lmdb_key_lookup(benchmark, query_store_dir, max_num):
 
 def test_index_lookup_kernel(benchmark, backend, query_store):
     benchmark.group = "index_lookup kernel, one key"
-    f = query_store._indexer.index_file_list[0]
+    f = query_store.index_service.index_file_list[0]
     h = backend.index_hash(b"BenchTopic#key-12345")
     out = np.empty(32, dtype=np.int64)
     assert benchmark(backend.index_lookup, f.mm, f.slot_num, f.index_num, h, 0, LONG_MAX, 32,

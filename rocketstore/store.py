@@ -156,7 +156,6 @@ class MessageStore:
         self.topic_configs.on_change = self._topic_configs_changed
         # Deleted topics and where in the CommitLog they were deleted (topic_delete.py).
         self.deleted_topics = DeletedTopicManager(self.root, self.fs, self.clock, read_only)
-        self._deleted_raw = {}             # topic bytes -> offset; read by the dispatcher
         # Cleaning calls its delete_expired_file(min_offset); it dispatches after the CQs.
         # The store's own reference drives load/flush/close even if a test swaps the hook.
         self._indexer = self.index_service = IndexService(self)
@@ -264,7 +263,6 @@ class MessageStore:
             if not self.deleted_topics.load():
                 raise StoreLoadError(f"{self.deleted_topics.path} and its .bak are both "
                                      "corrupt")
-            self._deleted_raw = self.deleted_topics.offsets_by_bytes()
             self.commitlog.load()
             self._load_consume_queues()
             self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"), self.fs,
@@ -511,7 +509,10 @@ class MessageStore:
             if service is not None:
                 service.shutdown()
         elif self.schedule_message_service is None:
-            self.schedule_message_service = ScheduleMessageService(self)
+            self.schedule_message_service = ScheduleMessageService(
+                self.config.delay_levels, self.delay_offsets, self.commitlog,
+                self.find_consume_queue, self.clock, put_messages=self._put_messages,
+                is_running=lambda: self._running, catch_up=self._catch_up)
             self.schedule_message_service.start()
 
     def shutdown(self):
@@ -713,7 +714,6 @@ class MessageStore:
                 deleted_at = max(cl.max_offset, cl.mfq.get_max_wrote_position())
                 # The commit point: from here on the topic is deleted, whatever happens.
                 self.deleted_topics.mark(topic, deleted_at, pending=True)
-                self._deleted_raw = self.deleted_topics.offsets_by_bytes()
                 with self._cq_lock:
                     queues = self.consume_queue_table.pop(topic, {})
                     for qid in queues:

@@ -4,7 +4,7 @@ import logging
 import threading
 import time
 
-from ..clock import monotonic_ms
+from ..clock import monotonic_ms, monotonic_ns
 from .base import ServiceThread
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,9 @@ class GroupCommitService(ServiceThread):
         """Block until `offset` is durable; False after `timeout_ms` (FLUSH_DISK_TIMEOUT)."""
         if self._flushed >= offset:
             return True
-        deadline = monotonic_ms() + timeout_ms
+        # Nanoseconds: a millisecond clock would let a wait end up to 1 ms early, and a put
+        # whose sync outlasted its timeout by less than that would be told it did not.
+        deadline = monotonic_ns() + timeout_ms * 1_000_000
         lock = self._lock
         me = None
         backoff = 0             # after a sync of ours failed: no new attempt before this
@@ -116,12 +118,12 @@ class GroupCommitService(ServiceThread):
                 if me is not None and me in self._waiters:
                     self._waiters.remove(me)            # timed out, not woken
                 if self._flushed >= offset:
-                    return monotonic_ms() <= deadline
+                    return monotonic_ns() <= deadline
                 if self._final_flush_done:
                     # Not is_stopped: the final sync still serves a put written before
                     # shutdown, so only its completion ends the wait early.
                     return False
-                now = monotonic_ms()
+                now = monotonic_ns()
                 r = None
                 if (self._started < offset or self._failed) and now >= backoff:
                     r = self._claim()
@@ -135,11 +137,11 @@ class GroupCommitService(ServiceThread):
                     me[1].acquire()
                     self._waiters.append(me)
             if r is None:
-                me[1].acquire(True, remaining / 1000.0)
+                me[1].acquire(True, remaining / 1e9)
                 continue
             me = None
             if not self._sync_claimed(r):
-                backoff = monotonic_ms() + self.RETRY_MS
+                backoff = monotonic_ns() + self.RETRY_MS * 1_000_000
 
     # ---- syncs --------------------------------------------------------------------------
     def _claim(self):
