@@ -210,6 +210,40 @@ def test_master_accepts_a_slave_serves_its_reports_and_closes_everything_on_shut
         socket.create_connection(("127.0.0.1", service.port), timeout=1).close()
 
 
+def test_master_writer_sends_the_log_from_the_reported_offset_and_acks_release_producers(
+        tmp_path):
+    config, commitlog = make_commitlog(tmp_path / "master", BrokerRole.SYNC_MASTER)
+    config.ha_listen_port = 0
+    data = bytes(range(256)) * 8
+    assert commitlog.append_data(0, data)
+    service = HAService(config, commitlog)
+    service.start()
+    peer = None
+    try:
+        peer = socket.create_connection(("127.0.0.1", service.port), timeout=10)
+        peer.sendall(wire.encode_report(1000))           # a slave that has 1000 bytes
+        got = b""
+        while len(got) < len(data) - 1000:
+            offset, size = wire.decode_header(recv_exactly(peer, wire.HEADER_SIZE))
+            if size:
+                assert offset == 1000 + len(got)
+                got += recv_exactly(peer, size)
+        assert got == data[1000:]
+        released = []
+        waiter = threading.Thread(
+            target=lambda: released.append(service.group_transfer.wait_for(len(data), 60_000)))
+        waiter.start()
+        testing.wait_until(lambda: service.group_transfer.waiting == 1, 10, "a producer")
+        peer.sendall(wire.encode_report(len(data)))
+        waiter.join(10)
+        assert released == [True] and service.push2slave_max_offset == len(data)
+    finally:
+        service.shutdown()
+        if peer is not None:
+            peer.close()
+        commitlog.close()
+
+
 # ---- GroupTransferService ---------------------------------------------------------------------
 def test_group_transfer_started_again_after_shutdown_parks_producers_again():
     gt = GroupTransferService()
