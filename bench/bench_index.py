@@ -17,7 +17,6 @@ import os
 import random
 import shutil
 import struct
-import types
 
 import numpy as np
 import pytest
@@ -95,9 +94,7 @@ def test_index_build_during_dispatch(benchmark, backend, build_log, tmp_path):
         check_and_drop()
         root = holder["root"] = tmp_path / f"r{next(rounds)}"
         root.mkdir()
-        fake = types.SimpleNamespace(kernels=backend, fs=FS, root=str(root), writable=True,
-                                     config=StoreConfig(), checkpoint=None)
-        holder["svc"] = IndexService(fake)
+        holder["svc"] = IndexService(str(root), StoreConfig(), backend, FS, writable=True)
         return (holder["svc"],), {}
 
     def run(svc):

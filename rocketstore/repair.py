@@ -106,8 +106,8 @@ class _IndexCounter(IndexService):
             return len(hashes)
 
     def __init__(self, store, kept):
-        super().__init__(store)
-        self.writable = True
+        super().__init__(store.root, store.config, store.kernels, store.fs, writable=True)
+        self.checkpoint = store.checkpoint
         self.index_file_list = kept
         self.sink = self._Sink()
         # Counting goes through put_batch, which only the index_keys path calls.

@@ -158,7 +158,8 @@ class MessageStore:
         self.deleted_topics = DeletedTopicManager(self.root, self.fs, self.clock, read_only)
         # Cleaning calls its delete_expired_file(min_offset); it dispatches after the CQs.
         # The store's own reference drives load/flush/close even if a test swaps the hook.
-        self._indexer = self.index_service = IndexService(self)
+        self._indexer = self.index_service = IndexService(self.root, self.config, self.kernels,
+                                                          self.fs, self.writable)
         if self.config.message_index_enable:
             self.dispatchers.append(self._indexer)
         self.clean_commitlog_service = CleanCommitLogService(self)
@@ -269,7 +270,7 @@ class MessageStore:
                                               self.read_only)
             # Before recovery: an abnormal exit drops index files past the checkpoint, and
             # recovery's re-dispatch rebuilds them.
-            self._indexer.load(last_exit_ok)
+            self._indexer.load(last_exit_ok, self.checkpoint)
             self.recovery_report = recovery.recover(self, last_exit_ok, self._indexer)
             if rebuilding is not None:
                 repair.end_pending_rebuild(self)
