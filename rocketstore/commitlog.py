@@ -124,9 +124,10 @@ class CommitLog:
         mfq.truncate_dirty_files(offset)
 
     def reset_queue_offsets(self, table):
-        """Set the next queue offset of every (topic, queue_id) (recoverTopicQueueTable)."""
-        with self.put_lock:
-            self.topic_queue_table = dict(table)
+        """Set the next queue offset of every (topic, queue_id) (recoverTopicQueueTable). No
+        put may run meanwhile: recovery runs before puts start, and reset_write_offset holds
+        put_lock (not reentrant) around it."""
+        self.topic_queue_table = dict(table)
 
     @property
     def min_offset(self):
