@@ -291,6 +291,15 @@ class Message(_Keyed):
                 f"body={len(self.body)}B, properties={self.properties!r})")
 
 
+def keep_stored(messages):
+    """Give each compressed MessageExt of `messages` its body as stored (the reads'
+    decompress=False); returns `messages`."""
+    for m in messages:
+        if m is not None and m.sys_flag & F.COMPRESSED_FLAG:
+            m.body = m.stored_body
+    return messages
+
+
 # Everything up to BODYLENGTH when both hosts are IPv4 (the common case): one unpack.
 _FIXED_V4 = struct.Struct(">iiiiiqqiq8sq8siqi")
 _HEAD = struct.Struct(">iiiiiqqiq")
