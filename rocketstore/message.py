@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """Message value types and the properties codec (doc/01 §3.6-3.8)."""
+import copy
 import ipaddress
 import socket
 import struct
 import zlib
 
 from . import format as F
-from .compression import codec_of, compression_name, decompress
+from .compression import codec_of, compress_for_put, compression_name, decompress
 from .errors import (CorruptBodyError, CorruptRecordError, MessageIllegalError,
                      MissingCodecError)
 
@@ -298,6 +299,26 @@ def keep_stored(messages):
         if m is not None and m.sys_flag & F.COMPRESSED_FLAG:
             m.body = m.stored_body
     return messages
+
+
+def compressed_message(msg, threshold, level):
+    """`msg` as a 4.9 producer sends it (DefaultMQProducerImpl#tryToCompressMessage): a copy
+    whose body of at least `threshold` bytes is zlib-deflated at `level`, with
+    COMPRESSED_FLAG set; `msg` itself when its body is smaller, already compressed, or not
+    a body at all (the put path refuses that). The caller's message is left as it was."""
+    if not isinstance(msg, Message) or msg.sys_flag & F.COMPRESSED_FLAG:
+        return msg
+    try:
+        body = body_bytes(msg.body)
+    except MessageIllegalError:
+        return msg
+    stored, compressed = compress_for_put(body, threshold, level)
+    if not compressed:
+        return msg
+    out = copy.copy(msg)
+    out.body = stored
+    out.sys_flag = msg.sys_flag | F.COMPRESSED_FLAG
+    return out
 
 
 # Everything up to BODYLENGTH when both hosts are IPv4 (the common case): one unpack.

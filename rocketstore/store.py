@@ -13,7 +13,7 @@ from .kernels.contract import KERNEL_NAMES
 from . import query, read_path, recovery
 from .arguments import (INT64_MAX, INT64_MIN, check_callable, check_int, check_optional_int,
                         check_queue, check_str, explain_put_failure)
-from .batch import columns
+from .batch import columns, compress_bodies
 from .checkpoint import StoreCheckpoint
 from .clock import system_clock
 from .commitlog import CommitLog
@@ -32,7 +32,7 @@ from .format import MAX_TOPIC_LENGTH
 from .fs import DEFAULT as DEFAULT_FS, is_inside, mappings_hold_descriptors, raise_fd_limit
 from .lockfile import StoreLock, abort_path
 from .mapped_file_queue import is_index_name, is_queue_dir_name, split_segment_names
-from .message import PROPERTY_WAIT, MessageExt, keep_stored, topic_problem
+from .message import PROPERTY_WAIT, MessageExt, compressed_message, keep_stored, topic_problem
 from .running_flags import NOT_WRITEABLE_MASK, RunningFlags
 from .services.clean import (CleanCommitLogService, CleanConsumeQueueService,
                              StoreSize, disk_usage_source)
@@ -489,6 +489,8 @@ class MessageStore:
         self.fs.write_bytes(abort_path(self.root), b"", sync=False)
         self._running = True
         self._install_put_path()
+        if cfg.compress_msg_body:
+            self._install_compression()
         self.scheduled_service = StoreScheduledService([
             ("clean", self.CLEAN_INITIAL_DELAY_MS, cfg.clean_resource_interval,
              self._clean_files),
@@ -807,6 +809,31 @@ class MessageStore:
         self.put_message = path.put
         self.put_messages = path.put_list
 
+    def _install_compression(self):
+        """compress_msg_body: put_message and put_messages compress each body as a 4.9
+        producer does before sending it (compression.compress_for_put), above whichever put
+        path is bound, so every backend stores the same bytes. A broker batch is stored as it
+        is: the client never compresses a MessageBatch."""
+        put, put_list = self.put_message, self.put_messages
+        cfg = self.config
+        threshold, level = cfg.compress_msg_body_over_howmuch, cfg.compress_level
+
+        def put_message(msg):
+            return put(compressed_message(msg, threshold, level))
+
+        def put_messages(msgs, batch_properties=None):
+            if batch_properties is None:
+                try:
+                    msgs = [compressed_message(m, threshold, level) for m in msgs]
+                except TypeError:
+                    pass                # not iterable: put_messages says so
+            return put_list(msgs, batch_properties)
+
+        put_message.__doc__ = MessageStore.put_message.__doc__
+        put_messages.__doc__ = MessageStore.put_messages.__doc__
+        self.put_message = put_message
+        self.put_messages = put_messages
+
     def put_message(self, msg):
         """Store one message (asyncPutMessage + wait). Bad input raises MessageIllegalError;
         a store that is not writeable (disk full) answers SERVICE_NOT_AVAILABLE with a reason."""
@@ -866,9 +893,13 @@ class MessageStore:
         str) as a list or an (offsets, data) pair of UTF-8. `properties`: a dict every message
         carries; a DELAY level is refused (put_messages rewrites delayed messages). Bad input
         raises MessageIllegalError or TypeError with nothing written. Returns a
-        PutMessagesResult (numpy columns)."""
+        PutMessagesResult (numpy columns). With compress_msg_body, bodies are compressed
+        as put_message compresses them."""
         self._check_running()
         cols = columns(bodies, tags, keys, properties, self.kernels.column_join)
+        cfg = self.config
+        if cfg.compress_msg_body:
+            compress_bodies(cols, cfg.compress_msg_body_over_howmuch, cfg.compress_level)
         if self.is_slave or self.running_flags.flag_bits & NOT_WRITEABLE_MASK:
             import numpy as np
             empty = np.empty(0, dtype=np.int64)

@@ -1,0 +1,269 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Compressed bodies (doc/01 §3.5): every read gives the original body as MessageDecoder does
+(4.9's COMPRESSED_FLAG with zlib, 5.x's LZ4 / Zstandard / zlib type bits), or the stored bytes
+with decompress=False; a corrupt body is an error for that message alone; compress_msg_body
+stores what a 4.9 producer sends, the same bytes on every backend."""
+import builtins
+import json
+import random
+import zlib
+
+import lz4.frame
+import numpy as np
+import pytest
+import zstandard
+
+from rocketstore import ConfigError, Message, PutMessageStatus, StoreConfig, testing
+from rocketstore import format as F
+from rocketstore.errors import CorruptBodyError, KernelArgumentError, MissingCodecError
+from rocketstore.message import MessageExt
+
+ORIGINAL = b"".join(b"order %06d paid in full; " % i for i in range(1000))   # 27 000 bytes
+
+
+def _zstd_stream(data):
+    """A zstd frame as a streaming writer (zstd-jni's ZstdOutputStream) makes it: no content
+    size in its header."""
+    return zstandard.ZstdCompressor(level=3, write_content_size=False).compress(data)
+
+
+# (name, sysFlag bits, the stored body)
+CODECS = [
+    ("zlib-4.9", F.COMPRESSED_FLAG, zlib.compress(ORIGINAL, 5)),
+    ("zlib-5.x", F.COMPRESSED_FLAG | F.COMPRESSION_ZLIB_TYPE, zlib.compress(ORIGINAL, 9)),
+    ("lz4", F.COMPRESSED_FLAG | F.COMPRESSION_LZ4_TYPE, lz4.frame.compress(ORIGINAL)),
+    ("zstd", F.COMPRESSED_FLAG | F.COMPRESSION_ZSTD_TYPE, _zstd_stream(ORIGINAL)),
+    ("zstd-sized", F.COMPRESSED_FLAG | F.COMPRESSION_ZSTD_TYPE,
+     zstandard.ZstdCompressor().compress(ORIGINAL)),
+]
+
+
+@pytest.fixture
+def store(tmp_path, backend):
+    s = testing.open_store(tmp_path / "store", backend)
+    yield s
+    s.shutdown()
+
+
+def _put(store, body, sys_flag, topic="Zip", key="k", **kw):
+    r = store.put_message(Message(topic, body, keys=key, sys_flag=sys_flag,
+                                  properties={"UNIQ_KEY": "U-" + key}, **kw))
+    assert r.status is PutMessageStatus.PUT_OK
+    return r
+
+
+@pytest.mark.parametrize("name, flags, stored", CODECS, ids=[c[0] for c in CODECS])
+def test_every_read_gives_the_original_body_of_each_codec_and_the_stored_one_on_request(
+        store, name, flags, stored):
+    r = _put(store, stored, flags)
+    _put(store, b"plain", 0, key="p")
+    # Stored as sent: the record holds the compressed bytes, and its CRC covers them.
+    raw = store.select_one_message_by_offset(r.commit_log_offset)
+    assert stored in raw and ORIGINAL not in raw
+    reads = {
+        "get_message": lambda **kw: store.get_message("g", "Zip", 0, 0, 1, **kw).messages[0],
+        "look_message_by_offset": lambda **kw: store.look_message_by_offset(
+            r.commit_log_offset, **kw),
+        "query_message": lambda **kw: store.query_message("Zip", "k", **kw).messages[0],
+        "query_message_by_unique_key": lambda **kw: store.query_message_by_unique_key(
+            "Zip", "U-k", **kw),
+        "view_message_by_id": lambda **kw: store.view_message_by_id(
+            store.look_message_by_offset(r.commit_log_offset).msg_id, **kw),
+        "iter_messages": lambda **kw: next(iter(store.iter_messages(**kw))),
+    }
+    for api, read in reads.items():
+        m = read()
+        assert m.body == ORIGINAL, api
+        assert m.stored_body == stored and m.compressed, api
+        assert m.sys_flag & (F.COMPRESSED_FLAG | F.COMPRESSION_TYPE_MASK) == flags, api
+        kept = read(decompress=False)
+        assert kept.body == stored and kept.stored_body == stored, api
+    assert store.look_message_by_offset(r.commit_log_offset).compression == name.split("-")[0]
+    plain = store.get_message("g", "Zip", 0, 1, 1).messages[0]
+    assert plain.body == b"plain" and not plain.compressed and plain.compression is None
+    assert plain.body is plain.stored_body          # nothing copied for an uncompressed body
+
+
+def test_decoding_a_record_by_hand_decompresses_as_the_read_path_does(store):
+    r = _put(store, CODECS[2][2], CODECS[2][1])
+    m = MessageExt.decode(store.select_one_message_by_offset(r.commit_log_offset),
+                          check_crc=True)
+    assert m.body == ORIGINAL and m.keep_stored().body == CODECS[2][2]
+    d = m.to_dict()
+    assert (d["compressed"], d["compression"], d["bodyDecompressed"]) == (True, "lz4", False)
+
+
+def test_get_batch_marks_compressed_rows_and_its_body_views_are_the_stored_bytes(store):
+    _put(store, b"plain", 0, key="p")
+    _put(store, CODECS[0][2], CODECS[0][1])
+    _put(store, CODECS[3][2], CODECS[3][1])
+    with store.get_batch("g", "Zip", 0, 0, 8) as b:
+        assert b.compressed.tolist() == [False, True, True]
+        assert (b.sys_flag & F.COMPRESSION_TYPE_MASK).tolist() == [0, 0, F.COMPRESSION_ZSTD_TYPE]
+        assert bytes(b.body(1)) == CODECS[0][2] and bytes(b.body(2)) == CODECS[3][2]
+        assert [b.original_body(i) for i in range(3)] == [b"plain", ORIGINAL, ORIGINAL]
+
+
+def test_a_corrupt_compressed_body_fails_that_message_alone_and_never_stops_a_scan(store):
+    _put(store, zlib.compress(b"first", 5), F.COMPRESSED_FLAG, key="a")
+    bad = _put(store, zlib.compress(ORIGINAL, 5)[:-9], F.COMPRESSED_FLAG, key="b")  # truncated
+    _put(store, b"not lz4 at all", F.COMPRESSED_FLAG | F.COMPRESSION_LZ4_TYPE, key="c")
+    _put(store, b"no codec 5", F.COMPRESSED_FLAG | 0x500, key="d")
+    _put(store, b"last", 0, key="e")
+    got = store.get_message("g", "Zip", 0, 0).messages
+    assert len(got) == 5 and got[0].body == b"first" and got[4].body == b"last"
+    for m in got[1:4]:
+        with pytest.raises(CorruptBodyError) as exc:
+            m.body
+        # The error names the message: its offset, topic and queue offset.
+        assert f"commit-log offset {m.commit_log_offset}" in str(exc.value)
+        assert "'Zip'" in str(exc.value) and f"queue offset {m.queue_offset}" in str(exc.value)
+    assert "truncated" in str(pytest.raises(CorruptBodyError, getattr, got[1], "body").value)
+    assert "unknown compression type 5" in str(
+        pytest.raises(CorruptBodyError, getattr, got[3], "body").value)
+    # A scan goes on past them; each one's stored bytes stay readable.
+    scanned = list(store.iter_messages())
+    assert [m.queue_offset for m in scanned] == [0, 1, 2, 3, 4]
+    assert scanned[1].stored_body == zlib.compress(ORIGINAL, 5)[:-9]
+    d = scanned[1].to_dict()
+    assert d["bodyDecompressed"] is False and "truncated" in d["bodyError"]
+    assert bytes.fromhex(d["body"]) == scanned[1].stored_body
+    assert store.look_message_by_offset(bad.commit_log_offset, decompress=False).body \
+        == zlib.compress(ORIGINAL, 5)[:-9]
+
+
+@pytest.mark.parametrize("codec, package, extra", [
+    (F.COMPRESSION_LZ4_TYPE, "lz4", "rocketstore[lz4]"),
+    (F.COMPRESSION_ZSTD_TYPE, "zstandard", "rocketstore[zstd]")])
+def test_a_body_whose_codec_is_not_installed_names_the_extra_to_install(
+        store, monkeypatch, codec, package, extra):
+    stored = dict((c[1] & F.COMPRESSION_TYPE_MASK, c[2]) for c in CODECS)[codec]
+    _put(store, stored, F.COMPRESSED_FLAG | codec)
+    real_import = builtins.__import__
+
+    def no_codec(name, *args, **kwargs):
+        if name.split(".")[0] == package:
+            raise ImportError(f"No module named {package!r}")
+        return real_import(name, *args, **kwargs)
+    monkeypatch.setattr(builtins, "__import__", no_codec)
+    m = store.get_message("g", "Zip", 0, 0).messages[0]
+    with pytest.raises(MissingCodecError) as exc:
+        m.body
+    assert extra in str(exc.value) and "commit-log offset 0" in str(exc.value)
+    assert "bodyError" in m.to_dict()           # dump reports it and goes on
+    monkeypatch.undo()
+    assert m.body == ORIGINAL
+
+
+# ---- write: compress_msg_body ---------------------------------------------------------------
+def _config(**kw):
+    return testing.small_config(compress_msg_body=True, **kw)
+
+
+def test_compress_msg_body_stores_what_a_4_9_producer_sends(tmp_path, backend):
+    s = testing.open_store(tmp_path / "s", backend, _config())
+    try:
+        sizes = [4095, 4096, 20000]
+        msgs = [Message("W", ORIGINAL[:n], keys=f"k{n}") for n in sizes]
+        for m in msgs:
+            s.put_message(m)
+        # The caller's messages are left as they were (the producer restores its body too).
+        assert [(len(m.body), m.sys_flag) for m in msgs] == [(n, 0) for n in sizes]
+        got = s.get_message("g", "W", 0, 0, decompress=False).messages
+        # tryToCompressMessage: bodies of at least compressMsgBodyOverHowmuch (4096) bytes,
+        # deflated at level 5 (java.util.zip.Deflater, a zlib stream).
+        assert [m.sys_flag & F.COMPRESSED_FLAG for m in got] == [0, 1, 1]
+        assert got[0].body == ORIGINAL[:4095]
+        assert got[1].body == zlib.compress(ORIGINAL[:4096], 5)
+        assert got[2].body == zlib.compress(ORIGINAL[:20000], 5)
+        assert [m.body for m in s.get_message("g", "W", 0, 0).messages] \
+            == [ORIGINAL[:n] for n in sizes]
+        assert s.query_message("W", "k20000").messages[0].body == ORIGINAL[:20000]
+    finally:
+        s.shutdown()
+
+
+def test_compress_msg_body_leaves_a_broker_batch_and_small_bodies_as_they_are(
+        tmp_path, backend):
+    s = testing.open_store(tmp_path / "s", backend,
+                           _config(compress_msg_body_over_howmuch=100, compress_level=1))
+    try:
+        s.put_messages([Message("B", ORIGINAL[:500]), Message("B", ORIGINAL[:500])],
+                       batch_properties={})
+        s.put_messages([Message("B", ORIGINAL[:99]), Message("B", ORIGINAL[:500])])
+        got = s.get_message("g", "B", 0, 0, decompress=False).messages
+        assert [m.sys_flag & F.COMPRESSED_FLAG for m in got] == [0, 0, 0, 1]
+        assert got[3].body == zlib.compress(ORIGINAL[:500], 1)
+    finally:
+        s.shutdown()
+
+
+def _mixed_workload(store):
+    rnd = random.Random(5)
+    bodies = [ORIGINAL[:rnd.choice([10, 4095, 4096, 6000, 9000])] for _ in range(40)]
+    for b in bodies[:10]:
+        store.put_message(Message("M", b, tags="T", keys="k"))
+    store.put_messages([Message("M", b, tags="T", keys="k", queue_id=1) for b in bodies[10:20]])
+    r = store.put_batch("M", 2, bodies[20:], tags="T", keys="k")
+    assert r.status is PutMessageStatus.PUT_OK and r.count == 20
+    return bodies
+
+
+def test_compressed_puts_write_the_same_bytes_on_every_backend(tmp_path):
+    trees = {}
+    for name in testing.backend_params():
+        s = testing.open_store(tmp_path / name, testing.load_backend(name), _config())
+        try:
+            bodies = _mixed_workload(s)
+            read = [m.body for q in range(3) for m in s.get_message("g", "M", q, 0).messages]
+            assert read == bodies
+            flags = [m.sys_flag & 1 for m in s.iter_messages()]
+            assert flags == [int(len(b) >= 4096) for b in bodies]
+        finally:
+            s.shutdown()
+        trees[name] = testing.tree_digest(tmp_path / name, ignore=("lock", "abort"))
+    first = next(iter(trees.values()))
+    assert all(t == first for t in trees.values()), "a backend wrote other bytes"
+
+
+def test_put_batch_compresses_as_put_messages_does(tmp_path, backend):
+    bodies = [ORIGINAL[:n] for n in (5000, 10, 4096, 4095, 8000)]
+
+    def tree(name, put):
+        s = testing.open_store(tmp_path / name, backend, _config())
+        try:
+            put(s)
+        finally:
+            s.shutdown()
+        return testing.tree_digest(tmp_path / name, ignore=("lock", "abort"))
+    assert tree("batch", lambda s: s.put_batch("P", 0, bodies, tags="T")) \
+        == tree("list", lambda s: s.put_messages([Message("P", b, tags="T") for b in bodies]))
+
+
+def test_batch_encode_refuses_a_host_bit_in_the_per_record_flags(backend):
+    args = (bytearray(4096), 0, 4096, b"T", 0, b"ab", np.array([0, 1, 2]), None, None, None,
+            None, b"", np.zeros(4, dtype=np.int64), 0, 2, 0, 0, 0, b"\x7f\0\0\1\0\0\0\1", 0,
+            b"\x7f\0\0\1\0\0\0\1", 0, 0)
+    count, _ = backend.batch_encode(*args, flags_or=np.array([1, 0], dtype=np.int32))
+    assert count == 2
+    with pytest.raises(KernelArgumentError):
+        backend.batch_encode(*args, flags_or=np.array([0, F.BORNHOST_V6_FLAG], dtype=np.int32))
+    with pytest.raises(KernelArgumentError):
+        backend.batch_encode(*args, flags_or=np.array([1], dtype=np.int32))
+
+
+@pytest.mark.parametrize("field, value", [("compress_level", 10), ("compress_level", -2),
+                                          ("compress_msg_body_over_howmuch", -1)])
+def test_compression_settings_out_of_range_are_refused(field, value):
+    with pytest.raises(ConfigError):
+        StoreConfig(**{field: value})
+
+
+def test_dump_json_marks_the_flag_and_stays_json(store):
+    _put(store, CODECS[0][2], CODECS[0][1])
+    d = json.loads(json.dumps(store.look_message_by_offset(0).to_dict()))
+    assert (d["compressed"], d["compression"], d["bodyDecompressed"]) == (True, "zlib", True)
+    assert bytes.fromhex(d["body"]) == ORIGINAL and d["bodyLen"] == len(ORIGINAL)
+    assert d["storedBodyLen"] == len(CODECS[0][2])
+    raw = store.look_message_by_offset(0).to_dict(decompress=False)
+    assert bytes.fromhex(raw["body"]) == CODECS[0][2] and raw["bodyDecompressed"] is False
