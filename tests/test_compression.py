@@ -3,6 +3,7 @@
 (4.9's COMPRESSED_FLAG with zlib, 5.x's LZ4 / Zstandard / zlib type bits), or the stored bytes
 with decompress=False; a corrupt body is an error for that message alone; compress_msg_body
 stores what a 4.9 producer sends, the same bytes on every backend."""
+import base64
 import builtins
 import json
 import random
@@ -267,3 +268,47 @@ def test_dump_json_marks_the_flag_and_stays_json(store):
     assert d["storedBodyLen"] == len(CODECS[0][2])
     raw = store.look_message_by_offset(0).to_dict(decompress=False)
     assert bytes.fromhex(raw["body"]) == CODECS[0][2] and raw["bodyDecompressed"] is False
+
+
+# ---- the command line -----------------------------------------------------------------------
+def _closed_store_with_bodies(tmp_path, backend):
+    root = tmp_path / "cli"
+    s = testing.open_store(root, backend)
+    try:
+        _put(s, CODECS[0][2], CODECS[0][1], key="good")
+        _put(s, b"\x78\x9c broken", F.COMPRESSED_FLAG, key="bad")
+        _put(s, b"plain text", 0, key="plain")
+    finally:
+        s.shutdown()
+    return str(root)
+
+
+def test_dump_gives_original_bodies_marks_the_flag_and_reports_a_corrupt_one(tmp_path, backend):
+    root = _closed_store_with_bodies(tmp_path, backend)
+    r = testing.run_cli("dump", root)
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(lines) == 3                      # the corrupt body does not stop the dump
+    good, bad, plain = lines
+    assert bytes.fromhex(good["body"]) == ORIGINAL and good["compressed"] is True
+    assert (good["compression"], good["bodyDecompressed"]) == ("zlib", True)
+    assert bytes.fromhex(bad["body"]) == b"\x78\x9c broken" and "bodyError" in bad
+    assert plain["compressed"] is False and bytes.fromhex(plain["body"]) == b"plain text"
+    assert r.returncode == 1 and f"commit-log offset {bad['commitLogOffset']}" in r.stderr
+    stored = [json.loads(line) for line in testing.run_cli(
+        "dump", "--stored-body", root).stdout.splitlines()]
+    assert bytes.fromhex(stored[0]["body"]) == CODECS[0][2]
+    assert stored[0]["bodyDecompressed"] is False
+
+
+def test_export_and_query_give_original_bodies(tmp_path, backend):
+    root = _closed_store_with_bodies(tmp_path, backend)
+    r = testing.run_cli("export", "--body", "base64", root)
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [base64.b64decode(x["body"]) for x in rows] \
+        == [ORIGINAL, b"\x78\x9c broken", b"plain text"]
+    assert [x["compressed"] for x in rows] == [True, True, False]
+    assert r.returncode == 1 and "written as stored" in r.stderr
+    q = testing.run_cli("query", "key", root, "Zip", "good")
+    assert bytes.fromhex(json.loads(q.stdout)["body"]) == ORIGINAL
+    q = testing.run_cli("query", "offset", "--stored-body", root, "0")
+    assert bytes.fromhex(json.loads(q.stdout)["body"]) == CODECS[0][2]
