@@ -511,9 +511,10 @@ class MessageExt(_Keyed):
     def to_dict(self, cq_tags_code=None, decompress=True):
         """The JSON object of `rocketstore dump` (RocketMQ's field names). "body" (hex) and
         "bodyLen" are the original body's, as MessageDecoder gives it, or with `decompress`
-        false the stored bytes. "compressed" marks COMPRESSED_FLAG; a compressed record adds
+        false the stored bytes. A record with COMPRESSED_FLAG adds "compressed": true,
         "compression" (its codec), "storedBodyLen" and "bodyDecompressed", and, when its
-        body does not decompress, "bodyError" with the body given as stored: a dump goes on."""
+        body does not decompress, "bodyError" with the body given as stored: a dump goes on.
+        (An uncompressed record's object is what it was before compression was read.)"""
         props = self.properties
         stored = self.stored_body
         body, error = stored, None
@@ -534,9 +535,9 @@ class MessageExt(_Keyed):
             "tags": props.get(PROPERTY_TAGS), "keys": props.get(PROPERTY_KEYS),
             "properties": self.properties_string, "cqTagsCode": cq_tags_code,
             "bodyLen": len(body), "body": bytes(body).hex(), "msgId": self.msg_id,
-            "compressed": self.compressed,
         }
         if self.compressed:
+            d["compressed"] = True
             d["compression"] = compression_name(self.sys_flag)
             d["storedBodyLen"] = len(stored)
             d["bodyDecompressed"] = body is not stored
