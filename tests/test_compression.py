@@ -184,6 +184,31 @@ def test_compress_msg_body_stores_what_a_4_9_producer_sends(tmp_path, backend):
         s.shutdown()
 
 
+# What 4.9.8's UtilAll.compress(body, 5) returns for JAVA_INPUT: java.util.zip's Deflater(5)
+# under a DeflaterOutputStream, run on OpenJDK 17.
+JAVA_INPUT = b"".join(b"order %06d paid in full; " % i for i in range(160))     # 4 320 bytes
+JAVA_DEFLATED = bytes.fromhex(
+    "785e75d63d4a03400084d1abec119cfd5f3c8d108540302190fb0b3616f2a69dee55dffd79f97c96b7df95c7"
+    "c7f552aedfe5eb75bbbd97fbdf155fd557f3d57d0d5fd3d7f2b57d1d5eb146ac116bc41ab146ac116bc41ab1"
+    "46ac51ad51ad51ad51ad51ad51ad51ad51ad51ad51add1acd1acd1acd1acd1acd1acd1acd1acd1acd1acd1ad"
+    "d1add1add1add1add1add1add1add1add1ad31ac31ac31ac31ac31ac31ac31ac31ac31ac31ac31ad31ad31ad"
+    "31ad31ad31ad31ad31ad31ad31adb1acb1acb1acb1acb1acb1acb1acb1acb1acb1acb1adb1adb1adb1adb1ad"
+    "b1adb1adb1adb1adb1ad71ac71ac71ac71ac71ac71ac71ac71ac71ac71a811b768dca2718bc62d1ab768dca2"
+    "718bc62d1ab768dca2718bc62d1ab768dca2718bc62d1ab768dca2718bc62d1ab768dca2718bc62d1ab768dc"
+    "a2718bc62d1ab768dca2718bc62d1ab768dca2718bc62d1ab768dca2718bc62d1ab768dca2718bc62d1ab768"
+    "dca2718bc62d1ab768dca2718bc62d1ab768dca2718bc62d1ab768dca2718be65f8bfe00dadf2d10")
+
+
+def test_compress_msg_body_stores_the_bytes_java_deflater_makes(tmp_path, backend):
+    s = testing.open_store(tmp_path / "s", backend, _config())
+    try:
+        r = s.put_message(Message("J", JAVA_INPUT))
+        m = s.look_message_by_offset(r.commit_log_offset, decompress=False)
+        assert m.sys_flag == F.COMPRESSED_FLAG and m.body == JAVA_DEFLATED
+    finally:
+        s.shutdown()
+
+
 def test_compress_msg_body_leaves_a_broker_batch_and_small_bodies_as_they_are(
         tmp_path, backend):
     s = testing.open_store(tmp_path / "s", backend,
