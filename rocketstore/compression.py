@@ -9,6 +9,7 @@ are zlib, 1 is LZ4, 2 is Zstandard; any other value is no codec. zlib is a zlib 
 a zstd frame. zlib comes from the standard library; LZ4 and Zstandard need the optional extras
 `rocketstore[lz4]` and `rocketstore[zstd]`, imported when a body first needs them.
 """
+import importlib
 import zlib
 
 from . import format as F
@@ -22,6 +23,7 @@ DEFAULT_LEVEL = 5
 ZLIB, LZ4, ZSTD = "zlib", "lz4", "zstd"
 # (SYSFLAG & COMPRESSION_TYPE_MASK) >> 8 -> codec name (5.x CompressionType.findByValue).
 _BY_TYPE = {0: ZLIB, 1: LZ4, 2: ZSTD, 3: ZLIB}
+# codec -> (its extra, the module it needs)
 _EXTRA = {LZ4: ("lz4", "lz4.frame"), ZSTD: ("zstd", "zstandard")}
 
 
@@ -47,10 +49,8 @@ def compression_name(sys_flag):
 def _module(codec):
     extra, name = _EXTRA[codec]
     try:
-        if codec == LZ4:
-            import lz4.frame as module
-        else:
-            import zstandard as module
+        # Imported by name: the extras are optional, and neither ships type information.
+        module = importlib.import_module(name)
     except ImportError as exc:
         raise MissingCodecError(
             f"this body is {codec}-compressed and reading it needs the {name} package: "

@@ -1161,17 +1161,21 @@ class MessageStore:
                                    message_filter, cq)
 
     # ---- consumers that wait, and asyncio (rocketstore/consumer.py) ----------------------------
-    def consume(self, group, topic, queue_id, batch_size=32, message_filter=None):
+    def consume(self, group, topic, queue_id, batch_size=32, message_filter=None, *,
+                decompress=True):
         """A Consumer: `for messages in store.consume(group, topic, queue_id):` yields lists of
         MessageExt as they arrive, from the group's committed offset (the queue's minimum if
         none), committing a batch's end when the next batch is asked for. close() (or leaving
-        `with store.consume(...) as c:`) or the store's shutdown ends it."""
-        return Consumer(self, group, topic, queue_id, batch_size, message_filter)
+        `with store.consume(...) as c:`) or the store's shutdown ends it. Compressed bodies
+        are the original ones unless `decompress` is false (get_message)."""
+        return Consumer(self, group, topic, queue_id, batch_size, message_filter, decompress)
 
-    def aconsume(self, group, topic, queue_id, batch_size=32, message_filter=None):
+    def aconsume(self, group, topic, queue_id, batch_size=32, message_filter=None, *,
+                 decompress=True):
         """consume() for asyncio: `async for messages in store.aconsume(...)`; the event loop
         never blocks (reads and commits run in its default executor)."""
-        return AsyncConsumer(self, group, topic, queue_id, batch_size, message_filter)
+        return AsyncConsumer(self, group, topic, queue_id, batch_size, message_filter,
+                             decompress)
 
     async def aput_message(self, msg):
         """put_message for asyncio. The put runs in the loop's default executor, always: even
