@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 import zstandard
 
-from rocketstore import ConfigError, Message, PutMessageStatus, StoreConfig, testing
+from rocketstore import (ConfigError, CorruptBodyError, Message, MissingCodecError,
+                         PutMessageStatus, StoreConfig, testing)
 from rocketstore import format as F
-from rocketstore.errors import CorruptBodyError, KernelArgumentError, MissingCodecError
+from rocketstore.errors import KernelArgumentError
 from rocketstore.message import MessageExt
 
 ORIGINAL = b"".join(b"order %06d paid in full; " % i for i in range(1000))   # 27 000 bytes
