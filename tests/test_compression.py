@@ -394,3 +394,24 @@ def test_consumers_give_original_bodies_or_the_stored_ones_on_request(store):
             yield m
     assert asyncio.run(first()) == [ORIGINAL]
     assert asyncio.run(first(decompress=False)) == [CODECS[0][2]]
+
+
+def test_a_delayed_compressed_message_is_delivered_as_stored(tmp_path, backend):
+    # The schedule service re-puts the record it reads without decompressing it (4.9.8's
+    # lookMessageByOffset): the delivered record holds the same compressed bytes and flag.
+    now = [1_800_000_000_000]
+    s = testing.open_store(tmp_path / "s", backend, _config(message_delay_level="1s 2s"),
+                           clock=lambda: now[0])
+    try:
+        r = s.put_message(Message("Late", ORIGINAL, properties={"DELAY": "1"}))
+        scheduled = s.look_message_by_offset(r.commit_log_offset)
+        assert scheduled.topic == F.SCHEDULE_TOPIC and scheduled.compressed
+        s.get_max_offset_in_queue("Late", 0)        # dispatched (read-your-writes)
+        now[0] += 1000
+        s.schedule_message_service.deliver_due()
+        out = s.get_message("g", "Late", 0, 0).messages[0]
+        assert out.sys_flag & F.COMPRESSED_FLAG
+        assert out.stored_body == scheduled.stored_body == zlib.compress(ORIGINAL, 5)
+        assert out.body == ORIGINAL
+    finally:
+        s.shutdown()
