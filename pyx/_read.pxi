@@ -25,7 +25,7 @@ __all__ += ("ReadPath",)
 _EXT_SLOTS = ("store_size", "body_crc", "queue_id", "flag", "queue_offset", "commit_log_offset",
               "sys_flag", "born_timestamp", "born_host_raw", "store_timestamp", "store_host_raw",
               "reconsume_times", "prepared_transaction_offset", "body", "topic", "magic",
-              "_praw", "_pstr", "_props")
+              "_praw", "_pstr", "_props", "stored_body")
 DEF X_SIZE = 0
 DEF X_CRC = 1
 DEF X_QID = 2
@@ -45,7 +45,8 @@ DEF X_MAGIC = 15
 DEF X_PRAW = 16
 DEF X_PSTR = 17
 DEF X_PROPS = 18
-DEF N_EXT_SLOTS = 19
+DEF X_STORED = 19
+DEF N_EXT_SLOTS = 20
 _MF_SLOTS = ("file_from_offset", "committed_position", "mm", "_lock", "_available", "_refs",
              "_cond")
 _GET_RESULT_SLOTS = ("status", "next_begin_offset", "min_offset", "max_offset", "messages",
@@ -210,8 +211,12 @@ cdef class ReadPath:
         p += n + 8
         n = RS_HOST_V6_LENGTH if row.sys_flag & RS_STOREHOSTADDRESS_V6_FLAG else RS_HOST_V4_LENGTH
         _set_member(m, x[X_STORE_HOST], self._host(p, n, True))
-        _set_member(m, x[X_BODY], PyBytes_FromStringAndSize(
-            <const char *>rec + row.body_off, row.body_len))
+        body = PyBytes_FromStringAndSize(<const char *>rec + row.body_off, row.body_len)
+        _set_member(m, x[X_STORED], body)
+        # A compressed body's `body` slot stays empty: MessageExt.__getattr__ decompresses it
+        # when it is first asked for (doc/01 §3.5).
+        if not row.sys_flag & RS_COMPRESSED_FLAG:
+            _set_member(m, x[X_BODY], body)
         p = rec + row.topic_off
         n = row.topic_len
         if self._topic_b is None or PyBytes_GET_SIZE(self._topic_b) != n \

@@ -3,9 +3,9 @@
 broker's store directory. See README.md."""
 from ._version import __version__
 from .config import BrokerRole, FlushDiskType, StoreConfig
-from .errors import (ConfigError, CorruptRecordError, InvalidArgumentError, MessageIllegalError,
-                     StoreClosedError, StoreError, StoreLoadError, StoreLockedError,
-                     UnsafePathError)
+from .errors import (ConfigError, CorruptBodyError, CorruptRecordError, InvalidArgumentError,
+                     MessageIllegalError, MissingCodecError, StoreClosedError, StoreError,
+                     StoreLoadError, StoreLockedError, UnsafePathError)
 from .kernels import BACKEND
 from .live import LiveReader
 from .message import Message, MessageExt
@@ -22,4 +22,5 @@ __all__ = [
     "RecoveryReport",
     "StoreError", "StoreLockedError", "StoreClosedError", "StoreLoadError", "UnsafePathError",
     "MessageIllegalError", "CorruptRecordError", "ConfigError", "InvalidArgumentError",
+    "CorruptBodyError", "MissingCodecError",
 ]

@@ -573,7 +573,8 @@ class CommitLog:
                     base = mf.file_from_offset + wpos
                     count, nbytes = self._k.batch_encode(
                         mf.write_target, wpos, self.file_size, *args, done, n, flag, sys_flag,
-                        born_timestamp, born_raw, ts, self.store_host_raw, qbase + done, base)
+                        born_timestamp, born_raw, ts, self.store_host_raw, qbase + done, base,
+                        flags_or=cols.flags_or)
                     if count:
                         phys[done] = base
                         np.cumsum(sizes[done:done + count - 1], out=phys[done + 1:done + count])

@@ -296,6 +296,15 @@ class StoreConfig:
     # deletes the oldest CommitLog files, and the queue and index files they alone cover,
     # expired or not (an embedded store shares its disk with its application).
     store_size_budget: int = 0
+    # Beyond RocketMQ's store (a producer's settings, DefaultMQProducer): compress each put's
+    # body as a 4.9 producer does before sending it (doc/01 §3.5). A body of at least
+    # compress_msg_body_over_howmuch bytes is stored zlib-deflated at compress_level (the
+    # client's rocketmq.client.compress.level) with COMPRESSED_FLAG set; a broker batch
+    # (put_messages with batch_properties) is not, as the client never compresses a
+    # MessageBatch. Off by default: a broker stores what it receives.
+    compress_msg_body: bool = False
+    compress_msg_body_over_howmuch: int = 4096
+    compress_level: int = 5
     # Keys of a broker.conf that are not store fields (brokerName, namesrvAddr, ...), kept so
     # to_properties() writes them back.
     extra_properties: dict = field(default_factory=dict, repr=False)
@@ -319,6 +328,13 @@ class StoreConfig:
                      "store_size_budget"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{_label(name)} must be >= 0, got {getattr(self, name)}")
+        if self.compress_msg_body_over_howmuch < 0:
+            raise ConfigError(f"{_label('compress_msg_body_over_howmuch')} must be >= 0, got "
+                              f"{self.compress_msg_body_over_howmuch}")
+        if not -1 <= self.compress_level <= 9:
+            # java.util.zip.Deflater's levels (-1: zlib's default)
+            raise ConfigError(f"{_label('compress_level')} must be -1..9 (a zlib level), got "
+                              f"{self.compress_level}")
         if self.cq_file_size > _INT32_MAX:
             raise ConfigError(f"{_label('mapped_file_size_consume_queue')} rounds up to "
                               f"{self.cq_file_size}, past Java's int range")

@@ -29,6 +29,7 @@ import numpy as np
 
 from .errors import InvalidArgumentError, StoreClosedError
 from .kernels.pure import _topic_hash      # the rows' topic_hash (rs_scan_rec), in Python
+from .message import keep_stored
 from .status import GetMessageStatus as G
 
 log = logging.getLogger(__name__)
@@ -305,9 +306,11 @@ async def _await_polling(store, group, topic, queue_id, offset, max_msg_nums, me
 class _Cursor:
     """A consumer's position on a group/topic/queue, and its commit rule: a batch's end is
     committed when the caller asks for the next batch (it has then processed this one), so a
-    crash or close() before that delivers the batch again (at least once)."""
+    crash or close() before that delivers the batch again (at least once). With `decompress`
+    false, compressed bodies are handed out as stored (get_message's decompress)."""
 
-    def __init__(self, store, group, topic, queue_id, batch_size, message_filter):
+    def __init__(self, store, group, topic, queue_id, batch_size, message_filter,
+                 decompress=True):
         store._check_open()
         if store.read_only and store.poll_backoff is None:
             # It could neither commit nor be woken: nothing dispatches in a read-only store
@@ -324,6 +327,7 @@ class _Cursor:
         self.group, self.topic, self.queue_id = group, topic, queue_id
         self.batch_size = batch_size
         self.message_filter = message_filter
+        self.decompress = decompress
         committed = store.query_offset(group, topic, queue_id)
         # Never committed: from the queue's oldest message (CONSUME_FROM_FIRST_OFFSET).
         self.offset = committed if committed >= 0 else \
@@ -363,7 +367,7 @@ class _Cursor:
         self.stalled = False
         if r.messages:
             self.offset = self._pending = r.next_begin_offset
-            return r.messages
+            return r.messages if self.decompress else keep_stored(r.messages)
         if r.status in _NOTHING_YET:
             if r.next_begin_offset > self.offset:
                 # Units the filter left out: consumed as far as this group is concerned.

@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from . import format as F
+from .compression import decompress
 from .errors import RS_E_ARG, RS_E_BOUNDS, StoreClosedError, StoreError, raise_for_status
 from .mapped_file import MappedFile
 from .message import MessageExt
@@ -458,8 +459,11 @@ class GetBatchResult:
     born_timestamp, queue_id, sys_flag, body_crc, body_length; `rows` is the record-check
     kernel's whole row array (format.SCAN_DTYPE, pos relative to the record's file) and
     file_index the file of each row. Columns are views of `rows`, made when asked.
+    `compressed` (bool) marks the records whose stored body is compressed (COMPRESSED_FLAG;
+    sys_flag holds the codec, doc/01 §3.5).
 
-    body(i) is a zero-copy, read-only memoryview of record i's body in its CommitLog file. The
+    body(i) is a zero-copy, read-only memoryview of record i's body in its CommitLog file, as
+    stored: a compressed body stays compressed there (original_body(i) decompresses it). The
     files stay held (their expiry and the store's shutdown wait, as for a held MappedFile)
     while the result or any body view lives, or until release(): body views taken before then
     stay readable, even after their file is deleted; none can be taken after. Use
@@ -522,6 +526,8 @@ class GetBatchResult:
     sys_flag = property(lambda self: self.rows["sys_flag"])
     body_crc = property(lambda self: self.rows["body_crc"])
     body_length = property(lambda self: self.rows["body_len"])
+    # Body views are the stored bytes: this marks the compressed ones (doc/01 §3.5).
+    compressed = property(lambda self: (self.rows["sys_flag"] & F.COMPRESSED_FLAG) != 0)
 
     def buffer(self, i):
         """The read-only uint8 view (BodyBuffer) of the CommitLog file holding record i;
@@ -551,6 +557,14 @@ class GetBatchResult:
         row = self.rows[i]
         start = int(row["pos"]) + int(row["body_off"])
         return memoryview(self.buffer(i)[start:start + int(row["body_len"])])
+
+    def original_body(self, i):
+        """Record i's original body as bytes: body(i) decompressed when the record is
+        compressed (CorruptBodyError, MissingCodecError as MessageExt.body), else a copy."""
+        row = self.rows[i]
+        where = (f"the message at commit-log offset {int(row['phy_offset'])} (queue offset "
+                 f"{int(row['queue_offset'])})")
+        return bytes(decompress(self.body(i), int(row["sys_flag"]), where))
 
     def bodies(self):
         """Every record's body(i), in order."""

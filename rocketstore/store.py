@@ -14,7 +14,7 @@ from .kernels.contract import KERNEL_NAMES
 from . import query, read_path, recovery
 from .arguments import (INT64_MAX, INT64_MIN, check_callable, check_int, check_optional_int,
                         check_queue, check_str, explain_put_failure)
-from .batch import columns
+from .batch import columns, compress_bodies
 from .checkpoint import StoreCheckpoint
 from .clock import system_clock
 from .commitlog import CommitLog
@@ -33,7 +33,7 @@ from .format import MAX_TOPIC_LENGTH, SCHEDULE_TOPIC
 from .fs import DEFAULT as DEFAULT_FS, is_inside, mappings_hold_descriptors, raise_fd_limit
 from .lockfile import StoreLock, abort_path
 from .mapped_file_queue import is_index_name, is_queue_dir_name, split_segment_names
-from .message import PROPERTY_WAIT, MessageExt, topic_problem
+from .message import PROPERTY_WAIT, MessageExt, compressed_message, keep_stored, topic_problem
 from .running_flags import NOT_WRITEABLE_MASK, RunningFlags
 from .services.clean import (CleanCommitLogService, CleanConsumeQueueService,
                              StoreSize, disk_usage_source)
@@ -80,6 +80,13 @@ STORE_ENTRIES = ("lock", "abort", "checkpoint", "rebuild", "commitlog", "consume
                  "config")
 
 _SLAVE_REASON = "message store is slave mode, so putMessage is forbidden"
+
+
+def _stored(result):
+    """A GetMessageResult whose compressed messages keep their stored bodies
+    (decompress=False)."""
+    keep_stored(result.messages or ())
+    return result
 
 
 def _total_physical_memory():
@@ -497,6 +504,8 @@ class MessageStore:
         self.fs.write_bytes(abort_path(self.root), b"", sync=False)
         self._running = True
         self._install_put_path()
+        if cfg.compress_msg_body:
+            self._install_compression()
         self.scheduled_service = StoreScheduledService([
             ("clean", self.CLEAN_INITIAL_DELAY_MS, cfg.clean_resource_interval,
              self._clean_files),
@@ -819,6 +828,31 @@ class MessageStore:
         self.put_message = path.put
         self.put_messages = path.put_list
 
+    def _install_compression(self):
+        """compress_msg_body: put_message and put_messages compress each body as a 4.9
+        producer does before sending it (compression.compress_for_put), above whichever put
+        path is bound, so every backend stores the same bytes. A broker batch is stored as it
+        is: the client never compresses a MessageBatch."""
+        put, put_list = self.put_message, self.put_messages
+        cfg = self.config
+        threshold, level = cfg.compress_msg_body_over_howmuch, cfg.compress_level
+
+        def put_message(msg):
+            return put(compressed_message(msg, threshold, level))
+
+        def put_messages(msgs, batch_properties=None):
+            if batch_properties is None:
+                try:
+                    msgs = [compressed_message(m, threshold, level) for m in msgs]
+                except TypeError:
+                    pass                # not iterable: put_messages says so
+            return put_list(msgs, batch_properties)
+
+        put_message.__doc__ = MessageStore.put_message.__doc__
+        put_messages.__doc__ = MessageStore.put_messages.__doc__
+        self.put_message = put_message
+        self.put_messages = put_messages
+
     def put_message(self, msg):
         """Store one message (asyncPutMessage + wait). Bad input raises MessageIllegalError;
         a store that is not writeable (disk full) answers SERVICE_NOT_AVAILABLE with a reason."""
@@ -885,12 +919,16 @@ class MessageStore:
         str) as a list or an (offsets, data) pair of UTF-8. `properties`: a dict every message
         carries; a DELAY level is refused (put_messages rewrites delayed messages). Bad input
         raises MessageIllegalError or TypeError with nothing written. Returns a
-        PutMessagesResult (numpy columns)."""
+        PutMessagesResult (numpy columns). With compress_msg_body, bodies are compressed
+        as put_message compresses them."""
         self._check_running()
         cols = columns(bodies, tags, keys, properties, self.kernels.column_join)
         refused = self._refused_batch()
         if refused is not None:
             return refused
+        cfg = self.config
+        if cfg.compress_msg_body:
+            compress_bodies(cols, cfg.compress_msg_body_over_howmuch, cfg.compress_level)
         t0 = time.monotonic_ns()
         r = self.commitlog.put_batch(topic, queue_id, cols, self.clock, flag=flag,
                                      born_timestamp=born_timestamp, born_host=born_host)
@@ -1105,7 +1143,7 @@ class MessageStore:
         return new
 
     def get_message(self, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None,
-                    *, wait_ms=0):
+                    *, wait_ms=0, decompress=True):
         """Pull up to `max_msg_nums` messages from a queue, from queue offset `offset` on
         (DefaultMessageStore#getMessage: the same statuses and next offsets).
 
@@ -1125,7 +1163,15 @@ class MessageStore:
         is up with what get_message answers then. Only "nothing there yet" answers wait
         (NO_MESSAGE_IN_QUEUE, OFFSET_OVERFLOW_ONE); an offset out of range answers at once.
         A shutdown meanwhile raises StoreClosedError. A read-only store dispatches nothing,
-        so there a wait lasts its whole time."""
+        so there a wait lasts its whole time.
+
+        A compressed body (COMPRESSED_FLAG, doc/01 §3.5) comes back as the original bytes,
+        decompressed when MessageExt.body is first read (CorruptBodyError if it cannot be);
+        with `decompress` false `body` is the stored bytes (MessageExt.stored_body always is).
+        """
+        if not decompress:
+            return _stored(self.get_message(group, topic, queue_id, offset, max_msg_nums,
+                                            message_filter, wait_ms=wait_ms))
         if wait_ms:
             check_wait_ms(wait_ms)
             return wait_for_message(self, group, topic, queue_id, offset, max_msg_nums,
@@ -1171,7 +1217,9 @@ class MessageStore:
         """get_message as columns: the same walk, statuses, offsets and records, returned as a
         read_path.GetBatchResult of numpy columns (commit_log_offset, size, store_timestamp,
         tags_code, queue_offset, ...) with zero-copy body views (body(i)) that keep their
-        CommitLog file held and mapped while they live. No object is made per message."""
+        CommitLog file held and mapped while they live. No object is made per message.
+        Body views are the stored bytes: the `compressed` column marks the records whose body
+        is compressed (sys_flag has their codec), and original_body(i) decompresses one."""
         r = self._read_path.get_batch(self, group, topic, queue_id, offset, max_msg_nums,
                                       message_filter)
         if r is not None:
@@ -1188,17 +1236,21 @@ class MessageStore:
                                    message_filter, cq)
 
     # ---- consumers that wait, and asyncio (rocketstore/consumer.py) ----------------------------
-    def consume(self, group, topic, queue_id, batch_size=32, message_filter=None):
+    def consume(self, group, topic, queue_id, batch_size=32, message_filter=None, *,
+                decompress=True):
         """A Consumer: `for messages in store.consume(group, topic, queue_id):` yields lists of
         MessageExt as they arrive, from the group's committed offset (the queue's minimum if
         none), committing a batch's end when the next batch is asked for. close() (or leaving
-        `with store.consume(...) as c:`) or the store's shutdown ends it."""
-        return Consumer(self, group, topic, queue_id, batch_size, message_filter)
+        `with store.consume(...) as c:`) or the store's shutdown ends it. Compressed bodies
+        are the original ones unless `decompress` is false (get_message)."""
+        return Consumer(self, group, topic, queue_id, batch_size, message_filter, decompress)
 
-    def aconsume(self, group, topic, queue_id, batch_size=32, message_filter=None):
+    def aconsume(self, group, topic, queue_id, batch_size=32, message_filter=None, *,
+                 decompress=True):
         """consume() for asyncio: `async for messages in store.aconsume(...)`; the event loop
         never blocks (reads and commits run in its default executor)."""
-        return AsyncConsumer(self, group, topic, queue_id, batch_size, message_filter)
+        return AsyncConsumer(self, group, topic, queue_id, batch_size, message_filter,
+                             decompress)
 
     async def aput_message(self, msg):
         """put_message for asyncio. The put runs in the loop's default executor, always: even
@@ -1209,37 +1261,43 @@ class MessageStore:
         return await asyncio.get_running_loop().run_in_executor(None, self.put_message, msg)
 
     async def aget_message(self, group, topic, queue_id, offset, max_msg_nums=32,
-                           message_filter=None, *, wait_ms=0):
-        """get_message (and its wait_ms) for asyncio: the reads run in the loop's default
-        executor, the wait is an asyncio.Event the reput dispatch sets."""
+                           message_filter=None, *, wait_ms=0, decompress=True):
+        """get_message (and its wait_ms and decompress) for asyncio: the reads run in the
+        loop's default executor, the wait is an asyncio.Event the reput dispatch sets."""
         check_wait_ms(wait_ms)
         self._check_open()
-        return await await_message(self, group, topic, queue_id, offset, max_msg_nums,
-                                   message_filter, wait_ms)
+        r = await await_message(self, group, topic, queue_id, offset, max_msg_nums,
+                                message_filter, wait_ms)
+        return r if decompress else _stored(r)
 
-    def look_message_by_offset(self, phy_offset):
-        """The record at a commit-log offset, decoded; None if there is none."""
+    def look_message_by_offset(self, phy_offset, decompress=True):
+        """The record at a commit-log offset, decoded; None if there is none. Its body is
+        the original one unless `decompress` is false (get_message)."""
         self._check_open()
         check_int(phy_offset, "phy_offset")
         rec = self.commitlog.get_message_bytes(phy_offset)
         if rec is None:
             return None
         try:
-            return MessageExt.decode(rec)
+            m = MessageExt.decode(rec)
+            return m if decompress else m.keep_stored()
         except CorruptRecordError as exc:
             log.warning("no record at offset %d: %s", phy_offset, exc)
             return None
 
     # ---- queries (rocketstore/query.py) ---------------------------------------------------------
-    def query_message(self, topic, key, max_num=32, begin=0, end=None):
+    def query_message(self, topic, key, max_num=32, begin=0, end=None, decompress=True):
         """Messages carrying `key` (a KEYS piece or UNIQ_KEY) under `topic`, stored in
         [begin, end] ms (end None: no bound), at most min(max_num, max_msgs_num_batch), newest
         kept, in ascending offset order: a QueryMessageResult (DefaultMessageStore#queryMessage,
         but every hit is checked against its record, so a hash collision never answers).
-        Every put that returned before the call is indexed for it."""
+        Every put that returned before the call is indexed for it. Bodies are the original
+        ones unless `decompress` is false (get_message)."""
         # The common call as one compiled call (the checks, catch-up and query below).
         r = self._read_path.query_message(self, topic, key, max_num, begin, end)
         if r is not None:
+            if not decompress:
+                keep_stored(r.messages)
             return r
         if not self._loaded:
             self._check_open()
@@ -1256,22 +1314,28 @@ class MessageStore:
             check_int(begin, "begin", INT64_MIN, INT64_MAX)
             check_optional_int(end, "end", INT64_MIN, INT64_MAX)
         self._catch_up()
-        return query.query_message(self, topic, key, max_num, begin, end)
+        r = query.query_message(self, topic, key, max_num, begin, end)
+        if not decompress:
+            keep_stored(r.messages)
+        return r
 
-    def query_message_by_unique_key(self, topic, uniq_key):
-        """The MessageExt whose UNIQ_KEY is `uniq_key` under `topic`, or None."""
+    def query_message_by_unique_key(self, topic, uniq_key, decompress=True):
+        """The MessageExt whose UNIQ_KEY is `uniq_key` under `topic`, or None. Its body is
+        the original one unless `decompress` is false (get_message)."""
         self._check_open()
         check_str(topic, "topic")
         check_str(uniq_key, "uniq_key")
         self._catch_up()
-        return query.query_message_by_unique_key(self, topic, uniq_key)
+        m = query.query_message_by_unique_key(self, topic, uniq_key)
+        return m if decompress or m is None else m.keep_stored()
 
-    def view_message_by_id(self, msg_id):
+    def view_message_by_id(self, msg_id, decompress=True):
         """The MessageExt an offset msgId names, or None (InvalidArgumentError, a ValueError,
-        if it is no msgId)."""
+        if it is no msgId). Its body is the original one unless `decompress` is false."""
         self._check_open()
         check_str(msg_id, "msg_id")
-        return query.view_message_by_id(self, msg_id)
+        m = query.view_message_by_id(self, msg_id)
+        return m if decompress or m is None else m.keep_stored()
 
     def get_offset_in_queue_by_time(self, topic, queue_id, timestamp, boundary=None):
         """The queue offset of the message stored nearest `timestamp` (4.9.x algorithm,
@@ -1546,8 +1610,12 @@ class MessageStore:
                 0, mfq.get_max_offset() - mfq.flushed_where))
         return info
 
-    def iter_messages(self, from_offset=None):
-        """Every record in commit-log order, decoded (blank records skipped)."""
+    def iter_messages(self, from_offset=None, decompress=True):
+        """Every record in commit-log order, decoded (blank records skipped). Bodies are the
+        original ones, decompressed when read, unless `decompress` is false (get_message): a
+        body that does not decompress raises CorruptBodyError when it is read, and the walk
+        goes on past it."""
         self._check_open()
         check_optional_int(from_offset, "from_offset")
-        return read_path.iter_messages(self, from_offset)
+        it = read_path.iter_messages(self, from_offset)
+        return it if decompress else (m.keep_stored() for m in it)

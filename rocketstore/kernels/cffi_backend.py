@@ -346,11 +346,17 @@ def _offsets(off, need, what):
 
 def batch_encode(out, pos, limit, topic, queue_id, bodies, body_off, a, a_off, b, b_off, frags,
                  frag_off, first, n, flag, sys_flag, born_timestamp, born_host,
-                 store_timestamp, store_host, queue_offset, phy_base):
+                 store_timestamp, store_host, queue_offset, phy_base, flags_or=None):
     if n < 0 or first < 0 or first > n:
         _raise_for_status(_RS_E_ARG, "batch_encode: bad record range")
+    px = _ffi.NULL
+    if flags_or is not None:
+        px = _from_buffer("int32_t[]", _ints(flags_or, 4, "i"))
+        if len(px) < n:
+            _release_cdata(px)
+            _raise_for_status(_RS_E_ARG, "batch_encode: too few per-record flags")
     res = _new("int64_t[2]")
-    views = []
+    views = [] if px == _ffi.NULL else [px]
     try:
         o = _rw(out)
         views.append(o)
@@ -363,7 +369,7 @@ def batch_encode(out, pos, limit, topic, queue_id, bodies, body_off, a, a_off, b
         t, bo, av, bv, fr, bh, sh = bufs
         r = _lib.rs_batch_encode(o, len(o), pos, limit, t, len(t), queue_id, bo, len(bo),
                                  offs[0], av, len(av), offs[1], bv, len(bv), offs[2], fr,
-                                 len(fr), offs[3], first, n, flag, sys_flag, born_timestamp,
+                                 len(fr), offs[3], first, n, flag, sys_flag, px, born_timestamp,
                                  bh, len(bh), store_timestamp, sh, len(sh), queue_offset,
                                  phy_base, res, res + 1)
     finally:

@@ -219,15 +219,17 @@ class Kernels(Protocol):
     def batch_encode(self, out, pos: int, limit: int, topic, queue_id: int, bodies, body_off,
                      a, a_off, b, b_off, frags, frag_off, first: int, n: int, flag: int,
                      sys_flag: int, born_timestamp: int, born_host, store_timestamp: int,
-                     store_host, queue_offset: int, phy_base: int) -> Tuple[int, int]:
+                     store_host, queue_offset: int, phy_base: int,
+                     flags_or=None) -> Tuple[int, int]:
         """Encode records first..n-1 of a columnar batch of one topic and queue straight into
         out[pos:limit], each only if it leaves 8 bytes before `limit` for the blank record
         (as commitlog_append_batch). Columns are Arrow-style (data, int64 offsets of n + 1):
         `bodies`, and the optional `a` and `b` (None data and offsets: empty). Record i's
         properties are frags[f0:f1] + a[i] + frags[f1:f2] + b[i] + frags[f2:f3] with
         frag_off = (f0, f1, f2, f3); its QUEUEOFFSET is queue_offset + i - first, its
-        PHYSICALOFFSET phy_base + the bytes written before it; reconsume times and prepared
-        offset are 0. Bytes equal msg_encode's for the same fields. Returns (count, bytes).
+        PHYSICALOFFSET phy_base + the bytes written before it, its SYSFLAG sys_flag |
+        flags_or[i] when `flags_or` (n int32s, no host bit) is given; reconsume times and
+        prepared offset are 0. Bytes equal msg_encode's for the same fields. Returns (count, bytes).
         Offsets outside their data, or decreasing, are a bounds error; a record whose
         properties exceed 32767 bytes is RS_E_TOO_LONG. Runs without the GIL."""
 

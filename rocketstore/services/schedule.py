@@ -103,7 +103,9 @@ def message_timeup(ext):
     m = DeliveredMessage.__new__(DeliveredMessage)
     m.topic = topic
     m.queue_id = int(qid)
-    m.body = ext.body
+    # The stored bytes, compressed or not, with the sysFlag that says so: the schedule
+    # service re-puts the record as it was sent (4.9.8 reads it without decompressing).
+    m.body = ext.stored_body
     m.flag = ext.flag
     m.sys_flag = ext.sys_flag
     m.born_timestamp = ext.born_timestamp
