@@ -177,14 +177,16 @@ class _Cancel:
 
 
 def wait_for_message(store, group, topic, queue_id, offset, max_msg_nums, message_filter,
-                     wait_ms, cancel=None):
+                     wait_ms, cancel=None, *, subscription=None, property_filter=None):
     """get_message that waits up to `wait_ms` ms (None: until a message, or `cancel`) for the
     queue to have a message at `offset` (one `message_filter` accepts). Returns the answer
     that had messages, or what get_message answers when the time is up (or the wait was
     cancelled, or the answer can never change by waiting: an offset out of range). Raises
-    StoreClosedError when the store shuts down meanwhile."""
+    StoreClosedError when the store shuts down meanwhile. `subscription` and
+    `property_filter` filter as get_message's."""
     def read(at):
-        return store.get_message(group, topic, queue_id, at, max_msg_nums, message_filter)
+        return store.get_message(group, topic, queue_id, at, max_msg_nums, message_filter,
+                                 subscription=subscription, property_filter=property_filter)
 
     r, offset = _settle(read, read(offset), offset)     # the common case: no wait at all
     if not _waitable(r) or wait_ms == 0:
@@ -219,14 +221,15 @@ def wait_for_message(store, group, topic, queue_id, offset, max_msg_nums, messag
 
 
 async def await_message(store, group, topic, queue_id, offset, max_msg_nums, message_filter,
-                        wait_ms, cancel=None):
+                        wait_ms, cancel=None, *, subscription=None, property_filter=None):
     """wait_for_message for asyncio: each read runs in the loop's default executor (a read
     may wait for the reput lock or fault a page in from disk), the wait itself is an
     asyncio.Event set from the dispatching thread through call_soon_threadsafe."""
     loop = asyncio.get_running_loop()
 
     def read(at):
-        return store.get_message(group, topic, queue_id, at, max_msg_nums, message_filter)
+        return store.get_message(group, topic, queue_id, at, max_msg_nums, message_filter,
+                                 subscription=subscription, property_filter=property_filter)
 
     def read_settled(at):
         return _settle(read, read(at), at)
@@ -271,7 +274,8 @@ class _Cursor:
     committed when the caller asks for the next batch (it has then processed this one), so a
     crash or close() before that delivers the batch again (at least once)."""
 
-    def __init__(self, store, group, topic, queue_id, batch_size, message_filter):
+    def __init__(self, store, group, topic, queue_id, batch_size, message_filter, *,
+                 subscription=None, property_filter=None):
         store._check_open()
         if store.read_only:
             # It could neither commit nor be woken: nothing dispatches in a read-only store.
@@ -283,6 +287,9 @@ class _Cursor:
         check_queue(topic, queue_id)
         check_int(batch_size, "batch_size", 1, MAX_MSG_NUMS)
         check_callable(message_filter, "message_filter")
+        from .subscription import read_filters
+        # Parsed once for the consumer's life, as a broker keeps a group's SubscriptionData.
+        self.subscription, self.property_filter = read_filters(subscription, property_filter)
         self.store = store
         self.group, self.topic, self.queue_id = group, topic, queue_id
         self.batch_size = batch_size
@@ -385,7 +392,8 @@ class Consumer(_Cursor):
             try:
                 r = wait_for_message(self.store, self.group, self.topic, self.queue_id,
                                      self.offset, self.batch_size, self.message_filter, left,
-                                     self._cancel)
+                                     self._cancel, subscription=self.subscription,
+                                     property_filter=self.property_filter)
             except StoreClosedError:
                 return None
             batch = self._take(r)
@@ -425,7 +433,8 @@ class AsyncConsumer(_Cursor):
             try:
                 r = await await_message(self.store, self.group, self.topic, self.queue_id,
                                         self.offset, self.batch_size, self.message_filter,
-                                        None, self._cancel)
+                                        None, self._cancel, subscription=self.subscription,
+                                        property_filter=self.property_filter)
             except StoreClosedError:
                 raise StopAsyncIteration from None
             batch = self._take(r)

@@ -23,6 +23,7 @@ KERNEL_NAMES = (
     "cq_encode",
     "cq_encode_batch",
     "cq_search",
+    "tags_match",
     "index_hash",
     "index_put",
     "index_put_batch",
@@ -133,6 +134,13 @@ class Kernels(Protocol):
         """Binary search over units in buf[start:end] (ascending commitLogOffset): the index,
         relative to `start`, of the first unit whose offset >= phy_offset; the unit count if
         none."""
+
+    def tags_match(self, props, tags, ends) -> bool:
+        """Whether the TAGS value of the properties string `props` (found as commitlog_scan
+        finds it: the last valid segment wins) equals one of the UTF-8 strings
+        tags[ends[i-1]:ends[i]] (`ends` int64, ascending, ends[-1] = 0), byte for byte: a
+        tag subscription's check of the record's tag string after its unit's tagsCode matched.
+        A record without TAGS matches none. Raises for `ends` not ascending within `tags`."""
 
     def index_hash(self, key) -> int:
         """IndexFile key hash (IndexFile#indexKeyHashMethod): abs(String.hashCode) of the UTF-8
