@@ -58,7 +58,8 @@ KERNEL_NAMES = (
 #   index_service.IndexService.dispatch_array. Without it, index_keys and index_put_batch.
 #   ReadPath(message_type, mapped_file_type, on_corrupt, result_type, statuses,
 #   batch_result_type): get_message's and get_batch's unit walk as one compiled call
-#   (`.read(...)`; `.pull(store, cq, offset, max_n, filter, max_bytes)` and `.pull_batch(...)`
+#   (`.read(...)`; `.pull(store, cq, offset, max_n, filter, max_bytes, subscription,
+#   property_filter)` and `.pull_batch(...)`
 #   for get_message's and get_batch's common cases, results built in the call), and
 #   MessageExt objects from scanned rows (`.decode_rows(buf, rows, n)`), with
 #   read_path.PyReadPath's arguments and results. Without it, PyReadPath over commitlog_scan.
