@@ -22,9 +22,9 @@ NAME = "cffi"
 
 __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_append",
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
-           "cq_encode_batch", "cq_search", "tags_match", "index_hash", "index_put", "index_put_batch",
-           "index_keys", "index_lookup", "index_walk", "index_match", "index_query",
-           "sync_range", "batch_encode", "column_join")
+           "cq_encode_batch", "cq_search", "tags_match", "index_hash", "index_put",
+           "index_put_batch", "index_keys", "index_lookup", "index_walk", "index_match",
+           "index_query", "sync_range", "batch_encode", "column_join")
 
 _from_buffer = _ffi.from_buffer
 _release_cdata = _ffi.release
