@@ -140,7 +140,8 @@ int rs_msg_encode_parts(uint8_t *out, size_t out_len, int64_t pos,
  * name + 0x01 + value = 3 chars, so that test can never decide anything and is not repeated.
  * 0x01 and 0x02 are ASCII, so byte positions and char positions agree on first/last.
  */
-static int rs_props_tags(const uint8_t *props, size_t len, const uint8_t **tags, size_t *tags_len)
+static inline int rs_props_tags(const uint8_t *props, size_t len, const uint8_t **tags,
+                                size_t *tags_len)
 {
     size_t a = 0;
 
