@@ -294,3 +294,27 @@ def test_subscriptions_over_the_broker_store_take_what_its_tags_say(broker_store
                 assert filtered == len(queue) - len(expect)
                 # The first stage alone agrees with the broker's tagsCode per unit.
                 assert all(wanted.matches_tags_code(m["cqTagsCode"]) for m in expect)
+
+
+@pytest.mark.parametrize("tags, removing", [(["B", "A", "A"], True),
+                                           (["B", "A", "A", "B"], False)])
+def test_a_walk_that_found_nothing_reports_its_last_event_as_the_broker_does(
+        store, tags, removing):
+    # Three records fill CommitLog file 0, a fourth opens file 1. The walk is given the file
+    # list without file 0, as after cleaning: units 0..2 point at a removed file.
+    files = []
+    for tag in tags:
+        r = store.put_message(Message("T", bytes(20000), tags=tag))
+        files.append(r.commit_log_offset // store.commitlog.file_size)
+    assert files == [0, 0, 0, 1][:len(tags)]
+    assert store.get_max_offset_in_queue("T", 0) == len(tags)     # dispatched: readable
+    cq = store.consume_queue("T", 0)
+    messages, scanned, removed, _, filtered = store._read_path.read(
+        cq.mfq.files, cq.file_size, store.commitlog.mfq.files[1:], store.commitlog.file_size,
+        0, len(tags), cq.min_logic_offset, 32, 800, 64 << 20, None,
+        subscription=parse_subscription("A"))
+    assert messages == [] and scanned == len(tags)
+    # Unit 0 is filtered out, then unit 1's file is gone (MESSAGE_WAS_REMOVING) and unit 2
+    # is skipped with it; a unit 3 filtered out after that makes it NO_MATCHED_MESSAGE again:
+    # the later event decides, as getMessage's one status variable does.
+    assert removed is removing and filtered == len(tags) - 2
