@@ -422,6 +422,7 @@ cdef class ReadPath:
         memset(&ev, 0, sizeof(ev))
         lw.start = lw.end = 0
         lf = None
+        m = None
         try:
             if batch:
                 # A SCAN_DTYPE array, or a plain writable buffer of rows (bytearray).
@@ -508,7 +509,6 @@ cdef class ReadPath:
                         if r != RS_OK:
                             self._on_corrupt(offset + scanned - 1, phy, r)
                         continue                # a damaged unit: skipped, as a filter would
-                    m = None
                     if by_tags:
                         # The record's TAGS string: a hash collision passed the unit's test.
                         r = rs_tags_match(lw.buf + row.pos + row.props_off,
@@ -534,8 +534,8 @@ cdef class ReadPath:
                         out_rows[found] = row
                         out_file[found] = <int32_t>(len(held) - 1)
                         log_rows = True
-                    elif m is not None:
-                        messages.append(m)
+                    elif property_filter is not None:
+                        messages.append(m)      # made for the filter above
                     else:
                         messages.append(self._message(lw.buf + row.pos, &row))
                     found += 1
