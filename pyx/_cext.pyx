@@ -75,6 +75,26 @@ cdef object _as_array(object seq, str typecode):
     return _array(typecode, seq)
 
 
+cdef const int64_t[::1] _i64s(object seq):
+    """`seq` as contiguous int64s: itself when it already is one, else one converted copy."""
+    cdef const int64_t[::1] m
+    try:
+        m = seq
+    except (TypeError, ValueError, BufferError):
+        m = _as_array(seq, "q")
+    return m
+
+
+cdef const int32_t[::1] _i32s(object seq):
+    """`seq` as contiguous int32s, as _i64s."""
+    cdef const int32_t[::1] m
+    try:
+        m = seq
+    except (TypeError, ValueError, BufferError):
+        m = _as_array(seq, "i")
+    return m
+
+
 def crc32(data, value=0):
     """zlib.crc32(data, value): IEEE CRC-32, unsigned."""
     cdef Py_buffer v
@@ -188,10 +208,7 @@ def commitlog_append_batch(out, int64_t pos, int64_t limit, records, queue_offse
     cdef const int64_t[::1] qo
     cdef int64_t count = 0, nbytes = 0
     cdef int r
-    try:
-        qo = queue_offsets
-    except (TypeError, ValueError, BufferError):
-        qo = _as_array(queue_offsets, "q")
+    qo = _i64s(queue_offsets)
     memset(&o, 0, sizeof(o))
     memset(&recs, 0, sizeof(recs))
     try:
@@ -270,18 +287,9 @@ def cq_encode_batch(out, int64_t pos, offsets, sizes, tags_codes):
     cdef int r
     if not (len(offsets) == len(sizes) == len(tags_codes)):
         _raise_for_status(RS_E_ARG, "cq_encode_batch: arrays differ in length")
-    try:
-        off = offsets
-    except (TypeError, ValueError, BufferError):
-        off = _as_array(offsets, "q")
-    try:
-        siz = sizes
-    except (TypeError, ValueError, BufferError):
-        siz = _as_array(sizes, "i")
-    try:
-        tag = tags_codes
-    except (TypeError, ValueError, BufferError):
-        tag = _as_array(tags_codes, "q")
+    off = _i64s(offsets)
+    siz = _i32s(sizes)
+    tag = _i64s(tags_codes)
     n = off.shape[0]
     _rw(out, &o)
     try:
@@ -372,18 +380,9 @@ def index_put_batch(buf, int32_t slot_num, int32_t index_num, key_hashes, phy_of
     cdef int r
     if not (len(key_hashes) == len(phy_offsets) == len(store_timestamps)):
         _raise_for_status(RS_E_ARG, "index_put_batch: arrays differ in length")
-    try:
-        kh = key_hashes
-    except (TypeError, ValueError, BufferError):
-        kh = _as_array(key_hashes, "i")
-    try:
-        po = phy_offsets
-    except (TypeError, ValueError, BufferError):
-        po = _as_array(phy_offsets, "q")
-    try:
-        ts = store_timestamps
-    except (TypeError, ValueError, BufferError):
-        ts = _as_array(store_timestamps, "q")
+    kh = _i32s(key_hashes)
+    po = _i64s(phy_offsets)
+    ts = _i64s(store_timestamps)
     n = kh.shape[0]
     _rw(buf, &b)
     try:
@@ -473,10 +472,7 @@ cdef const int64_t[::1] _offsets(object off, int64_t need):
     """The int64 offsets array `off`, checked to hold `need` (>= 1) entries: the kernel reads
     offsets up to index n and has no length for them."""
     cdef const int64_t[::1] m
-    try:
-        m = off
-    except (TypeError, ValueError, BufferError):
-        m = _as_array(off, "q")
+    m = _i64s(off)
     if m.shape[0] < need:
         _raise_for_status(RS_E_ARG, "batch_encode: too few offsets")
     return m

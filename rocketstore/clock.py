@@ -25,6 +25,17 @@ class StepClock:
         return next(self._it)
 
 
+class ManualClock:
+    """A clock that stands still until its owner moves it (`clock.now += 1000`): what is due,
+    expired or stale is then decided by the caller, not by the machine's speed."""
+
+    def __init__(self, now=1_700_000_000_000):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
 class ReplayClock:
     """Hands out a recorded sequence of store timestamps, one per put call (a broker replay)."""
 

@@ -104,6 +104,33 @@ def wait_until(cond, timeout=10.0, what="the condition"):
         time.sleep(0.002)
 
 
+class FixedDiskUsage:
+    """An injected disk-usage source (StoreConfig's disk_usage hook): the used fraction every
+    path reports, which the test sets."""
+
+    def __init__(self, ratio=0.2):
+        self.ratio = ratio
+
+    def __call__(self, path):
+        return self.ratio
+
+
+def read_queue(store, topic, queue_id=0, batch=32):
+    """Every message of a queue from its minimum offset, pulling batch after batch."""
+    out, offset = [], store.get_min_offset_in_queue(topic, queue_id)
+    while True:
+        g = store.get_message("g", topic, queue_id, offset, batch)
+        if not g.messages:
+            return out
+        out.extend(g.messages)
+        offset = g.next_begin_offset
+
+
+def commitlog_names(store):
+    """The store's CommitLog file names, oldest first."""
+    return [f.file_name for f in store.commitlog.mfq.files]
+
+
 def wait_flushed(store, timeout=5.0):
     """Block until the flush service has flushed every full CommitLog file (cleaning never
     deletes past the flushed offset)."""
@@ -342,3 +369,23 @@ class FaultInjectingFileSystem(FileSystem):
     def lock(self, path):
         self._check("lock", path)
         return super().lock(path)
+
+
+class FullDisk(FaultInjectingFileSystem):
+    """A disk that fills and empties on the test's word: while `full`, operation `op` fails
+    with ENOSPC on the paths `match` accepts (as FaultInjectingFileSystem.fail)."""
+
+    def __init__(self, op, match=None, full=True):
+        super().__init__()
+        self._op, self._match = op, match
+        self.full = full
+
+    @property
+    def full(self):
+        return bool(self._faults)
+
+    @full.setter
+    def full(self, full):
+        self.heal()
+        if full:
+            self.fail(self._op, errno.ENOSPC, match=self._match)

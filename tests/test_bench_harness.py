@@ -179,9 +179,9 @@ def test_check_read_back_unordered_sample_finds_a_body_never_put_to_the_queue(st
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_bench_put_raising_in_a_producer_thread_reaches_the_caller(store, threads):
-    from rocketstore.bench_job import _produce
+    from rocketstore.cli.bench import _produce
     from rocketstore.errors import MessageIllegalError
-    from rocketstore.progress import progress_bar
+    from rocketstore.cli.progress import progress_bar
     msgs = make_messages(4)
     msgs[3].topic = "not/a topic"
     with progress_bar(4, "produce") as bar, pytest.raises(MessageIllegalError, match="topic"):

@@ -1,7 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Expired-file cleaning (doc/04 §2-§3), disk-full protection and ENOSPC, driven by an
 injected clock and disk-usage source: no thread, no sleeping."""
-import errno
 import os
 import time
 
@@ -9,6 +8,7 @@ import pytest
 
 from rocketstore import GetMessageStatus as G, Message, MessageStore, PutMessageStatus, testing
 from rocketstore.running_flags import DISK_FULL_BIT
+from rocketstore.clock import ManualClock
 
 NOW = 1_700_000_000_000
 HOUR = 3_600_000
@@ -24,24 +24,6 @@ FILE = 4096
 PER_CQ_FILE = 10
 
 
-class Clock:
-    """A store clock that stands still until a test moves it."""
-
-    def __init__(self, now=NOW):
-        self.now = now
-
-    def __call__(self):
-        return self.now
-
-
-class Disk:
-    """An injected disk-usage source: the used fraction every path reports."""
-
-    def __init__(self, ratio=0.2):
-        self.ratio = ratio
-
-    def __call__(self, path):
-        return self.ratio
 
 
 def config(**overrides):
@@ -55,12 +37,12 @@ def config(**overrides):
 
 @pytest.fixture
 def clock():
-    return Clock()
+    return ManualClock(NOW)
 
 
 @pytest.fixture
 def disk():
-    return Disk()
+    return testing.FixedDiskUsage()
 
 
 @pytest.fixture
@@ -85,58 +67,45 @@ def fill(store, n=60, body=b"b" * 200, queue_id=0):
     return results
 
 
-def read_all(store, topic="TopicA", queue_id=0):
-    """Every message of a queue, pulling batch after batch."""
-    out, offset = [], store.get_min_offset_in_queue(topic, queue_id)
-    while True:
-        g = store.get_message("g", topic, queue_id, offset, 32)
-        if not g.messages:
-            return out
-        out.extend(g.messages)
-        offset = g.next_begin_offset
-
-
-def names(store):
-    return [f.file_name for f in store.commitlog.mfq.files]
 
 
 def test_files_younger_than_file_reserved_time_stay_even_at_the_delete_hour(make, clock):
     store = make(delete_when=hour_of(NOW + HOUR - 1))
     fill(store)
-    before = names(store)
+    before = testing.commitlog_names(store)
     clock.now = NOW + HOUR - 1
     assert store.clean_files_periodically() == []
-    assert names(store) == before
+    assert testing.commitlog_names(store) == before
 
 
 def test_expired_files_go_at_the_delete_hour_at_most_a_batch_per_round(make, clock):
     store = make(delete_when=f"{OTHER_HOUR};{hour_of(NOW + HOUR)}", delete_file_batch_max=3)
     fill(store)
-    before = names(store)
+    before = testing.commitlog_names(store)
     assert len(before) >= 5
     clock.now = NOW + HOUR
     deleted = store.clean_files_periodically()
     assert [f.file_name for f in deleted] == before[:3]
-    assert names(store) == before[3:]
+    assert testing.commitlog_names(store) == before[3:]
     assert not any(os.path.exists(f.path) for f in deleted)
     while store.clean_files_periodically():
         pass
-    assert names(store) == before[-1:]          # never the file being written
+    assert testing.commitlog_names(store) == before[-1:]          # never the file being written
 
 
 def test_expired_files_wait_for_the_hour_while_the_disk_has_room(make, clock):
     store = make()
     fill(store)
-    before = names(store)
+    before = testing.commitlog_names(store)
     clock.now = NOW + 10 * HOUR
     assert store.clean_files_periodically() == []
-    assert names(store) == before
+    assert testing.commitlog_names(store) == before
 
 
 def test_disk_past_max_used_ratio_deletes_expired_files_outside_the_hour(make, clock, disk):
     store = make(disk_max_used_space_ratio=50)
     fill(store)
-    before = names(store)
+    before = testing.commitlog_names(store)
     disk.ratio = 0.6
     assert store.clean_files_periodically() == []          # full-ish, but nothing expired
     clock.now = NOW + HOUR
@@ -156,7 +125,7 @@ def test_max_used_ratio_is_clamped_to_ten_percent(make, clock, disk):
 def test_past_the_clean_forcibly_ratio_young_files_are_deleted_too(make, disk):
     store = make(delete_file_batch_max=100)
     fill(store)
-    before = names(store)
+    before = testing.commitlog_names(store)
     disk.ratio = 0.86
     deleted = store.clean_files_periodically()
     assert [f.file_name for f in deleted] == before[:-1]
@@ -325,9 +294,9 @@ def test_clean_plan_lists_files_and_unconsumed_cost_without_deleting(make, disk)
     store.commit_offset("slow", "TopicA", 0, 0)
     store.commit_offset("done", "TopicA", 0, len(results))
     disk.ratio = 0.86
-    before = names(store)
+    before = testing.commitlog_names(store)
     plan = store.clean_plan()
-    assert names(store) == before
+    assert testing.commitlog_names(store) == before
     assert [f[0] for f in plan.files] == before[:2] and plan.clean_at_once
     new_min = plan.files[-1][2]
     assert plan.lost == {"slow": sum(r.commit_log_offset < new_min for r in results)}
@@ -355,7 +324,7 @@ def test_protect_unconsumed_gives_way_past_the_forced_ratio(make, disk):
     store = make(clean_protect_unconsumed=True, delete_file_batch_max=100)
     fill(store)
     store.commit_offset("g", "TopicA", 0, 0)
-    before = names(store)
+    before = testing.commitlog_names(store)
     disk.ratio = 0.86
     assert store.clean_plan().lost["g"] > 0 and not store.clean_plan().protected
     assert len(store.clean_files_periodically()) == len(before) - 1
@@ -363,30 +332,16 @@ def test_protect_unconsumed_gives_way_past_the_forced_ratio(make, disk):
 
 # ---- ENOSPC -------------------------------------------------------------------------------
 
-class FullDisk(testing.FaultInjectingFileSystem):
-    """Fails creating (`where`="create") or mapping ("map") any CommitLog file but the first
-    one with ENOSPC while `full`."""
-
-    def __init__(self, where):
-        super().__init__()
-        self.where = where
-        self.full = True
-
-    @property
-    def full(self):
-        return bool(self._faults)
-
-    @full.setter
-    def full(self, full):
-        self.heal()
-        if full:
-            self.fail(self.where, errno.ENOSPC, match=lambda path: os.sep + "commitlog" + os.sep
-                      in path and os.path.basename(path) != "%020d" % 0)
+def _full_commitlog(op):
+    """A disk on which `op` ("create" or "map") fails with ENOSPC for every CommitLog file but
+    the first while it is `full`."""
+    return testing.FullDisk(op, match=lambda path: os.sep + "commitlog" + os.sep in path
+                            and os.path.basename(path) != "%020d" % 0)
 
 
 @pytest.mark.parametrize("where", ["create", "map"])
 def test_enospc_while_rolling_refuses_the_put_and_keeps_every_message(tmp_path, backend, where):
-    fs = FullDisk(where)
+    fs = _full_commitlog(where)
     root = tmp_path / "store"
     store = testing.open_store(root, backend, config=config(), fs=fs)
     stored = []
@@ -397,10 +352,10 @@ def test_enospc_while_rolling_refuses_the_put_and_keeps_every_message(tmp_path, 
         stored.append(r)
     assert r.status is PutMessageStatus.CREATE_MAPEDFILE_FAILED
     assert "No space left" in r.reason
-    assert len(names(store)) == 1
+    assert len(testing.commitlog_names(store)) == 1
     assert not os.path.exists(root / "commitlog" / ("%020d" % FILE))
     testing.wait_dispatched(store)
-    got = read_all(store)
+    got = testing.read_queue(store, "TopicA")
     assert [m.body[:3] for m in got] == [b"%03d" % i for i in range(len(stored))]
     # The refusal marked the disk full: later puts are refused at once, until the disk
     # check sees space again.
@@ -417,7 +372,7 @@ def test_enospc_while_rolling_refuses_the_put_and_keeps_every_message(tmp_path, 
     again = testing.open_store(root, backend, config=config())
     try:
         testing.wait_dispatched(again)
-        got = read_all(again)
+        got = testing.read_queue(again, "TopicA")
         assert len(got) == len(stored) + 1 and got[-1].body == b"after"
     finally:
         again.shutdown()
@@ -425,7 +380,7 @@ def test_enospc_while_rolling_refuses_the_put_and_keeps_every_message(tmp_path, 
 
 def test_enospc_in_the_middle_of_a_batch_stores_the_head_and_leaves_no_offset_gap(tmp_path,
                                                                                   backend):
-    fs = FullDisk("create")
+    fs = _full_commitlog("create")
     store = testing.open_store(tmp_path / "store", backend, config=config(), fs=fs)
     try:
         rs = store.put_messages([Message("TopicA", b"z" * 300) for _ in range(30)])

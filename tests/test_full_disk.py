@@ -205,23 +205,10 @@ def test_reserve_window_must_not_be_negative():
 
 # ---- in process, with a file system double that refuses reservations ----------------------
 
-class NoSpace(testing.FaultInjectingFileSystem):
-    """Refuses every reservation of a path containing `where` with ENOSPC while `full`."""
-
-    def __init__(self, where=os.sep):
-        super().__init__()
-        self.where = where
-
-    @property
-    def full(self):
-        return bool(self._faults)
-
-    @full.setter
-    def full(self, full):
-        self.heal()
-        if full:
-            self.fail("reserve", errno.ENOSPC, match=self.where)
-
+def no_space(where=os.sep):
+    """A disk that refuses every reservation of a path containing `where` with ENOSPC once
+    the test sets `full`."""
+    return testing.FullDisk("reserve", match=where, full=False)
 
 def small(**kw):
     return testing.small_config(**{"mapped_file_size_commit_log": 64 * 1024,
@@ -240,7 +227,7 @@ def bodies(store, topic="TopicA", queue_id=0):
 
 def test_a_refused_reservation_answers_service_not_available_and_marks_the_disk_full(
         tmp_path, backend):
-    fs = NoSpace()
+    fs = no_space()
     store = testing.open_store(tmp_path / "s", backend, config=small(), fs=fs)
     try:
         ok = [store.put_message(Message("TopicA", b"m%d" % i)) for i in range(3)]
@@ -267,7 +254,7 @@ def test_a_refused_reservation_answers_service_not_available_and_marks_the_disk_
 
 
 def test_a_batch_refused_by_the_disk_gives_its_queue_offsets_back(tmp_path, backend):
-    fs = NoSpace()
+    fs = no_space()
     store = testing.open_store(tmp_path / "s", backend, config=small(), fs=fs)
     try:
         fs.full = True
@@ -283,7 +270,7 @@ def test_a_batch_refused_by_the_disk_gives_its_queue_offsets_back(tmp_path, back
 
 
 def test_queue_writes_refused_by_the_disk_are_retried_by_reput(tmp_path, backend):
-    fs = NoSpace(where=os.sep + "consumequeue" + os.sep)
+    fs = no_space(where=os.sep + "consumequeue" + os.sep)
     store = testing.open_store(tmp_path / "s", backend, config=small(), fs=fs)
     try:
         fs.full = True
@@ -311,7 +298,7 @@ def test_recovery_that_must_write_on_a_full_disk_fails_clearly_and_loses_nothing
     store.shutdown()
     # Queues lost: abnormal recovery rebuilds them from the CommitLog, which writes.
     shutil.rmtree(root / "consumequeue")
-    fs = NoSpace()
+    fs = no_space()
     fs.full = True
     again = MessageStore(root, small(), kernels=backend, fs=fs)
     with pytest.raises(StoreLoadError, match="^disk full: .*open it read-only"):
@@ -403,7 +390,7 @@ def test_filling_a_file_to_its_end_reserves_nothing_past_it_and_warns_of_nothing
 
 
 def test_a_new_store_on_a_full_disk_fails_to_load_with_a_clear_error(tmp_path, backend):
-    fs = NoSpace()
+    fs = no_space()
     fs.full = True
     root = tmp_path / "s"
     store = MessageStore(root, small(), kernels=backend, fs=fs)
@@ -425,7 +412,7 @@ def test_a_replicated_append_on_a_full_disk_raises_enospc_and_writes_nothing(tmp
         data = src.commitlog.get_data(0, src.commitlog.max_offset)
     finally:
         src.shutdown()
-    fs = NoSpace()
+    fs = no_space()
     slave = MessageStore(tmp_path / "slave", small(), kernels=backend, fs=fs)
     slave.load()
     fs.full = True

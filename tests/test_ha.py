@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from rocketstore import MessageStore, serve, testing
+from rocketstore import MessageStore, testing
+from rocketstore.cli import serve
 from rocketstore.ha import wire
 from rocketstore.message import Message
 from rocketstore.status import PutMessageStatus as P

@@ -15,6 +15,7 @@ from rocketstore import GetMessageStatus as G, Message, MessageExt, testing
 from rocketstore import format as F
 from rocketstore.errors import StoreError
 from rocketstore.read_path import PyReadPath, make_read_path
+from rocketstore.clock import ManualClock
 
 NOW = 1_700_000_000_000
 
@@ -247,25 +248,11 @@ def test_get_batch_columns_equal_get_message_results(tmp_path, backend):
         store.shutdown()
 
 
-class Clock:
-    def __init__(self, now=NOW):
-        self.now = now
-
-    def __call__(self):
-        return self.now
-
-
-class Disk:
-    def __init__(self, ratio=0.2):
-        self.ratio = ratio
-
-    def __call__(self, path):
-        return self.ratio
 
 
 def test_body_views_keep_their_file_held_and_mapped_after_the_store_deletes_it(tmp_path,
                                                                                backend):
-    clock, disk = Clock(), Disk()
+    clock, disk = ManualClock(NOW), testing.FixedDiskUsage()
     cfg = testing.small_config(
         mapped_file_size_commit_log=4096, mapped_file_size_consume_queue=10 * 20,
         file_reserved_time=1, delete_when=str((__import__("time").localtime(NOW / 1000)

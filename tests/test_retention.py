@@ -9,19 +9,13 @@ import pytest
 from rocketstore import GetMessageStatus as G, Message, MessageStore, testing
 from rocketstore.errors import ConfigError, StoreClosedError
 from rocketstore.config import StoreConfig
+from rocketstore.clock import ManualClock
 
 NOW = 1_700_000_000_000
 HOUR = 3_600_000
 FILE = 4096
 OTHER_HOUR = str((time.localtime(NOW / 1000).tm_hour + 12) % 24)   # never reached here
 
-
-class Clock:
-    def __init__(self, now=NOW):
-        self.now = now
-
-    def __call__(self):
-        return self.now
 
 
 def config(**overrides):
@@ -41,7 +35,7 @@ def make(tmp_path, backend):
 
     def make(root=None, **overrides):
         s = testing.open_store(root or tmp_path / "store", backend, config=config(**overrides),
-                               clock=Clock(), disk_usage=lambda path: 0.1)
+                               clock=ManualClock(NOW), disk_usage=lambda path: 0.1)
         stores.append(s)
         return s
     yield make
@@ -57,19 +51,6 @@ def fill(store, n=60, topic="TopicA", queue_id=0, body=b"b" * 200):
     return results
 
 
-def read_all(store, topic, queue_id=0):
-    """Every message of a queue, batch after batch."""
-    out, offset = [], store.get_min_offset_in_queue(topic, queue_id)
-    while True:
-        g = store.get_message("g", topic, queue_id, offset, 1000)
-        if not g.messages:
-            return out
-        out.extend(g.messages)
-        offset = g.next_begin_offset
-
-
-def names(store):
-    return [f.file_name for f in store.commitlog.mfq.files]
 
 
 # ---- store_size_budget --------------------------------------------------------------------
@@ -98,12 +79,12 @@ def test_store_size_counts_allocated_bytes_of_commitlog_queues_and_index(make):
 def test_no_budget_deletes_nothing_that_has_not_expired(make):
     store = make()
     fill(store)
-    before = names(store)
+    before = testing.commitlog_names(store)
     plan = store.clean_plan()
     assert plan.budget == 0 and not plan.over_budget and plan.files == []
     assert plan.store_bytes == store.store_size()
     assert store.clean_files_periodically() == []
-    assert names(store) == before
+    assert testing.commitlog_names(store) == before
 
 
 def test_budget_deletes_the_oldest_commitlog_files_and_their_queue_files_first(make):
@@ -115,7 +96,7 @@ def test_budget_deletes_the_oldest_commitlog_files_and_their_queue_files_first(m
     budget = full // 2
     store = make(root=probe.root + "-b", store_size_budget=budget)
     results = fill(store)
-    before = names(store)
+    before = testing.commitlog_names(store)
     cq_before = [f.file_name for f in store.find_consume_queue("TopicA", 0).mfq.files]
     plan = store.clean_plan()
     assert plan.over_budget and plan.store_bytes > budget
@@ -123,7 +104,7 @@ def test_budget_deletes_the_oldest_commitlog_files_and_their_queue_files_first(m
     assert plan.store_bytes - plan.freed_bytes <= budget
     deleted = store.clean_files_periodically()
     assert [f.file_name for f in deleted] == [f[0] for f in plan.files]
-    assert names(store) == before[len(deleted):]
+    assert testing.commitlog_names(store) == before[len(deleted):]
     cq_after = [f.file_name for f in store.find_consume_queue("TopicA", 0).mfq.files]
     assert cq_after == cq_before[len(cq_before) - len(cq_after):]
     assert len(cq_after) < len(cq_before)
@@ -158,7 +139,7 @@ def test_budget_never_deletes_unconsumed_data_when_protected(make):
     # Once the group has consumed everything, the budget takes all but the current file.
     store.commit_offset("slow", "TopicA", 0, len(results))
     store.clean_files_periodically()
-    assert len(names(store)) == 1
+    assert len(testing.commitlog_names(store)) == 1
 
 
 def test_budget_without_protection_reports_what_the_groups_lose(make):
@@ -170,7 +151,7 @@ def test_budget_without_protection_reports_what_the_groups_lose(make):
     new_min = plan.files[-1][2]
     assert plan.lost == {"slow": sum(r.commit_log_offset < new_min for r in results)}
     assert len(store.clean_files_periodically()) == len(plan.files)
-    assert len(names(store)) == 1
+    assert len(testing.commitlog_names(store)) == 1
 
 
 # ---- delete_topic -------------------------------------------------------------------------
@@ -281,13 +262,13 @@ def test_delete_topic_while_other_threads_put_loses_and_misplaces_nothing(make):
     for t in threads:
         t.join()
     testing.wait_dispatched(store)
-    other = read_all(store, "Other")
+    other = testing.read_queue(store, "Other", batch=1000)
     assert [m.commit_log_offset for m in other] == [r.commit_log_offset for r in acks["Other"]]
     # T's puts that came after the deletion form the new queue, from offset 0, in order.
     deleted_at = store.deleted_topics.table["T"]["offset"]
     after = [r for r in acks["T"] if r.commit_log_offset >= deleted_at]
     assert 20 <= len(acks["T"]) - len(after) and after    # puts on both sides
-    got = read_all(store, "T")
+    got = testing.read_queue(store, "T", batch=1000)
     assert [m.commit_log_offset for m in got] == [r.commit_log_offset for r in after]
     assert [m.queue_offset for m in got] == list(range(len(after)))
 

@@ -20,6 +20,7 @@ from rocketstore.errors import ConfigError
 from rocketstore.message import (Message, MessageExt, properties_to_string,
                                  string_to_properties, tags_code_of)
 from rocketstore.services.schedule import DELAY_FOR_A_WHILE_MS, message_timeup
+from rocketstore.clock import ManualClock
 
 from broker_data import DATA
 from crashers.ha_node import node_config
@@ -28,16 +29,6 @@ REF = os.path.join(DATA, "delay")
 T0 = 1_800_000_000_000
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-
-class Clock:
-    """A clock the test moves: the store stamps records with it and the service reads
-    'now' from it, so what is due is decided by the test, not by the machine's speed."""
-
-    def __init__(self, now=T0):
-        self.now = now
-
-    def __call__(self):
-        return self.now
 
 
 def config(root, levels="1s 2s", **kw):
@@ -105,7 +96,7 @@ def test_delay_level_1_messages_are_delivered_within_a_few_seconds(tmp_path, bac
 
 
 def test_a_unit_is_delivered_only_when_its_time_has_come(tmp_path, backend):
-    clock = Clock()
+    clock = ManualClock(T0)
     store = open_store(tmp_path / "s", backend, clock)
     svc = store.schedule_message_service
     try:
@@ -127,7 +118,7 @@ def _set_tags_code(store, level, queue_offset, value):
 
 
 def test_a_tags_code_beyond_now_plus_the_delay_is_taken_as_now(tmp_path, backend):
-    clock = Clock()
+    clock = ManualClock(T0)
     store = open_store(tmp_path / "s", backend, clock)
     svc = store.schedule_message_service
     try:
@@ -153,7 +144,7 @@ def test_delivered_record_has_the_properties_and_flags_message_timeup_builds(tmp
                                                                              backends):
     records = []
     for backend in backends:
-        clock = Clock()
+        clock = ManualClock(T0)
         store = open_store(tmp_path / backend.__name__, backend, clock)
         try:
             msg = delayed(7, level=1, queue_id=1, flag=5, sys_flag=F.TRANSACTION_COMMIT_TYPE,
@@ -198,7 +189,7 @@ def test_delivered_record_has_the_properties_and_flags_message_timeup_builds(tmp
 
 def test_a_real_topic_of_rmq_sys_trans_half_topic_is_discarded_and_the_level_goes_on(
         tmp_path, backend):
-    clock = Clock()
+    clock = ManualClock(T0)
     store = open_store(tmp_path / "s", backend, clock)
     try:
         store.put_message(delayed(0, topic="RMQ_SYS_TRANS_HALF_TOPIC", queue_id=0))
@@ -213,7 +204,7 @@ def test_a_real_topic_of_rmq_sys_trans_half_topic_is_discarded_and_the_level_goe
 
 
 def test_a_refused_put_keeps_the_offset_and_is_retried(tmp_path, backend):
-    clock = Clock()
+    clock = ManualClock(T0)
     store = open_store(tmp_path / "s", backend, clock)
     svc = store.schedule_message_service
     try:
@@ -233,7 +224,7 @@ def test_a_refused_put_keeps_the_offset_and_is_retried(tmp_path, backend):
 
 def test_a_record_with_an_unusable_real_topic_is_skipped_and_the_level_goes_on(tmp_path,
                                                                               backend):
-    clock = Clock()
+    clock = ManualClock(T0)
     store = open_store(tmp_path / "s", backend, clock)
     try:
         # Written straight to the schedule queue (no DELAY: its tagsCode is 0, due at once).
@@ -256,7 +247,7 @@ def test_a_run_delivers_past_the_batch_byte_bound(tmp_path, backend, monkeypatch
     from rocketstore.services import schedule
     monkeypatch.setattr(schedule, "DELIVER_BATCH_BYTES", 300)
     monkeypatch.setattr(schedule, "DELIVER_BATCH", 7)
-    clock = Clock()
+    clock = ManualClock(T0)
     store = open_store(tmp_path / "s", backend, clock)
     try:
         store.put_messages([delayed(i) for i in range(50)])
@@ -323,7 +314,7 @@ def test_delivered_records_are_byte_identical_to_a_4_9_8_store(tmp_path, backend
     delivered, is the same bytes at the same offset, store timestamps aside."""
     with open(os.path.join(REF, "delay_java_commitlog.jsonl")) as f:
         java = [json.loads(line) for line in f]
-    clock = Clock()
+    clock = ManualClock(T0)
     store = open_store(tmp_path / "s", backend, clock, levels="1s 3s",
                        mapped_file_size_commit_log=4 << 20)
     svc = store.schedule_message_service
@@ -356,7 +347,7 @@ def test_delivered_records_are_byte_identical_to_a_4_9_8_store(tmp_path, backend
 # ---- progress: restart and crash -----------------------------------------------------------
 def test_restart_resumes_from_delay_offset_json(tmp_path, backend):
     root = tmp_path / "s"
-    clock = Clock()
+    clock = ManualClock(T0)
     store = open_store(root, backend, clock)
     try:
         for i in range(4):
@@ -386,13 +377,13 @@ def test_restart_resumes_from_delay_offset_json(tmp_path, backend):
 
 def test_an_offset_past_the_schedule_queue_is_corrected_on_start(tmp_path, backend):
     root = tmp_path / "s"
-    store = open_store(root, backend, Clock())
+    store = open_store(root, backend, ManualClock(T0))
     store.put_message(delayed(0))
     store.shutdown()
     os.makedirs(root / "config", exist_ok=True)
     with open(root / "config" / "delayOffset.json", "w") as f:
         f.write('{"offsetTable":{"1":50,"2":0}}')               # Gson's form, as a broker's
-    store = open_store(root, backend, Clock())
+    store = open_store(root, backend, ManualClock(T0))
     try:
         assert store.delay_offsets.get_offset(1) == 1
     finally:
@@ -474,7 +465,7 @@ def test_sigkill_during_delivery_delivers_every_message_at_least_once(tmp_path, 
 
 # ---- master only -----------------------------------------------------------------------------
 def test_a_slave_never_delivers_and_receives_the_masters_deliveries(tmp_path, backend):
-    clock = Clock()
+    clock = ManualClock(T0)
     mcfg = dataclasses.replace(node_config("ASYNC_MASTER"), message_delay_level="1s 2s")
     master = MessageStore(tmp_path / "m", mcfg, clock=clock, kernels=backend)
     master.load()

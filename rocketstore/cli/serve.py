@@ -18,7 +18,7 @@ log = logging.getLogger("rocketstore.serve")
 ROLES = {"master": "ASYNC_MASTER", "sync-master": "SYNC_MASTER", "slave": "SLAVE"}
 
 
-def add_serve_parser(sub):
+def add_parsers(sub):
     """Register the `serve` subcommand on an argparse subparsers object."""
     import argparse
     sv = sub.add_parser("serve", help="run a store and its HA replication in the foreground "
@@ -52,8 +52,8 @@ _MINIMUM = {"produce": 0, "body_size": 0, "batch": 1, "status_interval": 0}
 
 
 def _config(args):
-    from .cli import UsageError, check_counts
-    from .config import BrokerRole, FlushDiskType, StoreConfig
+    from .common import UsageError, check_counts
+    from ..config import BrokerRole, FlushDiskType, StoreConfig
     check_counts(args, _MINIMUM, "body_size")
     role = BrokerRole[ROLES[args.role]]
     if role is BrokerRole.SLAVE and not args.master:
@@ -86,7 +86,7 @@ def _status(store):
 
 
 def _produce(store, args, stop):
-    from .workload import make_messages
+    from ..workload import make_messages
     counts = collections.Counter()
     done = 0
     chunk = max(args.batch, 1000)
@@ -107,7 +107,7 @@ def _produce(store, args, stop):
 
 def run_serve(args):
     """Run until SIGINT/SIGTERM; 0 after a clean shutdown."""
-    from .store import MessageStore
+    from ..store import MessageStore
     if not args.debug:
         logging.getLogger("rocketstore").setLevel(logging.INFO)
         # A fresh store has no config files yet: "missing, loading .bak" is news only
@@ -157,5 +157,5 @@ def run_serve(args):
 
 
 if __name__ == "__main__":  # pragma: no cover
-    from .cli import main
+    from .command import main
     sys.exit(main(["serve"] + sys.argv[1:]))

@@ -11,17 +11,19 @@ import json
 import os
 import random
 import shutil
+import sys
 import tempfile
 import threading
 import time
 
-from . import kernels as _kernels
-from .config import FlushDiskType
-from .errors import WorkloadCheckError
-from .progress import progress_bar
-from .store import MessageStore
-from .workload import (check_puts, check_read_back, make_messages, sized_config,
+from .. import kernels as _kernels
+from ..config import FlushDiskType
+from ..errors import WorkloadCheckError
+from ..store import MessageStore
+from ..workload import (check_puts, check_read_back, make_messages, sized_config,
                        wait_dispatched)
+from .common import check_counts
+from .progress import progress_bar
 
 # Bodies compared per queue after the consume phase, which has just read every message.
 SAMPLE_PER_QUEUE = 100
@@ -203,7 +205,7 @@ def run_bench(args):
               "fdatasync_p50_us": round(fsync_us, 1), "phases": results}
     if args.json:
         # camelCase, as every other command's JSON.
-        from .repair import camel_keys
+        from ..repair import camel_keys
         report = dict(camel_keys(report), phases=[camel_keys(p) for p in results])
         print(json.dumps(report, indent=2))
         return 0
@@ -216,3 +218,38 @@ def run_bench(args):
         print("  ".join(f"{r[c]:>12}" for c in cols))
     print(f"fdatasync of 4 KiB on this disk (p50): {fsync_us:.1f} us")
     return 0
+
+
+def add_parsers(sub):
+    import argparse
+    b = sub.add_parser("bench", help="produce, consume and reopen a store; print a table",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    b.add_argument("--dir", default=None, help="store directory (default: a temporary one)")
+    b.add_argument("--messages", type=int, default=200_000, help="messages to produce")
+    b.add_argument("--size", type=int, default=128, help="body size in bytes")
+    b.add_argument("--topics", type=int, default=1, help="number of topics")
+    b.add_argument("--queues", type=int, default=4, help="queues per topic")
+    b.add_argument("--batch", type=int, default=1,
+                   help="messages per put_messages call (1: put_message)")
+    b.add_argument("--flush", choices=["async", "sync"], default="async",
+                   help="ASYNC_FLUSH or SYNC_FLUSH (group commit)")
+    b.add_argument("--threads", type=int, default=1, help="producer threads")
+    b.add_argument("--queries", type=int, default=10_000, help="random key lookups")
+    b.add_argument("--file-size", type=int, default=0,
+                   help="CommitLog file size in bytes (0: sized to the messages, at most 1 GiB)")
+    b.add_argument("--json", action="store_true", help="print the results as JSON")
+    b.set_defaults(func=_bench)
+
+
+# The least value of each `rocketstore bench` count: none may be negative, and a run needs a
+# topic, a queue, a producer thread and a batch of at least one message.
+_BENCH_MINIMUM = {"messages": 0, "size": 0, "topics": 1, "queues": 1, "batch": 1, "threads": 1,
+                  "queries": 0, "file_size": 0}
+
+
+def _bench(args):
+    check_counts(args, _BENCH_MINIMUM, "size")
+    # Building the messages comes before the first progress bar and takes a while.
+    print(f"rocketstore bench: building {args.messages:,} messages of {args.size} bytes",
+          file=sys.stderr, flush=True)
+    return run_bench(args)

@@ -1,0 +1,94 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CommitLog below the facade: records at their offsets with their queue offsets, the blank
+record that ends a full file, a slave's appends, and the refusal after stop_puts."""
+import struct
+
+import pytest
+
+from rocketstore import Message, PutMessageStatus, testing
+from rocketstore import format as F
+from rocketstore.commitlog import CommitLog
+from rocketstore.errors import StoreClosedError
+from rocketstore.fs import DEFAULT
+
+FILE = 4096
+
+
+def _clock():
+    t = iter(range(1_700_000_000_000, 1_800_000_000_000))
+    return lambda: next(t)
+
+
+@pytest.fixture
+def log(tmp_path, backend):
+    cl = CommitLog(str(tmp_path), testing.small_config(mapped_file_size_commit_log=FILE),
+                   backend, DEFAULT)
+    cl.mfq.root = str(tmp_path)
+    cl.load()
+    cl.start()
+    yield cl
+    cl.shutdown()
+    cl.close()
+
+
+def _put(cl, clock, body=b"x" * 100, topic="T", queue_id=0):
+    r = cl.put_message(Message(topic, body, queue_id=queue_id), clock)
+    assert r.status is PutMessageStatus.PUT_OK
+    return r
+
+
+def test_records_follow_each_other_with_per_queue_offsets(log):
+    clock = _clock()
+    a = _put(log, clock, queue_id=0)
+    b = _put(log, clock, queue_id=1)
+    c = _put(log, clock, queue_id=0)
+    assert (a.commit_log_offset, b.commit_log_offset, c.commit_log_offset) == \
+        (0, a.wrote_bytes, a.wrote_bytes + b.wrote_bytes)
+    assert (a.queue_offset, b.queue_offset, c.queue_offset) == (0, 0, 1)
+    raw = log.get_message_bytes(c.commit_log_offset)
+    assert len(raw) == c.wrote_bytes
+    assert struct.unpack_from(">q", raw, F.POS_QUEUEOFFSET)[0] == 1
+    assert struct.unpack_from(">q", raw, F.POS_PHYSICALOFFSET)[0] == c.commit_log_offset
+    assert log.pickup_store_timestamp(c.commit_log_offset, c.wrote_bytes) == c.store_timestamp
+    assert log.max_offset == c.commit_log_offset + c.wrote_bytes
+
+
+def test_a_record_that_does_not_fit_leaves_a_blank_and_opens_the_next_file(log):
+    clock = _clock()
+    results = [_put(log, clock) for _ in range(FILE // 200 + 20)]
+    rolled = next(r for r in results if r.commit_log_offset >= FILE)
+    assert rolled.commit_log_offset == FILE
+    before = [r for r in results if r.commit_log_offset < FILE][-1]
+    end = before.commit_log_offset + before.wrote_bytes
+    blank = log.get_data(end, 8)
+    assert struct.unpack(">ii", blank) == (FILE - end, F.BLANK_MAGIC_CODE)
+    assert FILE - end < rolled.wrote_bytes + F.END_FILE_MIN_BLANK_LENGTH
+    assert log.roll_next_file(end) == FILE
+
+
+def test_a_slave_appends_only_where_its_log_ends(log):
+    record = bytes(64)
+    assert log.append_data(100, record) is False          # an empty log starts at a boundary
+    assert log.append_data(0, record) is True
+    assert log.append_data(0, record) is False            # not where it ends now
+    assert log.append_data(64, record + record) is True
+    assert log.max_offset == 192
+    assert log.append_data(192, bytes(FILE)) is False     # past its file's end: never split
+
+
+def test_after_stop_puts_a_put_is_refused_and_nothing_is_written(log):
+    clock = _clock()
+    _put(log, clock)
+    end = log.max_offset
+    log.stop_puts()
+    with pytest.raises(StoreClosedError):
+        log.put_message(Message("T", b"late"), clock)
+    assert log.append_data(end, bytes(8)) is False
+    assert log.max_offset == end
+
+
+def test_reads_past_the_written_end_return_none(log):
+    r = _put(log, _clock())
+    assert log.get_data(r.commit_log_offset + r.wrote_bytes, 1) is None
+    assert log.get_message_bytes(r.commit_log_offset + r.wrote_bytes) is None
+    assert log.get_data(FILE * 5, 4) is None

@@ -1,0 +1,160 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ConsumeQueue below the facade: units written and read back across files, the filler of a
+queue that starts late, redispatch, truncation, recovery and expiry (doc/02 §1)."""
+import struct
+
+import numpy as np
+import pytest
+
+from rocketstore.consume_queue import ConsumeQueue, DirtyQueues
+from rocketstore.format import CQ_STORE_UNIT_SIZE as UNIT
+from rocketstore.fs import DEFAULT
+
+PER_FILE = 8                     # units per file: small, so files roll
+
+
+def _queue(root, backend, per_file=PER_FILE, writable=True):
+    cq = ConsumeQueue(str(root), "T", 0, per_file * UNIT, backend, DEFAULT, writable)
+    cq.load()
+    return cq
+
+
+def _put(cq, first_queue_offset, count, first_phy=0, size=100):
+    offsets = np.arange(count, dtype=np.int64) * size + first_phy
+    sizes = np.full(count, size, dtype=np.int32)
+    tags = np.arange(count, dtype=np.int64) + 1000
+    cq.put_units(offsets, sizes, tags, first_queue_offset)
+    return offsets
+
+
+def _files(root):
+    return sorted(p.name for p in (root / "consumequeue" / "T" / "0").iterdir())
+
+
+def test_the_file_size_is_rounded_up_to_whole_units(tmp_path, backend):
+    cq = ConsumeQueue(str(tmp_path), "T", 0, 7 * UNIT + 1, backend, DEFAULT)
+    assert cq.file_size == 8 * UNIT
+
+
+def test_units_written_across_files_read_back_in_order(tmp_path, backend):
+    cq = _queue(tmp_path, backend)
+    offsets = _put(cq, 0, 20)
+    assert _files(tmp_path) == [f"{i * PER_FILE * UNIT:020d}" for i in range(3)]
+    assert cq.max_offset_in_queue == 20 and cq.min_offset_in_queue == 0
+    units = cq.units(0, 50)
+    assert list(units["offset"]) == list(offsets)
+    assert list(units["tags_code"]) == list(range(1000, 1020))
+    assert list(cq.units(6, 4)["offset"]) == list(offsets[6:10])     # across a file end
+    assert cq.last_offset() == offsets[-1] + 100
+    cq.close()
+
+
+def test_a_unit_is_20_big_endian_bytes_offset_size_tags_code(tmp_path, backend):
+    cq = _queue(tmp_path, backend)
+    cq.put_unit(123456789, 77, -5, 0)
+    cq.flush()
+    cq.close()
+    raw = (tmp_path / "consumequeue" / "T" / "0" / f"{0:020d}").read_bytes()
+    assert raw[:UNIT] == struct.pack(">qiq", 123456789, 77, -5)
+
+
+def test_a_queue_that_starts_late_begins_with_filler_units(tmp_path, backend):
+    cq = _queue(tmp_path, backend)
+    _put(cq, 11, 2)             # queue offset 11: the second file, 3 units in
+    assert _files(tmp_path) == [f"{PER_FILE * UNIT:020d}"]
+    assert cq.min_offset_in_queue == 11 and cq.max_offset_in_queue == 13
+    cq.flush()
+    raw = (tmp_path / "consumequeue" / "T" / "0" / f"{PER_FILE * UNIT:020d}").read_bytes()
+    filler = struct.pack(">qiq", 0, 0x7FFFFFFF, 0)
+    assert raw[:3 * UNIT] == filler * 3
+    assert list(cq.units(11, 2)["size"]) == [100, 100]
+    cq.close()
+
+
+def test_units_already_present_are_skipped_on_redispatch(tmp_path, backend):
+    cq = _queue(tmp_path, backend)
+    _put(cq, 0, 5)
+    before = cq.units(0, 5).copy()
+    _put(cq, 0, 7)              # the first five again, then two new ones
+    assert cq.max_offset_in_queue == 7
+    assert (cq.units(0, 5) == before).all()
+    cq.put_unit(0, 100, 0, 0)   # an old record: ignored
+    assert cq.max_offset_in_queue == 7
+    cq.close()
+
+
+def test_truncation_drops_the_units_at_and_past_a_commit_log_offset(tmp_path, backend):
+    cq = _queue(tmp_path, backend)
+    _put(cq, 0, 20)             # records at 0, 100, ..., 1900
+    cq.truncate_dirty_logic_files(1050)
+    assert cq.max_offset_in_queue == 11          # units 0..10 point below 1050
+    assert cq.max_physic_offset == 1100
+    assert _files(tmp_path) == [f"{i * PER_FILE * UNIT:020d}" for i in range(2)]
+    _put(cq, 11, 3, first_phy=1100)              # the queue goes on from there
+    assert list(cq.units(10, 4)["offset"]) == [1000, 1100, 1200, 1300]
+    cq.close()
+
+
+def test_recovery_stops_at_the_first_invalid_unit(tmp_path, backend):
+    cq = _queue(tmp_path, backend)
+    _put(cq, 0, 12)
+    cq.flush()
+    cq.close()
+    second = tmp_path / "consumequeue" / "T" / "0" / f"{PER_FILE * UNIT:020d}"
+    raw = bytearray(second.read_bytes())
+    raw[UNIT:2 * UNIT] = bytes(UNIT)            # unit 9 torn to zeros; 10 and 11 follow it
+    second.write_bytes(bytes(raw))
+    cq = _queue(tmp_path, backend)
+    cq.recover()
+    assert cq.max_offset_in_queue == 9
+    assert cq.max_physic_offset == 900
+    cq.close()
+
+
+def test_expiry_deletes_whole_files_below_the_commit_log_minimum_but_never_the_last(
+        tmp_path, backend):
+    cq = _queue(tmp_path, backend)
+    _put(cq, 0, 20)
+    assert cq.delete_expired_file(1000, now_ms=0) == 1       # file 0 (units 0..7) goes
+    assert cq.min_offset_in_queue == 10                      # first unit at offset >= 1000
+    assert cq.delete_expired_file(10**9, now_ms=0) == 1      # file 1 goes; the last stays
+    assert len(_files(tmp_path)) == 1
+    cq.close()
+
+
+def test_a_written_queue_is_marked_dirty_once_per_flush_round(tmp_path, backend):
+    cq = _queue(tmp_path, backend)
+    dirty = DirtyQueues()
+    cq.dirty = dirty
+    _put(cq, 0, 3)
+    cq.put_unit(300, 100, 0, 3)
+    assert cq in dirty and len(dirty) == 1
+    assert dirty.take() == {cq}
+    assert len(dirty) == 0
+    cq.put_unit(400, 100, 0, 4)        # written after the take: marked again
+    assert dirty.take() == {cq}
+    cq.close()
+
+
+def test_a_read_only_queue_writes_nothing_when_truncated(tmp_path, backend):
+    cq = _queue(tmp_path, backend)
+    _put(cq, 0, 12)
+    cq.flush()
+    cq.close()
+    before = {n: (tmp_path / "consumequeue" / "T" / "0" / n).read_bytes()
+              for n in _files(tmp_path)}
+    ro = _queue(tmp_path, backend, writable=False)
+    ro.recover()
+    ro.truncate_dirty_logic_files(300)
+    assert ro.max_offset_in_queue == 3
+    ro.close()
+    assert {n: (tmp_path / "consumequeue" / "T" / "0" / n).read_bytes()
+            for n in _files(tmp_path)} == before
+
+
+@pytest.mark.parametrize("start, count", [(0, 0), (25, 3), (19, 5)])
+def test_reading_past_the_written_end_returns_what_is_there(tmp_path, backend, start, count):
+    cq = _queue(tmp_path, backend)
+    _put(cq, 0, 20)
+    assert len(cq.units(start, count)) == max(0, min(start + count, 20) - start)
+    cq.close()

@@ -1,0 +1,158 @@
+# SPDX-License-Identifier: Apache-2.0
+"""MappedFile and MappedFileQueue below the facade: segment names, finding the file of an
+offset, growth, truncation, flushing, holding a file through its deletion, and the segments
+a load refuses or drops."""
+import errno
+import os
+
+import pytest
+
+from rocketstore import testing
+from rocketstore.errors import StoreLoadError
+from rocketstore.fs import DEFAULT
+from rocketstore.mapped_file import MappedFile, offset_to_file_name
+from rocketstore.mapped_file_queue import MappedFileQueue
+
+SIZE = 4096
+
+
+def _queue(path, backend, writable=True, fs=DEFAULT):
+    q = MappedFileQueue(str(path), SIZE, backend, fs, writable)
+    q.root = str(path.parent)
+    q.load()
+    return q
+
+
+def _fill(q, n_files):
+    """Grow the queue to `n_files` files, each written to its end with one byte pattern."""
+    for i in range(n_files):
+        mf = q.get_last_mapped_file(0)
+        mf.reserve(SIZE)
+        mf.mm[0:SIZE] = bytes([i + 1]) * SIZE
+        mf.wrote_position = mf.committed_position = SIZE
+    return q
+
+
+def test_a_segment_is_named_by_its_first_offset_in_20_digits():
+    assert offset_to_file_name(0) == "0" * 20
+    assert offset_to_file_name(1073741824) == "00000000001073741824"
+
+
+def test_files_are_created_at_whole_file_offsets_one_after_another(tmp_path, backend):
+    q = _queue(tmp_path / "log", backend)
+    first = q.get_last_mapped_file(start_offset=SIZE * 3 + 17)
+    assert first.file_from_offset == SIZE * 3 and first.first_create_in_queue
+    assert q.get_last_mapped_file(need_create=False) is first   # not full: the same file
+    first.wrote_position = first.committed_position = SIZE
+    second = q.get_last_mapped_file()
+    assert second.file_from_offset == SIZE * 4 and not second.first_create_in_queue
+    assert sorted(os.listdir(tmp_path / "log")) == [offset_to_file_name(SIZE * 3),
+                                                     offset_to_file_name(SIZE * 4)]
+    q.close()
+
+
+@pytest.mark.parametrize("offset, expected", [
+    (0, 0), (SIZE - 1, 0), (SIZE, 1), (3 * SIZE - 1, 2), (3 * SIZE, None), (-1, None)])
+def test_the_file_of_an_offset_is_found_at_its_boundaries(tmp_path, backend, offset,
+                                                          expected):
+    q = _fill(_queue(tmp_path / "log", backend), 3)
+    want = q.files[expected] if expected is not None else None
+    assert q.find_by_offset(offset) is want
+    assert q.find_by_offset(offset, return_first_on_not_found=True) is (want or q.files[0])
+    q.close()
+
+
+def test_truncation_deletes_later_files_and_zeroes_the_tail_of_the_kept_one(tmp_path, backend):
+    q = _fill(_queue(tmp_path / "log", backend), 3)
+    q.truncate_dirty_files(SIZE + 100)
+    assert [f.file_from_offset for f in q.files] == [0, SIZE]
+    assert q.get_max_offset() == SIZE + 100
+    kept = q.files[1]
+    assert bytes(kept.mm[:100]) == b"\x02" * 100
+    assert bytes(kept.mm[100:SIZE]) == bytes(SIZE - 100)
+    assert sorted(os.listdir(tmp_path / "log")) == [offset_to_file_name(0),
+                                                     offset_to_file_name(SIZE)]
+    q.close()
+
+
+def test_flush_moves_the_flushed_offset_a_file_at_a_time(tmp_path, backend):
+    q = _fill(_queue(tmp_path / "log", backend), 2)
+    assert q.flush() is False and q.flushed_where == SIZE
+    assert q.flush() is False and q.flushed_where == 2 * SIZE
+    assert q.flush() is True                         # nothing left to flush
+    q.close()
+
+
+def test_flush_skips_files_cleaning_removed_before_the_flusher_reached_them(tmp_path, backend):
+    q = _fill(_queue(tmp_path / "log", backend), 3)
+    q.delete_files(q.files[:2])
+    q.flush()
+    assert q.flushed_where == 3 * SIZE
+    q.close()
+
+
+def test_a_reload_sees_every_file_full_until_recovery_says_otherwise(tmp_path, backend):
+    q = _fill(_queue(tmp_path / "log", backend), 2)
+    q.flush()
+    q.flush()
+    q.close()
+    again = _queue(tmp_path / "log", backend)
+    assert [f.read_position for f in again.files] == [SIZE, SIZE]
+    assert again.get_min_offset() == 0 and again.get_max_offset() == 2 * SIZE
+    again.close()
+
+
+def test_a_writable_load_refuses_segments_that_are_not_adjacent(tmp_path, backend):
+    _fill(_queue(tmp_path / "log", backend), 3).close()
+    os.remove(tmp_path / "log" / offset_to_file_name(SIZE))
+    with pytest.raises(StoreLoadError, match="not adjacent"):
+        _queue(tmp_path / "log", backend)
+    reader = _queue(tmp_path / "log", backend, writable=False)   # a reader reads what is there
+    assert [f.file_from_offset for f in reader.files] == [0, 2 * SIZE]
+    reader.close()
+
+
+def test_a_writable_load_drops_an_empty_last_segment_a_crash_left(tmp_path, backend):
+    _fill(_queue(tmp_path / "log", backend), 1).close()
+    (tmp_path / "log" / offset_to_file_name(SIZE)).write_bytes(b"")
+    q = _queue(tmp_path / "log", backend)
+    assert [f.file_from_offset for f in q.files] == [0]
+    assert not (tmp_path / "log" / offset_to_file_name(SIZE)).exists()
+    q.close()
+
+
+def test_a_segment_of_another_size_is_refused_naming_the_file(tmp_path, backend):
+    (tmp_path / "log").mkdir()
+    (tmp_path / "log" / offset_to_file_name(0)).write_bytes(bytes(SIZE * 2))
+    with pytest.raises(StoreLoadError, match="bytes but segments here are"):
+        _queue(tmp_path / "log", backend)
+
+
+def test_a_held_file_is_deleted_only_when_released_or_forced(tmp_path, backend):
+    q = _fill(_queue(tmp_path / "log", backend), 3)
+    first, second = q.files[0], q.files[1]
+    assert first.hold()
+    assert first.try_destroy(now_ms=0, interval_forcibly_ms=1000) is False   # a reader has it
+    assert os.path.exists(first.path) and not first.hold()    # no new readers meanwhile
+    first.release()
+    assert first.try_destroy(now_ms=10, interval_forcibly_ms=1000) is True
+    assert not os.path.exists(first.path)
+    # A view still exported after the forced interval: the file goes, its pages stay for
+    # the view (Python cannot unmap under it, unlike Java's cleaner).
+    view = memoryview(second.mm)[10:30]
+    assert second.try_destroy(now_ms=0, interval_forcibly_ms=1000) is False
+    assert second.try_destroy(now_ms=1000, interval_forcibly_ms=1000) is True
+    assert not os.path.exists(second.path)
+    assert bytes(view) == b"\x02" * 20
+    view.release()
+    q.close()
+
+
+def test_a_full_disk_fails_the_new_file_and_leaves_no_segment_behind(tmp_path, backend):
+    fs = testing.FaultInjectingFileSystem()
+    q = _queue(tmp_path / "log", backend, fs=fs)
+    fs.fail("map", errno.ENOSPC)
+    with pytest.raises(OSError):
+        MappedFile(q.path_to_create(0), SIZE, backend, fs)
+    assert os.listdir(tmp_path / "log") == []
+    q.close()
