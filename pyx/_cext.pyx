@@ -321,14 +321,9 @@ def tags_match(props, tags, ends):
     """Whether the TAGS value of the properties string `props` is one of the UTF-8 strings
     tags[ends[i-1]:ends[i]] (`ends`: int64, ascending): a tag subscription's string check."""
     cdef Py_buffer p, t
-    cdef const int64_t[::1] e
-    cdef Py_ssize_t n
+    cdef const int64_t[::1] e = _i64s(ends)
+    cdef Py_ssize_t n = e.shape[0]
     cdef int r
-    try:
-        e = ends
-    except (TypeError, ValueError, BufferError):
-        e = _as_array(ends, "q")
-    n = e.shape[0]
     memset(&p, 0, sizeof(p))
     memset(&t, 0, sizeof(t))
     try:
