@@ -88,6 +88,9 @@
  *   12   8     tagsCode          String.hashCode(TAGS) sign-extended (doc/01 §3.7)
  */
 #define RS_CQ_STORE_UNIT_SIZE 20
+#define RS_CQ_POS_OFFSET 0
+#define RS_CQ_POS_SIZE 8
+#define RS_CQ_POS_TAGS_CODE 12
 
 /*
  * IndexFile, doc/02 §2.1 (IndexHeader, IndexFile#putKey).  File = header, then slot_num
@@ -125,9 +128,24 @@
 #define RS_INDEX_ENTRY_POS_TIME_DIFF 12
 #define RS_INDEX_ENTRY_POS_PREV_INDEX 16
 
-/* Checkpoint, doc/03 §3. */
+/*
+ * Checkpoint, doc/03 §3: a 4096-byte file, zeros past the fields.  4.9.x writes the first
+ * three, 5.x all five.
+ *
+ *   off  size  field
+ *   0    8     physicMsgTimestamp
+ *   8    8     logicsMsgTimestamp
+ *   16   8     indexMsgTimestamp
+ *   24   8     masterFlushedOffset   5.x
+ *   32   8     confirmPhyOffset      5.x
+ */
 #define RS_CHECKPOINT_FILE_SIZE 4096
 #define RS_OS_PAGE_SIZE 4096
+#define RS_CHECKPOINT_POS_PHYSIC_MSG_TIMESTAMP 0
+#define RS_CHECKPOINT_POS_LOGICS_MSG_TIMESTAMP 8
+#define RS_CHECKPOINT_POS_INDEX_MSG_TIMESTAMP 16
+#define RS_CHECKPOINT_POS_MASTER_FLUSHED_OFFSET 24
+#define RS_CHECKPOINT_POS_CONFIRM_PHY_OFFSET 32
 
 /* Why rs_commitlog_scan stopped (format.SCAN_*): values, not errors (doc/03 §5.3). */
 #define RS_SCAN_END 0        /* reached end, or filled the output rows */

@@ -83,8 +83,9 @@ cdef inline bint _has_code(const int64_t *codes, Py_ssize_t n, int64_t code) noe
 cdef inline bint _row_inside(const rs_scan_rec *r, Py_ssize_t buf_len) noexcept:
     """Whether the fields `r` locates (hosts, body, topic, properties) lie inside its record and
     the record inside a buffer of buf_len bytes."""
-    cdef int64_t hosts = RS_POS_BORNHOST + (20 if r.sys_flag & RS_BORNHOST_V6_FLAG else 8) \
-        + 8 + (20 if r.sys_flag & RS_STOREHOSTADDRESS_V6_FLAG else 8)
+    cdef int64_t hosts = RS_POS_BORNHOST + (
+        RS_HOST_V6_LENGTH if r.sys_flag & RS_BORNHOST_V6_FLAG else RS_HOST_V4_LENGTH) + 8 + (
+        RS_HOST_V6_LENGTH if r.sys_flag & RS_STOREHOSTADDRESS_V6_FLAG else RS_HOST_V4_LENGTH)
     return (r.pos >= 0 and r.size >= hosts and r.pos + r.size <= buf_len
             and 0 <= r.body_off and 0 <= r.body_len and r.body_off + r.body_len <= r.size
             and 0 <= r.topic_off and 0 <= r.topic_len and r.topic_off + r.topic_len <= r.size
@@ -177,10 +178,10 @@ cdef class ReadPath:
         # The hosts' lengths follow the sysflag bits, which rs_msg_check has checked against
         # TOTALSIZE (doc/01 §3.1).
         p = rec + RS_POS_BORNHOST
-        n = 20 if row.sys_flag & RS_BORNHOST_V6_FLAG else 8
+        n = RS_HOST_V6_LENGTH if row.sys_flag & RS_BORNHOST_V6_FLAG else RS_HOST_V4_LENGTH
         _set_member(m, x[X_BORN_HOST], self._host(p, n, False))
         p += n + 8
-        n = 20 if row.sys_flag & RS_STOREHOSTADDRESS_V6_FLAG else 8
+        n = RS_HOST_V6_LENGTH if row.sys_flag & RS_STOREHOSTADDRESS_V6_FLAG else RS_HOST_V4_LENGTH
         _set_member(m, x[X_STORE_HOST], self._host(p, n, True))
         _set_member(m, x[X_BODY], PyBytes_FromStringAndSize(
             <const char *>rec + row.body_off, row.body_len))

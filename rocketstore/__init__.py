@@ -7,6 +7,7 @@ from .errors import (ConfigError, CorruptRecordError, InvalidArgumentError, Mess
                      StoreClosedError, StoreError, StoreLoadError, StoreLockedError,
                      UnsafePathError)
 from .kernels import BACKEND
+from .live import LiveReader
 from .message import Message, MessageExt
 from .recovery import RecoveryReport
 from .status import (AppendStatus, GetMessageResult, GetMessageStatus, PutMessageResult,
@@ -15,7 +16,8 @@ from .store import MessageStore
 from .subscription import Subscription, parse_subscription
 
 __all__ = [
-    "__version__", "BACKEND", "MessageStore", "StoreConfig", "FlushDiskType", "BrokerRole",
+    "__version__", "BACKEND", "MessageStore", "LiveReader", "StoreConfig", "FlushDiskType",
+    "BrokerRole",
     "Message", "MessageExt", "PutMessageStatus", "GetMessageStatus", "AppendStatus",
     "PutMessageResult", "PutMessagesResult", "GetMessageResult", "QueryMessageResult",
     "RecoveryReport", "Subscription", "parse_subscription",

@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""StoreCheckpoint: the 4 KiB `checkpoint` file (doc/03 §3)."""
-import struct
-
+"""StoreCheckpoint: the 4 KiB `checkpoint` file (doc/03 §3), and the only code that writes
+its bytes."""
+from . import format as F
 from .format import CHECKPOINT_FILE_SIZE
 
-_V49 = struct.Struct(">qqq")      # physicMsgTimestamp, logicsMsgTimestamp, indexMsgTimestamp
-_V5 = struct.Struct(">qqqqq")     # + masterFlushedOffset, confirmPhyOffset (5.x)
+_V49 = F.CHECKPOINT_V49.struct    # physicMsgTimestamp, logicsMsgTimestamp, indexMsgTimestamp
+_V5 = F.CHECKPOINT.struct         # + masterFlushedOffset, confirmPhyOffset (5.x)
 
 
 class StoreCheckpoint:
@@ -23,7 +23,7 @@ class StoreCheckpoint:
         self.confirm_phy_offset = 0
         self.mm = None
         if fs.exists(path):
-            raw = fs.read_bytes(path)[:40].ljust(40, b"\0")
+            raw = fs.read_bytes(path)[:_V5.size].ljust(_V5.size, b"\0")
             (self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp,
              self.master_flushed_offset, self.confirm_phy_offset) = _V5.unpack(raw)
         if not read_only:
@@ -58,3 +58,17 @@ class StoreCheckpoint:
         if self.mm is not None:
             self.mm.close()
             self.mm = None
+
+
+def reset_dispatch_timestamps(fs, path, index):
+    """Zero physicMsgTimestamp and logicsMsgTimestamp (and indexMsgTimestamp when `index`) in
+    the checkpoint file at `path`, when there is one, leaving every other byte as it is: a
+    zero checkpoint sends abnormal recovery back to the first CommitLog file (doc/03 §5.5).
+    Written whole through fs.write_bytes, for an offline repair with no store open."""
+    if not fs.exists(path):
+        return
+    raw = bytearray(fs.read_bytes(path))
+    fields = F.CHECKPOINT_V49 if index else F.CHECKPOINT_V49.prefix(2)
+    raw.extend(bytes(max(0, fields.size - len(raw))))    # a short file grows to hold them
+    fields.struct.pack_into(raw, 0, *(0,) * len(fields.fields))
+    fs.write_bytes(path, bytes(raw))

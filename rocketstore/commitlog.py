@@ -19,7 +19,7 @@ from .services.schedule import DeliveredMessage
 from .transient_pool import TransientStorePool
 from .status import PutMessageResult, PutMessagesResult, PutMessageStatus
 
-_I32 = struct.Struct(">i")
+_I32 = F.I32
 _NOT_DISPATCHED = (F.TRANSACTION_PREPARED_TYPE, F.TRANSACTION_ROLLBACK_TYPE)
 _MAX_RECORD_OVERHEAD = 64 * 1024
 
@@ -261,9 +261,9 @@ class CommitLog:
         born_raw = msg.born_host_raw
         store_raw = msg.store_host_raw
         sys_flag = msg.sys_flag & ~(F.BORNHOST_V6_FLAG | F.STOREHOSTADDRESS_V6_FLAG)
-        if len(born_raw) == 20:
+        if len(born_raw) == F.HOST_V6_LENGTH:
             sys_flag |= F.BORNHOST_V6_FLAG
-        if len(store_raw) == 20:
+        if len(store_raw) == F.HOST_V6_LENGTH:
             sys_flag |= F.STOREHOSTADDRESS_V6_FLAG
         size = self._k.msg_encode(out, pos, topic_b, body, props_b, msg.queue_id, msg.flag, 0,
                                   0, sys_flag, msg.born_timestamp, born_raw, 0, store_raw,
@@ -662,11 +662,12 @@ class CommitLog:
 
     def pickup_store_timestamp(self, offset, size):
         rec = self.get_data(offset, min(size, 128))
-        if rec is None or len(rec) < 72:
+        if rec is None:
             return -1
-        sys_flag = _I32.unpack_from(rec, F.POS_SYSFLAG)[0]
-        pos = F.POS_BORNHOST + (20 if sys_flag & F.BORNHOST_V6_FLAG else 8)
-        return struct.unpack_from(">q", rec, pos)[0]
+        try:
+            return F.store_timestamp_at(rec)
+        except struct.error:      # `size` too short to reach the STORETIMESTAMP its SYSFLAG places
+            return -1
 
     def flush(self, least_pages=0):
         return self.mfq.flush(least_pages)

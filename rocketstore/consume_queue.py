@@ -2,17 +2,16 @@
 """ConsumeQueue: one per (topic, queue_id), fixed 20-byte units (doc/02 §1)."""
 import logging
 import os
-import struct
 import threading
 
 import numpy as np
 
-from .format import CQ_DTYPE, CQ_STORE_UNIT_SIZE as UNIT
+from .format import CQ_DTYPE, CQ_UNIT, CQ_STORE_UNIT_SIZE as UNIT
 from .mapped_file_queue import MappedFileQueue
 
 log = logging.getLogger(__name__)
 
-_UNIT = struct.Struct(">qiq")
+_UNIT = CQ_UNIT.struct
 _FILLER = _UNIT.pack(0, 0x7FFFFFFF, 0)
 
 

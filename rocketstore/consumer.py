@@ -12,6 +12,11 @@ queue wakes nobody (two topics sharing a hash cost a spurious wake and a re-read
 Registering before reading is what makes a wake-up impossible to miss: a batch dispatched
 after the registration sets the event, one dispatched before it is seen by the read.
 
+A store whose `poll_backoff` is not None (live.LiveReader: the writer is another process, so
+nothing here dispatches) has no wake-up to wait for: its waits read again after a backoff
+that starts at poll_backoff[0] s and doubles up to poll_backoff[1] s; an asyncio wait runs
+that loop in the executor, a slice at a time.
+
 Shutdown wakes every waiter: a wait then raises StoreClosedError (as every method of a
 shut-down store does); a Consumer / AsyncConsumer iteration simply ends.
 """
@@ -193,6 +198,8 @@ def wait_for_message(store, group, topic, queue_id, offset, max_msg_nums, messag
         return r
     deadline = None if wait_ms is None else time.monotonic() + wait_ms / 1000.0
     arrivals = store.arrivals
+    poll = store.poll_backoff
+    step = poll[0] if poll is not None else None
     key = queue_key(topic, queue_id)
     event = threading.Event()
     wake = event.set
@@ -205,13 +212,17 @@ def wait_for_message(store, group, topic, queue_id, offset, max_msg_nums, messag
             r, offset = _settle(read, read(offset), offset)
             if not _waitable(r) or (cancel is not None and cancel.cancelled):
                 return r
-            if deadline is None:
-                event.wait()
-            else:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+            timeout = None
+            if deadline is not None:
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
                     return r
-                event.wait(remaining)
+            if poll is not None:
+                # No dispatch in this process wakes the wait (a LiveReader): read again
+                # after a short backoff; close() still wakes it at once.
+                timeout = step if timeout is None else min(timeout, step)
+                step = min(2 * step, poll[1])
+            event.wait(timeout)
             if arrivals.closed:
                 raise StoreClosedError("the store shut down while waiting for a message")
     finally:
@@ -238,6 +249,9 @@ async def await_message(store, group, topic, queue_id, offset, max_msg_nums, mes
     if not _waitable(r) or wait_ms == 0:
         return r
     deadline = None if wait_ms is None else loop.time() + wait_ms / 1000.0
+    if store.poll_backoff is not None:
+        return await _await_polling(store, group, topic, queue_id, offset, max_msg_nums,
+                                    message_filter, deadline, cancel)
     arrivals = store.arrivals
     key = queue_key(topic, queue_id)
     event = asyncio.Event()
@@ -269,6 +283,28 @@ async def await_message(store, group, topic, queue_id, offset, max_msg_nums, mes
         arrivals.unregister(key, wake)
 
 
+# A polling wait (await_message on a store with poll_backoff) runs in the executor in slices
+# of this many ms: the loop then runs a step per slice, not one per check, and a cancelled
+# task leaves its thread polling no longer than this.
+_POLL_SLICE_MS = 100
+
+
+async def _await_polling(store, group, topic, queue_id, offset, max_msg_nums, message_filter,
+                         deadline, cancel):
+    """await_message where no dispatch wakes a wait: wait_for_message's polling loop, in the
+    loop's default executor, a slice at a time until `deadline` (loop time; None: none)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        left = _POLL_SLICE_MS if deadline is None else \
+            max(0, min(_POLL_SLICE_MS, int((deadline - loop.time()) * 1000)))
+        r = await loop.run_in_executor(None, wait_for_message, store, group, topic, queue_id,
+                                       offset, max_msg_nums, message_filter, left, cancel)
+        if not _waitable(r) or left == 0 or (cancel is not None and cancel.cancelled):
+            return r
+        # Units a filter left out were stepped over: go on from behind them.
+        offset = max(offset, r.next_begin_offset)
+
+
 class _Cursor:
     """A consumer's position on a group/topic/queue, and its commit rule: a batch's end is
     committed when the caller asks for the next batch (it has then processed this one), so a
@@ -277,8 +313,9 @@ class _Cursor:
     def __init__(self, store, group, topic, queue_id, batch_size, message_filter, *,
                  subscription=None, property_filter=None):
         store._check_open()
-        if store.read_only:
-            # It could neither commit nor be woken: nothing dispatches in a read-only store.
+        if store.read_only and store.poll_backoff is None:
+            # It could neither commit nor be woken: nothing dispatches in a read-only store
+            # (a LiveReader, which polls and keeps its own offsets, can).
             raise StoreClosedError("a read-only store has no consumers (it keeps no consumer "
                                    "offsets and dispatches nothing): read it with get_message")
         from .arguments import check_callable, check_int, check_queue, check_str

@@ -17,11 +17,13 @@ from .message import PROPERTY_DELAY, string_to_properties, valid_topic_bytes
 
 log = logging.getLogger(__name__)
 
-# Row field positions (format.SCAN_DTYPE order)
-R_POS, R_PHY, R_QOFF, R_TAGS, R_STORE_TS = 0, 1, 2, 3, 4
-R_SIZE, R_QID, R_SYSFLAG = 7, 8, 9
-R_BODY_OFF, R_BODY_LEN = 13, 14
-R_TOPIC_OFF, R_TOPIC_LEN, R_PROPS_OFF, R_PROPS_LEN, R_INFO, R_TOPIC_HASH = 15, 16, 17, 18, 19, 20
+# Field positions in a row tuple (rows[i].tolist()), taken from format.SCAN_DTYPE's order
+(R_POS, R_PHY, R_QOFF, R_TAGS, R_STORE_TS, R_SIZE, R_QID, R_SYSFLAG, R_BODY_OFF, R_BODY_LEN,
+ R_TOPIC_OFF, R_TOPIC_LEN, R_PROPS_OFF, R_PROPS_LEN, R_INFO, R_TOPIC_HASH) = (
+    (F.SCAN_DTYPE.names or ()).index(name) for name in (
+        "pos", "phy_offset", "queue_offset", "tags_code", "store_timestamp", "size", "queue_id",
+        "sys_flag", "body_off", "body_len", "topic_off", "topic_len", "props_off", "props_len",
+        "info", "topic_hash"))
 
 _SKIP_CQ = (F.TRANSACTION_PREPARED_TYPE, F.TRANSACTION_ROLLBACK_TYPE)
 

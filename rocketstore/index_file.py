@@ -7,7 +7,6 @@ kernels do the byte work on the mapping; this class only knows where the file is
 header says. Written by the reput thread only; readers borrow the mapping with hold/release.
 """
 import datetime
-import struct
 import time
 
 import numpy as np
@@ -15,9 +14,10 @@ import numpy as np
 from . import format as F
 from .mapped_file import MappedFile
 
-_HEAD = struct.Struct(">qqqqii")
-_I32 = struct.Struct(">i")
-_I64 = struct.Struct(">q")
+_HEAD = F.INDEX_HEADER.struct
+_I32 = F.I32
+_I64 = F.I64
+_ENTRY = F.INDEX_ENTRY.struct
 # Entries are appended in order, so their blocks are reserved this far ahead (the slot table,
 # written at random, is reserved whole when the file is created).
 ENTRY_RESERVE_WINDOW = 64 * 1024
@@ -177,7 +177,8 @@ class IndexFile:
         (entry 0 included, unused). The views pin the mapping: drop them before close()."""
         mm = self.mf.mm
         header = np.frombuffer(mm, dtype=F.INDEX_HEADER_DTYPE, count=1)
-        slots = np.frombuffer(mm, dtype=">i4", count=self.slot_num, offset=F.INDEX_HEADER_SIZE)
+        slots = np.frombuffer(mm, dtype=F.INDEX_SLOT_DTYPE, count=self.slot_num,
+                              offset=F.INDEX_HEADER_SIZE)
         entries = np.frombuffer(mm, dtype=F.INDEX_ENTRY_DTYPE, count=self.index_num,
                                 offset=F.INDEX_HEADER_SIZE + self.slot_num * F.INDEX_SLOT_SIZE)
         return header, slots, entries
@@ -225,7 +226,7 @@ def _consistent(mm, slot_num, index_num):
     base = F.INDEX_HEADER_SIZE + slot_num * F.INDEX_SLOT_SIZE
     if any(mm[base:base + F.INDEX_ENTRY_SIZE]):
         return False
-    slots = np.frombuffer(mm, dtype=">i4", count=slot_num, offset=F.INDEX_HEADER_SIZE)
+    slots = np.frombuffer(mm, dtype=F.INDEX_SLOT_DTYPE, count=slot_num, offset=F.INDEX_HEADER_SIZE)
     entries = np.frombuffer(mm, dtype=F.INDEX_ENTRY_DTYPE, count=count, offset=base)
     try:
         if ((slots < 0) | (slots >= count)).any():
@@ -255,8 +256,7 @@ def _ends_where_entries_end(mm, slot_num, index_num, count):
     last = F.INDEX_HEADER_SIZE + slot_num * F.INDEX_SLOT_SIZE + \
         (count - 1) * F.INDEX_ENTRY_SIZE
     entry = mm[last:last + F.INDEX_ENTRY_SIZE]
-    key_hash = _I32.unpack_from(entry, 0)[0]
-    prev = _I32.unpack_from(entry, 16)[0]
+    key_hash, _, _, prev = _ENTRY.unpack_from(entry, 0)
     if not any(entry) or key_hash < 0 or not 0 <= prev < count - 1:
         return False
     return count == index_num or not any(mm[last + F.INDEX_ENTRY_SIZE:

@@ -5,6 +5,7 @@ import logging
 import os
 import threading
 
+from . import format as F
 from .errors import StoreLoadError
 from .fs import CREATING_SUFFIX
 from .mapped_file import MappedFile, offset_to_file_name
@@ -338,9 +339,8 @@ class MappedFileQueue:
                 destroy = True
             else:
                 try:
-                    last_phy = int.from_bytes(
-                        f.mm[self.file_size - unit_size:self.file_size - unit_size + 8], "big",
-                        signed=True)
+                    last_phy = F.I64.unpack_from(
+                        f.mm, self.file_size - unit_size + F.CQ_POS_OFFSET)[0]
                 except ValueError:      # unmapped meanwhile
                     break
                 destroy = last_phy < offset

@@ -8,9 +8,9 @@ import zlib
 from . import format as F
 from .errors import CorruptRecordError, MessageIllegalError
 
-_I16 = struct.Struct(">h")
-_I64 = struct.Struct(">q")
-_TAIL = struct.Struct(">iqi")
+_I16 = F.I16
+_I64 = F.I64
+_TAIL = F.RECORD_TAIL.struct
 
 PROPERTY_KEYS = "KEYS"
 PROPERTY_TAGS = "TAGS"
@@ -194,8 +194,8 @@ def pack_host(host):
         addr = ipaddress.ip_address(ip)
         if not 0 <= port <= 0xFFFFFFFF:
             raise ValueError(f"port out of range: {port}")
-        packed = (addr.packed + struct.pack(">i", port - (1 << 32) if port > 0x7FFFFFFF
-                                            else port), addr.version == 6)
+        packed = (addr.packed + F.I32.pack(port - (1 << 32) if port > 0x7FFFFFFF else port),
+                  addr.version == 6)
         if len(_HOST_CACHE) < 4096:
             _HOST_CACHE[host] = packed
     return packed
@@ -203,8 +203,9 @@ def pack_host(host):
 
 def unpack_host(raw):
     """Packed address + port -> (ip, port)."""
-    addr = socket.inet_ntop(socket.AF_INET6 if len(raw) == 20 else socket.AF_INET, raw[:-4])
-    return addr, struct.unpack(">i", raw[-4:])[0]
+    family = socket.AF_INET6 if len(raw) == F.HOST_V6_LENGTH else socket.AF_INET
+    addr = socket.inet_ntop(family, raw[:-4])
+    return addr, F.I32.unpack(raw[-4:])[0]
 
 
 def host_to_string(host):
@@ -218,15 +219,15 @@ def host_to_string(host):
 
 def make_msg_id(store_host_packed, phy_offset):
     """Offset msgId: store address + port + commit-log offset, uppercase hex (doc/01 §3.8)."""
-    return (store_host_packed + struct.pack(">q", phy_offset)).hex().upper()
+    return (store_host_packed + _I64.pack(phy_offset)).hex().upper()
 
 
 def decode_msg_id(msg_id):
     """Offset msgId -> ((ip, port), commit-log offset). 32 hex chars is IPv4, else IPv6."""
     raw = bytes.fromhex(msg_id)
-    if len(raw) not in (16, 28):
+    if len(raw) not in (F.HOST_V4_LENGTH + 8, F.HOST_V6_LENGTH + 8):
         raise ValueError(f"not an offset msgId: {msg_id!r}")
-    return unpack_host(raw[:-8]), struct.unpack(">q", raw[-8:])[0]
+    return unpack_host(raw[:-8]), _I64.unpack(raw[-8:])[0]
 
 
 # ---- value types ----------------------------------------------------------------------------
@@ -290,8 +291,8 @@ class Message(_Keyed):
 
 
 # Everything up to BODYLENGTH when both hosts are IPv4 (the common case): one unpack.
-_FIXED_V4 = struct.Struct(">iiiiiqqiq8sq8siqi")
-_HEAD = struct.Struct(">iiiiiqqiq")
+_FIXED_V4 = F.RECORD_FIXED_V4.struct
+_FIXED_V4_SIZE = F.RECORD_FIXED_V4.size
 _MAGICS = (F.MESSAGE_MAGIC_CODE, F.MESSAGE_MAGIC_CODE_V2)
 
 
@@ -321,19 +322,19 @@ class MessageExt(_Keyed):
             if magic not in _MAGICS or size > len(rec):
                 raise CorruptRecordError(f"no record here (magic {magic & 0xFFFFFFFF:#010x})")
             if sysf & (F.BORNHOST_V6_FLAG | F.STOREHOSTADDRESS_V6_FLAG):
-                p = 48
-                n = 20 if sysf & F.BORNHOST_V6_FLAG else 8
+                p = F.POS_BORNHOST
+                n = F.born_host_length(sysf)
                 bh = rec[p:p + n]
                 p += n
                 sts = _I64.unpack_from(rec, p)[0]
                 p += 8
-                n = 20 if sysf & F.STOREHOSTADDRESS_V6_FLAG else 8
+                n = F.store_host_length(sysf)
                 sh = rec[p:p + n]
                 p += n
                 m.reconsume_times, m.prepared_transaction_offset, blen = _TAIL.unpack_from(rec, p)
-                p += 16
+                p += _TAIL.size
             else:
-                p = 88
+                p = _FIXED_V4_SIZE
             m.store_size = size
             m.magic = magic
             m.body_crc = crc
@@ -386,10 +387,10 @@ class MessageExt(_Keyed):
         m.reconsume_times = reconsume
         m.prepared_transaction_offset = prepared
         p = pos + F.POS_BORNHOST
-        n = 20 if sysf & F.BORNHOST_V6_FLAG else 8
+        n = F.born_host_length(sysf)
         m.born_host_raw = bytes(buf[p:p + n])
         p += n + 8
-        n = 20 if sysf & F.STOREHOSTADDRESS_V6_FLAG else 8
+        n = F.store_host_length(sysf)
         m.store_host_raw = bytes(buf[p:p + n])
         p = pos + body_off
         m.body = bytes(buf[p:p + body_len])

@@ -3,10 +3,9 @@
 key through the index (doc/02 §2.6), by msgId, and a queue offset by time (doc/02 §1.9).
 """
 import logging
-import struct
 
 from .errors import InvalidArgumentError
-from .format import CQ_STORE_UNIT_SIZE as UNIT
+from .format import CQ_UNIT, CQ_STORE_UNIT_SIZE as UNIT
 from .message import PROPERTY_UNIQ_KEY, MessageExt, decode_msg_id
 from .status import QueryMessageResult
 
@@ -14,7 +13,7 @@ log = logging.getLogger(__name__)
 
 LONG_MAX = (1 << 63) - 1
 LONG_MIN = -(1 << 63)
-_UNIT = struct.Struct(">qi")
+_UNIT = CQ_UNIT.struct
 
 
 def query_message(store, topic, key, max_num=32, begin=0, end=None):
@@ -102,7 +101,7 @@ def _bisect_units(mm, low, high, timestamp, min_phy, pickup):
     left_value = right_value = -1
     while high >= low:
         mid = (low + high) // (2 * UNIT) * UNIT
-        phy, size = _UNIT.unpack_from(mm, mid)
+        phy, size, _ = _UNIT.unpack_from(mm, mid)
         if phy < min_phy:
             low = mid + UNIT
             left = mid
@@ -184,7 +183,7 @@ def get_offset_in_queue_by_boundary(store, topic, queue_id, timestamp, boundary)
     pickup = store.commitlog.pickup_store_timestamp
 
     def time_at(mf, pos):
-        phy, size = _UNIT.unpack_from(mf.mm, pos)
+        phy, size, _ = _UNIT.unpack_from(mf.mm, pos)
         return pickup(phy, size)
 
     held = [mf for mf in files if mf.hold()]

@@ -77,8 +77,7 @@ def _row_inside(row, buf_len):
     """Whether the fields a SCAN_DTYPE row (a tuple) locates lie inside its record and the
     record inside a buffer of buf_len bytes (pyx/_read.pxi _row_inside)."""
     pos, size, sysf = row[0], row[7], row[9]
-    hosts = F.POS_BORNHOST + (20 if sysf & F.BORNHOST_V6_FLAG else 8) + 8 \
-        + (20 if sysf & F.STOREHOSTADDRESS_V6_FLAG else 8)
+    hosts = F.pos_record_tail(sysf)
     return (pos >= 0 and size >= hosts and pos + size <= buf_len
             and all(0 <= off and 0 <= length and off + length <= size
                     for off, length in (row[13:15], row[15:17], row[17:19])))

@@ -157,12 +157,10 @@ def _matched_for_abnormal(mf, checkpoint, config):
     if mf.data_end() == 0:
         return False                # never written (and not to be read: see scan_commitlog)
     mm = mf.mm
-    magic = int.from_bytes(mm[4:8], "big", signed=True)
-    if magic not in (F.MESSAGE_MAGIC_CODE, F.MESSAGE_MAGIC_CODE_V2):
+    if F.I32.unpack_from(mm, F.POS_MAGIC)[0] not in (F.MESSAGE_MAGIC_CODE,
+                                                      F.MESSAGE_MAGIC_CODE_V2):
         return False
-    sys_flag = int.from_bytes(mm[F.POS_SYSFLAG:F.POS_SYSFLAG + 4], "big", signed=True)
-    p = F.POS_BORNHOST + (20 if sys_flag & F.BORNHOST_V6_FLAG else 8)
-    store_ts = int.from_bytes(mm[p:p + 8], "big", signed=True)
+    store_ts = F.store_timestamp_at(mm)
     if store_ts == 0:
         return False
     if config.message_index_enable and config.message_index_safe:

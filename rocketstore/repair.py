@@ -8,6 +8,7 @@ import logging
 import os
 
 from . import format as F
+from .checkpoint import reset_dispatch_timestamps
 from .dispatch import R_PHY, R_QID, R_QOFF, R_SIZE, R_SYSFLAG, row_topic
 from .errors import StoreLoadError
 from .fs import DEFAULT as DEFAULT_FS
@@ -276,13 +277,7 @@ def pending_geometry(dirs):
 def _reset_checkpoint(fs, root, reset_index):
     """A zero checkpoint sends abnormal recovery back to the first file, so every record is
     dispatched again into what was wiped."""
-    ckpt = os.path.join(root, "checkpoint")
-    if fs.exists(ckpt):
-        raw = bytearray(fs.read_bytes(ckpt))
-        raw[0:16] = bytes(16)                     # physicMsgTimestamp, logicsMsgTimestamp
-        if reset_index:
-            raw[16:24] = bytes(8)                 # indexMsgTimestamp
-        fs.write_bytes(ckpt, bytes(raw))
+    reset_dispatch_timestamps(fs, os.path.join(root, "checkpoint"), reset_index)
 
 
 # Store roots whose rebuild this process has just marked: the open that follows finds the

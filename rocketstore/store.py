@@ -110,6 +110,8 @@ class MessageStore:
     DISK_CHECK_INITIAL_DELAY_MS = 1000
     DISK_CHECK_INTERVAL_MS = 10_000
     CONSUMER_OFFSET_PERSIST_INTERVAL_MS = 5000   # BrokerConfig.flushConsumerOffsetInterval
+    # Waits here are woken by the reput dispatch; a live.LiveReader polls (consumer.py).
+    poll_backoff = None
 
     def __init__(self, root, config=None, clock=None, kernels=None, fs=None, read_only=False,
                  disk_usage=None):
@@ -177,7 +179,8 @@ class MessageStore:
     @classmethod
     def open_read_only(cls, root, config=None, kernels=None, fs=None):
         """Open an existing store (ours or a broker's) for reading: no lock, no writes, file
-        sizes taken from the files themselves. Returns a loaded store; call shutdown().
+        sizes taken from the files themselves. Returns a loaded store; call shutdown(). It
+        reads the files as they were when it opened; live.LiveReader follows a writer.
         `fs` as for MessageStore (a fault-injecting double in tests)."""
         root = os.fspath(root)
         fs = fs or DEFAULT_FS

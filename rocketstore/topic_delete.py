@@ -21,7 +21,7 @@ import logging
 import os
 
 from .config_manager import ConfigManager, _object, bean, parse_fastjson, to_fastjson
-from .format import CQ_STORE_UNIT_SIZE
+from .format import CQ_STORE_UNIT_SIZE, CQ_UNIT
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +103,7 @@ def first_record_offset(cq):
         try:
             if f.data_end() < CQ_STORE_UNIT_SIZE:
                 continue
-            offset = int.from_bytes(f.mm[0:8], "big", signed=True)
-            size = int.from_bytes(f.mm[8:12], "big", signed=True)
+            offset, size, _ = CQ_UNIT.struct.unpack_from(f.mm, 0)
         except ValueError:          # unmapped meanwhile
             return None
         if size > 0 and offset >= 0:

@@ -165,8 +165,7 @@ def _check_commitlog(store, report, progress, missing):
     return _Records(np.concatenate(offsets), np.concatenate(sizes))
 
 
-_MAGICS = [(m & 0xFFFFFFFF).to_bytes(4, "big")
-           for m in (F.MESSAGE_MAGIC_CODE, F.MESSAGE_MAGIC_CODE_V2)]
+_MAGICS = [F.I32.pack(m) for m in (F.MESSAGE_MAGIC_CODE, F.MESSAGE_MAGIC_CODE_V2)]
 
 
 def _resync(mf, start):
@@ -176,12 +175,12 @@ def _resync(mf, start):
     mm = mf.mm
     pos = start
     while True:
-        hits = [i for i in (mm.find(magic, pos + 4) for magic in _MAGICS) if i >= 0]
+        hits = [i for i in (mm.find(magic, pos + F.POS_MAGIC) for magic in _MAGICS) if i >= 0]
         if not hits:
             return None
-        q = min(hits) - 4
-        if q + 36 <= mf.file_size and \
-                int.from_bytes(mm[q + 28:q + 36], "big") == mf.file_from_offset + q:
+        q = min(hits) - F.POS_MAGIC
+        if q + F.POS_PHYSICALOFFSET + 8 <= mf.file_size and \
+                F.I64.unpack_from(mm, q + F.POS_PHYSICALOFFSET)[0] == mf.file_from_offset + q:
             return q
         pos = q + 1
 
@@ -413,8 +412,7 @@ def _empty_unreadable(store):
     for path in store._indexer.unreadable:
         mm = store.fs.map(path, F.INDEX_HEADER_SIZE, writable=False)
         try:
-            if int.from_bytes(mm[F.INDEX_POS_INDEX_COUNT:F.INDEX_POS_INDEX_COUNT + 4], "big",
-                              signed=True) <= 1:
+            if F.I32.unpack_from(mm, F.INDEX_POS_INDEX_COUNT)[0] <= 1:
                 out.add(path)
         finally:
             mm.close()
@@ -445,7 +443,7 @@ def _check_index(store, report, good):
         try:
             count = int(header["index_count"][0])
             if not 1 <= count <= f.index_num:
-                report.problems.append(Problem("index", rel, 36,
+                report.problems.append(Problem("index", rel, F.INDEX_POS_INDEX_COUNT,
                                                f"indexCount {count} outside 1..{f.index_num}"))
                 continue
             used = entries[1:count]
@@ -586,11 +584,11 @@ def _check_checkpoint(store, report, good):
     if not store.fs.exists(path):
         report.problems.append(Problem("checkpoint", "checkpoint", -1, "missing"))
         return
-    if store.fs.size(path) != _CHECKPOINT_SIZE:
+    if store.fs.size(path) != F.CHECKPOINT_FILE_SIZE:
         report.problems.append(Problem(
             "checkpoint", "checkpoint", -1,
-            f"{store.fs.size(path)} bytes, not {_CHECKPOINT_SIZE} (one OS page, as a broker "
-            "writes it)"))
+            f"{store.fs.size(path)} bytes, not {F.CHECKPOINT_FILE_SIZE} (one OS page, as a "
+            "broker writes it)"))
     last_ts = 0
     if good.last >= 0:
         m = _record(store, good.last, int(good.sizes[-1]))
@@ -605,9 +603,6 @@ def _check_checkpoint(store, report, good):
             report.problems.append(Problem(
                 "checkpoint", "checkpoint", -1,
                 f"{name} {value} is later than the last record ({last_ts})"))
-
-
-_CHECKPOINT_SIZE = 4096
 
 
 def _check_configs(store, report):

@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from rocketstore import testing
-from rocketstore.checkpoint import StoreCheckpoint
+from rocketstore.checkpoint import StoreCheckpoint, reset_dispatch_timestamps
 from rocketstore.format import CHECKPOINT_FILE_SIZE
 from rocketstore.fs import DEFAULT
 
@@ -109,3 +109,21 @@ def test_a_power_cut_keeps_the_last_flushed_checkpoint(tmp_path):
     cp.close()
     fs.drop_unsynced()
     assert _values(StoreCheckpoint(path, DEFAULT, read_only=True))[:3] == (100, 100, 100)
+
+
+def test_resetting_the_dispatch_timestamps_of_a_short_checkpoint_zeroes_what_it_holds(tmp_path):
+    # A file cut short inside indexMsgTimestamp: the reset grows it just enough to hold the
+    # fields it zeroes, and leaves the index bytes it had unless the index is reset too.
+    path = tmp_path / "checkpoint"
+    cut = struct.pack(">qqq", 5, 6, 0x0102030405060708)[:20]
+    path.write_bytes(cut)
+    reset_dispatch_timestamps(DEFAULT, str(path), False)
+    assert path.read_bytes() == bytes(16) + cut[16:]
+    path.write_bytes(cut)
+    reset_dispatch_timestamps(DEFAULT, str(path), True)
+    assert path.read_bytes() == bytes(24)
+
+
+def test_resetting_a_missing_checkpoint_creates_nothing(tmp_path):
+    reset_dispatch_timestamps(DEFAULT, str(tmp_path / "checkpoint"), True)
+    assert not (tmp_path / "checkpoint").exists()

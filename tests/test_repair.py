@@ -221,3 +221,26 @@ def test_a_rebuild_warns_of_an_interrupted_rebuild_only_when_there_was_one(tmp_p
     r = testing.run_cli(tool, str(root))
     assert r.returncode == 0
     assert "an interrupted rebuild of" in r.stderr and "is being redone" in r.stderr
+
+
+@pytest.mark.parametrize("dirs, zeroed", [
+    ({"consumequeue": None}, ("physic_msg_timestamp", "logics_msg_timestamp")),
+    ({"index": None}, ("physic_msg_timestamp", "logics_msg_timestamp", "index_msg_timestamp")),
+])
+def test_marking_a_rebuild_zeroes_only_the_dispatch_timestamps_of_the_checkpoint(tmp_path, dirs,
+                                                                                  zeroed):
+    # A 5.x checkpoint: masterFlushedOffset and confirmPhyOffset, and every byte past the
+    # fields, must survive the reset that sends recovery back to the first file.
+    from rocketstore import format as F
+    from rocketstore.fs import DEFAULT as fs
+    values = dict(zip((name for name, _ in F.CHECKPOINT.fields), (101, 102, 103, 104, 105)))
+    raw = bytearray(F.CHECKPOINT.struct.pack(*values.values()))
+    raw += bytes(range(256)) * ((F.CHECKPOINT_FILE_SIZE - len(raw)) // 256)
+    raw += bytes(F.CHECKPOINT_FILE_SIZE - len(raw))
+    (tmp_path / "checkpoint").write_bytes(raw)
+    repair.mark_rebuild(fs, str(tmp_path), dirs)
+    after = (tmp_path / "checkpoint").read_bytes()
+    assert len(after) == F.CHECKPOINT_FILE_SIZE
+    assert after[F.CHECKPOINT.size:] == raw[F.CHECKPOINT.size:]
+    assert dict(zip(values, F.CHECKPOINT.struct.unpack_from(after))) == \
+        {name: 0 if name in zeroed else v for name, v in values.items()}

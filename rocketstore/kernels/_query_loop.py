@@ -11,7 +11,7 @@ _SECOND_MS = 1000
 
 
 def _header_i64(mv, pos):
-    return int.from_bytes(mv[pos:pos + 8], "big", signed=True)
+    return F.I64.unpack_from(mv, pos)[0]
 
 
 def _judge(k, mfq, offset, topic, key, begin, end, decode):

@@ -15,12 +15,17 @@ from . import _query_loop
 
 NAME = "pure"
 
-_I32 = struct.Struct(">i")
-_I64 = struct.Struct(">q")
-_HEAD = struct.Struct(">iiiiiqqiq")            # TOTALSIZE .. BORNTIMESTAMP (48 bytes)
-_MID = struct.Struct(">qiq")                   # RECONSUMETIMES is split: see _encode_tail
-_CQ = struct.Struct(">qiq")
-_BLANK = struct.Struct(">ii")
+# The layouts of format.py, bound once here: this module is the pure backend's hot path.
+_I16 = F.I16
+_I32 = F.I32
+_I64 = F.I64
+_HEAD = F.RECORD_HEAD.struct                   # TOTALSIZE .. BORNTIMESTAMP (48 bytes)
+_TAIL = F.RECORD_TAIL.struct                   # RECONSUMETIMES .. BODYLENGTH (16 bytes)
+_CQ = F.CQ_UNIT.struct
+_BLANK = F.BLANK.struct
+_TAIL_SIZE = F.RECORD_TAIL.size
+_pos_store_timestamp = F.pos_store_timestamp
+_pos_record_tail = F.pos_record_tail
 _SCHEDULE = F.SCHEDULE_TOPIC.encode()
 
 
@@ -37,19 +42,13 @@ def java_hash(data):
     return h - (1 << 32) if h & 0x80000000 else h
 
 
-def _host_len(sys_flag, v6_bit):
-    return 20 if sys_flag & v6_bit else 8
-
-
 def msg_size(sys_flag, body_len, topic_len, props_len, v2=False):
     if body_len < 0 or topic_len < 0 or props_len < 0:
         raise_for_status(RS_E_ARG, "msg_size")
     if topic_len > (32767 if v2 else F.MAX_TOPIC_LENGTH) or props_len > F.MAX_PROPERTIES_LENGTH:
         raise_for_status(RS_E_TOO_LONG, "msg_size")
-    bh = _host_len(sys_flag, F.BORNHOST_V6_FLAG)
-    sh = _host_len(sys_flag, F.STOREHOSTADDRESS_V6_FLAG)
-    size = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + bh + 8 + sh + 4 + 8 \
-        + 4 + body_len + (2 if v2 else 1) + topic_len + 2 + props_len
+    size = _pos_record_tail(sys_flag) + _TAIL_SIZE + body_len + (2 if v2 else 1) \
+        + topic_len + 2 + props_len
     if size > 0x7FFFFFFF:
         raise_for_status(RS_E_TOO_LONG, "msg_size")
     return size
@@ -58,9 +57,8 @@ def msg_size(sys_flag, body_len, topic_len, props_len, v2=False):
 def msg_encode(out, pos, topic, body, props, queue_id, flag, queue_offset, phy_offset, sys_flag,
                born_timestamp, born_host, store_timestamp, store_host, reconsume_times,
                prepared_tx_offset, v2=False):
-    bh = _host_len(sys_flag, F.BORNHOST_V6_FLAG)
-    sh = _host_len(sys_flag, F.STOREHOSTADDRESS_V6_FLAG)
-    if len(born_host) != bh or len(store_host) != sh:
+    if len(born_host) != F.born_host_length(sys_flag) or \
+            len(store_host) != F.store_host_length(sys_flag):
         raise_for_status(RS_E_ARG, "msg_encode: host length does not match sys_flag")
     if type(body) is not bytes:
         body = memoryview(body).cast("B")    # lengths in bytes, as C reads any buffer
@@ -73,17 +71,12 @@ def msg_encode(out, pos, topic, body, props, queue_id, flag, queue_offset, phy_o
         _HEAD.pack(size, magic, crc, queue_id, flag, queue_offset, phy_offset, sys_flag,
                    born_timestamp),
         bytes(born_host), _I64.pack(store_timestamp), bytes(store_host),
-        _I32.pack(reconsume_times), _I64.pack(prepared_tx_offset),
-        _I32.pack(len(body)), bytes(body),
-        struct.pack(">h", len(topic)) if v2 else bytes((len(topic),)), bytes(topic),
-        struct.pack(">h", len(props)), bytes(props),
+        _TAIL.pack(reconsume_times, prepared_tx_offset, len(body)), bytes(body),
+        _I16.pack(len(topic)) if v2 else bytes((len(topic),)), bytes(topic),
+        _I16.pack(len(props)), bytes(props),
     ))
     out[pos:pos + size] = memoryview(rec)
     return size
-
-
-def _store_ts_pos(sys_flag):
-    return F.POS_BORNHOST + _host_len(sys_flag, F.BORNHOST_V6_FLAG)
 
 
 def commitlog_append(out, pos, record, queue_offset, phy_offset, store_timestamp):
@@ -92,7 +85,7 @@ def commitlog_append(out, pos, record, queue_offset, phy_offset, store_timestamp
         raise_for_status(RS_E_BOUNDS, "commitlog_append: record too short")
     size = _I32.unpack_from(mv, 0)[0]
     sys_flag = _I32.unpack_from(mv, F.POS_SYSFLAG)[0]
-    ts_pos = _store_ts_pos(sys_flag)
+    ts_pos = _pos_store_timestamp(sys_flag)
     if size < ts_pos + 8 or size > len(mv):
         raise_for_status(RS_E_ARG, "commitlog_append: TOTALSIZE does not fit the record")
     if pos < 0 or pos + size > len(out):
@@ -250,30 +243,24 @@ def _check_one(mv, p, end, check_crc):
     rec = mv[p:p + size]
     (_, _, body_crc, queue_id, flag, queue_offset, phy_offset, sys_flag,
      born_ts) = _HEAD.unpack_from(rec, 0)
-    bh = _host_len(sys_flag, F.BORNHOST_V6_FLAG)
-    sh = _host_len(sys_flag, F.STOREHOSTADDRESS_V6_FLAG)
-    q = F.POS_BORNHOST + bh
-    fixed = q + 8 + sh + 4 + 8 + 4
-    if fixed > size:
+    q = _pos_record_tail(sys_flag)
+    body_off = q + _TAIL_SIZE
+    if body_off > size:
         return F.SCAN_CORRUPT, 0, None
-    store_ts = _I64.unpack_from(rec, q)[0]
-    q += 8 + sh
-    reconsume = _I32.unpack_from(rec, q)[0]
-    prepared = _I64.unpack_from(rec, q + 4)[0]
-    body_len = _I32.unpack_from(rec, q + 12)[0]
-    body_off = q + 16
+    store_ts = _I64.unpack_from(rec, _pos_store_timestamp(sys_flag))[0]
+    reconsume, prepared, body_len = _TAIL.unpack_from(rec, q)
     if body_len < 0 or body_off + body_len > size:
         return F.SCAN_CORRUPT, 0, None
     q = body_off + body_len
     tl = 2 if v2 else 1
     if q + tl > size:
         return F.SCAN_CORRUPT, 0, None
-    topic_len = struct.unpack_from(">h", rec, q)[0] if v2 else rec[q]
+    topic_len = _I16.unpack_from(rec, q)[0] if v2 else rec[q]
     topic_off = q + tl
     if topic_len < 0 or topic_off + topic_len + 2 > size:
         return F.SCAN_CORRUPT, 0, None
     q = topic_off + topic_len
-    props_len = struct.unpack_from(">h", rec, q)[0]
+    props_len = _I16.unpack_from(rec, q)[0]
     props_off = q + 2
     if props_len < 0 or props_off + props_len > size:
         return F.SCAN_CORRUPT, 0, None
@@ -354,8 +341,8 @@ def sync_range(buf, fd, start, length):
 # ---- IndexFile (doc/02 §2) -------------------------------------------------------------------
 _I32_MIN = -(1 << 31)
 _I32_MAX = (1 << 31) - 1
-_IDX_HEAD = struct.Struct(">qqqqii")
-_IDX_ENTRY = struct.Struct(">iqii")
+_IDX_HEAD = F.INDEX_HEADER.struct
+_IDX_ENTRY = F.INDEX_ENTRY.struct
 
 
 def _wrap64(v):

@@ -14,6 +14,8 @@ import time
 
 import numpy as np
 
+from .. import format as F
+
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +99,7 @@ def _last_unit_phy(mf, unit_size):
     """The physical offset in the last unit of a full ConsumeQueue file, as
     deleteExpiredFileByOffset reads it; None when the file was unmapped meanwhile."""
     try:
-        return int.from_bytes(mf.mm[mf.file_size - unit_size:mf.file_size - unit_size + 8],
-                              "big", signed=True)
+        return F.I64.unpack_from(mf.mm, mf.file_size - unit_size + F.CQ_POS_OFFSET)[0]
     except ValueError:
         return None
 

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Checked by `mypy --strict` in scripts/typecheck (never run): an embedding program written
 against the shipped .pyi types. A stub that loses or mistypes a public name fails here."""
-from rocketstore import (GetMessageStatus, Message, MessageExt, MessageStore, PutMessageStatus,
-                         StoreConfig)
+from rocketstore import (GetMessageStatus, LiveReader, Message, MessageExt, MessageStore,
+                         PutMessageStatus, StoreConfig)
 
 
 def produce_and_consume(root: str) -> list[bytes]:
@@ -42,3 +42,14 @@ async def consume_async(store: MessageStore) -> list[bytes]:
             bodies += [m.body for m in messages]
             await consumer.aclose()
     return bodies
+
+
+def follow(root: str, offsets: str) -> int:
+    with LiveReader(root, offsets_path=offsets) as reader:
+        got = reader.get_message("g", "TopicA", 0, 0, 32, wait_ms=100)
+        n = len(got.messages) + reader.get_max_offset_in_queue("TopicA", 0)
+        with reader.consume("g", "TopicA", 0) as consumer:
+            batch = consumer.next_batch(wait_ms=10)
+            n += len(batch) if batch is not None else 0
+        reader.flush_offsets()
+        return n + reader.query_offset("g", "TopicA", 0)
