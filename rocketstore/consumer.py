@@ -181,6 +181,20 @@ class _Cancel:
         self.event = threading.Event()
 
 
+def _reader(store, group, topic, queue_id, max_msg_nums, message_filter, subscription,
+            property_filter):
+    """read(offset): one get_message of the wait. The filters go as keywords only when set:
+    a reader without tag subscriptions (live.LiveReader) takes the waits too."""
+    if subscription is None and property_filter is None:
+        def read(at):
+            return store.get_message(group, topic, queue_id, at, max_msg_nums, message_filter)
+    else:
+        def read(at):
+            return store.get_message(group, topic, queue_id, at, max_msg_nums, message_filter,
+                                     subscription=subscription, property_filter=property_filter)
+    return read
+
+
 def wait_for_message(store, group, topic, queue_id, offset, max_msg_nums, message_filter,
                      wait_ms, cancel=None, *, subscription=None, property_filter=None):
     """get_message that waits up to `wait_ms` ms (None: until a message, or `cancel`) for the
@@ -189,9 +203,8 @@ def wait_for_message(store, group, topic, queue_id, offset, max_msg_nums, messag
     cancelled, or the answer can never change by waiting: an offset out of range). Raises
     StoreClosedError when the store shuts down meanwhile. `subscription` and
     `property_filter` filter as get_message's."""
-    def read(at):
-        return store.get_message(group, topic, queue_id, at, max_msg_nums, message_filter,
-                                 subscription=subscription, property_filter=property_filter)
+    read = _reader(store, group, topic, queue_id, max_msg_nums, message_filter, subscription,
+                   property_filter)
 
     r, offset = _settle(read, read(offset), offset)     # the common case: no wait at all
     if not _waitable(r) or wait_ms == 0:
@@ -237,10 +250,8 @@ async def await_message(store, group, topic, queue_id, offset, max_msg_nums, mes
     may wait for the reput lock or fault a page in from disk), the wait itself is an
     asyncio.Event set from the dispatching thread through call_soon_threadsafe."""
     loop = asyncio.get_running_loop()
-
-    def read(at):
-        return store.get_message(group, topic, queue_id, at, max_msg_nums, message_filter,
-                                 subscription=subscription, property_filter=property_filter)
+    read = _reader(store, group, topic, queue_id, max_msg_nums, message_filter, subscription,
+                   property_filter)
 
     def read_settled(at):
         return _settle(read, read(at), at)
