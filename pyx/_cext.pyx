@@ -32,7 +32,7 @@ NAME = "cext"
 
 __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_append",
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
-           "cq_encode_batch", "cq_search", "index_hash", "index_put", "index_put_batch",
+           "cq_encode_batch", "cq_search", "tags_match", "index_hash", "index_put", "index_put_batch",
            "index_keys", "index_lookup", "sync_range", "batch_encode", "column_join")
 
 # GIL release thresholds.  Releasing and re-taking an uncontended GIL costs ~50-100 ns: it pays
@@ -315,6 +315,26 @@ def cq_search(buf, int64_t start, int64_t end, int64_t phy_offset):
     PyBuffer_Release(&b)
     _check(r, "cq_search")
     return index
+
+
+def tags_match(props, tags, ends):
+    """Whether the TAGS value of the properties string `props` is one of the UTF-8 strings
+    tags[ends[i-1]:ends[i]] (`ends`: int64, ascending): a tag subscription's string check."""
+    cdef Py_buffer p, t
+    cdef const int64_t[::1] e = _i64s(ends)
+    cdef Py_ssize_t n = e.shape[0]
+    cdef int r
+    memset(&p, 0, sizeof(p))
+    memset(&t, 0, sizeof(t))
+    try:
+        _ro(props, &p)
+        _ro(tags, &t)
+        r = rs_tags_match(<const uint8_t *>p.buf, <size_t>p.len, <const uint8_t *>t.buf,
+                          <size_t>t.len, &e[0] if n else NULL, <size_t>n)
+    finally:
+        PyBuffer_Release(&p)
+        PyBuffer_Release(&t)
+    return _check(r, "tags_match") == 1
 
 
 def index_hash(key):

@@ -13,13 +13,14 @@ from .recovery import RecoveryReport
 from .status import (AppendStatus, GetMessageResult, GetMessageStatus, PutMessageResult,
                      PutMessagesResult, PutMessageStatus, QueryMessageResult)
 from .store import MessageStore
+from .subscription import Subscription, parse_subscription
 
 __all__ = [
     "__version__", "BACKEND", "MessageStore", "LiveReader", "StoreConfig", "FlushDiskType",
     "BrokerRole",
     "Message", "MessageExt", "PutMessageStatus", "GetMessageStatus", "AppendStatus",
     "PutMessageResult", "PutMessagesResult", "GetMessageResult", "QueryMessageResult",
-    "RecoveryReport",
+    "RecoveryReport", "Subscription", "parse_subscription",
     "StoreError", "StoreLockedError", "StoreClosedError", "StoreLoadError", "UnsafePathError",
     "MessageIllegalError", "CorruptRecordError", "ConfigError", "InvalidArgumentError",
     "CorruptBodyError", "MissingCodecError",

@@ -44,6 +44,7 @@ from .services.reput import ReputMessageService
 from .services.schedule import ScheduleMessageService
 from .stats import LOCK_BEGIN, GetCounters, StoreStatsService, busy_for, record_put
 from .status import PutMessageResult, PutMessagesResult, PutMessageStatus
+from .subscription import read_filters
 from . import topic_delete
 from .topic_delete import DeletedTopicManager
 
@@ -1143,7 +1144,7 @@ class MessageStore:
         return new
 
     def get_message(self, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None,
-                    *, wait_ms=0, decompress=True):
+                    *, subscription=None, property_filter=None, wait_ms=0, decompress=True):
         """Pull up to `max_msg_nums` messages from a queue, from queue offset `offset` on
         (DefaultMessageStore#getMessage: the same statuses and next offsets).
 
@@ -1153,8 +1154,22 @@ class MessageStore:
         read_path.MAX_MSG_NUMS (max_msg_nums itself) and read_path.MAX_BYTES (the bytes of
         the records collected, after the first one).
 
-        `message_filter`, if given, is called with each unit's tagsCode and skips the unit when
-        it returns False. Messages come back decoded as MessageExt (properties decoded on
+        `subscription` is a tag expression as a RocketMQ consumer subscribes with: None, ""
+        or "*" for every message, else tags separated by "||" ("TagA || TagB"), each trimmed
+        (or a parsed subscription.Subscription; expressions are parsed once and cached). A
+        unit is read only when its tagsCode is one of the tags' String.hashCode() (the
+        broker's ExpressionMessageFilter), and its message is taken only when its TAGS is one
+        of the tags (a hash collision, or no TAGS, is left out, as the 4.9 client does).
+        `property_filter`, if given, is then called with each message's properties dict and
+        leaves it out when it returns False (the place of the broker's isMatchedByCommitLog;
+        SQL92 expressions are not parsed). `message_filter`, if given, is called with each
+        unit's tagsCode, before the subscription, and skips the unit when it returns False.
+
+        Units a filter leaves out do not count toward `max_msg_nums`; the result's
+        `filtered_count` says how many there were and `next_begin_offset` is past them. When
+        every unit read was left out the status is NO_MATCHED_MESSAGE, as the broker's (its
+        last unit's file gone: MESSAGE_WAS_REMOVING), and reading on from next_begin_offset
+        continues the scan. Messages come back decoded as MessageExt (properties decoded on
         first use).
 
         `wait_ms` > 0 makes the call wait, up to that many ms, for the queue to have a message
@@ -1171,29 +1186,35 @@ class MessageStore:
         """
         if not decompress:
             return _stored(self.get_message(group, topic, queue_id, offset, max_msg_nums,
-                                            message_filter, wait_ms=wait_ms))
+                                            message_filter, subscription=subscription,
+                                            property_filter=property_filter, wait_ms=wait_ms))
         if wait_ms:
             check_wait_ms(wait_ms)
             return wait_for_message(self, group, topic, queue_id, offset, max_msg_nums,
-                                    message_filter, wait_ms)
-        # The common call as one compiled call (the checks below, the catch-up and the pull);
-        # anything else, and every backend without it, takes the steps below.
-        r = self._read_path.get_message(self, group, topic, queue_id, offset, max_msg_nums,
-                                        message_filter)
-        if r is not None:
-            return r
+                                    message_filter, wait_ms, subscription=subscription,
+                                    property_filter=property_filter)
+        if subscription is None and property_filter is None:
+            # The common call as one compiled call (the checks below, the catch-up and the
+            # pull); anything else, and every backend without it, takes the steps below.
+            r = self._read_path.get_message(self, group, topic, queue_id, offset,
+                                            max_msg_nums, message_filter)
+            if r is not None:
+                return r
         self._check_open()
         cq = self._checked_queue(group, topic, queue_id, offset, max_msg_nums, message_filter)
+        if subscription is not None or property_filter is not None:
+            subscription, property_filter = read_filters(subscription, property_filter)
         self._catch_up()
         if cq is not None and self._loaded:
             # The common case as one call (it counts itself in the statistics); the rest
             # (statuses decided before a unit is read) below.
             r = self._read_path.pull(self, cq, offset, max_msg_nums, message_filter,
-                                     read_path.MAX_BYTES)
+                                     read_path.MAX_BYTES, subscription, property_filter)
             if r is not None:
                 return r
         return read_path.get_message(self, group, topic, queue_id, int(offset),
-                                     int(max_msg_nums), message_filter, cq)
+                                     int(max_msg_nums), message_filter, cq, subscription,
+                                     property_filter)
 
     def _checked_queue(self, group, topic, queue_id, offset, max_msg_nums, message_filter):
         """get_message's and get_batch's arguments checked; the queue when it exists."""
@@ -1213,44 +1234,54 @@ class MessageStore:
             return None
         return cq
 
-    def get_batch(self, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None):
-        """get_message as columns: the same walk, statuses, offsets and records, returned as a
-        read_path.GetBatchResult of numpy columns (commit_log_offset, size, store_timestamp,
-        tags_code, queue_offset, ...) with zero-copy body views (body(i)) that keep their
-        CommitLog file held and mapped while they live. No object is made per message.
-        Body views are the stored bytes: the `compressed` column marks the records whose body
-        is compressed (sys_flag has their codec), and original_body(i) decompresses one."""
-        r = self._read_path.get_batch(self, group, topic, queue_id, offset, max_msg_nums,
-                                      message_filter)
-        if r is not None:
-            return r
+    def get_batch(self, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None,
+                  *, subscription=None, property_filter=None):
+        """get_message as columns: the same walk, filters, statuses, offsets and records,
+        returned as a read_path.GetBatchResult of numpy columns (commit_log_offset, size,
+        store_timestamp, tags_code, queue_offset, ...) with zero-copy body views (body(i))
+        that keep their CommitLog file held and mapped while they live. No object is made
+        per message (but one per message a property_filter is asked about). Body views are
+        the stored bytes: the `compressed` column marks the records whose body is compressed
+        (sys_flag has their codec), and original_body(i) decompresses one."""
+        if subscription is None and property_filter is None:
+            r = self._read_path.get_batch(self, group, topic, queue_id, offset, max_msg_nums,
+                                          message_filter)
+            if r is not None:
+                return r
         self._check_open()
         cq = self._checked_queue(group, topic, queue_id, offset, max_msg_nums, message_filter)
+        if subscription is not None or property_filter is not None:
+            subscription, property_filter = read_filters(subscription, property_filter)
         self._catch_up()
         if cq is not None and self._loaded:
             r = self._read_path.pull_batch(self, cq, offset, max_msg_nums, message_filter,
-                                           read_path.MAX_BYTES)
+                                           read_path.MAX_BYTES, subscription, property_filter)
             if r is not None:
                 return r
         return read_path.get_batch(self, group, topic, queue_id, int(offset), int(max_msg_nums),
-                                   message_filter, cq)
+                                   message_filter, cq, subscription, property_filter)
 
     # ---- consumers that wait, and asyncio (rocketstore/consumer.py) ----------------------------
     def consume(self, group, topic, queue_id, batch_size=32, message_filter=None, *,
-                decompress=True):
+                subscription=None, property_filter=None, decompress=True):
         """A Consumer: `for messages in store.consume(group, topic, queue_id):` yields lists of
         MessageExt as they arrive, from the group's committed offset (the queue's minimum if
         none), committing a batch's end when the next batch is asked for. close() (or leaving
-        `with store.consume(...) as c:`) or the store's shutdown ends it. Compressed bodies
-        are the original ones unless `decompress` is false (get_message)."""
-        return Consumer(self, group, topic, queue_id, batch_size, message_filter, decompress)
+        `with store.consume(...) as c:`) or the store's shutdown ends it. `subscription`,
+        `property_filter` and `message_filter` filter as get_message's do; the offsets
+        committed move past the units they leave out. Compressed bodies are the original ones
+        unless `decompress` is false (get_message)."""
+        return Consumer(self, group, topic, queue_id, batch_size, message_filter,
+                        decompress=decompress, subscription=subscription,
+                        property_filter=property_filter)
 
     def aconsume(self, group, topic, queue_id, batch_size=32, message_filter=None, *,
-                 decompress=True):
+                 subscription=None, property_filter=None, decompress=True):
         """consume() for asyncio: `async for messages in store.aconsume(...)`; the event loop
         never blocks (reads and commits run in its default executor)."""
         return AsyncConsumer(self, group, topic, queue_id, batch_size, message_filter,
-                             decompress)
+                             decompress=decompress, subscription=subscription,
+                             property_filter=property_filter)
 
     async def aput_message(self, msg):
         """put_message for asyncio. The put runs in the loop's default executor, always: even
@@ -1261,13 +1292,16 @@ class MessageStore:
         return await asyncio.get_running_loop().run_in_executor(None, self.put_message, msg)
 
     async def aget_message(self, group, topic, queue_id, offset, max_msg_nums=32,
-                           message_filter=None, *, wait_ms=0, decompress=True):
-        """get_message (and its wait_ms and decompress) for asyncio: the reads run in the
-        loop's default executor, the wait is an asyncio.Event the reput dispatch sets."""
+                           message_filter=None, *, subscription=None, property_filter=None,
+                           wait_ms=0, decompress=True):
+        """get_message (and its filters, wait_ms and decompress) for asyncio: the reads run in
+        the loop's default executor, the wait is an asyncio.Event the reput dispatch sets."""
         check_wait_ms(wait_ms)
         self._check_open()
+        read_filters(subscription, property_filter)     # refused here, not in the executor
         r = await await_message(self, group, topic, queue_id, offset, max_msg_nums,
-                                message_filter, wait_ms)
+                                message_filter, wait_ms, subscription=subscription,
+                                property_filter=property_filter)
         return r if decompress else _stored(r)
 
     def look_message_by_offset(self, phy_offset, decompress=True):

@@ -16,10 +16,13 @@ from .read_path import GetBatchResult
 from .recovery import RecoveryReport
 from .services.clean import CleanPlan
 from .status import GetMessageResult, PutMessageResult, PutMessagesResult, QueryMessageResult
+from .subscription import Subscription
 
 _Path = Union[str, os.PathLike[str]]
 _Kernels = Union[str, Any, None]
 _Filter = Optional[Callable[[int], bool]]
+_Subscription = Union[str, Subscription, None]
+_PropertyFilter = Optional[Callable[[Mapping[str, str]], bool]]
 
 log: logging.Logger
 STORE_ENTRIES: tuple[str, ...]
@@ -120,19 +123,28 @@ class MessageStore:
     # reads
     def get_message(self, group: str, topic: str, queue_id: int, offset: int,
                     max_msg_nums: int = 32, message_filter: _Filter = None, *,
+                    subscription: _Subscription = None,
+                    property_filter: _PropertyFilter = None,
                     wait_ms: int = 0, decompress: bool = True) -> GetMessageResult: ...
     def get_batch(self, group: str, topic: str, queue_id: int, offset: int,
-                  max_msg_nums: int = 32, message_filter: _Filter = None) -> GetBatchResult: ...
+                  max_msg_nums: int = 32, message_filter: _Filter = None, *,
+                  subscription: _Subscription = None,
+                  property_filter: _PropertyFilter = None) -> GetBatchResult: ...
     # consumers that wait, asyncio
     arrivals: Arrivals
     def consume(self, group: str, topic: str, queue_id: int, batch_size: int = 32,
-                message_filter: _Filter = None, *, decompress: bool = True) -> Consumer: ...
+                message_filter: _Filter = None, *, subscription: _Subscription = None,
+                property_filter: _PropertyFilter = None,
+                decompress: bool = True) -> Consumer: ...
     def aconsume(self, group: str, topic: str, queue_id: int, batch_size: int = 32,
-                 message_filter: _Filter = None, *,
+                 message_filter: _Filter = None, *, subscription: _Subscription = None,
+                 property_filter: _PropertyFilter = None,
                  decompress: bool = True) -> AsyncConsumer: ...
     async def aput_message(self, msg: Message) -> PutMessageResult: ...
     async def aget_message(self, group: str, topic: str, queue_id: int, offset: int,
                            max_msg_nums: int = 32, message_filter: _Filter = None, *,
+                           subscription: _Subscription = None,
+                           property_filter: _PropertyFilter = None,
                            wait_ms: int = 0, decompress: bool = True) -> GetMessageResult: ...
     def look_message_by_offset(self, phy_offset: int,
                               decompress: bool = True) -> Optional[MessageExt]: ...

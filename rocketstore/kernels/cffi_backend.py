@@ -22,9 +22,9 @@ NAME = "cffi"
 
 __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_append",
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
-           "cq_encode_batch", "cq_search", "index_hash", "index_put", "index_put_batch",
-           "index_keys", "index_lookup", "index_walk", "index_match", "index_query",
-           "sync_range", "batch_encode", "column_join")
+           "cq_encode_batch", "cq_search", "tags_match", "index_hash", "index_put",
+           "index_put_batch", "index_keys", "index_lookup", "index_walk", "index_match",
+           "index_query", "sync_range", "batch_encode", "column_join")
 
 _from_buffer = _ffi.from_buffer
 _release_cdata = _ffi.release
@@ -209,6 +209,18 @@ def cq_search(buf, start, end, phy_offset):
         _release(b)
     _check(r, "cq_search")
     return index[0]
+
+
+def tags_match(props, tags, ends):
+    p = t = e = None
+    try:
+        e = _from_buffer("int64_t[]", _ints(ends, 8, "q"))
+        p = _ro(props)
+        t = _ro(tags)
+        r = _lib.rs_tags_match(p, len(p), t, len(t), e, len(e))
+    finally:
+        _release(p, t, e)
+    return _check(r, "tags_match") == 1
 
 
 def index_hash(key):

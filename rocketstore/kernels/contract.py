@@ -23,6 +23,7 @@ KERNEL_NAMES = (
     "cq_encode",
     "cq_encode_batch",
     "cq_search",
+    "tags_match",
     "index_hash",
     "index_put",
     "index_put_batch",
@@ -60,7 +61,8 @@ KERNEL_NAMES = (
 #   index_service.IndexService.dispatch_array. Without it, index_keys and index_put_batch.
 #   ReadPath(message_type, mapped_file_type, on_corrupt, result_type, statuses,
 #   batch_result_type): get_message's and get_batch's unit walk as one compiled call
-#   (`.read(...)`; `.pull(store, cq, offset, max_n, filter, max_bytes)` and `.pull_batch(...)`
+#   (`.read(...)`; `.pull(store, cq, offset, max_n, filter, max_bytes, subscription,
+#   property_filter)` and `.pull_batch(...)`
 #   for get_message's and get_batch's common cases, results built in the call), and
 #   MessageExt objects from scanned rows (`.decode_rows(buf, rows, n)`), with
 #   read_path.PyReadPath's arguments and results, and its get statistics (`found`, `miss`,
@@ -137,6 +139,13 @@ class Kernels(Protocol):
         """Binary search over units in buf[start:end] (ascending commitLogOffset): the index,
         relative to `start`, of the first unit whose offset >= phy_offset; the unit count if
         none."""
+
+    def tags_match(self, props, tags, ends) -> bool:
+        """Whether the TAGS value of the properties string `props` (found as commitlog_scan
+        finds it: the last valid segment wins) equals one of the UTF-8 strings
+        tags[ends[i-1]:ends[i]] (`ends` int64, ascending, ends[-1] = 0), byte for byte: a
+        tag subscription's check of the record's tag string after its unit's tagsCode matched.
+        A record without TAGS matches none. Raises for `ends` not ascending within `tags`."""
 
     def index_hash(self, key) -> int:
         """IndexFile key hash (IndexFile#indexKeyHashMethod): abs(String.hashCode) of the UTF-8

@@ -364,6 +364,25 @@ def _java_div(a, b):
     return q if (a >= 0) == (b > 0) else -q
 
 
+def tags_match(props, tags, ends):
+    tags = bytes(tags)
+    ends = np.asarray(ends, dtype=np.int64).tolist()
+    start = 0
+    for end in ends:
+        if end < start or end > len(tags):
+            raise_for_status(RS_E_ARG, "tags_match: ends not ascending within tags")
+        start = end
+    value = _prop_value(bytes(props), b"TAGS")
+    if value is None:
+        return False
+    start = 0
+    for end in ends:
+        if tags[start:end] == value:
+            return True
+        start = end
+    return False
+
+
 def index_hash(key):
     h = java_hash(key)
     # Math.abs(Integer.MIN_VALUE) stays negative in Java; indexKeyHashMethod then uses 0.
