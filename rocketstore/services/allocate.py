@@ -4,20 +4,35 @@ window of reserved (fallocate) and populated (MADV_POPULATE_WRITE) pages ahead o
 the file being written, so a put neither waits for file creation nor takes first-touch faults.
 RSS and allocated disk follow the data, never a whole 1 GiB file ahead of it.
 
-The writer asks for the next window at its file's refill_position, half a window before the
+The writer asks for the next window at its file's refill_position, a lead before the
 reserved end; this thread reserves and populates it, off the writer and (with the compiled
 Mapping, whose madvise releases it) off the GIL. The writer reserves itself only when it
 reaches reserved_position first (this thread lagged or met a full disk), so a full disk still
-refuses that put with ENOSPC."""
+refuses that put with ENOSPC.
+
+The lead adapts to the writer: it covers what the writer writes in the time a populate of one
+step takes here (twice over), at least half the configured window and at most LEAD_WINDOWS
+windows (64 MiB by default). Once the lead outgrows half a window each refill populates one
+step, a quarter window (not half), so the populated end moves on in small steps well ahead of the writer instead of in big ones that
+it could overtake: beyond the page cache's dirty budget a populate is throttled to the disk's
+pace (it dirties the pages), and a writer that overtook it would take the throttling and the
+first-touch faults itself."""
 import logging
 import os
 import threading
+import time
 
 from ..format import OS_PAGE_SIZE
 from ..mapped_file import MappedFile
 from .base import ServiceThread
 
 log = logging.getLogger(__name__)
+
+# The lead is bounded to this many configured windows ("tens of MB", not the next file).
+LEAD_WINDOWS = 4
+# The writer's rate and the populate time are smoothed with these weights for a new sample
+# lower than the estimate; a higher sample is taken at once (a burst must not overtake).
+DECAY = 0.75
 
 
 class AllocateMappedFileService(ServiceThread):
@@ -37,6 +52,13 @@ class AllocateMappedFileService(ServiceThread):
         self._making = None        # path being created right now
         self._ready = {}           # path -> MappedFile prepared in the background
         self._writing = None       # the file whose writer this thread refilled last
+        # The writer's pace, measured between its refill requests: (file, end, ns) of the
+        # last request, and bytes/s. The populate time of a step, in seconds. Read and
+        # written by the writer (refill) and this thread (_fill); a lost update only
+        # delays the adaptation by one step.
+        self._last_request = None
+        self._rate = 0.0
+        self._fill_s = 0.0
 
     def _make(self, path):
         # A sparse file; its blocks are reserved a window at a time (MappedFile.reserve).
@@ -47,8 +69,28 @@ class AllocateMappedFileService(ServiceThread):
         """Keep a window reserved and populated ahead of the writer of `mf` from now on, the
         first from `end` (default: its write position) on; a no-op without prefault."""
         if self._prefault:
-            mf.refill_lead = self._window // 2
+            self._size_window(mf)
             self.populate(mf, mf.wrote_position if end is None else end)
+
+    @property
+    def lead(self):
+        """Bytes populated ahead of the writer when it asks for more: what it writes at its
+        measured rate while two populates of a step run, within [window/2, LEAD_WINDOWS x
+        window - step], page-aligned."""
+        w = self._window
+        step = max(OS_PAGE_SIZE, w // 4)
+        want = self._rate * 2 * self._fill_s
+        lead = int(min(max(want, w // 2), LEAD_WINDOWS * w - step))
+        return lead - lead % OS_PAGE_SIZE
+
+    def _size_window(self, mf):
+        """Give `mf` the current lead: its next reservation reaches a step past it, and at
+        least the configured window (a quiet writer keeps the window and half-window lead
+        it always had)."""
+        if self._window:
+            lead = self.lead
+            mf.refill_lead = lead
+            mf.reserve_window = max(self._window, lead + max(OS_PAGE_SIZE, self._window // 4))
 
     def refill(self, mf, end):
         """The writer of `mf` passed its refill_position at `end`: reserve the window ahead of
@@ -57,6 +99,12 @@ class AllocateMappedFileService(ServiceThread):
         # until the window reserved here moves refill_position on. (A refill finishing
         # between the read and the store leaves it lower: the writer then asks once more.)
         mf.refill_position = mf.reserved_position
+        now = time.monotonic_ns()
+        last = self._last_request
+        if last is not None and last[0] is mf and end > last[1] and now > last[2]:
+            rate = (end - last[1]) * 1e9 / (now - last[2])
+            self._rate = rate if rate > self._rate else DECAY * self._rate + (1 - DECAY) * rate
+        self._last_request = (mf, end, now)
         self.populate(mf, end)
 
     def populate(self, mf, end, start=None):
@@ -82,6 +130,7 @@ class AllocateMappedFileService(ServiceThread):
         the writer's requests come first, between chunks."""
         if not mf.is_available:
             return
+        self._size_window(mf)
         try:
             old, _ = mf.reserve(end, required=False)
         except OSError as exc:
@@ -93,7 +142,7 @@ class AllocateMappedFileService(ServiceThread):
         pos -= pos % OS_PAGE_SIZE
         # A window, even where the file system reserves nothing (the whole file counts as
         # reserved then): memory follows the data.
-        end = min(mf.reserved_position, end + self._window)
+        end = min(mf.reserved_position, end + max(self._window, mf.reserve_window))
         # A Mapping's madvise releases the GIL: an urgent range in one call, since each
         # chunk waits for the GIL again, which a busy writer holds, and the writer would
         # catch up. mmap.mmap's holds the GIL: a chunk at a time, so the writer runs in
@@ -105,13 +154,23 @@ class AllocateMappedFileService(ServiceThread):
         # which prefault ignores.
         nogil = isinstance(mf.mm, getattr(self._k, "Mapping", ()))
         chunk = end if urgent and nogil else 1 << 20
+        t0 = time.monotonic_ns()
+        filled = 0
         while pos < end and mf.is_available and not self.is_stopped:
             if not urgent:
                 self._refill_pending()
-            self._fs.prefault(mf.mm, pos, min(chunk, end - pos))
+            n = min(chunk, end - pos)
+            self._fs.prefault(mf.mm, pos, n)
+            filled += n
             pos = max(pos + chunk, mf.wrote_position - mf.wrote_position % OS_PAGE_SIZE)
         if urgent:
             self._writing = mf
+            if filled:
+                # Seconds per step: what the lead must outlast, twice over.
+                step = max(OS_PAGE_SIZE, self._window // 4)
+                took = (time.monotonic_ns() - t0) / 1e9 * step / filled
+                self._fill_s = (took if took > self._fill_s
+                                else DECAY * self._fill_s + (1 - DECAY) * took)
 
     def _fill_ready(self):
         """Reserve and populate the first window of the files prepared ahead, once the file
@@ -124,7 +183,6 @@ class AllocateMappedFileService(ServiceThread):
         with self._lock:
             ready = list(self._ready.values())
         for mf in ready:
-            mf.refill_lead = self._window // 2
             self._fill(mf, 0, urgent=False)
 
     def take(self, path, next_offset):
