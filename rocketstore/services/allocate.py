@@ -10,13 +10,14 @@ Mapping, whose madvise releases it) off the GIL. The writer reserves itself only
 reaches reserved_position first (this thread lagged or met a full disk), so a full disk still
 refuses that put with ENOSPC.
 
-The lead adapts to the writer: it covers what the writer writes in the time a populate of one
-step takes here (twice over), at least half the configured window and at most LEAD_WINDOWS
-windows (64 MiB by default). Once the lead outgrows half a window each refill populates one
-step, a quarter window (not half), so the populated end moves on in small steps well ahead of the writer instead of in big ones that
-it could overtake: beyond the page cache's dirty budget a populate is throttled to the disk's
-pace (it dirties the pages), and a writer that overtook it would take the throttling and the
-first-touch faults itself."""
+The lead adapts to the writer: it covers what the writer writes in the time this thread takes
+to serve a request (twice over), at least half the configured window and at most LEAD_WINDOWS
+windows (64 MiB by default). Once the lead outgrows half a window, each refill populates one
+step of a quarter window (not half), so the populated end moves on in small steps well ahead
+of the writer. A populate is CPU work (zeroing pages) and, past the page cache's dirty
+budget, throttled: on a loaded machine a request waits long for this thread, and a writer
+that overtook the populated end would take the first-touch faults itself, each zero-filling
+a readahead window of the file in the writer's thread."""
 import logging
 import os
 import threading
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 
 # The lead is bounded to this many configured windows ("tens of MB", not the next file).
 LEAD_WINDOWS = 4
-# The writer's rate and the populate time are smoothed with these weights for a new sample
+# The writer's rate and the time to serve a request are smoothed with these weights for a new sample
 # lower than the estimate; a higher sample is taken at once (a burst must not overtake).
 DECAY = 0.75
 
@@ -46,19 +47,20 @@ class AllocateMappedFileService(ServiceThread):
         self._fs = fs
         self._prefault = prefault
         self._window = reserve_window
-        self._refill = []          # (MappedFile, writer's end, populate from) to do here
+        self._refill = []          # (MappedFile, writer's end, populate from, asked at ns)
         self._lock = threading.Condition()
         self._wanted = None        # path of the file to prepare next
         self._making = None        # path being created right now
         self._ready = {}           # path -> MappedFile prepared in the background
         self._writing = None       # the file whose writer this thread refilled last
         # The writer's pace, measured between its refill requests: (file, end, ns) of the
-        # last request, and bytes/s. The populate time of a step, in seconds. Read and
-        # written by the writer (refill) and this thread (_fill); a lost update only
-        # delays the adaptation by one step.
+        # last request, and bytes/s. The time from a request to its window populated, in
+        # seconds: queueing, this thread's wait for a CPU on a loaded machine, and the
+        # populate itself. Read and written by the writer (refill) and this thread (_fill);
+        # a lost update only delays the adaptation by one request.
         self._last_request = None
         self._rate = 0.0
-        self._fill_s = 0.0
+        self._latency_s = 0.0
 
     def _make(self, path):
         # A sparse file; its blocks are reserved a window at a time (MappedFile.reserve).
@@ -75,11 +77,11 @@ class AllocateMappedFileService(ServiceThread):
     @property
     def lead(self):
         """Bytes populated ahead of the writer when it asks for more: what it writes at its
-        measured rate while two populates of a step run, within [window/2, LEAD_WINDOWS x
-        window - step], page-aligned."""
+        measured rate in twice the time a request takes to be served, within [window/2,
+        LEAD_WINDOWS x window - step], page-aligned."""
         w = self._window
         step = max(OS_PAGE_SIZE, w // 4)
-        want = self._rate * 2 * self._fill_s
+        want = self._rate * 2 * self._latency_s
         lead = int(min(max(want, w // 2), LEAD_WINDOWS * w - step))
         return lead - lead % OS_PAGE_SIZE
 
@@ -112,7 +114,7 @@ class AllocateMappedFileService(ServiceThread):
         reserved from `start` (default: what this call reserves) on, on this thread."""
         if self._prefault:
             with self._lock:
-                self._refill.append((mf, end, start))
+                self._refill.append((mf, end, start, time.monotonic_ns()))
             self.wakeup()
 
     def _refill_pending(self):
@@ -121,13 +123,13 @@ class AllocateMappedFileService(ServiceThread):
                 todo, self._refill = self._refill, []
             if not todo:
                 return
-            for mf, end, start in todo:
-                self._fill(mf, end, start)
+            for mf, end, start, asked in todo:
+                self._fill(mf, end, start, asked=asked)
 
-    def _fill(self, mf, end, start=None, urgent=True):
+    def _fill(self, mf, end, start=None, urgent=True, asked=None):
         """Reserve the window ahead of `end` in `mf` and populate it from `start` (default:
-        what is new). Urgent: a writer is heading there. Otherwise (a file prepared ahead)
-        the writer's requests come first, between chunks."""
+        what is new). Urgent: a writer is heading there, since `asked` (ns). Otherwise (a
+        file prepared ahead) the writer's requests come first, between chunks."""
         if not mf.is_available:
             return
         self._size_window(mf)
@@ -154,23 +156,19 @@ class AllocateMappedFileService(ServiceThread):
         # which prefault ignores.
         nogil = isinstance(mf.mm, getattr(self._k, "Mapping", ()))
         chunk = end if urgent and nogil else 1 << 20
-        t0 = time.monotonic_ns()
-        filled = 0
         while pos < end and mf.is_available and not self.is_stopped:
             if not urgent:
                 self._refill_pending()
-            n = min(chunk, end - pos)
-            self._fs.prefault(mf.mm, pos, n)
-            filled += n
+            self._fs.prefault(mf.mm, pos, min(chunk, end - pos))
             pos = max(pos + chunk, mf.wrote_position - mf.wrote_position % OS_PAGE_SIZE)
         if urgent:
             self._writing = mf
-            if filled:
-                # Seconds per step: what the lead must outlast, twice over.
-                step = max(OS_PAGE_SIZE, self._window // 4)
-                took = (time.monotonic_ns() - t0) / 1e9 * step / filled
-                self._fill_s = (took if took > self._fill_s
-                                else DECAY * self._fill_s + (1 - DECAY) * took)
+        if asked is not None:
+            # What the lead must outlast, twice over. Counted also when the writer got
+            # there first and little was left to populate: it was late, all the more so.
+            took = (time.monotonic_ns() - asked) / 1e9
+            self._latency_s = (took if took > self._latency_s
+                               else DECAY * self._latency_s + (1 - DECAY) * took)
 
     def _fill_ready(self):
         """Reserve and populate the first window of the files prepared ahead, once the file
