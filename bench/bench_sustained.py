@@ -8,7 +8,9 @@ bandwidth measured first in the same run, on the same file system.
 
 It reports (on the terminal and in extra_info): the page cache's dirty budget and how it was
 computed, the disk ceiling, the store's MB/s of CommitLog bytes and its ratio to the ceiling,
-whether the run wrote past the dirty budget, the put latency p50 / p99 / p99.9 / max, and every
+whether the run wrote past the dirty budget, the put latency p50 / p99 / p99.9 / max, the
+putting thread's page faults (in all, puts with any, puts with FAULTED_PUT or more: those wrote
+past the pages the allocator had populated), and every
 put slower than 50 ms with what overlapped it: file-system calls of the store's threads (block
 reservation, prefault, msync, file creation), a CommitLog file roll inside the put, and the
 Dirty / Writeback page counts of /proc/meminfo at the time.

@@ -9,6 +9,8 @@ import os
 import threading
 import time
 
+import pytest
+
 from rocketstore import Message, PutMessageStatus, testing
 from rocketstore.config import BrokerRole
 from rocketstore.fs import FileSystem
@@ -133,6 +135,34 @@ def test_the_lead_grows_for_a_writer_faster_than_the_populates_and_stays_bounded
         testing.wait_until(lambda: settled(mf))
         if mf.reserved_position < mf.file_size:
             assert mf.reserved_position - mf.wrote_position > WINDOW // 2
+    finally:
+        store.shutdown()
+
+
+def vm_flags(path):
+    """The VmFlags of this process's mappings of `path` (/proc/self/smaps), one set each."""
+    out, current = [], None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if "-" in line.split(" ", 1)[0] and ":" not in line.split(" ", 1)[0]:
+                current = line.rstrip("\n").endswith(" " + path)
+            elif current and line.startswith("VmFlags:"):
+                out.append(set(line.split()[1:]))
+    return out
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux's /proc/self/smaps")
+def test_the_file_being_written_has_no_readahead_and_the_file_it_leaves_gets_it_back(
+        tmp_path, backend):
+    store = testing.open_store(tmp_path / "s", backend, config=config())
+    try:
+        while len(store.commitlog.mfq.files) < 2:
+            assert store.put_message(Message("TopicA", b"h" * 30000)).ok
+        first, second = store.commitlog.mfq.files[:2]
+        # "rr": MADV_RANDOM. A page the writer reaches before the allocator populated it
+        # costs the writer that page alone, not a readahead window zero-filled in the put.
+        assert [("rr" in f) for f in vm_flags(second.path)] == [True]
+        assert [("rr" in f) for f in vm_flags(first.path)] == [False]
     finally:
         store.shutdown()
 

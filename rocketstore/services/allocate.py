@@ -53,6 +53,7 @@ class AllocateMappedFileService(ServiceThread):
         self._making = None        # path being created right now
         self._ready = {}           # path -> MappedFile prepared in the background
         self._writing = None       # the file whose writer this thread refilled last
+        self._adopted = None       # the file adopt() took last (without readahead)
         # The writer's pace, measured between its refill requests: (file, end, ns) of the
         # last request, and bytes/s. The time from a request to its window populated, in
         # seconds: queueing, this thread's wait for a CPU on a loaded machine, and the
@@ -71,6 +72,16 @@ class AllocateMappedFileService(ServiceThread):
         """Keep a window reserved and populated ahead of the writer of `mf` from now on, the
         first from `end` (default: its write position) on; a no-op without prefault."""
         if self._prefault:
+            # The writer's file has no readahead: a page the writer reaches before this
+            # thread populated it (this thread being late, on a loaded machine) then costs
+            # the writer one page, not a readahead window (8 MiB where read_ahead_kb is
+            # 8192) zero-filled by one fault inside a put. The file it leaves gets its
+            # readahead back for readers.
+            with self._lock:
+                left, self._adopted = self._adopted, mf
+            if left is not None and left is not mf:
+                self._fs.advise_random(left.mm, False)
+            self._fs.advise_random(mf.mm, True)
             self._size_window(mf)
             self.populate(mf, mf.wrote_position if end is None else end)
 
@@ -241,6 +252,6 @@ class AllocateMappedFileService(ServiceThread):
         with self._lock:
             ready, self._ready = self._ready, {}
             self._refill = []
-        self._writing = None
+        self._writing = self._adopted = None
         for mf in ready.values():
             mf.destroy()
