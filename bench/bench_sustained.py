@@ -8,7 +8,9 @@ bandwidth measured first in the same run, on the same file system.
 
 It reports (on the terminal and in extra_info): the page cache's dirty budget and how it was
 computed, the disk ceiling, the store's MB/s of CommitLog bytes and its ratio to the ceiling,
-whether the run wrote past the dirty budget, the put latency p50 / p99 / p99.9 / max, and every
+whether the run wrote past the dirty budget, the put latency p50 / p99 / p99.9 / max, the
+putting thread's page faults (in all, puts with any, puts with FAULTED_PUT or more: those wrote
+past the pages the allocator had populated), and every
 put slower than 50 ms with what overlapped it: file-system calls of the store's threads (block
 reservation, prefault, msync, file creation), a CommitLog file roll inside the put, and the
 Dirty / Writeback page counts of /proc/meminfo at the time.
@@ -41,6 +43,9 @@ BATCH = int(os.environ.get("ROCKETSTORE_SUSTAINED_BATCH", "1000"))
 PROBE_WRITE = 4 * MIB          # one pwrite
 PROBE_SYNC_EVERY = 64 * MIB    # one fdatasync per this many bytes
 STALL_NS = 50_000_000
+# A put taking this many page faults or more wrote into pages nobody had populated: a batch
+# of 1000 x 128 B spans about 46 pages of the CommitLog.
+FAULTED_PUT = 8
 NOTABLE_NS = 1_000_000         # file-system calls shorter than this are not listed by a stall
 KEY_SETS = 64                  # keys repeat every KEY_SETS * BATCH messages
 SAMPLE_EVERY_S = 0.1
@@ -285,6 +290,7 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path):
     #  minor and major faults, voluntary and involuntary context switches)
     stalls = []
     state = {"stored": 0, "calls": 0}
+    faults = {"total": 0, "puts": 0, "overtook": 0}
     try:
         def run():
             put = store.put_batch
@@ -307,14 +313,24 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path):
                     break
                 r = put(TOPIC, 0, bodies, tags=tags, keys=key_sets[calls % KEY_SETS], **born)
                 t1 = clock()
+                u1 = usage(who)
                 keep(t1 - t0)
                 calls += 1
                 results.append(r)
+                # Page faults taken inside the put: a put into populated pages takes next to
+                # none; many mean it wrote pages the allocator had not populated yet (or
+                # that writeback had cleaned again). Counted by the kernel per thread, so
+                # other sessions' load does not blur it as it blurs wall-clock time.
+                flt = u1.ru_minflt - u0.ru_minflt + u1.ru_majflt - u0.ru_majflt
+                faults["total"] += flt
+                if flt:
+                    faults["puts"] += 1
+                    if flt >= FAULTED_PUT:
+                        faults["overtook"] += 1
                 offs = r.commit_log_offsets
                 if len(offs):             # empty when refused: check_puts reports that
                     end = int(offs[-1])
                     if t1 - t0 > STALL_NS:
-                        u1 = usage(who)
                         stalls.append((t0, t1, end // file_size != last_end // file_size,
                                        u1.ru_utime - u0.ru_utime, u1.ru_stime - u0.ru_stime,
                                        u1.ru_minflt - u0.ru_minflt,
@@ -378,6 +394,10 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path):
         "put_ms_p999": round(_percentile(lat, 0.999) / 1e6, 3),
         "put_ms_max": round(lat[-1] / 1e6, 3),
         "stalls_over_50ms": len(stalls),
+        "putter_page_faults": faults["total"],
+        "puts_with_faults": faults["puts"],
+        f"puts_with_{FAULTED_PUT}_or_more_faults": faults["overtook"],
+        "puts": state["calls"],
         "load_average": os.getloadavg(),
     }
     benchmark.extra_info.update(figures)

@@ -289,6 +289,15 @@ class FileSystem:
         except (OSError, ValueError, AttributeError):
             pass
 
+    def advise_random(self, mm, random=True):
+        """MADV_RANDOM on the whole mapping (MADV_NORMAL with random=False): a first touch of
+        a page then brings in that page alone, not a readahead window around it. Ignored
+        where the mapping or the platform cannot take it."""
+        try:
+            mm.madvise(mmap.MADV_RANDOM if random else mmap.MADV_NORMAL)
+        except (OSError, ValueError, AttributeError):
+            pass
+
     def sync_mapped(self, kernels, mm, path, start, length):
         """Make mm[start:start+length] of the file at `path` durable (the kernel's msync, or
         fdatasync on the file for the pure backend). Fault-injecting doubles hook here."""

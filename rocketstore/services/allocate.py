@@ -4,20 +4,36 @@ window of reserved (fallocate) and populated (MADV_POPULATE_WRITE) pages ahead o
 the file being written, so a put neither waits for file creation nor takes first-touch faults.
 RSS and allocated disk follow the data, never a whole 1 GiB file ahead of it.
 
-The writer asks for the next window at its file's refill_position, half a window before the
+The writer asks for the next window at its file's refill_position, a lead before the
 reserved end; this thread reserves and populates it, off the writer and (with the compiled
 Mapping, whose madvise releases it) off the GIL. The writer reserves itself only when it
 reaches reserved_position first (this thread lagged or met a full disk), so a full disk still
-refuses that put with ENOSPC."""
+refuses that put with ENOSPC.
+
+The lead adapts to the writer: it covers what the writer writes in the time this thread takes
+to serve a request (twice over), at least half the configured window and at most LEAD_WINDOWS
+windows (64 MiB by default). Once the lead outgrows half a window, each refill populates one
+step of a quarter window (not half), so the populated end moves on in small steps well ahead
+of the writer. A populate is CPU work (zeroing pages) and, past the page cache's dirty
+budget, throttled: on a loaded machine a request waits long for this thread, and a writer
+that overtook the populated end would take the first-touch faults itself, each zero-filling
+a readahead window of the file in the writer's thread."""
 import logging
 import os
 import threading
+import time
 
 from ..format import OS_PAGE_SIZE
 from ..mapped_file import MappedFile
 from .base import ServiceThread
 
 log = logging.getLogger(__name__)
+
+# The lead is bounded to this many configured windows ("tens of MB", not the next file).
+LEAD_WINDOWS = 4
+# The writer's rate and the time to serve a request are smoothed with these weights for a new sample
+# lower than the estimate; a higher sample is taken at once (a burst must not overtake).
+DECAY = 0.75
 
 
 class AllocateMappedFileService(ServiceThread):
@@ -31,12 +47,21 @@ class AllocateMappedFileService(ServiceThread):
         self._fs = fs
         self._prefault = prefault
         self._window = reserve_window
-        self._refill = []          # (MappedFile, writer's end, populate from) to do here
+        self._refill = []          # (MappedFile, writer's end, populate from, asked at ns)
         self._lock = threading.Condition()
         self._wanted = None        # path of the file to prepare next
         self._making = None        # path being created right now
         self._ready = {}           # path -> MappedFile prepared in the background
         self._writing = None       # the file whose writer this thread refilled last
+        self._adopted = None       # the file adopt() took last (without readahead)
+        # The writer's pace, measured between its refill requests: (file, end, ns) of the
+        # last request, and bytes/s. The time from a request to its window populated, in
+        # seconds: queueing, this thread's wait for a CPU on a loaded machine, and the
+        # populate itself. Read and written by the writer (refill) and this thread (_fill);
+        # a lost update only delays the adaptation by one request.
+        self._last_request = None
+        self._rate = 0.0
+        self._latency_s = 0.0
 
     def _make(self, path):
         # A sparse file; its blocks are reserved a window at a time (MappedFile.reserve).
@@ -47,8 +72,38 @@ class AllocateMappedFileService(ServiceThread):
         """Keep a window reserved and populated ahead of the writer of `mf` from now on, the
         first from `end` (default: its write position) on; a no-op without prefault."""
         if self._prefault:
-            mf.refill_lead = self._window // 2
+            # The writer's file has no readahead: a page the writer reaches before this
+            # thread populated it (this thread being late, on a loaded machine) then costs
+            # the writer one page, not a readahead window (8 MiB where read_ahead_kb is
+            # 8192) zero-filled by one fault inside a put. The file it leaves gets its
+            # readahead back for readers.
+            with self._lock:
+                left, self._adopted = self._adopted, mf
+            if left is not None and left is not mf:
+                self._fs.advise_random(left.mm, False)
+            self._fs.advise_random(mf.mm, True)
+            self._size_window(mf)
             self.populate(mf, mf.wrote_position if end is None else end)
+
+    @property
+    def lead(self):
+        """Bytes populated ahead of the writer when it asks for more: what it writes at its
+        measured rate in twice the time a request takes to be served, within [window/2,
+        LEAD_WINDOWS x window - step], page-aligned."""
+        w = self._window
+        step = max(OS_PAGE_SIZE, w // 4)
+        want = self._rate * 2 * self._latency_s
+        lead = int(min(max(want, w // 2), LEAD_WINDOWS * w - step))
+        return lead - lead % OS_PAGE_SIZE
+
+    def _size_window(self, mf):
+        """Give `mf` the current lead: its next reservation reaches a step past it, and at
+        least the configured window (a quiet writer keeps the window and half-window lead
+        it always had)."""
+        if self._window:
+            lead = self.lead
+            mf.refill_lead = lead
+            mf.reserve_window = max(self._window, lead + max(OS_PAGE_SIZE, self._window // 4))
 
     def refill(self, mf, end):
         """The writer of `mf` passed its refill_position at `end`: reserve the window ahead of
@@ -57,6 +112,12 @@ class AllocateMappedFileService(ServiceThread):
         # until the window reserved here moves refill_position on. (A refill finishing
         # between the read and the store leaves it lower: the writer then asks once more.)
         mf.refill_position = mf.reserved_position
+        now = time.monotonic_ns()
+        last = self._last_request
+        if last is not None and last[0] is mf and end > last[1] and now > last[2]:
+            rate = (end - last[1]) * 1e9 / (now - last[2])
+            self._rate = rate if rate > self._rate else DECAY * self._rate + (1 - DECAY) * rate
+        self._last_request = (mf, end, now)
         self.populate(mf, end)
 
     def populate(self, mf, end, start=None):
@@ -64,7 +125,7 @@ class AllocateMappedFileService(ServiceThread):
         reserved from `start` (default: what this call reserves) on, on this thread."""
         if self._prefault:
             with self._lock:
-                self._refill.append((mf, end, start))
+                self._refill.append((mf, end, start, time.monotonic_ns()))
             self.wakeup()
 
     def _refill_pending(self):
@@ -73,15 +134,16 @@ class AllocateMappedFileService(ServiceThread):
                 todo, self._refill = self._refill, []
             if not todo:
                 return
-            for mf, end, start in todo:
-                self._fill(mf, end, start)
+            for mf, end, start, asked in todo:
+                self._fill(mf, end, start, asked=asked)
 
-    def _fill(self, mf, end, start=None, urgent=True):
+    def _fill(self, mf, end, start=None, urgent=True, asked=None):
         """Reserve the window ahead of `end` in `mf` and populate it from `start` (default:
-        what is new). Urgent: a writer is heading there. Otherwise (a file prepared ahead)
-        the writer's requests come first, between chunks."""
+        what is new). Urgent: a writer is heading there, since `asked` (ns). Otherwise (a
+        file prepared ahead) the writer's requests come first, between chunks."""
         if not mf.is_available:
             return
+        self._size_window(mf)
         try:
             old, _ = mf.reserve(end, required=False)
         except OSError as exc:
@@ -93,7 +155,7 @@ class AllocateMappedFileService(ServiceThread):
         pos -= pos % OS_PAGE_SIZE
         # A window, even where the file system reserves nothing (the whole file counts as
         # reserved then): memory follows the data.
-        end = min(mf.reserved_position, end + self._window)
+        end = min(mf.reserved_position, end + max(self._window, mf.reserve_window))
         # A Mapping's madvise releases the GIL: an urgent range in one call, since each
         # chunk waits for the GIL again, which a busy writer holds, and the writer would
         # catch up. mmap.mmap's holds the GIL: a chunk at a time, so the writer runs in
@@ -112,6 +174,12 @@ class AllocateMappedFileService(ServiceThread):
             pos = max(pos + chunk, mf.wrote_position - mf.wrote_position % OS_PAGE_SIZE)
         if urgent:
             self._writing = mf
+        if asked is not None:
+            # What the lead must outlast, twice over. Counted also when the writer got
+            # there first and little was left to populate: it was late, all the more so.
+            took = (time.monotonic_ns() - asked) / 1e9
+            self._latency_s = (took if took > self._latency_s
+                               else DECAY * self._latency_s + (1 - DECAY) * took)
 
     def _fill_ready(self):
         """Reserve and populate the first window of the files prepared ahead, once the file
@@ -124,7 +192,6 @@ class AllocateMappedFileService(ServiceThread):
         with self._lock:
             ready = list(self._ready.values())
         for mf in ready:
-            mf.refill_lead = self._window // 2
             self._fill(mf, 0, urgent=False)
 
     def take(self, path, next_offset):
@@ -185,6 +252,6 @@ class AllocateMappedFileService(ServiceThread):
         with self._lock:
             ready, self._ready = self._ready, {}
             self._refill = []
-        self._writing = None
+        self._writing = self._adopted = None
         for mf in ready.values():
             mf.destroy()
