@@ -466,7 +466,11 @@ def test_the_readme_example_runs_a_producer_and_two_consumer_processes(tmp_path)
             assert "```python\n" + f.read() + "```" in section, f"README's {name} differs"
     script = section[section.index("```bash\n") + 8:]
     script = script[:script.index("```")].replace("/tmp/", str(tmp_path) + "/")
-    out = subprocess.run(["bash", "-c", "set -e\n" + script], cwd=top, env=_env(),
+    # Block-buffered, each consumer's one line reaches the shared pipe in one write at exit;
+    # unbuffered (PYTHONUNBUFFERED), print's text and newline are two writes and the two
+    # consumers' lines can interleave.
+    env = {k: v for k, v in _env().items() if k != "PYTHONUNBUFFERED"}
+    out = subprocess.run(["bash", "-c", "set -e\n" + script], cwd=top, env=env,
                          capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 0, out.stderr
     lines = sorted(out.stdout.splitlines())
