@@ -863,6 +863,20 @@ class MessageStore:
 
     _put_messages = put_messages
 
+    def _put_encoded(self, records, sizes, keys, topics):
+        """put_messages for records encoded already, each to its own queue (the schedule
+        service's batch path; CommitLog.put_encoded). Returns (status, written, reason)."""
+        self._check_running()
+        refused = self._refused_batch()
+        if refused is not None:
+            return refused.status, 0, refused.reason
+        t0 = time.monotonic_ns()
+        status, done, reason = self.commitlog.put_encoded(records, sizes, keys, topics,
+                                                          self.clock)
+        record_put(self.commitlog.put_cells, time.monotonic_ns() - t0,
+                   status is PutMessageStatus.PUT_OK)
+        return status, done, reason
+
     def put_batch(self, topic, queue_id, bodies, tags=None, keys=None, properties=None, *,
                   flag=0, born_timestamp=0, born_host=("127.0.0.1", 0)):
         """Store many bodies to one topic and queue, columnar: the bytes put_messages writes
