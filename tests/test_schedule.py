@@ -503,3 +503,48 @@ def test_a_slave_never_delivers_and_receives_the_masters_deliveries(tmp_path, ba
         if slave is not None:
             slave.shutdown()
         master.shutdown()
+
+
+def test_batch_delivery_writes_the_records_of_the_reference_path_with_declined_ones_in_place(
+        backends, tmp_path):
+    """The compiled backend encodes the common case in bulk (rs_timeup_encode) and sends the
+    rest -- non-ASCII properties, more than 8 of them, a transaction-half real topic -- through
+    the reference path in their place: the CommitLog bytes and queue order equal the pure
+    backend's, and the level's offset passes every unit."""
+    def batch(k):
+        msgs = []
+        for i in range(k):
+            m = delayed(i, topic=f"RealTopic{i % 3}", queue_id=i % 4)
+            if i % 11 == 3:
+                m.properties = {**m.properties, "note": "caf\u00e9"}
+            if i % 13 == 5:
+                m.properties = {**m.properties, **{f"p{j}": str(j) for j in range(9)}}
+            if i == 40:
+                m.topic = "RMQ_SYS_TRANS_HALF_TOPIC"
+            msgs.append(m)
+        return msgs
+    digests = []
+    for be in backends:
+        clock = ManualClock(T0)
+        store = open_store(tmp_path / be.NAME, be, clock)
+        try:
+            msgs = batch(600)
+            for i in range(0, 600, 100):
+                assert store.put_messages(msgs[i:i + 100]).ok
+            store._catch_up()
+            clock.now = T0 + 1000
+            assert store.schedule_message_service.deliver_due() == 599
+            store._catch_up()
+            assert store.delay_offsets.get_offset(1) == 600
+            records = []
+            for t in range(3):
+                for q in range(4):
+                    r = store.get_message("g", f"RealTopic{t}", q, 0, 1000)
+                    records += [(m.queue_offset,
+                                 bytes(store.commitlog.get_message_bytes(m.commit_log_offset)))
+                                for m in r.messages]
+            assert len(records) == 599
+            digests.append(records)
+        finally:
+            store.shutdown()
+    assert all(d == digests[0] for d in digests[1:])
