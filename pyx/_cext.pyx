@@ -33,7 +33,8 @@ NAME = "cext"
 __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_append",
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
            "cq_encode_batch", "cq_search", "index_hash", "index_put", "index_put_batch",
-           "index_keys", "index_lookup", "sync_range", "batch_encode", "column_join")
+           "index_keys", "index_lookup", "sync_range", "batch_encode", "column_join",
+           "timeup_encode")
 
 # GIL release thresholds.  Releasing and re-taking an uncontended GIL costs ~50-100 ns: it pays
 # once the kernel runs for microseconds.  CRC-32 runs at >10 GB/s here, so 4 KiB of CRC is
