@@ -62,7 +62,8 @@ static int rs_timeup_one(const uint8_t *p, int64_t size,
     size_t n_parts = 0;
     int32_t total, magic, sys_flag, body_len, qid = 0;
     int64_t q, bh, sh, topic_len, props_len, end, k, topic_idx;
-    const uint8_t *bhost, *shost, *body, *pr, *seg, *stop;
+    const uint8_t *bhost, *shost, *body, *pr, *seg, *stop, *rtopic;
+    size_t rtopic_len;
     const rs_prop *real_topic = NULL, *real_qid = NULL;
     uint32_t h;
 
@@ -157,6 +158,10 @@ static int rs_timeup_one(const uint8_t *p, int64_t size,
         return RS_TIMEUP_TOPIC;
     }
     topic_idx = k;
+    /* The sort below moves the entries: keep the topic itself, not its entry. */
+    rtopic = real_topic->val;
+    rtopic_len = real_topic->val_len;
+    real_topic = real_qid = NULL;
 
     /* HashMap order: bucket (spread String.hashCode & 15), then insertion. ASCII names, so
      * UTF-16 units are the bytes. Insertion sort keeps equal buckets in insertion order. */
@@ -189,13 +194,13 @@ static int rs_timeup_one(const uint8_t *p, int64_t size,
         size_t pl = 0;
         for (k = 0; k < (int64_t)n_parts; k++)
             pl += parts[k].len;
-        rsize = rs_msg_size(sys_flag, body_len, (int64_t)real_topic->val_len, (int64_t)pl, 0);
+        rsize = rs_msg_size(sys_flag, body_len, (int64_t)rtopic_len, (int64_t)pl, 0);
     }
     if (rsize < 0 || rsize + RS_END_FILE_MIN_BLANK_LENGTH > max_record)
         return RS_TIMEUP_SLOW;
     if (!rs_in_bounds(pos, (uint64_t)rsize, out_len))
         return RS_TIMEUP_FULL;
-    rsize = rs_msg_encode_parts(out, out_len, pos, real_topic->val, real_topic->val_len,
+    rsize = rs_msg_encode_parts(out, out_len, pos, rtopic, rtopic_len,
                                 body, (size_t)body_len, parts, n_parts, qid,
                                 rs_load_i32(p + RS_POS_FLAG), 0, 0, sys_flag,
                                 rs_load_i64(p + RS_POS_BORNTIMESTAMP), bhost, (size_t)bh, 0,

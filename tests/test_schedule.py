@@ -544,7 +544,80 @@ def test_batch_delivery_writes_the_records_of_the_reference_path_with_declined_o
                                  bytes(store.commitlog.get_message_bytes(m.commit_log_offset)))
                                 for m in r.messages]
             assert len(records) == 599
+            batched = store.schedule_message_service.batched
+            if hasattr(be, "timeup_encode"):    # both paths ran, each in its place
+                assert 0 < batched < 599
+            else:
+                assert batched == 0
             digests.append(records)
         finally:
             store.shutdown()
     assert all(d == digests[0] for d in digests[1:])
+
+
+def _reference_delivered(rec):
+    """The delivered record's bytes by the reference path (MessageExt.decode, message_timeup,
+    CommitLog's encode of a DeliveredMessage), or None where that path declines it."""
+    from rocketstore import kernels
+    try:
+        m = message_timeup(MessageExt.decode(rec))
+    except Exception:
+        return None
+    sys_flag = m.sys_flag & ~(F.BORNHOST_V6_FLAG | F.STOREHOSTADDRESS_V6_FLAG)
+    sys_flag |= F.BORNHOST_V6_FLAG if len(m.born_host_raw) == F.HOST_V6_LENGTH else 0
+    sys_flag |= F.STOREHOSTADDRESS_V6_FLAG if len(m.store_host_raw) == F.HOST_V6_LENGTH else 0
+    out = bytearray(len(rec) + 512)
+    try:
+        size = kernels.resolve("pure").msg_encode(
+            out, 0, m.topic.encode(), m.body, m.properties_string.encode(), m.queue_id, m.flag,
+            0, 0, sys_flag, m.born_timestamp, m.born_host_raw, 0, m.store_host_raw,
+            m.reconsume_times, 0)
+    except Exception:
+        return None
+    return bytes(out[:size])
+
+
+def test_timeup_encode_writes_the_reference_bytes_or_declines_damaged_records(backends):
+    """rs_timeup_encode against the reference path on a scheduled record, each of its
+    truncations and byte-flipped copies: it writes the reference path's bytes, or stops at
+    the record (SLOW, or TOPIC for a real topic it was not given), never reading past it."""
+    import numpy as np
+    from rocketstore.services import schedule
+    compiled = [b for b in backends if hasattr(b, "timeup_encode")]
+    assert compiled or "cext" not in [b.NAME for b in backends]
+    props = ("UNIQ_KEY\x01U1\x02DELAY\x011\x02TAGS\x01T\x02REAL_QID\x013\x02"
+             "REAL_TOPIC\x01Real\x02KEYS\x01k1 k2\x02\x01x\x02ab")
+    rec = bytearray(600)
+    from rocketstore import kernels
+    size = kernels.resolve("pure").msg_encode(
+        rec, 0, F.SCHEDULE_TOPIC.encode(), b"body", props.encode(), 2, 7, 0, 0, 0, T0,
+        b"\x7f\0\0\1\0\0\0\1", T0, b"\x0a\0\0\2\0\0\0\2", 3, 0)
+    good = bytes(rec[:size])
+    rng = __import__("random").Random(testing.fixed_seed("timeup-encode"))
+    cases = [good] + [good[:n] for n in range(size)]
+    for _ in range(3000):
+        bad = bytearray(good)
+        for _ in range(rng.randint(1, 3)):
+            bad[rng.randrange(size)] = rng.randrange(256)
+        cases.append(bytes(bad))
+    topics = b"Real"
+    topic_off = np.array([0, 4], dtype=np.int64)
+    wrote = 0
+    for k in compiled:
+        for case in cases:
+            out = bytearray(len(case) + 512)
+            out_size = np.zeros(1, dtype=np.int32)
+            out_key = np.zeros(1, dtype=np.int64)
+            reason, stop, end, _ = k.timeup_encode(
+                case, np.zeros(1, dtype=np.int64), np.array([len(case)], dtype=np.int32), 0, 1,
+                topics, topic_off, 1 << 20, 1 << 20, out, 0, out_size, out_key)
+            want = _reference_delivered(case)
+            if reason == schedule.TIMEUP_DONE:
+                assert stop == 1 and end == out_size[0]
+                assert bytes(out[:end]) == want
+                assert out_key[0] >> 32 == 0
+                wrote += 1
+            else:
+                assert reason in (schedule.TIMEUP_SLOW, schedule.TIMEUP_TOPIC)
+                assert stop == 0 and end == 0
+        assert wrote > 1            # the intact record, and copies damaged where it still holds

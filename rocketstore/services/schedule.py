@@ -150,6 +150,7 @@ class ScheduleMessageService(ServiceThread):
         self._lock = threading.Lock()                            # one run at a time
         self.delivered = 0
         self.skipped = 0
+        self.batched = 0                # of `delivered`, the records the batch path encoded
         # The batch path, where the backend has it (cext): records encoded by
         # rs_timeup_encode from the stored ones, and the real topics it may send them to.
         self._encode = getattr(store.commitlog._k, "timeup_encode", None)
@@ -335,6 +336,7 @@ class ScheduleMessageService(ServiceThread):
             status, stored, reason = store._put_encoded(
                 out, out_size[pending:upto], out_key[pending:upto], self._topics)
             self.delivered += stored
+            self.batched += stored
             if status is not PutMessageStatus.PUT_OK and stored < upto - pending:
                 log.warning("delayed delivery refused (%s: %s); delay level %d retries from "
                             "queue offset %d", status.name, reason, level,
