@@ -326,13 +326,15 @@ class ScheduleMessageService(ServiceThread):
         out_size = np.zeros(n, dtype=np.int32)
         out_key = np.zeros(n, dtype=np.int64)
         pending = 0                     # first unit encoded and not yet put
+        refused_at = [0]                # where a refused put stopped
         nbytes = 0
         i = 0
 
         def put(upto):
-            """Put the encoded units [pending, upto): the units done (delivered), or None."""
+            """Put the encoded units [pending, upto); False when the put path refused some
+            (the level's offset then stops at the first not stored)."""
             if upto == pending:
-                return upto
+                return True
             status, stored, reason = store._put_encoded(
                 out, out_size[pending:upto], out_key[pending:upto], self._topics)
             self.delivered += stored
@@ -341,10 +343,11 @@ class ScheduleMessageService(ServiceThread):
                 log.warning("delayed delivery refused (%s: %s); delay level %d retries from "
                             "queue offset %d", status.name, reason, level,
                             offset + pending + stored)
+                refused_at[0] = pending + stored
                 self.offsets.update_offset(level, offset + pending + stored)
-                return None
+                return False
             self.offsets.update_offset(level, offset + upto)
-            return upto
+            return True
 
         while i < n:
             j, src, pos = self._span(phys, sizes, i, n)
@@ -358,8 +361,8 @@ class ScheduleMessageService(ServiceThread):
                         bytes(src[tpos:tpos + tlen]).decode("ascii")):
                     continue
                 if reason == TIMEUP_FULL and pending < i:
-                    if put(i) is None:
-                        return pending, True
+                    if not put(i):
+                        return refused_at[0], True
                     pending, nbytes = i, 0
                     continue
                 break                   # TIMEUP_SLOW, a topic refused, or FULL on its own
@@ -368,15 +371,15 @@ class ScheduleMessageService(ServiceThread):
             if src is not None and i == j:
                 continue
             # Unit i takes the reference path, after everything before it is stored.
-            if put(i) is None:
-                return pending, True
+            if not put(i):
+                return refused_at[0], True
             done, refused = self._deliver_messages(level, offset + i, units[i:i + 1])
             if refused:
                 return i, True
             i += 1
             pending, nbytes = i, 0
-        if put(n) is None:
-            return pending, True
+        if not put(n):
+            return refused_at[0], True
         return n, False
 
     def _deliver_messages(self, level, offset, units):
