@@ -621,3 +621,41 @@ def test_timeup_encode_writes_the_reference_bytes_or_declines_damaged_records(ba
                 assert reason in (schedule.TIMEUP_SLOW, schedule.TIMEUP_TOPIC)
                 assert stop == 0 and end == 0
         assert wrote > 1            # the intact record, and copies damaged where it still holds
+
+
+def test_a_batch_cut_short_by_a_full_disk_resumes_where_it_stopped(tmp_path, backend):
+    """The disk refuses CommitLog space in the middle of a run's batch: what was stored keeps
+    its queue offsets and the level's offset stops after it; healed, the next run delivers the
+    rest, each message once and with no gap in its real queue."""
+    import errno
+    fs = testing.FaultInjectingFileSystem()
+    clock = ManualClock(T0)
+    store = MessageStore(tmp_path / "s", config(tmp_path / "s"), clock=clock, kernels=backend,
+                         fs=fs)
+    store.load()
+    store.start()
+    n = 600
+    try:
+        for i in range(0, n, 100):
+            assert store.put_messages([Message("RealTopic", bytes(3000), keys=f"k{j}",
+                                               queue_id=j % 2, properties={"DELAY": "1"})
+                                       for j in range(i, i + 100)]).ok
+        store._catch_up()
+        fs.fail("reserve", errno.ENOSPC, match=os.sep + "commitlog" + os.sep)
+        fs.fail("create", errno.ENOSPC, match=os.sep + "commitlog" + os.sep)
+        clock.now = T0 + 1000
+        first = store.schedule_message_service.deliver_due()
+        assert 0 < first < n
+        assert store.delay_offsets.get_offset(1) == first
+        fs.heal()
+        store.running_flags.get_and_make_disk_ok()  # as the disk check does once space is back
+        assert store.schedule_message_service.deliver_due() == n - first
+        assert store.delay_offsets.get_offset(1) == n
+        keys = []
+        for q in (0, 1):
+            r = store.get_message("g", "RealTopic", q, 0, 1000)
+            assert [m.queue_offset for m in r.messages] == list(range(n // 2))
+            keys += [m.keys for m in r.messages]
+        assert sorted(keys) == sorted(f"k{j}" for j in range(n))
+    finally:
+        store.shutdown()
