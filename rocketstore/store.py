@@ -160,10 +160,10 @@ class MessageStore:
         self.topic_configs.on_change = self._topic_configs_changed
         # Deleted topics and where in the CommitLog they were deleted (topic_delete.py).
         self.deleted_topics = DeletedTopicManager(self.root, self.fs, self.clock, read_only)
-        self._deleted_raw = {}             # topic bytes -> offset; read by the dispatcher
         # Cleaning calls its delete_expired_file(min_offset); it dispatches after the CQs.
         # The store's own reference drives load/flush/close even if a test swaps the hook.
-        self._indexer = self.index_service = IndexService(self)
+        self._indexer = self.index_service = IndexService(self.root, self.config, self.kernels,
+                                                          self.fs, self.writable)
         if self.config.message_index_enable:
             self.dispatchers.append(self._indexer)
         self.clean_commitlog_service = CleanCommitLogService(self)
@@ -272,15 +272,14 @@ class MessageStore:
             if not self.deleted_topics.load():
                 raise StoreLoadError(f"{self.deleted_topics.path} and its .bak are both "
                                      "corrupt")
-            self._deleted_raw = self.deleted_topics.offsets_by_bytes()
             self.commitlog.load()
             self._load_consume_queues()
             self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"), self.fs,
                                               self.read_only)
             # Before recovery: an abnormal exit drops index files past the checkpoint, and
             # recovery's re-dispatch rebuilds them.
-            self._indexer.load(last_exit_ok)
-            self.recovery_report = recovery.recover(self, last_exit_ok)
+            self._indexer.load(last_exit_ok, self.checkpoint)
+            self.recovery_report = recovery.recover(self, last_exit_ok, self._indexer)
             if rebuilding is not None:
                 repair.end_pending_rebuild(self)
             self._load_configs()
@@ -454,27 +453,35 @@ class MessageStore:
         reput_from = max(0, self.commitlog.min_offset)
         for cq in self.all_consume_queues():
             reput_from = max(reput_from, cq.max_physic_offset)
-        self.reput_service = ReputMessageService(self, reput_from)
+        self.reput_service = ReputMessageService(
+            self.commitlog, self.kernels, self.dispatchers, reput_from, arrivals=self.arrivals,
+            running_flags=self.running_flags, is_slave=self.is_slave)
         self.reput_service.do_reput()               # catch up before accepting puts
         recovery.recover_topic_queue_table(self)
         # HA next (doc/03 §7); bound before any thread starts, so a taken port fails clean.
-        self.ha_service = HAService(self)
+        self.ha_service = HAService(self.config, self.commitlog, self.reput_service.wakeup)
+        if self.ha_service.client is not None:
+            self.reput_service.halt_replication = self.ha_service.client.halt
         self.ha_service.start()
         self.reput_service.start()
         self.commitlog.start()
-        self.flush_cq_service = FlushConsumeQueueService(self)
+        self.flush_cq_service = FlushConsumeQueueService(
+            self.config, self.checkpoint, self.dirty_cqs, self.all_consume_queues(),
+            self._indexer.flush_pending)
         self.flush_cq_service.start()
         cfg = self.config
         if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH:
-            self.flush_service = GroupCommitService(self)
+            self.flush_service = GroupCommitService(self.commitlog.mfq, self.checkpoint)
             self.commitlog.after_put = self._after_put_sync
         else:
-            self.flush_service = FlushRealTimeService(self)
+            self.flush_service = FlushRealTimeService(self.config, self.commitlog.mfq,
+                                                      self.checkpoint)
             if not cfg.flush_commit_log_timed:
                 self.commitlog.wake_on_put = self.flush_service
         self.flush_service.start()
         if self.commitlog.pool is not None:
-            self.commit_service = CommitRealTimeService(self)
+            self.commit_service = CommitRealTimeService(self.config, self.commitlog.mfq,
+                                                        self.flush_service.wakeup)
             self.commit_service.start()
             # ASYNC_FLUSH with write buffers: the committer wakes, and it wakes the flusher.
             self.commitlog.after_put = None
@@ -512,7 +519,10 @@ class MessageStore:
             if service is not None:
                 service.shutdown()
         elif self.schedule_message_service is None:
-            self.schedule_message_service = ScheduleMessageService(self)
+            self.schedule_message_service = ScheduleMessageService(
+                self.config.delay_levels, self.delay_offsets, self.commitlog,
+                self.find_consume_queue, self.clock, put_messages=self._put_messages,
+                is_running=lambda: self._running, catch_up=self._catch_up)
             self.schedule_message_service.start()
 
     def shutdown(self):
@@ -715,7 +725,6 @@ class MessageStore:
                 deleted_at = max(cl.max_offset, cl.mfq.get_max_wrote_position())
                 # The commit point: from here on the topic is deleted, whatever happens.
                 self.deleted_topics.mark(topic, deleted_at, pending=True)
-                self._deleted_raw = self.deleted_topics.offsets_by_bytes()
                 with self._cq_lock:
                     queues = self.consume_queue_table.pop(topic, {})
                     for qid in queues:
@@ -1491,7 +1500,7 @@ class MessageStore:
                 max_phy = max((cq.max_physic_offset for cq in self.all_consume_queues()),
                               default=-1)
                 recovery.truncate(self, offset, max_phy, report)
-                recovery.drop_index_past(self, offset, report)
+                recovery.drop_index_past(self, self.index_service, offset, report)
                 recovery.recover_topic_queue_table(self)
                 for d in self.dispatchers:
                     forget = getattr(d, "forget_queues", None)
