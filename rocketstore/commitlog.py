@@ -144,6 +144,15 @@ class CommitLog:
         return offset + self.file_size - offset % self.file_size
 
     # ---- encoding (outside the lock) -----------------------------------------------------
+    @property
+    def max_body(self):
+        """max_message_size: the longest body a put takes."""
+        return self._max_body
+
+    def topic_bytes(self, topic):
+        """`topic` as records hold it; MessageIllegalError for a name the put path refuses."""
+        return self._topic_bytes(topic)
+
     def _topic_bytes(self, topic):
         raw = self._topics.get(topic)
         if raw is None:

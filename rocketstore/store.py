@@ -522,7 +522,9 @@ class MessageStore:
             self.schedule_message_service = ScheduleMessageService(
                 self.config.delay_levels, self.delay_offsets, self.commitlog,
                 self.find_consume_queue, self.clock, put_messages=self._put_messages,
-                is_running=lambda: self._running, catch_up=self._catch_up)
+                is_running=lambda: self._running, catch_up=self._catch_up,
+                timeup_encode=getattr(self.kernels, "timeup_encode", None),
+                put_encoded=self._put_encoded)
             self.schedule_message_service.start()
 
     def shutdown(self):

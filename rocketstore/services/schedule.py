@@ -141,12 +141,14 @@ class ScheduleMessageService(ServiceThread):
     it what it uses: the delay levels, the DelayOffsetManager, the CommitLog the records are
     read from, `find_consume_queue(topic, queue_id)`, the store clock, and
     `put_messages(msgs)` (the store's put path), `is_running()` and `catch_up()` (dispatch
-    what reput has not yet)."""
+    what reput has not yet); and for the batch path, where the backend has it, the kernel
+    `timeup_encode` and `put_encoded(records, sizes, keys, topics)` (the store's append of
+    encoded records, MessageStore._put_encoded)."""
 
     name = "ScheduleMessageService"
 
     def __init__(self, delay_levels, offsets, commitlog, find_consume_queue, clock, *,
-                 put_messages, is_running, catch_up):
+                 put_messages, is_running, catch_up, timeup_encode=None, put_encoded=None):
         super().__init__()
         self.delay_levels = list(delay_levels)                    # ms, level 1 first
         self.offsets = offsets                                    # DelayOffsetManager
@@ -163,7 +165,8 @@ class ScheduleMessageService(ServiceThread):
         self.batched = 0                # of `delivered`, the records the batch path encoded
         # The batch path, where the backend has it (cext): records encoded by
         # rs_timeup_encode from the stored ones, and the real topics it may send them to.
-        self._encode = getattr(store.commitlog._k, "timeup_encode", None)
+        self._encode = timeup_encode if put_encoded is not None else None
+        self._put_encoded = put_encoded
         self._topics = []
         self._topic_buf = b""
         self._topic_off = np.zeros(1, dtype=np.int64)
@@ -279,7 +282,7 @@ class ScheduleMessageService(ServiceThread):
         if name == TRANS_HALF_TOPIC:
             return False
         try:
-            self.store.commitlog._topic_bytes(name)
+            self._commitlog.topic_bytes(name)
         except MessageIllegalError:
             return False
         if len(self._topics) >= MAX_TOPICS:
@@ -295,7 +298,7 @@ class ScheduleMessageService(ServiceThread):
         """The records from unit i on that one copy of one CommitLog file's bytes covers:
         (end index, the bytes, their positions in them), or (i, None, None) when unit i's
         record is not readable (the reference path then skips it)."""
-        commitlog = self.store.commitlog
+        commitlog = self._commitlog
         mf = commitlog.mfq.find_by_offset(int(phys[i]), int(phys[i]) == 0)
         if mf is None:
             return i, None, None
@@ -325,9 +328,8 @@ class ScheduleMessageService(ServiceThread):
         over = np.flatnonzero(before > DELIVER_BATCH_BYTES)
         if len(over):
             n = int(over[0])           # the rest in the next batch of this run
-        store = self.store
-        max_body = store.commitlog._max_body
-        file_size = store.commitlog.file_size
+        max_body = self._commitlog.max_body
+        file_size = self._commitlog.file_size
         need = int(before[n - 1] + sizes[n - 1]) + 128 * n + 4096 if n else 0
         if self._out is None or len(self._out) < need:
             self._out = bytearray(need)
@@ -344,7 +346,7 @@ class ScheduleMessageService(ServiceThread):
             (the level's offset then stops at the first not stored)."""
             if upto == pending:
                 return True
-            status, stored, reason = store._put_encoded(
+            status, stored, reason = self._put_encoded(
                 out, out_size[pending:upto], out_key[pending:upto], self._topics)
             self.delivered += stored
             self.batched += stored
