@@ -32,8 +32,9 @@ NAME = "cext"
 
 __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_append",
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
-           "cq_encode_batch", "cq_search", "tags_match", "index_hash", "index_put", "index_put_batch",
-           "index_keys", "index_lookup", "sync_range", "batch_encode", "column_join")
+           "cq_encode_batch", "cq_search", "tags_match", "index_hash", "index_put",
+           "index_put_batch", "index_keys", "index_lookup", "sync_range", "batch_encode",
+           "column_join", "timeup_encode")
 
 # GIL release thresholds.  Releasing and re-taking an uncontended GIL costs ~50-100 ns: it pays
 # once the kernel runs for microseconds.  CRC-32 runs at >10 GB/s here, so 4 KiB of CRC is
@@ -643,3 +644,43 @@ def index_dispatch(rows, buf, f, int64_t skip, slow):
     finally:
         PyBuffer_Release(&b)
         PyBuffer_Release(&rv)
+
+
+def timeup_encode(src, const int64_t[::1] rec_pos, const int32_t[::1] rec_size, int64_t first,
+                  int64_t n, topics, const int64_t[::1] topic_off, int64_t max_body,
+                  int64_t max_record, out, int64_t out_pos, int32_t[::1] out_size,
+                  int64_t[::1] out_key):
+    """Delivered records of scheduled ones, first..n-1, encoded at out[out_pos:] in the common
+    case (rs_timeup_encode; services/schedule.py holds the rules). Not part of the kernel
+    contract: the schedule service's batch path on this backend. Returns (reason, stopped at,
+    end of what was written, (REAL_TOPIC offset in src, length) for RS_TIMEUP_TOPIC)."""
+    cdef Py_buffer v[3]
+    cdef int64_t done = first, nbytes = out_pos
+    cdef int64_t topic_at[2]
+    cdef int64_t n_topics = topic_off.shape[0] - 1
+    cdef int r
+    if first < 0 or n < first or n > rec_pos.shape[0] or n > rec_size.shape[0] or \
+            n > out_size.shape[0] or n > out_key.shape[0] or n_topics < 0:
+        _raise_for_status(RS_E_ARG, "timeup_encode: bad record range")
+    topic_at[0] = topic_at[1] = 0
+    memset(v, 0, sizeof(v))
+    try:
+        _ro(src, &v[0])
+        _ro(topics, &v[1])
+        _rw(out, &v[2])
+        with nogil:
+            r = rs_timeup_encode(<const uint8_t *>v[0].buf, <size_t>v[0].len,
+                                 &rec_pos[0] if rec_pos.shape[0] else NULL,
+                                 &rec_size[0] if rec_size.shape[0] else NULL, first, n,
+                                 <const uint8_t *>v[1].buf, <size_t>v[1].len, &topic_off[0],
+                                 n_topics, max_body, max_record,
+                                 <uint8_t *>v[2].buf, <size_t>v[2].len,
+                                 &out_size[0] if out_size.shape[0] else NULL,
+                                 &out_key[0] if out_key.shape[0] else NULL,
+                                 &done, &nbytes, topic_at)
+    finally:
+        for i in range(3):
+            PyBuffer_Release(&v[i])
+    if r < 0:
+        _check(r, "timeup_encode")
+    return r, done, nbytes, (topic_at[0], topic_at[1])

@@ -13,7 +13,7 @@ from .batch import max_len_check
 from .config import BrokerRole
 from .errors import KernelBoundsError, MessageIllegalError, StoreClosedError
 from .mapped_file_queue import MappedFileQueue
-from .message import (PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC,
+from .message import (PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, PROPERTY_WAIT,
                       Message, body_bytes, pack_host, properties_to_string, topic_problem)
 from .services.allocate import AllocateMappedFileService
 from .services.schedule import DeliveredMessage
@@ -24,6 +24,8 @@ from .status import PutMessageResult, PutMessagesResult, PutMessageStatus
 _I32 = F.I32
 _NOT_DISPATCHED = (F.TRANSACTION_PREPARED_TYPE, F.TRANSACTION_ROLLBACK_TYPE)
 _MAX_RECORD_OVERHEAD = 64 * 1024
+# What after_put reads of a delivered record: its WAIT=false.
+_NO_WAIT = Message("_", properties={PROPERTY_WAIT: "false"})
 
 
 class _Encoded:
@@ -142,6 +144,15 @@ class CommitLog:
         return offset + self.file_size - offset % self.file_size
 
     # ---- encoding (outside the lock) -----------------------------------------------------
+    @property
+    def max_body(self):
+        """max_message_size: the longest body a put takes."""
+        return self._max_body
+
+    def topic_bytes(self, topic):
+        """`topic` as records hold it; MessageIllegalError for a name the put path refuses."""
+        return self._topic_bytes(topic)
+
     def _topic_bytes(self, topic):
         raw = self._topics.get(topic)
         if raw is None:
@@ -519,6 +530,74 @@ class CommitLog:
         return PutMessagesResult(status, n, phys,
                                  np.frombuffer(qoffs, dtype=np.int64), sizes, ts, total,
                                  [e.store_raw for e in encoded])
+
+    def put_encoded(self, records, sizes, keys, topics, clock):
+        """Append `records`, records encoded already with queue offset, physical offset and
+        store time 0 (the schedule service's delivered ones, services/schedule.py), each to its
+        own queue: sizes[i] its size, keys[i] = topic index << 32 | queue id, topics[k] the
+        (validated) name of topic index k. Queue offsets are taken per queue in list order,
+        as put_messages takes them. Returns (status, records written, reason)."""
+        n = len(sizes)
+        sizes = np.asarray(sizes, dtype=np.int64)
+        total = int(sizes.sum())
+        uniq, inv = np.unique(keys, return_inverse=True)
+        counts = np.bincount(inv, minlength=len(uniq))
+        # Each record's rank within its queue: its queue offset is the queue's base + rank.
+        order = np.argsort(inv, kind="stable")
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+        qkeys = [(topics[int(u) >> 32], int(u) & 0xFFFFFFFF) for u in uniq.tolist()]
+        view = memoryview(records)[:total]
+        try:
+            with self.put_lock:
+                if self.closed:
+                    self._refuse_closed()
+                after_put = self.after_put
+                ts = clock()
+                self.put_cells[LOCK_BEGIN] = ts
+                try:
+                    table = self.topic_queue_table
+                    bases = np.array([table.get(k, 0) for k in qkeys], dtype=np.int64)
+                    qoffs = bases[inv] + rank
+                    for k, b, c in zip(qkeys, bases.tolist(), counts.tolist()):
+                        table[k] = b + c
+                    done = rd = 0
+                    end = 0
+                    while done < n:
+                        mf, status, reason = self._batch_file(total - rd)
+                        if mf is None:
+                            # What was written keeps its queue offsets; the rest gives theirs
+                            # back, so the next put leaves no gap.
+                            kept = np.bincount(inv[:done], minlength=len(uniq))
+                            for k, b, c in zip(qkeys, bases.tolist(), kept.tolist()):
+                                table[k] = b + c
+                            self._count_puts(done, rd)
+                            return status, done, reason
+                        wpos = mf.wrote_position
+                        base = mf.file_from_offset + wpos
+                        count, nbytes = self._k.commitlog_append_batch(
+                            mf.write_target, wpos, self.file_size, view[rd:], qoffs[done:], base,
+                            ts)
+                        if count:
+                            mf.wrote_position = wpos + nbytes
+                            if mf.wbuf is None:
+                                mf.committed_position = wpos + nbytes
+                            mf.store_timestamp = ts
+                            done += count
+                            rd += nbytes
+                            end = base + nbytes
+                        if done < n:
+                            self._end_file(mf, mf.wrote_position)
+                    self._count_puts(n, total)
+                finally:
+                    self.put_cells[LOCK_BEGIN] = 0
+        finally:
+            view.release()
+        status = PutMessageStatus.PUT_OK
+        if n:
+            # Delivered records carry WAIT=false (messageTimeup): no flush or replica wait.
+            status = self.finish_put(after_put, end, _NO_WAIT)
+        return status, n, None
 
     def put_batch(self, topic, queue_id, cols, clock, flag=0, born_timestamp=0,
                   born_host=("127.0.0.1", 0)):

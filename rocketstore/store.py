@@ -532,7 +532,9 @@ class MessageStore:
             self.schedule_message_service = ScheduleMessageService(
                 self.config.delay_levels, self.delay_offsets, self.commitlog,
                 self.find_consume_queue, self.clock, put_messages=self._put_messages,
-                is_running=lambda: self._running, catch_up=self._catch_up)
+                is_running=lambda: self._running, catch_up=self._catch_up,
+                timeup_encode=getattr(self.kernels, "timeup_encode", None),
+                put_encoded=self._put_encoded)
             self.schedule_message_service.start()
 
     def shutdown(self):
@@ -906,6 +908,20 @@ class MessageStore:
         return r
 
     _put_messages = put_messages
+
+    def _put_encoded(self, records, sizes, keys, topics):
+        """put_messages for records encoded already, each to its own queue (the schedule
+        service's batch path; CommitLog.put_encoded). Returns (status, written, reason)."""
+        self._check_running()
+        refused = self._refused_batch()
+        if refused is not None:
+            return refused.status, 0, refused.reason
+        t0 = time.monotonic_ns()
+        status, done, reason = self.commitlog.put_encoded(records, sizes, keys, topics,
+                                                          self.clock)
+        record_put(self.commitlog.put_cells, time.monotonic_ns() - t0,
+                   status is PutMessageStatus.PUT_OK)
+        return status, done, reason
 
     def put_batch(self, topic, queue_id, bodies, tags=None, keys=None, properties=None, *,
                   flag=0, born_timestamp=0, born_host=("127.0.0.1", 0)):

@@ -503,3 +503,159 @@ def test_a_slave_never_delivers_and_receives_the_masters_deliveries(tmp_path, ba
         if slave is not None:
             slave.shutdown()
         master.shutdown()
+
+
+def test_batch_delivery_writes_the_records_of_the_reference_path_with_declined_ones_in_place(
+        backends, tmp_path):
+    """The compiled backend encodes the common case in bulk (rs_timeup_encode) and sends the
+    rest -- non-ASCII properties, more than 8 of them, a transaction-half real topic -- through
+    the reference path in their place: the CommitLog bytes and queue order equal the pure
+    backend's, and the level's offset passes every unit."""
+    def batch(k):
+        msgs = []
+        for i in range(k):
+            m = delayed(i, topic=f"RealTopic{i % 3}", queue_id=i % 4)
+            if i % 11 == 3:
+                m.properties = {**m.properties, "note": "caf\u00e9"}
+            if i % 13 == 5:
+                m.properties = {**m.properties, **{f"p{j}": str(j) for j in range(9)}}
+            if i == 40:
+                m.topic = "RMQ_SYS_TRANS_HALF_TOPIC"
+            msgs.append(m)
+        return msgs
+    digests = []
+    for be in backends:
+        clock = ManualClock(T0)
+        store = open_store(tmp_path / be.NAME, be, clock)
+        try:
+            msgs = batch(600)
+            for i in range(0, 600, 100):
+                assert store.put_messages(msgs[i:i + 100]).ok
+            store._catch_up()
+            clock.now = T0 + 1000
+            assert store.schedule_message_service.deliver_due() == 599
+            store._catch_up()
+            assert store.delay_offsets.get_offset(1) == 600
+            records = []
+            for t in range(3):
+                for q in range(4):
+                    r = store.get_message("g", f"RealTopic{t}", q, 0, 1000)
+                    records += [(m.queue_offset,
+                                 bytes(store.commitlog.get_message_bytes(m.commit_log_offset)))
+                                for m in r.messages]
+            assert len(records) == 599
+            batched = store.schedule_message_service.batched
+            if hasattr(be, "timeup_encode"):    # both paths ran, each in its place
+                assert 0 < batched < 599
+            else:
+                assert batched == 0
+            digests.append(records)
+        finally:
+            store.shutdown()
+    assert all(d == digests[0] for d in digests[1:])
+
+
+def _reference_delivered(rec):
+    """The delivered record's bytes by the reference path (MessageExt.decode, message_timeup,
+    CommitLog's encode of a DeliveredMessage), or None where that path declines it."""
+    from rocketstore import kernels
+    try:
+        m = message_timeup(MessageExt.decode(rec))
+    except Exception:
+        return None
+    sys_flag = m.sys_flag & ~(F.BORNHOST_V6_FLAG | F.STOREHOSTADDRESS_V6_FLAG)
+    sys_flag |= F.BORNHOST_V6_FLAG if len(m.born_host_raw) == F.HOST_V6_LENGTH else 0
+    sys_flag |= F.STOREHOSTADDRESS_V6_FLAG if len(m.store_host_raw) == F.HOST_V6_LENGTH else 0
+    out = bytearray(len(rec) + 512)
+    try:
+        size = kernels.resolve("pure").msg_encode(
+            out, 0, m.topic.encode(), m.body, m.properties_string.encode(), m.queue_id, m.flag,
+            0, 0, sys_flag, m.born_timestamp, m.born_host_raw, 0, m.store_host_raw,
+            m.reconsume_times, 0)
+    except Exception:
+        return None
+    return bytes(out[:size])
+
+
+def test_timeup_encode_writes_the_reference_bytes_or_declines_damaged_records(backends):
+    """rs_timeup_encode against the reference path on a scheduled record, each of its
+    truncations and byte-flipped copies: it writes the reference path's bytes, or stops at
+    the record (SLOW, or TOPIC for a real topic it was not given), never reading past it."""
+    import numpy as np
+    from rocketstore.services import schedule
+    compiled = [b for b in backends if hasattr(b, "timeup_encode")]
+    assert compiled or "cext" not in [b.NAME for b in backends]
+    props = ("UNIQ_KEY\x01U1\x02DELAY\x011\x02TAGS\x01T\x02REAL_QID\x013\x02"
+             "REAL_TOPIC\x01Real\x02KEYS\x01k1 k2\x02\x01x\x02ab")
+    rec = bytearray(600)
+    from rocketstore import kernels
+    size = kernels.resolve("pure").msg_encode(
+        rec, 0, F.SCHEDULE_TOPIC.encode(), b"body", props.encode(), 2, 7, 0, 0, 0, T0,
+        b"\x7f\0\0\1\0\0\0\1", T0, b"\x0a\0\0\2\0\0\0\2", 3, 0)
+    good = bytes(rec[:size])
+    rng = __import__("random").Random(testing.fixed_seed("timeup-encode"))
+    cases = [good] + [good[:n] for n in range(size)]
+    for _ in range(3000):
+        bad = bytearray(good)
+        for _ in range(rng.randint(1, 3)):
+            bad[rng.randrange(size)] = rng.randrange(256)
+        cases.append(bytes(bad))
+    topics = b"Real"
+    topic_off = np.array([0, 4], dtype=np.int64)
+    wrote = 0
+    for k in compiled:
+        for case in cases:
+            out = bytearray(len(case) + 512)
+            out_size = np.zeros(1, dtype=np.int32)
+            out_key = np.zeros(1, dtype=np.int64)
+            reason, stop, end, _ = k.timeup_encode(
+                case, np.zeros(1, dtype=np.int64), np.array([len(case)], dtype=np.int32), 0, 1,
+                topics, topic_off, 1 << 20, 1 << 20, out, 0, out_size, out_key)
+            want = _reference_delivered(case)
+            if reason == schedule.TIMEUP_DONE:
+                assert stop == 1 and end == out_size[0]
+                assert bytes(out[:end]) == want
+                assert out_key[0] >> 32 == 0
+                wrote += 1
+            else:
+                assert reason in (schedule.TIMEUP_SLOW, schedule.TIMEUP_TOPIC)
+                assert stop == 0 and end == 0
+        assert wrote > 1            # the intact record, and copies damaged where it still holds
+
+
+def test_a_batch_cut_short_by_a_full_disk_resumes_where_it_stopped(tmp_path, backend):
+    """The disk refuses CommitLog space in the middle of a run's batch: what was stored keeps
+    its queue offsets and the level's offset stops after it; healed, the next run delivers the
+    rest, each message once and with no gap in its real queue."""
+    import errno
+    fs = testing.FaultInjectingFileSystem()
+    clock = ManualClock(T0)
+    store = MessageStore(tmp_path / "s", config(tmp_path / "s"), clock=clock, kernels=backend,
+                         fs=fs)
+    store.load()
+    store.start()
+    n = 600
+    try:
+        for i in range(0, n, 100):
+            assert store.put_messages([Message("RealTopic", bytes(3000), keys=f"k{j}",
+                                               queue_id=j % 2, properties={"DELAY": "1"})
+                                       for j in range(i, i + 100)]).ok
+        store._catch_up()
+        fs.fail("reserve", errno.ENOSPC, match=os.sep + "commitlog" + os.sep)
+        fs.fail("create", errno.ENOSPC, match=os.sep + "commitlog" + os.sep)
+        clock.now = T0 + 1000
+        first = store.schedule_message_service.deliver_due()
+        assert 0 < first < n
+        assert store.delay_offsets.get_offset(1) == first
+        fs.heal()
+        store.running_flags.get_and_make_disk_ok()  # as the disk check does once space is back
+        assert store.schedule_message_service.deliver_due() == n - first
+        assert store.delay_offsets.get_offset(1) == n
+        keys = []
+        for q in (0, 1):
+            r = store.get_message("g", "RealTopic", q, 0, 1000)
+            assert [m.queue_offset for m in r.messages] == list(range(n // 2))
+            keys += [m.keys for m in r.messages]
+        assert sorted(keys) == sorted(f"k{j}" for j in range(n))
+    finally:
+        store.shutdown()

@@ -67,6 +67,12 @@ KERNEL_NAMES = (
 #   MessageExt objects from scanned rows (`.decode_rows(buf, rows, n)`), with
 #   read_path.PyReadPath's arguments and results, and its get statistics (`found`, `miss`,
 #   `transferred`, `time_max`). Without it, PyReadPath over commitlog_scan.
+#   timeup_encode(src, rec_pos, rec_size, first, n, topics, topic_off, max_body, max_record,
+#   out, out_pos, out_size, out_key): the delivered records of scheduled ones (messageTimeup),
+#   encoded in bulk in their common case and stopping at any other record, with
+#   rs_timeup_encode's arguments and stop reasons (csrc/rs_sched.h); see
+#   services/schedule.ScheduleMessageService._deliver_encoded. Without it, each record goes
+#   through MessageExt.decode, message_timeup and put_messages.
 OPTIONAL_NAMES = (
     "Mapping",
     "cq_dispatch",
@@ -74,6 +80,7 @@ OPTIONAL_NAMES = (
     "index_dispatch",
     "PutPath",
     "ReadPath",
+    "timeup_encode",
 )
 
 

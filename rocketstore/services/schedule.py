@@ -45,6 +45,7 @@ from ..clock import monotonic_ms
 from ..errors import CorruptRecordError, MessageIllegalError, StoreClosedError
 from ..message import (PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, PROPERTY_WAIT,
                        Message, MessageExt, hashmap_order, string_to_properties)
+from ..status import PutMessageStatus
 from .base import ServiceThread
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,13 @@ TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 DELIVER_BATCH = 4096
 # ... and at most about this many record bytes (records may be up to max_message_size).
 DELIVER_BATCH_BYTES = 8 << 20
+
+# rs_timeup_encode's stop reasons (csrc/rs_sched.h).
+TIMEUP_DONE, TIMEUP_SLOW, TIMEUP_TOPIC, TIMEUP_FULL = 0, 1, 2, 3
+# Real topics the batch path matches a record's REAL_TOPIC against, by a linear scan.
+MAX_TOPICS = 256
+# At most this much of a CommitLog file is copied at once to encode from.
+SPAN_BYTES = 64 << 20
 
 _JAVA_INT = re.compile(r"[+-]?[0-9]+\Z")
 
@@ -135,12 +143,14 @@ class ScheduleMessageService(ServiceThread):
     it what it uses: the delay levels, the DelayOffsetManager, the CommitLog the records are
     read from, `find_consume_queue(topic, queue_id)`, the store clock, and
     `put_messages(msgs)` (the store's put path), `is_running()` and `catch_up()` (dispatch
-    what reput has not yet)."""
+    what reput has not yet); and for the batch path, where the backend has it, the kernel
+    `timeup_encode` and `put_encoded(records, sizes, keys, topics)` (the store's append of
+    encoded records, MessageStore._put_encoded)."""
 
     name = "ScheduleMessageService"
 
     def __init__(self, delay_levels, offsets, commitlog, find_consume_queue, clock, *,
-                 put_messages, is_running, catch_up):
+                 put_messages, is_running, catch_up, timeup_encode=None, put_encoded=None):
         super().__init__()
         self.delay_levels = list(delay_levels)                    # ms, level 1 first
         self.offsets = offsets                                    # DelayOffsetManager
@@ -154,6 +164,15 @@ class ScheduleMessageService(ServiceThread):
         self._lock = threading.Lock()                            # one run at a time
         self.delivered = 0
         self.skipped = 0
+        self.batched = 0                # of `delivered`, the records the batch path encoded
+        # The batch path, where the backend has it (cext): records encoded by
+        # rs_timeup_encode from the stored ones, and the real topics it may send them to.
+        self._encode = timeup_encode if put_encoded is not None else None
+        self._put_encoded = put_encoded
+        self._topics = []
+        self._topic_buf = b""
+        self._topic_off = np.zeros(1, dtype=np.int64)
+        self._out = None
 
     @property
     def max_delay_level(self):
@@ -253,6 +272,130 @@ class ScheduleMessageService(ServiceThread):
         return self.is_stopped or not self._is_running()
 
     def _deliver(self, level, offset, units):
+        if self._encode is not None:
+            return self._deliver_encoded(level, offset, units)
+        return self._deliver_messages(level, offset, units)
+
+    # ---- the batch path (compiled backend) -------------------------------------------------
+    def _accept_topic(self, name):
+        """Whether delivered records may go to `name` on the batch path: a valid topic name
+        the put path would take (anything else goes through the reference path, which logs
+        and skips it, or discards RMQ_SYS_TRANS_HALF_TOPIC)."""
+        if name == TRANS_HALF_TOPIC:
+            return False
+        try:
+            self._commitlog.topic_bytes(name)
+        except MessageIllegalError:
+            return False
+        if len(self._topics) >= MAX_TOPICS:
+            self._topics = []           # a linear table: start it again rather than grow it
+        self._topics.append(name)
+        raw = [t.encode("utf-8") for t in self._topics]
+        self._topic_buf = b"".join(raw)
+        self._topic_off = np.concatenate(([0], np.cumsum([len(r) for r in raw]))).astype(
+            np.int64)
+        return True
+
+    def _span(self, phys, sizes, i, n):
+        """The records from unit i on that one copy of one CommitLog file's bytes covers:
+        (end index, the bytes, their positions in them), or (i, None, None) when unit i's
+        record is not readable (the reference path then skips it)."""
+        commitlog = self._commitlog
+        mf = commitlog.mfq.find_by_offset(int(phys[i]), int(phys[i]) == 0)
+        if mf is None:
+            return i, None, None
+        base = mf.file_from_offset
+        limit = min(mf.read_position, mf.file_size) + base
+        end = phys[i:n] + sizes[i:n]
+        ok = (phys[i:n] >= phys[i]) & (end <= limit) & (end - phys[i] <= SPAN_BYTES)
+        j = i + (int(np.argmin(ok)) if not ok.all() else n - i)
+        if j == i:
+            return i, None, None
+        lo, hi = int(phys[i]) - base, int(end[:j - i].max()) - base
+        try:
+            src = mf.mm[lo:hi]
+        except ValueError:              # unmapped by cleaning meanwhile
+            return i, None, None
+        return j, src, phys[:n] - (base + lo)
+
+    def _deliver_encoded(self, level, offset, units):
+        """_deliver_messages' outcome, with the common case (rs_timeup_encode's) encoded in
+        bulk from the stored records and appended in one put per batch; a record it declines
+        goes through the reference path on its own, in its place, so the order of the level's
+        records is kept."""
+        n = len(units)
+        phys = units["offset"].astype(np.int64)
+        sizes = units["size"].astype(np.int32)
+        before = np.cumsum(sizes, dtype=np.int64) - sizes
+        over = np.flatnonzero(before > DELIVER_BATCH_BYTES)
+        if len(over):
+            n = int(over[0])           # the rest in the next batch of this run
+        max_body = self._commitlog.max_body
+        file_size = self._commitlog.file_size
+        need = int(before[n - 1] + sizes[n - 1]) + 128 * n + 4096 if n else 0
+        if self._out is None or len(self._out) < need:
+            self._out = bytearray(need)
+        out = self._out
+        out_size = np.zeros(n, dtype=np.int32)
+        out_key = np.zeros(n, dtype=np.int64)
+        pending = 0                     # first unit encoded and not yet put
+        refused_at = [0]                # where a refused put stopped
+        nbytes = 0
+        i = 0
+
+        def put(upto):
+            """Put the encoded units [pending, upto); False when the put path refused some
+            (the level's offset then stops at the first not stored)."""
+            if upto == pending:
+                return True
+            status, stored, reason = self._put_encoded(
+                out, out_size[pending:upto], out_key[pending:upto], self._topics)
+            self.delivered += stored
+            self.batched += stored
+            if status is not PutMessageStatus.PUT_OK and stored < upto - pending:
+                log.warning("delayed delivery refused (%s: %s); delay level %d retries from "
+                            "queue offset %d", status.name, reason, level,
+                            offset + pending + stored)
+                refused_at[0] = pending + stored
+                self.offsets.update_offset(level, offset + pending + stored)
+                return False
+            self.offsets.update_offset(level, offset + upto)
+            return True
+
+        while i < n:
+            j, src, pos = self._span(phys, sizes, i, n)
+            while src is not None and i < j:
+                reason, i, nbytes, (tpos, tlen) = self._encode(
+                    src, pos, sizes, i, j, self._topic_buf, self._topic_off, max_body,
+                    file_size, out, nbytes, out_size, out_key)
+                if reason == TIMEUP_DONE:
+                    break
+                if reason == TIMEUP_TOPIC and self._accept_topic(
+                        bytes(src[tpos:tpos + tlen]).decode("ascii")):
+                    continue
+                if reason == TIMEUP_FULL and pending < i:
+                    if not put(i):
+                        return refused_at[0], True
+                    pending, nbytes = i, 0
+                    continue
+                break                   # TIMEUP_SLOW, a topic refused, or FULL on its own
+            if i >= n:
+                break
+            if src is not None and i == j:
+                continue
+            # Unit i takes the reference path, after everything before it is stored.
+            if not put(i):
+                return refused_at[0], True
+            done, refused = self._deliver_messages(level, offset + i, units[i:i + 1])
+            if refused:
+                return i, True
+            i += 1
+            pending, nbytes = i, 0
+        if not put(n):
+            return refused_at[0], True
+        return n, False
+
+    def _deliver_messages(self, level, offset, units):
         """Put the due `units` (from queue offset `offset`) to their real queues, or as many as
         DELIVER_BATCH_BYTES allows. Returns (units done, delivered or skipped; whether the
         put path refused one): the level's offset is advanced past them only once their
