@@ -106,6 +106,66 @@ def wait_until(cond, timeout=10.0, what="the condition"):
         time.sleep(0.002)
 
 
+# The store calls that read or write files, sync, or wait: an event loop must never run them
+# itself (the asyncio API hands them to the loop's executor).
+BLOCKING_CALLS = ("put_message", "put_messages", "put_batch", "get_message", "get_batch",
+                  "query_message", "look_message_by_offset", "flush")
+
+
+def run_guarded_loop(coro, stall_s=1.0):
+    """Run `coro` to completion on a new debug event loop and fail (AssertionError) if any of
+    BLOCKING_CALLS of a MessageStore or LiveReader ran on the loop's thread, or if a loop step
+    took longer than `stall_s`. The first check is exact and does not depend on the machine's
+    load; the second is a guard against a step that blocks for long (a loaded machine can
+    stretch an honest step to tens of ms, so it is no speed claim)."""
+    import asyncio
+    import functools
+    import logging
+    from .live import LiveReader
+    loop_thread = threading.get_ident()
+    on_loop = []
+    saved = []
+    for cls in (MessageStore, LiveReader):
+        for name in BLOCKING_CALLS:
+            fn = cls.__dict__.get(name)
+            if fn is None:
+                continue
+
+            @functools.wraps(fn)
+            def guarded(*args, _fn=fn, _name=f"{cls.__name__}.{name}", **kwargs):
+                if threading.get_ident() == loop_thread:
+                    on_loop.append(_name)
+                return _fn(*args, **kwargs)
+            saved.append((cls, name, fn))
+            setattr(cls, name, guarded)
+
+    slow = []
+
+    class _Slow(logging.Handler):
+        def emit(self, record):
+            if "took" in record.getMessage():
+                slow.append(record.getMessage())
+    handler = _Slow(logging.WARNING)
+    asyncio_log = logging.getLogger("asyncio")
+    asyncio_log.addHandler(handler)
+    loop = asyncio.new_event_loop()
+    loop.set_debug(True)
+    loop.slow_callback_duration = stall_s
+    try:
+        result = loop.run_until_complete(coro)
+    finally:
+        try:
+            loop.run_until_complete(loop.shutdown_default_executor())
+            loop.close()
+        finally:
+            asyncio_log.removeHandler(handler)
+            for cls, name, fn in saved:
+                setattr(cls, name, fn)
+    assert on_loop == [], f"store calls ran on the event loop's thread: {on_loop}"
+    assert slow == [], slow
+    return result
+
+
 class FixedDiskUsage:
     """An injected disk-usage source (StoreConfig's disk_usage hook): the used fraction every
     path reports, which the test sets."""

@@ -23,7 +23,6 @@ from rocketstore.fs import FileSystem
 from rocketstore.live import LiveReader
 
 import live_worker
-from test_wait import run_debug_loop
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "live_worker.py")
 SOAK_S = float(os.environ.get("ROCKETSTORE_SOAK_S", "30"))
@@ -423,7 +422,7 @@ def test_a_wait_returns_when_the_message_arrives_and_close_ends_it(tmp_path, bac
         store.shutdown()
 
 
-def test_aconsume_on_a_reader_never_blocks_the_loop(tmp_path, backend, caplog):
+def test_aconsume_on_a_reader_never_blocks_the_loop(tmp_path, backend):
     """The writer is another process, as for any LiveReader (in this one, its threads would
     take the GIL from the loop's steps)."""
     root = tmp_path / "store"
@@ -444,7 +443,7 @@ def test_aconsume_on_a_reader_never_blocks_the_loop(tmp_path, backend, caplog):
         return got, r
 
     try:
-        got, r = run_debug_loop(main(), caplog)
+        got, r = testing.run_guarded_loop(main())
         assert got == list(range(len(got))) and len(got) >= 3
         assert r.messages[0].queue_offset == got[-1] + 1
     finally:

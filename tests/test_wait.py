@@ -2,7 +2,6 @@
 """Consumers that wait (consumer.py): get_message(wait_ms=...), the Consumer iterator and the
 asyncio API. Timeouts here are hang guards, never speed claims."""
 import asyncio
-import logging
 import threading
 
 import pytest
@@ -349,25 +348,27 @@ def test_a_read_only_store_has_no_consumer(tmp_path, backend):
 
 
 # ---- asyncio -------------------------------------------------------------------------------
-def run_debug_loop(coro, caplog):
-    """Run `coro` on a debug loop that reports any callback or task step over 50 ms, and
-    fail if one was reported: nothing of ours may block the event loop."""
-    caplog.set_level(logging.WARNING, logger="asyncio")
-    loop = asyncio.new_event_loop()
-    loop.set_debug(True)
-    loop.slow_callback_duration = 0.05
-    try:
-        result = loop.run_until_complete(asyncio.wait_for(coro, GUARD))
-    finally:
-        loop.run_until_complete(loop.shutdown_default_executor())
-        loop.close()
-    slow = [r.getMessage() for r in caplog.records
-            if r.name == "asyncio" and "took" in r.getMessage()]
-    assert slow == [], slow
-    return result
+def run_debug_loop(coro):
+    """`coro` on a debug loop that fails the test if a store call that can block ran on the
+    loop's thread, or a step stalled the loop (testing.run_guarded_loop)."""
+    return testing.run_guarded_loop(asyncio.wait_for(coro, GUARD))
 
 
-def test_asyncio_put_and_consume_never_block_the_loop(store, caplog):
+def test_the_loop_guard_catches_a_store_call_made_on_the_loop(store):
+    """The check the asyncio tests rely on fails when the loop itself reads the store."""
+    async def blocking():
+        return store.get_message("g", "T", 0, 0)
+
+    with pytest.raises(AssertionError, match="MessageStore.get_message"):
+        run_debug_loop(blocking())
+    assert run_debug_loop(_in_executor(store.get_message, "g", "T", 0, 0)) is not None
+
+
+async def _in_executor(fn, *args):
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+def test_asyncio_put_and_consume_never_block_the_loop(store):
     n = 200
 
     async def produce():
@@ -390,10 +391,10 @@ def test_asyncio_put_and_consume_never_block_the_loop(store, caplog):
         await produce()
         return await consumer
 
-    assert run_debug_loop(main(), caplog) == [b"%d" % i for i in range(n)]
+    assert run_debug_loop(main()) == [b"%d" % i for i in range(n)]
 
 
-def test_asyncio_wait_times_out_and_wakes(store, caplog):
+def test_asyncio_wait_times_out_and_wakes(store):
     async def main():
         r = await store.aget_message("g", "T", 0, 0, wait_ms=20)
         assert r.status is G.NO_MESSAGE_IN_QUEUE
@@ -403,11 +404,11 @@ def test_asyncio_wait_times_out_and_wakes(store, caplog):
         await asyncio.get_running_loop().run_in_executor(None, put, store, "T", 0, b"x")
         return await waiting
 
-    r = run_debug_loop(main(), caplog)
+    r = run_debug_loop(main())
     assert [m.body for m in r.messages] == [b"x"]
 
 
-def test_asyncio_consumer_ends_on_close_and_on_shutdown(tmp_path, backend, caplog):
+def test_asyncio_consumer_ends_on_close_and_on_shutdown(tmp_path, backend):
     s = testing.open_store(tmp_path / "s", backend)
 
     async def main():
@@ -426,7 +427,7 @@ def test_asyncio_consumer_ends_on_close_and_on_shutdown(tmp_path, backend, caplo
         return await got
 
     try:
-        assert run_debug_loop(main(), caplog) == []
+        assert run_debug_loop(main()) == []
     finally:
         s.shutdown()
 
