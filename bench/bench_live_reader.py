@@ -160,3 +160,52 @@ def test_pipe_floor(benchmark, tmp_path):
     lat, bodies = out["r"]
     assert bodies == sent
     _record(benchmark, lat)
+
+
+READ_N = int(os.environ.get("ROCKETSTORE_BENCH_LIVE_READ_N", "50000"))
+READ_VARIANTS = ("live-reader", "open_read_only")
+
+
+def _read_queue(reader, n):
+    got, offset = [], 0
+    while offset < n:
+        r = reader.get_message("g", TOPIC, 0, offset, 32)
+        got += r.messages
+        offset = r.next_begin_offset
+    return got
+
+
+@pytest.mark.parametrize("variant", READ_VARIANTS)
+def test_read_a_backlog(benchmark, store_factory, backend, variant):
+    """Reading READ_N messages (128-byte bodies) of a running writer's store, 32 per
+    get_message: a LiveReader (compiled ReadPath.live_walk in cext, each record copied and
+    CRC-checked) beside the peer, MessageStore.open_read_only's read path (no body CRC check).
+    extra_info: us_per_message."""
+    from rocketstore import MessageStore
+    from rocketstore.live import LiveReader
+    from rocketstore.testing import wait_until
+    benchmark.group = "read a backlog (32 per call)"
+    msgs = [Message(TOPIC, b"%06d" % i + b"x" * 122, queue_id=0) for i in range(READ_N)]
+    store = store_factory(backend, msgs, 1)
+    results = [store.put_messages(msgs[i:i + 256]) for i in range(0, READ_N, 256)]
+    check_puts(results, READ_N)
+    wait_until(lambda: store.dispatch_behind_bytes() == 0, what="dispatch")
+    store.flush()
+    if variant == "live-reader":
+        reader = LiveReader(store.root, kernels=backend)
+    else:
+        reader = MessageStore.open_read_only(store.root, kernels=backend)
+    try:
+        _read_queue(reader, READ_N)          # map the files once, outside the timed region
+        out = {}
+
+        def run():
+            out["got"] = _read_queue(reader, READ_N)
+        benchmark.pedantic(run, rounds=3, iterations=1)
+        got = out["got"]
+        assert [m.body for m in got] == [m.body for m in msgs], "the reader missed messages"
+    finally:
+        reader.close() if variant == "live-reader" else reader.shutdown()
+    check_read_back(store, msgs)
+    benchmark.extra_info.update(
+        us_per_message=round(benchmark.stats.stats.mean / READ_N * 1e6, 3))
