@@ -13,6 +13,8 @@ is the difference. extra_info holds p50_us / p99_us / max_us per variant:
 - live-wait: LiveReader.get_message(wait_ms=...), polling with its backoff (100 µs doubling
   to 1 ms);
 - live-consumer: the Consumer iterator on the LiveReader (batch_size 1, committing in memory);
+- live-wait-wake, live-consumer-wake: the same with the writer's wake_reput_on_put on, so each
+  put wakes its reput instead of waiting for reput's 1 ms cycle;
 - poll-1ms (the peer): the same reader without a wait, get_message then time.sleep(0.001)
   until the message is there, what a program does without a wait;
 - pipe-floor (the floor): the same ping-pong through a pipe, no store: a cross-process
@@ -35,7 +37,7 @@ from rocketstore.workload import check_puts, check_read_back
 
 N = int(os.environ.get("ROCKETSTORE_BENCH_LIVE_N", "1000"))
 TOPIC = "LiveBench"
-VARIANTS = ("live-wait", "live-consumer", "poll-1ms")
+VARIANTS = ("live-wait", "live-consumer", "poll-1ms", "live-wait-wake", "live-consumer-wake")
 _NOW = time.CLOCK_MONOTONIC
 
 READER = r"""
@@ -121,7 +123,7 @@ def _pingpong(variant, root, n, send, backend="pure"):
 def test_write_to_visible_in_another_process(benchmark, store_factory, backend, variant):
     benchmark.group = "write->visible in another process"
     store = store_factory(backend, [Message(TOPIC, b"0:%019d" % 0, queue_id=0)] * N, 1,
-                          ha_listen_port=0)
+                          ha_listen_port=0, wake_reput_on_put=variant.endswith("-wake"))
     msgs, results = [], []
 
     def send(i, _):
@@ -132,7 +134,7 @@ def test_write_to_visible_in_another_process(benchmark, store_factory, backend, 
     out = {}
 
     def run():
-        out["r"] = _pingpong(variant, store.root, N, send, backend.NAME)
+        out["r"] = _pingpong(variant.removesuffix("-wake"), store.root, N, send, backend.NAME)
     benchmark.pedantic(run, rounds=1, iterations=1)
     lat, bodies = out["r"]
     check_puts(results, N)

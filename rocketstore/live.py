@@ -35,10 +35,21 @@ store directory, in the broker's consumerOffset.json format, written crash-safe 
 broker's config files are, at most every `offsets_flush_ms` on commit and on close). One file
 per reader process: two readers sharing a file overwrite each other's offsets.
 
+Reading: with the cext backend a read walks runs of units in one compiled call
+(ReadPath.live_walk): each record copied, checked (rs_msg_check, body CRC included) and
+matched against its unit on the copy, and its MessageExt made from the copy. The walk hands
+back every unit it cannot settle alone (its record in a CommitLog file it was not given, or
+failing a check) to the Python path below, which decides not-there, deleted, damaged or not
+yet visible by the rules above; the cffi and pure backends take the Python path throughout.
+The CommitLog file the last walk read in stays referenced until a walk needs another one, so
+a file cleaning deleted may stay mapped that much longer.
+
 Waiting: no reput runs in this process to wake a consumer, so a wait (`get_message(...,
 wait_ms=N)`, `consume`, `aconsume`) reads the queue's next unit again after a short bounded
 backoff, from POLL_FIRST_S doubling up to POLL_MAX_S (consumer.py's wait loop, with
-`poll_backoff` set). A check of the next unit is one 20-byte read of a mapped page.
+`poll_backoff` set). A check of the next unit is one 20-byte read of a mapped page. The
+writer's reput writes units on its 1 ms cycle unless the writer sets
+StoreConfig.wake_reput_on_put, which wakes it on every put.
 
 Key queries (the index files) are not served here: use MessageStore.open_read_only for them.
 """

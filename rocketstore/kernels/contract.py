@@ -64,7 +64,9 @@ KERNEL_NAMES = (
 #   for get_message's and get_batch's common cases, results built in the call), and
 #   MessageExt objects from scanned rows (`.decode_rows(buf, rows, n)`), with
 #   read_path.PyReadPath's arguments and results, and its get statistics (`found`, `miss`,
-#   `transferred`, `time_max`). Without it, PyReadPath over commitlog_scan.
+#   `transferred`, `time_max`). Without it, PyReadPath over commitlog_scan. Its
+#   `.live_walk(...)` is LiveReader's unit loop (live.py), which the other backends run in
+#   Python.
 OPTIONAL_NAMES = (
     "Mapping",
     "cq_dispatch",
