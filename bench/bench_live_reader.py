@@ -165,7 +165,7 @@ def test_pipe_floor(benchmark, tmp_path):
 
 
 READ_N = int(os.environ.get("ROCKETSTORE_BENCH_LIVE_READ_N", "50000"))
-READ_VARIANTS = ("live-reader", "open_read_only")
+READ_VARIANTS = ("live-reader", "live-python-path", "open_read_only")
 
 
 def _read_queue(reader, n):
@@ -181,8 +181,9 @@ def _read_queue(reader, n):
 def test_read_a_backlog(benchmark, store_factory, backend, variant):
     """Reading READ_N messages (128-byte bodies) of a running writer's store, 32 per
     get_message: a LiveReader (compiled ReadPath.live_walk in cext, each record copied and
-    CRC-checked) beside the peer, MessageStore.open_read_only's read path (no body CRC check).
-    extra_info: us_per_message."""
+    CRC-checked), the same reader kept to its Python path (what cffi and pure run, and cext ran
+    before live_walk), and the peer, MessageStore.open_read_only's read path (no body CRC
+    check). extra_info: us_per_message."""
     from rocketstore import MessageStore
     from rocketstore.live import LiveReader
     from rocketstore.testing import wait_until
@@ -193,8 +194,10 @@ def test_read_a_backlog(benchmark, store_factory, backend, variant):
     check_puts(results, READ_N)
     wait_until(lambda: store.dispatch_behind_bytes() == 0, what="dispatch")
     store.flush()
-    if variant == "live-reader":
+    if variant != "open_read_only":
         reader = LiveReader(store.root, kernels=backend)
+        if variant == "live-python-path":
+            reader._walk = None
     else:
         reader = MessageStore.open_read_only(store.root, kernels=backend)
     try:
@@ -207,7 +210,7 @@ def test_read_a_backlog(benchmark, store_factory, backend, variant):
         got = out["got"]
         assert [m.body for m in got] == [m.body for m in msgs], "the reader missed messages"
     finally:
-        reader.close() if variant == "live-reader" else reader.shutdown()
+        reader.shutdown()
     check_read_back(store, msgs)
     benchmark.extra_info.update(
         us_per_message=round(benchmark.stats.stats.mean / READ_N * 1e6, 3))
