@@ -580,11 +580,12 @@ def test_the_compiled_walk_answers_as_the_python_path(tmp_path, monkeypatch):
 
 
 def test_the_compiled_walk_refuses_units_outside_its_mapping():
+    from rocketstore.errors import KernelBoundsError
     from rocketstore.read_path import make_read_path
     walk = make_read_path(testing.load_backend("cext")).live_walk
     units = bytes(2 * CQ_STORE_UNIT_SIZE)
-    for rel, n in ((0, 3), (CQ_STORE_UNIT_SIZE, 2), (-1, 1)):
-        with pytest.raises(Exception, match="outside the mapping"):
+    for rel, n in ((0, 3), (CQ_STORE_UNIT_SIZE, 2), (-1, 1), (0, -1)):
+        with pytest.raises(KernelBoundsError, match="outside the mapping"):
             walk(units, rel, n, 0, None, -1, b"t", 0, 32, 1 << 20, 0, None, [])
     assert walk(units, 0, 2, 0, None, -1, b"t", 0, 32, 1 << 20, 0, None, [])[:2] == \
         (0, type(walk.__self__).LIVE_ZERO)
