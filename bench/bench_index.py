@@ -17,7 +17,6 @@ import os
 import random
 import shutil
 import struct
-import types
 
 import numpy as np
 import pytest
@@ -95,9 +94,7 @@ def test_index_build_during_dispatch(benchmark, backend, build_log, tmp_path):
         check_and_drop()
         root = holder["root"] = tmp_path / f"r{next(rounds)}"
         root.mkdir()
-        fake = types.SimpleNamespace(kernels=backend, fs=FS, root=str(root), writable=True,
-                                     config=StoreConfig(), checkpoint=None)
-        holder["svc"] = IndexService(fake)
+        holder["svc"] = IndexService(str(root), StoreConfig(), backend, FS, writable=True)
         return (holder["svc"],), {}
 
     def run(svc):
@@ -271,7 +268,7 @@ def test_lmdb_key_lookup(benchmark, query_store_dir, max_num):
 
 def test_index_lookup_kernel(benchmark, backend, query_store):
     benchmark.group = "index_lookup kernel, one key"
-    f = query_store._indexer.index_file_list[0]
+    f = query_store.index_service.index_file_list[0]
     h = backend.index_hash(b"BenchTopic#key-12345")
     out = np.empty(32, dtype=np.int64)
     assert benchmark(backend.index_lookup, f.mm, f.slot_num, f.index_num, h, 0, LONG_MAX, 32,

@@ -28,8 +28,8 @@ int rs_batch_encode(uint8_t *out, size_t out_len, int64_t pos, int64_t limit,
                     const uint8_t *b, size_t b_len, const int64_t *b_off,
                     const uint8_t *frags, size_t frags_len, const int64_t *frag_off,
                     int64_t first, int64_t n,
-                    int32_t flag, int32_t sys_flag, int64_t born_timestamp,
-                    const uint8_t *born_host, size_t born_host_len,
+                    int32_t flag, int32_t sys_flag, const int32_t *flags_or,
+                    int64_t born_timestamp, const uint8_t *born_host, size_t born_host_len,
                     int64_t store_timestamp, const uint8_t *store_host, size_t store_host_len,
                     int64_t queue_offset, int64_t phy_base,
                     int64_t *count, int64_t *nbytes)
@@ -52,6 +52,10 @@ int rs_batch_encode(uint8_t *out, size_t out_len, int64_t pos, int64_t limit,
     if (!rs_column_ok(body_off, bodies_len, first, n) || !rs_column_ok(a_off, a_len, first, n) ||
         !rs_column_ok(b_off, b_len, first, n))
         return RS_E_BOUNDS;
+    if (flags_or != NULL)
+        for (i = first; i < n; i++)
+            if (flags_or[i] & (RS_BORNHOST_V6_FLAG | RS_STOREHOSTADDRESS_V6_FLAG))
+                return RS_E_ARG;
 
     for (k = 0; k < 3; k++) {
         parts[2 * k].len = (size_t)(frag_off[k + 1] - frag_off[k]);
@@ -59,6 +63,7 @@ int rs_batch_encode(uint8_t *out, size_t out_len, int64_t pos, int64_t limit,
     }
     for (i = first; i < n; i++) {
         int64_t body_len = body_off[i + 1] - body_off[i];
+        int32_t flags = flags_or ? sys_flag | flags_or[i] : sys_flag;
         int size;
 
         /* An empty item may come with a NULL data pointer: never offset one. */
@@ -66,7 +71,7 @@ int rs_batch_encode(uint8_t *out, size_t out_len, int64_t pos, int64_t limit,
         parts[1].buf = parts[1].len ? a + a_off[i] : NULL;
         parts[3].len = b_off ? (size_t)(b_off[i + 1] - b_off[i]) : 0;
         parts[3].buf = parts[3].len ? b + b_off[i] : NULL;
-        size = rs_msg_size(sys_flag, body_len, (int64_t)topic_len,
+        size = rs_msg_size(flags, body_len, (int64_t)topic_len,
                            (int64_t)(parts[0].len + parts[1].len + parts[2].len + parts[3].len +
                                      parts[4].len), 0);
         if (size < 0)
@@ -77,7 +82,7 @@ int rs_batch_encode(uint8_t *out, size_t out_len, int64_t pos, int64_t limit,
         size = rs_msg_encode_parts(out, out_len, wr, topic, topic_len,
                                    body_len ? bodies + body_off[i] : NULL,
                                    (size_t)body_len, parts, 5, queue_id, flag,
-                                   queue_offset + (i - first), phy_base + (wr - pos), sys_flag,
+                                   queue_offset + (i - first), phy_base + (wr - pos), flags,
                                    born_timestamp, born_host, born_host_len, store_timestamp,
                                    store_host, store_host_len, 0, 0, 0);
         if (size < 0)

@@ -22,12 +22,15 @@
  * the fragments in the broker's HashMap order (TAGS and KEYS are the per-record columns), so
  * the bytes equal rs_msg_encode's for the same message.  Record i gets QUEUEOFFSET
  * queue_offset + (i - first), PHYSICALOFFSET phy_base + (bytes written before it) and
- * STORETIMESTAMP store_timestamp; everything else is shared by the batch.
+ * STORETIMESTAMP store_timestamp, and SYSFLAG sys_flag | flags_or[i] when flags_or is not NULL
+ * (per-record bits, such as COMPRESSED_FLAG for the bodies a producer compressed; n entries, none
+ * holding a host bit, which would change the record's length); everything else is shared by the
+ * batch.
  *
  * Returns RS_OK with *count records and *nbytes bytes written; RS_E_BOUNDS if pos < 0,
  * pos > limit, limit > out_len or an offset points outside its data (offsets must not
- * decrease); RS_E_ARG for first > n, a host length that disagrees with sys_flag or fragment
- * offsets out of order; rs_msg_size's RS_E_TOO_LONG for a record whose properties exceed 32767
+ * decrease); RS_E_ARG for first > n, a host length that disagrees with sys_flag, a host bit
+ * in flags_or or fragment offsets out of order; rs_msg_size's RS_E_TOO_LONG for a record whose properties exceed 32767
  * bytes.  Columns and fragments are checked before anything is written; a record refused by
  * rs_msg_size stops the batch there, the records before it written and counted (the caller
  * checks sizes first, so on its path this never happens).
@@ -42,8 +45,8 @@ int rs_batch_encode(uint8_t *out, size_t out_len, int64_t pos, int64_t limit,
                     const uint8_t *b, size_t b_len, const int64_t *b_off,
                     const uint8_t *frags, size_t frags_len, const int64_t *frag_off,
                     int64_t first, int64_t n,
-                    int32_t flag, int32_t sys_flag, int64_t born_timestamp,
-                    const uint8_t *born_host, size_t born_host_len,
+                    int32_t flag, int32_t sys_flag, const int32_t *flags_or,
+                    int64_t born_timestamp, const uint8_t *born_host, size_t born_host_len,
                     int64_t store_timestamp, const uint8_t *store_host, size_t store_host_len,
                     int64_t queue_offset, int64_t phy_base,
                     int64_t *count, int64_t *nbytes);

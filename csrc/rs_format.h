@@ -69,6 +69,11 @@
 #define RS_TRANSACTION_ROLLBACK_TYPE 0xC
 #define RS_BORNHOST_V6_FLAG 0x10
 #define RS_STOREHOSTADDRESS_V6_FLAG 0x20
+/* 5.x: the codec of a COMPRESSED body, (SYSFLAG & 0x700) >> 8: 0 and 3 zlib, 1 LZ4, 2 zstd. */
+#define RS_COMPRESSION_TYPE_MASK 0x700
+#define RS_COMPRESSION_LZ4_TYPE 0x100
+#define RS_COMPRESSION_ZSTD_TYPE 0x200
+#define RS_COMPRESSION_ZLIB_TYPE 0x300
 
 /* Host field sizes: address + 4-byte port. */
 #define RS_HOST_V4_LENGTH 8

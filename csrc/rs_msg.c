@@ -133,17 +133,20 @@ int rs_msg_encode_parts(uint8_t *out, size_t out_len, int64_t pos,
 }
 
 /*
- * tagsCode of a properties string (doc/01 §3.6-3.7): split on 0x02; in each segment the first
+ * The TAGS value of a properties string (doc/01 §3.6-3.7), for its tagsCode and for a tag
+ * subscription's string check: split on 0x02; in each segment the first
  * 0x01 must be neither its first nor its last byte, else the segment is skipped.  Java also
  * skips segments shorter than 3 chars, but a segment passing the 0x01 test always has at least
  * name + 0x01 + value = 3 chars, so that test can never decide anything and is not repeated.
  * 0x01 and 0x02 are ASCII, so byte positions and char positions agree on first/last.
  */
-static int rs_tags_code(const uint8_t *props, size_t len, int64_t *tags_code)
+static inline int rs_props_tags(const uint8_t *props, size_t len, const uint8_t **tags,
+                                size_t *tags_len)
 {
-    const uint8_t *tags = NULL;
-    size_t tags_len = 0, a = 0;
+    size_t a = 0;
 
+    *tags = NULL;
+    *tags_len = 0;
     while (a <= len) {
         const uint8_t *seg = props + a;
         const uint8_t *sep = memchr(seg, RS_PROPERTY_SEPARATOR, len - a);
@@ -151,14 +154,22 @@ static int rs_tags_code(const uint8_t *props, size_t len, int64_t *tags_code)
         const uint8_t *kv = seg_len ? memchr(seg, RS_NAME_VALUE_SEPARATOR, seg_len) : NULL;
 
         if (kv && kv != seg && kv != seg + seg_len - 1 && kv - seg == 4 && memcmp(seg, "TAGS", 4) == 0) {
-            tags = kv + 1;   /* HashMap#put: a later TAGS replaces an earlier one */
-            tags_len = seg_len - 5;
+            *tags = kv + 1;   /* HashMap#put: a later TAGS replaces an earlier one */
+            *tags_len = seg_len - 5;
         }
         if (!sep)
             break;
         a += seg_len + 1;
     }
-    if (!tags) {
+    return *tags != NULL;
+}
+
+static int rs_tags_code(const uint8_t *props, size_t len, int64_t *tags_code)
+{
+    const uint8_t *tags;
+    size_t tags_len;
+
+    if (!rs_props_tags(props, len, &tags, &tags_len)) {
         *tags_code = 0;
         return 0;
     }
@@ -168,6 +179,30 @@ static int rs_tags_code(const uint8_t *props, size_t len, int64_t *tags_code)
         *tags_code = (int64_t)h;   /* (long) String.hashCode(): sign-extended, as the CQ stores it */
     }
     return 1;
+}
+
+int rs_tags_match(const uint8_t *props, size_t len, const uint8_t *tags, size_t tags_len,
+                  const int64_t *ends, size_t n)
+{
+    const uint8_t *value;
+    size_t value_len, i;
+    int64_t start = 0;
+
+    for (i = 0; i < n; i++) {
+        if (ends[i] < start || (uint64_t)ends[i] > (uint64_t)tags_len)
+            return RS_E_ARG;
+        start = ends[i];
+    }
+    if (len == 0 || !rs_props_tags(props, len, &value, &value_len))
+        return 0;   /* no TAGS: a tag subscription never takes it (PullAPIWrapper) */
+    start = 0;
+    for (i = 0; i < n; i++) {
+        size_t k = (size_t)(ends[i] - start);
+        if (k == value_len && memcmp(tags + start, value, k) == 0)
+            return 1;
+        start = ends[i];
+    }
+    return 0;
 }
 
 /* 32-bit FNV-1a of the topic bytes, as a signed int. Dispatch groups rows by (topic_hash,

@@ -83,4 +83,17 @@ int rs_msg_encode_parts(uint8_t *out, size_t out_len, int64_t pos,
 int rs_msg_check(const uint8_t *buf, size_t len, int64_t pos, int check_crc,
                  rs_scan_rec *row, int32_t *size);
 
+/*
+ * rs_tags_match - whether the TAGS value of the properties string props[0, len) is one of the
+ * n strings tags[ends[i-1], ends[i]) (ends[-1] = 0): the string check of a tag subscription,
+ * after a ConsumeQueue unit's tagsCode matched one of its hashes (two tags may share a
+ * String.hashCode, e.g. "Aa" and "BB"). TAGS is found as rs_msg_check finds it (the last valid
+ * segment wins) and compared byte for byte with the UTF-8 tags; a record without TAGS matches
+ * none, as the 4.9 client's PullAPIWrapper#processPullResult drops it.
+ * Returns 1 or 0; RS_E_ARG when ends is not ascending or runs past tags_len.
+ * GIL: callable without it.
+ */
+int rs_tags_match(const uint8_t *props, size_t len, const uint8_t *tags, size_t tags_len,
+                  const int64_t *ends, size_t n);
+
 #endif /* RS_MSG_H */

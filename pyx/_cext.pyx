@@ -32,7 +32,7 @@ NAME = "cext"
 
 __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_append",
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
-           "cq_encode_batch", "cq_search", "index_hash", "index_put", "index_put_batch",
+           "cq_encode_batch", "cq_search", "tags_match", "index_hash", "index_put", "index_put_batch",
            "index_keys", "index_lookup", "sync_range", "batch_encode", "column_join")
 
 # GIL release thresholds.  Releasing and re-taking an uncontended GIL costs ~50-100 ns: it pays
@@ -317,6 +317,26 @@ def cq_search(buf, int64_t start, int64_t end, int64_t phy_offset):
     return index
 
 
+def tags_match(props, tags, ends):
+    """Whether the TAGS value of the properties string `props` is one of the UTF-8 strings
+    tags[ends[i-1]:ends[i]] (`ends`: int64, ascending): a tag subscription's string check."""
+    cdef Py_buffer p, t
+    cdef const int64_t[::1] e = _i64s(ends)
+    cdef Py_ssize_t n = e.shape[0]
+    cdef int r
+    memset(&p, 0, sizeof(p))
+    memset(&t, 0, sizeof(t))
+    try:
+        _ro(props, &p)
+        _ro(tags, &t)
+        r = rs_tags_match(<const uint8_t *>p.buf, <size_t>p.len, <const uint8_t *>t.buf,
+                          <size_t>t.len, &e[0] if n else NULL, <size_t>n)
+    finally:
+        PyBuffer_Release(&p)
+        PyBuffer_Release(&t)
+    return _check(r, "tags_match") == 1
+
+
 def index_hash(key):
     """IndexFile key hash: abs(String.hashCode) of the UTF-8 key, Integer.MIN_VALUE -> 0."""
     cdef Py_buffer v
@@ -456,11 +476,13 @@ cdef const int64_t[::1] _offsets(object off, int64_t need):
 def batch_encode(out, int64_t pos, int64_t limit, topic, int32_t queue_id, bodies, body_off,
                  a, a_off, b, b_off, frags, frag_off, int64_t first, int64_t n, int32_t flag,
                  int32_t sys_flag, int64_t born_timestamp, born_host, int64_t store_timestamp,
-                 store_host, int64_t queue_offset, int64_t phy_base):
+                 store_host, int64_t queue_offset, int64_t phy_base, flags_or=None):
     """Encode records first..n-1 of a column batch at out[pos:limit] while each leaves 8
     bytes for the blank (rs_batch_encode); returns (count, bytes).  The loop runs without
     the GIL: the columns are plain buffers, borrowed for the call."""
     cdef Py_buffer v[8]
+    cdef const int32_t[::1] kx
+    cdef const int32_t *px = NULL
     cdef const int64_t[::1] ko, ka, kb, kf
     cdef const int64_t *po
     cdef const int64_t *pa = NULL
@@ -480,6 +502,15 @@ def batch_encode(out, int64_t pos, int64_t limit, topic, int32_t queue_id, bodie
     if b_off is not None:
         kb = _offsets(b_off, n + 1)
         pb = &kb[0]
+    if flags_or is not None:
+        try:
+            kx = flags_or
+        except (TypeError, ValueError, BufferError):
+            kx = _as_array(flags_or, "i")
+        if kx.shape[0] < n:
+            _raise_for_status(RS_E_ARG, "batch_encode: too few per-record flags")
+        if n > 0:
+            px = &kx[0]
     memset(v, 0, sizeof(v))
     try:
         _rw(out, &v[0])
@@ -497,7 +528,7 @@ def batch_encode(out, int64_t pos, int64_t limit, topic, int32_t queue_id, bodie
                                 <const uint8_t *>v[3].buf, <size_t>v[3].len, pa,
                                 <const uint8_t *>v[4].buf, <size_t>v[4].len, pb,
                                 <const uint8_t *>v[5].buf, <size_t>v[5].len, pf,
-                                first, n, flag, sys_flag, born_timestamp,
+                                first, n, flag, sys_flag, px, born_timestamp,
                                 <const uint8_t *>v[6].buf, <size_t>v[6].len, store_timestamp,
                                 <const uint8_t *>v[7].buf, <size_t>v[7].len,
                                 queue_offset, phy_base, &count, &nbytes)

@@ -26,7 +26,7 @@ __all__ += ("ReadPath",)
 _EXT_SLOTS = ("store_size", "body_crc", "queue_id", "flag", "queue_offset", "commit_log_offset",
               "sys_flag", "born_timestamp", "born_host_raw", "store_timestamp", "store_host_raw",
               "reconsume_times", "prepared_transaction_offset", "body", "topic", "magic",
-              "_praw", "_pstr", "_props")
+              "_praw", "_pstr", "_props", "stored_body")
 DEF X_SIZE = 0
 DEF X_CRC = 1
 DEF X_QID = 2
@@ -46,17 +46,19 @@ DEF X_MAGIC = 15
 DEF X_PRAW = 16
 DEF X_PSTR = 17
 DEF X_PROPS = 18
-DEF N_EXT_SLOTS = 19
+DEF X_STORED = 19
+DEF N_EXT_SLOTS = 20
 _MF_SLOTS = ("file_from_offset", "committed_position", "mm", "_lock", "_available", "_refs",
              "_cond")
 _GET_RESULT_SLOTS = ("status", "next_begin_offset", "min_offset", "max_offset", "messages",
-                     "suggest_pulling_from_slave")
+                     "suggest_pulling_from_slave", "filtered_count")
+DEF N_GET_SLOTS = 7
 _QUERY_RESULT_SLOTS = ("messages", "buffer_total_size", "index_last_update_timestamp",
                        "index_last_update_phy_offset")
 _BATCH_RESULT_SLOTS = ("status", "next_begin_offset", "min_offset", "max_offset",
                        "suggest_pulling_from_slave", "_n", "_raw", "_raw_file", "_rows", "_held",
-                       "_holds", "_buffers", "_released", "_release_files")
-DEF N_BATCH_SLOTS = 14
+                       "_holds", "_buffers", "_released", "_release_files", "filtered_count")
+DEF N_BATCH_SLOTS = 15
 DEF R_FROM = 0
 DEF R_READ = 1
 DEF R_MM = 2
@@ -80,6 +82,19 @@ cdef struct _Window:
     int64_t start
     int64_t end
     const uint8_t *buf
+
+
+cdef inline bint _has_code(const int64_t *codes, Py_ssize_t n, int64_t code) noexcept:
+    """Whether `code` is among the n sorted `codes` (a subscription's tag hashes: a handful,
+    so a binary search with no call)."""
+    cdef Py_ssize_t lo = 0, hi = n, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if codes[mid] < code:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo < n and codes[lo] == code
 
 
 cdef inline bint _row_inside(const rs_scan_rec *r, Py_ssize_t buf_len) noexcept:
@@ -128,7 +143,7 @@ cdef class ReadPath:
     cdef int32_t _size
     # pull(): GetMessageResult's type, members and statuses.
     cdef type _result
-    cdef Py_ssize_t _g[6]
+    cdef Py_ssize_t _g[N_GET_SLOTS]
     cdef object _found, _no_matched, _removing
     # pull_batch(): read_path.GetBatchResult's type and members.
     cdef type _batch
@@ -221,8 +236,12 @@ cdef class ReadPath:
         p += n + 8
         n = RS_HOST_V6_LENGTH if row.sys_flag & RS_STOREHOSTADDRESS_V6_FLAG else RS_HOST_V4_LENGTH
         _set_member(m, x[X_STORE_HOST], self._host(p, n, True))
-        _set_member(m, x[X_BODY], PyBytes_FromStringAndSize(
-            <const char *>rec + row.body_off, row.body_len))
+        body = PyBytes_FromStringAndSize(<const char *>rec + row.body_off, row.body_len)
+        _set_member(m, x[X_STORED], body)
+        # A compressed body's `body` slot stays empty: MessageExt.__getattr__ decompresses it
+        # when it is first asked for (doc/01 §3.5).
+        if not row.sys_flag & RS_COMPRESSED_FLAG:
+            _set_member(m, x[X_BODY], body)
         p = rec + row.topic_off
         n = row.topic_len
         if self._topic_b is None or PyBytes_GET_SIZE(self._topic_b) != n \
@@ -427,13 +446,14 @@ cdef class ReadPath:
     def read(self, list cq_files, int64_t cq_file_size, list log_files, int64_t log_file_size,
              int64_t offset, int64_t max_off, int64_t min_logic, Py_ssize_t max_n,
              int64_t scan_limit, int64_t max_bytes, message_filter, rows=None,
-             list held=None, row_file=None):
+             list held=None, row_file=None, subscription=None, property_filter=None):
         """The unit walk of read_path.PyReadPath.read, with the same arguments and results:
         (messages or row count, units scanned or -1 when the first unit's file is not there,
-        whether a record was found removed before any was found, the last record's offset)."""
+        whether a record was found removed before any was found, the last record's offset,
+        units filtered out)."""
         return self._walk(cq_files, cq_file_size, log_files, log_file_size, offset, max_off,
                           min_logic, max_n, scan_limit, max_bytes, message_filter, rows, held,
-                          row_file)
+                          row_file, subscription, property_filter)
 
     cdef int _positions(self, store, cq, int64_t *max_py, int64_t *max_off) except -1:
         """The CommitLog's and the queue's max offsets (bytes; units); 0 if either is empty."""
@@ -558,7 +578,7 @@ cdef class ReadPath:
                                self._limits.MAX_BYTES)
 
     def pull_batch(self, store, cq, int64_t offset, Py_ssize_t max_n, message_filter,
-                   int64_t max_bytes):
+                   int64_t max_bytes, subscription=None, property_filter=None):
         """read_path.PyReadPath.pull_batch: get_batch's common case as one call, building the
         GetBatchResult here. None as for pull()."""
         cdef int64_t max_py = 0, min_logic, max_off = 0, max_phy, scanned
@@ -575,11 +595,17 @@ cdef class ReadPath:
         rows = PyByteArray_FromStringAndSize(NULL, max_n * SCAN_REC_SIZE)
         row_file = PyByteArray_FromStringAndSize(NULL, max_n * 4)
         held = []
-        n, scanned, removing, max_phy = self._walk(
-            cq.mfq.files, cq.file_size, commitlog.mfq.files, commitlog.file_size, offset,
-            max_off, min_logic, max_n,
-            max(16000, max_n * RS_CQ_STORE_UNIT_SIZE) // RS_CQ_STORE_UNIT_SIZE, max_bytes,
-            message_filter, rows, held, row_file)
+        try:
+            n, scanned, removing, max_phy, filtered = self._walk(
+                cq.mfq.files, cq.file_size, commitlog.mfq.files, commitlog.file_size, offset,
+                max_off, min_logic, max_n,
+                max(16000, max_n * RS_CQ_STORE_UNIT_SIZE) // RS_CQ_STORE_UNIT_SIZE, max_bytes,
+                message_filter, rows, held, row_file, subscription, property_filter)
+        except BaseException:
+            # A filter raised: no result will own the files held so far.
+            for f in held:
+                f.release()
+            raise
         if scanned < 0:
             for f in held:
                 f.release()
@@ -606,10 +632,11 @@ cdef class ReadPath:
         _set_member(r, b[12], False)
         self._count(n, t0)
         _set_member(r, b[13], self._release_files)
+        _set_member(r, b[14], filtered)
         return r
 
     def pull(self, store, cq, int64_t offset, Py_ssize_t max_n, message_filter,
-             int64_t max_bytes):
+             int64_t max_bytes, subscription=None, property_filter=None):
         """read_path.PyReadPath.pull: get_message's common case as one call, the queue's and
         CommitLog's positions read here and the GetMessageResult built here. None when the
         answer is decided before a unit is read (the offset outside the queue) or the first
@@ -624,11 +651,11 @@ cdef class ReadPath:
         if max_off == 0 or offset < min_logic // RS_CQ_STORE_UNIT_SIZE or offset >= max_off:
             return None
         # Units looked at, filtered out or not: the broker's bound on one call's scan.
-        messages, scanned, removing, max_phy = self._walk(
+        messages, scanned, removing, max_phy, filtered = self._walk(
             cq.mfq.files, cq.file_size, commitlog.mfq.files, commitlog.file_size, offset,
             max_off, min_logic,
             max_n, max(16000, max_n * RS_CQ_STORE_UNIT_SIZE) // RS_CQ_STORE_UNIT_SIZE,
-            max_bytes, message_filter, None, None, None)
+            max_bytes, message_filter, None, None, None, subscription, property_filter)
         if scanned < 0:
             return None
         r = PyType_GenericAlloc(<PyTypeObject *>self._result, 0)
@@ -642,21 +669,27 @@ cdef class ReadPath:
         _set_member(r, g[2], min_logic // RS_CQ_STORE_UNIT_SIZE)
         _set_member(r, g[3], max_off)
         _set_member(r, g[4], messages)
+        _set_member(r, g[6], filtered)
         self._count(len(<list>messages), t0)
         return r
 
     cdef tuple _walk(self, list cq_files, int64_t cq_file_size, list log_files,
                      int64_t log_file_size, int64_t offset, int64_t max_off, int64_t min_logic,
                      Py_ssize_t max_n, int64_t scan_limit, int64_t max_bytes, message_filter,
-                     rows, list held, row_file):
-        cdef Py_buffer qv, lv, rv, fv
+                     rows, list held, row_file, subscription, property_filter):
+        cdef Py_buffer qv, lv, rv, fv, cv, tv, ev
         cdef _Window q, lw
         cdef rs_scan_rec row
         cdef rs_scan_rec *out_rows = NULL
         cdef int32_t *out_file = NULL
         cdef int32_t rsize
         cdef int64_t pos, rel, take, i, phy, tags, scanned = 0, nbytes = 0, max_phy = 0
-        cdef int64_t skip_below = -1, qidx
+        cdef int64_t skip_below = -1, qidx, filtered = 0
+        # A subscription's tag hashes (sorted) and its tags (tags_match's arguments): set
+        # only when it names tags; an unfiltered read tests by_tags and nothing else.
+        cdef bint by_tags = False
+        cdef const int64_t *codes = NULL
+        cdef Py_ssize_t ncodes = 0
         cdef int32_t size
         cdef Py_ssize_t found = 0, cap = 0
         cdef bint removing = False, full = False, first = True, batch = rows is not None
@@ -668,8 +701,12 @@ cdef class ReadPath:
         memset(&lv, 0, sizeof(lv))
         memset(&rv, 0, sizeof(rv))
         memset(&fv, 0, sizeof(fv))
+        memset(&cv, 0, sizeof(cv))
+        memset(&tv, 0, sizeof(tv))
+        memset(&ev, 0, sizeof(ev))
         lw.start = lw.end = 0
         lf = None
+        m = None
         try:
             if batch:
                 # A SCAN_DTYPE array, or a plain writable buffer of rows (bytearray).
@@ -684,6 +721,13 @@ cdef class ReadPath:
                 out_file = <int32_t *>fv.buf
             else:
                 messages = []
+            if subscription is not None and subscription.tags:
+                by_tags = True
+                _ro(subscription.codes, &cv)
+                _ro(subscription.tag_bytes, &tv)
+                _ro(subscription.tag_ends, &ev)
+                codes = <const int64_t *>cv.buf
+                ncodes = cv.len // 8
             while True:
                 qidx = offset + scanned
                 pos = qidx * RS_CQ_STORE_UNIT_SIZE
@@ -709,7 +753,15 @@ cdef class ReadPath:
                     if message_filter is not None:
                         tags = rs_load_i64(u + 12)
                         if not message_filter(tags):
+                            filtered += 1
+                            removing = False    # the broker's status is the later event's
                             continue
+                    # Java's tagsCode.intValue(): the unit's low 32 bits, sign-extended.
+                    if by_tags and not _has_code(codes, ncodes,
+                                                 <int32_t>(<uint32_t>rs_load_i64(u + 12))):
+                        filtered += 1
+                        removing = False
+                        continue
                     if size <= 0 or phy < 0:    # no record is there: a damaged unit
                         self._on_corrupt(offset + scanned - 1, phy, RS_E_ARG)
                         continue
@@ -741,6 +793,24 @@ cdef class ReadPath:
                         if r != RS_OK:
                             self._on_corrupt(offset + scanned - 1, phy, r)
                         continue                # a damaged unit: skipped, as a filter would
+                    if by_tags:
+                        # The record's TAGS string: a hash collision passed the unit's test.
+                        r = rs_tags_match(lw.buf + row.pos + row.props_off,
+                                          <size_t>row.props_len, <const uint8_t *>tv.buf,
+                                          <size_t>tv.len, <const int64_t *>ev.buf,
+                                          <size_t>(ev.len // 8))
+                        if r < 0:
+                            _raise_for_status(r, "read: a subscription's tag_ends")
+                        if r == 0:
+                            filtered += 1
+                            removing = False
+                            continue
+                    if property_filter is not None:
+                        m = self._message(lw.buf + row.pos, &row)
+                        if not property_filter(m.properties):
+                            filtered += 1
+                            removing = False
+                            continue
                     if batch:
                         # The unit's tagsCode, what a filter sees (a delayed message's unit
                         # holds its delivery time, not the TAGS hash).
@@ -748,6 +818,8 @@ cdef class ReadPath:
                         out_rows[found] = row
                         out_file[found] = <int32_t>(len(held) - 1)
                         log_rows = True
+                    elif property_filter is not None:
+                        messages.append(m)      # made for the filter above
                     else:
                         messages.append(self._message(lw.buf + row.pos, &row))
                     found += 1
@@ -762,4 +834,7 @@ cdef class ReadPath:
             PyBuffer_Release(&lv)
             PyBuffer_Release(&rv)
             PyBuffer_Release(&fv)
-        return (found if batch else messages), scanned, removing, max_phy
+            PyBuffer_Release(&cv)
+            PyBuffer_Release(&tv)
+            PyBuffer_Release(&ev)
+        return (found if batch else messages), scanned, removing, max_phy, filtered

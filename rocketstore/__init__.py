@@ -3,9 +3,9 @@
 broker's store directory. See README.md."""
 from ._version import __version__
 from .config import BrokerRole, FlushDiskType, StoreConfig
-from .errors import (ConfigError, CorruptRecordError, InvalidArgumentError, MessageIllegalError,
-                     StoreClosedError, StoreError, StoreLoadError, StoreLockedError,
-                     UnsafePathError)
+from .errors import (ConfigError, CorruptBodyError, CorruptRecordError, InvalidArgumentError,
+                     MessageIllegalError, MissingCodecError, StoreClosedError, StoreError,
+                     StoreLoadError, StoreLockedError, UnsafePathError)
 from .kernels import BACKEND
 from .live import LiveReader
 from .message import Message, MessageExt
@@ -13,13 +13,15 @@ from .recovery import RecoveryReport
 from .status import (AppendStatus, GetMessageResult, GetMessageStatus, PutMessageResult,
                      PutMessagesResult, PutMessageStatus, QueryMessageResult)
 from .store import MessageStore
+from .subscription import Subscription, parse_subscription
 
 __all__ = [
     "__version__", "BACKEND", "MessageStore", "LiveReader", "StoreConfig", "FlushDiskType",
     "BrokerRole",
     "Message", "MessageExt", "PutMessageStatus", "GetMessageStatus", "AppendStatus",
     "PutMessageResult", "PutMessagesResult", "GetMessageResult", "QueryMessageResult",
-    "RecoveryReport",
+    "RecoveryReport", "Subscription", "parse_subscription",
     "StoreError", "StoreLockedError", "StoreClosedError", "StoreLoadError", "UnsafePathError",
     "MessageIllegalError", "CorruptRecordError", "ConfigError", "InvalidArgumentError",
+    "CorruptBodyError", "MissingCodecError",
 ]

@@ -4,6 +4,8 @@ and the shared properties string cut around the per-message TAGS and KEYS, so th
 kernel writes the bytes put_messages writes for the equivalent Message objects."""
 import numpy as np
 
+from . import format as F
+from .compression import compress_zlib
 from .errors import MessageIllegalError
 from .message import (KEY_SEPARATOR, PROPERTY_DELAY, PROPERTY_KEYS, PROPERTY_TAGS, body_bytes,
                       properties_to_string)
@@ -173,7 +175,8 @@ class Columns:
     """What batch_encode takes for one batch: bodies, up to two per-message properties
     columns (a, b: Column or None), the shared fragments and every message's properties
     length."""
-    __slots__ = ("n", "bodies", "a", "b", "frags", "frag_off", "props_lens", "properties")
+    __slots__ = ("n", "bodies", "a", "b", "frags", "frag_off", "props_lens", "properties",
+                 "flags_or")
 
 
 def _values(arg, n, name, join):
@@ -193,6 +196,7 @@ def columns(bodies, tags, keys, properties, join):
         raise TypeError(f"properties must be a dict or None, not {type(properties).__name__}")
     c = Columns()
     c.properties = properties
+    c.flags_or = None
     c.bodies = bodies_column(bodies, join)
     n = c.n = len(c.bodies.lens)
     tags = _values(tags, n, PROPERTY_TAGS, join)
@@ -255,4 +259,22 @@ def max_len_check(lens, limit, what, status="MESSAGE_ILLEGAL"):
         i = int(lens.argmax())
         raise MessageIllegalError(f"message {i}: {what} is {int(lens[i])} bytes; at most "
                                   f"{limit}", status=status)
+
+
+def compress_bodies(cols, threshold, level):
+    """Deflate each body of at least `threshold` bytes as put_message does with
+    compress_msg_body (compression.compress_for_put), and mark those records' COMPRESSED_FLAG
+    in cols.flags_or, so put_batch stores the bytes put_messages stores."""
+    big = cols.bodies.lens >= threshold
+    if not big.any():
+        return cols
+    data = memoryview(cols.bodies.data).cast("B")
+    off = cols.bodies.off.tolist()
+    items = []
+    for i, deflate in enumerate(big.tolist()):
+        body = data[off[i]:off[i + 1]]
+        items.append(compress_zlib(body, level) if deflate else bytes(body))
+    cols.bodies = Column(b"".join(items), _offsets_from_lengths(map(len, items), cols.n))
+    cols.flags_or = np.where(big, F.COMPRESSED_FLAG, 0).astype(np.int32)
+    return cols
 

@@ -15,6 +15,11 @@ def monotonic_ms():
     return time.monotonic_ns() // 1_000_000
 
 
+def monotonic_ns():
+    """monotonic_ms in nanoseconds, for intervals shorter than a millisecond."""
+    return time.monotonic_ns()
+
+
 class StepClock:
     """start, start+step, start+2*step, ... one value per call: deterministic timestamps."""
 

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """CommitLog: every message of every topic, appended under one put lock (doc/01 §3-§6)."""
 import array
+import contextlib
 import errno
 import struct
 import threading
@@ -113,6 +114,20 @@ class CommitLog:
         self.mfq.close()
         if self.pool is not None:
             self.pool.destroy()
+
+    # ---- recovery (doc/03 §5) -------------------------------------------------------------
+    def truncate_to(self, offset):
+        """The log ends at `offset`: everything after it is dropped (later files deleted, the
+        holding file's tail zeroed), and the log counts as committed and flushed up to it."""
+        mfq = self.mfq
+        mfq.flushed_where = mfq.committed_where = offset
+        mfq.truncate_dirty_files(offset)
+
+    def reset_queue_offsets(self, table):
+        """Set the next queue offset of every (topic, queue_id) (recoverTopicQueueTable). No
+        put may run meanwhile: recovery runs before puts start, and reset_write_offset holds
+        put_lock (not reentrant) around it."""
+        self.topic_queue_table = dict(table)
 
     @property
     def min_offset(self):
@@ -558,7 +573,8 @@ class CommitLog:
                     base = mf.file_from_offset + wpos
                     count, nbytes = self._k.batch_encode(
                         mf.write_target, wpos, self.file_size, *args, done, n, flag, sys_flag,
-                        born_timestamp, born_raw, ts, self.store_host_raw, qbase + done, base)
+                        born_timestamp, born_raw, ts, self.store_host_raw, qbase + done, base,
+                        flags_or=cols.flags_or)
                     if count:
                         phys[done] = base
                         np.cumsum(sizes[done:done + count - 1], out=phys[done + 1:done + count])
@@ -676,6 +692,37 @@ class CommitLog:
             return mf.mm[rel:rel + size]
         except ValueError:        # unmapped by cleaning meanwhile
             return None
+
+    @contextlib.contextmanager
+    def held_slice(self, offset, max_size):
+        """A view of the readable bytes from `offset`, at most `max_size` and never past its
+        file's end, with the file held so cleaning cannot unmap it while the view is in use
+        (the HA writer sends frames straight from the mapping, doc/05 §3.3). Yields None when
+        nothing is readable at `offset`. Release the view before the block ends."""
+        mf = self.mfq.find_by_offset(offset)
+        if mf is None or not mf.hold():
+            yield None
+            return
+        try:
+            rel = offset - mf.file_from_offset
+            end = mf.read_position
+            if not 0 <= rel < end:
+                view = None
+            else:
+                try:
+                    whole = memoryview(mf.mm)
+                except ValueError:        # unmapped by cleaning meanwhile
+                    view = None
+                else:
+                    with whole:
+                        view = whole[rel:rel + min(end - rel, max_size)]
+            if view is None:
+                yield None
+            else:
+                with view:
+                    yield view
+        finally:
+            mf.release()
 
     def get_message_bytes(self, offset):
         """The whole record at `offset` (size read from its first 4 bytes), or None."""

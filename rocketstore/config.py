@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Optional
 
+from rocketstore.codec.java_properties import (decode_properties_bytes, format_property,
+                                                parse_properties)
 from rocketstore.errors import ConfigError
 from rocketstore.format import CQ_STORE_UNIT_SIZE
 from rocketstore.ha.wire import MAX_FRAME_BODY as HA_MAX_FRAME_BODY
@@ -299,6 +301,15 @@ class StoreConfig:
     # itself while a consumer in its own process waits; readers in other processes
     # (LiveReader) cannot ask for it, so the writer opts in. Costs a wake-up per put.
     wake_reput_on_put: bool = False
+    # Beyond RocketMQ's store (a producer's settings, DefaultMQProducer): compress each put's
+    # body as a 4.9 producer does before sending it (doc/01 §3.5). A body of at least
+    # compress_msg_body_over_howmuch bytes is stored zlib-deflated at compress_level (the
+    # client's rocketmq.client.compress.level) with COMPRESSED_FLAG set; a broker batch
+    # (put_messages with batch_properties) is not, as the client never compresses a
+    # MessageBatch. Off by default: a broker stores what it receives.
+    compress_msg_body: bool = False
+    compress_msg_body_over_howmuch: int = 4096
+    compress_level: int = 5
     # Keys of a broker.conf that are not store fields (brokerName, namesrvAddr, ...), kept so
     # to_properties() writes them back.
     extra_properties: dict = field(default_factory=dict, repr=False)
@@ -322,6 +333,13 @@ class StoreConfig:
                      "store_size_budget"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{_label(name)} must be >= 0, got {getattr(self, name)}")
+        if self.compress_msg_body_over_howmuch < 0:
+            raise ConfigError(f"{_label('compress_msg_body_over_howmuch')} must be >= 0, got "
+                              f"{self.compress_msg_body_over_howmuch}")
+        if not -1 <= self.compress_level <= 9:
+            # java.util.zip.Deflater's levels (-1: zlib's default)
+            raise ConfigError(f"{_label('compress_level')} must be -1..9 (a zlib level), got "
+                              f"{self.compress_level}")
         if self.cq_file_size > _INT32_MAX:
             raise ConfigError(f"{_label('mapped_file_size_consume_queue')} rounds up to "
                               f"{self.cq_file_size}, past Java's int range")
@@ -443,12 +461,12 @@ class StoreConfig:
             if f.name == "extra_properties" or value is None:
                 continue
             if f.name == "store_host":
-                lines.append(_prop_line("brokerIP1", value[0]))
-                lines.append(_prop_line("listenPort", str(value[1])))
+                lines.append(format_property("brokerIP1", value[0]))
+                lines.append(format_property("listenPort", str(value[1])))
                 continue
-            lines.append(_prop_line(JAVA_KEYS[f.name], _format_value(value)))
+            lines.append(format_property(JAVA_KEYS[f.name], _format_value(value)))
         for key, value in self.extra_properties.items():
-            lines.append(_prop_line(str(key), _format_value(value)))
+            lines.append(format_property(str(key), _format_value(value)))
         return "\n".join(lines) + "\n"
 
 
@@ -593,12 +611,6 @@ def parse_delay_level(text):
     return levels
 
 
-# --- java.util.Properties text format ---
-
-_WS = " \t\f"
-_UNESCAPE = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
-
-
 def _read_source(source):
     if isinstance(source, Mapping):
         return {str(k): v for k, v in source.items()}
@@ -607,128 +619,9 @@ def _read_source(source):
     if isinstance(source, (str, os.PathLike)):
         with open(source, "rb") as fh:
             data = fh.read()
-        # Java's Properties.load(InputStream) decodes ISO-8859-1; a UTF-8 broker.conf (non-ASCII
-        # paths) is what people actually write, so prefer it and fall back to Java's reading.
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            text = data.decode("latin-1")
-        return parse_properties(text)
+        return parse_properties(decode_properties_bytes(data))
     raise TypeError(f"from_properties takes a path, properties text or a mapping, "
                     f"not {type(source).__name__}")
-
-
-def parse_properties(text):
-    """Parse java.util.Properties text into an ordered dict; later keys win, as in Java.
-
-    Handles `key=value`, `key: value` and `key value`, `#`/`!` comment lines, backslash line
-    continuations (leading whitespace of the next line dropped) and the escapes \\t \\n \\r
-    \\f \\uXXXX; a backslash before any other character stands for that character.
-    """
-    props = {}
-    for line in _logical_lines(text):
-        key, value = _split_key_value(line)
-        props[key] = value
-    return props
-
-
-def _logical_lines(text):
-    natural = re.split(r"\r\n|\r|\n", text)
-    i, n = 0, len(natural)
-    while i < n:
-        line = natural[i].lstrip(_WS)
-        i += 1
-        # Only the first natural line can make a comment: a continued line starting with '#'
-        # is part of the value.
-        if not line or line[0] in "#!":
-            continue
-        while _odd_trailing_backslashes(line):
-            line = line[:-1]
-            if i >= n:          # Java drops a continuation backslash at end of input
-                break
-            line += natural[i].lstrip(_WS)
-            i += 1
-        yield line
-
-
-def _odd_trailing_backslashes(line):
-    count = len(line) - len(line.rstrip("\\"))
-    return count % 2 == 1
-
-
-def _split_key_value(line):
-    # Properties.load0: the key ends at the first unescaped '=', ':' or whitespace; then
-    # whitespace and at most one '=' or ':' are skipped before the value.
-    n = len(line)
-    key_end, value_start, has_sep, escaped = n, n, False, False
-    for k, c in enumerate(line):
-        if not escaped and c in "=:":
-            key_end, value_start, has_sep = k, k + 1, True
-            break
-        if not escaped and c in _WS:
-            key_end, value_start = k, k + 1
-            break
-        escaped = c == "\\" and not escaped
-    while value_start < n:
-        c = line[value_start]
-        if c not in _WS:
-            if has_sep or c not in "=:":
-                break
-            has_sep = True
-        value_start += 1
-    return _unescape(line[:key_end]), _unescape(line[value_start:])
-
-
-def _unescape(s):
-    if "\\" not in s:
-        return s
-    out, i, n = [], 0, len(s)
-    while i < n:
-        c = s[i]
-        i += 1
-        if c != "\\":
-            out.append(c)
-            continue
-        if i >= n:
-            break
-        c = s[i]
-        i += 1
-        if c == "u":
-            digits = s[i:i + 4]
-            if len(digits) != 4 or not all(d in "0123456789abcdefABCDEF" for d in digits):
-                raise ConfigError(f"malformed \\uxxxx escape in {s!r}")
-            out.append(chr(int(digits, 16)))
-            i += 4
-        else:
-            out.append(_UNESCAPE.get(c, c))
-    result = "".join(out)
-    # Java strings are UTF-16: \ud83d\ude00 is one character. Join such surrogate pairs.
-    if any("\ud800" <= ch <= "\udfff" for ch in result):
-        result = result.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
-    return result
-
-
-def _escape(s, is_key):
-    # Properties.saveConvert: spaces are escaped in keys and at the start of a value; the
-    # separators and comment characters always; anything outside printable ASCII as \uXXXX.
-    out = []
-    for i, c in enumerate(s):
-        if c == " ":
-            out.append("\\ " if is_key or i == 0 else " ")
-        elif c in "\t\n\r\f":
-            out.append("\\" + {"\t": "t", "\n": "n", "\r": "r", "\f": "f"}[c])
-        elif c in "=:#!\\":
-            out.append("\\" + c)
-        elif " " < c <= "~":
-            out.append(c)
-        else:
-            units = c.encode("utf-16-be", "surrogatepass")
-            out.extend(f"\\u{units[j]:02X}{units[j + 1]:02X}" for j in range(0, len(units), 2))
-    return "".join(out)
-
-
-def _prop_line(key, value):
-    return f"{_escape(key, True)}={_escape(value, False)}"
 
 
 def _format_value(value):

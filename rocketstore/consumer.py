@@ -29,6 +29,7 @@ import numpy as np
 
 from .errors import InvalidArgumentError, StoreClosedError
 from .kernels.pure import _topic_hash      # the rows' topic_hash (rs_scan_rec), in Python
+from .message import keep_stored
 from .status import GetMessageStatus as G
 
 log = logging.getLogger(__name__)
@@ -181,15 +182,30 @@ class _Cancel:
         self.event = threading.Event()
 
 
+def _reader(store, group, topic, queue_id, max_msg_nums, message_filter, subscription,
+            property_filter):
+    """read(offset): one get_message of the wait. The filters go as keywords only when set:
+    a reader without tag subscriptions (live.LiveReader) takes the waits too."""
+    if subscription is None and property_filter is None:
+        def read(at):
+            return store.get_message(group, topic, queue_id, at, max_msg_nums, message_filter)
+    else:
+        def read(at):
+            return store.get_message(group, topic, queue_id, at, max_msg_nums, message_filter,
+                                     subscription=subscription, property_filter=property_filter)
+    return read
+
+
 def wait_for_message(store, group, topic, queue_id, offset, max_msg_nums, message_filter,
-                     wait_ms, cancel=None):
+                     wait_ms, cancel=None, *, subscription=None, property_filter=None):
     """get_message that waits up to `wait_ms` ms (None: until a message, or `cancel`) for the
     queue to have a message at `offset` (one `message_filter` accepts). Returns the answer
     that had messages, or what get_message answers when the time is up (or the wait was
     cancelled, or the answer can never change by waiting: an offset out of range). Raises
-    StoreClosedError when the store shuts down meanwhile."""
-    def read(at):
-        return store.get_message(group, topic, queue_id, at, max_msg_nums, message_filter)
+    StoreClosedError when the store shuts down meanwhile. `subscription` and
+    `property_filter` filter as get_message's."""
+    read = _reader(store, group, topic, queue_id, max_msg_nums, message_filter, subscription,
+                   property_filter)
 
     r, offset = _settle(read, read(offset), offset)     # the common case: no wait at all
     if not _waitable(r) or wait_ms == 0:
@@ -230,14 +246,13 @@ def wait_for_message(store, group, topic, queue_id, offset, max_msg_nums, messag
 
 
 async def await_message(store, group, topic, queue_id, offset, max_msg_nums, message_filter,
-                        wait_ms, cancel=None):
+                        wait_ms, cancel=None, *, subscription=None, property_filter=None):
     """wait_for_message for asyncio: each read runs in the loop's default executor (a read
     may wait for the reput lock or fault a page in from disk), the wait itself is an
     asyncio.Event set from the dispatching thread through call_soon_threadsafe."""
     loop = asyncio.get_running_loop()
-
-    def read(at):
-        return store.get_message(group, topic, queue_id, at, max_msg_nums, message_filter)
+    read = _reader(store, group, topic, queue_id, max_msg_nums, message_filter, subscription,
+                   property_filter)
 
     def read_settled(at):
         return _settle(read, read(at), at)
@@ -305,9 +320,11 @@ async def _await_polling(store, group, topic, queue_id, offset, max_msg_nums, me
 class _Cursor:
     """A consumer's position on a group/topic/queue, and its commit rule: a batch's end is
     committed when the caller asks for the next batch (it has then processed this one), so a
-    crash or close() before that delivers the batch again (at least once)."""
+    crash or close() before that delivers the batch again (at least once). With `decompress`
+    false, compressed bodies are handed out as stored (get_message's decompress)."""
 
-    def __init__(self, store, group, topic, queue_id, batch_size, message_filter):
+    def __init__(self, store, group, topic, queue_id, batch_size, message_filter, *,
+                 decompress=True, subscription=None, property_filter=None):
         store._check_open()
         if store.read_only and store.poll_backoff is None:
             # It could neither commit nor be woken: nothing dispatches in a read-only store
@@ -320,10 +337,14 @@ class _Cursor:
         check_queue(topic, queue_id)
         check_int(batch_size, "batch_size", 1, MAX_MSG_NUMS)
         check_callable(message_filter, "message_filter")
+        from .subscription import read_filters
+        # Parsed once for the consumer's life, as a broker keeps a group's SubscriptionData.
+        self.subscription, self.property_filter = read_filters(subscription, property_filter)
         self.store = store
         self.group, self.topic, self.queue_id = group, topic, queue_id
         self.batch_size = batch_size
         self.message_filter = message_filter
+        self.decompress = decompress
         committed = store.query_offset(group, topic, queue_id)
         # Never committed: from the queue's oldest message (CONSUME_FROM_FIRST_OFFSET).
         self.offset = committed if committed >= 0 else \
@@ -363,7 +384,7 @@ class _Cursor:
         self.stalled = False
         if r.messages:
             self.offset = self._pending = r.next_begin_offset
-            return r.messages
+            return r.messages if self.decompress else keep_stored(r.messages)
         if r.status in _NOTHING_YET:
             if r.next_begin_offset > self.offset:
                 # Units the filter left out: consumed as far as this group is concerned.
@@ -422,7 +443,8 @@ class Consumer(_Cursor):
             try:
                 r = wait_for_message(self.store, self.group, self.topic, self.queue_id,
                                      self.offset, self.batch_size, self.message_filter, left,
-                                     self._cancel)
+                                     self._cancel, subscription=self.subscription,
+                                     property_filter=self.property_filter)
             except StoreClosedError:
                 return None
             batch = self._take(r)
@@ -462,7 +484,8 @@ class AsyncConsumer(_Cursor):
             try:
                 r = await await_message(self.store, self.group, self.topic, self.queue_id,
                                         self.offset, self.batch_size, self.message_filter,
-                                        None, self._cancel)
+                                        None, self._cancel, subscription=self.subscription,
+                                        property_filter=self.property_filter)
             except StoreClosedError:
                 raise StopAsyncIteration from None
             batch = self._take(r)

@@ -2,13 +2,16 @@
 # Types of the waiting consumers (checked against rocketstore.consumer by mypy.stubtest).
 import logging
 import threading
-from collections.abc import Callable
-from typing import Any, Optional
+from collections.abc import Callable, Mapping
+from typing import Any, Optional, Union
 
 from .message import MessageExt
 from .status import GetMessageResult
+from .subscription import Subscription
 
 _Filter = Optional[Callable[[int], bool]]
+_Subscription = Union[str, Subscription, None]
+_PropertyFilter = Optional[Callable[[Mapping[str, str]], bool]]
 _Wake = Callable[[], object]
 
 log: logging.Logger
@@ -43,10 +46,12 @@ class _Cancel:
 
 def wait_for_message(store: Any, group: str, topic: str, queue_id: int, offset: int,
                      max_msg_nums: int, message_filter: _Filter, wait_ms: Optional[int],
-                     cancel: Optional[_Cancel] = None) -> GetMessageResult: ...
+                     cancel: Optional[_Cancel] = None, *, subscription: _Subscription = None,
+                     property_filter: _PropertyFilter = None) -> GetMessageResult: ...
 async def await_message(store: Any, group: str, topic: str, queue_id: int, offset: int,
                         max_msg_nums: int, message_filter: _Filter, wait_ms: Optional[int],
-                        cancel: Optional[_Cancel] = None) -> GetMessageResult: ...
+                        cancel: Optional[_Cancel] = None, *, subscription: _Subscription = None,
+                        property_filter: _PropertyFilter = None) -> GetMessageResult: ...
 
 class _Cursor:
     store: Any
@@ -55,11 +60,16 @@ class _Cursor:
     queue_id: int
     batch_size: int
     message_filter: _Filter
+    subscription: Optional[Subscription]
+    property_filter: _PropertyFilter
     offset: int
     stalled: bool
     STALL_S: float
+    decompress: bool
     def __init__(self, store: Any, group: str, topic: str, queue_id: int, batch_size: int,
-                 message_filter: _Filter) -> None: ...
+                 message_filter: _Filter, *, decompress: bool = True,
+                 subscription: _Subscription = None,
+                 property_filter: _PropertyFilter = None) -> None: ...
     @property
     def closed(self) -> bool: ...
     def commit(self) -> None: ...

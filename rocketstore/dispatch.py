@@ -112,7 +112,7 @@ class ConsumeQueueDispatcher(Dispatcher):
         """True for a record of a deleted topic put before its deletion: it stays in the
         CommitLog until it expires, but never gets a unit again (topic_delete.py)."""
         pos = row[R_POS] + row[R_TOPIC_OFF]
-        below = self._store._deleted_raw.get(bytes(buf[pos:pos + row[R_TOPIC_LEN]]))
+        below = self._store.deleted_topics.offsets_raw.get(bytes(buf[pos:pos + row[R_TOPIC_LEN]]))
         return below is not None and row[R_PHY] < below
 
     def _schedule_tags_code(self, row, buf):
@@ -129,7 +129,7 @@ class ConsumeQueueDispatcher(Dispatcher):
 
     def dispatch(self, rows, buf):
         store = self._store
-        deleted = store._deleted_raw
+        deleted = store.deleted_topics.offsets_raw
         groups = {}
         last_ts = 0
         for row in rows:
@@ -170,7 +170,7 @@ class ConsumeQueueDispatcher(Dispatcher):
         """One row by ConsumeQueue.put_unit's rules; returns its queue (cq_dispatch's slow path,
         which then remembers the queue under the row's key), or None for a deleted topic's
         record (the loop then does not remember it)."""
-        if self._store._deleted_raw and self._deleted(row, buf):
+        if self._store.deleted_topics.offsets_raw and self._deleted(row, buf):
             return None
         pos = row[R_POS] + row[R_TOPIC_OFF]
         cq = _queue_of(self._store, buf[pos:pos + row[R_TOPIC_LEN]], row[R_QID])
@@ -278,7 +278,7 @@ class ConsumeQueueDispatcher(Dispatcher):
             if not same:                # two topics share a hash: go row by row
                 self.dispatch(g.tolist(), buf)
                 return
-        below = self._store._deleted_raw.get(topic)
+        below = self._store.deleted_topics.offsets_raw.get(topic)
         if below is not None:
             g = g[g["phy_offset"] >= below]     # a deleted topic's records before deletion
             if not len(g):

@@ -55,6 +55,16 @@ class CorruptRecordError(StoreError, ValueError):
     """Bytes that should hold a record do not (outside recovery, which never raises)."""
 
 
+class CorruptBodyError(StoreError, ValueError):
+    """A compressed message body does not decompress (doc/01 §3.5): raised for that message
+    when its body is asked for; scans (iter_messages, dump, export) report it and go on."""
+
+
+class MissingCodecError(StoreError, ImportError):
+    """A message body is compressed with a codec whose optional package is not installed; the
+    message names the extra to install (rocketstore[lz4], rocketstore[zstd])."""
+
+
 class KernelBoundsError(StoreError, ValueError):
     """A kernel was asked to read or write past the end of its buffer."""
 

@@ -78,16 +78,19 @@ def keys_held_at(files, phy_offset):
 
 
 class IndexService(Dispatcher):
-    """The store's index: files under `<root>/index`, one dispatcher pass per record batch."""
+    """The store's index: files under `<root>/index`, one dispatcher pass per record batch.
+    `checkpoint` (given to load) records how far the index is flushed (indexMsgTimestamp)."""
 
-    def __init__(self, store):
-        self._store = store
-        self._k = store.kernels
-        self._fs = store.fs
-        self.store_path = os.path.join(store.root, "index")
-        self.hash_slot_num = store.config.max_hash_slot_num
-        self.index_num = store.config.max_index_num
-        self.writable = store.writable
+    def __init__(self, root, config, kernels, fs, writable=True):
+        self._root = root
+        self._k = kernels
+        self._fs = fs
+        self.store_path = os.path.join(root, "index")
+        self.hash_slot_num = config.max_hash_slot_num
+        self.index_num = config.max_index_num
+        self._config = config
+        self.writable = writable
+        self.checkpoint = None
         self.index_file_list = []       # replaced (never mutated) under _lock
         self._lock = threading.Lock()
         self._pending_flush = []        # full files awaiting flush; guarded by _lock
@@ -97,7 +100,7 @@ class IndexService(Dispatcher):
         self._k_dispatch = getattr(self._k, "index_dispatch", None)
 
     # ---- load ---------------------------------------------------------------------------------
-    def load(self, last_exit_ok):
+    def load(self, last_exit_ok, checkpoint):
         """IndexService#load: open the files in name order, with the hash slot and entry
         numbers the files were written with (infer_geometry), whatever the config says: a
         file is never resized or its header rewritten. A writable store refuses files whose
@@ -108,6 +111,7 @@ class IndexService(Dispatcher):
         indexMsgTimestamp, and every file after the first of them, so the survivors are a
         flushed prefix and `end_phy_offset` says where recovery must rebuild from (doc/02
         §2.7). A read-only store destroys nothing."""
+        self.checkpoint = checkpoint
         paths = []
         names, strays = split_segment_names(self._fs, self.store_path, None, is_index_name)
         strays = drop_creating_leftovers(self._fs, self.store_path, strays, is_index_name,
@@ -157,7 +161,7 @@ class IndexService(Dispatcher):
                         geometry[1], self.hash_slot_num, self.index_num)
             self.hash_slot_num, self.index_num = geometry
         files = []
-        index_ts = self._store.checkpoint.index_msg_timestamp
+        index_ts = checkpoint.index_msg_timestamp
         drop = False
         for path in paths:
             f = IndexFile(path, self.hash_slot_num, self.index_num, self._k, self._fs,
@@ -188,7 +192,7 @@ class IndexService(Dispatcher):
             while name <= prev.file_name:
                 ms += 1
                 name = time_millis_to_human_string(ms)
-        self._fs.ensure_dir(self.store_path, self._store.root)
+        self._fs.ensure_dir(self.store_path, self._root)
         end_phy = end_ts = 0
         if prev is not None:
             end_phy, end_ts = prev.end_phy_offset, prev.end_timestamp
@@ -291,7 +295,7 @@ class IndexService(Dispatcher):
         index last-update timestamp; index last-update phy offset). max_num is capped by
         max_msgs_num_batch. Hash matches only: the caller checks the records."""
         return self.lookup_offsets(topic, key,
-                                   min(max_num, self._store.config.max_msgs_num_batch),
+                                   min(max_num, self._config.max_msgs_num_batch),
                                    begin, end)
 
     def lookup_offsets(self, topic, key, max_num, begin, end):
@@ -325,7 +329,7 @@ class IndexService(Dispatcher):
         checkpoint (doc/02 §2.7). Called by the flush-cq thread and at shutdown."""
         with self._lock:
             pending, self._pending_flush = self._pending_flush, []
-        checkpoint = self._store.checkpoint
+        checkpoint = self.checkpoint
         for f in pending:
             if not f.is_write_full:
                 continue

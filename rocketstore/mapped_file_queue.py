@@ -294,6 +294,20 @@ class MappedFileQueue:
                 keep.append(f)
         self.files = keep
 
+    def mark_flushed(self, flushed, store_timestamp):
+        """[.., flushed) was synced by a caller (the group commit's own syncs): the queue's and
+        the files' flushed positions, and the last flushed store time, follow, as flush(0)
+        leaves them."""
+        old = self.flushed_where
+        for f in reversed(self.files):          # the newest first: one or two files moved
+            lo = f.file_from_offset
+            if lo + f.file_size <= old:
+                break
+            if lo < flushed:
+                f.flushed_position = max(f.flushed_position, min(flushed - lo, f.file_size))
+        self.flushed_where = flushed
+        self.store_timestamp = store_timestamp
+
     def commit(self, least_pages=0):
         """Commit the file holding committed_where; True if nothing moved."""
         f = self.find_by_offset(self.committed_where, self.committed_where == 0)

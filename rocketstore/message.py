@@ -1,12 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """Message value types and the properties codec (doc/01 §3.6-3.8)."""
+import copy
 import ipaddress
 import socket
 import struct
 import zlib
 
 from . import format as F
-from .errors import CorruptRecordError, MessageIllegalError
+from .compression import codec_of, compress_for_put, compression_name, decompress
+from .errors import (CorruptBodyError, CorruptRecordError, MessageIllegalError,
+                     MissingCodecError)
 
 _I16 = F.I16
 _I64 = F.I64
@@ -290,6 +293,35 @@ class Message(_Keyed):
                 f"body={len(self.body)}B, properties={self.properties!r})")
 
 
+def keep_stored(messages):
+    """Give each compressed MessageExt of `messages` its body as stored (the reads'
+    decompress=False); returns `messages`."""
+    for m in messages:
+        if m is not None and m.sys_flag & F.COMPRESSED_FLAG:
+            m.body = m.stored_body
+    return messages
+
+
+def compressed_message(msg, threshold, level):
+    """`msg` as a 4.9 producer sends it (DefaultMQProducerImpl#tryToCompressMessage): a copy
+    whose body of at least `threshold` bytes is zlib-deflated at `level`, with
+    COMPRESSED_FLAG set; `msg` itself when its body is smaller, already compressed, or not
+    a body at all (the put path refuses that). The caller's message is left as it was."""
+    if not isinstance(msg, Message) or msg.sys_flag & F.COMPRESSED_FLAG:
+        return msg
+    try:
+        body = body_bytes(msg.body)
+    except MessageIllegalError:
+        return msg
+    stored, compressed = compress_for_put(body, threshold, level)
+    if not compressed:
+        return msg
+    out = copy.copy(msg)
+    out.body = stored
+    out.sys_flag = msg.sys_flag | F.COMPRESSED_FLAG
+    return out
+
+
 # Everything up to BODYLENGTH when both hosts are IPv4 (the common case): one unpack.
 _FIXED_V4 = F.RECORD_FIXED_V4.struct
 _FIXED_V4_SIZE = F.RECORD_FIXED_V4.size
@@ -303,13 +335,50 @@ class MessageExt(_Keyed):
 
     The read path (read_path.get_message, iter_messages) builds these from the rows the
     record-check kernel fills (from_row here, or the compiled ReadPath), never re-parsing a
-    record; decode() is the stand-alone decoder of one record's bytes."""
+    record; decode() is the stand-alone decoder of one record's bytes.
 
+    `body` is the original body, as MessageDecoder gives it: a compressed one (COMPRESSED_FLAG,
+    doc/01 §3.5) is decompressed on first use, and raises CorruptBodyError (MissingCodecError
+    when its codec's extra is not installed) if it cannot be. `stored_body` is always the bytes
+    in the record, which the body CRC covers. keep_stored() makes `body` the stored bytes."""
+
+    # A compressed record leaves the `body` slot empty until it is asked for: reading an empty
+    # slot falls through to __getattr__, which decompresses and fills it. Uncompressed records
+    # fill it when they are built (the same object as stored_body), so their reads cost a slot
+    # read, as before compression was understood.
     __slots__ = ("store_size", "body_crc", "queue_id", "flag", "queue_offset",
                  "commit_log_offset", "sys_flag", "born_timestamp", "born_host_raw",
                  "store_timestamp", "store_host_raw", "reconsume_times",
                  "prepared_transaction_offset", "body", "topic", "magic", "_praw", "_pstr",
-                 "_props")
+                 "_props", "stored_body")
+
+    def __getattr__(self, name):
+        if name != "body" or not self.sys_flag & F.COMPRESSED_FLAG:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        body = self.body = decompress(self.stored_body, self.sys_flag, self.where)
+        return body
+
+    @property
+    def where(self):
+        """The record, in words (for errors about it)."""
+        return (f"the message at commit-log offset {self.commit_log_offset} (topic "
+                f"{self.topic!r}, queue {self.queue_id}, queue offset {self.queue_offset})")
+
+    @property
+    def compressed(self):
+        """Whether the stored body is compressed (SYSFLAG COMPRESSED_FLAG)."""
+        return bool(self.sys_flag & F.COMPRESSED_FLAG)
+
+    @property
+    def compression(self):
+        """The stored body's codec: "zlib", "lz4", "zstd", or None when it is not compressed
+        (CorruptBodyError for a compression type no RocketMQ writes)."""
+        return codec_of(self.sys_flag)
+
+    def keep_stored(self):
+        """Make `body` the stored bytes (a read with decompress=False); returns self."""
+        self.body = self.stored_body
+        return self
 
     @classmethod
     def decode(cls, rec, check_crc=False):
@@ -342,7 +411,10 @@ class MessageExt(_Keyed):
             m.born_host_raw = bh
             m.store_timestamp = sts
             m.store_host_raw = sh
-            m.body = rec[p:p + blen]
+            body = rec[p:p + blen]
+            m.stored_body = body
+            if not sysf & F.COMPRESSED_FLAG:
+                m.body = body
             p += blen
             if magic == F.MESSAGE_MAGIC_CODE:
                 tlen = rec[p]
@@ -359,7 +431,7 @@ class MessageExt(_Keyed):
                 raise CorruptRecordError("record lengths do not add up to TOTALSIZE")
         except (struct.error, IndexError) as exc:
             raise CorruptRecordError(f"not a decodable record: {exc}") from None
-        if check_crc and zlib.crc32(m.body) & 0x7FFFFFFF != crc:
+        if check_crc and zlib.crc32(m.stored_body) & 0x7FFFFFFF != crc:
             raise CorruptRecordError("body CRC mismatch")
         m._pstr = None
         m._props = None
@@ -393,7 +465,9 @@ class MessageExt(_Keyed):
         n = F.store_host_length(sysf)
         m.store_host_raw = bytes(buf[p:p + n])
         p = pos + body_off
-        m.body = bytes(buf[p:p + body_len])
+        body = m.stored_body = bytes(buf[p:p + body_len])
+        if not sysf & F.COMPRESSED_FLAG:
+            m.body = body
         if topic is None:
             p = pos + topic_off
             topic = bytes(buf[p:p + topic_len]).decode("utf-8", "replace")
@@ -435,10 +509,22 @@ class MessageExt(_Keyed):
     def transaction_type(self):
         return self.sys_flag & F.TRANSACTION_TYPE_MASK
 
-    def to_dict(self, cq_tags_code=None):
-        """The JSON object of `rocketstore dump` (RocketMQ's field names)."""
+    def to_dict(self, cq_tags_code=None, decompress=True):
+        """The JSON object of `rocketstore dump` (RocketMQ's field names). "body" (hex) and
+        "bodyLen" are the original body's, as MessageDecoder gives it, or with `decompress`
+        false the stored bytes. A record with COMPRESSED_FLAG adds "compressed": true,
+        "compression" (its codec), "storedBodyLen" and "bodyDecompressed", and, when its
+        body does not decompress, "bodyError" with the body given as stored: a dump goes on.
+        (An uncompressed record's object is what it was before compression was read.)"""
         props = self.properties
-        return {
+        stored = self.stored_body
+        body, error = stored, None
+        if decompress:
+            try:
+                body = self.body
+            except (CorruptBodyError, MissingCodecError) as exc:
+                error = str(exc)
+        d = {
             "topic": self.topic, "queueId": self.queue_id, "queueOffset": self.queue_offset,
             "commitLogOffset": self.commit_log_offset, "storeSize": self.store_size,
             "bodyCRC": self.body_crc, "sysFlag": self.sys_flag, "flag": self.flag,
@@ -449,10 +535,18 @@ class MessageExt(_Keyed):
             "preparedTransactionOffset": self.prepared_transaction_offset,
             "tags": props.get(PROPERTY_TAGS), "keys": props.get(PROPERTY_KEYS),
             "properties": self.properties_string, "cqTagsCode": cq_tags_code,
-            "bodyLen": len(self.body), "body": bytes(self.body).hex(), "msgId": self.msg_id,
+            "bodyLen": len(body), "body": bytes(body).hex(), "msgId": self.msg_id,
         }
+        if self.compressed:
+            d["compressed"] = True
+            d["compression"] = compression_name(self.sys_flag)
+            d["storedBodyLen"] = len(stored)
+            d["bodyDecompressed"] = body is not stored
+            if error is not None:
+                d["bodyError"] = error
+        return d
 
     def __repr__(self):
         return (f"MessageExt(topic={self.topic!r}, queue_id={self.queue_id}, "
                 f"queue_offset={self.queue_offset}, commit_log_offset={self.commit_log_offset}, "
-                f"body={len(self.body)}B)")
+                f"body={len(self.stored_body)}B stored)")

@@ -37,7 +37,7 @@ def query_message(store, topic, key, max_num=32, begin=0, end=None):
     r = _new(QueryMessageResult)
     (r.messages, r.buffer_total_size, r.index_last_update_timestamp,
      r.index_last_update_phy_offset) = store.kernels.index_query(
-        store._indexer.index_file_list, store.commitlog.mfq, topic, key,
+        store.index_service.index_file_list, store.commitlog.mfq, topic, key,
         max_num if max_num < cap else cap, begin, LONG_MAX if end is None else end,
         _decode if type(rp) is PyReadPath else rp)
     return r

@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from . import format as F
+from .compression import decompress
 from .errors import RS_E_ARG, RS_E_BOUNDS, StoreClosedError, StoreError, raise_for_status
 from .mapped_file import MappedFile
 from .message import MessageExt
@@ -133,7 +134,8 @@ class PyReadPath:
         catches up and calls query.query_message in Python."""
         return None
 
-    def pull(self, store, cq, offset, max_n, message_filter, max_bytes):
+    def pull(self, store, cq, offset, max_n, message_filter, max_bytes, subscription=None,
+             property_filter=None):
         """get_message's common case for queue `cq`: its GetMessageResult, or None when the
         answer is decided before a unit is read (the offset outside the queue) or the first
         unit's file is missing, which get_message below answers."""
@@ -144,19 +146,22 @@ class PyReadPath:
             return None
         max_py = store.commitlog.mfq.get_max_offset()
         commitlog = store.commitlog
-        messages, scanned, removing, max_phy = self.read(
+        messages, scanned, removing, max_phy, filtered = self.read(
             cq.mfq.files, cq.file_size, commitlog.mfq.files, commitlog.file_size, offset,
-            max_off, min_logic, max_n, _scan_limit(max_n), max_bytes, message_filter)
+            max_off, min_logic, max_n, _scan_limit(max_n), max_bytes, message_filter,
+            subscription=subscription, property_filter=property_filter)
         if scanned < 0:
             return None
         self._count(len(messages), t0)
         if messages:
             return GetMessageResult(G.FOUND, offset + scanned, min_logic // UNIT, max_off,
-                                    messages, max_py - max_phy > store._mem_limit)
+                                    messages, max_py - max_phy > store._mem_limit, filtered)
         return GetMessageResult(G.MESSAGE_WAS_REMOVING if removing else G.NO_MATCHED_MESSAGE,
-                                offset + scanned, min_logic // UNIT, max_off, messages, False)
+                                offset + scanned, min_logic // UNIT, max_off, messages, False,
+                                filtered)
 
-    def pull_batch(self, store, cq, offset, max_n, message_filter, max_bytes):
+    def pull_batch(self, store, cq, offset, max_n, message_filter, max_bytes,
+                   subscription=None, property_filter=None):
         """get_batch's common case for queue `cq`: its GetBatchResult, or None as for pull."""
         t0 = time.monotonic_ns()
         max_off = cq.mfq.get_max_offset() // UNIT
@@ -168,10 +173,16 @@ class PyReadPath:
         rows = bytearray(max_n * F.SCAN_DTYPE.itemsize)
         row_file = bytearray(max_n * 4)
         held = []
-        n, scanned, removing, max_phy = self.read(
-            cq.mfq.files, cq.file_size, commitlog.mfq.files, commitlog.file_size, offset,
-            max_off, min_logic, max_n, _scan_limit(max_n), max_bytes, message_filter, rows,
-            held, row_file)
+        try:
+            n, scanned, removing, max_phy, filtered = self.read(
+                cq.mfq.files, cq.file_size, commitlog.mfq.files, commitlog.file_size, offset,
+                max_off, min_logic, max_n, _scan_limit(max_n), max_bytes, message_filter, rows,
+                held, row_file, subscription, property_filter)
+        except BaseException:
+            # A filter raised: no result will own the files held so far.
+            for f in held:
+                f.release()
+            raise
         if scanned < 0:
             for f in held:
                 f.release()
@@ -179,31 +190,39 @@ class PyReadPath:
         self._count(n, t0)
         if n:
             return GetBatchResult(G.FOUND, offset + scanned, min_logic // UNIT, max_off, n,
-                                  rows, row_file, held, max_py - max_phy > store._mem_limit)
+                                  rows, row_file, held, max_py - max_phy > store._mem_limit,
+                                  filtered)
         return GetBatchResult(G.MESSAGE_WAS_REMOVING if removing else G.NO_MATCHED_MESSAGE,
-                              offset + scanned, min_logic // UNIT, max_off)
+                              offset + scanned, min_logic // UNIT, max_off,
+                              filtered_count=filtered)
 
     def read(self, cq_files, cq_file_size, log_files, log_file_size, offset, max_off,
              min_logic, max_n, scan_limit, max_bytes, message_filter, rows=None, held=None,
-             row_file=None):
+             row_file=None, subscription=None, property_filter=None):
         """Walk the queue's units from queue offset `offset` (DefaultMessageStore#getMessage's
         loop, doc/01 §6) over snapshots of the queue's and the CommitLog's file lists.
 
-        A unit is skipped without counting toward max_n when `message_filter(tags_code)` is
-        false or its record fails the record check (on_corrupt is told); the walk goes on into
+        A unit is filtered out, without counting toward max_n, when `message_filter(tags_code)`
+        is false, when `subscription` (a subscription.Subscription with tags) holds no hash
+        its tagsCode's low 32 bits may be (ExpressionMessageFilter#isMatchedByConsumeQueue) or,
+        once its record is read, not its TAGS string (the tags_match kernel), or when
+        `property_filter(properties dict)` is false. A unit is also skipped when its record
+        fails the record check (on_corrupt is told). The walk goes on into
         the queue's next file while fewer than max_n were found, up to scan_limit units and
         the queue's max offset `max_off`, and adds no record once max_bytes are collected
         (the first always comes). A unit whose record's file is gone (or not yet readable)
         makes the walk skip the rest of that CommitLog file.
 
-        Without `rows`: returns (MessageExt list, units scanned, removing, last offset).
+        Without `rows`: returns (MessageExt list, units scanned, removing, last offset, units
+        filtered out).
         With `rows` (a SCAN_DTYPE array or a writable buffer of such rows), `held` (a list)
         and `row_file` (int32 array or buffer), each found
         record's row goes to rows[i] (pos relative to its file), the CommitLog files they lie
         in are held (MappedFile.hold) and appended to `held`, and row_file[i] indexes it; the
         first result is then the row count. Units scanned is -1 when the first unit's queue
         file is missing or holds no unit there (OFFSET_FOUND_NULL). `removing` says a record's
-        file was found gone before any record was found (MESSAGE_WAS_REMOVING)."""
+        file was found gone before any record was found and after the last unit filtered out
+        (MESSAGE_WAS_REMOVING; the broker's status is the later of the two)."""
         batch = rows is not None
         if batch:
             if getattr(rows, "dtype", F.SCAN_DTYPE) != F.SCAN_DTYPE:
@@ -216,8 +235,13 @@ class PyReadPath:
         messages = [] if not batch else None
         check = self._k.commitlog_scan
         one = np.empty(1, dtype=F.SCAN_DTYPE)   # per call: readers run in many threads
-        found = scanned = nbytes = max_phy = 0
+        found = scanned = nbytes = max_phy = filtered = 0
         removing = full = False
+        codes = None
+        if subscription is not None and subscription.tags:
+            codes = frozenset(subscription.codes.tolist())
+            tag_bytes, tag_ends = subscription.tag_bytes, subscription.tag_ends
+            tags_match = self._k.tags_match
         first = True
         skip_below = -1
         lf = log = None
@@ -253,7 +277,15 @@ class PyReadPath:
                             break
                         scanned += 1
                         if message_filter is not None and not message_filter(tags):
+                            filtered += 1
+                            removing = False
                             continue
+                        if codes is not None:
+                            low = tags & 0xFFFFFFFF     # Java's tagsCode.intValue()
+                            if (low - (1 << 32) if low & 0x80000000 else low) not in codes:
+                                filtered += 1
+                                removing = False
+                                continue
                         if size <= 0 or phy < 0:    # no record is there: a damaged unit
                             self._on_corrupt(offset + scanned - 1, phy, RS_E_ARG)
                             continue
@@ -308,6 +340,19 @@ class PyReadPath:
                             if row is None:
                                 self._on_corrupt(offset + scanned - 1, phy, reason)
                             continue
+                        m = None
+                        if codes is not None:
+                            p0 = row[0] + row[17]
+                            if not tags_match(log[0][p0:p0 + row[18]], tag_bytes, tag_ends):
+                                filtered += 1
+                                removing = False
+                                continue
+                        if property_filter is not None:
+                            m = MessageExt.from_row(log[0], row)
+                            if not property_filter(m.properties):
+                                filtered += 1
+                                removing = False
+                                continue
                         if batch:
                             rows[found] = row
                             # The unit's tagsCode, what a filter sees (a delayed message's
@@ -316,7 +361,8 @@ class PyReadPath:
                             row_file[found] = len(held) - 1
                             log_rows = True
                         else:
-                            messages.append(MessageExt.from_row(log[0], row))
+                            messages.append(m if m is not None
+                                            else MessageExt.from_row(log[0], row))
                         found += 1
                         nbytes += size
                         max_phy = phy
@@ -328,7 +374,7 @@ class PyReadPath:
         finally:
             if batch and lf is not None and not log_rows and held:
                 held.pop().release()
-        return (found if batch else messages), scanned, removing, max_phy
+        return (found if batch else messages), scanned, removing, max_phy, filtered
 
 
 def _prelude(store, topic, queue_id, offset, cq=None):
@@ -358,14 +404,15 @@ def _scan_limit(max_msg_nums):
 
 
 def get_message(store, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None,
-                cq=None):
+                cq=None, subscription=None, property_filter=None):
     """DefaultMessageStore#getMessage over a loaded store (doc/01 §6): statuses and next
     offsets as RocketMQ's table, units walked in place by the store's ReadPath, records
     checked and decoded. The walk goes on into the queue's next file while fewer than
     `max_msg_nums` were found. `cq`: the queue, when the caller has it."""
     cq, min_off, max_off, early = _prelude(store, topic, queue_id, offset, cq)
     if early is None:
-        r = store._read_path.pull(store, cq, offset, max_msg_nums, message_filter, MAX_BYTES)
+        r = store._read_path.pull(store, cq, offset, max_msg_nums, message_filter, MAX_BYTES,
+                                  subscription, property_filter)
         if r is not None:
             return r            # counted by the read path
         early = _found_null(store, cq, offset)
@@ -374,13 +421,13 @@ def get_message(store, group, topic, queue_id, offset, max_msg_nums=32, message_
 
 
 def get_batch(store, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None,
-              cq=None):
+              cq=None, subscription=None, property_filter=None):
     """get_message's walk with the rows handed back as columns (a GetBatchResult): the same
     statuses, offsets and records, no object per message, bodies left in the mapping."""
     cq, min_off, max_off, early = _prelude(store, topic, queue_id, offset, cq)
     if early is None:
         r = store._read_path.pull_batch(store, cq, offset, max_msg_nums, message_filter,
-                                        MAX_BYTES)
+                                        MAX_BYTES, subscription, property_filter)
         if r is not None:
             return r            # counted by the read path
         early = _found_null(store, cq, offset)
@@ -450,16 +497,20 @@ def held_view(mf, start, end):
 
 
 class GetBatchResult:
-    """get_batch's answer: get_message's status, next_begin_offset, min/max offsets and
-    suggest_pulling_from_slave, and the records found as numpy columns in queue order.
+    """get_batch's answer: get_message's status, next_begin_offset, min/max offsets,
+    suggest_pulling_from_slave and filtered_count, and the records found as numpy columns in
+    queue order.
 
     Columns: commit_log_offset, size, store_timestamp, tags_code (the ConsumeQueue unit's, as
     a filter sees it: the TAGS hash, or a delayed message's delivery time), queue_offset,
     born_timestamp, queue_id, sys_flag, body_crc, body_length; `rows` is the record-check
     kernel's whole row array (format.SCAN_DTYPE, pos relative to the record's file) and
     file_index the file of each row. Columns are views of `rows`, made when asked.
+    `compressed` (bool) marks the records whose stored body is compressed (COMPRESSED_FLAG;
+    sys_flag holds the codec, doc/01 §3.5).
 
-    body(i) is a zero-copy, read-only memoryview of record i's body in its CommitLog file. The
+    body(i) is a zero-copy, read-only memoryview of record i's body in its CommitLog file, as
+    stored: a compressed body stays compressed there (original_body(i) decompresses it). The
     files stay held (their expiry and the store's shutdown wait, as for a held MappedFile)
     while the result or any body view lives, or until release(): body views taken before then
     stay readable, even after their file is deleted; none can be taken after. Use
@@ -467,11 +518,12 @@ class GetBatchResult:
 
     __slots__ = ("status", "next_begin_offset", "min_offset", "max_offset",
                  "suggest_pulling_from_slave", "_n", "_raw", "_raw_file", "_rows", "_held",
-                 "_holds", "_buffers", "_released", "_release_files")
+                 "_holds", "_buffers", "_released", "_release_files", "filtered_count")
 
     def __init__(self, status, next_begin_offset, min_offset, max_offset, n=0, rows=None,
-                 row_file=None, held=(), suggest_pulling_from_slave=False):
+                 row_file=None, held=(), suggest_pulling_from_slave=False, filtered_count=0):
         self.status = status
+        self.filtered_count = filtered_count
         self.next_begin_offset = next_begin_offset
         self.min_offset = min_offset
         self.max_offset = max_offset
@@ -522,6 +574,8 @@ class GetBatchResult:
     sys_flag = property(lambda self: self.rows["sys_flag"])
     body_crc = property(lambda self: self.rows["body_crc"])
     body_length = property(lambda self: self.rows["body_len"])
+    # Body views are the stored bytes: this marks the compressed ones (doc/01 §3.5).
+    compressed = property(lambda self: (self.rows["sys_flag"] & F.COMPRESSED_FLAG) != 0)
 
     def buffer(self, i):
         """The read-only uint8 view (BodyBuffer) of the CommitLog file holding record i;
@@ -551,6 +605,14 @@ class GetBatchResult:
         row = self.rows[i]
         start = int(row["pos"]) + int(row["body_off"])
         return memoryview(self.buffer(i)[start:start + int(row["body_len"])])
+
+    def original_body(self, i):
+        """Record i's original body as bytes: body(i) decompressed when the record is
+        compressed (CorruptBodyError, MissingCodecError as MessageExt.body), else a copy."""
+        row = self.rows[i]
+        where = (f"the message at commit-log offset {int(row['phy_offset'])} (queue offset "
+                 f"{int(row['queue_offset'])})")
+        return bytes(decompress(self.body(i), int(row["sys_flag"]), where))
 
     def bodies(self):
         """Every record's body(i), in order."""
@@ -594,7 +656,7 @@ class GetBatchResult:
     def __repr__(self):
         return (f"GetBatchResult({self.status.name}, next_begin_offset="
                 f"{self.next_begin_offset}, min={self.min_offset}, max={self.max_offset}, "
-                f"messages={self._n})")
+                f"messages={self._n}, filtered={self.filtered_count})")
 
 
 def iter_messages(store, from_offset=None):

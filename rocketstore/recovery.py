@@ -1,16 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Startup recovery (doc/03 §5-§6), as plain functions over a loaded store.
+"""Startup recovery (doc/03 §5-§6), as plain functions over a loaded store. The CommitLog
+is changed through its own methods (truncate_to, reset_queue_offsets); the index service is
+handed in by the store.
 
 Recovery never raises on a bad tail: the scan stops at the last good record, everything after
 it is truncated, and the RecoveryReport says what was dropped.
 """
 import dataclasses
 import logging
-import time
 
 import numpy as np
 
 from . import format as F
+from .clock import monotonic_ns
 from .dispatch import dispatch_all
 
 log = logging.getLogger(__name__)
@@ -115,10 +117,8 @@ def truncate(store, process_offset, max_phy_of_cq, report):
     """Cut the CommitLog at `process_offset` and every ConsumeQueue unit past it (recovery,
     and MessageStore.reset_write_offset)."""
     commitlog = store.commitlog
-    mfq = commitlog.mfq
-    report.truncated_bytes = dirty_tail_bytes(mfq, process_offset)
-    mfq.flushed_where = mfq.committed_where = process_offset
-    mfq.truncate_dirty_files(process_offset)
+    report.truncated_bytes = dirty_tail_bytes(commitlog.mfq, process_offset)
+    commitlog.truncate_to(process_offset)
     if max_phy_of_cq >= process_offset:
         for cq in store.all_consume_queues():
             cq.truncate_dirty_logic_files(process_offset)
@@ -126,7 +126,7 @@ def truncate(store, process_offset, max_phy_of_cq, report):
 
 def _recover_empty(store):
     """No CommitLog at all: nothing the ConsumeQueues point at exists, so they go too."""
-    store.commitlog.mfq.flushed_where = store.commitlog.mfq.committed_where = 0
+    store.commitlog.truncate_to(0)
     if store.writable:
         for cq in store.all_consume_queues():
             cq.destroy()
@@ -170,7 +170,7 @@ def _matched_for_abnormal(mf, checkpoint, config):
     return store_ts <= checkpoint.min_timestamp
 
 
-def recover_abnormally(store, max_phy_of_cq, report):
+def recover_abnormally(store, max_phy_of_cq, report, indexer):
     """recoverAbnormally: from the newest file the checkpoint vouches for, re-dispatching every
     valid record (ConsumeQueues skip units they already have)."""
     commitlog = store.commitlog
@@ -183,7 +183,7 @@ def recover_abnormally(store, max_phy_of_cq, report):
             start = i
             break
     report.start_file = files[start].file_name
-    index_from = _redispatch_index(store, start, report)
+    index_from = _redispatch_index(store, indexer, start, report)
 
     def dispatch(arr, buf):
         dispatch_all(store.dispatchers, arr, buf)
@@ -194,23 +194,22 @@ def recover_abnormally(store, max_phy_of_cq, report):
                              dispatch=dispatch if store.writable else None, report=report)
     truncate(store, process, max_phy_of_cq, report)
     if index_from >= 0:
-        drop_index_past(store, process, report)
+        drop_index_past(store, indexer, process, report)
     return process
 
 
-def _index_end(store):
+def _index_end(store, indexer):
     """Where the index ends: the newest surviving file's endPhyOffset (load() keeps a flushed
     prefix of files), or the CommitLog's start when no file survived."""
-    survivors = store._indexer.index_file_list
+    survivors = indexer.index_file_list
     begin = max(0, store.commitlog.min_offset)
     return max(begin, survivors[-1].end_phy_offset) if survivors else begin
 
 
-def _index_only_pass(store, begin, stop_index, report):
+def _index_only_pass(store, indexer, begin, stop_index, report):
     """Hand the records from `begin` (a record's start) to the index alone, up to file
     `stop_index` (None: the end of data). The ConsumeQueues and the process offset are not
     touched, so a bad record here stops only this pass. Returns where it stopped."""
-    indexer = store._indexer
     files = store.commitlog.mfq.files
     holder = store.commitlog.mfq.find_by_offset(begin)
     first = files.index(holder) if holder is not None else 0
@@ -226,43 +225,42 @@ def _index_only_pass(store, begin, stop_index, report):
                           start_pos=pos, stop_index=stop_index)
 
 
-def _redispatch_index(store, start, report):
+def _redispatch_index(store, indexer, start, report):
     """Rebuild the index up to CommitLog file `start`, where the re-dispatch of every record
     begins: 4.9.8 starts the index there too, and loses the keys of older records whose index
     file load() destroyed. The index dispatcher skips what it already has. Returns where the
     index is rebuilt from, -1 when it is not (read-only store, index disabled)."""
-    indexer = store._indexer
     if not store.writable or indexer not in store.dispatchers:
         return -1
     report.index_files_dropped = list(indexer.dropped)
-    begin = report.index_rebuilt_from = _index_end(store)
+    begin = report.index_rebuilt_from = _index_end(store, indexer)
     stop = store.commitlog.mfq.files[start]
     if begin < stop.file_from_offset and \
-            _index_only_pass(store, begin, start, report) < stop.file_from_offset:
+            _index_only_pass(store, indexer, begin, start, report) < stop.file_from_offset:
         log.warning("the index rebuild stopped at a bad record: records up to file %s stay "
                     "unindexed", stop.file_name)
     return begin
 
 
-def drop_index_past(store, process, report):
+def drop_index_past(store, indexer, process, report):
     """A power cut can keep a flushed index file whose records never reached the disk, so
     recovery truncated them. Its entries would stand for whatever is stored there next, and
     the dispatcher would skip those new records as indexed already: destroy such files and
     rebuild the index from the survivors' end up to `process`."""
-    dropped = store._indexer.drop_past(process)
+    dropped = indexer.drop_past(process)
     if not dropped:
         return
     report.index_files_dropped += dropped
-    survivors = store._indexer.index_file_list
+    survivors = indexer.index_file_list
     # The checkpoint vouched for the dropped files: it must not vouch for their rebuilds.
     checkpoint = store.checkpoint
     checkpoint.index_msg_timestamp = min(checkpoint.index_msg_timestamp,
                                          survivors[-1].end_timestamp if survivors else 0)
     checkpoint.flush()
-    begin = _index_end(store)
+    begin = _index_end(store, indexer)
     report.index_rebuilt_from = min(report.index_rebuilt_from, begin)
     if begin < process:
-        _index_only_pass(store, begin, None, report)
+        _index_only_pass(store, indexer, begin, None, report)
 
 
 def recover_topic_queue_table(store):
@@ -274,19 +272,20 @@ def recover_topic_queue_table(store):
         table[(cq.topic, cq.queue_id)] = cq.max_offset_in_queue
         if min_phy >= 0:
             cq.correct_min_offset(min_phy)
-    store.commitlog.topic_queue_table = table
+    store.commitlog.reset_queue_offsets(table)
 
 
-def recover(store, last_exit_ok):
-    t0 = time.monotonic()
+def recover(store, last_exit_ok, indexer):
+    """Recover a loaded store (doc/03 §5-§6); `indexer` is its IndexService."""
+    t0 = monotonic_ns()
     report = RecoveryReport(normal=last_exit_ok)
     max_phy = recover_consume_queues(store)
     if last_exit_ok:
         process = recover_normally(store, max_phy, report)
     else:
-        process = recover_abnormally(store, max_phy, report)
+        process = recover_abnormally(store, max_phy, report, indexer)
     report.process_offset = process
     recover_topic_queue_table(store)
-    report.seconds = time.monotonic() - t0
+    report.seconds = (monotonic_ns() - t0) / 1e9
     log.info("recovery: %s", report)
     return report

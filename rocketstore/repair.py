@@ -10,10 +10,10 @@ import os
 from . import format as F
 from .checkpoint import reset_dispatch_timestamps
 from .dispatch import R_PHY, R_QID, R_QOFF, R_SIZE, R_SYSFLAG, row_topic
-from .errors import StoreLoadError
+from .errors import StoreLoadError, UnsafePathError
 from .fs import DEFAULT as DEFAULT_FS
 from .index_service import IndexService
-from .lockfile import abort_path
+from .lockfile import StoreLock, abort_path
 from .mapped_file_queue import is_index_name, is_queue_dir_name, split_segment_names
 from .recovery import scan_commitlog
 from .store import MessageStore
@@ -54,7 +54,7 @@ def store_counts(store):
     and after, and what its plan predicts."""
     units = sum(cq.max_offset_in_queue - cq.min_offset_in_queue
                 for cq in store.all_consume_queues())
-    entries = sum(f.index_count - 1 for f in store._indexer.index_file_list)
+    entries = sum(f.index_count - 1 for f in store.index_service.index_file_list)
     return units, entries
 
 
@@ -107,8 +107,8 @@ class _IndexCounter(IndexService):
             return len(hashes)
 
     def __init__(self, store, kept):
-        super().__init__(store)
-        self.writable = True
+        super().__init__(store.root, store.config, store.kernels, store.fs, writable=True)
+        self.checkpoint = store.checkpoint
         self.index_file_list = kept
         self.sink = self._Sink()
         # Counting goes through put_batch, which only the index_keys path calls.
@@ -123,7 +123,7 @@ def _kept_index_files(store):
     past the checkpoint's indexMsgTimestamp (IndexService.load destroys the rest)."""
     index_ts = store.checkpoint.index_msg_timestamp
     kept = []
-    for f in store._indexer.index_file_list:
+    for f in store.index_service.index_file_list:
         if f.end_timestamp > index_ts:
             break
         kept.append(f)
@@ -199,7 +199,7 @@ def plan_recovery(root, kernels=None, max_hash_slot_num=None, max_index_num=None
         units_after = sum(queue_ends.values()) - sum(
             cq.min_offset_in_queue for cq in store.all_consume_queues())
         entries_after = sum(f.index_count - 1 for f in kept) + index.sink.count
-        rebuilt = [f.file_name for f in store._indexer.index_file_list if f not in kept]
+        rebuilt = [f.file_name for f in store.index_service.index_file_list if f not in kept]
         return RecoveryPlan(report.start_file, report.process_offset, report.truncated_bytes,
                             report.stop_reason, truncated, report.records, units_before,
                             units_after, entries_before, entries_after, rebuilt)
@@ -358,10 +358,14 @@ def _rebuild(root, kernels, wipe_dir, **overrides):
         overrides.setdefault(field, value)
     cfg = _writable_config(root, **overrides)
     store = MessageStore(root, cfg, kernels=kernels)
-    lock = store._lock
+    lock = StoreLock(root, store.fs)
     lock.acquire()                       # refuse while anyone else has the store open
     try:
-        store._check_links()             # before wiping: nothing is written through a link
+        links = store.unsafe_links()     # before wiping: nothing is written through a link
+        if links:
+            path, why = links[0]
+            raise UnsafePathError(f"{path} is {why}: the store never writes through a link; "
+                                  "remove it")
         dirs[wipe_dir] = None
         for sub in dirs:
             dirs[sub] = " ".join(str(getattr(cfg, f)) for f in _GEOMETRY[sub])

@@ -120,12 +120,17 @@ class PutMessagesResult:
 
 
 class GetMessageResult:
+    """What get_message returns (GetMessageResult.java): the status, the offset to read on
+    from, the queue's min/max offsets and the messages found. `filtered_count` is how many
+    units the call's filters (a subscription, message_filter, property_filter) left out;
+    next_begin_offset is past them."""
     __slots__ = ("status", "next_begin_offset", "min_offset", "max_offset", "messages",
-                 "suggest_pulling_from_slave")
+                 "suggest_pulling_from_slave", "filtered_count")
 
     def __init__(self, status, next_begin_offset, min_offset, max_offset, messages=None,
-                 suggest_pulling_from_slave=False):
+                 suggest_pulling_from_slave=False, filtered_count=0):
         self.status = status
+        self.filtered_count = filtered_count
         self.next_begin_offset = next_begin_offset
         self.min_offset = min_offset
         self.max_offset = max_offset
@@ -139,7 +144,7 @@ class GetMessageResult:
     def __repr__(self):
         return (f"GetMessageResult({self.status.name}, next_begin_offset="
                 f"{self.next_begin_offset}, min={self.min_offset}, max={self.max_offset}, "
-                f"messages={len(self.messages)})")
+                f"messages={len(self.messages)}, filtered={self.filtered_count})")
 
 
 class QueryMessageResult:

@@ -83,9 +83,10 @@ class GetMessageResult:
     max_offset: int
     messages: list[MessageExt]
     suggest_pulling_from_slave: bool
+    filtered_count: int
     def __init__(self, status: GetMessageStatus, next_begin_offset: int, min_offset: int,
                  max_offset: int, messages: Optional[list[MessageExt]] = None,
-                 suggest_pulling_from_slave: bool = False) -> None: ...
+                 suggest_pulling_from_slave: bool = False, filtered_count: int = 0) -> None: ...
     @property
     def message_count(self) -> int: ...
 

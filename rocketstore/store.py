@@ -14,7 +14,7 @@ from .kernels.contract import KERNEL_NAMES
 from . import query, read_path, recovery
 from .arguments import (INT64_MAX, INT64_MIN, check_callable, check_int, check_optional_int,
                         check_queue, check_str, explain_put_failure)
-from .batch import columns
+from .batch import columns, compress_bodies
 from .checkpoint import StoreCheckpoint
 from .clock import system_clock
 from .commitlog import CommitLog
@@ -33,7 +33,7 @@ from .format import MAX_TOPIC_LENGTH, SCHEDULE_TOPIC
 from .fs import DEFAULT as DEFAULT_FS, is_inside, mappings_hold_descriptors, raise_fd_limit
 from .lockfile import StoreLock, abort_path
 from .mapped_file_queue import is_index_name, is_queue_dir_name, split_segment_names
-from .message import PROPERTY_WAIT, MessageExt, topic_problem
+from .message import PROPERTY_WAIT, MessageExt, compressed_message, keep_stored, topic_problem
 from .running_flags import NOT_WRITEABLE_MASK, RunningFlags
 from .services.clean import (CleanCommitLogService, CleanConsumeQueueService,
                              StoreSize, disk_usage_source)
@@ -44,6 +44,7 @@ from .services.reput import ReputMessageService
 from .services.schedule import ScheduleMessageService
 from .stats import LOCK_BEGIN, GetCounters, StoreStatsService, busy_for, record_put
 from .status import PutMessageResult, PutMessagesResult, PutMessageStatus
+from .subscription import read_filters
 from . import topic_delete
 from .topic_delete import DeletedTopicManager
 
@@ -80,6 +81,13 @@ STORE_ENTRIES = ("lock", "abort", "checkpoint", "rebuild", "commitlog", "consume
                  "config")
 
 _SLAVE_REASON = "message store is slave mode, so putMessage is forbidden"
+
+
+def _stored(result):
+    """A GetMessageResult whose compressed messages keep their stored bodies
+    (decompress=False)."""
+    keep_stored(result.messages or ())
+    return result
 
 
 def _total_physical_memory():
@@ -160,10 +168,10 @@ class MessageStore:
         self.topic_configs.on_change = self._topic_configs_changed
         # Deleted topics and where in the CommitLog they were deleted (topic_delete.py).
         self.deleted_topics = DeletedTopicManager(self.root, self.fs, self.clock, read_only)
-        self._deleted_raw = {}             # topic bytes -> offset; read by the dispatcher
         # Cleaning calls its delete_expired_file(min_offset); it dispatches after the CQs.
         # The store's own reference drives load/flush/close even if a test swaps the hook.
-        self._indexer = self.index_service = IndexService(self)
+        self._indexer = self.index_service = IndexService(self.root, self.config, self.kernels,
+                                                          self.fs, self.writable)
         if self.config.message_index_enable:
             self.dispatchers.append(self._indexer)
         self.clean_commitlog_service = CleanCommitLogService(self)
@@ -272,15 +280,14 @@ class MessageStore:
             if not self.deleted_topics.load():
                 raise StoreLoadError(f"{self.deleted_topics.path} and its .bak are both "
                                      "corrupt")
-            self._deleted_raw = self.deleted_topics.offsets_by_bytes()
             self.commitlog.load()
             self._load_consume_queues()
             self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"), self.fs,
                                               self.read_only)
             # Before recovery: an abnormal exit drops index files past the checkpoint, and
             # recovery's re-dispatch rebuilds them.
-            self._indexer.load(last_exit_ok)
-            self.recovery_report = recovery.recover(self, last_exit_ok)
+            self._indexer.load(last_exit_ok, self.checkpoint)
+            self.recovery_report = recovery.recover(self, last_exit_ok, self._indexer)
             if rebuilding is not None:
                 repair.end_pending_rebuild(self)
             self._load_configs()
@@ -454,27 +461,35 @@ class MessageStore:
         reput_from = max(0, self.commitlog.min_offset)
         for cq in self.all_consume_queues():
             reput_from = max(reput_from, cq.max_physic_offset)
-        self.reput_service = ReputMessageService(self, reput_from)
+        self.reput_service = ReputMessageService(
+            self.commitlog, self.kernels, self.dispatchers, reput_from, arrivals=self.arrivals,
+            running_flags=self.running_flags, is_slave=self.is_slave)
         self.reput_service.do_reput()               # catch up before accepting puts
         recovery.recover_topic_queue_table(self)
         # HA next (doc/03 §7); bound before any thread starts, so a taken port fails clean.
-        self.ha_service = HAService(self)
+        self.ha_service = HAService(self.config, self.commitlog, self.reput_service.wakeup)
+        if self.ha_service.client is not None:
+            self.reput_service.halt_replication = self.ha_service.client.halt
         self.ha_service.start()
         self.reput_service.start()
         self.commitlog.start()
-        self.flush_cq_service = FlushConsumeQueueService(self)
+        self.flush_cq_service = FlushConsumeQueueService(
+            self.config, self.checkpoint, self.dirty_cqs, self.all_consume_queues(),
+            self._indexer.flush_pending)
         self.flush_cq_service.start()
         cfg = self.config
         if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH:
-            self.flush_service = GroupCommitService(self)
+            self.flush_service = GroupCommitService(self.commitlog.mfq, self.checkpoint)
             self.commitlog.after_put = self._after_put_sync
         else:
-            self.flush_service = FlushRealTimeService(self)
+            self.flush_service = FlushRealTimeService(self.config, self.commitlog.mfq,
+                                                      self.checkpoint)
             if not cfg.flush_commit_log_timed:
                 self.commitlog.wake_on_put = self.flush_service
         self.flush_service.start()
         if self.commitlog.pool is not None:
-            self.commit_service = CommitRealTimeService(self)
+            self.commit_service = CommitRealTimeService(self.config, self.commitlog.mfq,
+                                                        self.flush_service.wakeup)
             self.commit_service.start()
             # ASYNC_FLUSH with write buffers: the committer wakes, and it wakes the flusher.
             self.commitlog.after_put = None
@@ -490,6 +505,8 @@ class MessageStore:
         self.fs.write_bytes(abort_path(self.root), b"", sync=False)
         self._running = True
         self._install_put_path()
+        if cfg.compress_msg_body:
+            self._install_compression()
         self.scheduled_service = StoreScheduledService([
             ("clean", self.CLEAN_INITIAL_DELAY_MS, cfg.clean_resource_interval,
              self._clean_files),
@@ -512,7 +529,10 @@ class MessageStore:
             if service is not None:
                 service.shutdown()
         elif self.schedule_message_service is None:
-            self.schedule_message_service = ScheduleMessageService(self)
+            self.schedule_message_service = ScheduleMessageService(
+                self.config.delay_levels, self.delay_offsets, self.commitlog,
+                self.find_consume_queue, self.clock, put_messages=self._put_messages,
+                is_running=lambda: self._running, catch_up=self._catch_up)
             self.schedule_message_service.start()
 
     def shutdown(self):
@@ -718,7 +738,6 @@ class MessageStore:
                 deleted_at = max(cl.max_offset, cl.mfq.get_max_wrote_position())
                 # The commit point: from here on the topic is deleted, whatever happens.
                 self.deleted_topics.mark(topic, deleted_at, pending=True)
-                self._deleted_raw = self.deleted_topics.offsets_by_bytes()
                 with self._cq_lock:
                     queues = self.consume_queue_table.pop(topic, {})
                     for qid in queues:
@@ -813,6 +832,31 @@ class MessageStore:
         self.put_message = path.put
         self.put_messages = path.put_list
 
+    def _install_compression(self):
+        """compress_msg_body: put_message and put_messages compress each body as a 4.9
+        producer does before sending it (compression.compress_for_put), above whichever put
+        path is bound, so every backend stores the same bytes. A broker batch is stored as it
+        is: the client never compresses a MessageBatch."""
+        put, put_list = self.put_message, self.put_messages
+        cfg = self.config
+        threshold, level = cfg.compress_msg_body_over_howmuch, cfg.compress_level
+
+        def put_message(msg):
+            return put(compressed_message(msg, threshold, level))
+
+        def put_messages(msgs, batch_properties=None):
+            if batch_properties is None:
+                try:
+                    msgs = [compressed_message(m, threshold, level) for m in msgs]
+                except TypeError:
+                    pass                # not iterable: put_messages says so
+            return put_list(msgs, batch_properties)
+
+        put_message.__doc__ = MessageStore.put_message.__doc__
+        put_messages.__doc__ = MessageStore.put_messages.__doc__
+        self.put_message = put_message
+        self.put_messages = put_messages
+
     def put_message(self, msg):
         """Store one message (asyncPutMessage + wait). Bad input raises MessageIllegalError;
         a store that is not writeable (disk full) answers SERVICE_NOT_AVAILABLE with a reason."""
@@ -879,12 +923,16 @@ class MessageStore:
         str) as a list or an (offsets, data) pair of UTF-8. `properties`: a dict every message
         carries; a DELAY level is refused (put_messages rewrites delayed messages). Bad input
         raises MessageIllegalError or TypeError with nothing written. Returns a
-        PutMessagesResult (numpy columns)."""
+        PutMessagesResult (numpy columns). With compress_msg_body, bodies are compressed
+        as put_message compresses them."""
         self._check_running()
         cols = columns(bodies, tags, keys, properties, self.kernels.column_join)
         refused = self._refused_batch()
         if refused is not None:
             return refused
+        cfg = self.config
+        if cfg.compress_msg_body:
+            compress_bodies(cols, cfg.compress_msg_body_over_howmuch, cfg.compress_level)
         t0 = time.monotonic_ns()
         r = self.commitlog.put_batch(topic, queue_id, cols, self.clock, flag=flag,
                                      born_timestamp=born_timestamp, born_host=born_host)
@@ -1099,7 +1147,7 @@ class MessageStore:
         return new
 
     def get_message(self, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None,
-                    *, wait_ms=0):
+                    *, subscription=None, property_filter=None, wait_ms=0, decompress=True):
         """Pull up to `max_msg_nums` messages from a queue, from queue offset `offset` on
         (DefaultMessageStore#getMessage: the same statuses and next offsets).
 
@@ -1109,8 +1157,22 @@ class MessageStore:
         read_path.MAX_MSG_NUMS (max_msg_nums itself) and read_path.MAX_BYTES (the bytes of
         the records collected, after the first one).
 
-        `message_filter`, if given, is called with each unit's tagsCode and skips the unit when
-        it returns False. Messages come back decoded as MessageExt (properties decoded on
+        `subscription` is a tag expression as a RocketMQ consumer subscribes with: None, ""
+        or "*" for every message, else tags separated by "||" ("TagA || TagB"), each trimmed
+        (or a parsed subscription.Subscription; expressions are parsed once and cached). A
+        unit is read only when its tagsCode is one of the tags' String.hashCode() (the
+        broker's ExpressionMessageFilter), and its message is taken only when its TAGS is one
+        of the tags (a hash collision, or no TAGS, is left out, as the 4.9 client does).
+        `property_filter`, if given, is then called with each message's properties dict and
+        leaves it out when it returns False (the place of the broker's isMatchedByCommitLog;
+        SQL92 expressions are not parsed). `message_filter`, if given, is called with each
+        unit's tagsCode, before the subscription, and skips the unit when it returns False.
+
+        Units a filter leaves out do not count toward `max_msg_nums`; the result's
+        `filtered_count` says how many there were and `next_begin_offset` is past them. When
+        every unit read was left out the status is NO_MATCHED_MESSAGE, as the broker's (its
+        last unit's file gone: MESSAGE_WAS_REMOVING), and reading on from next_begin_offset
+        continues the scan. Messages come back decoded as MessageExt (properties decoded on
         first use).
 
         `wait_ms` > 0 makes the call wait, up to that many ms, for the queue to have a message
@@ -1119,29 +1181,43 @@ class MessageStore:
         is up with what get_message answers then. Only "nothing there yet" answers wait
         (NO_MESSAGE_IN_QUEUE, OFFSET_OVERFLOW_ONE); an offset out of range answers at once.
         A shutdown meanwhile raises StoreClosedError. A read-only store dispatches nothing,
-        so there a wait lasts its whole time."""
+        so there a wait lasts its whole time.
+
+        A compressed body (COMPRESSED_FLAG, doc/01 §3.5) comes back as the original bytes,
+        decompressed when MessageExt.body is first read (CorruptBodyError if it cannot be);
+        with `decompress` false `body` is the stored bytes (MessageExt.stored_body always is).
+        """
+        if not decompress:
+            return _stored(self.get_message(group, topic, queue_id, offset, max_msg_nums,
+                                            message_filter, subscription=subscription,
+                                            property_filter=property_filter, wait_ms=wait_ms))
         if wait_ms:
             check_wait_ms(wait_ms)
             return wait_for_message(self, group, topic, queue_id, offset, max_msg_nums,
-                                    message_filter, wait_ms)
-        # The common call as one compiled call (the checks below, the catch-up and the pull);
-        # anything else, and every backend without it, takes the steps below.
-        r = self._read_path.get_message(self, group, topic, queue_id, offset, max_msg_nums,
-                                        message_filter)
-        if r is not None:
-            return r
+                                    message_filter, wait_ms, subscription=subscription,
+                                    property_filter=property_filter)
+        if subscription is None and property_filter is None:
+            # The common call as one compiled call (the checks below, the catch-up and the
+            # pull); anything else, and every backend without it, takes the steps below.
+            r = self._read_path.get_message(self, group, topic, queue_id, offset,
+                                            max_msg_nums, message_filter)
+            if r is not None:
+                return r
         self._check_open()
         cq = self._checked_queue(group, topic, queue_id, offset, max_msg_nums, message_filter)
+        if subscription is not None or property_filter is not None:
+            subscription, property_filter = read_filters(subscription, property_filter)
         self._catch_up()
         if cq is not None and self._loaded:
             # The common case as one call (it counts itself in the statistics); the rest
             # (statuses decided before a unit is read) below.
             r = self._read_path.pull(self, cq, offset, max_msg_nums, message_filter,
-                                     read_path.MAX_BYTES)
+                                     read_path.MAX_BYTES, subscription, property_filter)
             if r is not None:
                 return r
         return read_path.get_message(self, group, topic, queue_id, int(offset),
-                                     int(max_msg_nums), message_filter, cq)
+                                     int(max_msg_nums), message_filter, cq, subscription,
+                                     property_filter)
 
     def _checked_queue(self, group, topic, queue_id, offset, max_msg_nums, message_filter):
         """get_message's and get_batch's arguments checked; the queue when it exists."""
@@ -1161,38 +1237,54 @@ class MessageStore:
             return None
         return cq
 
-    def get_batch(self, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None):
-        """get_message as columns: the same walk, statuses, offsets and records, returned as a
-        read_path.GetBatchResult of numpy columns (commit_log_offset, size, store_timestamp,
-        tags_code, queue_offset, ...) with zero-copy body views (body(i)) that keep their
-        CommitLog file held and mapped while they live. No object is made per message."""
-        r = self._read_path.get_batch(self, group, topic, queue_id, offset, max_msg_nums,
-                                      message_filter)
-        if r is not None:
-            return r
+    def get_batch(self, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None,
+                  *, subscription=None, property_filter=None):
+        """get_message as columns: the same walk, filters, statuses, offsets and records,
+        returned as a read_path.GetBatchResult of numpy columns (commit_log_offset, size,
+        store_timestamp, tags_code, queue_offset, ...) with zero-copy body views (body(i))
+        that keep their CommitLog file held and mapped while they live. No object is made
+        per message (but one per message a property_filter is asked about). Body views are
+        the stored bytes: the `compressed` column marks the records whose body is compressed
+        (sys_flag has their codec), and original_body(i) decompresses one."""
+        if subscription is None and property_filter is None:
+            r = self._read_path.get_batch(self, group, topic, queue_id, offset, max_msg_nums,
+                                          message_filter)
+            if r is not None:
+                return r
         self._check_open()
         cq = self._checked_queue(group, topic, queue_id, offset, max_msg_nums, message_filter)
+        if subscription is not None or property_filter is not None:
+            subscription, property_filter = read_filters(subscription, property_filter)
         self._catch_up()
         if cq is not None and self._loaded:
             r = self._read_path.pull_batch(self, cq, offset, max_msg_nums, message_filter,
-                                           read_path.MAX_BYTES)
+                                           read_path.MAX_BYTES, subscription, property_filter)
             if r is not None:
                 return r
         return read_path.get_batch(self, group, topic, queue_id, int(offset), int(max_msg_nums),
-                                   message_filter, cq)
+                                   message_filter, cq, subscription, property_filter)
 
     # ---- consumers that wait, and asyncio (rocketstore/consumer.py) ----------------------------
-    def consume(self, group, topic, queue_id, batch_size=32, message_filter=None):
+    def consume(self, group, topic, queue_id, batch_size=32, message_filter=None, *,
+                subscription=None, property_filter=None, decompress=True):
         """A Consumer: `for messages in store.consume(group, topic, queue_id):` yields lists of
         MessageExt as they arrive, from the group's committed offset (the queue's minimum if
         none), committing a batch's end when the next batch is asked for. close() (or leaving
-        `with store.consume(...) as c:`) or the store's shutdown ends it."""
-        return Consumer(self, group, topic, queue_id, batch_size, message_filter)
+        `with store.consume(...) as c:`) or the store's shutdown ends it. `subscription`,
+        `property_filter` and `message_filter` filter as get_message's do; the offsets
+        committed move past the units they leave out. Compressed bodies are the original ones
+        unless `decompress` is false (get_message)."""
+        return Consumer(self, group, topic, queue_id, batch_size, message_filter,
+                        decompress=decompress, subscription=subscription,
+                        property_filter=property_filter)
 
-    def aconsume(self, group, topic, queue_id, batch_size=32, message_filter=None):
+    def aconsume(self, group, topic, queue_id, batch_size=32, message_filter=None, *,
+                 subscription=None, property_filter=None, decompress=True):
         """consume() for asyncio: `async for messages in store.aconsume(...)`; the event loop
         never blocks (reads and commits run in its default executor)."""
-        return AsyncConsumer(self, group, topic, queue_id, batch_size, message_filter)
+        return AsyncConsumer(self, group, topic, queue_id, batch_size, message_filter,
+                             decompress=decompress, subscription=subscription,
+                             property_filter=property_filter)
 
     async def aput_message(self, msg):
         """put_message for asyncio. The put runs in the loop's default executor, always: even
@@ -1203,37 +1295,46 @@ class MessageStore:
         return await asyncio.get_running_loop().run_in_executor(None, self.put_message, msg)
 
     async def aget_message(self, group, topic, queue_id, offset, max_msg_nums=32,
-                           message_filter=None, *, wait_ms=0):
-        """get_message (and its wait_ms) for asyncio: the reads run in the loop's default
-        executor, the wait is an asyncio.Event the reput dispatch sets."""
+                           message_filter=None, *, subscription=None, property_filter=None,
+                           wait_ms=0, decompress=True):
+        """get_message (and its filters, wait_ms and decompress) for asyncio: the reads run in
+        the loop's default executor, the wait is an asyncio.Event the reput dispatch sets."""
         check_wait_ms(wait_ms)
         self._check_open()
-        return await await_message(self, group, topic, queue_id, offset, max_msg_nums,
-                                   message_filter, wait_ms)
+        read_filters(subscription, property_filter)     # refused here, not in the executor
+        r = await await_message(self, group, topic, queue_id, offset, max_msg_nums,
+                                message_filter, wait_ms, subscription=subscription,
+                                property_filter=property_filter)
+        return r if decompress else _stored(r)
 
-    def look_message_by_offset(self, phy_offset):
-        """The record at a commit-log offset, decoded; None if there is none."""
+    def look_message_by_offset(self, phy_offset, decompress=True):
+        """The record at a commit-log offset, decoded; None if there is none. Its body is
+        the original one unless `decompress` is false (get_message)."""
         self._check_open()
         check_int(phy_offset, "phy_offset")
         rec = self.commitlog.get_message_bytes(phy_offset)
         if rec is None:
             return None
         try:
-            return MessageExt.decode(rec)
+            m = MessageExt.decode(rec)
+            return m if decompress else m.keep_stored()
         except CorruptRecordError as exc:
             log.warning("no record at offset %d: %s", phy_offset, exc)
             return None
 
     # ---- queries (rocketstore/query.py) ---------------------------------------------------------
-    def query_message(self, topic, key, max_num=32, begin=0, end=None):
+    def query_message(self, topic, key, max_num=32, begin=0, end=None, decompress=True):
         """Messages carrying `key` (a KEYS piece or UNIQ_KEY) under `topic`, stored in
         [begin, end] ms (end None: no bound), at most min(max_num, max_msgs_num_batch), newest
         kept, in ascending offset order: a QueryMessageResult (DefaultMessageStore#queryMessage,
         but every hit is checked against its record, so a hash collision never answers).
-        Every put that returned before the call is indexed for it."""
+        Every put that returned before the call is indexed for it. Bodies are the original
+        ones unless `decompress` is false (get_message)."""
         # The common call as one compiled call (the checks, catch-up and query below).
         r = self._read_path.query_message(self, topic, key, max_num, begin, end)
         if r is not None:
+            if not decompress:
+                keep_stored(r.messages)
             return r
         if not self._loaded:
             self._check_open()
@@ -1250,22 +1351,28 @@ class MessageStore:
             check_int(begin, "begin", INT64_MIN, INT64_MAX)
             check_optional_int(end, "end", INT64_MIN, INT64_MAX)
         self._catch_up()
-        return query.query_message(self, topic, key, max_num, begin, end)
+        r = query.query_message(self, topic, key, max_num, begin, end)
+        if not decompress:
+            keep_stored(r.messages)
+        return r
 
-    def query_message_by_unique_key(self, topic, uniq_key):
-        """The MessageExt whose UNIQ_KEY is `uniq_key` under `topic`, or None."""
+    def query_message_by_unique_key(self, topic, uniq_key, decompress=True):
+        """The MessageExt whose UNIQ_KEY is `uniq_key` under `topic`, or None. Its body is
+        the original one unless `decompress` is false (get_message)."""
         self._check_open()
         check_str(topic, "topic")
         check_str(uniq_key, "uniq_key")
         self._catch_up()
-        return query.query_message_by_unique_key(self, topic, uniq_key)
+        m = query.query_message_by_unique_key(self, topic, uniq_key)
+        return m if decompress or m is None else m.keep_stored()
 
-    def view_message_by_id(self, msg_id):
+    def view_message_by_id(self, msg_id, decompress=True):
         """The MessageExt an offset msgId names, or None (InvalidArgumentError, a ValueError,
-        if it is no msgId)."""
+        if it is no msgId). Its body is the original one unless `decompress` is false."""
         self._check_open()
         check_str(msg_id, "msg_id")
-        return query.view_message_by_id(self, msg_id)
+        m = query.view_message_by_id(self, msg_id)
+        return m if decompress or m is None else m.keep_stored()
 
     def get_offset_in_queue_by_time(self, topic, queue_id, timestamp, boundary=None):
         """The queue offset of the message stored nearest `timestamp` (4.9.x algorithm,
@@ -1480,7 +1587,7 @@ class MessageStore:
                 max_phy = max((cq.max_physic_offset for cq in self.all_consume_queues()),
                               default=-1)
                 recovery.truncate(self, offset, max_phy, report)
-                recovery.drop_index_past(self, offset, report)
+                recovery.drop_index_past(self, self.index_service, offset, report)
                 recovery.recover_topic_queue_table(self)
                 for d in self.dispatchers:
                     forget = getattr(d, "forget_queues", None)
@@ -1540,8 +1647,12 @@ class MessageStore:
                 0, mfq.get_max_offset() - mfq.flushed_where))
         return info
 
-    def iter_messages(self, from_offset=None):
-        """Every record in commit-log order, decoded (blank records skipped)."""
+    def iter_messages(self, from_offset=None, decompress=True):
+        """Every record in commit-log order, decoded (blank records skipped). Bodies are the
+        original ones, decompressed when read, unless `decompress` is false (get_message): a
+        body that does not decompress raises CorruptBodyError when it is read, and the walk
+        goes on past it."""
         self._check_open()
         check_optional_int(from_offset, "from_offset")
-        return read_path.iter_messages(self, from_offset)
+        it = read_path.iter_messages(self, from_offset)
+        return it if decompress else (m.keep_stored() for m in it)

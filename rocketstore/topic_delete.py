@@ -20,7 +20,8 @@ are removed, and an open removes any such directory it finds.
 import logging
 import os
 
-from .config_manager import ConfigManager, _object, bean, parse_fastjson, to_fastjson
+from .codec.fastjson import bean, parse_fastjson, to_fastjson
+from .config_manager import ConfigManager, _object
 from .format import CQ_STORE_UNIT_SIZE, CQ_UNIT
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,13 @@ class DeletedTopicManager(ConfigManager):
     def __init__(self, root, fs, clock=None, read_only=False):
         super().__init__(root, fs, clock, read_only)
         self.table = {}
+        # {topic as UTF-8 bytes: offset}, rebound with the table: what the dispatchers look
+        # each record's topic up in.
+        self.offsets_raw = {}
+
+    def _set_table(self, table):
+        self.table = table
+        self.offsets_raw = {t.encode("utf-8"): e["offset"] for t, e in table.items()}
 
     def encode(self):
         return to_fastjson(bean(deletedTopicTable={
@@ -64,17 +72,13 @@ class DeletedTopicManager(ConfigManager):
             raw = _object(raw, topic)
             table[str(topic)] = {"offset": int(raw["offset"]),
                                  "pending": bool(raw.get("pending", False))}
-        self.table = table
-
-    def offsets_by_bytes(self):
-        """{topic as UTF-8 bytes: offset}: what the dispatcher looks records up in."""
-        return {t.encode("utf-8"): e["offset"] for t, e in self.table.items()}
+        self._set_table(table)
 
     def mark(self, topic, offset, pending):
         with self._change():
             old = self.table.get(topic)
-            self.table = {**self.table, topic: {
-                "offset": max(offset, old["offset"] if old else offset), "pending": pending}}
+            self._set_table({**self.table, topic: {
+                "offset": max(offset, old["offset"] if old else offset), "pending": pending}})
             self._dirty = True
         self.persist()
 
@@ -89,7 +93,7 @@ class DeletedTopicManager(ConfigManager):
                     if e["pending"] or e["offset"] > min_offset}
             if len(keep) == len(self.table):
                 return False
-            self.table = keep
+            self._set_table(keep)
             self._dirty = True
         self.persist()
         return True

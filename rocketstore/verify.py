@@ -206,6 +206,7 @@ def _find_units(store, chunk, buf, missing):
     offset: a deleted or truncated ConsumeQueue file loses them silently otherwise."""
     tx = chunk["sys_flag"] & F.TRANSACTION_TYPE_MASK
     keep = (tx != F.TRANSACTION_PREPARED_TYPE) & (tx != F.TRANSACTION_ROLLBACK_TYPE)
+    deleted = store.deleted_topics.offsets_raw
     chunk = chunk[keep]
     if not len(chunk):
         return
@@ -220,7 +221,7 @@ def _find_units(store, chunk, buf, missing):
             sub = g if len(topics) == 1 else g[np.array(
                 [bytes(buf[p:p + n]) == raw for p, n in zip(
                     (g["pos"] + g["topic_off"]).tolist(), g["topic_len"].tolist())])]
-            below = store._deleted_raw.get(raw)
+            below = deleted.get(raw)
             if below is not None:
                 # A deleted topic's records stay until they expire, without units.
                 sub = sub[sub["phy_offset"] >= below]
@@ -315,7 +316,7 @@ def _check_layout(store, report):
                     f"starts at {prev}"))
             prev = start
     idx_dir = os.path.join(store.root, "index")
-    loaded = {f.file_name for f in store._indexer.index_file_list}
+    loaded = {f.file_name for f in store.index_service.index_file_list}
     loaded |= {os.path.basename(p) for p in _empty_unreadable(store)}
     for name in sorted(fs.list_dir(idx_dir)):
         if name not in loaded:
@@ -409,7 +410,7 @@ def _empty_unreadable(store):
     entry (indexCount <= 1): a clean store written with other numbers and no key yet. Nothing
     in them can be checked or lost; coverage still finds any key they should hold."""
     out = set()
-    for path in store._indexer.unreadable:
+    for path in store.index_service.unreadable:
         mm = store.fs.map(path, F.INDEX_HEADER_SIZE, writable=False)
         try:
             if F.I32.unpack_from(mm, F.INDEX_POS_INDEX_COUNT)[0] <= 1:
@@ -424,7 +425,7 @@ def _check_index(store, report, good):
     (topic#UNIQ_KEY or topic#each KEYS piece), its chain link points back inside the file,
     and the header agrees with the entries and slots. Then the other way round: every key
     of every valid record has an entry (see _check_index_coverage)."""
-    service = getattr(store, "_indexer", None)
+    service = getattr(store, "index_service", None)
     if service is None:
         return
     from .index_service import index_keys
@@ -551,7 +552,7 @@ def _key_named(store, good, phy, key_hash):
 def _check_index_coverage(store, report, good, indexed):
     """Every key of every valid record has an index entry at that record (a crash that lost
     index files shows here: queries would not find those records)."""
-    service = store._indexer
+    service = store.index_service
     if not store.config.message_index_enable or not (service.index_file_list or
                                                      service.unreadable):
         return      # a store without index files keeps no index (messageIndexEnable=false)
@@ -608,7 +609,8 @@ def _check_checkpoint(store, report, good):
 def _check_configs(store, report):
     """Each config file (and its .bak) as the broker's config manager reads it: fastjson's
     dialect, the table it must hold; any other .json file must at least parse."""
-    from .config_manager import all_managers, parse_fastjson
+    from .codec.fastjson import parse_fastjson
+    from .config_manager import all_managers
     fs = store.fs
     config_dir = os.path.join(store.root, "config")
     if not fs.is_dir(config_dir):

@@ -92,3 +92,47 @@ def test_reads_past_the_written_end_return_none(log):
     assert log.get_data(r.commit_log_offset + r.wrote_bytes, 1) is None
     assert log.get_message_bytes(r.commit_log_offset + r.wrote_bytes) is None
     assert log.get_data(FILE * 5, 4) is None
+
+
+def test_truncate_to_drops_later_files_zeroes_the_tail_and_moves_every_position(log):
+    data = bytes(range(1, 256)) * 2                    # no zero byte: the tail is visible
+    for start in range(0, 2 * FILE + 256, 256):
+        assert log.append_data(start, data[:256])
+    assert len(log.mfq.files) == 3
+    cut = FILE + 100
+    log.truncate_to(cut)
+    mfq = log.mfq
+    assert log.max_offset == cut
+    assert mfq.flushed_where == mfq.committed_where == cut
+    assert [f.file_from_offset for f in mfq.files] == [0, FILE]
+    last = mfq.files[-1]
+    assert last.wrote_position == last.committed_position == last.flushed_position == 100
+    assert bytes(last.mm[100:256]) == bytes(156)       # the dropped tail reads as zeros
+    assert bytes(log.get_data(FILE, 100)) == data[:100]
+    assert log.append_data(cut, b"next")               # appends go on where it was cut
+
+
+def test_reset_queue_offsets_takes_a_copy_the_next_put_numbers_from(log):
+    table = {("T", 0): 7, ("T", 1): 0}
+    log.reset_queue_offsets(table)
+    table[("T", 0)] = 99                               # the caller's dict is not shared
+    assert _put(log, _clock(), queue_id=0).queue_offset == 7
+    assert _put(log, _clock(), queue_id=1).queue_offset == 0
+
+
+def test_held_slice_holds_the_file_while_the_view_is_used_and_ends_at_readable_bytes(log):
+    data = bytes(range(200))
+    assert log.append_data(0, data)
+    mf = log.mfq.files[0]
+    before = mf.ref_count
+    with log.held_slice(50, 1000) as view:
+        assert bytes(view) == data[50:]                # cut at the read position
+        assert mf.ref_count == before + 1
+    assert mf.ref_count == before
+    with log.held_slice(10, 5) as view:
+        assert bytes(view) == data[10:15]
+    with log.held_slice(200, 10) as view:              # nothing readable there yet
+        assert view is None
+    with log.held_slice(5 * FILE, 10) as view:         # no such file
+        assert view is None
+    assert mf.ref_count == before

@@ -256,3 +256,16 @@ def test_a_read_only_store_reads_configs_but_refuses_to_change_them(tmp_path, ba
             ro.commit_offset("g", "t", 0, 6)
     finally:
         ro.shutdown()
+
+
+def test_deleted_topics_keep_their_by_bytes_offsets_in_step_with_every_change(tmp_path):
+    from rocketstore.topic_delete import DeletedTopicManager
+    m = DeletedTopicManager(str(tmp_path), FileSystem())
+    assert m.load() and m.offsets_raw == {}
+    m.mark("Tö", 500, pending=True)
+    m.mark("U", 900, pending=False)
+    assert m.offsets_raw == {"Tö".encode(): 500, b"U": 900}
+    assert m.prune(1000)                                   # U expired; Tö is still pending
+    assert m.offsets_raw == {"Tö".encode(): 500}
+    again = DeletedTopicManager(str(tmp_path), FileSystem())
+    assert again.load() and again.offsets_raw == {"Tö".encode(): 500}

@@ -370,6 +370,42 @@ INT32 = st.integers(-2 ** 31, 2 ** 31 - 1)
 INT64 = st.integers(-2 ** 63, 2 ** 63 - 1)
 
 
+def _tag_list(tags):
+    """The tags_match arguments of a list of UTF-8 tags: (concatenation, int64 ends)."""
+    return b"".join(tags), np.cumsum([len(t) for t in tags], dtype=np.int64)
+
+
+def test_tags_match_finds_the_golden_record_tag(backend):
+    props = b"KEYS\x01key0\x02TAGS\x01TagA"
+    assert backend.tags_match(props, *_tag_list([b"Aa", b"TagA"]))
+    assert not backend.tags_match(props, *_tag_list([b"TagB", b"Tag", b"TagAA"]))
+    assert not backend.tags_match(b"KEYS\x01TagA", *_tag_list([b"TagA"]))   # no TAGS
+    assert not backend.tags_match(b"", *_tag_list([b"TagA"]))
+    assert not backend.tags_match(props, *_tag_list([]))
+    # The last valid TAGS segment is the one (string2messageProperties' HashMap#put).
+    assert backend.tags_match(b"TAGS\x01Old\x02TAGS\x01New\x02TAGS\x01", *_tag_list([b"New"]))
+    assert not backend.tags_match(b"TAGS\x01Old\x02TAGS\x01New", *_tag_list([b"Old"]))
+
+
+@pytest.mark.parametrize("ends", [[3, 2], [5], [-1, 2]])
+def test_tags_match_rejects_ends_outside_or_out_of_order(backend, ends):
+    with pytest.raises(KernelArgumentError):
+        backend.tags_match(b"TAGS\x01abc", b"abcd", np.array(ends, dtype=np.int64))
+
+
+@given(PROPS, st.lists(st.one_of(st.sampled_from([b"TagA", b"", b"\xf0\x9f\x98\x80", b"\xff"]),
+                                 st.binary(max_size=8)), max_size=4))
+def test_tags_match_agrees_across_backends(backends, props, tags):
+    blob, ends = _tag_list(tags)
+    got = _same([k.tags_match(props, blob, ends) for k in backends])
+    value = None
+    for seg in props.split(b"\x02"):
+        i = seg.find(b"\x01")
+        if seg[:i] == b"TAGS" and 0 < i < len(seg) - 1:
+            value = seg[i + 1:]
+    assert got == (value is not None and value in tags)
+
+
 @st.composite
 def records(draw):
     v2 = draw(st.booleans())

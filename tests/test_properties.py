@@ -98,7 +98,8 @@ def test_decode_of_encode_gives_back_every_field(m, v2, store_host, queue_offset
         recs.append(bytes(out[3:]))
     assert all(r == recs[0] for r in recs), "backends encode differently"
     d = MessageExt.decode(recs[0], check_crc=True)
-    assert (d.store_size, d.topic, bytes(d.body), d.queue_id, d.flag, d.queue_offset,
+    # The stored body: with COMPRESSED_FLAG (sys_bits 1) `body` would decompress it.
+    assert (d.store_size, d.topic, bytes(d.stored_body), d.queue_id, d.flag, d.queue_offset,
             d.commit_log_offset, d.sys_flag, d.born_timestamp, d.store_timestamp,
             d.reconsume_times, d.prepared_transaction_offset) == (
         size, m.topic, m.body, m.queue_id, m.flag, queue_offset, phy_offset, sys_flag,

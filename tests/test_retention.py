@@ -360,7 +360,7 @@ def test_deleted_topic_entries_go_once_its_records_expired(make):
     store.clean_files_periodically()
     assert store.get_min_phy_offset() > store.deleted_topics.table.get("T", {"offset": 0})[
         "offset"] or "T" not in store.deleted_topics.table
-    assert "T" not in store.deleted_topics.table and store._deleted_raw == {}
+    assert "T" not in store.deleted_topics.table and store.deleted_topics.offsets_raw == {}
 
 
 # ---- clean_unused_topic, destroy -----------------------------------------------------------

@@ -54,18 +54,11 @@ class _CommitLog:
         return True
 
 
-class _Store:
-    def __init__(self):
-        self.commitlog = _CommitLog()
-        self.reput_service = None
-        self.config = None
-
-
 class _Client(HAClient):
     def __init__(self):
         # No socket and no thread: only the state the frame decoder works on. A small staging
         # buffer keeps the "move a partial header to the front" path reachable.
-        super().__init__(_Store())
+        super().__init__(None, _CommitLog())
         self._stage = bytearray(256)
         self.closed = None
 
@@ -116,7 +109,7 @@ def TestOneInput(data):
         assert not ok or (c._dispatch == 0 and 0 <= c._pos < wire.HEADER_SIZE)
     c._drop_frame()
     stage.release()
-    published = c.store.commitlog.published
+    published = c.commitlog.published
     assert published == frames(stream)[:len(published)]
     pos = len(stream) - len(stream) % 8
     off, new = wire.last_report(stream, 0, len(stream))

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """`query key|id|offset|time`: find messages through the index, a msgId, a commit-log offset,
 or a queue offset by store time."""
+import argparse
 import json
 import sys
 
@@ -13,7 +14,12 @@ def add_parsers(sub):
     q = sub.add_parser("query", help="find messages by key, msgId, commit-log offset, or a "
                                      "queue offset by time (read-only)")
     qsub = q.add_subparsers(dest="what", required=True, metavar="KIND")
-    qk = qsub.add_parser("key", parents=[index_options()],
+    # What dump writes of each message found: bodies decompressed unless asked otherwise.
+    body_opts = argparse.ArgumentParser(add_help=False)
+    body_opts.add_argument("--stored-body", action="store_true",
+                           help="write compressed bodies as stored instead of decompressing "
+                                "them")
+    qk = qsub.add_parser("key", parents=[index_options(), body_opts],
                          help="messages whose KEYS or UNIQ_KEY hold KEY, through the index")
     qk.add_argument("store_dir", help="store root")
     qk.add_argument("topic")
@@ -22,10 +28,11 @@ def add_parsers(sub):
     qk.add_argument("--end", type=int, default=None, help="latest store time, epoch ms")
     qk.add_argument("--max", type=int, default=32,
                     help="at most this many (newest kept; capped by maxMsgsNumBatch, 64)")
-    qi = qsub.add_parser("id", parents=[index_options()], help="the message an offset msgId names")
+    qi = qsub.add_parser("id", parents=[index_options(), body_opts],
+                         help="the message an offset msgId names")
     qi.add_argument("store_dir", help="store root")
     qi.add_argument("msg_id")
-    qo = qsub.add_parser("offset", parents=[index_options()],
+    qo = qsub.add_parser("offset", parents=[index_options(), body_opts],
                          help="the message at a commit-log offset")
     qo.add_argument("store_dir", help="store root")
     qo.add_argument("phy_offset", type=int)
@@ -90,7 +97,8 @@ def _query(args):
             sys.stdout.write("\n")
             return 0
         for m in messages:
-            sys.stdout.write(json.dumps(m.to_dict(cq_tags_code(store, m)),
+            sys.stdout.write(json.dumps(m.to_dict(cq_tags_code(store, m),
+                                                  decompress=not args.stored_body),
                                         separators=(",", ":")))
             sys.stdout.write("\n")
     finally:

@@ -13,6 +13,8 @@ import signal
 import sys
 import threading
 
+from ..services.base import ServiceThread
+
 log = logging.getLogger("rocketstore.serve")
 
 ROLES = {"master": "ASYNC_MASTER", "sync-master": "SYNC_MASTER", "slave": "SLAVE"}
@@ -85,24 +87,42 @@ def _status(store):
             (f"; {ha.slave_error}" if ha.slave_error else ""))
 
 
-def _produce(store, args, stop):
-    from ..workload import make_messages
-    counts = collections.Counter()
-    done = 0
-    chunk = max(args.batch, 1000)
-    while done < args.produce and not stop.is_set():
-        msgs = make_messages(min(chunk, args.produce - done), body_size=args.body_size,
-                             start=done)
+class _Producer(ServiceThread):
+    """--produce: puts `args.produce` generated messages, a chunk per loop, then stops; the
+    store is shut down only after the chunk under way (shutdown() joins)."""
+
+    name = "produce"
+
+    def __init__(self, store, args):
+        super().__init__()
+        self.store = store
+        self.args = args
+        self.counts = collections.Counter()
+        self.done = 0
+
+    def run_once(self):
+        from ..workload import make_messages
+        args, store = self.args, self.store
+        if self.done >= args.produce:
+            self.stop()
+            return
+        msgs = make_messages(min(max(args.batch, 1000), args.produce - self.done),
+                             body_size=args.body_size, start=self.done)
         if args.batch > 1:
             for i in range(0, len(msgs), args.batch):
                 r = store.put_messages(msgs[i:i + args.batch])
-                counts[r.status.name] += r.count
+                self.counts[r.status.name] += r.count
         else:
             for m in msgs:
-                counts[store.put_message(m).status.name] += 1
-        done += len(msgs)
-    log.info("produced %d messages: %s", done, dict(counts))
-    print(f"produced {done} {dict(counts)}", flush=True)
+                self.counts[store.put_message(m).status.name] += 1
+        self.done += len(msgs)
+
+    def on_error(self):
+        self.stop()                 # a put that raises (the store closing) ends the run
+
+    def on_shutdown(self):
+        log.info("produced %d messages: %s", self.done, dict(self.counts))
+        print(f"produced {self.done} {dict(self.counts)}", flush=True)
 
 
 def run_serve(args):
@@ -127,6 +147,7 @@ def run_serve(args):
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     stopped = False
+    producer = None
     try:
         store.load()
         store.start()
@@ -137,8 +158,8 @@ def run_serve(args):
             print(f"listening {args.bind}:{store.ha_service.port} role "
                   f"{store.config.broker_role.name}", flush=True)
         if args.produce and not store.is_slave:
-            threading.Thread(target=_produce, args=(store, args, stop), daemon=True,
-                             name="produce").start()
+            producer = _Producer(store, args)
+            producer.start()
         interval = args.status_interval if args.status_interval > 0 else None
         while not stop.wait(interval):
             log.info("%s", _status(store))
@@ -146,6 +167,8 @@ def run_serve(args):
     finally:
         stop.set()
         try:
+            if producer is not None:
+                producer.shutdown()
             log.info("%s", _status(store) if store.ha_service is not None else "stopping")
             store.shutdown()
             if stopped:

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """HAService (doc/05 §3): the master's accept loop and one HAConnection per slave, with a
 reader thread (offset reports) and a writer thread (CommitLog frames); on a slave it runs
-the HAClient instead.
+the HAClient instead. Each of these threads is a ServiceThread (services/base.py).
 
 Differences from 4.9.x, all invisible on the wire:
 - The listener binds `ha_bind_address` (default 127.0.0.1); 4.9.x binds every interface and
@@ -31,12 +31,13 @@ import logging
 import socket
 import threading
 
+from ..clock import monotonic_ms
 from ..config import BrokerRole
 from ..message import PROPERTY_WAIT
+from ..services.base import ServiceThread
 from ..status import PutMessageStatus
 from . import wire
 from .group_transfer import GroupTransferService
-from ..clock import monotonic_ms
 
 log = logging.getLogger(__name__)
 
@@ -68,18 +69,18 @@ class _DataNotifier:
 
 class HAService:
     """Replication for one store: the listener and its connections on a master, the client
-    on a slave, and the SYNC_MASTER acknowledgement wait."""
+    on a slave, and the SYNC_MASTER acknowledgement wait. It uses the store's config and
+    CommitLog only; `wake_reput` is called when a slave appended replicated records."""
 
-    def __init__(self, store):
-        self.store = store
-        self.config = store.config
+    def __init__(self, config, commitlog, wake_reput=None):
+        self.config = config
+        self.commitlog = commitlog
         self.role = self.config.broker_role
         self.group_transfer = GroupTransferService()
         self.notifier = _DataNotifier()
         self.connections = []              # rebound under _conn_lock, read without it
         self._conn_lock = threading.Lock()
-        self._listen = None
-        self._accept_thread = None
+        self._acceptor = None              # _AcceptSocketService while listening
         self._stopped = threading.Event()
         self.client = None
         self.port = None                   # the bound HA port (master), for ha_listen_port 0
@@ -89,7 +90,7 @@ class HAService:
         self._drops = {}                   # slave host -> (acked offset, drops there in a row)
         if self.role is BrokerRole.SLAVE:
             from .slave import HAClient
-            self.client = HAClient(store, self.config.ha_master_address)
+            self.client = HAClient(config, commitlog, config.ha_master_address, wake_reput)
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self):
@@ -119,11 +120,9 @@ class HAService:
             log.error("HA listener disabled: cannot bind %s:%d (%s); no slave can follow this "
                       "store", cfg.ha_bind_address, cfg.ha_listen_port, exc)
             return
-        self._listen = sock
         self.port = sock.getsockname()[1]
-        self._accept_thread = threading.Thread(target=self._accept_loop, daemon=True,
-                                               name="HAAcceptSocketService")
-        self._accept_thread.start()
+        self._acceptor = _AcceptSocketService(self, sock)
+        self._acceptor.start()
         log.info("HA master listening on %s:%d", cfg.ha_bind_address, self.port)
 
     def shutdown(self):
@@ -131,50 +130,30 @@ class HAService:
         self._stopped.set()
         if self.client is not None:
             self.client.shutdown()
-        if self._listen is not None:
-            try:
-                self._listen.shutdown(socket.SHUT_RDWR)     # wakes a blocked accept (Linux)
-            except OSError:
-                pass
-        if self._accept_thread is not None:
-            self._accept_thread.join(5)
-            self._accept_thread = None
-        if self._listen is not None:
-            self._listen.close()
-            self._listen = None
+        if self._acceptor is not None:
+            self._acceptor.shutdown()
+            self._acceptor = None
         for conn in list(self.connections):
             conn.shutdown()
         self.group_transfer.shutdown()
         self.notifier.wakeup_all()
 
-    def _accept_loop(self):
-        while not self._stopped.is_set():
-            try:
-                sock, addr = self._listen.accept()
-            except socket.timeout:
-                continue
-            except OSError as exc:
-                if not self._stopped.is_set():
-                    log.warning("HA accept failed: %s", exc)
-                    self._stopped.wait(0.1)
-                continue
-            if self._stopped.is_set():
-                sock.close()
-                break
-            cap = self.config.ha_max_connections
-            with self._conn_lock:
-                full = len(self.connections) >= cap
-                if not full:
-                    conn = HAConnection(self, sock, addr)
-                    self.connections = self.connections + [conn]
-            if full:
-                self.refused_connections += 1
-                log.warning("HA: refusing slave %s: already %d connections "
-                            "(ha_max_connections)", addr, cap)
-                sock.close()
-                continue
-            log.info("HA: slave %s connected", addr)
-            conn.start()
+    def _accepted(self, sock, addr):
+        """A slave connected: serve it, unless ha_max_connections are served already."""
+        cap = self.config.ha_max_connections
+        with self._conn_lock:
+            full = len(self.connections) >= cap
+            if not full:
+                conn = HAConnection(self, sock, addr)
+                self.connections = self.connections + [conn]
+        if full:
+            self.refused_connections += 1
+            log.warning("HA: refusing slave %s: already %d connections "
+                        "(ha_max_connections)", addr, cap)
+            sock.close()
+            return
+        log.info("HA: slave %s connected", addr)
+        conn.start()
 
     def _remove(self, conn):
         with self._conn_lock:
@@ -187,7 +166,7 @@ class HAService:
             return
         host = conn.addr[0] if isinstance(conn.addr, tuple) else conn.addr
         ack = conn.slave_ack_offset
-        master_max = self.store.commitlog.max_offset
+        master_max = self.commitlog.max_offset
         if ack >= master_max:
             self._drops.pop(host, None)      # caught up: a drop now is no stall
             return
@@ -224,7 +203,7 @@ class HAService:
                 < self.config.ha_slave_fallbehind_max)
 
     def slave_fall_behind_much(self):
-        return self.store.commitlog.max_offset - self.push2slave_max_offset
+        return self.commitlog.max_offset - self.push2slave_max_offset
 
     def wakeup_writers(self):
         self.notifier.wakeup_all()
@@ -252,13 +231,50 @@ class HAService:
         return after_put
 
 
+class _AcceptSocketService(ServiceThread):
+    """AcceptSocketService: takes slave connections on the listening socket, which it owns
+    and closes when its loop ends."""
+
+    name = "HAAcceptSocketService"
+    join_time_s = 5.0
+
+    def __init__(self, service, sock):
+        super().__init__()
+        self.service = service
+        self.sock = sock
+
+    def run_once(self):
+        try:
+            sock, addr = self.sock.accept()
+        except socket.timeout:
+            return
+        except OSError as exc:
+            if not self.is_stopped:
+                log.warning("HA accept failed: %s", exc)
+                self._stopped.wait(0.1)
+            return
+        if self.is_stopped:
+            sock.close()
+            return
+        self.service._accepted(sock, addr)
+
+    def interrupt(self):
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)     # wakes a blocked accept (Linux)
+        except OSError:
+            pass
+
+    def on_shutdown(self):
+        self.sock.close()
+
+
 class HAConnection:
     """One slave: ReadSocketService and WriteSocketService on one socket (doc/05 §3.2-3.3).
     The reader thread owns the teardown: it joins the writer and closes the socket."""
 
     def __init__(self, service, sock, addr):
         self.service = service
-        self.store = service.store
+        self.commitlog = service.commitlog
         self.addr = addr
         self.sock = sock
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -269,10 +285,8 @@ class HAConnection:
         self._stopped = threading.Event()
         # Set by the first report (or stop): the writer starts at once, not at its next poll.
         self._requested = threading.Event()
-        self._reader = threading.Thread(target=self._read_loop, daemon=True,
-                                        name=f"HAReadSocketService-{addr}")
-        self._writer = threading.Thread(target=self._write_loop, daemon=True,
-                                        name=f"HAWriteSocketService-{addr}")
+        self._reader = _ReadSocketService(self)
+        self._writer = _WriteSocketService(self)
 
     def start(self):
         # Writer first: the reader's teardown joins it, and the reader may end at once.
@@ -295,55 +309,17 @@ class HAConnection:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+        self._writer.stop()
+        self._reader.stop()
         self.service.notifier.wakeup_all()
 
     def shutdown(self, timeout=5.0):
-        """Stop and wait for both threads to end."""
+        """Stop and wait for both threads to end (the reader joins the writer)."""
         self.stop()
-        if self._reader.is_alive() and self._reader is not threading.current_thread():
-            self._reader.join(timeout)
-
-    # ---- ReadSocketService ------------------------------------------------------------------
-    def _read_loop(self):
-        buf = bytearray(READ_BUFFER_SIZE)
-        view = memoryview(buf)
-        pos = process = 0
-        last_report = monotonic_ms()
-        housekeeping = self.service.config.ha_housekeeping_interval
-        try:
-            while not self._stopped.is_set():
-                if pos == len(buf):           # full: reuse from the start, as 4.9.x does
-                    pos = process = 0
-                try:
-                    n = self.sock.recv_into(view[pos:])
-                except socket.timeout:
-                    n = None
-                except OSError as exc:
-                    self.stop(f"read failed: {exc}")
-                    break
-                now = monotonic_ms()
-                if n == 0:
-                    self.stop("the slave closed the connection")
-                    break
-                if n:
-                    pos += n
-                    offset, process = wire.last_report(buf, process, pos)
-                    if offset is not None:
-                        last_report = now
-                        if not self._on_report(offset):
-                            break
-                if now - last_report > housekeeping:
-                    self.stop(f"housekeeping: no offset report for {now - last_report} ms")
-                    break
-        except Exception:
-            log.exception("HA: reader for %s failed", self.addr)
-            self.stop()
-        finally:
-            view.release()
-            self._teardown()
+        self._reader.join(timeout)
 
     def _on_report(self, offset):
-        master_max = self.store.commitlog.max_offset
+        master_max = self.commitlog.max_offset
         self.slave_ack_offset = offset
         if offset > master_max:
             self.stop(f"slave reports offset {offset} beyond the master's max {master_max}")
@@ -356,6 +332,7 @@ class HAConnection:
         return True
 
     def _teardown(self):
+        """The reader's last act: the writer ends, the socket closes, the service forgets us."""
         self._writer.join(10)
         try:
             self.sock.close()
@@ -364,95 +341,140 @@ class HAConnection:
         self.service._remove(self)
         log.info("HA: connection to slave %s closed", self.addr)
 
-    # ---- WriteSocketService -----------------------------------------------------------------
-    def _write_loop(self):
-        try:
-            self._write_loop_inner()
-        except Exception:
-            log.exception("HA: writer for %s failed", self.addr)
-        finally:
-            self.stop()
 
-    def _write_loop_inner(self):
-        svc = self.service
-        cfg = svc.config
-        commitlog = self.store.commitlog
-        file_size = commitlog.file_size
-        heartbeat = cfg.ha_send_heartbeat_interval
-        batch = cfg.ha_transfer_batch_size
-        notifier = svc.notifier
+class _ReadSocketService(ServiceThread):
+    """ReadSocketService: takes the slave's offset reports; closes a silent slave."""
+
+    join_time_s = 10.0
+
+    def __init__(self, conn):
+        super().__init__(f"HAReadSocketService-{conn.addr}")
+        self.conn = conn
+        self._buf = bytearray(READ_BUFFER_SIZE)
+        self._view = memoryview(self._buf)
+        self._pos = self._process = 0
+        self._last_report = monotonic_ms()
+        self._housekeeping = conn.service.config.ha_housekeeping_interval
+
+    def run_once(self):
+        conn = self.conn
+        buf = self._buf
+        if self._pos == len(buf):          # full: reuse from the start, as 4.9.x does
+            self._pos = self._process = 0
+        try:
+            n = conn.sock.recv_into(self._view[self._pos:])
+        except socket.timeout:
+            n = None
+        except OSError as exc:
+            conn.stop(f"read failed: {exc}")
+            return
+        now = monotonic_ms()
+        if n == 0:
+            conn.stop("the slave closed the connection")
+            return
+        if n:
+            self._pos += n
+            offset, self._process = wire.last_report(buf, self._process, self._pos)
+            if offset is not None:
+                self._last_report = now
+                if not conn._on_report(offset):
+                    return
+        if now - self._last_report > self._housekeeping:
+            conn.stop(f"housekeeping: no offset report for {now - self._last_report} ms")
+
+    def on_error(self):
+        self.conn.stop()
+
+    def on_shutdown(self):
+        self._view.release()
+        self.conn._teardown()
+
+
+class _WriteSocketService(ServiceThread):
+    """WriteSocketService: sends CommitLog frames from the slave's requested offset, and a
+    heartbeat header when idle."""
+
+    join_time_s = 10.0
+
+    def __init__(self, conn):
+        super().__init__(f"HAWriteSocketService-{conn.addr}")
+        self.conn = conn
+        cfg = conn.service.config
+        self._commitlog = conn.commitlog
+        self._heartbeat = cfg.ha_send_heartbeat_interval
+        self._housekeeping = cfg.ha_housekeeping_interval
+        self._batch = cfg.ha_transfer_batch_size
         self._last_write = monotonic_ms()
-        stopped = self._stopped
-        while not stopped.is_set():
-            if self.slave_request_offset < 0:
-                self._requested.wait(SOCKET_TIMEOUT_S)
-                continue
-            if self.next_transfer_from_where < 0:
-                if self.slave_request_offset == 0:
-                    # A brand-new slave gets the master's last file, not its history.
-                    master_max = commitlog.max_offset
-                    self.next_transfer_from_where = max(0, master_max - master_max % file_size)
-                else:
-                    self.next_transfer_from_where = self.slave_request_offset
-                log.info("HA: transfer to slave %s starts at %d", self.addr,
-                         self.next_transfer_from_where)
-            if monotonic_ms() - self._last_write > heartbeat:
-                if not self._send([wire.encode_header(self.next_transfer_from_where, 0)]):
-                    return
-            generation = notifier.generation
-            if not self._transfer(commitlog, batch):
-                if stopped.is_set():
-                    return
-                notifier.wait(generation, 0.1)
 
-    def _transfer(self, commitlog, batch):
+    def run_once(self):
+        conn = self.conn
+        commitlog = self._commitlog
+        if conn.slave_request_offset < 0:
+            conn._requested.wait(SOCKET_TIMEOUT_S)
+            return
+        if conn.next_transfer_from_where < 0:
+            if conn.slave_request_offset == 0:
+                # A brand-new slave gets the master's last file, not its history.
+                master_max = commitlog.max_offset
+                file_size = commitlog.file_size
+                conn.next_transfer_from_where = max(0, master_max - master_max % file_size)
+            else:
+                conn.next_transfer_from_where = conn.slave_request_offset
+            log.info("HA: transfer to slave %s starts at %d", conn.addr,
+                     conn.next_transfer_from_where)
+        if monotonic_ms() - self._last_write > self._heartbeat:
+            if not self._send([wire.encode_header(conn.next_transfer_from_where, 0)]):
+                return
+        notifier = conn.service.notifier
+        generation = notifier.generation
+        if not self._transfer() and not self.is_stopped:
+            notifier.wait(generation, 0.1)
+
+    def on_error(self):
+        self.conn.stop()
+
+    def on_shutdown(self):
+        self.conn.stop()
+
+    def _transfer(self):
         """Send one frame from next_transfer_from_where; False if there is nothing to send."""
-        offset = self.next_transfer_from_where
-        mf = commitlog.mfq.find_by_offset(offset)
-        if mf is None and offset < commitlog.min_offset:
-            # 4.9.8 waits here for good, and the slave stays behind without a word.
-            self.stop(f"the slave needs offset {offset}, but cleaning removed the CommitLog "
-                      f"below {commitlog.min_offset}: it cannot catch up; give it a copy of "
-                      "the master's store")
-            return False
-        if mf is None or not mf.hold():
-            return False
-        try:
-            rel = offset - mf.file_from_offset
-            end = mf.read_position
-            if not 0 <= rel < end:
+        conn = self.conn
+        commitlog = self._commitlog
+        offset = conn.next_transfer_from_where
+        with commitlog.held_slice(offset, self._batch) as body:
+            if body is None:
+                if offset < commitlog.min_offset:
+                    # 4.9.8 waits here for good, and the slave stays behind without a word.
+                    conn.stop(f"the slave needs offset {offset}, but cleaning removed the "
+                              f"CommitLog below {commitlog.min_offset}: it cannot catch up; "
+                              "give it a copy of the master's store")
                 return False
-            size = min(end - rel, batch)
-            with memoryview(mf.mm) as whole, whole[rel:rel + size] as body:
-                if not self._send([wire.encode_header(offset, size), body]):
-                    return True
-        except ValueError:           # unmapped by cleaning meanwhile
-            return False
-        finally:
-            mf.release()
-        self.next_transfer_from_where = offset + size
+            size = len(body)
+            if not self._send([wire.encode_header(offset, size), body]):
+                return True
+        conn.next_transfer_from_where = offset + size
         return True
 
     def _send(self, parts):
         """Write every byte of `parts` (a frame), waiting in 1 s slices; stop the connection on
         error, shutdown, or no progress for ha_housekeeping_interval."""
-        housekeeping = self.service.config.ha_housekeeping_interval
-        sock = self.sock
+        conn = self.conn
+        sock = conn.sock
         parts = [memoryview(p) for p in parts]
         try:
             while parts:
-                if self._stopped.is_set():
+                if conn.is_stopped:
                     return False
                 try:
                     n = sock.sendmsg(parts)
                 except socket.timeout:
                     stalled = monotonic_ms() - self._last_write
-                    if stalled > housekeeping:
-                        self.stop(f"housekeeping: the slave read nothing for {stalled} ms")
+                    if stalled > self._housekeeping:
+                        conn.stop(f"housekeeping: the slave read nothing for {stalled} ms")
                         return False
                     continue
                 except OSError as exc:
-                    self.stop(f"write failed: {exc}")
+                    conn.stop(f"write failed: {exc}")
                     return False
                 self._last_write = monotonic_ms()
                 while n:

@@ -33,11 +33,10 @@ Differences from 4.9.x, invisible on the wire:
 import logging
 import select
 import socket
-import threading
-import time
 
+from ..clock import monotonic_ms, monotonic_ns
+from ..services.base import ServiceThread
 from . import wire
-from ..clock import monotonic_ms
 
 log = logging.getLogger(__name__)
 
@@ -53,22 +52,26 @@ REPORT_INTERVAL_NS = 1_000_000
 REPORT_BYTES = 4 * 1024 * 1024
 
 
-class HAClient:
-    """The slave side of one store's replication: a single thread that (re)connects, reports
-    and appends. The slave CommitLog's only writer."""
+class HAClient(ServiceThread):
+    """The slave side of one store's replication: a single ServiceThread that (re)connects,
+    reports and appends, one connection per run_once. The slave CommitLog's only writer."""
 
-    def __init__(self, store, master_address=None):
-        self.store = store
-        self.config = store.config
+    name = "HAClient"
+    join_time_s = 10.0
+
+    def __init__(self, config, commitlog, master_address=None, wake_reput=None):
+        """`commitlog` is the one this client appends to; `wake_reput` (no arguments) is
+        called after each complete frame, so the reput dispatches it at once."""
+        super().__init__()
+        self.config = config
+        self.commitlog = commitlog
+        self._wake_reput = wake_reput
         self.master_address = master_address      # rebound by update_master_address
         self.connected = False
         self.connections_made = 0                 # for tests and logs
         self.frames_received = 0                  # complete frames, heartbeats included
         self.reports_sent = 0
         self._sock = None                         # used by the client thread only
-        self._stopped = threading.Event()
-        self._wake = threading.Event()            # ends a reconnect wait early
-        self._thread = None
         self._stage = bytearray(STAGE_SIZE)
         self._pos = 0                             # bytes received into _stage
         self._dispatch = 0                        # first byte of _stage not yet used
@@ -80,7 +83,7 @@ class HAClient:
         self._frame_got = 0
         self._frame_view = None                   # a view of the body in the mapping
         self._reported = 0
-        self._report_ns = 0
+        self._report_ns = 0                       # monotonic ns of the last report
         self._last_write = 0
         self._last_read = 0
         self.error = None                         # why replication stopped for good
@@ -89,7 +92,7 @@ class HAClient:
     @property
     def following(self):
         """Whether the client thread still (re)connects and appends."""
-        return self._thread is not None and self._thread.is_alive()
+        return self.is_alive
 
     def update_master_address(self, addr):
         """Use `addr` ("host:port") from the next connection on (HAClient#updateMasterAddress
@@ -99,20 +102,9 @@ class HAClient:
         if addr != self.master_address:
             log.info("HA: master address %s -> %s", self.master_address, addr)
             self.master_address = addr
-            self._wake.set()
+            self.wakeup()                         # ends a reconnect wait early
 
-    # ---- lifecycle ------------------------------------------------------------------------
-    def start(self):
-        self._stopped.clear()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="HAClient")
-        self._thread.start()
-
-    def shutdown(self):
-        self._stop_and_cut()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(10)
-        self._thread = None
-
+    # ---- lifecycle (ServiceThread) --------------------------------------------------------
     def halt(self, reason):
         """Stop following the master until the store restarts: what it sends cannot be kept
         (corrupt, or cut for files of another size). Any thread may call it."""
@@ -120,12 +112,10 @@ class HAClient:
             self.error = reason
             log.error("HA client: stopped following master %s: %s", self.master_address,
                       reason)
-        self._stop_and_cut()
+        self.stop()
 
-    def _stop_and_cut(self):
-        """Stop the loop and cut the connection, so a blocked read returns at once."""
-        self._stopped.set()
-        self._wake.set()
+    def interrupt(self):
+        """Cut the connection, so a blocked read returns at once."""
         sock = self._sock
         if sock is not None:
             try:
@@ -133,27 +123,26 @@ class HAClient:
             except OSError:
                 pass
 
-    def _run(self):
-        cfg = self.config
-        retry_s = min(RECONNECT_INTERVAL_MS, cfg.ha_send_heartbeat_interval) / 1000.0
-        while not self._stopped.is_set():
-            try:
-                if self._connect():
-                    self._serve()
-                    if self._back_off:
-                        # The disk refused the space: asking again at once would only
-                        # fetch the same frame for nothing.
-                        self._back_off = False
-                        self._wake.wait(retry_s)
-                        self._wake.clear()
-                else:
-                    self._wake.wait(retry_s)
-                    self._wake.clear()
-            except Exception:
-                log.exception("HA client: unexpected error")
-                self._close()
-                self._wake.wait(retry_s)
-                self._wake.clear()
+    def _retry_ms(self):
+        return min(RECONNECT_INTERVAL_MS, self.config.ha_send_heartbeat_interval)
+
+    def run_once(self):
+        """One connection: connect, follow until it ends, then wait before the next one
+        (unless it ended cleanly and there is no reason to wait)."""
+        if self._connect():
+            self._serve()
+            if not self._back_off:
+                return
+            # The disk refused the space: asking again at once would only fetch the same
+            # frame for nothing.
+            self._back_off = False
+        self.wait_for_running(self._retry_ms())
+
+    def on_error(self):
+        self._close()
+        self.wait_for_running(self._retry_ms())
+
+    def on_shutdown(self):
         self._close()
 
     # ---- connection -----------------------------------------------------------------------
@@ -173,7 +162,7 @@ class HAClient:
         self.connected = True
         self.connections_made += 1
         self._pos = self._dispatch = 0
-        self._reported = self.store.commitlog.max_offset
+        self._reported = self.commitlog.max_offset
         self._last_write = self._last_read = monotonic_ms()
         log.info("HA client: connected to master %s, slave max offset %d", addr,
                  self._reported)
@@ -202,7 +191,7 @@ class HAClient:
             self._close(f"report failed: {exc}")
             return False
         self._reported = offset
-        self._report_ns = time.monotonic_ns()
+        self._report_ns = monotonic_ns()
         self._last_write = monotonic_ms()
         self.reports_sent += 1
         return True
@@ -212,11 +201,11 @@ class HAClient:
         and the last report is recent (REPORT_INTERVAL_NS, REPORT_BYTES): the report then
         goes out once that data is in. Never block in a receive with an advance unreported:
         a SYNC_MASTER producer waits for it."""
-        max_offset = self.store.commitlog.max_offset
+        max_offset = self.commitlog.max_offset
         if max_offset <= self._reported:
             return True
         if (max_offset - self._reported < REPORT_BYTES
-                and time.monotonic_ns() - self._report_ns < REPORT_INTERVAL_NS
+                and monotonic_ns() - self._report_ns < REPORT_INTERVAL_NS
                 and poller.poll(0)):
             return True
         return self._report(max_offset)
@@ -230,7 +219,7 @@ class HAClient:
         poller = select.poll()
         poller.register(sock, select.POLLIN)
         try:
-            while self._sock is not None and not self._stopped.is_set():
+            while self._sock is not None and not self.is_stopped:
                 if monotonic_ms() - self._last_write > heartbeat:
                     if not self._report(self._reported):
                         return
@@ -248,7 +237,7 @@ class HAClient:
                     self._close(f"read failed: {exc}")
                     return
                 if n == 0:
-                    self._close(None if self._stopped.is_set() else
+                    self._close(None if self.is_stopped else
                                 "the master closed the connection")
                     return
                 now = monotonic_ms()
@@ -278,7 +267,7 @@ class HAClient:
         (and the connection closed) on a frame that does not belong at the slave's max
         offset."""
         buf = self._stage
-        commitlog = self.store.commitlog
+        commitlog = self.commitlog
         pos, dispatch = self._pos, self._dispatch
         while pos - dispatch >= wire.HEADER_SIZE:
             try:
@@ -326,7 +315,7 @@ class HAClient:
     def _open_frame(self, offset, size):
         """Make the file ready for a frame's body: reserved, and its pages populated when the
         body is large (a no-op where the allocator got there first)."""
-        commitlog = self.store.commitlog
+        commitlog = self.commitlog
         try:
             mf = commitlog.replica_target(offset, size)
         except OSError as exc:
@@ -354,13 +343,12 @@ class HAClient:
             return True
         mf, end = self._frame_mf, self._frame_rel + self._frame_size
         self._drop_frame()
-        if not self.store.commitlog.publish_replica(mf, end):
+        if not self.commitlog.publish_replica(mf, end):
             self._close("the store is shutting down")
             return False
         self.frames_received += 1
-        reput = self.store.reput_service
-        if reput is not None:
-            reput.wakeup()
+        if self._wake_reput is not None:
+            self._wake_reput()
         return True
 
     def _drop_frame(self):

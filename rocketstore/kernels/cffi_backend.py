@@ -22,9 +22,9 @@ NAME = "cffi"
 
 __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_append",
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
-           "cq_encode_batch", "cq_search", "index_hash", "index_put", "index_put_batch",
-           "index_keys", "index_lookup", "index_walk", "index_match", "index_query",
-           "sync_range", "batch_encode", "column_join")
+           "cq_encode_batch", "cq_search", "tags_match", "index_hash", "index_put",
+           "index_put_batch", "index_keys", "index_lookup", "index_walk", "index_match",
+           "index_query", "sync_range", "batch_encode", "column_join")
 
 _from_buffer = _ffi.from_buffer
 _release_cdata = _ffi.release
@@ -211,6 +211,18 @@ def cq_search(buf, start, end, phy_offset):
     return index[0]
 
 
+def tags_match(props, tags, ends):
+    p = t = e = None
+    try:
+        e = _from_buffer("int64_t[]", _ints(ends, 8, "q"))
+        p = _ro(props)
+        t = _ro(tags)
+        r = _lib.rs_tags_match(p, len(p), t, len(t), e, len(e))
+    finally:
+        _release(p, t, e)
+    return _check(r, "tags_match") == 1
+
+
 def index_hash(key):
     h = _new("int32_t *")
     v = _ro(key)
@@ -346,11 +358,17 @@ def _offsets(off, need, what):
 
 def batch_encode(out, pos, limit, topic, queue_id, bodies, body_off, a, a_off, b, b_off, frags,
                  frag_off, first, n, flag, sys_flag, born_timestamp, born_host,
-                 store_timestamp, store_host, queue_offset, phy_base):
+                 store_timestamp, store_host, queue_offset, phy_base, flags_or=None):
     if n < 0 or first < 0 or first > n:
         _raise_for_status(_RS_E_ARG, "batch_encode: bad record range")
+    px = _ffi.NULL
+    if flags_or is not None:
+        px = _from_buffer("int32_t[]", _ints(flags_or, 4, "i"))
+        if len(px) < n:
+            _release_cdata(px)
+            _raise_for_status(_RS_E_ARG, "batch_encode: too few per-record flags")
     res = _new("int64_t[2]")
-    views = []
+    views = [] if px == _ffi.NULL else [px]
     try:
         o = _rw(out)
         views.append(o)
@@ -363,7 +381,7 @@ def batch_encode(out, pos, limit, topic, queue_id, bodies, body_off, a, a_off, b
         t, bo, av, bv, fr, bh, sh = bufs
         r = _lib.rs_batch_encode(o, len(o), pos, limit, t, len(t), queue_id, bo, len(bo),
                                  offs[0], av, len(av), offs[1], bv, len(bv), offs[2], fr,
-                                 len(fr), offs[3], first, n, flag, sys_flag, born_timestamp,
+                                 len(fr), offs[3], first, n, flag, sys_flag, px, born_timestamp,
                                  bh, len(bh), store_timestamp, sh, len(sh), queue_offset,
                                  phy_base, res, res + 1)
     finally:

@@ -23,6 +23,7 @@ KERNEL_NAMES = (
     "cq_encode",
     "cq_encode_batch",
     "cq_search",
+    "tags_match",
     "index_hash",
     "index_put",
     "index_put_batch",
@@ -60,7 +61,8 @@ KERNEL_NAMES = (
 #   index_service.IndexService.dispatch_array. Without it, index_keys and index_put_batch.
 #   ReadPath(message_type, mapped_file_type, on_corrupt, result_type, statuses,
 #   batch_result_type): get_message's and get_batch's unit walk as one compiled call
-#   (`.read(...)`; `.pull(store, cq, offset, max_n, filter, max_bytes)` and `.pull_batch(...)`
+#   (`.read(...)`; `.pull(store, cq, offset, max_n, filter, max_bytes, subscription,
+#   property_filter)` and `.pull_batch(...)`
 #   for get_message's and get_batch's common cases, results built in the call), and
 #   MessageExt objects from scanned rows (`.decode_rows(buf, rows, n)`), with
 #   read_path.PyReadPath's arguments and results, and its get statistics (`found`, `miss`,
@@ -139,6 +141,13 @@ class Kernels(Protocol):
         """Binary search over units in buf[start:end] (ascending commitLogOffset): the index,
         relative to `start`, of the first unit whose offset >= phy_offset; the unit count if
         none."""
+
+    def tags_match(self, props, tags, ends) -> bool:
+        """Whether the TAGS value of the properties string `props` (found as commitlog_scan
+        finds it: the last valid segment wins) equals one of the UTF-8 strings
+        tags[ends[i-1]:ends[i]] (`ends` int64, ascending, ends[-1] = 0), byte for byte: a
+        tag subscription's check of the record's tag string after its unit's tagsCode matched.
+        A record without TAGS matches none. Raises for `ends` not ascending within `tags`."""
 
     def index_hash(self, key) -> int:
         """IndexFile key hash (IndexFile#indexKeyHashMethod): abs(String.hashCode) of the UTF-8
@@ -221,15 +230,17 @@ class Kernels(Protocol):
     def batch_encode(self, out, pos: int, limit: int, topic, queue_id: int, bodies, body_off,
                      a, a_off, b, b_off, frags, frag_off, first: int, n: int, flag: int,
                      sys_flag: int, born_timestamp: int, born_host, store_timestamp: int,
-                     store_host, queue_offset: int, phy_base: int) -> Tuple[int, int]:
+                     store_host, queue_offset: int, phy_base: int,
+                     flags_or=None) -> Tuple[int, int]:
         """Encode records first..n-1 of a columnar batch of one topic and queue straight into
         out[pos:limit], each only if it leaves 8 bytes before `limit` for the blank record
         (as commitlog_append_batch). Columns are Arrow-style (data, int64 offsets of n + 1):
         `bodies`, and the optional `a` and `b` (None data and offsets: empty). Record i's
         properties are frags[f0:f1] + a[i] + frags[f1:f2] + b[i] + frags[f2:f3] with
         frag_off = (f0, f1, f2, f3); its QUEUEOFFSET is queue_offset + i - first, its
-        PHYSICALOFFSET phy_base + the bytes written before it; reconsume times and prepared
-        offset are 0. Bytes equal msg_encode's for the same fields. Returns (count, bytes).
+        PHYSICALOFFSET phy_base + the bytes written before it, its SYSFLAG sys_flag |
+        flags_or[i] when `flags_or` (n int32s, no host bit) is given; reconsume times and
+        prepared offset are 0. Bytes equal msg_encode's for the same fields. Returns (count, bytes).
         Offsets outside their data, or decreasing, are a bounds error; a record whose
         properties exceed 32767 bytes is RS_E_TOO_LONG. Runs without the GIL."""
 

@@ -140,9 +140,13 @@ def _column(data, off, first, n, what):
 
 def batch_encode(out, pos, limit, topic, queue_id, bodies, body_off, a, a_off, b, b_off, frags,
                  frag_off, first, n, flag, sys_flag, born_timestamp, born_host,
-                 store_timestamp, store_host, queue_offset, phy_base):
+                 store_timestamp, store_host, queue_offset, phy_base, flags_or=None):
     if n < 0 or first < 0 or first > n:
         raise_for_status(RS_E_ARG, "batch_encode: bad record range")
+    if flags_or is not None:
+        flags_or = np.asarray(flags_or, dtype=np.int32)
+        if len(flags_or) < n:
+            raise_for_status(RS_E_ARG, "batch_encode: too few per-record flags")
     if pos < 0 or limit < 0 or limit > len(out) or pos > limit:
         raise_for_status(RS_E_BOUNDS, "batch_encode")
     bodies = memoryview(bodies).cast("B")
@@ -157,17 +161,21 @@ def batch_encode(out, pos, limit, topic, queue_id, bodies, body_off, a, a_off, b
     bo = _column(bodies, body_off, first, n, "body")
     ao = _column(a, a_off, first, n, "first column")
     co = _column(b, b_off, first, n, "second column")
+    if flags_or is not None and (flags_or[first:n]
+                                 & (F.BORNHOST_V6_FLAG | F.STOREHOSTADDRESS_V6_FLAG)).any():
+        raise_for_status(RS_E_ARG, "batch_encode: a host bit in the per-record flags")
     f0, f1, f2 = (bytes(frags[fo[k]:fo[k + 1]]) for k in range(3))
     wr = pos
     for i in range(first, n):
         props = b"".join((f0, bytes(a[ao[i]:ao[i + 1]]) if ao is not None else b"", f1,
                           bytes(b[co[i]:co[i + 1]]) if co is not None else b"", f2))
         body = bodies[bo[i]:bo[i + 1]]
-        size = msg_size(sys_flag, len(body), len(topic), len(props))
+        flags = sys_flag if flags_or is None else sys_flag | int(flags_or[i])
+        size = msg_size(flags, len(body), len(topic), len(props))
         if wr + size + F.END_FILE_MIN_BLANK_LENGTH > limit:
             break
         msg_encode(out, wr, topic, body, props, queue_id, flag, queue_offset + (i - first),
-                   phy_base + (wr - pos), sys_flag, born_timestamp, born_host, store_timestamp,
+                   phy_base + (wr - pos), flags, born_timestamp, born_host, store_timestamp,
                    store_host, 0, 0)
         wr += size
     else:
@@ -354,6 +362,25 @@ def _java_div(a, b):
     """Java's long division truncates toward zero; Python's // floors."""
     q = abs(a) // abs(b)
     return q if (a >= 0) == (b > 0) else -q
+
+
+def tags_match(props, tags, ends):
+    tags = bytes(tags)
+    ends = np.asarray(ends, dtype=np.int64).tolist()
+    start = 0
+    for end in ends:
+        if end < start or end > len(tags):
+            raise_for_status(RS_E_ARG, "tags_match: ends not ascending within tags")
+        start = end
+    value = _prop_value(bytes(props), b"TAGS")
+    if value is None:
+        return False
+    start = 0
+    for end in ends:
+        if tags[start:end] == value:
+            return True
+        start = end
+    return False
 
 
 def index_hash(key):

@@ -1,5 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""ServiceThread (RocketMQ common/ServiceThread.java) on a threading.Event."""
+"""ServiceThread (RocketMQ common/ServiceThread.java) on a threading.Event: the one thread
+lifecycle of the store. Every background loop (flushing, reput, cleaning, scheduling, the
+HA accept loop, each HA connection's reader and writer, the HA client) is one of these.
+
+The stop/join rule: `stop()` asks the loop to end and returns at once, from any thread (the
+loop's own included); `interrupt()` is its hook to cut a blocking call short (a socket
+shutdown). `shutdown()` is `stop()` and then a join of at most `join_time_s`; a thread never
+joins itself. `on_shutdown()` runs on the service's own thread once its loop has ended."""
 import logging
 import threading
 
@@ -8,12 +15,15 @@ log = logging.getLogger(__name__)
 
 class ServiceThread:
     """A daemon loop. `wait_for_running(ms)` returns early after `wakeup()` and then calls
-    `on_wait_end()`; `run_once()` is the body; exceptions are logged and the loop goes on."""
+    `on_wait_end()`; `run_once()` is the body; an exception from it is logged and handed
+    to `on_error()`, which by default goes on after 10 ms."""
 
     name = "ServiceThread"
     join_time_s = 90.0
 
-    def __init__(self):
+    def __init__(self, name=None):
+        if name is not None:
+            self.name = name
         self._stopped = threading.Event()
         self._notified = threading.Event()
         # ServiceThread.hasNotified: a wakeup while one is pending costs one attribute read,
@@ -24,6 +34,12 @@ class ServiceThread:
     @property
     def is_stopped(self):
         return self._stopped.is_set()
+
+    @property
+    def is_alive(self):
+        """Whether the loop's thread is running (False before start and once it ended)."""
+        t = self._thread
+        return t is not None and t.is_alive()
 
     def start(self):
         if self._thread is not None:
@@ -38,7 +54,11 @@ class ServiceThread:
                 self.run_once()
             except Exception:  # a service must never die silently
                 log.exception("%s: error in service loop", self.name)
-                self._stopped.wait(0.01)
+                try:
+                    self.on_error()
+                except Exception:
+                    log.exception("%s: error handling an error", self.name)
+                    self.stop()
         try:
             self.on_shutdown()
         except Exception:
@@ -47,11 +67,18 @@ class ServiceThread:
     def run_once(self):
         raise NotImplementedError  # pragma: no cover - every service overrides it
 
+    def on_error(self):
+        """run_once raised (already logged): pause 10 ms, so a lasting fault does not spin."""
+        self._stopped.wait(0.01)
+
     def on_shutdown(self):
-        """Last work after the loop ends (a final flush, a drain)."""
+        """Last work after the loop ends (a final flush, a drain, closing a socket)."""
 
     def on_wait_end(self):
         """Called when a wait ends (swap request lists here)."""
+
+    def interrupt(self):
+        """Cut a blocking call in run_once short (stop() calls it; shut a socket down here)."""
 
     def wakeup(self):
         if not self.has_notified:
@@ -68,13 +95,36 @@ class ServiceThread:
         self._notified.clear()
         self.on_wait_end()
 
-    def shutdown(self):
+    def stop(self):
+        """Ask the loop to end after its current run_once; never blocks, any thread may call
+        it, and calling it again does nothing more."""
+        if self._stopped.is_set():
+            return
         self._stopped.set()
         self.has_notified = True
         self._notified.set()
+        try:
+            self.interrupt()
+        except Exception:
+            log.exception("%s: error interrupting the loop", self.name)
+
+    def join(self, timeout_s=None):
+        """Wait up to `timeout_s` (default join_time_s) for the loop to end; True once it
+        has (or never ran). A loop asking to join itself returns False at once."""
         t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join(self.join_time_s)
-            if t.is_alive():
-                log.warning("%s did not stop within %.0f s", self.name, self.join_time_s)
+        if t is None:
+            return True
+        if t is threading.current_thread():
+            return False
+        t.join(self.join_time_s if timeout_s is None else timeout_s)
+        if t.is_alive():
+            log.warning("%s did not stop within %.0f s", self.name,
+                        self.join_time_s if timeout_s is None else timeout_s)
+            return False
+        return True
+
+    def shutdown(self):
+        """stop() and join(): the loop has ended when this returns (or join_time_s passed)."""
+        self.stop()
+        self.join()
         self._thread = None

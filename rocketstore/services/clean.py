@@ -441,8 +441,8 @@ class CleanConsumeQueueService:
             index_service.delete_expired_file(min_offset)
         # A deleted topic whose records have all expired needs no entry any more.
         deleted = getattr(store, "deleted_topics", None)
-        if deleted is not None and deleted.table and deleted.prune(min_offset):
-            store._deleted_raw = deleted.offsets_by_bytes()
+        if deleted is not None and deleted.table:
+            deleted.prune(min_offset)       # the dispatchers see it (offsets_raw)
         return total
 
 

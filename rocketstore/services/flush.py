@@ -4,8 +4,8 @@ import logging
 import threading
 import time
 
+from ..clock import monotonic_ms, monotonic_ns
 from .base import ServiceThread
-from ..clock import monotonic_ms
 
 log = logging.getLogger(__name__)
 
@@ -16,15 +16,18 @@ class FlushRealTimeService(ServiceThread):
 
     name = "FlushRealTimeService"
 
-    def __init__(self, store):
+    def __init__(self, config, mfq, checkpoint):
+        """Flushes the CommitLog's files (`mfq`); the checkpoint's physicMsgTimestamp follows."""
         super().__init__()
-        self._store = store
+        self._config = config
+        self._mfq = mfq
+        self._checkpoint = checkpoint
         self._last_flush = 0
         # One flusher at a time: this thread, or MessageStore.flush / reset_write_offset.
         self.flush_lock = threading.Lock()
 
     def run_once(self):
-        cfg = self._store.config
+        cfg = self._config
         least = cfg.flush_commit_log_least_pages
         now = monotonic_ms()
         if now >= self._last_flush + cfg.flush_commit_log_thorough_interval:
@@ -36,16 +39,16 @@ class FlushRealTimeService(ServiceThread):
             self.wait_for_running(cfg.flush_interval_commit_log)
         if self.is_stopped:
             return
-        mfq = self._store.commitlog.mfq
+        mfq = self._mfq
         with self.flush_lock:
             mfq.flush(least)
         if mfq.store_timestamp > 0:
-            self._store.checkpoint.physic_msg_timestamp = mfq.store_timestamp
+            self._checkpoint.physic_msg_timestamp = mfq.store_timestamp
 
     def flush_all(self):
         """Full flushes until nothing moves, one file per call, so every file written so far
         is covered; these do not refresh physicMsgTimestamp. Any thread."""
-        mfq = self._store.commitlog.mfq
+        mfq = self._mfq
         with self.flush_lock:
             for _ in range(len(mfq.files) + 10):
                 if mfq.flush(0):
@@ -88,12 +91,13 @@ class GroupCommitService(ServiceThread):
 
     name = "GroupCommitService"
     MAX_SYNCS = 4
-    RETRY_S = 0.01          # pause before retrying a failed sync
+    RETRY_MS = 10           # pause before retrying a failed sync
 
-    def __init__(self, store):
+    def __init__(self, mfq, checkpoint):
+        """Syncs the CommitLog's files (`mfq`); the checkpoint's physicMsgTimestamp follows."""
         super().__init__()
-        self._store = store
-        self._mfq = store.commitlog.mfq
+        self._mfq = mfq
+        self._checkpoint = checkpoint
         self._lock = threading.Lock()
         # All under _lock; _flushed is also read without it (a stale value only delays).
         self._flushed = self._mfq.flushed_where     # durable: end of the finished prefix
@@ -110,21 +114,23 @@ class GroupCommitService(ServiceThread):
         """Block until `offset` is durable; False after `timeout_ms` (FLUSH_DISK_TIMEOUT)."""
         if self._flushed >= offset:
             return True
-        deadline = time.monotonic() + timeout_ms / 1000.0
+        # Nanoseconds: a millisecond clock would let a wait end up to 1 ms early, and a put
+        # whose sync outlasted its timeout by less than that would be told it did not.
+        deadline = monotonic_ns() + timeout_ms * 1_000_000
         lock = self._lock
         me = None
-        backoff = 0.0           # after a sync of ours failed: no new attempt before this
+        backoff = 0             # after a sync of ours failed: no new attempt before this
         while True:
             with lock:
                 if me is not None and me in self._waiters:
                     self._waiters.remove(me)            # timed out, not woken
                 if self._flushed >= offset:
-                    return time.monotonic() <= deadline
+                    return monotonic_ns() <= deadline
                 if self._final_flush_done:
                     # Not is_stopped: the final sync still serves a put written before
                     # shutdown, so only its completion ends the wait early.
                     return False
-                now = time.monotonic()
+                now = monotonic_ns()
                 r = None
                 if (self._started < offset or self._failed) and now >= backoff:
                     r = self._claim()
@@ -138,11 +144,11 @@ class GroupCommitService(ServiceThread):
                     me[1].acquire()
                     self._waiters.append(me)
             if r is None:
-                me[1].acquire(True, remaining)
+                me[1].acquire(True, remaining / 1e9)
                 continue
             me = None
             if not self._sync_claimed(r):
-                backoff = time.monotonic() + self.RETRY_S
+                backoff = monotonic_ns() + self.RETRY_MS * 1_000_000
 
     def restart_from(self, offset):
         """The CommitLog was cut back to `offset` (MessageStore.reset_write_offset), with
@@ -256,18 +262,9 @@ class GroupCommitService(ServiceThread):
     def _publish(self, flushed, ts):
         """Under _lock: [.., flushed) is durable. The queue's and files' flushed positions and
         the checkpoint's physicMsgTimestamp follow, as MappedFileQueue.flush(0) leaves them."""
-        mfq = self._mfq
-        old = mfq.flushed_where
-        for f in reversed(mfq.files):           # the newest first: one or two files moved
-            lo = f.file_from_offset
-            if lo + f.file_size <= old:
-                break
-            if lo < flushed:
-                f.flushed_position = max(f.flushed_position, min(flushed - lo, f.file_size))
-        mfq.flushed_where = flushed
-        mfq.store_timestamp = ts
+        self._mfq.mark_flushed(flushed, ts)
         if ts > 0:
-            self._store.checkpoint.physic_msg_timestamp = ts
+            self._checkpoint.physic_msg_timestamp = ts
         self._flushed = flushed
 
     # ---- the thread ---------------------------------------------------------------------
@@ -308,31 +305,33 @@ class CommitRealTimeService(ServiceThread):
 
     name = "CommitRealTimeService"
 
-    def __init__(self, store):
+    def __init__(self, config, mfq, wake_flusher=None):
+        """Commits the CommitLog's write buffers (`mfq`); `wake_flusher()` after each move."""
         super().__init__()
-        self._store = store
+        self._config = config
+        self._mfq = mfq
+        self._wake_flusher = wake_flusher
         self._last_commit = 0
         # One committer at a time: this thread, or a reader wanting its own puts visible.
         self._lock = threading.Lock()
 
     def run_once(self):
-        cfg = self._store.config
+        cfg = self._config
         least = cfg.commit_commit_log_least_pages
         now = monotonic_ms()
         if now >= self._last_commit + cfg.commit_commit_log_thorough_interval:
             least = 0
-        mfq = self._store.commitlog.mfq
+        mfq = self._mfq
         with self._lock:
             moved = not mfq.commit(least)
         if moved:
             self._last_commit = now
-            flusher = self._store.flush_service
-            if flusher is not None:
-                flusher.wakeup()
+            if self._wake_flusher is not None:
+                self._wake_flusher()
         self.wait_for_running(cfg.commit_interval_commit_log)
 
     def _commit_all(self):
-        mfq = self._store.commitlog.mfq
+        mfq = self._mfq
         for _ in range(len(mfq.files) + 10):
             if mfq.commit(0):
                 break
@@ -341,7 +340,7 @@ class CommitRealTimeService(ServiceThread):
         """Commit every write buffer in the caller's thread, so a read sees each put that
         returned (the readers' view of a pooled file ends at its committed position).
         Nothing once the service stopped: its final commit ran."""
-        mfq = self._store.commitlog.mfq
+        mfq = self._mfq
         if mfq.committed_where >= mfq.get_max_wrote_position():
             return
         with self._lock:
@@ -358,34 +357,37 @@ class FlushConsumeQueueService(ServiceThread):
     ms, if at least flush_consume_queue_least_pages pages are dirty (every page on thorough
     rounds, and at shutdown, which also write the checkpoint file). A round costs the queues
     written, not every queue of the store: the dispatcher marks what it writes
-    (store.dirty_cqs), and a queue the round leaves with unflushed units (fewer pages than the
+    (`dirty_cqs`), and a queue the round leaves with unflushed units (fewer pages than the
     least, a second file) stays marked for the next."""
 
     name = "FlushConsumeQueueService"
 
-    def __init__(self, store):
+    def __init__(self, config, checkpoint, dirty_cqs, queues, flush_index=None):
+        """`queues`: every ConsumeQueue now; `flush_index()` flushes the index files that
+        filled up (IndexService.flush_pending)."""
         super().__init__()
-        self._store = store
+        self._config = config
+        self._checkpoint = checkpoint
+        self._dirty = dirty_cqs
+        self._flush_index = flush_index
         self._last_thorough = 0
         # What loading, recovery and reput's catch-up left unflushed: once, every queue.
-        store.dirty_cqs.mark_all(cq for cq in store.all_consume_queues() if _unflushed(cq))
+        dirty_cqs.mark_all(cq for cq in queues if _unflushed(cq))
 
     def do_flush(self, retry_times, force=False):
         # Index files that filled up are flushed here, each advancing the checkpoint's
         # indexMsgTimestamp (the broker starts a thread per full file for the same job).
-        flush_pending = getattr(getattr(self._store, "index_service", None), "flush_pending",
-                                None)
-        if flush_pending is not None:
-            flush_pending()
-        cfg = self._store.config
+        if self._flush_index is not None:
+            self._flush_index()
+        cfg = self._config
         least = cfg.flush_consume_queue_least_pages
         now = monotonic_ms()
         snapshot = 0
         if force or now >= self._last_thorough + cfg.flush_consume_queue_thorough_interval:
             self._last_thorough = now
             least = 0
-            snapshot = self._store.checkpoint.logics_msg_timestamp
-        dirty = self._store.dirty_cqs
+            snapshot = self._checkpoint.logics_msg_timestamp
+        dirty = self._dirty
         left = []
         for cq in dirty.take():
             for _ in range(retry_times):
@@ -397,11 +399,11 @@ class FlushConsumeQueueService(ServiceThread):
             dirty.mark_all(left)
         if least == 0:
             if snapshot > 0:
-                self._store.checkpoint.logics_msg_timestamp = snapshot
-            self._store.checkpoint.flush()
+                self._checkpoint.logics_msg_timestamp = snapshot
+            self._checkpoint.flush()
 
     def run_once(self):
-        self.wait_for_running(self._store.config.flush_interval_consume_queue)
+        self.wait_for_running(self._config.flush_interval_consume_queue)
         if not self.is_stopped:
             self.do_flush(1)
 

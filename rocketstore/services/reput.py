@@ -13,14 +13,25 @@ log = logging.getLogger(__name__)
 
 
 class ReputMessageService(ServiceThread):
+    """Dispatches the CommitLog's records from `reput_from_offset` on to `dispatchers` (the
+    store's list), then wakes the consumers waiting in `arrivals`. `running_flags` takes the
+    logic-queue error after repeated dispatch failures. On a slave (`is_slave`), bytes the
+    master sent that cannot be records go to `halt_replication(reason)` once the store set it
+    (HAClient.halt), else they are logged."""
+
     name = "ReputMessageService"
     BATCH = 4096   # rows per kernel call
 
-    def __init__(self, store, reput_from_offset):
+    def __init__(self, commitlog, kernels, dispatchers, reput_from_offset, *, arrivals,
+                 running_flags, is_slave=False, halt_replication=None):
         super().__init__()
-        self._store = store
-        self._commitlog = store.commitlog
-        self._k = store.kernels
+        self._commitlog = commitlog
+        self._k = kernels
+        self._dispatchers = dispatchers
+        self._arrivals = arrivals
+        self._running_flags = running_flags
+        self._is_slave = is_slave
+        self.halt_replication = halt_replication
         self.reput_from_offset = reput_from_offset    # written by the reput thread only
         self._rows = np.empty(self.BATCH, dtype=F.SCAN_DTYPE)
         self._failures = 0
@@ -55,8 +66,8 @@ class ReputMessageService(ServiceThread):
             log.warning("reput offset %d is below the CommitLog minimum %d: skipping ahead",
                         self.reput_from_offset, min_offset)
             self.reput_from_offset = min_offset
-        dispatchers = self._store.dispatchers
-        arrivals = self._store.arrivals
+        dispatchers = self._dispatchers
+        arrivals = self._arrivals
         rows = self._rows
         while self.reput_from_offset < cl.max_offset:
             offset = self.reput_from_offset
@@ -85,7 +96,7 @@ class ReputMessageService(ServiceThread):
             if reason == F.SCAN_END:
                 continue
             if reason == F.SCAN_BLANK:
-                if self._store.is_slave and stop + stop_size != mf.file_size:
+                if self._is_slave and stop + stop_size != mf.file_size:
                     # The master's end-of-file blank says where its file ends; ours ends
                     # elsewhere, so the records after it would never be dispatched.
                     self._stop_following(
@@ -99,7 +110,7 @@ class ReputMessageService(ServiceThread):
                           self.reput_from_offset)
                 self.reput_from_offset += stop_size
             else:
-                if not self._store.is_slave:
+                if not self._is_slave:
                     # A master's readable area holds whole records only, so this is damage:
                     # skip the rest of the file's readable area, as the broker does.
                     log.error("reput: unreadable record at %d (%s); skipping to %d",
@@ -122,10 +133,9 @@ class ReputMessageService(ServiceThread):
 
     def _stop_following(self, reason):
         """On a slave: stop replicating, once, with `reason` visible (HAClient.error)."""
-        ha = self._store.ha_service
-        client = ha.client if ha is not None else None
-        if client is not None:
-            client.halt(reason)
+        halt = self.halt_replication
+        if halt is not None:
+            halt(reason)
         elif self._halted != reason:
             log.error("reput: %s", reason)
         self._halted = reason
@@ -146,7 +156,7 @@ class ReputMessageService(ServiceThread):
                       "backends) keeps a descriptor per mapped file"
                       if getattr(exc, "errno", None) == 24 else "")
             if self._failures >= self.MAX_DISPATCH_FAILURES:
-                self._store.running_flags.make_logics_queue_error()
+                self._running_flags.make_logics_queue_error()
             self._stopped.wait(1.0)
             return False
         self._failures = 0

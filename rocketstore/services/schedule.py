@@ -37,11 +37,11 @@ REAL_TOPIC / REAL_QID (or whose real topic is not a valid name) is logged and sk
 import logging
 import re
 import threading
-import time
 
 import numpy as np
 
 from .. import format as F
+from ..clock import monotonic_ms
 from ..errors import CorruptRecordError, MessageIllegalError, StoreClosedError
 from ..message import (PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, PROPERTY_WAIT,
                        Message, MessageExt, hashmap_order, string_to_properties)
@@ -103,7 +103,9 @@ def message_timeup(ext):
     m = DeliveredMessage.__new__(DeliveredMessage)
     m.topic = topic
     m.queue_id = int(qid)
-    m.body = ext.body
+    # The stored bytes, compressed or not, with the sysFlag that says so: the schedule
+    # service re-puts the record as it was sent (4.9.8 reads it without decompressing).
+    m.body = ext.stored_body
     m.flag = ext.flag
     m.sys_flag = ext.sys_flag
     m.born_timestamp = ext.born_timestamp
@@ -129,15 +131,25 @@ def correct_deliver_timestamp(now, deliver_ts, delay_ms):
 
 
 class ScheduleMessageService(ServiceThread):
-    """Delivers due delayed messages of every level; started by a master store."""
+    """Delivers due delayed messages of every level; started by a master store, which hands
+    it what it uses: the delay levels, the DelayOffsetManager, the CommitLog the records are
+    read from, `find_consume_queue(topic, queue_id)`, the store clock, and
+    `put_messages(msgs)` (the store's put path), `is_running()` and `catch_up()` (dispatch
+    what reput has not yet)."""
 
     name = "ScheduleMessageService"
 
-    def __init__(self, store):
+    def __init__(self, delay_levels, offsets, commitlog, find_consume_queue, clock, *,
+                 put_messages, is_running, catch_up):
         super().__init__()
-        self.store = store
-        self.delay_levels = list(store.config.delay_levels)     # ms, level 1 first
-        self.offsets = store.delay_offsets                        # DelayOffsetManager
+        self.delay_levels = list(delay_levels)                    # ms, level 1 first
+        self.offsets = offsets                                    # DelayOffsetManager
+        self._commitlog = commitlog
+        self._find_cq = find_consume_queue
+        self._clock = clock
+        self._put_messages = put_messages
+        self._is_running = is_running
+        self._catch_up = catch_up
         self._next_run = {}                                      # level -> monotonic s
         self._lock = threading.Lock()                            # one run at a time
         self.delivered = 0
@@ -155,7 +167,7 @@ class ScheduleMessageService(ServiceThread):
             current = self.offsets.offset_table.get(level)
             if current is None:
                 continue
-            cq = self.store.find_consume_queue(F.SCHEDULE_TOPIC, delay_level_to_queue_id(level))
+            cq = self._find_cq(F.SCHEDULE_TOPIC, delay_level_to_queue_id(level))
             lo, hi = cq.min_offset_in_queue, cq.max_offset_in_queue
             fixed = min(max(current, lo), hi)
             if fixed != current:
@@ -165,16 +177,16 @@ class ScheduleMessageService(ServiceThread):
 
     def start(self):
         self.correct_delay_offset()
-        first = time.monotonic() + FIRST_DELAY_TIME_MS / 1000.0
+        first = monotonic_ms() + FIRST_DELAY_TIME_MS
         self._next_run = {level: first for level in range(1, self.max_delay_level + 1)}
         super().start()
 
     def run_once(self):
-        now = time.monotonic()
+        now = monotonic_ms()
         due = [lv for lv, t in self._next_run.items() if t <= now]
         if not due:
-            wait = min(self._next_run.values(), default=now + 1.0) - now
-            self.wait_for_running(max(1, int(wait * 1000)))
+            wait = min(self._next_run.values(), default=now + 1000) - now
+            self.wait_for_running(max(1, wait))
             return
         for level in due:
             if self.is_stopped:
@@ -187,7 +199,7 @@ class ScheduleMessageService(ServiceThread):
             except Exception:
                 log.exception("ScheduleMessageService: delivery of delay level %d failed", level)
                 delay_ms = DELAY_FOR_A_PERIOD_MS
-            self._next_run[level] = time.monotonic() + delay_ms / 1000.0
+            self._next_run[level] = monotonic_ms() + delay_ms
 
     def on_shutdown(self):
         # ScheduleMessageService#shutdown persists; the store's config close does too.
@@ -207,9 +219,8 @@ class ScheduleMessageService(ServiceThread):
             return self._execute(level)
 
     def _execute(self, level):
-        store = self.store
         delay_ms = self.delay_levels[level - 1]
-        cq = store.find_consume_queue(F.SCHEDULE_TOPIC, delay_level_to_queue_id(level))
+        cq = self._find_cq(F.SCHEDULE_TOPIC, delay_level_to_queue_id(level))
         offset = self.offset_of(level)
         lo, hi = cq.min_offset_in_queue, cq.max_offset_in_queue
         if offset < lo or offset > hi:
@@ -222,7 +233,7 @@ class ScheduleMessageService(ServiceThread):
             units = cq.units(offset, min(DELIVER_BATCH, hi - offset))
             if len(units) == 0:
                 break
-            now = store.clock()
+            now = self._clock()
             tags = units["tags_code"].astype(np.int64)
             deliver = correct_deliver_timestamp(now, tags, delay_ms)
             not_due = np.flatnonzero(deliver > now)
@@ -239,15 +250,14 @@ class ScheduleMessageService(ServiceThread):
         return DELAY_FOR_A_WHILE_MS
 
     def is_stopped_or_closed(self):
-        return self.is_stopped or not self.store._running
+        return self.is_stopped or not self._is_running()
 
     def _deliver(self, level, offset, units):
         """Put the due `units` (from queue offset `offset`) to their real queues, or as many as
         DELIVER_BATCH_BYTES allows. Returns (units done, delivered or skipped; whether the
         put path refused one): the level's offset is advanced past them only once their
         records are stored."""
-        store = self.store
-        commitlog = store.commitlog
+        commitlog = self._commitlog
         msgs = []
         slots = []              # unit index each message came from
         n = len(units)
@@ -280,7 +290,7 @@ class ScheduleMessageService(ServiceThread):
             self.offsets.update_offset(level, offset + n)
             return n, False
         try:
-            result = store._put_messages(msgs)
+            result = self._put_messages(msgs)
         except MessageIllegalError:
             # One record the put path refuses (an invalid real topic): put the rest one by
             # one, skipping it, rather than blocking the level.
@@ -297,10 +307,9 @@ class ScheduleMessageService(ServiceThread):
         return n, False
 
     def _deliver_one_by_one(self, level, offset, msgs, slots, n):
-        store = self.store
         for msg, i in zip(msgs, slots):
             try:
-                result = store._put_messages([msg])
+                result = self._put_messages([msg])
             except MessageIllegalError as exc:
                 log.error("delay level %d, queue offset %d: not delivered, %s; skipped",
                           level, offset + i, exc)
@@ -318,7 +327,7 @@ class ScheduleMessageService(ServiceThread):
         """Run every level once now (what the timers do, without waiting for them): for
         tests and tools with a clock of their own. Returns the messages delivered.
         Dispatches what reput has not yet first, so every put that returned is seen."""
-        self.store._catch_up()
+        self._catch_up()
         before = self.delivered
         for level in range(1, self.max_delay_level + 1):
             self.execute_on_timeup(level)

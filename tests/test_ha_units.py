@@ -1,0 +1,259 @@
+# SPDX-License-Identifier: Apache-2.0
+"""HA classes below the facade (doc/05): HAClient, the master's HAService and its accept loop,
+and GroupTransferService, each driven on its own with a real CommitLog
+and sockets the test holds, without a MessageStore around them."""
+import socket
+import threading
+
+import pytest
+
+from rocketstore import testing
+from rocketstore.commitlog import CommitLog
+from rocketstore.config import BrokerRole
+from rocketstore.fs import FileSystem
+from rocketstore.ha import slave as slave_module
+from rocketstore.ha import wire
+from rocketstore.ha.group_transfer import GroupTransferService
+from rocketstore.ha.master import HAService
+from rocketstore.ha.slave import HAClient
+
+FILE = 64 * 1024
+
+
+def make_commitlog(root, role):
+    config = testing.small_config(broker_role=role, mapped_file_size_commit_log=FILE)
+    commitlog = CommitLog(str(root), config, testing.load_backend(testing.backend_params()[0]),
+                          FileSystem())
+    commitlog.load()
+    return config, commitlog
+
+
+class FakeMaster:
+    """A listening socket the test accepts on and speaks the master side of the wire with."""
+
+    def __init__(self):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(10)
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.conn = None
+
+    def accept(self):
+        self.conn, _ = self.listener.accept()
+        self.conn.settimeout(10)
+        return self.conn
+
+    def read_report(self):
+        return wire.decode_report(recv_exactly(self.conn, wire.REPORT_SIZE))
+
+    def close(self):
+        if self.conn is not None:
+            self.conn.close()
+        self.listener.close()
+
+
+def recv_exactly(sock, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise EOFError(f"peer closed after {len(buf)} of {n} bytes")
+        buf += chunk
+    return buf
+
+
+@pytest.fixture
+def slave_log(tmp_path):
+    config, commitlog = make_commitlog(tmp_path / "slave", BrokerRole.SLAVE)
+    yield config, commitlog
+    commitlog.stop_puts()
+    commitlog.close()
+
+
+@pytest.fixture
+def master():
+    m = FakeMaster()
+    yield m
+    m.close()
+
+
+# ---- HAClient ---------------------------------------------------------------------------------
+def test_client_reports_its_max_offset_on_connect_and_counts_heartbeat_frames(slave_log, master):
+    config, commitlog = slave_log
+    client = HAClient(config, commitlog, master.address)
+    client.start()
+    try:
+        master.accept()
+        assert master.read_report() == 0
+        assert client.following and client.connected
+        master.conn.sendall(wire.encode_header(0, 0))
+        testing.wait_until(lambda: client.frames_received == 1, 10, "the heartbeat frame")
+    finally:
+        client.shutdown()
+    assert not client.following and not client.is_alive
+
+
+def test_client_appends_a_frame_at_its_max_offset_reports_it_and_wakes_the_reput(slave_log,
+                                                                                 master):
+    config, commitlog = slave_log
+    woken = threading.Event()
+    client = HAClient(config, commitlog, master.address, wake_reput=woken.set)
+    client.start()
+    try:
+        master.accept()
+        assert master.read_report() == 0
+        body = bytes(range(256)) * 40
+        master.conn.sendall(wire.encode_header(0, len(body)) + body)
+        assert master.read_report() == len(body)       # acknowledged once it is in the log
+        assert commitlog.max_offset == len(body)
+        assert bytes(commitlog.get_data(0, len(body))) == body
+        assert woken.is_set()
+    finally:
+        client.shutdown()
+
+
+def test_client_drops_a_frame_not_at_its_max_offset_and_writes_nothing(slave_log, master):
+    config, commitlog = slave_log
+    client = HAClient(config, commitlog, master.address)
+    client.start()
+    try:
+        master.accept()
+        assert master.read_report() == 0
+        master.conn.sendall(wire.encode_header(0, 8) + b"12345678")
+        assert master.read_report() == 8
+        master.conn.sendall(wire.encode_header(100, 8) + b"abcdefgh")   # a gap: not 8
+        assert recv_exactly_or_eof(master.conn) == b""    # the client closed the connection
+        assert commitlog.max_offset == 8
+        assert bytes(commitlog.get_data(0, 8)) == b"12345678"
+        assert client.following and client.error is None  # it reconnects, not halts
+    finally:
+        client.shutdown()
+
+
+def test_client_waiting_to_reconnect_wakes_when_the_master_address_changes(
+        slave_log, master, monkeypatch):
+    # Without the wakeup the client would wait a whole day before its next attempt.
+    monkeypatch.setattr(slave_module, "RECONNECT_INTERVAL_MS", 86_400_000)
+    config, commitlog = slave_log
+    config.ha_send_heartbeat_interval = 86_400_000
+    client = HAClient(config, commitlog, None)
+    client.start()
+    try:
+        assert client.following and client.connections_made == 0
+        client.update_master_address(master.address)
+        master.accept()
+        assert master.read_report() == 0
+        assert client.connections_made == 1
+    finally:
+        client.shutdown()
+    assert not client.following
+
+
+def test_client_halted_from_another_thread_stops_following_and_cuts_the_connection(slave_log,
+                                                                                  master):
+    config, commitlog = slave_log
+    client = HAClient(config, commitlog, master.address)
+    client.start()
+    try:
+        master.accept()
+        assert master.read_report() == 0
+        client.halt("the master's bytes cannot be kept")
+        assert recv_exactly_or_eof(master.conn) == b""
+        testing.wait_until(lambda: not client.following, 10, "the client to stop")
+        assert client.error == "the master's bytes cannot be kept"
+        client.halt("a second reason")                 # the first reason stays
+        assert client.error == "the master's bytes cannot be kept"
+    finally:
+        client.shutdown()
+
+
+def recv_exactly_or_eof(sock):
+    """What the peer sends until it closes (heartbeat reports may come first)."""
+    while True:
+        chunk = sock.recv(4096)
+        if not chunk:
+            return b""
+
+
+def test_client_shut_down_before_it_started_does_nothing(slave_log):
+    config, commitlog = slave_log
+    client = HAClient(config, commitlog, "127.0.0.1:1")
+    client.shutdown()
+    assert not client.following and client.connections_made == 0
+
+
+# ---- HAService (master) -----------------------------------------------------------------------
+def test_master_accepts_a_slave_serves_its_reports_and_closes_everything_on_shutdown(tmp_path):
+    config, commitlog = make_commitlog(tmp_path / "master", BrokerRole.SYNC_MASTER)
+    config.ha_listen_port = 0
+    service = HAService(config, commitlog)
+    service.start()
+    peer = None
+    try:
+        peer = socket.create_connection(("127.0.0.1", service.port), timeout=10)
+        testing.wait_until(lambda: service.connection_count == 1, 10, "the connection")
+        peer.sendall(wire.encode_report(0))
+        conn = service.connections[0]
+        testing.wait_until(lambda: conn.slave_ack_offset == 0, 10, "the report")
+        assert service.push2slave_max_offset == 0
+        threads = {t.name for t in threading.enumerate()}
+        assert {"HAAcceptSocketService", f"HAReadSocketService-{conn.addr}",
+                f"HAWriteSocketService-{conn.addr}"} <= threads
+    finally:
+        service.shutdown()
+        commitlog.close()
+    assert service.connections == []
+    assert recv_exactly_or_eof(peer) == b""
+    peer.close()
+    names = {t.name for t in threading.enumerate()}
+    assert not any(n.startswith(("HAAcceptSocketService", "HARead", "HAWrite")) for n in names)
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", service.port), timeout=1).close()
+
+
+def test_master_writer_sends_the_log_from_the_reported_offset_and_acks_release_producers(
+        tmp_path):
+    config, commitlog = make_commitlog(tmp_path / "master", BrokerRole.SYNC_MASTER)
+    config.ha_listen_port = 0
+    data = bytes(range(256)) * 8
+    assert commitlog.append_data(0, data)
+    service = HAService(config, commitlog)
+    service.start()
+    peer = None
+    try:
+        peer = socket.create_connection(("127.0.0.1", service.port), timeout=10)
+        peer.sendall(wire.encode_report(1000))           # a slave that has 1000 bytes
+        got = b""
+        while len(got) < len(data) - 1000:
+            offset, size = wire.decode_header(recv_exactly(peer, wire.HEADER_SIZE))
+            if size:
+                assert offset == 1000 + len(got)
+                got += recv_exactly(peer, size)
+        assert got == data[1000:]
+        released = []
+        waiter = threading.Thread(
+            target=lambda: released.append(service.group_transfer.wait_for(len(data), 60_000)))
+        waiter.start()
+        testing.wait_until(lambda: service.group_transfer.waiting == 1, 10, "a producer")
+        peer.sendall(wire.encode_report(len(data)))
+        waiter.join(10)
+        assert released == [True] and service.push2slave_max_offset == len(data)
+    finally:
+        service.shutdown()
+        if peer is not None:
+            peer.close()
+        commitlog.close()
+
+
+# ---- GroupTransferService ---------------------------------------------------------------------
+def test_group_transfer_started_again_after_shutdown_parks_producers_again():
+    gt = GroupTransferService()
+    gt.shutdown()
+    assert gt.wait_for(10, 60_000) is False            # stopped: answered at once
+    gt.start()
+    result = []
+    t = threading.Thread(target=lambda: result.append(gt.wait_for(10, 60_000)))
+    t.start()
+    testing.wait_until(lambda: gt.waiting == 1, 10, "a parked producer")
+    gt.notify_transfer_some(10)
+    t.join(10)
+    assert result == [True] and gt.waiting == 0
