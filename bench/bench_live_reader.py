@@ -13,6 +13,8 @@ is the difference. extra_info holds p50_us / p99_us / max_us per variant:
 - live-wait: LiveReader.get_message(wait_ms=...), polling with its backoff (100 µs doubling
   to 1 ms);
 - live-consumer: the Consumer iterator on the LiveReader (batch_size 1, committing in memory);
+- live-wait-wake, live-consumer-wake: the same with the writer's wake_reput_on_put on, so each
+  put wakes its reput instead of waiting for reput's 1 ms cycle;
 - poll-1ms (the peer): the same reader without a wait, get_message then time.sleep(0.001)
   until the message is there, what a program does without a wait;
 - pipe-floor (the floor): the same ping-pong through a pipe, no store: a cross-process
@@ -35,7 +37,7 @@ from rocketstore.workload import check_puts, check_read_back
 
 N = int(os.environ.get("ROCKETSTORE_BENCH_LIVE_N", "1000"))
 TOPIC = "LiveBench"
-VARIANTS = ("live-wait", "live-consumer", "poll-1ms")
+VARIANTS = ("live-wait", "live-consumer", "poll-1ms", "live-wait-wake", "live-consumer-wake")
 _NOW = time.CLOCK_MONOTONIC
 
 READER = r"""
@@ -121,7 +123,7 @@ def _pingpong(variant, root, n, send, backend="pure"):
 def test_write_to_visible_in_another_process(benchmark, store_factory, backend, variant):
     benchmark.group = "write->visible in another process"
     store = store_factory(backend, [Message(TOPIC, b"0:%019d" % 0, queue_id=0)] * N, 1,
-                          ha_listen_port=0)
+                          ha_listen_port=0, wake_reput_on_put=variant.endswith("-wake"))
     msgs, results = [], []
 
     def send(i, _):
@@ -132,7 +134,7 @@ def test_write_to_visible_in_another_process(benchmark, store_factory, backend, 
     out = {}
 
     def run():
-        out["r"] = _pingpong(variant, store.root, N, send, backend.NAME)
+        out["r"] = _pingpong(variant.removesuffix("-wake"), store.root, N, send, backend.NAME)
     benchmark.pedantic(run, rounds=1, iterations=1)
     lat, bodies = out["r"]
     check_puts(results, N)
@@ -160,3 +162,55 @@ def test_pipe_floor(benchmark, tmp_path):
     lat, bodies = out["r"]
     assert bodies == sent
     _record(benchmark, lat)
+
+
+READ_N = int(os.environ.get("ROCKETSTORE_BENCH_LIVE_READ_N", "50000"))
+READ_VARIANTS = ("live-reader", "live-python-path", "open_read_only")
+
+
+def _read_queue(reader, n):
+    got, offset = [], 0
+    while offset < n:
+        r = reader.get_message("g", TOPIC, 0, offset, 32)
+        got += r.messages
+        offset = r.next_begin_offset
+    return got
+
+
+@pytest.mark.parametrize("variant", READ_VARIANTS)
+def test_read_a_backlog(benchmark, store_factory, backend, variant):
+    """Reading READ_N messages (128-byte bodies) of a running writer's store, 32 per
+    get_message: a LiveReader (compiled ReadPath.live_walk in cext, each record copied and
+    CRC-checked), the same reader kept to its Python path (what cffi and pure run, and cext ran
+    before live_walk), and the peer, MessageStore.open_read_only's read path (no body CRC
+    check). extra_info: us_per_message."""
+    from rocketstore import MessageStore
+    from rocketstore.live import LiveReader
+    from rocketstore.testing import wait_until
+    benchmark.group = "read a backlog (32 per call)"
+    msgs = [Message(TOPIC, b"%06d" % i + b"x" * 122, queue_id=0) for i in range(READ_N)]
+    store = store_factory(backend, msgs, 1)
+    results = [store.put_messages(msgs[i:i + 256]) for i in range(0, READ_N, 256)]
+    check_puts(results, READ_N)
+    wait_until(lambda: store.dispatch_behind_bytes() == 0, what="dispatch")
+    store.flush()
+    if variant != "open_read_only":
+        reader = LiveReader(store.root, kernels=backend)
+        if variant == "live-python-path":
+            reader._walk = None
+    else:
+        reader = MessageStore.open_read_only(store.root, kernels=backend)
+    try:
+        _read_queue(reader, READ_N)          # map the files once, outside the timed region
+        out = {}
+
+        def run():
+            out["got"] = _read_queue(reader, READ_N)
+        benchmark.pedantic(run, rounds=3, iterations=1)
+        got = out["got"]
+        assert [m.body for m in got] == [m.body for m in msgs], "the reader missed messages"
+    finally:
+        reader.shutdown()
+    check_read_back(store, msgs)
+    benchmark.extra_info.update(
+        us_per_message=round(benchmark.stats.stats.mean / READ_N * 1e6, 3))

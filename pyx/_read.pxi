@@ -19,6 +19,7 @@ from cpython.bytearray cimport PyByteArray_FromStringAndSize
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from libc.limits cimport LLONG_MAX
 from cpython.unicode cimport PyUnicode_DecodeUTF8
+from cpython.mem cimport PyMem_Free, PyMem_Realloc
 
 __all__ += ("ReadPath",)
 
@@ -65,6 +66,12 @@ DEF R_LOCK = 3
 DEF R_AVAILABLE = 4
 DEF R_REFS = 5
 DEF R_COND = 6
+
+# live_walk's answers: why it stopped (ReadPath.LIVE_* for live.py).
+DEF W_DONE = 0
+DEF W_ZERO = 1
+DEF W_FULL = 2
+DEF W_OTHER = 3
 
 cdef object _MAGIC_V1 = RS_MESSAGE_MAGIC_CODE
 cdef object _MAGIC_V2 = RS_MESSAGE_MAGIC_CODE_V2
@@ -115,6 +122,10 @@ cdef class ReadPath:
 
     on_corrupt(queue_offset, phy_offset, reason) is called for a unit whose record fails the
     record check (the unit is then skipped, as a filter would)."""
+    LIVE_DONE = W_DONE
+    LIVE_ZERO = W_ZERO
+    LIVE_FULL = W_FULL
+    LIVE_OTHER = W_OTHER
     cdef Py_ssize_t _x[N_EXT_SLOTS]
     cdef Py_ssize_t _f[7]
     cdef type _ext
@@ -279,6 +290,86 @@ cdef class ReadPath:
             PyBuffer_Release(&rv)
             PyBuffer_Release(&b)
         return out
+
+    # ---- a LiveReader's walk (live.py) --------------------------------------------------------
+    def live_walk(self, cq_mm, Py_ssize_t rel, Py_ssize_t n, int64_t q0, log_mm,
+                  int64_t log_start, bytes topic_b, int32_t queue_id, Py_ssize_t max_n,
+                  int64_t max_bytes, int64_t nbytes, message_filter, list messages):
+        """LiveReader._read's unit loop over the `n` units at `rel` in ConsumeQueue mapping
+        `cq_mm` (queue offsets q0..q0+n-1), their records in the CommitLog mapping `log_mm`
+        (a whole file, starting at CommitLog offset `log_start`; None: none yet). Each record
+        is copied, then checked (rs_msg_check, body CRC included) and matched against its unit
+        (size, CommitLog offset, queue id, queue offset, topic) on the copy, and decoded from
+        the copy: a writer's later change can never make the message differ from what was
+        checked. MessageExt objects are appended to `messages` (at most max_n in all),
+        `message_filter(tags_code)` deciding for a checked record, as LiveReader does.
+
+        Returns (units done, why it stopped, nbytes): LIVE_DONE (n units done, or max_n
+        messages), LIVE_ZERO (the next unit is not written), LIVE_FULL (the next record would
+        pass max_bytes) or LIVE_OTHER (the next unit is for LiveReader's Python path: its
+        record lies outside `log_mm`, or fails a check)."""
+        cdef Py_buffer qv, lv
+        cdef rs_scan_rec row
+        cdef int32_t size, rsize
+        cdef int64_t phy
+        cdef const uint8_t *u
+        cdef uint8_t *scratch = NULL
+        cdef uint8_t *grown
+        cdef size_t cap = 0
+        cdef Py_ssize_t i = 0, tlen = PyBytes_GET_SIZE(topic_b)
+        cdef int why = W_DONE
+        cdef bint have_log = log_mm is not None
+        memset(&qv, 0, sizeof(qv))
+        memset(&lv, 0, sizeof(lv))
+        try:
+            _ro(cq_mm, &qv)
+            if rel < 0 or n < 0 or rel + n * RS_CQ_STORE_UNIT_SIZE > qv.len:
+                _raise_for_status(RS_E_BOUNDS, "live_walk: units outside the mapping")
+            if have_log:
+                _ro(log_mm, &lv)
+            while i < n:
+                if PyList_GET_SIZE(messages) >= max_n:
+                    break
+                u = <const uint8_t *>qv.buf + rel + i * RS_CQ_STORE_UNIT_SIZE
+                phy = rs_load_i64(u)
+                size = rs_load_i32(u + 8)
+                if size == 0:
+                    why = W_ZERO
+                    break
+                if phy == 0 and size == 0x7FFFFFFF:
+                    i += 1                  # a broker's blank leading unit: no record
+                    continue
+                if PyList_GET_SIZE(messages) and nbytes + size > max_bytes:
+                    why = W_FULL
+                    break
+                if not have_log or size < 0 or phy < log_start \
+                        or phy - log_start > lv.len - size:
+                    why = W_OTHER
+                    break
+                if <size_t>size > cap:
+                    grown = <uint8_t *>PyMem_Realloc(scratch, <size_t>size)
+                    if grown == NULL:
+                        raise MemoryError()
+                    scratch = grown
+                    cap = <size_t>size
+                memcpy(scratch, <const uint8_t *>lv.buf + (phy - log_start), <size_t>size)
+                if rs_msg_check(scratch, <size_t>size, 0, 1, &row, &rsize) != RS_OK \
+                        or rsize != size or row.pos != 0 or row.phy_offset != phy \
+                        or row.queue_id != queue_id or row.queue_offset != q0 + i \
+                        or row.topic_len != tlen or not _row_inside(&row, size) \
+                        or memcmp(scratch + row.topic_off, PyBytes_AS_STRING(topic_b),
+                                  <size_t>tlen) != 0:
+                    why = W_OTHER
+                    break
+                i += 1
+                if message_filter is None or message_filter(rs_load_i64(u + 12)):
+                    messages.append(self._message(scratch, &row))
+                    nbytes += size
+        finally:
+            PyMem_Free(scratch)
+            PyBuffer_Release(&lv)
+            PyBuffer_Release(&qv)
+        return i, why, nbytes
 
     # ---- the unit walk ---------------------------------------------------------------------
     cdef object _find(self, list files, int64_t offset, int64_t file_size):

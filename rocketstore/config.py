@@ -296,6 +296,11 @@ class StoreConfig:
     # deletes the oldest CommitLog files, and the queue and index files they alone cover,
     # expired or not (an embedded store shares its disk with its application).
     store_size_budget: int = 0
+    # Beyond RocketMQ (no Java key): every put wakes the reput service, so its ConsumeQueue
+    # unit is written at once rather than at reput's next 1 ms cycle. A store does this by
+    # itself while a consumer in its own process waits; readers in other processes
+    # (LiveReader) cannot ask for it, so the writer opts in. Costs a wake-up per put.
+    wake_reput_on_put: bool = False
     # Beyond RocketMQ's store (a producer's settings, DefaultMQProducer): compress each put's
     # body as a 4.9 producer does before sending it (doc/01 §3.5). A body of at least
     # compress_msg_body_over_howmuch bytes is stored zlib-deflated at compress_level (the

@@ -35,10 +35,21 @@ store directory, in the broker's consumerOffset.json format, written crash-safe 
 broker's config files are, at most every `offsets_flush_ms` on commit and on close). One file
 per reader process: two readers sharing a file overwrite each other's offsets.
 
+Reading: with the cext backend a read walks runs of units in one compiled call
+(ReadPath.live_walk): each record copied, checked (rs_msg_check, body CRC included) and
+matched against its unit on the copy, and its MessageExt made from the copy. The walk hands
+back every unit it cannot settle alone (its record in a CommitLog file it was not given, or
+failing a check) to the Python path below, which decides not-there, deleted, damaged or not
+yet visible by the rules above; the cffi and pure backends take the Python path throughout.
+The CommitLog file the last walk read in stays referenced until a walk needs another one, so
+a file cleaning deleted may stay mapped that much longer.
+
 Waiting: no reput runs in this process to wake a consumer, so a wait (`get_message(...,
 wait_ms=N)`, `consume`, `aconsume`) reads the queue's next unit again after a short bounded
 backoff, from POLL_FIRST_S doubling up to POLL_MAX_S (consumer.py's wait loop, with
-`poll_backoff` set). A check of the next unit is one 20-byte read of a mapped page.
+`poll_backoff` set). A check of the next unit is one 20-byte read of a mapped page. The
+writer's reput writes units on its 1 ms cycle unless the writer sets
+StoreConfig.wake_reput_on_put, which wakes it on every put.
 
 Key queries (the index files) are not served here: use MessageStore.open_read_only for them.
 """
@@ -251,6 +262,15 @@ class LiveReader:
         if config is not None:
             self._check_sizes()
         self._read_path = read_path.make_read_path(self.kernels)
+        # cext: runs of units are read in one compiled call (ReadPath.live_walk); the other
+        # backends, and every unit it hands back, take the Python path in _read.
+        self._walk = getattr(self._read_path, "live_walk", None)
+        if self._walk is not None:
+            rp = type(self._read_path)
+            self._walk_stops = (rp.LIVE_DONE, rp.LIVE_ZERO, rp.LIVE_FULL, rp.LIVE_OTHER)
+        # The CommitLog file the last walk read records in, (mapping, start offset): a queue's
+        # next records mostly lie in the same one.
+        self._log_at = (None, -1)
         self.arrivals = Arrivals()      # only close() wakes a wait here (see poll_backoff)
         self.offsets_path = None if offsets_path is None else os.path.abspath(offsets_path)
         if self.offsets_path is not None and is_inside(self.root, self.offsets_path):
@@ -282,6 +302,7 @@ class LiveReader:
             for cq in self._queues.values():
                 cq.segments.close()
             self._commitlog.close()
+            self._log_at = (None, -1)
 
     shutdown = close
 
@@ -443,11 +464,40 @@ class LiveReader:
         if offset > end:
             return GetMessageResult(G.OFFSET_OVERFLOW_BADLY, lo if lo == 0 else end, lo, end)
         messages = []
-        rows = np.zeros(1, SCAN_DTYPE)
+        rows = None                 # the Python path's row, made when first needed
         q = offset
         limit = offset + read_path._scan_limit(max_n)
         nbytes = 0
+        walk = self._walk
+        log_mm, log_start = self._log_at
+        walked_at = -1
         while q < end and q < limit and len(messages) < max_n:
+            if walk is not None:
+                pos = q * CQ_STORE_UNIT_SIZE
+                start = pos - pos % size
+                mm = cq.segments.mapping(start, size)
+                if mm is not None:
+                    done_, zero_, full_, _ = self._walk_stops
+                    n = min(end, limit, (start + size) // CQ_STORE_UNIT_SIZE) - q
+                    did, why, nbytes = walk(mm, pos - start, n, q, log_mm, log_start, cq.topic_b,
+                                            cq.queue_id, max_n, read_path.MAX_BYTES, nbytes,
+                                            message_filter, messages)
+                    q += did
+                    if why == done_:
+                        continue
+                    if why == full_:
+                        break
+                    if why == zero_:
+                        cq.end = end = q
+                        break
+                    # Unit q's record lies outside the CommitLog file at hand, or fails a
+                    # check: take the file it lies in and walk again, once; then the unit
+                    # goes the Python way below (not there, deleted, damaged, not yet valid).
+                    if walked_at != q:
+                        walked_at = q
+                        log_mm, log_start = self._log_at = self._log_file(
+                            cq.unit(q, size), log_mm, log_start)
+                        continue
             unit = cq.unit(q, size)
             if unit is None:
                 if q == offset:
@@ -468,6 +518,8 @@ class LiveReader:
             if messages and nbytes + rsize > read_path.MAX_BYTES:
                 break
             rec = self._record(phy, rsize)
+            if rows is None:
+                rows = np.zeros(1, SCAN_DTYPE)
             if rec is _GONE:
                 q += 1              # cleaning deleted its record, as a broker skips it
                 continue
@@ -514,6 +566,18 @@ class LiveReader:
             return _GONE if first > start else None
         rel = phy - start
         return mm[rel:rel + size]
+
+    def _log_file(self, unit, mm, start):
+        """(mapping, start offset) of the CommitLog file the record of `unit` lies in, for
+        ReadPath.live_walk; (mm, start) as they were when there is none."""
+        file_size = self._commitlog_size()
+        if unit is None or not file_size or unit[0] < 0:
+            return mm, start
+        at = unit[0] - unit[0] % file_size
+        if at == start:
+            return mm, start
+        found = self._commitlog.mapping(at, file_size)
+        return (mm, start) if found is None else (found, at)
 
     def _valid(self, rec, rows, cq, q, phy, size):
         return rec is not None and rec is not _BAD and rec is not _GONE and \

@@ -496,12 +496,12 @@ class MessageStore:
             self.commitlog.wake_on_put = self.commit_service
         if cfg.broker_role is BrokerRole.SYNC_MASTER:
             self.commitlog.after_put = self.ha_service.make_after_put(self.commitlog.after_put)
-        # While consumers wait, puts wake reput too (consumer.PutWake); the hook as set
-        # above is what puts wake otherwise.
+        # While consumers wait, or always with wake_reput_on_put (readers in other
+        # processes), puts wake reput too (consumer.PutWake); the hook as set above is what
+        # puts wake otherwise.
         self._plain_put_wake = self.commitlog.wake_on_put
         self.arrivals.on_waiting = self._consumers_waiting
-        if self.arrivals.waiting:
-            self._consumers_waiting(True)
+        self._consumers_waiting(self.arrivals.waiting)
         self.fs.write_bytes(abort_path(self.root), b"", sync=False)
         self._running = True
         self._install_put_path()
@@ -599,7 +599,10 @@ class MessageStore:
     def _consumers_waiting(self, waiting):
         """Arrivals.on_waiting: the put hook with or without the reput wake-up."""
         plain = self._plain_put_wake
-        self.commitlog.wake_on_put = PutWake(plain, self.reput_service) if waiting else plain
+        if waiting or self.config.wake_reput_on_put:
+            self.commitlog.wake_on_put = PutWake(plain, self.reput_service)
+        else:
+            self.commitlog.wake_on_put = plain
 
     def _close_files(self):
         self.commitlog.close()

@@ -21,6 +21,7 @@ from rocketstore import testing
 from rocketstore.format import CQ_STORE_UNIT_SIZE
 from rocketstore.fs import FileSystem
 from rocketstore.live import LiveReader
+from rocketstore.message import tags_code_of
 
 import live_worker
 
@@ -513,3 +514,119 @@ def test_file_sizes_come_from_the_config_when_given(tmp_path, backend):
                 LiveReader(store.root, config=wrong, kernels=backend)
     finally:
         store.shutdown()
+
+
+# ---- the compiled walk (cext) and the writer's wake-up per put ------------------------------
+
+def _answers(reader, queue_id, calls):
+    out = []
+    for offset, max_n, flt in calls:
+        r = reader.get_message("g", TOPIC, queue_id, offset, max_n, flt)
+        out.append((r.status, r.next_begin_offset, r.min_offset, r.max_offset,
+                    [(m.queue_offset, m.commit_log_offset, m.body, m.properties,
+                      m.store_timestamp, m.born_host_raw, m.store_host_raw, m.body_crc)
+                     for m in r.messages]))
+    return out
+
+
+def test_the_compiled_walk_answers_as_the_python_path(tmp_path, monkeypatch):
+    """cext's LiveReader reads runs of units in ReadPath.live_walk: its answers (statuses,
+    offsets, every message field) are the Python path's, across CommitLog and queue file rolls,
+    filters, the max_msg_nums and byte bounds, a damaged record and a unit zeroed."""
+    cext = testing.load_backend("cext")
+    store = _writer(tmp_path, cext)
+    try:
+        for i in range(700):            # two queues interleaved: records of each queue
+            for q in (0, 1):            # spread over every CommitLog file
+                r = store.put_message(Message(TOPIC, live_worker.body(q, i), queue_id=q,
+                                              tags="even" if i % 2 == 0 else "odd"))
+                assert r.status.name == "PUT_OK"
+        testing.wait_until(lambda: store.dispatch_behind_bytes() == 0)
+        mf, at = _body_byte(store, 300)
+        mf.mm[at] ^= 0xFF               # damaged for good: later units exist
+        even = tags_code_of("even")
+
+        def only_even(tags):
+            return tags == even
+        calls = [(o, n, f) for o in (0, 1, 97, 99, 100, 290, 299, 300, 301, 640, 699, 700,
+                                     701)
+                 for n in (1, 7, 32) for f in (None, only_even)]
+        calls += [(o, 32, None) for o in range(0, 700, 32)]
+        compiled = LiveReader(store.root, kernels=cext)
+        python = LiveReader(store.root, kernels=cext)
+        python._walk = None
+        walked = []
+        walk = compiled._walk
+        compiled._walk = lambda *a: walked.append(walk(*a)) or walked[-1]
+        with compiled, python:
+            for queue_id in (0, 1):
+                assert _answers(compiled, queue_id, calls) == _answers(python, queue_id, calls)
+            # A unit zeroed under readers that saw it written (a writer's recovery drops it).
+            path, rel = _unit_path(store, 650)
+            cq_mm = store.find_consume_queue(TOPIC, 0).mfq.files[-1].mm
+            cq_mm[rel:rel + CQ_STORE_UNIT_SIZE] = bytes(CQ_STORE_UNIT_SIZE)
+            after = [(o, 32, None) for o in (640, 650, 651, 0)]
+            assert _answers(compiled, 0, after) == _answers(python, 0, after)
+            assert [len(r[4]) for r in _answers(compiled, 0, after[:3])] == [10, 0, 0]
+            # A byte bound that ends a call before max_msg_nums: three records fit.
+            biggest = max(m.store_size for m in store.get_message("g", TOPIC, 0, 0).messages)
+            monkeypatch.setattr("rocketstore.read_path.MAX_BYTES", 3 * biggest)
+            small = [(o, 32, None) for o in (0, 5, 298)]
+            assert _answers(compiled, 0, small) == _answers(python, 0, small)
+            assert [len(r[4]) for r in _answers(compiled, 0, small)] == [3, 3, 3]
+        assert sum(did for did, _, _ in walked) > 1000      # the compiled walk did read
+        rp = type(compiled._read_path)
+        assert {why for _, why, _ in walked} == {rp.LIVE_DONE, rp.LIVE_ZERO, rp.LIVE_FULL,
+                                                 rp.LIVE_OTHER}
+    finally:
+        store.shutdown()
+
+
+def test_the_compiled_walk_refuses_units_outside_its_mapping():
+    from rocketstore.errors import KernelBoundsError
+    from rocketstore.read_path import make_read_path
+    walk = make_read_path(testing.load_backend("cext")).live_walk
+    units = bytes(2 * CQ_STORE_UNIT_SIZE)
+    for rel, n in ((0, 3), (CQ_STORE_UNIT_SIZE, 2), (-1, 1), (0, -1)):
+        with pytest.raises(KernelBoundsError, match="outside the mapping"):
+            walk(units, rel, n, 0, None, -1, b"t", 0, 32, 1 << 20, 0, None, [])
+    assert walk(units, 0, 2, 0, None, -1, b"t", 0, 32, 1 << 20, 0, None, [])[:2] == \
+        (0, type(walk.__self__).LIVE_ZERO)
+
+
+def test_wake_reput_on_put_makes_each_put_visible_without_reputs_cycle(tmp_path, backend):
+    """With wake_reput_on_put, a put wakes the writer's reput itself, so a LiveReader sees it
+    at once: here reput's own cycle is made an hour long, and each put still arrives."""
+    from rocketstore.consumer import PutWake
+    plain = _writer(tmp_path / "plain", backend)
+    try:        # a store wakes reput per put only while a consumer of its own waits
+        assert not isinstance(plain.commitlog.wake_on_put, PutWake)
+    finally:
+        plain.shutdown()
+    store = _writer(tmp_path, backend, wake_reput_on_put=True)
+    try:
+        reput = store.reput_service
+        cycle = reput.wait_for_running
+        reput.wait_for_running = lambda interval_ms: cycle(3_600_000)
+        with LiveReader(store.root, kernels=backend) as reader:
+            for i in range(5):
+                _put(store, 1, start=i)
+                testing.wait_until(
+                    lambda i=i: reader.get_message("g", TOPIC, 0, i).status is G.FOUND,
+                    HANG_S, f"message {i} visible to the reader")
+            # A consumer of the writer's own that waits and leaves does not turn it off.
+            store.get_message("g", TOPIC, 0, 5, wait_ms=1)
+            assert isinstance(store.commitlog.wake_on_put, PutWake)
+            _put(store, 1, start=5)
+            testing.wait_until(lambda: reader.get_message("g", TOPIC, 0, 5).status is G.FOUND,
+                               HANG_S, "message 5 visible to the reader")
+    finally:
+        store.shutdown()
+
+
+def test_wake_reput_on_put_is_a_config_field_with_a_properties_key():
+    from rocketstore import StoreConfig
+    assert StoreConfig().wake_reput_on_put is False
+    assert StoreConfig.from_properties({"wakeReputOnPut": "true"}).wake_reput_on_put is True
+    with pytest.raises(ConfigError, match="wake_reput_on_put"):
+        StoreConfig(wake_reput_on_put="yes")

@@ -66,7 +66,9 @@ KERNEL_NAMES = (
 #   for get_message's and get_batch's common cases, results built in the call), and
 #   MessageExt objects from scanned rows (`.decode_rows(buf, rows, n)`), with
 #   read_path.PyReadPath's arguments and results, and its get statistics (`found`, `miss`,
-#   `transferred`, `time_max`). Without it, PyReadPath over commitlog_scan.
+#   `transferred`, `time_max`). Without it, PyReadPath over commitlog_scan. Its
+#   `.live_walk(...)` is LiveReader's unit loop (live.py), which the other backends run in
+#   Python.
 #   timeup_encode(src, rec_pos, rec_size, first, n, topics, topic_off, max_body, max_record,
 #   out, out_pos, out_size, out_key): the delivered records of scheduled ones (messageTimeup),
 #   encoded in bulk in their common case and stopping at any other record, with
