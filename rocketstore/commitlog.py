@@ -103,7 +103,7 @@ class CommitLog:
         with self.put_lock:
             self.closed = True
 
-    def _refuse_closed(self):
+    def refuse_closed(self):
         raise StoreClosedError("the store is shutting down: the put was not written")
 
     def shutdown(self):
@@ -378,7 +378,7 @@ class CommitLog:
         key = e.key
         with self.put_lock:
             if self.closed:
-                self._refuse_closed()
+                self.refuse_closed()
             after_put = self.after_put
             ts = clock()
             self.put_cells[LOCK_BEGIN] = ts
@@ -458,7 +458,7 @@ class CommitLog:
         try:
             with self.put_lock:
                 if self.closed:
-                    self._refuse_closed()
+                    self.refuse_closed()
                 after_put = self.after_put
                 ts = clock()
                 self.put_cells[LOCK_BEGIN] = ts
@@ -552,7 +552,7 @@ class CommitLog:
         key = (topic, queue_id)
         with self.put_lock:
             if self.closed:
-                self._refuse_closed()
+                self.refuse_closed()
             after_put = self.after_put
             ts = clock()
             self.put_cells[LOCK_BEGIN] = ts
