@@ -466,7 +466,12 @@ def test_the_readme_example_runs_a_producer_and_two_consumer_processes(tmp_path)
             assert "```python\n" + f.read() + "```" in section, f"README's {name} differs"
     script = section[section.index("```bash\n") + 8:]
     script = script[:script.index("```")].replace("/tmp/", str(tmp_path) + "/")
-    out = subprocess.run(["bash", "-c", "set -e\n" + script], cwd=top, env=_env(),
+    # The three processes share one stdout pipe. Unbuffered (PYTHONUNBUFFERED in the caller's
+    # environment), print writes a line and its newline in two writes, and the two consumers,
+    # which end on the same message, can interleave them; buffered, each line is one write.
+    env = _env()
+    env.pop("PYTHONUNBUFFERED", None)
+    out = subprocess.run(["bash", "-c", "set -e\n" + script], cwd=top, env=env,
                          capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 0, out.stderr
     lines = sorted(out.stdout.splitlines())
