@@ -66,7 +66,7 @@ def test_burst_delivery(benchmark, backend, tmp_path):
     peer = open_store(tmp_path / "peer", backend, plain, 1)
     try:
         check_puts(put_all(store, msgs), N)
-        store._catch_up()                       # dispatched: the run below only delivers
+        store.catch_up()                       # dispatched: the run below only delivers
         svc = store.schedule_message_service
         times = {}
 

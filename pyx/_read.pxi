@@ -477,11 +477,11 @@ cdef class ReadPath:
         store's read-your-writes catch-up; None for any other call (the store closed, an
         argument of another type or out of range, no such queue), which MessageStore then
         checks, and answers or raises for, in Python. The checks are MessageStore's
-        _check_open and _checked_queue, in that order; the catch-up is its _catch_up, the
+        check_open and _checked_queue, in that order; the catch-up is its catch_up, the
         reput service called only when it is behind the CommitLog's readable end."""
         cdef int overflow = 0
         cdef long long v
-        if self._limits is None or store._loaded is not True:
+        if self._limits is None or store.loaded is not True:
             return None
         if type(group) is not str or type(queue_id) is not int or type(offset) is not int \
                 or type(max_n) is not int \
@@ -503,11 +503,11 @@ cdef class ReadPath:
         return cq
 
     cdef int _catch_up(self, store) except -1:
-        """MessageStore._catch_up (read-your-writes), the reput service called only when it is
+        """MessageStore.catch_up (read-your-writes), the reput service called only when it is
         behind the CommitLog's readable end."""
         cdef int64_t max_py = 0
         if store.commit_service is not None:
-            store._catch_up()
+            store.catch_up()
             return 0
         reput = store.reput_service
         if reput is None:
@@ -528,7 +528,7 @@ cdef class ReadPath:
         and answers in Python."""
         cdef int overflow = 0
         cdef long long want, b, e = LLONG_MAX
-        if self._query_result is None or store._loaded is not True:
+        if self._query_result is None or store.loaded is not True:
             return None
         if type(topic) is not str or type(key) is not str or type(max_num) is not int \
                 or type(begin) is not int or (end is not None and type(end) is not int):
@@ -548,7 +548,7 @@ cdef class ReadPath:
         if cap < want:
             want = cap
         messages, nbytes, last_ts, last_phy = _index_query(
-            store._indexer.index_file_list, store.commitlog.mfq, topic, key, want, b, e, self)
+            store.index_service.index_file_list, store.commitlog.mfq, topic, key, want, b, e, self)
         r = PyType_GenericAlloc(<PyTypeObject *>self._query_result, 0)
         _set_member(r, self._qr[0], messages)
         _set_member(r, self._qr[1], nbytes)
@@ -613,7 +613,7 @@ cdef class ReadPath:
         r = PyType_GenericAlloc(<PyTypeObject *>self._batch, 0)
         if n:
             _set_member(r, b[0], self._found)
-            _set_member(r, b[4], max_py - max_phy > <int64_t>store._mem_limit)
+            _set_member(r, b[4], max_py - max_phy > <int64_t>store.mem_limit)
             _set_member(r, b[6], rows)
             _set_member(r, b[7], row_file)
         else:
@@ -661,7 +661,7 @@ cdef class ReadPath:
         r = PyType_GenericAlloc(<PyTypeObject *>self._result, 0)
         if messages:
             _set_member(r, g[0], self._found)
-            _set_member(r, g[5], max_py - max_phy > <int64_t>store._mem_limit)
+            _set_member(r, g[5], max_py - max_phy > <int64_t>store.mem_limit)
         else:
             _set_member(r, g[0], self._removing if removing else self._no_matched)
             _set_member(r, g[5], False)

@@ -105,7 +105,7 @@ class CommitLog:
         with self.put_lock:
             self.closed = True
 
-    def _refuse_closed(self):
+    def refuse_closed(self):
         raise StoreClosedError("the store is shutting down: the put was not written")
 
     def shutdown(self):
@@ -389,7 +389,7 @@ class CommitLog:
         key = e.key
         with self.put_lock:
             if self.closed:
-                self._refuse_closed()
+                self.refuse_closed()
             after_put = self.after_put
             ts = clock()
             self.put_cells[LOCK_BEGIN] = ts
@@ -469,7 +469,7 @@ class CommitLog:
         try:
             with self.put_lock:
                 if self.closed:
-                    self._refuse_closed()
+                    self.refuse_closed()
                 after_put = self.after_put
                 ts = clock()
                 self.put_cells[LOCK_BEGIN] = ts
@@ -631,7 +631,7 @@ class CommitLog:
         key = (topic, queue_id)
         with self.put_lock:
             if self.closed:
-                self._refuse_closed()
+                self.refuse_closed()
             after_put = self.after_put
             ts = clock()
             self.put_cells[LOCK_BEGIN] = ts

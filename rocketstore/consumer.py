@@ -325,7 +325,7 @@ class _Cursor:
 
     def __init__(self, store, group, topic, queue_id, batch_size, message_filter, *,
                  decompress=True, subscription=None, property_filter=None):
-        store._check_open()
+        store.check_open()
         if store.read_only and store.poll_backoff is None:
             # It could neither commit nor be woken: nothing dispatches in a read-only store
             # (a LiveReader, which polls and keeps its own offsets, can).
@@ -370,7 +370,7 @@ class _Cursor:
         try:
             self.commit()
         except StoreClosedError:
-            if self.store.arrivals.closed or not self.store._loaded:
+            if self.store.arrivals.closed or not self.store.loaded:
                 return False        # the store shut down: the iteration ends
             raise
         return True

@@ -281,7 +281,7 @@ class LiveReader:
             raise StoreLoadError(f"{self.offsets_path} and its .bak are both corrupt")
         self._flush_s = offsets_flush_ms / 1000.0
         self._flushed_at = time.monotonic()
-        self._loaded = True
+        self.loaded = True
         self.arrivals.open()
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -293,10 +293,10 @@ class LiveReader:
 
     def close(self):
         """Wake and end every wait, write the offsets, let go of every mapping."""
-        if not self._loaded:
+        if not self.loaded:
             return
         self.arrivals.close()
-        self._loaded = False
+        self.loaded = False
         self.consumer_offsets.close()
         with self._lock:
             for cq in self._queues.values():
@@ -306,8 +306,8 @@ class LiveReader:
 
     shutdown = close
 
-    def _check_open(self):
-        if not self._loaded:
+    def check_open(self):
+        if not self.loaded:
             raise StoreClosedError("the live reader is closed")
 
     # ---- geometry --------------------------------------------------------------------------
@@ -364,7 +364,7 @@ class LiveReader:
 
     def get_min_offset_in_queue(self, topic, queue_id):
         """The queue's oldest offset on disk (0 for a queue not there yet)."""
-        self._check_open()
+        self.check_open()
         cq = self._queue(topic, queue_id)
         size = self._queue_size(cq) if cq is not None else 0
         return self._min_offset(cq, size) if size else 0
@@ -372,14 +372,14 @@ class LiveReader:
     def get_max_offset_in_queue(self, topic, queue_id):
         """Where the queue's written units end now (a unit written but whose record does not
         check yet is counted: get_message then answers with nothing at it for a while)."""
-        self._check_open()
+        self.check_open()
         cq = self._queue(topic, queue_id)
         size = self._queue_size(cq) if cq is not None else 0
         return cq.advance(size) if size else 0
 
     def commit_offset(self, group, topic, queue_id, offset):
         """Record the group's next offset on the queue, in this reader's own offsets."""
-        self._check_open()
+        self.check_open()
         check_str(group, "group")
         check_queue(topic, queue_id)
         check_int(offset, "offset", 0)
@@ -390,7 +390,7 @@ class LiveReader:
 
     def query_offset(self, group, topic, queue_id):
         """The committed offset of this reader's group, -1 if none."""
-        self._check_open()
+        self.check_open()
         check_str(group, "group")
         check_str(topic, "topic")
         check_int(queue_id, "queue_id")
@@ -411,7 +411,7 @@ class LiveReader:
             check_wait_ms(wait_ms)
             return wait_for_message(self, group, topic, queue_id, offset, max_msg_nums,
                                     message_filter, wait_ms)
-        self._check_open()
+        self.check_open()
         check_str(group, "group")
         check_int(offset, "offset")
         check_int(max_msg_nums, "max_msg_nums", 1, read_path.MAX_MSG_NUMS)
@@ -426,7 +426,7 @@ class LiveReader:
                            message_filter=None, *, wait_ms=0):
         """get_message for asyncio (reads in the loop's default executor)."""
         check_wait_ms(wait_ms)
-        self._check_open()
+        self.check_open()
         return await await_message(self, group, topic, queue_id, offset, max_msg_nums,
                                    message_filter, wait_ms)
 
@@ -466,7 +466,7 @@ class LiveReader:
         messages = []
         rows = None                 # the Python path's row, made when first needed
         q = offset
-        limit = offset + read_path._scan_limit(max_n)
+        limit = offset + read_path.scan_limit(max_n)
         nbytes = 0
         walk = self._walk
         log_mm, log_start = self._log_at

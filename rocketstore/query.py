@@ -33,7 +33,7 @@ def query_message(store, topic, key, max_num=32, begin=0, end=None):
     cap = store.config.max_msgs_num_batch
     # A compiled ReadPath builds each hit from the record check's row, as get_message builds
     # its messages, instead of parsing the record a second time (MessageExt.decode).
-    rp = store._read_path
+    rp = store.read_path
     r = _new(QueryMessageResult)
     (r.messages, r.buffer_total_size, r.index_last_update_timestamp,
      r.index_last_update_phy_offset) = store.kernels.index_query(

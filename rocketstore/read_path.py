@@ -148,14 +148,14 @@ class PyReadPath:
         commitlog = store.commitlog
         messages, scanned, removing, max_phy, filtered = self.read(
             cq.mfq.files, cq.file_size, commitlog.mfq.files, commitlog.file_size, offset,
-            max_off, min_logic, max_n, _scan_limit(max_n), max_bytes, message_filter,
+            max_off, min_logic, max_n, scan_limit(max_n), max_bytes, message_filter,
             subscription=subscription, property_filter=property_filter)
         if scanned < 0:
             return None
         self._count(len(messages), t0)
         if messages:
             return GetMessageResult(G.FOUND, offset + scanned, min_logic // UNIT, max_off,
-                                    messages, max_py - max_phy > store._mem_limit, filtered)
+                                    messages, max_py - max_phy > store.mem_limit, filtered)
         return GetMessageResult(G.MESSAGE_WAS_REMOVING if removing else G.NO_MATCHED_MESSAGE,
                                 offset + scanned, min_logic // UNIT, max_off, messages, False,
                                 filtered)
@@ -176,7 +176,7 @@ class PyReadPath:
         try:
             n, scanned, removing, max_phy, filtered = self.read(
                 cq.mfq.files, cq.file_size, commitlog.mfq.files, commitlog.file_size, offset,
-                max_off, min_logic, max_n, _scan_limit(max_n), max_bytes, message_filter, rows,
+                max_off, min_logic, max_n, scan_limit(max_n), max_bytes, message_filter, rows,
                 held, row_file, subscription, property_filter)
         except BaseException:
             # A filter raised: no result will own the files held so far.
@@ -190,7 +190,7 @@ class PyReadPath:
         self._count(n, t0)
         if n:
             return GetBatchResult(G.FOUND, offset + scanned, min_logic // UNIT, max_off, n,
-                                  rows, row_file, held, max_py - max_phy > store._mem_limit,
+                                  rows, row_file, held, max_py - max_phy > store.mem_limit,
                                   filtered)
         return GetBatchResult(G.MESSAGE_WAS_REMOVING if removing else G.NO_MATCHED_MESSAGE,
                               offset + scanned, min_logic // UNIT, max_off,
@@ -380,13 +380,13 @@ class PyReadPath:
 def _prelude(store, topic, queue_id, offset, cq=None):
     """The queue and the statuses decided before any unit is read: (cq, min, max, result or
     None), as DefaultMessageStore#getMessage orders them."""
-    if not store._loaded:
+    if not store.loaded:
         raise StoreClosedError("the store is not loaded")
     if cq is None:
         cq = store.find_consume_queue(topic, queue_id)
     min_off = cq.min_logic_offset // UNIT
     max_off = cq.mfq.get_max_offset() // UNIT
-    corr = store._next_offset_correction
+    corr = store.next_offset_correction
     if max_off == 0:
         return cq, min_off, max_off, (G.NO_MESSAGE_IN_QUEUE, corr(offset, 0))
     if offset < min_off:
@@ -398,7 +398,7 @@ def _prelude(store, topic, queue_id, offset, cq=None):
     return cq, min_off, max_off, None
 
 
-def _scan_limit(max_msg_nums):
+def scan_limit(max_msg_nums):
     # Units looked at, filtered out or not: the broker's bound on one call's scan.
     return max(16000, max_msg_nums * UNIT) // UNIT
 
@@ -411,7 +411,7 @@ def get_message(store, group, topic, queue_id, offset, max_msg_nums=32, message_
     `max_msg_nums` were found. `cq`: the queue, when the caller has it."""
     cq, min_off, max_off, early = _prelude(store, topic, queue_id, offset, cq)
     if early is None:
-        r = store._read_path.pull(store, cq, offset, max_msg_nums, message_filter, MAX_BYTES,
+        r = store.read_path.pull(store, cq, offset, max_msg_nums, message_filter, MAX_BYTES,
                                   subscription, property_filter)
         if r is not None:
             return r            # counted by the read path
@@ -426,7 +426,7 @@ def get_batch(store, group, topic, queue_id, offset, max_msg_nums=32, message_fi
     statuses, offsets and records, no object per message, bodies left in the mapping."""
     cq, min_off, max_off, early = _prelude(store, topic, queue_id, offset, cq)
     if early is None:
-        r = store._read_path.pull_batch(store, cq, offset, max_msg_nums, message_filter,
+        r = store.read_path.pull_batch(store, cq, offset, max_msg_nums, message_filter,
                                         MAX_BYTES, subscription, property_filter)
         if r is not None:
             return r            # counted by the read path
@@ -438,7 +438,7 @@ def get_batch(store, group, topic, queue_id, offset, max_msg_nums=32, message_fi
 def _found_null(store, cq, offset):
     """OFFSET_FOUND_NULL: no unit where the offset says (its queue file is gone, or not yet
     written); the next offset is the next file's first."""
-    return G.OFFSET_FOUND_NULL, store._next_offset_correction(offset, cq.roll_next_file(offset))
+    return G.OFFSET_FOUND_NULL, store.next_offset_correction(offset, cq.roll_next_file(offset))
 
 
 class _FileHold:
@@ -663,7 +663,7 @@ def iter_messages(store, from_offset=None):
     """Every record in commit-log order, decoded (blank records skipped): the records the scan
     kernel validated, decoded from its rows by the store's ReadPath."""
     rows = np.empty(1024, dtype=F.SCAN_DTYPE)
-    decode_rows = store._read_path.decode_rows
+    decode_rows = store.read_path.decode_rows
     offset = store.commitlog.min_offset if from_offset is None else from_offset
     end = store.commitlog.max_offset
     while 0 <= offset < end:

@@ -70,7 +70,7 @@ def _index_geometry(max_hash_slot_num, max_index_num):
     return dict(zip(_INDEX_GEOMETRY, (max_hash_slot_num, max_index_num)))
 
 
-def _writable_config(root, **overrides):
+def writable_config(root, **overrides):
     """The config a store directory was written with, as far as its files tell. Index files
     whose hash slot and entry numbers cannot be told (no entry in them, and sizes that fit
     neither the defaults nor their ratio) stop it, before any tool changes a byte: a writable
@@ -136,7 +136,7 @@ def plan_recovery(root, kernels=None, max_hash_slot_num=None, max_index_num=None
     records go to the index dispatcher in counting mode and are matched against the
     ConsumeQueues by their put rule (a unit is added when its record ends past the queue's
     last one). The index numbers, when given, are those the index files were written with."""
-    cfg = _writable_config(root, **_index_geometry(max_hash_slot_num, max_index_num))
+    cfg = writable_config(root, **_index_geometry(max_hash_slot_num, max_index_num))
     loaded = MessageStore(root, cfg, kernels=kernels, read_only=True)
     loaded.load()
     try:
@@ -145,16 +145,9 @@ def plan_recovery(root, kernels=None, max_hash_slot_num=None, max_index_num=None
         loaded.shutdown()
     # The queues as recovery finds them: their own recovery done, not yet cut at the
     # CommitLog's end (a read-only load cuts them already).
-    before = MessageStore(root, cfg, kernels=kernels, read_only=True)
-    before.commitlog.load()
-    before._load_consume_queues()
-    cq_end = {}
-    units_before = 0
-    for cq in before.all_consume_queues():
-        cq.recover()
-        cq_end[(cq.topic, cq.queue_id)] = (cq.max_offset_in_queue, cq.max_physic_offset)
-        units_before += cq.max_offset_in_queue - cq.min_offset_in_queue
-    before._close_files()
+    ends = MessageStore(root, cfg, kernels=kernels, read_only=True).queue_ends_before_recovery()
+    cq_end = {q: (hi, phy) for q, (_, hi, phy) in ends.items()}
+    units_before = sum(hi - lo for lo, hi, _ in ends.values())
 
     store = MessageStore(root, cfg, kernels=kernels, read_only=True)
     store.load(force_recovery=True)
@@ -224,7 +217,7 @@ def recover(root, kernels=None, max_hash_slot_num=None, max_index_num=None):
     """Run abnormal recovery now (truncate the dirty tail, re-dispatch what the queues miss),
     then shut down cleanly. Returns the RecoveryReport. The index numbers, when given, are
     those the index files were written with (needed when their files cannot tell them)."""
-    cfg = _writable_config(root, **_index_geometry(max_hash_slot_num, max_index_num))
+    cfg = writable_config(root, **_index_geometry(max_hash_slot_num, max_index_num))
     store = MessageStore(root, cfg, kernels=kernels)
     report = store.load(force_recovery=True)
     store.start()
@@ -356,7 +349,7 @@ def _rebuild(root, kernels, wipe_dir, **overrides):
     interrupted = bool(dirs)
     for field, value in pending_geometry(dirs).items():
         overrides.setdefault(field, value)
-    cfg = _writable_config(root, **overrides)
+    cfg = writable_config(root, **overrides)
     store = MessageStore(root, cfg, kernels=kernels)
     lock = StoreLock(root, store.fs)
     lock.acquire()                       # refuse while anyone else has the store open

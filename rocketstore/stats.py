@@ -99,7 +99,7 @@ class GetCounters:
 def get_totals(store):
     """(found, miss, transferred, longest ms) of every get call so far."""
     g = store.get_counters
-    rp = store._read_path
+    rp = store.read_path
     return (g.found + rp.found, g.miss + rp.miss, g.transferred + rp.transferred,
             max(g.time_max, rp.time_max))
 
@@ -187,7 +187,7 @@ class StoreStatsService(ServiceThread):
         # injected one stamps records, and a call from this thread would take a value).
         lock_ms = store.lock_time_mills() if store.clock is system_clock else None
         doc = {"pid": os.getpid(), "writtenAt": system_clock(),
-               "runtimeInfo": store._runtime_info(lock_ms)}
+               "runtimeInfo": store.runtime_info(lock_ms)}
         path = os.path.join(store.root, RUNTIME_FILE)
         tmp = path + ".tmp"
         # The real file system, not the store's (a test's fault-injecting double): the

@@ -170,20 +170,26 @@ class MessageStore:
         self.deleted_topics = DeletedTopicManager(self.root, self.fs, self.clock, read_only)
         # Cleaning calls its delete_expired_file(min_offset); it dispatches after the CQs.
         # The store's own reference drives load/flush/close even if a test swaps the hook.
-        self._indexer = self.index_service = IndexService(self.root, self.config, self.kernels,
+        self.index_service = self.index_service = IndexService(self.root, self.config, self.kernels,
                                                           self.fs, self.writable)
         if self.config.message_index_enable:
-            self.dispatchers.append(self._indexer)
+            self.dispatchers.append(self.index_service)
         self.clean_commitlog_service = CleanCommitLogService(self)
         self.clean_consume_queue_service = CleanConsumeQueueService(self)
         self.scheduled_service = None
         self.schedule_message_service = None   # delayed delivery, masters only
-        self._loaded = False
+        # Public for the store's readers (read_path, the compiled ReadPath, consumers): true
+        # between load() and shutdown(); a plain attribute, as the read path reads it per call.
+        self.loaded = False
         self._running = False
         self._confirm_offset = -1
-        self._mem_limit = _total_physical_memory() * \
+        # Bytes behind the CommitLog's end past which a read is "suggest pull from slave"
+        # (accessMessageInMemoryMaxRatio of physical memory); read by the read paths.
+        self.mem_limit = _total_physical_memory() * \
             self.config.access_message_in_memory_max_ratio // 100
-        self._read_path = read_path.make_read_path(self.kernels)
+        # The backend's ReadPath: get/pull entries, decode_rows and its get counters; its
+        # users (query, stats, cli dump) call it through this attribute.
+        self.read_path = read_path.make_read_path(self.kernels)
         self.get_counters = GetCounters()
         # Samples the counters once a second while the store runs (stats.py).
         self.stats_service = StoreStatsService(self)
@@ -256,7 +262,7 @@ class MessageStore:
         """Map every file and recover (DefaultMessageStore#load). Takes the lock first: two
         processes recovering one directory would truncate each other's data.
         `force_recovery` runs abnormal recovery even after a clean shutdown."""
-        if self._loaded:
+        if self.loaded:
             return self.recovery_report
         if mappings_hold_descriptors(self.kernels):
             raise_fd_limit()
@@ -286,8 +292,8 @@ class MessageStore:
                                               self.read_only)
             # Before recovery: an abnormal exit drops index files past the checkpoint, and
             # recovery's re-dispatch rebuilds them.
-            self._indexer.load(last_exit_ok, self.checkpoint)
-            self.recovery_report = recovery.recover(self, last_exit_ok, self._indexer)
+            self.index_service.load(last_exit_ok, self.checkpoint)
+            self.recovery_report = recovery.recover(self, last_exit_ok, self.index_service)
             if rebuilding is not None:
                 repair.end_pending_rebuild(self)
             self._load_configs()
@@ -302,7 +308,7 @@ class MessageStore:
                     f"needs space: free some, or open it read-only "
                     f"(MessageStore.open_read_only)") from exc
             raise
-        self._loaded = True
+        self.loaded = True
         self.arrivals.open()
         return self.recovery_report
 
@@ -316,8 +322,8 @@ class MessageStore:
                     "the configured ones", self.root,
                     ", ".join(f"{k}={v}" for k, v in changed.items()))
         self.config = dataclasses.replace(self.config, **changed)
-        self._indexer.hash_slot_num = self.config.max_hash_slot_num
-        self._indexer.index_num = self.config.max_index_num
+        self.index_service.hash_slot_num = self.config.max_hash_slot_num
+        self.index_service.index_num = self.config.max_index_num
 
     def _load_configs(self):
         """ConfigManager#load for each JSON file; a file whose `.bak` is corrupt too stops
@@ -331,7 +337,7 @@ class MessageStore:
         """Write every config file that changed since it was last written."""
         if self.read_only:
             return
-        self._check_open()
+        self.check_open()
         for manager in (self.topic_configs, self.subscription_groups, self.consumer_offsets,
                         self.delay_offsets):
             manager.persist_if_dirty()
@@ -454,7 +460,7 @@ class MessageStore:
         store accepts puts, then flushing; the abort file marks the store as running."""
         if self.read_only:
             raise StoreClosedError("a read-only store does not start")
-        if not self._loaded:
+        if not self.loaded:
             self.load()
         if self._running:
             return
@@ -475,7 +481,7 @@ class MessageStore:
         self.commitlog.start()
         self.flush_cq_service = FlushConsumeQueueService(
             self.config, self.checkpoint, self.dirty_cqs, self.all_consume_queues(),
-            self._indexer.flush_pending)
+            self.index_service.flush_pending)
         self.flush_cq_service.start()
         cfg = self.config
         if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH:
@@ -532,7 +538,7 @@ class MessageStore:
             self.schedule_message_service = ScheduleMessageService(
                 self.config.delay_levels, self.delay_offsets, self.commitlog,
                 self.find_consume_queue, self.clock, put_messages=self._put_messages,
-                is_running=lambda: self._running, catch_up=self._catch_up,
+                is_running=lambda: self._running, catch_up=self.catch_up,
                 timeup_encode=getattr(self.kernels, "timeup_encode", None),
                 put_encoded=self._put_encoded)
             self.schedule_message_service.start()
@@ -540,7 +546,7 @@ class MessageStore:
     def shutdown(self):
         """Stop services in reverse order, flush everything, write the checkpoint, and remove
         the abort file only if reput caught up (otherwise the next open recovers)."""
-        if not self._loaded:
+        if not self.loaded:
             return
         # First: every waiting consumer wakes and gives up (StoreClosedError, or its
         # iteration ends) instead of reading files about to close.
@@ -570,7 +576,7 @@ class MessageStore:
             caught_up = self.reput_service.behind() <= 0
             self.flush_service.shutdown()
             self.flush_cq_service.shutdown()
-            self._indexer.flush()
+            self.index_service.flush()
             self.commitlog.shutdown()
             # Closed, not just persisted: a change racing shutdown is either in this persist
             # or refused, never acknowledged after it and lost.
@@ -594,7 +600,7 @@ class MessageStore:
         self._close_files()
         if self._lock is not None:
             self._lock.release()
-        self._loaded = False
+        self.loaded = False
 
     def _consumers_waiting(self, waiting):
         """Arrivals.on_waiting: the put hook with or without the reput wake-up."""
@@ -604,11 +610,30 @@ class MessageStore:
         else:
             self.commitlog.wake_on_put = plain
 
+    def queue_ends_before_recovery(self):
+        """The ConsumeQueues as recovery finds them, for a plan made before recovering
+        (repair.plan_recovery): each queue's own recovery done, not yet cut at the
+        CommitLog's end, as {(topic, queue_id): (min_offset, max_offset, max_physic_offset)}.
+        Only on a store not loaded (it opens the files and closes them again)."""
+        if self.loaded:
+            raise RuntimeError("queue_ends_before_recovery reads a store that is not loaded")
+        self.commitlog.load()
+        try:
+            self._load_consume_queues()
+            ends = {}
+            for cq in self.all_consume_queues():
+                cq.recover()
+                ends[(cq.topic, cq.queue_id)] = (cq.min_offset_in_queue, cq.max_offset_in_queue,
+                                                 cq.max_physic_offset)
+            return ends
+        finally:
+            self._close_files()
+
     def _close_files(self):
         self.commitlog.close()
         for cq in self.all_consume_queues():
             cq.close()
-        self._indexer.close()
+        self.index_service.close()
         if self.checkpoint is not None:
             self.checkpoint.close()
 
@@ -617,11 +642,12 @@ class MessageStore:
             raise StoreClosedError("the store is not running (shut down, read-only or not "
                                    "started)")
 
-    def _check_open(self):
-        if not self._loaded:
+    def check_open(self):
+        """Raise StoreClosedError unless the store is loaded and not shut down."""
+        if not self.loaded:
             raise StoreClosedError("the store is closed (shut down, or never loaded)")
 
-    def _catch_up(self):
+    def catch_up(self):
         """Read-your-writes: commit what sits in write buffers and dispatch whatever reput
         has not yet, so every put that returned is visible to the read that follows it."""
         if self.commit_service is not None:
@@ -656,7 +682,7 @@ class MessageStore:
 
     def find_consume_queue(self, topic, queue_id):
         """The queue object (created empty when missing, as findConsumeQueue does)."""
-        self._check_open()
+        self.check_open()
         queues = self.consume_queue_table.get(topic)
         if queues is not None:
             cq = queues.get(queue_id)
@@ -720,7 +746,7 @@ class MessageStore:
         reput = self.reput_service
         with cl.put_lock:
             if cl.closed:
-                cl._refuse_closed()
+                cl.refuse_closed()
             queues = self.consume_queue_table.get(topic) or {}
             has_config = configs and self.topic_configs.select(topic) is not None
             has_offsets = configs and any(
@@ -730,7 +756,7 @@ class MessageStore:
                 self.fs.is_dir(os.path.join(self.root, "consumequeue", topic))
             if not (has_queues or has_config or has_offsets):
                 return False
-            with (reput._lock if reput is not None else _NO_LOCK):
+            with (reput.dispatch_lock if reput is not None else _NO_LOCK):
                 # Every record put so far reaches its queue now, so what is removed below
                 # is all the topic has, and what reput dispatches later was put later.
                 if self.commit_service is not None:
@@ -794,7 +820,7 @@ class MessageStore:
         that are not the store's are left where they are."""
         if self.read_only:
             raise StoreError("a read-only store is never destroyed")
-        if self._loaded:
+        if self.loaded:
             raise StoreError("destroy() removes every file of the store: call shutdown() "
                              "first (the store is still open)")
         fs = self.fs
@@ -1009,7 +1035,7 @@ class MessageStore:
 
     # ---- topics, groups, consumer offsets (config/*.json) --------------------------------------
     def _check_writable_config(self):
-        if not self._loaded:
+        if not self.loaded:
             raise StoreClosedError("the store is not loaded")
         if self.read_only:
             raise StoreClosedError("a read-only store does not change its config files")
@@ -1021,7 +1047,7 @@ class MessageStore:
 
     def topic_config(self, topic):
         """The topic's TopicConfig, or None."""
-        self._check_open()
+        self.check_open()
         return self.topic_configs.select(check_str(topic, "topic"))
 
     def update_topic_config(self, topic, read_queue_nums=16, write_queue_nums=16, perm=6,
@@ -1052,7 +1078,7 @@ class MessageStore:
 
     def subscription_group(self, group):
         """The group's SubscriptionGroupConfig, or None."""
-        self._check_open()
+        self.check_open()
         return self.subscription_groups.find(check_str(group, "group"))
 
     def update_subscription_group(self, group, **fields):
@@ -1084,7 +1110,7 @@ class MessageStore:
 
     def query_offset(self, group, topic, queue_id):
         """The committed offset, or -1 when the group never committed one for the queue."""
-        self._check_open()
+        self.check_open()
         check_str(group, "group")
         check_str(topic, "topic")
         check_int(queue_id, "queue_id")
@@ -1108,14 +1134,14 @@ class MessageStore:
     def clean_plan(self, now_ms=None):
         """What the next cleaning round would delete and the unconsumed messages per group it
         would cost (a CleanPlan), without deleting anything."""
-        self._check_open()
+        self.check_open()
         check_optional_int(now_ms, "now_ms", INT64_MIN, INT64_MAX)
         return self.clean_commitlog_service.plan(now_ms)
 
     def store_size(self):
         """Bytes the store's CommitLog, ConsumeQueue and index files take on disk (allocated
         blocks: the files are sparse), as store_size_budget counts them."""
-        self._check_open()
+        self.check_open()
         return StoreSize(self).total
 
     def execute_delete_files_manually(self):
@@ -1125,23 +1151,23 @@ class MessageStore:
 
     # ---- get ----------------------------------------------------------------------------------
     def get_min_offset_in_queue(self, topic, queue_id):
-        self._check_open()
+        self.check_open()
         check_queue(topic, queue_id)
         return self.find_consume_queue(topic, queue_id).min_offset_in_queue
 
     def get_max_offset_in_queue(self, topic, queue_id):
         """The queue offset the next put to the queue gets; counts every put returned."""
-        self._check_open()
+        self.check_open()
         check_queue(topic, queue_id)
-        self._catch_up()
+        self.catch_up()
         return self.find_consume_queue(topic, queue_id).max_offset_in_queue
 
     def get_min_phy_offset(self):
-        self._check_open()
+        self.check_open()
         return self.commitlog.min_offset
 
     def get_max_phy_offset(self):
-        self._check_open()
+        self.check_open()
         return self.commitlog.max_offset
 
     def update_ha_master_address(self, addr):
@@ -1154,10 +1180,12 @@ class MessageStore:
 
     def dispatch_behind_bytes(self):
         """CommitLog bytes written but not yet dispatched to the ConsumeQueues and index."""
-        self._check_open()
+        self.check_open()
         return self.reput_service.behind() if self.reput_service else 0
 
-    def _next_offset_correction(self, old, new):
+    def next_offset_correction(self, old, new):
+        """The next offset a read answers when `old` was out of range and `new` is where the
+        queue has data: a slave keeps `old` unless offset_check_in_slave (as 4.9.8 does)."""
         if self.is_slave and not self.config.offset_check_in_slave:
             return old
         return new
@@ -1215,19 +1243,19 @@ class MessageStore:
         if subscription is None and property_filter is None:
             # The common call as one compiled call (the checks below, the catch-up and the
             # pull); anything else, and every backend without it, takes the steps below.
-            r = self._read_path.get_message(self, group, topic, queue_id, offset,
+            r = self.read_path.get_message(self, group, topic, queue_id, offset,
                                             max_msg_nums, message_filter)
             if r is not None:
                 return r
-        self._check_open()
+        self.check_open()
         cq = self._checked_queue(group, topic, queue_id, offset, max_msg_nums, message_filter)
         if subscription is not None or property_filter is not None:
             subscription, property_filter = read_filters(subscription, property_filter)
-        self._catch_up()
-        if cq is not None and self._loaded:
+        self.catch_up()
+        if cq is not None and self.loaded:
             # The common case as one call (it counts itself in the statistics); the rest
             # (statuses decided before a unit is read) below.
-            r = self._read_path.pull(self, cq, offset, max_msg_nums, message_filter,
+            r = self.read_path.pull(self, cq, offset, max_msg_nums, message_filter,
                                      read_path.MAX_BYTES, subscription, property_filter)
             if r is not None:
                 return r
@@ -1263,17 +1291,17 @@ class MessageStore:
         the stored bytes: the `compressed` column marks the records whose body is compressed
         (sys_flag has their codec), and original_body(i) decompresses one."""
         if subscription is None and property_filter is None:
-            r = self._read_path.get_batch(self, group, topic, queue_id, offset, max_msg_nums,
+            r = self.read_path.get_batch(self, group, topic, queue_id, offset, max_msg_nums,
                                           message_filter)
             if r is not None:
                 return r
-        self._check_open()
+        self.check_open()
         cq = self._checked_queue(group, topic, queue_id, offset, max_msg_nums, message_filter)
         if subscription is not None or property_filter is not None:
             subscription, property_filter = read_filters(subscription, property_filter)
-        self._catch_up()
-        if cq is not None and self._loaded:
-            r = self._read_path.pull_batch(self, cq, offset, max_msg_nums, message_filter,
+        self.catch_up()
+        if cq is not None and self.loaded:
+            r = self.read_path.pull_batch(self, cq, offset, max_msg_nums, message_filter,
                                            read_path.MAX_BYTES, subscription, property_filter)
             if r is not None:
                 return r
@@ -1316,7 +1344,7 @@ class MessageStore:
         """get_message (and its filters, wait_ms and decompress) for asyncio: the reads run in
         the loop's default executor, the wait is an asyncio.Event the reput dispatch sets."""
         check_wait_ms(wait_ms)
-        self._check_open()
+        self.check_open()
         read_filters(subscription, property_filter)     # refused here, not in the executor
         r = await await_message(self, group, topic, queue_id, offset, max_msg_nums,
                                 message_filter, wait_ms, subscription=subscription,
@@ -1326,7 +1354,7 @@ class MessageStore:
     def look_message_by_offset(self, phy_offset, decompress=True):
         """The record at a commit-log offset, decoded; None if there is none. Its body is
         the original one unless `decompress` is false (get_message)."""
-        self._check_open()
+        self.check_open()
         check_int(phy_offset, "phy_offset")
         rec = self.commitlog.get_message_bytes(phy_offset)
         if rec is None:
@@ -1347,13 +1375,13 @@ class MessageStore:
         Every put that returned before the call is indexed for it. Bodies are the original
         ones unless `decompress` is false (get_message)."""
         # The common call as one compiled call (the checks, catch-up and query below).
-        r = self._read_path.query_message(self, topic, key, max_num, begin, end)
+        r = self.read_path.query_message(self, topic, key, max_num, begin, end)
         if r is not None:
             if not decompress:
                 keep_stored(r.messages)
             return r
-        if not self._loaded:
-            self._check_open()
+        if not self.loaded:
+            self.check_open()
         # The common call in a few type checks; anything else goes through the full checks,
         # which say what is wrong.
         if not (type(topic) is str and type(key) is str and type(max_num) is int
@@ -1366,7 +1394,7 @@ class MessageStore:
             # Store timestamps are Java longs: a wider bound overflowed the index lookup.
             check_int(begin, "begin", INT64_MIN, INT64_MAX)
             check_optional_int(end, "end", INT64_MIN, INT64_MAX)
-        self._catch_up()
+        self.catch_up()
         r = query.query_message(self, topic, key, max_num, begin, end)
         if not decompress:
             keep_stored(r.messages)
@@ -1375,17 +1403,17 @@ class MessageStore:
     def query_message_by_unique_key(self, topic, uniq_key, decompress=True):
         """The MessageExt whose UNIQ_KEY is `uniq_key` under `topic`, or None. Its body is
         the original one unless `decompress` is false (get_message)."""
-        self._check_open()
+        self.check_open()
         check_str(topic, "topic")
         check_str(uniq_key, "uniq_key")
-        self._catch_up()
+        self.catch_up()
         m = query.query_message_by_unique_key(self, topic, uniq_key)
         return m if decompress or m is None else m.keep_stored()
 
     def view_message_by_id(self, msg_id, decompress=True):
         """The MessageExt an offset msgId names, or None (InvalidArgumentError, a ValueError,
         if it is no msgId). Its body is the original one unless `decompress` is false."""
-        self._check_open()
+        self.check_open()
         check_str(msg_id, "msg_id")
         m = query.view_message_by_id(self, msg_id)
         return m if decompress or m is None else m.keep_stored()
@@ -1395,14 +1423,14 @@ class MessageStore:
         ConsumeQueue#getOffsetInQueueByTime; the file is chosen by its mtime). With
         `boundary` "lower" or "upper", 5.x's BoundaryType: the first message stored at or
         after `timestamp`, or the last one stored at or before it."""
-        self._check_open()
+        self.check_open()
         check_str(topic, "topic")
         check_int(queue_id, "queue_id")
         check_int(timestamp, "timestamp")
         if boundary is not None and boundary not in query.BOUNDARIES:
             raise InvalidArgumentError(f"boundary must be None, 'lower' or 'upper', "
                                        f"got {boundary!r}")
-        self._catch_up()
+        self.catch_up()
         if boundary is None:
             return query.get_offset_in_queue_by_time(self, topic, queue_id, timestamp)
         return query.get_offset_in_queue_by_boundary(self, topic, queue_id, timestamp,
@@ -1414,9 +1442,9 @@ class MessageStore:
     def get_consume_queue(self, topic, queue_id):
         """The ConsumeQueue of `topic`/`queue_id`, or None when the store has none
         (getConsumeQueue). find_consume_queue is the variant that creates it."""
-        self._check_open()
+        self.check_open()
         check_queue(topic, queue_id)
-        self._catch_up()
+        self.catch_up()
         return self.consume_queue_table.get(topic, {}).get(queue_id)
 
     def _unit(self, topic, queue_id, queue_offset):
@@ -1435,20 +1463,20 @@ class MessageStore:
 
     def get_commit_log_offset_in_queue(self, topic, queue_id, queue_offset):
         """The commit-log offset the queue's unit `queue_offset` points at, 0 if none."""
-        self._check_open()
+        self.check_open()
         unit = self._unit(topic, queue_id, queue_offset)
         return unit[0] if unit else 0
 
     def get_message_store_timestamp(self, topic, queue_id, queue_offset):
         """The store time of the queue's message `queue_offset`, -1 if none."""
-        self._check_open()
+        self.check_open()
         unit = self._unit(topic, queue_id, queue_offset)
         return self.commitlog.pickup_store_timestamp(*unit) if unit else -1
 
     def get_earliest_message_time(self, topic=None, queue_id=None):
         """The store time of the oldest message: of the store's first record, or with
         `topic` and `queue_id` of the queue's first unit; -1 if none."""
-        self._check_open()
+        self.check_open()
         if topic is None and queue_id is None:
             off = self.commitlog.min_offset
             rec = self.commitlog.get_message_bytes(off) if off >= 0 else None
@@ -1461,7 +1489,7 @@ class MessageStore:
     def select_one_message_by_offset(self, commit_log_offset, size=None):
         """The raw bytes of the record at `commit_log_offset` (its `size` read from the record
         unless given), or None: selectOneMessageByOffset, as a copy."""
-        self._check_open()
+        self.check_open()
         check_int(commit_log_offset, "commit_log_offset", 0)
         if size is None:
             return self.commitlog.get_message_bytes(commit_log_offset)
@@ -1472,15 +1500,15 @@ class MessageStore:
         """True when the queue's message `consume_offset` lies further behind the CommitLog's
         end than access_message_in_memory_max_ratio of the machine's memory allows, so a read
         would likely come from disk (checkInDiskByConsumeOffset); False if there is none."""
-        self._check_open()
+        self.check_open()
         unit = self._unit(topic, queue_id, consume_offset)
-        return unit is not None and self.commitlog.max_offset - unit[0] > self._mem_limit
+        return unit is not None and self.commitlog.max_offset - unit[0] > self.mem_limit
 
     def append_to_commit_log(self, start_offset, data):
         """A slave's append of replicated CommitLog bytes that begin at `start_offset` (the
         CommitLog's end; appendToCommitLog): True when written, and reput is woken. A master
         refuses it (InvalidArgumentError): raw bytes would bypass its queue offsets."""
-        self._check_open()
+        self.check_open()
         check_int(start_offset, "start_offset", 0)
         if not self.is_slave:
             raise InvalidArgumentError("append_to_commit_log is for a slave's replicated "
@@ -1494,17 +1522,17 @@ class MessageStore:
         """The confirm offset (getConfirmOffset): -1 until set_confirm_offset, as in 4.9.8,
         which reads it only in duplication mode; rocketstore does not implement that mode (see
         config.NOT_IMPLEMENTED), so here it is a value kept for the caller."""
-        self._check_open()
+        self.check_open()
         return self._confirm_offset
 
     def set_confirm_offset(self, offset):
-        self._check_open()
+        self.check_open()
         check_int(offset, "offset", -1)
         self._confirm_offset = offset
 
     def is_transient_store_pool_deficient(self):
         """True when the write-buffer pool is enabled and has no buffer left."""
-        self._check_open()
+        self.check_open()
         pool = self.commitlog.pool
         return pool is not None and pool.available == 0
 
@@ -1514,7 +1542,7 @@ class MessageStore:
         and mapped while the view or a slice of it lives, as get_batch's body views do, so
         expiry and shutdown wait for it (drop it, or `view.release()`, when done). None when
         no file holds `offset` or nothing is written there yet."""
-        self._check_open()
+        self.check_open()
         check_int(offset, "offset", 0)
         if self.commit_service is not None:
             self.commit_service.commit_now()         # read-your-writes with write buffers
@@ -1534,7 +1562,7 @@ class MessageStore:
         path, so a flush never races the puts' syncs; it waits up to sync_flush_timeout ms
         and then returns what is flushed. With ASYNC_FLUSH the flusher's full flush runs in
         the caller's thread, excluding the flusher's own round."""
-        self._check_open()
+        self.check_open()
         mfq = self.commitlog.mfq
         if self.read_only:
             return mfq.flushed_where
@@ -1579,9 +1607,9 @@ class MessageStore:
         reput = self.reput_service
         flusher = self.flush_service
         flush_lock = getattr(flusher, "flush_lock", _NO_LOCK)
-        with reput._lock, cl.put_lock:
+        with reput.dispatch_lock, cl.put_lock:
             if cl.closed:
-                cl._refuse_closed()
+                cl.refuse_closed()
             if self.commit_service is not None:
                 self.commit_service.commit_now()
             end = mfq.get_max_wrote_position()
@@ -1627,10 +1655,10 @@ class MessageStore:
         earliestMessageTimeStamp; with write buffers remainTransientStoreBufferNumbs and the
         bytes left to commit and to flush, as plain numbers). A running store also publishes
         it once a second to its runtime file for `rocketstore stat` (stats.py)."""
-        self._check_open()
-        return self._runtime_info(self.lock_time_mills())
+        self.check_open()
+        return self.runtime_info(self.lock_time_mills())
 
-    def _runtime_info(self, lock_time_mills):
+    def runtime_info(self, lock_time_mills):
         """get_runtime_info with the lock time given: the publishing thread must not call an
         injected store clock (a replay or step clock hands its values to the records)."""
         info = self.stats_service.runtime_info()
@@ -1668,7 +1696,7 @@ class MessageStore:
         original ones, decompressed when read, unless `decompress` is false (get_message): a
         body that does not decompress raises CorruptBodyError when it is read, and the walk
         goes on past it."""
-        self._check_open()
+        self.check_open()
         check_optional_int(from_offset, "from_offset")
         it = read_path.iter_messages(self, from_offset)
         return it if decompress else (m.keep_stored() for m in it)

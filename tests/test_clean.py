@@ -272,14 +272,11 @@ def test_get_message_between_commitlog_and_consume_queue_cleaning_skips_removed_
     assert g.next_begin_offset <= first_kept + len(g.messages)
 
 
-def test_the_index_hook_gets_the_new_minimum(make, disk):
+def test_the_index_hook_gets_the_new_minimum(make, disk, monkeypatch):
     store = make()
     calls = []
-
-    class FakeIndex:
-        def delete_expired_file(self, min_offset):
-            calls.append(min_offset)
-    store.index_service = FakeIndex()
+    # Only the hook is replaced: the store flushes and closes its real index service.
+    monkeypatch.setattr(store.index_service, "delete_expired_file", calls.append)
     fill(store)
     store.clean_files_periodically()
     assert calls == []                                  # minimum did not move

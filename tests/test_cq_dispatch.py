@@ -101,7 +101,7 @@ def test_retried_dispatch_adds_no_unit(tmp_path, backend):
             assert store.put_message(Message("T", b"m%d" % i, queue_id=i % 2)).status.ok
         testing.wait_dispatched(store)
         before = cq_digest(tmp_path / "s")
-        with store.reput_service._lock:
+        with store.reput_service.dispatch_lock:
             store.reput_service.reput_from_offset = 0
             store.reput_service.do_reput()
         assert cq_digest(tmp_path / "s") == before

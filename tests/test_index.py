@@ -292,7 +292,7 @@ def broker_ro(broker_store, backend):
 
 def test_read_only_open_infers_the_brokers_index_geometry(broker_ro):
     assert (broker_ro.config.max_hash_slot_num, broker_ro.config.max_index_num) == (64, 500)
-    assert len(broker_ro._indexer.index_file_list) == 6
+    assert len(broker_ro.index_service.index_file_list) == 6
 
 
 def test_every_broker_query_gets_the_brokers_commit_log_offsets(broker_ro):
@@ -317,14 +317,14 @@ def test_every_key_of_every_broker_message_finds_exactly_its_messages(broker_ro)
 
 def test_index_last_update_is_the_newest_files_end(broker_ro):
     r = broker_ro.query_message("OrderTopic", "ord-0")
-    last = broker_ro._indexer.index_file_list[-1]
+    last = broker_ro.index_service.index_file_list[-1]
     assert r.index_last_update_timestamp == last.end_timestamp == \
         broker_messages()[-1]["storeTimestamp"]
     assert r.index_last_update_phy_offset == last.end_phy_offset
 
 
 def test_broker_index_files_hold_one_entry_per_indexed_key(broker_ro):
-    files = broker_ro._indexer.index_file_list
+    files = broker_ro.index_service.index_file_list
     assert [f.index_count for f in files] == [500] * 5 + [143]
     header, slots, entries = files[0].arrays()
     assert header["index_count"][0] == 500 and header["hash_slot_count"][0] == \
@@ -596,7 +596,7 @@ def test_a_hash_collision_never_returns_the_other_message(tmp_path, backend):
         store.put_message(Message("T", b"x", keys="Aa"))
         store.put_message(Message("T", b"y", keys="BB CC"))
         testing.wait_dispatched(store)
-        assert len(store._indexer.query_offset("T", "Aa", 32, 0, LONG_MAX)[0]) == 2   # hashes
+        assert len(store.index_service.query_offset("T", "Aa", 32, 0, LONG_MAX)[0]) == 2   # hashes
         assert [m.keys for m in store.query_message("T", "Aa").messages] == ["Aa"]
         assert [m.keys for m in store.query_message("T", "BB").messages] == ["BB CC"]
         assert store.query_message("U", "Aa").messages == []
@@ -611,7 +611,7 @@ def test_rollback_records_and_redispatched_records_are_not_indexed(tmp_path, bac
         store.put_message(Message("T", b"x", keys="k2", sys_flag=F.TRANSACTION_PREPARED_TYPE))
         store.put_message(Message("T", b"x", keys="k3"))
         testing.wait_dispatched(store)
-        f = store._indexer.index_file_list[-1]
+        f = store.index_service.index_file_list[-1]
         assert f.index_count == 3
         assert store.query_message("T", "k1").messages == []
         assert len(store.query_message("T", "k2").messages) == 1
@@ -620,7 +620,7 @@ def test_rollback_records_and_redispatched_records_are_not_indexed(tmp_path, bac
         rows = np.empty(8, dtype=F.SCAN_DTYPE)
         mf = store.commitlog.mfq.files[0]
         n, *_ = store.kernels.commitlog_scan(mf.mm, 0, mf.read_position, False, rows)
-        store._indexer.dispatch(rows[:n].tolist(), mf.mm)
+        store.index_service.dispatch(rows[:n].tolist(), mf.mm)
         assert f.index_count == 3
     finally:
         store.shutdown()
@@ -631,7 +631,7 @@ def test_full_files_roll_with_names_from_the_triggering_records_store_time(tmp_p
     try:
         results = [store.put_message(Message("T", b"x", keys=f"a{i} b{i}")) for i in range(5)]
         testing.wait_dispatched(store)
-        files = store._indexer.index_file_list
+        files = store.index_service.index_file_list
         # 4 entries per file: record 0 and 1, then 2 and 3, then 4.
         assert [f.file_name for f in files] == [
             time_millis_to_human_string(results[i].store_timestamp) for i in (0, 2, 4)]
@@ -652,7 +652,7 @@ def test_a_roll_inside_one_record_names_the_next_file_after_the_last(tmp_path, b
     try:
         store.put_message(Message("T", b"x", keys="a b c d e"))
         testing.wait_dispatched(store)
-        names = [f.file_name for f in store._indexer.index_file_list]
+        names = [f.file_name for f in store.index_service.index_file_list]
         assert len(names) == 3 and names == sorted(set(names))
         assert [m.keys for m in store.query_message("T", "e").messages] == ["a b c d e"]
     finally:
@@ -714,7 +714,7 @@ def test_abnormal_load_keeps_index_files_the_checkpoint_vouches_for(tmp_path, ba
     store = MessageStore(root, testing.small_config(**cfg), kernels=backend)
     store.load()
     try:
-        names = [f.file_name for f in store._indexer.index_file_list]
+        names = [f.file_name for f in store.index_service.index_file_list]
         assert names[:vouched] == sorted(os.listdir(index_dir))[:vouched]
     finally:
         store.shutdown()
@@ -918,17 +918,17 @@ def test_a_redispatched_record_whose_keys_straddle_two_files_gets_only_its_missi
         store.put_message(Message("T", b"x", keys="a0"))
         store.put_message(Message("T", b"x", keys="a1 b1 c1"))     # 2 keys fit, 1 rolls over
         testing.wait_dispatched(store)
-        files = store._indexer.index_file_list
+        files = store.index_service.index_file_list
         assert [g.index_count for g in files] == [4, 2]
         # The second file is lost (as abnormal recovery destroys it) and the records are
         # dispatched again: the new file gets only the key the first one lacks.
-        store._indexer.index_file_list = files[:1]
+        store.index_service.index_file_list = files[:1]
         files[1].destroy(0)
         rows = np.empty(8, dtype=F.SCAN_DTYPE)
         mf = store.commitlog.mfq.files[0]
         n, *_ = store.kernels.commitlog_scan(mf.mm, 0, mf.read_position, False, rows)
-        store._indexer.dispatch(rows[:n].tolist(), mf.mm)
-        assert [g.index_count for g in store._indexer.index_file_list] == [4, 2]
+        store.index_service.dispatch(rows[:n].tolist(), mf.mm)
+        assert [g.index_count for g in store.index_service.index_file_list] == [4, 2]
         assert len(store.query_message("T", "c1").messages) == 1
     finally:
         store.shutdown()

@@ -62,7 +62,7 @@ def _build(root, msgs, step_ms=137, **cfg):
         results = [store.put_message(m) for m in msgs]
         assert all(r.ok for r in results)
         testing.wait_dispatched(store)
-        files = len(store._indexer.index_file_list)
+        files = len(store.index_service.index_file_list)
     finally:
         store.shutdown()
     puts = [(r.commit_log_offset, r.store_timestamp, m) for r, m in zip(results, msgs)]
@@ -263,7 +263,7 @@ def test_index_walk_in_small_steps_walks_the_chain_index_lookup_walks(random_sto
     root, config, _ = random_store
     store = _open(root, config, "pure")
     try:
-        f = store._indexer.index_file_list[-1]
+        f = store.index_service.index_file_list[-1]
         mm = bytes(f.mm)
     finally:
         store.shutdown()
@@ -435,7 +435,7 @@ def test_the_compiled_query_builds_the_same_messages_from_rows_as_from_bytes(ran
     root, config, puts = random_store
     store = _open(root, config, "cext")
     try:
-        files, mfq = store._indexer.index_file_list, store.commitlog.mfq
+        files, mfq = store.index_service.index_file_list, store.commitlog.mfq
         k = store.kernels
         kept = 0
         for topic in ("T0", "T1"):
@@ -444,7 +444,7 @@ def test_the_compiled_query_builds_the_same_messages_from_rows_as_from_bytes(ran
                     a = k.index_query(files, mfq, topic, key, want, 0, LONG_MAX,
                                       MessageExt.decode)
                     b = k.index_query(files, mfq, topic, key, want, 0, LONG_MAX,
-                                      store._read_path)
+                                      store.read_path)
                     assert [_fields(m) for m in a[0]] == [_fields(m) for m in b[0]]
                     assert a[1:] == b[1:]
                     kept += len(a[0])
@@ -460,14 +460,14 @@ def test_the_fused_query_answers_as_the_store_s_steps_and_leaves_other_calls_to_
     the common case answers None from it, so the store's checks run."""
     root, config, puts = random_store
     store = _open(root, config, backend)
-    rp = store._read_path
+    rp = store.read_path
     try:
         first, last = puts[0][1], puts[-1][1]
         for topic in ("T0", "T1", "T2"):
             for key in COLLIDING + ["k3", "dup", "U00000007", "absent"]:
                 for max_num, begin, end in ((1, 0, None), (3, first + 5000, last - 5000),
                                             (100, 0, last), (2, last + 1, None)):
-                    store._catch_up()
+                    store.catch_up()
                     want = query.query_message(store, topic, key, max_num, begin, end)
                     got = store.query_message(topic, key, max_num, begin, end)
                     assert type(got) is type(want)

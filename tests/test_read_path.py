@@ -406,7 +406,7 @@ def test_the_fused_entry_answers_common_calls_as_the_store_s_separate_steps_do(t
     put that returned is visible to the next call (read-your-writes) though the entry, not
     the store, decides whether to catch up."""
     store = testing.open_store(tmp_path / "s", backend)
-    rp = store._read_path
+    rp = store.read_path
     try:
         msgs = varied_messages(90, "Fused")
         assert all(store.put_message(m).ok for m in msgs)
@@ -415,7 +415,7 @@ def test_the_fused_entry_answers_common_calls_as_the_store_s_separate_steps_do(t
             for offset in (0, 5, 37, 89):
                 for n in (1, 3, 32, 100):
                     for flt in (None, lambda t: t == tag1):
-                        store._catch_up()
+                        store.catch_up()
                         want = _answer(pull(store, store.consume_queue("Fused", 0), offset, n,
                                             flt, read_path.MAX_BYTES))
                         assert _answer(getattr(store, get)("g", "Fused", 0, offset, n,
@@ -449,7 +449,7 @@ def test_the_fused_entry_leaves_every_other_call_to_the_store(tmp_path, backend,
     store = testing.open_store(tmp_path / "s", backend)
     try:
         assert store.put_message(Message("Fused", b"x")).ok
-        rp = store._read_path
+        rp = store.read_path
         assert rp.get_message(store, *call) is None
         assert rp.get_batch(store, *call) is None
     finally:

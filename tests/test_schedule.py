@@ -531,10 +531,10 @@ def test_batch_delivery_writes_the_records_of_the_reference_path_with_declined_o
             msgs = batch(600)
             for i in range(0, 600, 100):
                 assert store.put_messages(msgs[i:i + 100]).ok
-            store._catch_up()
+            store.catch_up()
             clock.now = T0 + 1000
             assert store.schedule_message_service.deliver_due() == 599
-            store._catch_up()
+            store.catch_up()
             assert store.delay_offsets.get_offset(1) == 600
             records = []
             for t in range(3):
@@ -640,7 +640,7 @@ def test_a_batch_cut_short_by_a_full_disk_resumes_where_it_stopped(tmp_path, bac
             assert store.put_messages([Message("RealTopic", bytes(3000), keys=f"k{j}",
                                                queue_id=j % 2, properties={"DELAY": "1"})
                                        for j in range(i, i + 100)]).ok
-        store._catch_up()
+        store.catch_up()
         fs.fail("reserve", errno.ENOSPC, match=os.sep + "commitlog" + os.sep)
         fs.fail("create", errno.ENOSPC, match=os.sep + "commitlog" + os.sep)
         clock.now = T0 + 1000

@@ -66,7 +66,7 @@ def test_select_one_message_by_offset_returns_the_records_bytes(store):
 def test_check_in_disk_compares_the_distance_with_the_memory_budget(store, monkeypatch):
     rs = _fill(store)
     assert store.check_in_disk_by_consume_offset("T", 1, 0) is False
-    monkeypatch.setattr(store, "_mem_limit", rs[-1].commit_log_offset - 1)
+    monkeypatch.setattr(store, "mem_limit", rs[-1].commit_log_offset - 1)
     assert store.check_in_disk_by_consume_offset("T", 1, 0) is True      # far behind the end
     assert store.check_in_disk_by_consume_offset("T", 1, 4) is False
     assert store.check_in_disk_by_consume_offset("T", 1, 9) is False     # no such unit

@@ -309,7 +309,7 @@ def test_a_walk_that_found_nothing_reports_its_last_event_as_the_broker_does(
     assert files == [0, 0, 0, 1][:len(tags)]
     assert store.get_max_offset_in_queue("T", 0) == len(tags)     # dispatched: readable
     cq = store.consume_queue("T", 0)
-    messages, scanned, removed, _, filtered = store._read_path.read(
+    messages, scanned, removed, _, filtered = store.read_path.read(
         cq.mfq.files, cq.file_size, store.commitlog.mfq.files[1:], store.commitlog.file_size,
         0, len(tags), cq.min_logic_offset, 32, 800, 64 << 20, None,
         subscription=parse_subscription("A"))

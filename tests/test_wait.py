@@ -310,7 +310,7 @@ def test_units_a_filter_leaves_out_are_committed(store):
 
 def test_an_uncorrected_offset_stalls_without_spinning_and_close_ends_it(store, monkeypatch):
     # A slave with offset_check_in_slave off answers an out-of-range offset without moving it.
-    monkeypatch.setattr(store, "_next_offset_correction", lambda old, new: old)
+    monkeypatch.setattr(store, "next_offset_correction", lambda old, new: old)
     put(store, "T", 0, b"a")
     store.commit_offset("g", "T", 0, 10)
     reads = []

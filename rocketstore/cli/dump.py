@@ -60,7 +60,7 @@ def _selected(store, args, damage):
             continue
         _, mf, chunk = step
         # The records the scan checked, decoded from its rows (the read path's decoder).
-        for m in store._read_path.decode_rows(mf.mm, chunk, len(chunk)):
+        for m in store.read_path.decode_rows(mf.mm, chunk, len(chunk)):
             if args.to_offset is not None and m.commit_log_offset >= args.to_offset:
                 return
             if args.topic is not None and m.topic != args.topic:

@@ -32,7 +32,7 @@ def _delete_topic(args):
                                "delete the topic from that process, or stop it first")
     geometry = {k: v for k, v in (("max_hash_slot_num", args.max_hash_slot_num),
                                   ("max_index_num", args.max_index_num)) if v is not None}
-    store = MessageStore(args.store_dir, repair._writable_config(args.store_dir, **geometry),
+    store = MessageStore(args.store_dir, repair.writable_config(args.store_dir, **geometry),
                          kernels=args.backend)
     store.load()
     try:

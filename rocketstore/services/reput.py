@@ -37,15 +37,16 @@ class ReputMessageService(ServiceThread):
         self._failures = 0
         self.last_error = None
         self._halted = None         # why a slave stopped dispatching replicated bytes
-        # One dispatcher at a time: the service thread, or a reader catching up.
-        self._lock = threading.Lock()
+        # One dispatcher at a time: the service thread, or a reader catching up; the store
+        # also holds it while it removes a topic or truncates, so reput sees all or none.
+        self.dispatch_lock = threading.Lock()
 
     def behind(self):
         return self._commitlog.max_offset - self.reput_from_offset
 
     def run_once(self):
         self.wait_for_running(1)
-        with self._lock:
+        with self.dispatch_lock:
             self.do_reput()
 
     def catch_up(self):
@@ -54,7 +55,7 @@ class ReputMessageService(ServiceThread):
         service stopped: its final drain ran, and the files are about to close."""
         if self.reput_from_offset >= self._commitlog.max_offset:
             return
-        with self._lock:
+        with self.dispatch_lock:
             if not self.is_stopped:
                 self.do_reput()
 
@@ -177,7 +178,7 @@ class ReputMessageService(ServiceThread):
     def on_shutdown(self):
         # Drain what was written before shutdown (the broker waits up to 5 s).
         try:
-            with self._lock:
+            with self.dispatch_lock:
                 self.do_reput()
         except Exception:
             log.exception("reput: final drain failed")

@@ -1,0 +1,92 @@
+# SPDX-License-Identifier: Apache-2.0
+"""No module of the package touches another module's private state: an attribute access
+`<obj>._name` (not a dunder) on anything but self/cls must name something its own module
+defines (a class's `self._name`, a private function or class, a module global). What one
+module needs of another's object goes through a public method or attribute, so a class's
+private state can change without reading the rest of the package (doc/ on the house:
+narrow dependencies, MessageStore the one composition root)."""
+import ast
+import re
+import pathlib
+
+import rocketstore
+
+PACKAGE = pathlib.Path(rocketstore.__file__).parent
+
+# Reaches that cannot go through a public name, each with why.
+ALLOWED = {
+    # argparse has no public way to walk a parser's sub-commands (for `help <command>`).
+    ("cli/command.py", "_actions"),
+    ("cli/command.py", "_SubParsersAction"),
+}
+
+
+def _defined_names(tree):
+    """The private names a module defines: self./cls. attributes it assigns, __slots__,
+    functions, classes, and names bound at any level (module globals, class attributes)."""
+    names = set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(n.name)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            names.add(n.id)
+        elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) \
+                and isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"):
+            names.add(n.attr)
+        elif isinstance(n, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__slots__" for t in n.targets):
+            names.update(c.value for c in ast.walk(n.value)
+                         if isinstance(c, ast.Constant) and isinstance(c.value, str))
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            names.update(a.asname or a.name.split(".")[0] for a in n.names)
+    return {x for x in names if x.startswith("_")}
+
+
+def private_reaches(source, rel):
+    tree = ast.parse(source)
+    own = _defined_names(tree)
+    found = []
+    for n in ast.walk(tree):
+        if not isinstance(n, ast.Attribute) or not n.attr.startswith("_"):
+            continue
+        if n.attr.startswith("__") and n.attr.endswith("__"):
+            continue
+        if isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"):
+            continue
+        if n.attr in own or (rel, n.attr) in ALLOWED:
+            continue
+        found.append(f"{rel}:{n.lineno}: {ast.unparse(n.value)}.{n.attr}")
+    return found
+
+
+def test_no_module_reaches_into_another_modules_private_state():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        found += private_reaches(path.read_text(encoding="utf-8"), rel)
+    assert found == []
+
+
+def test_the_private_reach_scan_catches_a_reach_into_another_modules_object():
+    # The scan itself: a reach into an object of another module is reported; the same
+    # name defined by the module, self/cls and dunders are not.
+    src = ("def f(store, m):\n"
+           "    store._loaded\n"
+           "    m._mine\n"
+           "    store.__class__\n"
+           "class A:\n"
+           "    def __init__(self):\n"
+           "        self._mine = 1\n")
+    assert private_reaches(src, "x.py") == ["x.py:2: store._loaded"]
+
+
+def test_the_compiled_read_path_reads_only_the_stores_public_names():
+    # Cython is not Python's AST: the .pxi entries get the MessageStore as `store`, and
+    # read what they need of it by public name (a public attribute costs the same).
+    pyx = PACKAGE.parent / "pyx"
+    sources = sorted(pyx.glob("*.p*"))
+    assert sources, "the pyx sources ship with the tests"
+    found = [f"{p.name}:{i}: {line.strip()}" for p in sources
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(r"\bstore\._(?!_)\w", line)]
+    assert found == []
