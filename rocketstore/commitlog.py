@@ -551,7 +551,7 @@ class CommitLog:
         try:
             with self.put_lock:
                 if self.closed:
-                    self._refuse_closed()
+                    self.refuse_closed()
                 after_put = self.after_put
                 ts = clock()
                 self.put_cells[LOCK_BEGIN] = ts

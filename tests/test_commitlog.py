@@ -84,6 +84,8 @@ def test_after_stop_puts_a_put_is_refused_and_nothing_is_written(log):
     with pytest.raises(StoreClosedError):
         log.put_message(Message("T", b"late"), clock)
     assert log.append_data(end, bytes(8)) is False
+    with pytest.raises(StoreClosedError):            # the schedule service's batch put
+        log.put_encoded(bytes(64), [64], [0], ["T"], clock)
     assert log.max_offset == end
 
 
