@@ -60,7 +60,11 @@ def assert_refused_for_disk_full(refusals):
     assert len(refusals) == 4, refusals
     first, *later = refusals
     assert first["refused"] in ("SERVICE_NOT_AVAILABLE", "CREATE_MAPEDFILE_FAILED")
-    assert "disk full" in first["reason"] and "No space left" in first["reason"]
+    # The put that met ENOSPC says so; on a slow run the clean service's disk check can see
+    # the filled disk first and refuse before any put reaches the end of the space.
+    assert "disk full" in first["reason"]
+    assert "No space left" in first["reason"] or \
+        "past disk_space_warning_level_ratio" in first["reason"], first
     # The store knows the disk is full now: later puts are refused before the put lock.
     for r in later:
         assert r["refused"] == "SERVICE_NOT_AVAILABLE" and "disk full" in r["reason"]
