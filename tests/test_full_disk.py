@@ -167,7 +167,10 @@ def allocated(root):
     total = apparent = 0
     for d, _, names in os.walk(root):
         for n in names:
-            st = os.stat(os.path.join(d, n))
+            try:
+                st = os.stat(os.path.join(d, n))
+            except FileNotFoundError:           # a file being made (.creating), renamed now
+                continue
             total += st.st_blocks * 512
             apparent += st.st_size
     return total, apparent

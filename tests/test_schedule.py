@@ -410,8 +410,11 @@ def _written_units(root):
     qdir = root / "consumequeue" / "RealTopic" / "0"
     total = 0
     for name in sorted(os.listdir(qdir)) if qdir.exists() else []:
-        with open(qdir / name, "rb") as f:
-            total += len(f.read().rstrip(b"\0"))
+        try:
+            with open(qdir / name, "rb") as f:
+                total += len(f.read().rstrip(b"\0"))
+        except FileNotFoundError:               # a file being made (.creating), renamed now
+            continue
     return total
 
 
