@@ -37,7 +37,7 @@ def module_tmp(tmp_path_factory):
 @pytest.fixture
 def store_factory(tmp_path):
     """make(backend, msgs, rounds, **config): a started store sized for `msgs` put `rounds`
-    times; every store made is shut down (and, with tmp_path, deleted) at teardown."""
+    times; every store made is shut down and deleted at teardown."""
     stores = []
 
     def make(backend, msgs, rounds=1, **config):
@@ -50,3 +50,5 @@ def store_factory(tmp_path):
     yield make
     for s in stores:
         s.shutdown()
+        # pytest keeps the last runs' tmp_path directories: a store is deleted here, not later.
+        shutil.rmtree(s.root, ignore_errors=True)
