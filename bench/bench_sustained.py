@@ -206,12 +206,53 @@ class GcTimes:
             self._start = None
 
 
+class SchedStat:
+    """A thread's /proc/<pid>/task/<tid>/schedstat: nanoseconds on a CPU and nanoseconds
+    runnable but waiting for one (the run queue). Wall-clock time minus both is time asleep:
+    on a lock (the GIL), in I/O or a page fault's wait. Needs schedstats in the kernel
+    (CONFIG_SCHED_INFO); `read` is None without them."""
+
+    def __init__(self, tid):
+        self.read = None
+        try:
+            fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+        except OSError:
+            return
+        self._fd = fd
+
+        def read():
+            on_cpu, waiting, _ = os.pread(fd, 128, 0).split()
+            return int(on_cpu), int(waiting)
+        self.read = read
+
+    def close(self):
+        if self.read is not None:
+            os.close(self._fd)
+            self.read = None
+
+
+def thread_cpu_ns():
+    """On-CPU and run-queue-wait ns of every thread of this process, by thread name (the
+    store's services, the putter, the bench's samplers): what competed with the putter for
+    this process's share of the machine."""
+    out = {}
+    for t in threading.enumerate():
+        st = SchedStat(t.native_id)
+        if st.read is not None:
+            try:
+                out[t.name] = st.read()
+            except OSError:            # the thread ended meanwhile
+                pass
+            st.close()
+    return out
+
+
 def _percentile(sorted_values, q):
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
 def _stall_report(stall, fs_calls, gc_runs, stacks, samples, start_ns):
-    t0, t1, rolled, utime, stime, minflt, majflt, nvcsw, nivcsw = stall
+    t0, t1, rolled, utime, stime, minflt, majflt, nvcsw, nivcsw, on_cpu, waiting = stall
     gcs = [g for g in gc_runs if g[0] < t1 and g[1] > t0 and g[1] - g[0] >= NOTABLE_NS]
     seen = {}
     for t, stack in stacks[bisect.bisect_left(stacks, (t0,)):bisect.bisect_left(stacks, (t1,))]:
@@ -223,6 +264,9 @@ def _stall_report(stall, fs_calls, gc_runs, stacks, samples, start_ns):
              (f"putter CPU {utime * 1e3:.1f} ms user + {stime * 1e3:.1f} ms system, "
               f"{minflt} minor + {majflt} major faults, {nvcsw} waits + {nivcsw} preemptions"),
              f"Dirty {mem[1] / 1e9:.2f} GB Writeback {mem[2] / 1e9:.2f} GB"]
+    if on_cpu is not None:
+        parts.insert(1, f"putter on a CPU {on_cpu / 1e6:.1f} ms, waiting for one "
+                        f"{waiting / 1e6:.1f} ms, asleep {(t1 - t0 - on_cpu - waiting) / 1e6:.1f} ms")
     if rolled:
         parts.append("CommitLog file roll in this put")
     for g in gcs:
@@ -232,6 +276,16 @@ def _stall_report(stall, fs_calls, gc_runs, stacks, samples, start_ns):
     for c in over:
         parts.append(f"{c[3]}:{c[2]}({c[4] / MIB:.0f} MiB, {(c[1] - c[0]) / 1e6:.1f} ms)")
     return "; ".join(parts)
+
+
+def _autogroup():
+    """This process's scheduler autogroup (kernel.sched_autogroup_enabled): the CPU is shared
+    fairly between autogroups (sessions) first, then between the threads inside one."""
+    try:
+        with open("/proc/self/autogroup") as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 def _fs_summary(fs_calls, start_ns, end_ns):
@@ -291,6 +345,11 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path):
     stalls = []
     state = {"stored": 0, "calls": 0}
     faults = {"total": 0, "puts": 0, "overtook": 0}
+    # Where the putter's time inside puts went (ns): on a CPU, runnable but waiting for a CPU
+    # (other threads, of this process or others, had them), asleep (the GIL, I/O, faults).
+    sched = {"on_cpu": 0, "waiting": 0, "asleep": 0, "stall_on_cpu": 0, "stall_waiting": 0,
+             "stall_asleep": 0}
+    putter_sched = SchedStat(threading.get_native_id())
     try:
         def run():
             put = store.put_batch
@@ -299,22 +358,30 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path):
             # says whether the thread was working, faulting or waiting (for the GIL, a lock,
             # or the kernel's dirty-page throttle).
             usage, who = resource.getrusage, resource.RUSAGE_THREAD
+            schedstat = putter_sched.read or (lambda: (0, 0))
             keep = lat.append
             results = []
             last_end = 0
+            state["cpu_before"] = thread_cpu_ns()
             start = clock()
             state["start"] = start
             deadline = start + int(SECONDS * 1e9)
             calls = 0
             while True:
                 u0 = usage(who)
+                c0, w0 = schedstat()
                 t0 = clock()
                 if t0 >= deadline or last_end >= cap:
                     break
                 r = put(TOPIC, 0, bodies, tags=tags, keys=key_sets[calls % KEY_SETS], **born)
                 t1 = clock()
+                c1, w1 = schedstat()
                 u1 = usage(who)
                 keep(t1 - t0)
+                on_cpu, waiting = c1 - c0, w1 - w0
+                sched["on_cpu"] += on_cpu
+                sched["waiting"] += waiting
+                sched["asleep"] += max(0, t1 - t0 - on_cpu - waiting)
                 calls += 1
                 results.append(r)
                 # Page faults taken inside the put: a put into populated pages takes next to
@@ -335,7 +402,11 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path):
                                        u1.ru_utime - u0.ru_utime, u1.ru_stime - u0.ru_stime,
                                        u1.ru_minflt - u0.ru_minflt,
                                        u1.ru_majflt - u0.ru_majflt, u1.ru_nvcsw - u0.ru_nvcsw,
-                                       u1.ru_nivcsw - u0.ru_nivcsw))
+                                       u1.ru_nivcsw - u0.ru_nivcsw,
+                                       on_cpu if putter_sched.read else None, waiting))
+                        sched["stall_on_cpu"] += on_cpu
+                        sched["stall_waiting"] += waiting
+                        sched["stall_asleep"] += max(0, t1 - t0 - on_cpu - waiting)
                     last_end = end
                 if len(results) == 256:     # every result kept would hold GBs of columns
                     state["stored"] += check_puts(results)
@@ -343,6 +414,7 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path):
             state["stored"] += check_puts(results)
             state["calls"] = calls
             state["seconds"] = (clock() - start) / 1e9
+            state["cpu_after"] = thread_cpu_ns()
 
         sampler.start()
         if kstacks.available():
@@ -362,7 +434,10 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path):
         assert state["stored"] == state["calls"] * BATCH
         check_read_back(store, msgs, state["calls"], sample=200)
         written = store.commitlog.max_offset
+        # Kernel thread ids by name, to read the run against a scheduler trace (perf sched).
+        thread_ids = {t.name: t.native_id for t in threading.enumerate()}
     finally:
+        putter_sched.close()
         if gc_times in gc.callbacks:
             gc.callbacks.remove(gc_times)
         for t in (sampler, kstacks):
@@ -371,6 +446,7 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path):
                 t.join()
         store.shutdown()
 
+    putter_sched_ok = bool(state.get("cpu_after"))
     rate = written / state["seconds"]
     lat.sort()
     peak_dirty = max((s[1] + s[2] for s in sampler.samples), default=0)
@@ -399,7 +475,21 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path):
         f"puts_with_{FAULTED_PUT}_or_more_faults": faults["overtook"],
         "puts": state["calls"],
         "load_average": os.getloadavg(),
+        "thread_ids": thread_ids,
+        "autogroup": _autogroup(),
     }
+    if putter_sched_ok:
+        # The putter's time inside puts, and inside the stalled ones: a stall spent waiting
+        # for a CPU is the machine's (or this process's other threads') doing, not a wait
+        # inside the store.
+        figures.update({f"putter_{k}_s": round(v / 1e9, 3) for k, v in sched.items()})
+        before, after = state["cpu_before"], state["cpu_after"]
+        figures["thread_cpu_s"] = {
+            name: round((after[name][0] - before[name][0]) / 1e9, 2)
+            for name in after if name in before}
+        figures["thread_waiting_for_cpu_s"] = {
+            name: round((after[name][1] - before[name][1]) / 1e9, 2)
+            for name in after if name in before}
     benchmark.extra_info.update(figures)
     fs_calls = sorted(fs.calls)
     samples = sorted(sampler.samples)
@@ -408,6 +498,9 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path):
                              state["start"])
                for s in stalls]
     benchmark.extra_info["stalls"] = report[len(figures):]
+    # CLOCK_MONOTONIC ns (perf_counter_ns on Linux), as `perf record -k CLOCK_MONOTONIC` stamps
+    # its events: each stalled put's window, for a trace taken alongside.
+    benchmark.extra_info["stall_windows_ns"] = [(s[0], s[1]) for s in stalls]
     end = state["start"] + int(state["seconds"] * 1e9)
     report += _fs_summary(fs_calls, state["start"], end)
     for gen in range(3):
