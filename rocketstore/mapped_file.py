@@ -228,12 +228,19 @@ class MappedFile:
         return write > flush
 
     def flush(self, least_pages=0):
-        """Make [flushed_position, read_position) durable if at least `least_pages` are dirty."""
+        """Make [flushed_position, read_position) durable if at least `least_pages` are dirty.
+        A periodic flush (least_pages > 0) of a file still being written stops at the page
+        boundary below read_position: the partial page the writer is filling is left for the
+        next flush (a thorough one, least_pages == 0, takes everything). Writing a page back
+        write-protects it and locks it while the I/O is submitted, so the writer's next
+        append to that page would fault and could wait for a busy disk (doc/03 §2)."""
         if not self.is_able_to_flush(least_pages) or not self.hold():
             return self.flushed_position
         try:
             start = self.flushed_position
             end = self.read_position
+            if least_pages > 0 and not self.is_full:
+                end -= end % OS_PAGE_SIZE
             self._fs.sync_mapped(self._k, self.mm, self.path, start, end - start)
             self.flushed_position = end
         finally:

@@ -83,6 +83,31 @@ def test_flush_moves_the_flushed_offset_a_file_at_a_time(tmp_path, backend):
     q.close()
 
 
+def test_a_periodic_flush_leaves_the_page_the_writer_is_filling_to_a_thorough_one(tmp_path,
+                                                                                 backend):
+    # Writing back the page being appended to would make the writer's next append fault on
+    # it (doc/03 §2.3); a thorough flush (least pages 0) still takes every byte.
+    page = 4096
+    q = MappedFileQueue(str(tmp_path / "log"), 8 * page, backend, DEFAULT, True)
+    q.root = str(tmp_path)
+    q.load()
+    mf = q.get_last_mapped_file(0)
+    mf.reserve(8 * page)
+    written = 5 * page + 100
+    mf.mm[0:written] = b"x" * written
+    mf.wrote_position = mf.committed_position = written
+    assert q.flush(4) is False and q.flushed_where == 5 * page
+    assert q.flush(4) is True and q.flushed_where == 5 * page   # under a page more: too few
+    mf.mm[written:8 * page] = b"y" * (8 * page - written)
+    mf.wrote_position = mf.committed_position = 6 * page
+    assert q.flush(1) is False and q.flushed_where == 6 * page  # a boundary write: all of it
+    mf.wrote_position = mf.committed_position = 6 * page + 1
+    assert q.flush(0) is False and q.flushed_where == 6 * page + 1
+    mf.wrote_position = mf.committed_position = 8 * page      # full: to its end
+    assert q.flush(1) is False and q.flushed_where == 8 * page
+    q.close()
+
+
 def test_flush_skips_files_cleaning_removed_before_the_flusher_reached_them(tmp_path, backend):
     q = _fill(_queue(tmp_path / "log", backend), 3)
     q.delete_files(q.files[:2])
