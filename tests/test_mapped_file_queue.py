@@ -4,6 +4,7 @@ offset, growth, truncation, flushing, holding a file through its deletion, and t
 a load refuses or drops."""
 import errno
 import os
+import resource
 
 import pytest
 
@@ -105,6 +106,38 @@ def test_a_periodic_flush_leaves_the_page_the_writer_is_filling_to_a_thorough_on
     assert q.flush(0) is False and q.flushed_where == 6 * page + 1
     mf.wrote_position = mf.committed_position = 8 * page      # full: to its end
     assert q.flush(1) is False and q.flushed_where == 8 * page
+    q.close()
+
+
+def test_after_a_periodic_flush_the_writer_appends_to_its_page_without_a_fault(tmp_path,
+                                                                               backend):
+    # What leaving the writer's page unflushed buys: a page written back is write-protected
+    # again, so the next append to it faults (and may wait while its I/O is submitted).
+    if backend.NAME == "pure":
+        pytest.skip("the pure backend's sync is fdatasync of the whole file, every page")
+    page = 4096
+    q = MappedFileQueue(str(tmp_path / "log"), 8 * page, backend, DEFAULT, True)
+    q.root = str(tmp_path)
+    q.load()
+    mf = q.get_last_mapped_file(0)
+    mf.reserve(8 * page)
+
+    def append(end):
+        """Write up to `end`; the page faults this thread took meanwhile."""
+        data = b"x" * (end - mf.wrote_position)
+        before = resource.getrusage(resource.RUSAGE_THREAD)
+        mf.mm[mf.wrote_position:end] = data
+        after = resource.getrusage(resource.RUSAGE_THREAD)
+        mf.wrote_position = mf.committed_position = end
+        return after.ru_minflt - before.ru_minflt + after.ru_majflt - before.ru_majflt
+
+    append(3 * page + 100)
+    assert q.flush(0) is False            # a thorough flush takes the writer's page too...
+    if append(3 * page + 200) == 0:       # ...which must then fault to be written again
+        pytest.skip("this file system leaves a page it synced writable")
+    append(5 * page + 100)
+    assert q.flush(1) is False and q.flushed_where == 5 * page
+    assert append(5 * page + 200) == 0
     q.close()
 
 
