@@ -15,6 +15,12 @@ put slower than 50 ms with what overlapped it: file-system calls of the store's 
 reservation, prefault, msync, file creation), a CommitLog file roll inside the put, and the
 Dirty / Writeback page counts of /proc/meminfo at the time.
 
+Where the putting thread's time went, by the kernel's schedstat: on a CPU, runnable but waiting
+for one (other threads had both: of this process, or of other sessions, which the scheduler's
+autogroups serve first, each its fair share), or asleep (the GIL, a page lock, I/O). In all and
+per stalled put, with every thread's CPU time over the run. For who had the CPUs meanwhile,
+take a scheduler trace of the run and read it with bench/stall_trace.py (its docstring says how).
+
 A run writes up to about the dirty budget plus SECONDS x the disk bandwidth (tens of GB for the
 default): it skips, saying why, unless the disk has twice that free. Not run by CI (.ci/run
 runs tests/ only); ROCKETSTORE_SUSTAINED_SECONDS=5 is a quick check of the harness.
@@ -26,6 +32,7 @@ import bisect
 import gc
 import os
 import resource
+import shutil
 import threading
 import time
 
@@ -265,8 +272,9 @@ def _stall_report(stall, fs_calls, gc_runs, stacks, samples, start_ns):
               f"{minflt} minor + {majflt} major faults, {nvcsw} waits + {nivcsw} preemptions"),
              f"Dirty {mem[1] / 1e9:.2f} GB Writeback {mem[2] / 1e9:.2f} GB"]
     if on_cpu is not None:
+        asleep = t1 - t0 - on_cpu - waiting
         parts.insert(1, f"putter on a CPU {on_cpu / 1e6:.1f} ms, waiting for one "
-                        f"{waiting / 1e6:.1f} ms, asleep {(t1 - t0 - on_cpu - waiting) / 1e6:.1f} ms")
+                        f"{waiting / 1e6:.1f} ms, asleep {asleep / 1e6:.1f} ms")
     if rolled:
         parts.append("CommitLog file roll in this put")
     for g in gcs:
@@ -445,6 +453,8 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path):
             if t.is_alive():
                 t.join()
         store.shutdown()
+        # Tens of GB: pytest would keep the last runs' tmp_path directories on the disk.
+        shutil.rmtree(tmp_path / "store", ignore_errors=True)
 
     putter_sched_ok = bool(state.get("cpu_after"))
     rate = written / state["seconds"]
