@@ -272,7 +272,7 @@ def _stall_report(stall, fs_calls, gc_runs, stacks, samples, start_ns):
               f"{minflt} minor + {majflt} major faults, {nvcsw} waits + {nivcsw} preemptions"),
              f"Dirty {mem[1] / 1e9:.2f} GB Writeback {mem[2] / 1e9:.2f} GB"]
     if on_cpu is not None:
-        asleep = t1 - t0 - on_cpu - waiting
+        asleep = max(0, t1 - t0 - on_cpu - waiting)     # the clocks are read apart
         parts.insert(1, f"putter on a CPU {on_cpu / 1e6:.1f} ms, waiting for one "
                         f"{waiting / 1e6:.1f} ms, asleep {asleep / 1e6:.1f} ms")
     if rolled:
