@@ -12,6 +12,7 @@ import pathlib
 import pytest
 
 import rocketstore
+from rocketstore import testing
 
 PACKAGE = pathlib.Path(rocketstore.__file__).parent
 
@@ -95,6 +96,47 @@ def test_the_compiled_read_path_reads_only_the_stores_public_names():
              if re.search(r"\bstore\._(?!_)\w", line)]
     assert found == []
 
+
+
+def _lent_slots():
+    """Every name a class of the package lends the compiled layer (its LENT_SLOTS)."""
+    lent = set()
+    for path in PACKAGE.rglob("*.py"):
+        for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(n, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "LENT_SLOTS" for t in n.targets):
+                lent.update(ast.literal_eval(n.value))
+    return lent
+
+
+def test_the_compiled_layer_reads_only_the_private_slots_their_classes_lend():
+    # The .pxi entries read and write __slots__ members at their descriptors' offsets, named
+    # in `_*_SLOTS` tuples. A private one must be lent by its class (LENT_SLOTS), so the
+    # class says itself which of its private state the compiled layer takes part in;
+    # _member_offsets refuses any other at run time.
+    pyx = pathlib.Path(__file__).resolve().parent.parent / "pyx"
+    if not pyx.is_dir():
+        pytest.skip("no source tree beside the tests (an installed-wheel run)")
+    tables = [(p.name, m.group(1), m.group(2)) for p in sorted(pyx.glob("*.p*"))
+              for m in re.finditer(r"^(_\w*SLOTS) = \(([^)]*)\)",
+                                   p.read_text(encoding="utf-8"), re.M)]
+    assert tables, "the pyx sources name the slots they read"
+    private = {(f, t, name) for f, t, body in tables
+               for name in re.findall(r'"(_[^_"][^"]*)"', body)}
+    assert private, "the compiled layer reads some private slots (lent ones)"
+    lent = _lent_slots()
+    assert sorted(x for x in private if x[2] not in lent) == []
+
+
+def test_the_compiled_layer_refuses_a_private_slot_its_class_does_not_lend():
+    from rocketstore.message import MessageExt
+    cext = testing.load_backend("cext")
+
+    class NotLent:          # MappedFile's members, with no LENT_SLOTS
+        __slots__ = ("file_from_offset", "committed_position", "mm", "_lock", "_available",
+                     "_refs", "_cond")
+    with pytest.raises(TypeError, match="NotLent._lock is private"):
+        cext.ReadPath(MessageExt, NotLent, None)
 
 # ---- no module takes the whole store ------------------------------------------------------------
 # MessageStore is the one composition root: it builds its collaborators and hands each the few
