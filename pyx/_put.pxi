@@ -95,10 +95,15 @@ _RESULT_SLOTS = ("status", "reason", "commit_log_offset", "queue_offset", "store
 
 
 cdef int _member_offsets(type cls, tuple names, Py_ssize_t *out) except -1:
+    """The offsets of `names`, members of __slots__ class `cls`, for _member/_set_member. A
+    private member is read only when its class lends it (LENT_SLOTS): the class then knows
+    the compiled layer takes part in what that member holds."""
     for i, name in enumerate(names):
         d = cls.__dict__.get(name)
         if type(d).__name__ != "member_descriptor":
             raise TypeError(f"{cls.__name__}.{name} is not a __slots__ member")
+        if name.startswith("_") and name not in getattr(cls, "LENT_SLOTS", ()):
+            raise TypeError(f"{cls.__name__}.{name} is private and not in its LENT_SLOTS")
         out[i] = (<PyMemberDescrObject *><PyObject *>d).d_member.offset
     return 0
 
