@@ -146,7 +146,10 @@ class GroupCommitService(ServiceThread):
                     me[1].acquire()
                     self._waiters.append(me)
             if r is None:
-                me[1].acquire(True, remaining / 1e9)
+                if me[1].acquire(True, remaining / 1e9) and self._flushed >= offset:
+                    # Woken by the sync that served it, which took it off _waiters: no need
+                    # for the lock again (16 threads contending for it cost thread switches).
+                    return monotonic_ns() <= deadline
                 continue
             me = None
             if not self._sync_claimed(r):
@@ -204,7 +207,10 @@ class GroupCommitService(ServiceThread):
             log.exception("%s: sync of [%d, %d) failed", self.name, r[0], r[1])
         finally:
             with self._lock:
-                self._finish(r, ok)
+                woken = self._finish(r, ok)
+            # Outside the lock: each release may be a system call waking a thread.
+            for w in woken:
+                w.release()
         return ok
 
     def _sync(self, start, end):
@@ -224,8 +230,9 @@ class GroupCommitService(ServiceThread):
             pos = stop
 
     def _finish(self, r, ok):
-        """Under _lock: a sync ended. Advance the flushed offset over the finished prefix, wake
-        the puts it covers, and give the free slot to a put nothing covers."""
+        """Under _lock: a sync ended. Advance the flushed offset over the finished prefix, and
+        return the locks to release (after _lock): those of the puts it covers, and that of a
+        put nothing covers, which gets the free slot."""
         self._running -= 1
         if not ok:
             r[3] = _FAILED
@@ -243,23 +250,25 @@ class GroupCommitService(ServiceThread):
                 self._publish(last[1], last[2])
         waiters = self._waiters
         if not waiters:
-            return
+            return ()
         flushed = self._flushed
         started = self._started
         failed = self._failed
         rest = []
+        woken = []
         lead = None
         for w in waiters:
             if w[0] <= flushed:
-                w[1].release()
+                woken.append(w[1])
                 continue
             rest.append(w)
             if (w[0] > started or failed) and (lead is None or w[0] < lead[0]):
                 lead = w
         if lead is not None and self._running < self.MAX_SYNCS:
             rest.remove(lead)
-            lead[1].release()           # it claims the next range (or retries a failed one)
+            woken.append(lead[1])       # it claims the next range (or retries a failed one)
         self._waiters = rest
+        return woken
 
     def _publish(self, flushed, ts):
         """Under _lock: [.., flushed) is durable. The queue's and files' flushed positions and
