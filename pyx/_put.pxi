@@ -339,6 +339,8 @@ cdef class PutPath:
     cdef object _last_topic         # the last topic met and its bytes, while _topics is at
     cdef object _last_topic_b       # _topics_ver (messages of one producer share the str)
     cdef uint64_t _topics_ver
+    cdef object _ts_obj             # the last store time's int: puts in one ms share it
+    cdef int64_t _ts
     cdef type _flags_type
     cdef Py_ssize_t _flag_bits_off
 
@@ -731,7 +733,10 @@ cdef class PutPath:
                                  <const uint8_t *>PyBytes_AS_STRING(self._store_raw),
                                  <size_t>PyBytes_GET_SIZE(self._store_raw)), r.size)
             end_obj = pos + r.size
-            ts_obj = ts
+            if self._ts_obj is None or self._ts != ts:
+                self._ts_obj = ts
+                self._ts = ts
+            ts_obj = self._ts_obj
             _set_member(mf, self._f[F_WROTE], end_obj)
             _set_member(mf, self._f[F_COMMITTED], end_obj)
             _set_member(mf, self._f[F_STORE_TS], ts_obj)
