@@ -99,7 +99,7 @@ def _expect(msgs, start, pull):
 
 @pytest.mark.parametrize("pull", PULLS)
 @pytest.mark.parametrize("backlog", BACKLOGS)
-def test_lmdb_cursor(benchmark, workload, backlog, pull):
+def test_lmdb_cursor(benchmark, workload, backlog, pull, thread_cpu):
     if lmdb is None:
         pytest.skip("py-lmdb is not installed (pip install -e '.[bench]')")
     _, _, msgs, env = workload
@@ -117,7 +117,8 @@ def test_lmdb_cursor(benchmark, workload, backlog, pull):
                     nxt()
                     got.append(value())
         return got
-    got = benchmark(round_)
+    got = benchmark(thread_cpu.wrap(round_))
+    thread_cpu.record(benchmark, WINDOW)
     # A CommitLog record ends with its body, topic and properties: the body is in there.
     want = _expect(msgs, start, pull)
     assert len(got) == pull and all(w in g for w, g in zip(want, got))
@@ -144,7 +145,7 @@ def _record(benchmark, backlog, pull):
 
 @pytest.mark.parametrize("pull", PULLS)
 @pytest.mark.parametrize("backlog", BACKLOGS)
-def test_get_message(benchmark, workload, backend, backlog, pull):
+def test_get_message(benchmark, workload, backend, backlog, pull, thread_cpu):
     root, cfg, msgs, _ = workload
     store = _open(root, cfg, backend)
     try:
@@ -157,7 +158,8 @@ def test_get_message(benchmark, workload, backend, backlog, pull):
             for off in range(start, start + WINDOW, pull):
                 r = get("bench", TOPIC, 0, off, pull)
             return r
-        r = benchmark(round_)
+        r = benchmark(thread_cpu.wrap(round_))
+        thread_cpu.record(benchmark, WINDOW)
         assert r.status is GetMessageStatus.FOUND
         assert [m.body for m in r.messages] == _expect(msgs, start, pull)
         _record(benchmark, backlog, pull)
@@ -167,7 +169,7 @@ def test_get_message(benchmark, workload, backend, backlog, pull):
 
 @pytest.mark.parametrize("pull", PULLS)
 @pytest.mark.parametrize("backlog", BACKLOGS)
-def test_get_batch(benchmark, workload, backend, backlog, pull):
+def test_get_batch(benchmark, workload, backend, backlog, pull, thread_cpu):
     root, cfg, msgs, _ = workload
     store = _open(root, cfg, backend)
     try:
@@ -179,7 +181,8 @@ def test_get_batch(benchmark, workload, backend, backlog, pull):
             for off in range(start, start + WINDOW, pull):
                 r = get("bench", TOPIC, 0, off, pull)
             return r
-        r = benchmark(round_)
+        r = benchmark(thread_cpu.wrap(round_))
+        thread_cpu.record(benchmark, WINDOW)
         assert r.status is GetMessageStatus.FOUND
         assert [bytes(b) for b in r.bodies()] == _expect(msgs, start, pull)
         r.release()
