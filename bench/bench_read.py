@@ -17,6 +17,9 @@ stepped in order, values returned as bytes, in one read transaction per round. R
 it (>1: faster than the cursor) go into extra_info["x_lmdb"] (mean rounds) and
 ["x_lmdb_best"] (fastest rounds), taken from the LMDB rates measured earlier in the same run.
 
+extra_info["thread_cpu_ns_per_msg"] is the reading thread's CPU time per message over all rounds
+(bench/java/GetBench reports the same for the Java store).
+
 Groups: "read: pull 32" and "read: pull 1024" per backlog. Every round's last pull is checked
 against the bodies put there, outside the timed region; the store is read back (sampled) once
 per backend and deleted at the end of the module.
