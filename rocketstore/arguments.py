@@ -56,6 +56,21 @@ def check_queue(topic, queue_id):
     check_int(queue_id, "queue_id", 0, INT32_MAX)
 
 
+def check_offset_query(group, topic, queue_id):
+    """A consumer offset's key, as query_offset takes it (MessageStore and LiveReader)."""
+    check_str(group, "group")
+    check_str(topic, "topic")
+    check_int(queue_id, "queue_id")
+
+
+def check_offset_commit(group, topic, queue_id, offset):
+    """A consumer offset to record, as commit_offset takes it (MessageStore and
+    LiveReader): a queue a put could name, and an offset from 0."""
+    check_str(group, "group")
+    check_queue(topic, queue_id)
+    check_int(offset, "offset", 0)
+
+
 def check_callable(value, name):
     if value is not None and not callable(value):
         raise TypeError(f"{name} must be callable or None, not {_type_name(value)}")

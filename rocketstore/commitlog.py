@@ -378,6 +378,39 @@ class CommitLog:
             reason = f"cannot reserve CommitLog space: {exc}"
         return reason
 
+    @contextlib.contextmanager
+    def _put_locked(self, clock):
+        """The put lock held for a batch put, with its preamble: the log still open, the
+        after_put hook read as this put uses it, the store time taken and the lock-begin cell
+        set to it (cleared on the way out, however the put ends). Yields (after_put, store
+        time, topic_queue_table)."""
+        with self.put_lock:
+            if self.closed:
+                self.refuse_closed()
+            after_put = self.after_put
+            ts = clock()
+            self.put_cells[LOCK_BEGIN] = ts
+            try:
+                yield after_put, ts, self.topic_queue_table
+            finally:
+                self.put_cells[LOCK_BEGIN] = 0
+
+    def _append_run(self, mf, records, qoffs, ts):
+        """Append to `mf` at its write position what fits of `records` (encoded, qoffs[i]
+        the queue offset of the i-th) in one commitlog_append_batch call, stamped `ts`, and
+        move the file's positions past it. Returns (records appended, their bytes, the
+        physical offset of the first)."""
+        wpos = mf.wrote_position
+        base = mf.file_from_offset + wpos
+        count, nbytes = self._k.commitlog_append_batch(
+            mf.write_target, wpos, self.file_size, records, qoffs, base, ts)
+        if count:
+            mf.wrote_position = wpos + nbytes
+            if mf.wbuf is None:
+                mf.committed_position = wpos + nbytes
+            mf.store_timestamp = ts
+        return count, nbytes, base
+
     def put_message(self, msg, clock):
         try:
             buf = self._tls.buf
@@ -467,61 +500,45 @@ class CommitLog:
         sizes = np.fromiter((e.size for e in encoded), dtype=np.int64, count=n)
         phys = np.empty(n, dtype=np.int64)
         try:
-            with self.put_lock:
-                if self.closed:
-                    self.refuse_closed()
-                after_put = self.after_put
-                ts = clock()
-                self.put_cells[LOCK_BEGIN] = ts
-                try:
-                    table = self.topic_queue_table
-                    for i, e in enumerate(encoded):
-                        if e.dispatched:
-                            q = table.get(e.key, 0)
-                            qoffs[i] = q
-                            table[e.key] = q + 1
-                    done = 0
-                    rd = 0
-                    while done < n:
-                        mf, status, reason = self._batch_file(total - rd)
-                        if mf is None:
-                            # Messages not written give their queue offsets back (highest
-                            # first per queue, as assigned), so the next put leaves no gap.
-                            for e in reversed(encoded[done:]):
-                                if e.dispatched:
-                                    table[e.key] -= 1
-                            self._count_puts(done, rd)
-                            return PutMessagesResult(
-                                status, done, phys[:done],
-                                np.frombuffer(qoffs, dtype=np.int64)[:done].copy(),
-                                sizes[:done], ts, rd, [e.store_raw for e in encoded[:done]],
-                                reason=reason)
-                        wpos = mf.wrote_position
-                        if batch_props is not None and \
-                                total + F.END_FILE_MIN_BLANK_LENGTH > self.file_size - wpos:
-                            # 4.9.x appends a broker batch (MessageExtBatch) whole: when it does
-                            # not fit, the blank goes where the batch would start and the whole
-                            # batch into the next file (doc/01 §5).
-                            self._end_file(mf, wpos)
-                            continue
-                        base = mf.file_from_offset + wpos
-                        count, nbytes = self._k.commitlog_append_batch(
-                            mf.write_target, wpos, self.file_size, view[rd:], qoffs[done:], base,
-                            ts)
-                        if count:
-                            phys[done:done + count] = base + np.concatenate(
-                                ([0], np.cumsum(sizes[done:done + count - 1])))
-                            mf.wrote_position = wpos + nbytes
-                            if mf.wbuf is None:
-                                mf.committed_position = wpos + nbytes
-                            mf.store_timestamp = ts
-                            done += count
-                            rd += nbytes
-                        if done < n:
-                            self._end_file(mf, mf.wrote_position)
-                    self._count_puts(n, total)
-                finally:
-                    self.put_cells[LOCK_BEGIN] = 0
+            with self._put_locked(clock) as (after_put, ts, table):
+                for i, e in enumerate(encoded):
+                    if e.dispatched:
+                        q = table.get(e.key, 0)
+                        qoffs[i] = q
+                        table[e.key] = q + 1
+                done = 0
+                rd = 0
+                while done < n:
+                    mf, status, reason = self._batch_file(total - rd)
+                    if mf is None:
+                        # Messages not written give their queue offsets back (highest
+                        # first per queue, as assigned), so the next put leaves no gap.
+                        for e in reversed(encoded[done:]):
+                            if e.dispatched:
+                                table[e.key] -= 1
+                        self._count_puts(done, rd)
+                        return PutMessagesResult(
+                            status, done, phys[:done],
+                            np.frombuffer(qoffs, dtype=np.int64)[:done].copy(),
+                            sizes[:done], ts, rd, [e.store_raw for e in encoded[:done]],
+                            reason=reason)
+                    wpos = mf.wrote_position
+                    if batch_props is not None and \
+                            total + F.END_FILE_MIN_BLANK_LENGTH > self.file_size - wpos:
+                        # 4.9.x appends a broker batch (MessageExtBatch) whole: when it does
+                        # not fit, the blank goes where the batch would start and the whole
+                        # batch into the next file (doc/01 §5).
+                        self._end_file(mf, wpos)
+                        continue
+                    count, nbytes, base = self._append_run(mf, view[rd:], qoffs[done:], ts)
+                    if count:
+                        phys[done:done + count] = base + np.concatenate(
+                            ([0], np.cumsum(sizes[done:done + count - 1])))
+                        done += count
+                        rd += nbytes
+                    if done < n:
+                        self._end_file(mf, mf.wrote_position)
+                self._count_puts(n, total)
         finally:
             view.release()
         status = PutMessageStatus.PUT_OK
@@ -549,48 +566,31 @@ class CommitLog:
         qkeys = [(topics[int(u) >> 32], int(u) & 0xFFFFFFFF) for u in uniq.tolist()]
         view = memoryview(records)[:total]
         try:
-            with self.put_lock:
-                if self.closed:
-                    self.refuse_closed()
-                after_put = self.after_put
-                ts = clock()
-                self.put_cells[LOCK_BEGIN] = ts
-                try:
-                    table = self.topic_queue_table
-                    bases = np.array([table.get(k, 0) for k in qkeys], dtype=np.int64)
-                    qoffs = bases[inv] + rank
-                    for k, b, c in zip(qkeys, bases.tolist(), counts.tolist()):
-                        table[k] = b + c
-                    done = rd = 0
-                    end = 0
-                    while done < n:
-                        mf, status, reason = self._batch_file(total - rd)
-                        if mf is None:
-                            # What was written keeps its queue offsets; the rest gives theirs
-                            # back, so the next put leaves no gap.
-                            kept = np.bincount(inv[:done], minlength=len(uniq))
-                            for k, b, c in zip(qkeys, bases.tolist(), kept.tolist()):
-                                table[k] = b + c
-                            self._count_puts(done, rd)
-                            return status, done, reason
-                        wpos = mf.wrote_position
-                        base = mf.file_from_offset + wpos
-                        count, nbytes = self._k.commitlog_append_batch(
-                            mf.write_target, wpos, self.file_size, view[rd:], qoffs[done:], base,
-                            ts)
-                        if count:
-                            mf.wrote_position = wpos + nbytes
-                            if mf.wbuf is None:
-                                mf.committed_position = wpos + nbytes
-                            mf.store_timestamp = ts
-                            done += count
-                            rd += nbytes
-                            end = base + nbytes
-                        if done < n:
-                            self._end_file(mf, mf.wrote_position)
-                    self._count_puts(n, total)
-                finally:
-                    self.put_cells[LOCK_BEGIN] = 0
+            with self._put_locked(clock) as (after_put, ts, table):
+                bases = np.array([table.get(k, 0) for k in qkeys], dtype=np.int64)
+                qoffs = bases[inv] + rank
+                for k, b, c in zip(qkeys, bases.tolist(), counts.tolist()):
+                    table[k] = b + c
+                done = rd = 0
+                end = 0
+                while done < n:
+                    mf, status, reason = self._batch_file(total - rd)
+                    if mf is None:
+                        # What was written keeps its queue offsets; the rest gives theirs
+                        # back, so the next put leaves no gap.
+                        kept = np.bincount(inv[:done], minlength=len(uniq))
+                        for k, b, c in zip(qkeys, bases.tolist(), kept.tolist()):
+                            table[k] = b + c
+                        self._count_puts(done, rd)
+                        return status, done, reason
+                    count, nbytes, base = self._append_run(mf, view[rd:], qoffs[done:], ts)
+                    if count:
+                        done += count
+                        rd += nbytes
+                        end = base + nbytes
+                    if done < n:
+                        self._end_file(mf, mf.wrote_position)
+                self._count_puts(n, total)
         finally:
             view.release()
         status = PutMessageStatus.PUT_OK

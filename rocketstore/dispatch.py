@@ -71,24 +71,37 @@ def row_topic(row, buf):
     return bytes(buf[pos:pos + row[R_TOPIC_LEN]]).decode("utf-8", "replace")
 
 
-def _queue_of(store, topic, queue_id):
-    """The ConsumeQueue a record goes to. Its topic names a directory under consumequeue/, so
-    bytes a put would refuse ("../x", "/x") are refused here too, whoever scanned them."""
+def _queue_of(find_queue, topic, queue_id):
+    """The ConsumeQueue a record goes to (found or made by `find_queue(topic bytes, queue
+    id)`). Its topic names a directory under consumequeue/, so bytes a put would refuse
+    ("../x", "/x") are refused here too, whoever scanned them."""
     if not valid_topic_bytes(topic):
         raise CorruptRecordError(f"record topic {bytes(topic)!r} is not a valid topic name; "
                                  "not dispatched")
-    return store.find_consume_queue_raw(topic, queue_id)
+    return find_queue(topic, queue_id)
 
 
 class ConsumeQueueDispatcher(Dispatcher):
-    """CommitLogDispatcherBuildConsumeQueue: NOT and COMMIT records get a unit in their queue."""
+    """CommitLogDispatcherBuildConsumeQueue: NOT and COMMIT records get a unit in their queue.
 
-    def __init__(self, store):
-        self._store = store
-        self._delay_levels = store.config.delay_levels
+    Its collaborators: `find_queue(topic bytes, queue id)` (the store's queue, made on first
+    use), the `deleted_topics` (topic_delete.py), the `dirty_cqs` (DirtyQueues) it marks,
+    the config's `delay_levels`, the `kernels`, and the `checkpoint` whose dispatch times it
+    moves (the store sets it once loaded: the file is opened then). `is_slave`: a slave's
+    dispatch moves physicMsgTimestamp too."""
+
+    def __init__(self, find_queue, deleted_topics, dirty_cqs, delay_levels, kernels, *,
+                 checkpoint=None, is_slave=False):
+        self._find_queue = find_queue
+        self._deleted_topics = deleted_topics
+        self._dirty_cqs = dirty_cqs
+        self._kernels = kernels
+        self.checkpoint = checkpoint
+        self._is_slave = is_slave
+        self._delay_levels = delay_levels
         # The compiled row loop, when the backend has one, and its table of queues by
         # (topic hash, queue id); used by the dispatching thread only.
-        self._k_dispatch = getattr(store.kernels, "cq_dispatch", None)
+        self._k_dispatch = getattr(kernels, "cq_dispatch", None)
         self._slots = None
         self.forget_queues()
 
@@ -106,13 +119,13 @@ class ConsumeQueueDispatcher(Dispatcher):
         if self._k_dispatch is not None:
             from .consume_queue import ConsumeQueue
             from .mapped_file import MappedFile
-            self._slots = self._store.kernels.CqSlots(MappedFile, ConsumeQueue)
+            self._slots = self._kernels.CqSlots(MappedFile, ConsumeQueue)
 
     def _deleted(self, row, buf):
         """True for a record of a deleted topic put before its deletion: it stays in the
         CommitLog until it expires, but never gets a unit again (topic_delete.py)."""
         pos = row[R_POS] + row[R_TOPIC_OFF]
-        below = self._store.deleted_topics.offsets_raw.get(bytes(buf[pos:pos + row[R_TOPIC_LEN]]))
+        below = self._deleted_topics.offsets_raw.get(bytes(buf[pos:pos + row[R_TOPIC_LEN]]))
         return below is not None and row[R_PHY] < below
 
     def _schedule_tags_code(self, row, buf):
@@ -128,8 +141,8 @@ class ConsumeQueueDispatcher(Dispatcher):
         return row[R_STORE_TS] + self._delay_levels[level - 1]
 
     def dispatch(self, rows, buf):
-        store = self._store
-        deleted = store.deleted_topics.offsets_raw
+        find_queue = self._find_queue
+        deleted = self._deleted_topics.offsets_raw
         groups = {}
         last_ts = 0
         for row in rows:
@@ -138,7 +151,7 @@ class ConsumeQueueDispatcher(Dispatcher):
             if deleted and self._deleted(row, buf):
                 continue
             pos = row[R_POS] + row[R_TOPIC_OFF]
-            cq = _queue_of(store, buf[pos:pos + row[R_TOPIC_LEN]], row[R_QID])
+            cq = _queue_of(find_queue, buf[pos:pos + row[R_TOPIC_LEN]], row[R_QID])
             tags = row[R_TAGS]
             if row[R_INFO] & F.SCAN_INFO_SCHEDULE:
                 tags = self._schedule_tags_code(row, buf)
@@ -159,21 +172,21 @@ class ConsumeQueueDispatcher(Dispatcher):
 
     def _dispatched_until(self, last_ts):
         """The checkpoint's times after units up to store time `last_ts` were written."""
-        store = self._store
-        store.checkpoint.logics_msg_timestamp = last_ts
-        if store.is_slave:
+        checkpoint = self.checkpoint
+        checkpoint.logics_msg_timestamp = last_ts
+        if self._is_slave:
             # A slave appends raw bytes with no store time at hand, so its CQ writer feeds
             # physicMsgTimestamp, as ConsumeQueue#putMessagePositionInfoWrapper does.
-            store.checkpoint.physic_msg_timestamp = last_ts
+            checkpoint.physic_msg_timestamp = last_ts
 
     def _dispatch_row(self, row, buf):
         """One row by ConsumeQueue.put_unit's rules; returns its queue (cq_dispatch's slow path,
         which then remembers the queue under the row's key), or None for a deleted topic's
         record (the loop then does not remember it)."""
-        if self._store.deleted_topics.offsets_raw and self._deleted(row, buf):
+        if self._deleted_topics.offsets_raw and self._deleted(row, buf):
             return None
         pos = row[R_POS] + row[R_TOPIC_OFF]
-        cq = _queue_of(self._store, buf[pos:pos + row[R_TOPIC_LEN]], row[R_QID])
+        cq = _queue_of(self._find_queue, buf[pos:pos + row[R_TOPIC_LEN]], row[R_QID])
         tags = row[R_TAGS]
         if row[R_INFO] & F.SCAN_INFO_SCHEDULE:
             tags = self._schedule_tags_code(row, buf)
@@ -195,7 +208,7 @@ class ConsumeQueueDispatcher(Dispatcher):
         the epoch, or sharing a slot with another key)."""
         if not len(arr):
             return
-        dirty = self._store.dirty_cqs
+        dirty = self._dirty_cqs
         epoch = dirty.epoch                 # read after the units were written
         table = self._marked_table
         marked = self._marked_keys
@@ -278,12 +291,12 @@ class ConsumeQueueDispatcher(Dispatcher):
             if not same:                # two topics share a hash: go row by row
                 self.dispatch(g.tolist(), buf)
                 return
-        below = self._store.deleted_topics.offsets_raw.get(topic)
+        below = self._deleted_topics.offsets_raw.get(topic)
         if below is not None:
             g = g[g["phy_offset"] >= below]     # a deleted topic's records before deletion
             if not len(g):
                 return
-        cq = _queue_of(self._store, topic, int(g["queue_id"][0]))
+        cq = _queue_of(self._find_queue, topic, int(g["queue_id"][0]))
         tags = np.ascontiguousarray(g["tags_code"])
         schedule = np.flatnonzero(g["info"] & F.SCAN_INFO_SCHEDULE)
         for j in schedule:

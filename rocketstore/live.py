@@ -63,7 +63,8 @@ import numpy as np
 
 from . import kernels as _kernels
 from . import read_path
-from .arguments import check_callable, check_int, check_queue, check_str
+from .arguments import (check_callable, check_int, check_offset_commit, check_offset_query,
+                        check_queue, check_str)
 from .config import StoreConfig
 from .config_manager import ConsumerOffsetManager
 from .consumer import (Arrivals, AsyncConsumer, Consumer, await_message, check_wait_ms,
@@ -380,9 +381,7 @@ class LiveReader:
     def commit_offset(self, group, topic, queue_id, offset):
         """Record the group's next offset on the queue, in this reader's own offsets."""
         self.check_open()
-        check_str(group, "group")
-        check_queue(topic, queue_id)
-        check_int(offset, "offset", 0)
+        check_offset_commit(group, topic, queue_id, offset)
         self.consumer_offsets.commit_offset(group, topic, queue_id, offset)
         if self.offsets_path is not None and \
                 time.monotonic() - self._flushed_at >= self._flush_s:
@@ -391,9 +390,7 @@ class LiveReader:
     def query_offset(self, group, topic, queue_id):
         """The committed offset of this reader's group, -1 if none."""
         self.check_open()
-        check_str(group, "group")
-        check_str(topic, "topic")
-        check_int(queue_id, "queue_id")
+        check_offset_query(group, topic, queue_id)
         return self.consumer_offsets.query_offset(group, topic, queue_id)
 
     def flush_offsets(self):

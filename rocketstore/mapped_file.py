@@ -43,6 +43,9 @@ class MappedFile:
                  "reserve_window", "reserve_window_max", "refill_lead", "store_timestamp",
                  "first_create_in_queue", "writable", "wbuf", "_pool", "_k", "_fs", "_refs",
                  "_available", "_lock", "_cond", "_reserve_lock", "_first_shutdown_ms")
+    # Private slots the compiled read path (pyx/_read.pxi) reads and writes itself: it holds
+    # and releases files inline, by hold() and release()'s protocol on these.
+    LENT_SLOTS = ("_lock", "_available", "_refs", "_cond")
 
     def __init__(self, path, file_size, kernels, fs, writable=True, create=True, pool=None,
                  reserve_window=0, reserve_window_max=None):

@@ -351,6 +351,9 @@ class MessageExt(_Keyed):
                  "store_timestamp", "store_host_raw", "reconsume_times",
                  "prepared_transaction_offset", "body", "topic", "magic", "_praw", "_pstr",
                  "_props", "stored_body")
+    # Private slots the compiled read path (pyx/_read.pxi) fills when it builds a message: the
+    # raw properties bytes, decoded on first use.
+    LENT_SLOTS = ("_praw", "_pstr", "_props")
 
     def __getattr__(self, name):
         if name != "body" or not self.sys_flag & F.COMPRESSED_FLAG:

@@ -63,6 +63,7 @@ class Message(_Keyed):
     def delay_time_level(self) -> int: ...
 
 class MessageExt(_Keyed):
+    LENT_SLOTS: tuple[str, ...]
     store_size: int
     body_crc: int
     queue_id: int

@@ -519,6 +519,9 @@ class GetBatchResult:
     __slots__ = ("status", "next_begin_offset", "min_offset", "max_offset",
                  "suggest_pulling_from_slave", "_n", "_raw", "_raw_file", "_rows", "_held",
                  "_holds", "_buffers", "_released", "_release_files", "filtered_count")
+    # Private slots the compiled read path (pyx/_read.pxi) fills when it builds a result.
+    LENT_SLOTS = ("_n", "_raw", "_raw_file", "_rows", "_held", "_holds", "_buffers", "_released",
+                  "_release_files")
 
     def __init__(self, status, next_begin_offset, min_offset, max_offset, n=0, rows=None,
                  row_file=None, held=(), suggest_pulling_from_slave=False, filtered_count=0):

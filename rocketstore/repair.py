@@ -106,9 +106,9 @@ class _IndexCounter(IndexService):
             self.count += len(hashes)
             return len(hashes)
 
-    def __init__(self, store, kept):
-        super().__init__(store.root, store.config, store.kernels, store.fs, writable=True)
-        self.checkpoint = store.checkpoint
+    def __init__(self, root, config, kernels, fs, checkpoint, kept):
+        super().__init__(root, config, kernels, fs, writable=True)
+        self.checkpoint = checkpoint
         self.index_file_list = kept
         self.sink = self._Sink()
         # Counting goes through put_batch, which only the index_keys path calls.
@@ -165,7 +165,8 @@ def plan_recovery(root, kernels=None, max_hash_slot_num=None, max_index_num=None
             if f.end_phy_offset >= report.process_offset:
                 break
             kept.append(f)
-        index = _IndexCounter(store, kept)
+        index = _IndexCounter(store.root, store.config, store.kernels, store.fs,
+                              store.checkpoint, kept)
         queue_ends = {(cq.topic, cq.queue_id): cq.max_offset_in_queue
                       for cq in store.all_consume_queues()}
 

@@ -25,12 +25,15 @@ class RunningFlags:
     """Bits set by services (disk check, dispatch errors) and read on every put.
 
     `flag_bits` is a plain int read without the lock: a put that races a flag change sees
-    either value, as the Java field (volatile int) allows."""
+    either value, as the Java field (volatile int) allows. `disk_full_reason` is what a put
+    refused for DISK_FULL says: whoever sets the bit (the disk check, a reservation that met
+    ENOSPC) says why."""
 
-    __slots__ = ("flag_bits", "_lock")
+    __slots__ = ("flag_bits", "disk_full_reason", "_lock")
 
     def __init__(self):
         self.flag_bits = 0
+        self.disk_full_reason = "disk full"
         self._lock = threading.Lock()
 
     def _set(self, bit):

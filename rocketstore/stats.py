@@ -96,10 +96,9 @@ class GetCounters:
         self.found = self.miss = self.transferred = self.time_max = 0
 
 
-def get_totals(store):
-    """(found, miss, transferred, longest ms) of every get call so far."""
-    g = store.get_counters
-    rp = store.read_path
+def get_totals(g, rp):
+    """(found, miss, transferred, longest ms) of every get call so far: the store's
+    GetCounters `g` and its read path's own counts `rp`."""
     return (g.found + rp.found, g.miss + rp.miss, g.transferred + rp.transferred,
             max(g.time_max, rp.time_max))
 
@@ -128,14 +127,23 @@ def _format_runtime(ms):
 
 
 class StoreStatsService(ServiceThread):
-    """Samples the store's counters once a second and publishes the runtime file."""
+    """Samples the store's counters once a second and publishes the runtime file.
+
+    It reads the CommitLog's `put_cells`, `get_totals()` (as get_totals returns them), and
+    publishes `runtime_info(lock_ms)` (MessageStore.runtime_info) to the runtime file under
+    `root`. `lock_time_mills` gives the put lock's hold time; None when the store has an
+    injected clock, which this thread must never call (a replay or step clock hands its
+    values to the records)."""
 
     name = "StoreStatsService"
 
-    def __init__(self, store):
+    def __init__(self, root, put_cells, get_totals, runtime_info, lock_time_mills=None):
         super().__init__()
-        self._store = store
-        self._cells = store.commitlog.put_cells
+        self._root = root
+        self._cells = put_cells
+        self._get_totals = get_totals
+        self._runtime_info = runtime_info
+        self._lock_time_mills = lock_time_mills
         self._lock = threading.Lock()
         # (monotonic ms, puts, found, miss, found + miss, transferred)
         self._samples = collections.deque(maxlen=MAX_SAMPLES + 1)
@@ -145,7 +153,7 @@ class StoreStatsService(ServiceThread):
 
     def sample(self, now_ms=None):
         """Take one sample (the thread does, once a second; tests pass `now_ms`)."""
-        found, miss, transferred, _ = get_totals(self._store)
+        found, miss, transferred, _ = self._get_totals()
         row = (time.monotonic_ns() // 1_000_000 if now_ms is None else now_ms,
                self._cells[PUT_TIMES], found, miss, found + miss, transferred)
         with self._lock:
@@ -154,7 +162,7 @@ class StoreStatsService(ServiceThread):
     def runtime_info(self):
         """StoreStatsService.getRuntimeInfo: its keys, with its string values."""
         cells = self._cells
-        get_max = get_totals(self._store)[3]
+        get_max = self._get_totals()[3]
         with self._lock:
             samples = list(self._samples)
         total = cells[PUT_TIMES] or 1
@@ -182,13 +190,12 @@ class StoreStatsService(ServiceThread):
     def publish(self):
         """Rewrite the runtime file: temporary name, then rename, so a reader never sees
         half of one. Errors are counted and logged by the loop, never raised into a put."""
-        store = self._store
         # The lock time needs the store clock: only the system clock is read from here (an
         # injected one stamps records, and a call from this thread would take a value).
-        lock_ms = store.lock_time_mills() if store.clock is system_clock else None
+        lock_ms = self._lock_time_mills() if self._lock_time_mills is not None else None
         doc = {"pid": os.getpid(), "writtenAt": system_clock(),
-               "runtimeInfo": store.runtime_info(lock_ms)}
-        path = os.path.join(store.root, RUNTIME_FILE)
+               "runtimeInfo": self._runtime_info(lock_ms)}
+        path = os.path.join(self._root, RUNTIME_FILE)
         tmp = path + ".tmp"
         # The real file system, not the store's (a test's fault-injecting double): the
         # runtime file is no store data, and must not take a fault meant for a store file.
@@ -206,7 +213,7 @@ class StoreStatsService(ServiceThread):
             self.publish_errors += 1        # a full disk: the next second tries again
 
     def on_shutdown(self):
-        root = self._store.root
+        root = self._root
         _FS.remove(os.path.join(root, RUNTIME_FILE))
         _FS.remove(os.path.join(root, RUNTIME_FILE + ".tmp"))
 
@@ -234,7 +241,7 @@ def prometheus_collector(store):
     class _Collector:
         def collect(self):
             cells = store.commitlog.put_cells
-            found, miss, transferred, _ = get_totals(store)
+            found, miss, transferred, _ = get_totals(store.get_counters, store.read_path)
             yield CounterMetricFamily("rocketstore_put_messages", "messages put",
                                       value=cells[PUT_TIMES])
             yield CounterMetricFamily("rocketstore_put_bytes", "record bytes put",

@@ -51,6 +51,8 @@ class PutMessageResult:
 
     __slots__ = ("status", "commit_log_offset", "queue_offset", "store_timestamp",
                  "wrote_bytes", "_store_host_raw", "reason")
+    # The private slot the compiled put path (pyx/_put.pxi) fills when it builds a result.
+    LENT_SLOTS = ("_store_host_raw",)
 
     def __init__(self, status, commit_log_offset=-1, queue_offset=-1, store_timestamp=0,
                  wrote_bytes=0, store_host_raw=b"", reason=None):

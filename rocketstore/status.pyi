@@ -42,6 +42,7 @@ class AppendStatus(enum.Enum):
     UNKNOWN_ERROR = 'UNKNOWN_ERROR'
 
 class PutMessageResult:
+    LENT_SLOTS: tuple[str, ...]
     status: PutMessageStatus
     reason: Optional[str]
     commit_log_offset: int

@@ -4,6 +4,7 @@ ConsumeQueues, the services and recovery together, and delegates every real job 
 import contextlib
 import dataclasses
 import errno
+import functools
 import logging
 import os
 import threading
@@ -12,8 +13,9 @@ import time
 from . import kernels as _kernels
 from .kernels.contract import KERNEL_NAMES
 from . import query, read_path, recovery
-from .arguments import (INT64_MAX, INT64_MIN, check_callable, check_int, check_optional_int,
-                        check_queue, check_str, explain_put_failure)
+from .arguments import (INT64_MAX, INT64_MIN, check_callable, check_int, check_offset_commit,
+                        check_offset_query, check_optional_int, check_queue, check_str,
+                        explain_put_failure)
 from .batch import columns, compress_bodies
 from .checkpoint import StoreCheckpoint
 from .clock import system_clock
@@ -35,14 +37,15 @@ from .lockfile import StoreLock, abort_path
 from .mapped_file_queue import is_index_name, is_queue_dir_name, split_segment_names
 from .message import PROPERTY_WAIT, MessageExt, compressed_message, keep_stored, topic_problem
 from .running_flags import NOT_WRITEABLE_MASK, RunningFlags
-from .services.clean import (CleanCommitLogService, CleanConsumeQueueService,
+from .services.clean import (CleanCommitLogService, CleanConsumeQueueService, Consumption,
                              StoreSize, disk_usage_source)
 from .services.scheduler import StoreScheduledService
 from .services.flush import (CommitRealTimeService, FlushConsumeQueueService,
                              FlushRealTimeService, GroupCommitService)
 from .services.reput import ReputMessageService
 from .services.schedule import ScheduleMessageService
-from .stats import LOCK_BEGIN, GetCounters, StoreStatsService, busy_for, record_put
+from .stats import (LOCK_BEGIN, GetCounters, StoreStatsService, busy_for, get_totals,
+                    record_put)
 from .status import PutMessageResult, PutMessagesResult, PutMessageStatus
 from .subscription import read_filters
 from . import topic_delete
@@ -147,7 +150,6 @@ class MessageStore:
         self._cq_lock = threading.Lock()
         # Queues written since FlushConsumeQueueService last took them (ConsumeQueue.dirty).
         self.dirty_cqs = DirtyQueues()
-        self.dispatchers = [ConsumeQueueDispatcher(self)]
         # Consumers waiting for their queue (get_message(wait_ms=...), consume, aconsume),
         # woken by the reput dispatch (consumer.py).
         self.arrivals = Arrivals()
@@ -161,21 +163,30 @@ class MessageStore:
         self._lock = None if read_only else StoreLock(self.root, self.fs)
         self.running_flags = RunningFlags()
         self.disk_usage = disk_usage or disk_usage_source(self.fs)
-        self.disk_full_reason = "disk full"
         self.commitlog.on_disk_full = self._on_disk_full
         (self.topic_configs, self.subscription_groups, self.consumer_offsets,
          self.delay_offsets) = all_managers(self.root, self.fs, self.clock, read_only)
         self.topic_configs.on_change = self._topic_configs_changed
         # Deleted topics and where in the CommitLog they were deleted (topic_delete.py).
         self.deleted_topics = DeletedTopicManager(self.root, self.fs, self.clock, read_only)
-        # Cleaning calls its delete_expired_file(min_offset); it dispatches after the CQs.
-        # The store's own reference drives load/flush/close even if a test swaps the hook.
-        self.index_service = self.index_service = IndexService(self.root, self.config, self.kernels,
-                                                          self.fs, self.writable)
+        # The checkpoint it moves is opened by load().
+        self._cq_dispatcher = ConsumeQueueDispatcher(
+            self.find_consume_queue_raw, self.deleted_topics, self.dirty_cqs,
+            self.config.delay_levels, self.kernels, is_slave=self.is_slave)
+        self.dispatchers = [self._cq_dispatcher]
+        # It dispatches after the CQs, and cleaning trims it after them.
+        self.index_service = IndexService(self.root, self.config, self.kernels, self.fs,
+                                          self.writable)
         if self.config.message_index_enable:
             self.dispatchers.append(self.index_service)
-        self.clean_commitlog_service = CleanCommitLogService(self)
-        self.clean_consume_queue_service = CleanConsumeQueueService(self)
+        self.clean_commitlog_service = CleanCommitLogService(
+            self.config, self.root, self.fs, self.clock, self.commitlog.mfq, self.disk_usage,
+            self.running_flags, dispatched_offset=self._dispatched_offset,
+            measure_size=self._measure_size,
+            consumption=Consumption(self.consumer_offsets, self.consume_queue_table))
+        self.clean_consume_queue_service = CleanConsumeQueueService(
+            self.commitlog, self.all_consume_queues, self.clock, self.config,
+            index_service=self.index_service, deleted_topics=self.deleted_topics)
         self.scheduled_service = None
         self.schedule_message_service = None   # delayed delivery, masters only
         # Public for the store's readers (read_path, the compiled ReadPath, consumers): true
@@ -192,7 +203,10 @@ class MessageStore:
         self.read_path = read_path.make_read_path(self.kernels)
         self.get_counters = GetCounters()
         # Samples the counters once a second while the store runs (stats.py).
-        self.stats_service = StoreStatsService(self)
+        self.stats_service = StoreStatsService(
+            self.root, self.commitlog.put_cells,
+            functools.partial(get_totals, self.get_counters, self.read_path), self.runtime_info,
+            self.lock_time_mills if self.clock is system_clock else None)
 
     @classmethod
     def open_read_only(cls, root, config=None, kernels=None, fs=None):
@@ -290,6 +304,7 @@ class MessageStore:
             self._load_consume_queues()
             self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"), self.fs,
                                               self.read_only)
+            self._cq_dispatcher.checkpoint = self.checkpoint
             # Before recovery: an abnormal exit drops index files past the checkpoint, and
             # recovery's re-dispatch rebuilds them.
             self.index_service.load(last_exit_ok, self.checkpoint)
@@ -1023,14 +1038,14 @@ class MessageStore:
     def _on_disk_full(self, reason):
         """A reservation found the disk full: refuse puts before the lock from now on, until
         the disk check sees space again (CleanCommitLogService.is_space_full)."""
-        self.disk_full_reason = reason
+        self.running_flags.disk_full_reason = reason
         if self.running_flags.get_and_make_disk_full():
             log.error("%s: puts are refused until space is freed", reason)
 
     def _not_writeable_reason(self):
         flags = self.running_flags
         if flags.is_disk_full:
-            return self.disk_full_reason
+            return flags.disk_full_reason
         return "the message store is not writeable: " + ", ".join(flags.describe())
 
     # ---- topics, groups, consumer offsets (config/*.json) --------------------------------------
@@ -1103,17 +1118,13 @@ class MessageStore:
         """Record `offset` (the next message to consume) for the group on a queue; written to
         consumerOffset.json as `topic@group` by the periodic service and at shutdown."""
         self._check_writable_config()
-        check_str(group, "group")
-        check_queue(topic, queue_id)
-        check_int(offset, "offset", 0)
+        check_offset_commit(group, topic, queue_id, offset)
         self.consumer_offsets.commit_offset(group, topic, queue_id, offset)
 
     def query_offset(self, group, topic, queue_id):
         """The committed offset, or -1 when the group never committed one for the queue."""
         self.check_open()
-        check_str(group, "group")
-        check_str(topic, "topic")
-        check_int(queue_id, "queue_id")
+        check_offset_query(group, topic, queue_id)
         return self.consumer_offsets.query_offset(group, topic, queue_id)
 
     # ---- cleaning -----------------------------------------------------------------------------
@@ -1142,7 +1153,16 @@ class MessageStore:
         """Bytes the store's CommitLog, ConsumeQueue and index files take on disk (allocated
         blocks: the files are sparse), as store_size_budget counts them."""
         self.check_open()
-        return StoreSize(self).total
+        return self._measure_size().total
+
+    def _measure_size(self):
+        return StoreSize(self.fs, self.commitlog.mfq, self.all_consume_queues(),
+                         self.index_service.index_file_list)
+
+    def _dispatched_offset(self):
+        """Where reput has dispatched the CommitLog to; None before it runs."""
+        reput = self.reput_service
+        return None if reput is None else reput.reput_from_offset
 
     def execute_delete_files_manually(self):
         """Make the next 20 cleaning rounds delete expired files whatever the hour."""

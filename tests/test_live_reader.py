@@ -375,6 +375,32 @@ def test_files_cleaning_deletes_while_a_reader_reads(tmp_path, backend):
         store.shutdown()
 
 
+BAD_OFFSET_CALLS = [
+    (lambda s: s.query_offset(None, TOPIC, 0), TypeError),
+    (lambda s: s.query_offset("g", None, 0), TypeError),
+    (lambda s: s.query_offset("g", TOPIC, "0"), TypeError),
+    (lambda s: s.commit_offset("g", TOPIC, 0, None), TypeError),
+    (lambda s: s.commit_offset("g", TOPIC, 0, -1), InvalidArgumentError),
+    (lambda s: s.commit_offset("g", TOPIC, -1, 0), InvalidArgumentError),
+    (lambda s: s.commit_offset("g", "a/b", 0, 0), InvalidArgumentError),
+]
+
+
+def test_the_reader_refuses_the_offset_arguments_the_store_refuses_with_the_same_words(
+        tmp_path, backend):
+    store = _writer(tmp_path, backend)
+    try:
+        with LiveReader(store.root, kernels=backend) as reader:
+            for call, exc in BAD_OFFSET_CALLS:
+                with pytest.raises(exc) as by_store:
+                    call(store)
+                with pytest.raises(exc) as by_reader:
+                    call(reader)
+                assert str(by_reader.value) == str(by_store.value)
+    finally:
+        store.shutdown()
+
+
 def test_offsets_are_the_readers_own_and_nothing_is_written_in_the_store(tmp_path, backend):
     store = _writer(tmp_path, backend)
     _put(store, 50)

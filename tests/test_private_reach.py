@@ -12,6 +12,7 @@ import pathlib
 import pytest
 
 import rocketstore
+from rocketstore import testing
 
 PACKAGE = pathlib.Path(rocketstore.__file__).parent
 
@@ -94,3 +95,123 @@ def test_the_compiled_read_path_reads_only_the_stores_public_names():
              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
              if re.search(r"\bstore\._(?!_)\w", line)]
     assert found == []
+
+
+
+def _lent_slots():
+    """Every name a class of the package lends the compiled layer (its LENT_SLOTS)."""
+    lent = set()
+    for path in PACKAGE.rglob("*.py"):
+        for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(n, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "LENT_SLOTS" for t in n.targets):
+                lent.update(ast.literal_eval(n.value))
+    return lent
+
+
+def test_the_compiled_layer_reads_only_the_private_slots_their_classes_lend():
+    # The .pxi entries read and write __slots__ members at their descriptors' offsets, named
+    # in `_*_SLOTS` tuples. A private one must be lent by its class (LENT_SLOTS), so the
+    # class says itself which of its private state the compiled layer takes part in;
+    # _member_offsets refuses any other at run time.
+    pyx = pathlib.Path(__file__).resolve().parent.parent / "pyx"
+    if not pyx.is_dir():
+        pytest.skip("no source tree beside the tests (an installed-wheel run)")
+    tables = [(p.name, m.group(1), m.group(2)) for p in sorted(pyx.glob("*.p*"))
+              for m in re.finditer(r"^(_\w*SLOTS) = \(([^)]*)\)",
+                                   p.read_text(encoding="utf-8"), re.M)]
+    assert tables, "the pyx sources name the slots they read"
+    private = {(f, t, name) for f, t, body in tables
+               for name in re.findall(r'"(_[^_"][^"]*)"', body)}
+    assert private, "the compiled layer reads some private slots (lent ones)"
+    lent = _lent_slots()
+    assert sorted(x for x in private if x[2] not in lent) == []
+
+
+def test_the_compiled_layer_refuses_a_private_slot_its_class_does_not_lend():
+    from rocketstore.message import MessageExt
+    cext = testing.load_backend("cext")
+
+    class NotLent:          # MappedFile's members, with no LENT_SLOTS
+        __slots__ = ("file_from_offset", "committed_position", "mm", "_lock", "_available",
+                     "_refs", "_cond")
+    with pytest.raises(TypeError, match="NotLent._lock is private"):
+        cext.ReadPath(MessageExt, NotLent, None)
+
+# ---- no module takes the whole store ------------------------------------------------------------
+# MessageStore is the one composition root: it builds its collaborators and hands each the few
+# objects it uses. Only outer layers may hold a store: the command line (cli/), and the
+# consumers store.py hands out, which use the store's public interface alone (checked below).
+MAY_HOLD_A_STORE = ("store.py", "consumer.py", "cli/")
+
+
+def takes_the_store(source, rel):
+    """Where a module's class takes a `store` constructor parameter or keeps a store in
+    self.store / self._store."""
+    found = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.FunctionDef) and n.name == "__init__":
+            params = n.args.posonlyargs + n.args.args + n.args.kwonlyargs
+            if any(a.arg == "store" for a in params):
+                found.append((n.lineno, "__init__ takes store"))
+        elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) \
+                and n.attr in ("store", "_store") \
+                and isinstance(n.value, ast.Name) and n.value.id == "self":
+            found.append((n.lineno, f"self.{n.attr} ="))
+    return [f"{rel}:{line}: {what}" for line, what in sorted(found)]
+
+
+def test_no_module_but_the_composition_root_and_outer_layers_takes_the_whole_store():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith(MAY_HOLD_A_STORE):
+            continue
+        found += takes_the_store(path.read_text(encoding="utf-8"), rel)
+    assert found == []
+
+
+def test_the_store_scan_catches_a_class_that_takes_the_store():
+    src = ("class A:\n"
+           "    def __init__(self, store):\n"
+           "        self._store = store\n"
+           "class B:\n"
+           "    def __init__(self, *, store=None):\n"
+           "        self.store = store\n"
+           "class C:\n"
+           "    def __init__(self, commitlog):\n"
+           "        self.commitlog = commitlog\n")
+    assert takes_the_store(src, "x.py") == [
+        "x.py:2: __init__ takes store", "x.py:3: self._store =",
+        "x.py:5: __init__ takes store", "x.py:6: self.store ="]
+
+
+def _stub_members(stub, cls):
+    """The names a class of a .pyi stub declares (its public interface)."""
+    tree = ast.parse(stub)
+    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls).body
+    names = set()
+    for n in body:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(n.name)
+        elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+            names.add(n.target.id)
+    return names
+
+
+def test_the_consumers_use_only_the_stores_public_interface():
+    # consumer.py's cursors keep the store they read from: allowed because every name they
+    # use of it is one store.pyi declares (what any user of the package may call).
+    public = _stub_members((PACKAGE / "store.pyi").read_text(encoding="utf-8"), "MessageStore")
+    tree = ast.parse((PACKAGE / "consumer.py").read_text(encoding="utf-8"))
+    used = set()
+    for n in ast.walk(tree):
+        if not isinstance(n, ast.Attribute):
+            continue
+        v = n.value
+        if (isinstance(v, ast.Name) and v.id == "store") or (
+                isinstance(v, ast.Attribute) and v.attr == "store"
+                and isinstance(v.value, ast.Name) and v.value.id == "self"):
+            used.add(n.attr)
+    assert used, "consumer.py reads its store"
+    assert sorted(used - public) == []

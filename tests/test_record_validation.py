@@ -129,10 +129,13 @@ def test_dispatcher_refuses_a_row_whose_topic_a_put_would_refuse(tmp_path, backe
                                      bytes(8), 2, bytes(8), 0, 0)
         rows = np.zeros(1, dtype=F.SCAN_DTYPE)
         rows[0] = (0, 0, 0, 0, 2, 1, 0, n, 0, 0, 0, 0, 0, 0, 0, n - 2 - 9, 9, n, 0, 0, 0)
+        dispatcher = ConsumeQueueDispatcher(
+            store.find_consume_queue_raw, store.deleted_topics, store.dirty_cqs,
+            store.config.delay_levels, store.kernels, checkpoint=store.checkpoint)
         with pytest.raises(CorruptRecordError):
-            ConsumeQueueDispatcher(store).dispatch_array(rows, bytes(buf))
+            dispatcher.dispatch_array(rows, bytes(buf))
         with pytest.raises(CorruptRecordError):
-            ConsumeQueueDispatcher(store).dispatch(rows.tolist(), bytes(buf))
+            dispatcher.dispatch(rows.tolist(), bytes(buf))
     finally:
         store.shutdown()
     assert not (tmp_path / "store" / "escape").exists()

@@ -52,7 +52,7 @@ def test_puts_and_gets_are_counted_once_per_message_and_once_per_call(tmp_path, 
     hist = _hist(info)
     assert list(hist) == list(PUT_LATENCY_BUCKETS)
     assert sum(hist.values()) == 12         # 10 single puts, one list, one batch
-    assert get_totals(store)[:3] == (1, 1, 4)
+    assert get_totals(store.get_counters, store.read_path)[:3] == (1, 1, 4)
     for key in ("bootTimestamp", "runtime", "putTps", "getFoundTps", "getMissTps",
                 "getTotalTps", "getTransferedTps", "dispatchBehindBytes",
                 "pageCacheLockTimeMills", "commitLogMinOffset", "commitLogMaxOffset",
@@ -88,7 +88,9 @@ def test_tps_is_the_difference_of_two_samples_over_each_window(tmp_path, backend
     try:
         # A service of the test's own, sampled at the times it names (the store's own
         # samples once a second, at times of its own).
-        stats = StoreStatsService(store)
+        stats = StoreStatsService(
+            store.root, store.commitlog.put_cells,
+            lambda: get_totals(store.get_counters, store.read_path), store.runtime_info)
         for second in range(61):
             store.put_messages([Message("T", b"x", queue_id=0) for _ in range(5)])
             store.get_message("g", "T", 0, 5 * second, 2)          # found, 2 messages

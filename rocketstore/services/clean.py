@@ -117,13 +117,14 @@ class StoreSize:
     `covered` lists, per ConsumeQueue and index file that cleaning would delete once the
     CommitLog minimum passes a physical offset (never a queue's last file, as
     CleanConsumeQueueService and IndexService decide), that offset and the file's bytes,
-    sorted, so freed(new_min) is one bisect."""
+    sorted, so freed(new_min) is one bisect.
 
-    def __init__(self, store):
+    `mfq` is the CommitLog's MappedFileQueue, `consume_queues` every ConsumeQueue and
+    `index_files` the IndexService's file list, all measured through `fs`."""
+
+    def __init__(self, fs, mfq, consume_queues, index_files):
         from ..format import CQ_STORE_UNIT_SIZE
         from ..mapped_file_queue import split_segment_names
-        fs = store.fs
-        mfq = store.commitlog.mfq
         self.commitlog = {id(mf): allocated_bytes(fs, mf.path) for mf in mfq.files}
         covered = []
         # Segments on disk the list does not hold yet count too: the next file the allocator
@@ -132,7 +133,7 @@ class StoreSize:
         other = sum(allocated_bytes(fs, os.path.join(mfq.store_path, name))
                     for name in split_segment_names(fs, mfq.store_path, None)[0]
                     if name not in listed)
-        for cq in store.all_consume_queues():
+        for cq in consume_queues:
             files = cq.mfq.files
             for f in files:
                 size = allocated_bytes(fs, f.path)
@@ -141,7 +142,6 @@ class StoreSize:
                     key = _last_unit_phy(f, CQ_STORE_UNIT_SIZE)
                     if key is not None:
                         covered.append((key, size))
-        index_files = store.index_service.index_file_list
         for f in index_files:
             size = allocated_bytes(fs, f.path)
             other += size
@@ -166,10 +166,28 @@ class StoreSize:
 class CleanCommitLogService:
     """DefaultMessageStore.CleanCommitLogService: deletes expired CommitLog files at the
     delete_when hour, when the disk passes its ratio, or on manual request; sets and clears
-    the disk-full running flag. `sleep` is injectable so tests skip the pauses."""
+    the disk-full running flag. `sleep` is injectable so tests skip the pauses.
 
-    def __init__(self, store, sleep=time.sleep):
-        self.store = store
+    Its collaborators: the store's `config` and `root` (the CommitLog and ConsumeQueue
+    directories it measures), `fs` (file times), `clock`, the CommitLog's MappedFileQueue
+    `mfq` (the files it deletes), `disk_usage(path)` (the used fraction of a path's disk),
+    `running_flags` (the disk-full flag and its reason), `dispatched_offset()` (where reput
+    has dispatched to; None before it runs), `measure_size()` (a StoreSize of the store now)
+    and `consumption` (the committed consumer offsets, a Consumption)."""
+
+    def __init__(self, config, root, fs, clock, mfq, disk_usage, running_flags, *,
+                 dispatched_offset, measure_size, consumption, sleep=time.sleep):
+        self.config = config
+        self.fs = fs
+        self.clock = clock
+        self.mfq = mfq
+        self.disk_usage = disk_usage
+        self.running_flags = running_flags
+        self.dispatched_offset = dispatched_offset
+        self.measure_size = measure_size
+        self.consumption = consumption
+        self.commitlog_dirs = [p for p in config.commitlog_dir(root).split(",") if p]
+        self.consume_queue_dir = os.path.join(root, "consumequeue")
         self.sleep = sleep
         self.manual_delete_file_several_times = 0
         self.clean_immediately = False
@@ -177,23 +195,18 @@ class CleanCommitLogService:
         self.last_ratio = 0.0
 
     # ---- disk measurements ---------------------------------------------------------------
-    def _commitlog_paths(self):
-        store = self.store
-        return [p for p in store.config.commitlog_dir(store.root).split(",") if p]
-
     def physic_ratio(self):
         """The least used CommitLog disk (minPhysicRatio); -1 when unreadable."""
-        usage = self.store.disk_usage
-        return min(usage(p) for p in self._commitlog_paths())
+        usage = self.disk_usage
+        return min(usage(p) for p in self.commitlog_dirs)
 
     def logics_ratio(self):
-        store = self.store
-        return store.disk_usage(os.path.join(store.root, "consumequeue"))
+        return self.disk_usage(self.consume_queue_dir)
 
     def _assess(self):
         """isSpaceToDelete (4.9.x) as a pure function: (space_to_delete, clean_immediately,
         flag changes [True = mark full, False = mark OK] to apply in order, physic ratio)."""
-        cfg = self.store.config
+        cfg = self.config
         limit = cfg.effective_disk_max_used_space_ratio / 100.0
         warning = cfg.disk_space_warning_level_ratio
         forcibly = cfg.disk_space_clean_forcibly_ratio
@@ -216,13 +229,13 @@ class CleanCommitLogService:
         return False, immediately, actions, physic
 
     def _apply_flags(self, actions, ratio):
-        flags = self.store.running_flags
-        cfg = self.store.config
+        flags = self.running_flags
+        cfg = self.config
         for full in actions:
             if full:
                 if flags.get_and_make_disk_full():
                     log.error("disk maybe full soon (%.2f used), so mark disk full", ratio)
-                self.store.disk_full_reason = DISK_FULL_REASON.format(
+                flags.disk_full_reason = DISK_FULL_REASON.format(
                     ratio=ratio, warning=cfg.disk_space_warning_level_ratio)
             elif not flags.get_and_make_disk_ok():
                 log.info("disk space OK (%.2f used), so mark disk ok", ratio)
@@ -240,7 +253,7 @@ class CleanCommitLogService:
         below it. True when full."""
         ratio = self.physic_ratio()
         self.last_ratio = ratio
-        full = ratio > self.store.config.disk_space_warning_level_ratio
+        full = ratio > self.config.disk_space_warning_level_ratio
         self._apply_flags([full], ratio)
         return full
 
@@ -254,7 +267,7 @@ class CleanCommitLogService:
         """RocketMQ reads the file's mtime. We prefer the store time of the last record
         appended, which comes from the same clock that ages it, so an injected clock ages
         files deterministically; files loaded from disk fall back to their mtime."""
-        return mf.store_timestamp or self.store.fs.mtime_ms(mf.path)
+        return mf.store_timestamp or self.fs.mtime_ms(mf.path)
 
     def deletable_end(self):
         """The CommitLog offset no deletion may pass: what reput has dispatched and what is
@@ -263,11 +276,10 @@ class CleanCommitLogService:
         look for a file that is gone and never flush again. The flushed offset never passes
         the committed one (the flusher reads up to the committed position), so it bounds
         that too."""
-        store = self.store
-        end = store.commitlog.mfq.flushed_where
-        reput = store.reput_service
-        if reput is not None:
-            end = min(end, reput.reput_from_offset)
+        end = self.mfq.flushed_where
+        dispatched = self.dispatched_offset()
+        if dispatched is not None:
+            end = min(end, dispatched)
         return end
 
     def select(self, now_ms, clean_at_once, protect_below=None, size=None):
@@ -279,14 +291,14 @@ class CleanCommitLogService:
         unexpired, oldest first, until what they and the queue and index files they alone
         cover free brings the store within its budget. Returns (files, protected, freed
         bytes)."""
-        cfg = self.store.config
+        cfg = self.config
         expired_ms = cfg.file_reserved_time * HOUR_MS
         safe_end = self.deletable_end()
         over = size.total - cfg.store_size_budget \
             if size is not None and cfg.store_size_budget > 0 else 0
         chosen, protected = [], []
         freed = 0
-        for mf in self.store.commitlog.mfq.files[:-1]:
+        for mf in self.mfq.files[:-1]:
             if len(chosen) >= cfg.delete_file_batch_max:
                 break
             if not (clean_at_once or freed < over or
@@ -306,20 +318,20 @@ class CleanCommitLogService:
 
     def measure(self):
         """A StoreSize when a store_size_budget is set, else None (nothing is measured)."""
-        if self.store.config.store_size_budget <= 0:
+        if self.config.store_size_budget <= 0:
             return None
-        return StoreSize(self.store)
+        return self.measure_size()
 
     def _protect_below(self, immediately):
-        cfg = self.store.config
+        cfg = self.config
         if not cfg.clean_protect_unconsumed or immediately:
             return None
-        return min_unconsumed_phy(self.store)
+        return self.consumption.min_unconsumed_phy()
 
     # ---- one round -----------------------------------------------------------------------
     def delete_expired_files(self, now_ms):
         """deleteExpiredFiles: one round. Returns the destroyed MappedFiles."""
-        cfg = self.store.config
+        cfg = self.config
         time_up = is_it_time_to_do(cfg.delete_when, now_ms)
         space = self.is_space_to_delete()
         manual = self.manual_delete_file_several_times > 0
@@ -345,7 +357,7 @@ class CleanCommitLogService:
         if protected:
             log.info("keeping %s: a consumer group has not consumed it "
                      "(clean_protect_unconsumed)", protected[0].file_name)
-        mfq = self.store.commitlog.mfq
+        mfq = self.mfq
         interval = cfg.delete_commit_log_files_interval
         deleted = []
         for i, mf in enumerate(files):
@@ -365,33 +377,32 @@ class CleanCommitLogService:
     def redelete_hanged_file(self, now_ms):
         """redeleteHangedFile: every redelete_hanged_file_interval, finish a first file that
         an earlier destroy left marked unavailable."""
-        cfg = self.store.config
+        cfg = self.config
         if now_ms - self.last_redelete_ms < cfg.redelete_hanged_file_interval:
             return False
         self.last_redelete_ms = now_ms
-        return self.store.commitlog.mfq.retry_delete_first_file(
+        return self.mfq.retry_delete_first_file(
             now_ms, cfg.destroy_maped_file_interval_forcibly)
 
     def run_once(self, now_ms=None):
         """One CleanCommitLogService.run(): delete expired files, then retry a hanged one."""
         if now_ms is None:
-            now_ms = self.store.clock()
+            now_ms = self.clock()
         deleted = self.delete_expired_files(now_ms)
         self.redelete_hanged_file(now_ms)
         return deleted
 
     def plan(self, now_ms=None):
         """The next round's decision, with no deletion and no flag change."""
-        store = self.store
-        cfg = store.config
+        cfg = self.config
         if now_ms is None:
-            now_ms = store.clock()
+            now_ms = self.clock()
         time_up = is_it_time_to_do(cfg.delete_when, now_ms)
         space, immediately, _, ratio = self._assess()
         manual = self.manual_delete_file_several_times > 0
         clean_at_once = cfg.clean_file_forcibly_enable and immediately
         # Measured whatever the budget, so the plan always says how big the store is.
-        size = StoreSize(store)
+        size = self.measure_size()
         over_budget = 0 < cfg.store_size_budget < size.total
         files, protected, freed = [], [], 0
         if time_up or space or manual or over_budget:
@@ -402,7 +413,7 @@ class CleanCommitLogService:
                 freed = sum(size.of(f) for f in files) + \
                     size.covered_below(files[-1].end_offset)
         new_min = files[-1].end_offset if files else None
-        lost = unconsumed_below(store, new_min) if new_min is not None else {}
+        lost = self.consumption.unconsumed_below(new_min) if new_min is not None else {}
         return CleanPlan(time_up, space, manual, clean_at_once, ratio,
                          [(f.file_name, f.file_from_offset, f.end_offset) for f in files],
                          lost, [(f.file_name, f.file_from_offset, f.end_offset)
@@ -412,35 +423,43 @@ class CleanCommitLogService:
 
 class CleanConsumeQueueService:
     """DefaultMessageStore.CleanConsumeQueueService: once the CommitLog minimum moved, delete
-    ConsumeQueue files wholly below it, correct each queue's minimum, then the index files."""
+    ConsumeQueue files wholly below it, correct each queue's minimum, then the index files.
 
-    def __init__(self, store, sleep=time.sleep):
-        self.store = store
+    Its collaborators: the `commitlog` (its min_offset), `consume_queues()` (every queue
+    now), `clock`, `config`, and optionally the `index_service` and the `deleted_topics`
+    (topic_delete.py), both trimmed to the new minimum."""
+
+    def __init__(self, commitlog, consume_queues, clock, config, *, index_service=None,
+                 deleted_topics=None, sleep=time.sleep):
+        self.commitlog = commitlog
+        self.consume_queues = consume_queues
+        self.clock = clock
+        self.config = config
+        self.index_service = index_service
+        self.deleted_topics = deleted_topics
         self.sleep = sleep
         self.last_physical_min_offset = 0
 
     def run_once(self, now_ms=None):
         """deleteExpiredFiles: returns the number of ConsumeQueue files deleted."""
-        store = self.store
-        min_offset = store.commitlog.min_offset
+        min_offset = self.commitlog.min_offset
         if min_offset <= self.last_physical_min_offset:
             return 0
         self.last_physical_min_offset = min_offset
         if now_ms is None:
-            now_ms = store.clock()
-        interval = store.config.delete_consume_queue_files_interval
+            now_ms = self.clock()
+        interval = self.config.delete_consume_queue_files_interval
         total = 0
-        for cq in store.all_consume_queues():
+        for cq in self.consume_queues():
             n = cq.delete_expired_file(min_offset, now_ms)
             total += n
             if n and interval > 0:
                 self.sleep(interval / 1000.0)
-        # Hook for the IndexFile service (doc/02 §2.8), which trails the ConsumeQueues.
-        index_service = getattr(store, "index_service", None)
-        if index_service is not None:
-            index_service.delete_expired_file(min_offset)
+        # The IndexFile service (doc/02 §2.8) trails the ConsumeQueues.
+        if self.index_service is not None:
+            self.index_service.delete_expired_file(min_offset)
         # A deleted topic whose records have all expired needs no entry any more.
-        deleted = getattr(store, "deleted_topics", None)
+        deleted = self.deleted_topics
         if deleted is not None and deleted.table:
             deleted.prune(min_offset)       # the dispatchers see it (offsets_raw)
         return total
@@ -448,56 +467,62 @@ class CleanConsumeQueueService:
 
 # ---- consumption state (clean_protect_unconsumed, clean_plan) ---------------------------------
 
-def _committed_positions(store):
-    """(group, ConsumeQueue, committed offset) for each committed offset below its queue's
-    max, the offset raised to the queue's minimum."""
-    out = []
-    for group, topic, queues in store.consumer_offsets.entries():
-        table = store.consume_queue_table.get(topic)
-        if not table:
-            continue
-        for qid, offset in queues.items():
-            cq = table.get(qid)
-            if cq is None:
+class Consumption:
+    """What the consumer groups still need: their committed offsets (a ConsumerOffsetManager)
+    read against the store's queues (`queue_table`, topic -> {queue id: ConsumeQueue})."""
+
+    def __init__(self, consumer_offsets, queue_table):
+        self.consumer_offsets = consumer_offsets
+        self.queue_table = queue_table
+
+    def committed_positions(self):
+        """(group, ConsumeQueue, committed offset) for each committed offset below its
+        queue's max, the offset raised to the queue's minimum."""
+        out = []
+        for group, topic, queues in self.consumer_offsets.entries():
+            table = self.queue_table.get(topic)
+            if not table:
                 continue
-            start = max(offset, cq.min_offset_in_queue)
-            if start < cq.max_offset_in_queue:
-                out.append((group, cq, start))
-    return out
+            for qid, offset in queues.items():
+                cq = table.get(qid)
+                if cq is None:
+                    continue
+                start = max(offset, cq.min_offset_in_queue)
+                if start < cq.max_offset_in_queue:
+                    out.append((group, cq, start))
+        return out
 
+    def min_unconsumed_phy(self):
+        """The lowest CommitLog offset a committed consumer offset still needs, or None."""
+        best = None
+        for _, cq, start in self.committed_positions():
+            units = cq.units(start, 1)
+            if len(units):
+                phy = int(units[0]["offset"])
+                best = phy if best is None else min(best, phy)
+            del units                   # a numpy view pins the CQ mapping
+        return best
 
-def min_unconsumed_phy(store):
-    """The lowest CommitLog offset a committed consumer offset still needs, or None."""
-    best = None
-    for _, cq, start in _committed_positions(store):
-        units = cq.units(start, 1)
-        if len(units):
-            phy = int(units[0]["offset"])
-            best = phy if best is None else min(best, phy)
-        del units                   # a numpy view pins the CQ mapping
-    return best
-
-
-def unconsumed_below(store, phy_offset, chunk=65_536):
-    """group -> messages at or past its committed offset whose records lie below
-    `phy_offset` (what deleting the CommitLog below it would cost the group)."""
-    lost = {}
-    for group, cq, start in _committed_positions(store):
-        end = cq.max_offset_in_queue
-        count = 0
-        pos = start
-        while pos < end:
-            units = cq.units(pos, min(chunk, end - pos))
-            if not len(units):
-                break
-            offs = units["offset"]
-            k = int(np.searchsorted(offs, phy_offset))
-            count += k
-            full = k == len(units)
-            pos += len(units)
-            del units, offs
-            if not full:
-                break
-        if count:
-            lost[group] = lost.get(group, 0) + count
-    return lost
+    def unconsumed_below(self, phy_offset, chunk=65_536):
+        """group -> messages at or past its committed offset whose records lie below
+        `phy_offset` (what deleting the CommitLog below it would cost the group)."""
+        lost = {}
+        for group, cq, start in self.committed_positions():
+            end = cq.max_offset_in_queue
+            count = 0
+            pos = start
+            while pos < end:
+                units = cq.units(pos, min(chunk, end - pos))
+                if not len(units):
+                    break
+                offs = units["offset"]
+                k = int(np.searchsorted(offs, phy_offset))
+                count += k
+                full = k == len(units)
+                pos += len(units)
+                del units, offs
+                if not full:
+                    break
+            if count:
+                lost[group] = lost.get(group, 0) + count
+        return lost
