@@ -236,7 +236,7 @@ class MappedFile:
         boundary below read_position: the partial page the writer is filling is left for the
         next flush (a thorough one, least_pages == 0, takes everything). Writing a page back
         write-protects it and locks it while the I/O is submitted, so the writer's next
-        append to that page would fault and could wait for a busy disk (doc/03 §2)."""
+        append to that page would fault and could wait for a busy disk (doc/03 §2.3)."""
         if not self.is_able_to_flush(least_pages) or not self.hold():
             return self.flushed_position
         try:
