@@ -3,12 +3,18 @@
 and appends each frame whose offset equals its own max offset; anything else drops the
 connection, and the next connection re-reports the real offset.
 
-Frame bodies go straight into the CommitLog mapping: headers (and whatever follows them in
-the same read) land in a 64 KiB staging buffer, and the rest of a body is received with
-recv_into on a view of the mapped file at its write position, so the socket's copy is the only
-one and it runs without the GIL. Each body's pages are reserved and populated before the
-receive (MADV_POPULATE_WRITE costs a fraction of faulting them in one by one), and the
-allocator populates the window ahead, as it does for a master's puts.
+Frame bodies are written into the CommitLog file with pwrite, at the file's write position:
+headers (and whatever follows them in the same read) land in a 64 KiB staging buffer, and the
+rest of a body is received 1 MiB at a time into a reused bounce buffer; each piece is
+pwritten from there. The mapping shows the same page-cache pages, so the reput and readers see
+the bytes once the frame is published. Receiving straight into the mapping instead needs its
+pages populated first: the page cache then zero-fills each page (MADV_POPULATE_WRITE, a single
+page per fault in a file advised MADV_RANDOM) before the socket copy overwrites it, and that
+costed twice the CPU of the socket copy and pwrite together (doc/05 §4; bench/bench_ha.py
+shows each thread's CPU). pwrite of whole pages takes them without zero-filling, in large
+folios where the file system has them. So a slave's allocator creates and reserves files ahead
+but populates nothing. With a pooled write buffer (transient store pool) bodies are received
+straight into it, populated first, as before.
 
 Differences from 4.9.x, invisible on the wire:
 - The first report goes out as soon as the connection is up (4.9.x waits one heartbeat
@@ -31,6 +37,7 @@ Differences from 4.9.x, invisible on the wire:
   reconnects and stalls forever at "dispatch behind".
 """
 import logging
+import os
 import select
 import socket
 
@@ -46,6 +53,7 @@ RECONNECT_INTERVAL_MS = 5000
 CONNECT_TIMEOUT_S = 3.0
 STAGE_SIZE = 64 * 1024            # headers and small frames; larger bodies skip it
 POPULATE_MIN = 64 * 1024          # a body this long has its pages populated before receiving
+BOUNCE_SIZE = 1024 * 1024         # the rest of a body: received here, then written with pwrite
 # While more data waits on the socket, an advanced offset is reported after this long or this
 # many bytes, whichever comes first (when nothing waits, it is reported at once).
 REPORT_INTERVAL_NS = 1_000_000
@@ -82,6 +90,10 @@ class HAClient(ServiceThread):
         self._frame_size = 0
         self._frame_got = 0
         self._frame_view = None                   # a view of the body in the mapping
+        # The file being written with pwrite, and its descriptor (see _open_frame).
+        self._file_mf = None
+        self._file_fd = None
+        self._bounce = bytearray(BOUNCE_SIZE)
         self._reported = 0
         self._report_ns = 0                       # monotonic ns of the last report
         self._last_write = 0
@@ -170,6 +182,7 @@ class HAClient(ServiceThread):
 
     def _close(self, why=None):
         self._drop_frame()
+        self._close_file()
         sock, self._sock = self._sock, None
         if sock is None:
             return
@@ -216,6 +229,7 @@ class HAClient(ServiceThread):
         housekeeping = cfg.ha_housekeeping_interval
         sock = self._sock
         stage = memoryview(self._stage)
+        bounce = memoryview(self._bounce)
         poller = select.poll()
         poller.register(sock, select.POLLIN)
         try:
@@ -224,9 +238,15 @@ class HAClient(ServiceThread):
                     if not self._report(self._reported):
                         return
                 body = self._frame_view
+                direct = self._frame_got < self._frame_size and self._file_fd is not None
                 try:
-                    if body is not None:
-                        # The rest of a frame's body, straight into the mapping.
+                    if direct:
+                        # The rest of a frame's body, through the bounce buffer.
+                        want = min(BOUNCE_SIZE, self._frame_size - self._frame_got)
+                        with bounce[:want] as part:
+                            n = sock.recv_into(part)
+                    elif body is not None:
+                        # The rest of a frame's body, straight into the pooled write buffer.
                         with body[self._frame_got:] as rest:
                             n = sock.recv_into(rest)
                     else:
@@ -243,7 +263,11 @@ class HAClient(ServiceThread):
                 now = monotonic_ms()
                 if n:
                     self._last_read = now
-                    if body is not None:
+                    if direct:
+                        with bounce[:n] as part:
+                            ok = (self._write_body(part, self._frame_rel + self._frame_got)
+                                  and self._body_received(n))
+                    elif body is not None:
                         ok = self._body_received(n)
                     else:
                         self._pos += n
@@ -297,13 +321,20 @@ class HAClient(ServiceThread):
             staged = min(size, pos - dispatch)
             mf, rel = self._frame_mf, self._frame_rel
             if staged:
-                mf.write_target[rel:rel + staged] = stage[dispatch:dispatch + staged]
+                if self._file_fd is not None:
+                    with stage[dispatch:dispatch + staged] as part:
+                        if not self._write_body(part, rel):
+                            return False
+                else:
+                    mf.write_target[rel:rel + staged] = stage[dispatch:dispatch + staged]
                 dispatch += staged
                 if not self._body_received(staged):
                     return False
             if staged < size:
-                # The staging buffer is used up: the rest comes straight into the mapping.
-                self._frame_view = memoryview(mf.write_target)[rel:rel + size]
+                # The staging buffer is used up: the rest is received by _serve, written with
+                # pwrite (or straight into a pooled write buffer).
+                if self._file_fd is None:
+                    self._frame_view = memoryview(mf.write_target)[rel:rel + size]
                 break
         # Only part of a header can be left: move it to the front.
         tail = pos - dispatch
@@ -327,11 +358,51 @@ class HAClient(ServiceThread):
                         f"{commitlog.max_offset}, file size {commitlog.file_size})")
             return False
         rel = mf.wrote_position
-        if size >= POPULATE_MIN:
-            mf.populate(rel, rel + size)
+        if mf.write_target is mf.mm:
+            # Written with pwrite: nothing to populate (see the module docstring).
+            if mf is not self._file_mf:
+                self._close_file()
+                try:
+                    self._file_fd = mf.open_writer_fd()
+                except OSError as exc:
+                    self._close(f"cannot open {mf.path} for writing: {exc}")
+                    return False
+                self._file_mf = mf
+        else:
+            # A pooled write buffer (transient store pool): bodies are received into it.
+            self._close_file()
+            if size >= POPULATE_MIN:
+                mf.populate(rel, rel + size)
         self._frame_mf, self._frame_rel = mf, rel
         self._frame_size, self._frame_got = size, 0
         return True
+
+    def _write_body(self, data, pos):
+        """pwrite `data` (body bytes) at `pos` of the frame's file, all of it; False (and the
+        connection closed) when the file refuses them. The blocks are reserved already, so
+        this is no ENOSPC but an I/O error: the frame is not published, and the next
+        connection asks for it again."""
+        fd = self._file_fd
+        done, n = 0, len(data)
+        try:
+            while done < n:
+                with data[done:] as rest:
+                    done += os.pwrite(fd, rest, pos + done)
+        except OSError as exc:
+            self._back_off = True
+            self._close(f"cannot write {n} bytes at {self._file_mf.path}:{pos}: {exc}")
+            return False
+        return True
+
+    def _close_file(self):
+        """Close the descriptor of the file written with pwrite, if one is open."""
+        mf, fd = self._file_mf, self._file_fd
+        self._file_mf = self._file_fd = None
+        if fd is not None:
+            try:
+                mf.close_fd(fd)
+            except OSError:
+                pass
 
     def _body_received(self, n):
         """`n` more body bytes are in the mapping. A complete frame becomes readable (and
@@ -355,5 +426,6 @@ class HAClient(ServiceThread):
         """Forget the frame being received (complete, or its connection lost)."""
         view, self._frame_view = self._frame_view, None
         self._frame_mf = None
+        self._frame_size = self._frame_got = 0
         if view is not None:
             view.release()
