@@ -17,8 +17,9 @@
 - SYNC_MASTER single put: p50/p99 ack latency (µs) in extra_info.
 
 `pytest bench/bench_ha.py --benchmark-only`; one backend (ROCKETSTORE_BACKEND / the default):
-the kernels only encode the puts, and replication is the socket's copy (the slave receives
-into its mapping, whose Mapping type, cext's or mmap.mmap, is the only backend difference).
+the kernels only encode the puts, and replication is the socket's copy and the slave's
+pwrite, the same in every backend (the master sends from its mapping, cext's Mapping or
+mmap.mmap).
 """
 import json
 import os
