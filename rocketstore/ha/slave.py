@@ -97,7 +97,6 @@ class HAClient(ServiceThread):
         # The file being written with pwrite, and its descriptor (see _open_frame).
         self._file_mf = None
         self._file_fd = None
-        self._bounce = bytearray(BOUNCE_SIZE)
         self._reported = 0
         self._report_ns = 0                       # monotonic ns of the last report
         self._last_write = 0
@@ -233,7 +232,7 @@ class HAClient(ServiceThread):
         housekeeping = cfg.ha_housekeeping_interval
         sock = self._sock
         stage = memoryview(self._stage)
-        bounce = memoryview(self._bounce)
+        bounce = memoryview(bytearray(BOUNCE_SIZE))     # this connection's
         poller = select.poll()
         poller.register(sock, select.POLLIN)
         try:
@@ -286,6 +285,7 @@ class HAClient(ServiceThread):
                     return
         finally:
             stage.release()
+            bounce.release()
             self._drop_frame()
 
     # ---- frames ---------------------------------------------------------------------------
