@@ -179,7 +179,10 @@ class MappedFile:
         return fd
 
     def close_fd(self, fd):
+        """Close a descriptor from open_writer_fd; readers get readahead back (the writer may
+        advise again when it comes back)."""
         self._fs.close_fd(fd)
+        self._fs.advise_random(self.mm, False)
 
     def zero_tail(self, pos, chunk=1 << 20):
         """Zero [pos, file end). A truncated tail must not hold stale records that a later
