@@ -178,6 +178,10 @@ class MappedFile:
         self._fs.advise_random(self.mm, True)
         return fd
 
+    def pwrite(self, fd, data, pos):
+        """Write all of `data` at `pos` of this file through `fd` (from open_writer_fd)."""
+        self._fs.pwrite(fd, data, pos, self.path)
+
     def close_fd(self, fd):
         """Close a descriptor from open_writer_fd; readers get readahead back (the writer may
         advise again when it comes back)."""

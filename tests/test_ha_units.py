@@ -2,6 +2,8 @@
 """HA classes below the facade (doc/05): HAClient, the master's HAService and its accept loop,
 and GroupTransferService, each driven on its own with a real CommitLog
 and sockets the test holds, without a MessageStore around them."""
+import errno
+import os
 import socket
 import threading
 
@@ -163,6 +165,44 @@ def test_client_writes_a_frame_larger_than_its_staging_buffer_without_populating
         commitlog.stop_puts()
         commitlog.close()
     assert not fs.open_fds                              # closed with the connection
+
+
+def test_client_that_cannot_write_a_frame_publishes_none_of_it_and_takes_it_again_later(
+        tmp_path, master):
+    fs = testing.FaultInjectingFileSystem()
+    config = testing.small_config(broker_role=BrokerRole.SLAVE,
+                                  mapped_file_size_commit_log=1 << 20)
+    config.ha_send_heartbeat_interval = 200      # also the wait before reconnecting
+    commitlog = CommitLog(str(tmp_path / "slave"), config,
+                          testing.load_backend(testing.backend_params()[0]), fs)
+    commitlog.load()
+    fs.fail("write", errno.EIO, match=os.sep + "commitlog" + os.sep, times=1)
+    client = HAClient(config, commitlog, master.address)
+    client.start()
+    body = bytes(range(251)) * 400                      # past the staging buffer
+    frame = wire.encode_header(0, len(body)) + body
+    try:
+        master.accept()
+        assert master.read_report() == 0
+        master.conn.sendall(frame)
+        try:
+            left = recv_exactly_or_eof(master.conn)
+        except ConnectionResetError:                  # closed with the frame's rest unread
+            left = b""
+        assert left == b""                            # the client closed the connection
+        assert fs.injected["write"] == 1
+        assert commitlog.max_offset == 0                  # nothing of the frame is readable
+        master.conn.close()
+        master.accept()
+        assert master.read_report() == 0                  # it asks for the frame again
+        master.conn.sendall(frame)
+        assert master.read_report() == len(body)
+        assert bytes(commitlog.get_data(0, len(body))) == body
+        assert client.following and client.error is None
+    finally:
+        client.shutdown()
+        commitlog.stop_puts()
+        commitlog.close()
 
 
 def test_client_drops_a_frame_not_at_its_max_offset_and_writes_nothing(slave_log, master):

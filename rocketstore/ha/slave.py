@@ -38,7 +38,6 @@ Differences from 4.9.x, invisible on the wire:
   reconnects and stalls forever at "dispatch behind".
 """
 import logging
-import os
 import select
 import socket
 
@@ -386,15 +385,12 @@ class HAClient(ServiceThread):
         connection closed) when the file refuses them. The blocks are reserved already, so
         this is no ENOSPC but an I/O error: the frame is not published, and the next
         connection asks for it again."""
-        fd = self._file_fd
-        done, n = 0, len(data)
+        mf = self._file_mf
         try:
-            while done < n:
-                with data[done:] as rest:
-                    done += os.pwrite(fd, rest, pos + done)
+            mf.pwrite(self._file_fd, data, pos)
         except OSError as exc:
             self._back_off = True
-            self._close(f"cannot write {n} bytes at {self._file_mf.path}:{pos}: {exc}")
+            self._close(f"cannot write {len(data)} bytes at {mf.path}:{pos}: {exc}")
             return False
         return True
 
