@@ -381,10 +381,10 @@ class HAClient(ServiceThread):
         return True
 
     def _write_body(self, data, pos):
-        """pwrite `data` (body bytes) at `pos` of the frame's file, all of it; False (and the
-        connection closed) when the file refuses them. The blocks are reserved already, so
-        this is no ENOSPC but an I/O error: the frame is not published, and the next
-        connection asks for it again."""
+        """Write `data` (body bytes) at `pos` of the frame's file with pwrite, all of it;
+        False (and the connection closed) when the file refuses them. The blocks are reserved
+        already, so this is an I/O error rather than a full disk: the frame is not published,
+        and the next connection, after the reconnect wait, asks for it again."""
         mf = self._file_mf
         try:
             mf.pwrite(self._file_fd, data, pos)
@@ -405,7 +405,7 @@ class HAClient(ServiceThread):
                 pass
 
     def _body_received(self, n):
-        """`n` more body bytes are in the mapping. A complete frame becomes readable (and
+        """`n` more body bytes are in the file. A complete frame becomes readable (and
         counts in the reported offset) and wakes the reput; a partial one stays past the
         write position, as 4.9.x keeps it in its read buffer: a connection lost mid-frame
         leaves the CommitLog at the frame's start, and the next one asks for it again."""
