@@ -83,16 +83,17 @@ while got < total:
     got += n
 sock.sendall(b"%020d%020d" % (got, (time.process_time() - c0) * 1000))
 """
-# The same receive into a fresh CommitLog-sized file, as the slave writes it: reserved 4 MiB at
-# a time, received into a reused 4 MiB buffer and pwritten from there; the file is
+# The same receive into a fresh CommitLog-sized file, as the slave writes it: reserved a window
+# ahead, received into a reused 4 MiB buffer and pwritten from there; the file is
 # deleted at the end.
 RAW_FILE_CHILD = r"""
 import os, socket, sys, time
-from rocketstore import kernels
+from rocketstore import StoreConfig, kernels
 from rocketstore.fs import FileSystem
 from rocketstore.mapped_file import MappedFile
 total, size, path = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-mf = MappedFile(path, size, kernels.DEFAULT, FileSystem())
+mf = MappedFile(path, size, kernels.DEFAULT, FileSystem(),
+                reserve_window=StoreConfig().commit_log_reserve_window)   # as the slave's
 fd = mf.open_writer_fd()
 sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
 buf = bytearray(4 << 20); view = memoryview(buf); got = 0
