@@ -2,23 +2,32 @@
 """HA replication on loopback (doc/05), master in this process, slave in a child process:
 
 - replication throughput: an empty slave copies a 192 MiB CommitLog file (it starts at the
-  master's last file, which is the only one), against a raw socket copy of the same mapped
-  bytes to a child that only receives them; bytes/s = extra_info["bytes"] / mean. A round
-  ends when the master holds the slave's acknowledgement of the last byte (the raw copy's
-  when the child says it got every byte); the slave's shutdown, which flushes its CommitLog
-  to disk, is not in it (the raw child writes nothing to disk);
+  master's last file, which is the only one), against two raw socket copies of the same
+  mapped bytes: to a child that only receives them into one reused buffer, and to a child
+  that writes them into a fresh file of the slave's size as the slave does (reserved ahead,
+  received into a 4 MiB buffer, pwritten from there: what any slave keeping the bytes pays for
+  the page cache); bytes/s = extra_info["bytes"] / mean. A round ends when the master
+  holds the slave's acknowledgement of the last byte (a raw copy's when the child says it got
+  every byte); the slave's shutdown, which flushes its CommitLog to disk, is not in it (the
+  raw children write nothing to disk). extra_info["cpu_ms"] holds each side's CPU time per
+  round (median): on a loaded 2-core machine the sum of both sides is what the wall time
+  follows, and the slave's is split by thread (receive and write, reserve ahead, dispatch, flush);
 - SYNC_MASTER put_messages, batches of 1000 x 128-byte bodies, with a slave acknowledging,
   against the same puts on an ASYNC_MASTER; msgs/s = extra_info["messages"] / mean;
 - SYNC_MASTER single put: p50/p99 ack latency (µs) in extra_info.
 
 `pytest bench/bench_ha.py --benchmark-only`; one backend (ROCKETSTORE_BACKEND / the default):
-the kernels only encode the puts, and replication is the socket's copy (the slave receives
-into its mapping, whose Mapping type, cext's or mmap.mmap, is the only backend difference).
+the kernels only encode the puts, and replication is the socket's copy and the slave's
+pwrite, the same in every backend (the master sends from its mapping, cext's Mapping or
+mmap.mmap).
 """
+import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -32,30 +41,76 @@ FILE = 256 << 20
 DATA = 192 << 20
 ROUNDS = 5                 # per copy benchmark: a loaded machine makes single rounds noisy
 SLAVE_CHILD = r"""
-import sys
+import json, os, sys, threading
 from rocketstore import MessageStore, StoreConfig
 from rocketstore.config import BrokerRole
 root, addr, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+def thread_cpu_ms():
+    # Each thread's CPU time (Linux /proc), by thread name; {} elsewhere.
+    out = {}
+    for t in threading.enumerate():
+        try:
+            with open(f"/proc/self/task/{t.native_id}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[t.name] = (int(fields[11]) + int(fields[12])) * 1000 // os.sysconf("SC_CLK_TCK")
+    return out
+
 s = MessageStore(root, StoreConfig(store_path_root_dir=root, broker_role=BrokerRole.SLAVE,
                                    mapped_file_size_commit_log=size))
 s.load(); s.start()
 print("ready", flush=True)
 sys.stdin.readline()
+c0 = thread_cpu_ms()
 s.update_ha_master_address(addr)
 sys.stdin.read()
+c1 = thread_cpu_ms()
+print(json.dumps({k: v - c0.get(k, 0) for k, v in c1.items()}), flush=True)
 s.shutdown()
 """
 RAW_CHILD = r"""
-import socket, sys
+import socket, sys, time
 total = int(sys.argv[2])
 sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
 buf = bytearray(4 << 20); view = memoryview(buf); got = 0
+c0 = time.process_time()
 while got < total:
     n = sock.recv_into(view)
     if not n:
         break
     got += n
-sock.sendall(b"%020d" % got)
+sock.sendall(b"%020d%020d" % (got, (time.process_time() - c0) * 1000))
+"""
+# The same receive into a fresh CommitLog-sized file, as the slave writes it: reserved a window
+# ahead, received into a reused 4 MiB buffer and pwritten from there; the file is
+# deleted at the end.
+RAW_FILE_CHILD = r"""
+import os, socket, sys, time
+from rocketstore import StoreConfig, kernels
+from rocketstore.fs import FileSystem
+from rocketstore.mapped_file import MappedFile
+total, size, path = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+mf = MappedFile(path, size, kernels.DEFAULT, FileSystem(),
+                reserve_window=StoreConfig().commit_log_reserve_window)   # as the slave's
+fd = mf.open_writer_fd()
+sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+buf = bytearray(4 << 20); view = memoryview(buf); got = 0
+c0 = time.process_time()
+while got < total:
+    if got >= mf.reserved_position:
+        mf.reserve(min(total, got + (4 << 20)))
+    n = sock.recv_into(view[:min(len(buf), total - got)])
+    if not n:
+        break
+    done = 0
+    while done < n:
+        done += os.pwrite(fd, view[done:n], got + done)
+    got += n
+sock.sendall(b"%020d%020d" % (got, (time.process_time() - c0) * 1000))
+mf.close_fd(fd)
+mf.destroy()
 """
 
 
@@ -100,15 +155,51 @@ def _check_slave(root, msgs):
         slave.shutdown()
 
 
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _thread_cpu_ms():
+    """This process's live threads' CPU time in ms, by (name, native id) (Linux /proc; {}
+    elsewhere)."""
+    out = {}
+    for t in threading.enumerate():
+        try:
+            with open(f"/proc/self/task/{t.native_id}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[(t.name, t.native_id)] = (int(fields[11]) + int(fields[12])) * 1000 // _TICK
+    return out
+
+
+def _cpu_since(c0, c1):
+    """CPU ms each thread alive at c1 spent since c0, summed by name (one connection's
+    "HAWriteSocketService-(host, port)" counts as HAWriteSocketService)."""
+    out = {}
+    for key, ms in c1.items():
+        name = key[0].split("-")[0]
+        out[name] = out.get(name, 0) + ms - c0.get(key, 0)
+    return out
+
+
+def _median_cpu(rounds):
+    """{name: median ms} over rounds of {name: ms} (a name missing in a round counts 0)."""
+    names = sorted({k for r in rounds for k in r})
+    return {k: statistics.median(r.get(k, 0) for r in rounds) for k in names}
+
+
 def test_replication_throughput(benchmark, filled_master, tmp_path):
     master, msgs = filled_master
     target = master.get_max_phy_offset()
     addr = f"127.0.0.1:{master.ha_service.port}"
     children = []
+    slave_cpu, master_cpu = [], []
 
     def check_last():
         if children:
-            assert children[-1].wait(60) == 0          # shut down (and flushed) cleanly
+            child = children[-1]
+            slave_cpu.append(json.loads(child.stdout.readline()))
+            assert child.wait(60) == 0          # shut down (and flushed) cleanly
             root = tmp_path / f"slave{len(children) - 1}"
             _check_slave(root, msgs)
             shutil.rmtree(root)          # one slave store on the disk at a time
@@ -123,10 +214,12 @@ def test_replication_throughput(benchmark, filled_master, tmp_path):
 
     def run():
         child = children[-1]
+        c0 = _thread_cpu_ms()
         child.stdin.write(b"go\n")
         child.stdin.flush()
         while not any(c.slave_ack_offset >= target for c in master.ha_service.connections):
             time.sleep(0.0005)
+        master_cpu.append(_cpu_since(c0, _thread_cpu_ms()))
         child.stdin.close()            # the slave shuts down; check_last waits for it
 
     benchmark.group = "HA: copy a 192 MiB CommitLog over loopback"
@@ -135,6 +228,9 @@ def test_replication_throughput(benchmark, filled_master, tmp_path):
     try:
         benchmark.pedantic(run, setup=setup, rounds=ROUNDS, iterations=1)
         check_last()
+        # The master's MainThread is this benchmark polling for the acknowledgement.
+        benchmark.extra_info["cpu_ms"] = {"master threads": _median_cpu(master_cpu),
+                                          "slave threads": _median_cpu(slave_cpu)}
     finally:
         for child in children:
             if child.poll() is None:
@@ -142,36 +238,58 @@ def test_replication_throughput(benchmark, filled_master, tmp_path):
                 child.wait()
 
 
-def test_raw_socket_copy_baseline(benchmark, filled_master):
+def _raw_copy(benchmark, mf, child_args, name):
+    """Send mf's readable bytes in 1 MiB sendall calls to a child started with `child_args`
+    (port and byte count appended first), which answers with the bytes it got and its CPU."""
     import socket
-    master, _ = filled_master
-    mf = master.commitlog.mfq.files[0]
     total = mf.read_position
     listen = socket.create_server(("127.0.0.1", 0))
     port = listen.getsockname()[1]
-    state = {"received": []}
+    state = {"received": [], "cpu": [], "send_cpu": []}
 
     def setup():
-        state["child"] = subprocess.Popen([sys.executable, "-c", RAW_CHILD, str(port),
-                                           str(total)])
+        state["child"] = subprocess.Popen([sys.executable, "-c", child_args[0], str(port),
+                                           str(total), *child_args[1:]])
         state["sock"], _ = listen.accept()
 
     def run():
         sock = state["sock"]
+        c0 = time.thread_time()
         with memoryview(mf.mm) as mv:
             for pos in range(0, total, 1 << 20):
                 with mv[pos:min(total, pos + (1 << 20))] as chunk:
                     sock.sendall(chunk)
-        state["received"].append(int(sock.recv(20, socket.MSG_WAITALL)))
+        state["send_cpu"].append((time.thread_time() - c0) * 1000)
+        answer = sock.recv(40, socket.MSG_WAITALL)
+        state["received"].append(int(answer[:20]))
+        state["cpu"].append(int(answer[20:]))
         sock.close()
         state["child"].wait(30)
 
     benchmark.group = "HA: copy a 192 MiB CommitLog over loopback"
-    benchmark.name = "raw socket copy (sendall -> recv_into)"
+    benchmark.name = name
     benchmark.extra_info["bytes"] = total
-    benchmark.pedantic(run, setup=setup, rounds=ROUNDS, iterations=1)
-    listen.close()
+    try:
+        benchmark.pedantic(run, setup=setup, rounds=ROUNDS, iterations=1)
+    finally:
+        listen.close()
     assert set(state["received"]) == {total}          # every round delivered every byte
+    benchmark.extra_info["cpu_ms"] = {"sender thread": statistics.median(state["send_cpu"]),
+                                      "receiver process": statistics.median(state["cpu"])}
+
+
+def test_raw_socket_copy_baseline(benchmark, filled_master):
+    master, _ = filled_master
+    _raw_copy(benchmark, master.commitlog.mfq.files[0], [RAW_CHILD],
+              "raw socket copy (sendall -> recv_into)")
+
+
+def test_raw_socket_copy_into_fresh_file_baseline(benchmark, filled_master, tmp_path):
+    master, _ = filled_master
+    path = tmp_path / ("%020d" % 0)
+    _raw_copy(benchmark, master.commitlog.mfq.files[0], [RAW_FILE_CHILD, str(FILE), str(path)],
+              "raw socket copy into a fresh file (pwrite)")
+    assert not path.exists()                        # each child deleted its file
 
 
 N = 50_000

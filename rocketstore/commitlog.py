@@ -44,9 +44,15 @@ class CommitLog:
         if not read_only:
             if config.effective_transient_store_pool_enable:
                 self.pool = TransientStorePool(config.transient_store_pool_size, self.file_size)
+            # A slave's CommitLog is written by the HA client with pwrite (ha/slave.py), which
+            # takes page-cache pages without zero-filling them: populating them ahead would
+            # zero every page once more, on the other core, for nothing (doc/05 §4). Its files
+            # are still created and reserved ahead.
+            prefault = ((config.prefault_next_file or config.warm_maped_file_enable)
+                        and config.broker_role is not BrokerRole.SLAVE)
             self.allocator = AllocateMappedFileService(
                 self.file_size, kernels, fs,
-                prefault=config.prefault_next_file or config.warm_maped_file_enable,
+                prefault=prefault,
                 pool=self.pool, reserve_window=config.commit_log_reserve_window)
         # Decides what a put waits for after the lock (sync flush, replication); set by the
         # store when its services start. None: return at once (ASYNC_FLUSH).

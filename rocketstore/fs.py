@@ -320,6 +320,18 @@ class FileSystem:
     def close_fd(self, fd):
         os.close(fd)
 
+    def pwrite(self, fd, data, pos, path):
+        """Write all of `data` at `pos` of `fd`, the open file at `path` (the HA slave's
+        CommitLog writes). OSError when the file refuses them."""
+        with memoryview(data) as mv:
+            done = 0
+            while done < len(mv):
+                with mv[done:] as rest:
+                    n = os.pwrite(fd, rest, pos + done)
+                if n <= 0:
+                    raise OSError(errno.EIO, "pwrite wrote nothing", path)
+                done += n
+
     def fsync_dir(self, path):
         fd = os.open(path, os.O_RDONLY)
         try:

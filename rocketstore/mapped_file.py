@@ -171,6 +171,26 @@ class MappedFile:
         if end > start:
             self._fs.prefault(self.mm, start, end - start)
 
+    def open_writer_fd(self):
+        """A descriptor of this file open for writing, for a writer that fills it with pwrite
+        instead of through the mapping (the HA slave, doc/05 §4); close it with close_fd. The
+        mapping is advised MADV_RANDOM from now on, as the allocator advises a file being
+        written: a reader's fault below the write position then brings in its own page, not a
+        readahead window reaching into the unwritten tail, zero-filled only to be overwritten."""
+        fd = self._fs.open_fd(self.path, writable=True)
+        self._fs.advise_random(self.mm, True)
+        return fd
+
+    def pwrite(self, fd, data, pos):
+        """Write all of `data` at `pos` of this file through `fd` (from open_writer_fd)."""
+        self._fs.pwrite(fd, data, pos, self.path)
+
+    def close_fd(self, fd):
+        """Close a descriptor from open_writer_fd; readers get readahead back (the writer may
+        advise again when it comes back)."""
+        self._fs.close_fd(fd)
+        self._fs.advise_random(self.mm, False)
+
     def zero_tail(self, pos, chunk=1 << 20):
         """Zero [pos, file end). A truncated tail must not hold stale records that a later
         recovery could take for valid ones once new data ends short of them. Only the

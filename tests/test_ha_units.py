@@ -2,6 +2,8 @@
 """HA classes below the facade (doc/05): HAClient, the master's HAService and its accept loop,
 and GroupTransferService, each driven on its own with a real CommitLog
 and sockets the test holds, without a MessageStore around them."""
+import errno
+import os
 import socket
 import threading
 
@@ -109,6 +111,98 @@ def test_client_appends_a_frame_at_its_max_offset_reports_it_and_wakes_the_reput
         assert woken.is_set()
     finally:
         client.shutdown()
+
+
+class _CountingFileSystem(FileSystem):
+    """Counts populates, and descriptors opened and closed, on CommitLog files."""
+
+    def __init__(self):
+        self.populates = 0
+        self.open_fds = set()
+        self.opened = 0
+
+    def prefault(self, mm, start=0, length=None, chunk=1 << 20):
+        self.populates += 1
+        return super().prefault(mm, start, length, chunk)
+
+    def open_fd(self, path, writable=True):
+        fd = super().open_fd(path, writable)
+        self.open_fds.add(fd)
+        self.opened += 1
+        return fd
+
+    def close_fd(self, fd):
+        self.open_fds.discard(fd)
+        super().close_fd(fd)
+
+
+def test_client_writes_a_frame_larger_than_its_staging_buffer_without_populating_the_file(
+        tmp_path, master):
+    # Populating would zero-fill every page before the copy overwrites it (doc/05 §4): the
+    # slave's allocator and client populate nothing, and the body goes in with pwrite.
+    fs = _CountingFileSystem()
+    config = testing.small_config(broker_role=BrokerRole.SLAVE,
+                                  mapped_file_size_commit_log=1 << 20)
+    commitlog = CommitLog(str(tmp_path / "slave"), config,
+                          testing.load_backend(testing.backend_params()[0]), fs)
+    commitlog.load()
+    commitlog.allocator.start()
+    client = HAClient(config, commitlog, master.address)
+    client.start()
+    try:
+        master.accept()
+        assert master.read_report() == 0
+        body = bytes(range(251)) * 2000                 # 502 KB: most of it past the stage
+        assert len(body) > slave_module.STAGE_SIZE
+        master.conn.sendall(wire.encode_header(0, len(body)) + body)
+        testing.wait_until(lambda: commitlog.max_offset == len(body), 10, "the frame")
+        assert bytes(commitlog.get_data(0, len(body))) == body
+        assert fs.populates == 0
+        assert fs.opened == 1 and len(fs.open_fds) == 1  # the file being written
+    finally:
+        client.shutdown()
+        commitlog.allocator.shutdown()
+        commitlog.stop_puts()
+        commitlog.close()
+    assert not fs.open_fds                              # closed with the connection
+
+
+def test_client_that_cannot_write_a_frame_publishes_none_of_it_and_takes_it_again_later(
+        tmp_path, master):
+    fs = testing.FaultInjectingFileSystem()
+    config = testing.small_config(broker_role=BrokerRole.SLAVE,
+                                  mapped_file_size_commit_log=1 << 20)
+    config.ha_send_heartbeat_interval = 200      # also the wait before reconnecting
+    commitlog = CommitLog(str(tmp_path / "slave"), config,
+                          testing.load_backend(testing.backend_params()[0]), fs)
+    commitlog.load()
+    fs.fail("write", errno.EIO, match=os.sep + "commitlog" + os.sep, times=1)
+    client = HAClient(config, commitlog, master.address)
+    client.start()
+    body = bytes(range(251)) * 400                      # past the staging buffer
+    frame = wire.encode_header(0, len(body)) + body
+    try:
+        master.accept()
+        assert master.read_report() == 0
+        master.conn.sendall(frame)
+        try:
+            left = recv_exactly_or_eof(master.conn)
+        except ConnectionResetError:                  # closed with the frame's rest unread
+            left = b""
+        assert left == b""                            # the client closed the connection
+        assert fs.injected["write"] == 1
+        assert commitlog.max_offset == 0                  # nothing of the frame is readable
+        master.conn.close()
+        master.accept()
+        assert master.read_report() == 0                  # it asks for the frame again
+        master.conn.sendall(frame)
+        assert master.read_report() == len(body)
+        assert bytes(commitlog.get_data(0, len(body))) == body
+        assert client.following and client.error is None
+    finally:
+        client.shutdown()
+        commitlog.stop_puts()
+        commitlog.close()
 
 
 def test_client_drops_a_frame_not_at_its_max_offset_and_writes_nothing(slave_log, master):

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """py_ha: a master's byte stream through the slave's frame decoder delivered in arbitrary
 chunks, as HAClient._serve delivers it: into the staging buffer (HAClient._dispatch_frames,
-wire.decode_header) or, while a frame's body is open, straight into the file's mapping
+wire.decode_header) or, while a frame's body is open, written into the file at the body's
+position (HAClient._write_body, pwrite in the client, a copy here) and counted
 (HAClient._body_received); and the same bytes through the master's report reader
 (wire.last_report). Invariants: a frame is published only at the slave's max offset and only
 whole, with exactly the stream's body bytes; an oversized or negative header closes the
@@ -18,11 +19,20 @@ FILE_SIZE = 1 << 16
 class _File:
     def __init__(self, file_from_offset):
         self.file_from_offset = file_from_offset
-        self.write_target = bytearray(FILE_SIZE)
+        self.mm = self.write_target = bytearray(FILE_SIZE)
         self.wrote_position = 0
+        self.fds = 0                     # descriptors open_writer_fd handed out and not closed
 
     def populate(self, start, end):
-        assert 0 <= start <= end <= FILE_SIZE
+        raise AssertionError("the slave writes with pwrite and populates nothing")
+
+    def open_writer_fd(self):
+        self.fds += 1
+        return -1
+
+    def close_fd(self, fd):
+        assert fd == -1 and self.fds > 0
+        self.fds -= 1
 
 
 class _CommitLog:
@@ -33,6 +43,7 @@ class _CommitLog:
         self.mf = None
         self.open = None                 # (file, position, size) of the frame being received
         self.published = []              # (offset, body) of every whole frame
+        self.files = []
 
     def replica_target(self, offset, size):
         assert self.open is None
@@ -41,6 +52,7 @@ class _CommitLog:
         if self.mf is None or self.mf.wrote_position == FILE_SIZE:
             assert offset % FILE_SIZE == 0
             self.mf = _File(offset)
+            self.files.append(self.mf)
         self.open = (self.mf, self.mf.wrote_position, size)
         return self.mf
 
@@ -64,7 +76,16 @@ class _Client(HAClient):
 
     def _close(self, why=None):
         self._drop_frame()
+        self._close_file()
         self.closed = why or "closed"
+
+    def _write_body(self, data, pos):
+        # What os.pwrite does to the file, with the client's bounds.
+        mf = self._file_mf
+        assert self._file_fd == -1 and mf is self._frame_mf
+        assert self._frame_rel <= pos and pos + len(data) <= self._frame_rel + self._frame_size
+        mf.write_target[pos:pos + len(data)] = data
+        return True
 
     def halt(self, reason):
         self.error = reason
@@ -92,10 +113,11 @@ def TestOneInput(data):
     stage = memoryview(c._stage)
     i = 0
     while i < len(stream) and c.closed is None:
-        if c._frame_view is not None:
+        if c._frame_got < c._frame_size:
+            # An open body, as _serve takes it: received, written at its position, counted.
             n = min(step, c._frame_size - c._frame_got, len(stream) - i)
-            c._frame_view[c._frame_got:c._frame_got + n] = stream[i:i + n]
-            ok = c._body_received(n)
+            ok = (c._write_body(stream[i:i + n], c._frame_rel + c._frame_got)
+                  and c._body_received(n))
         else:
             room = len(c._stage) - c._pos
             assert room >= len(c._stage) - wire.HEADER_SIZE    # at most a partial header left
@@ -108,6 +130,8 @@ def TestOneInput(data):
         assert c.error is None or c.closed is not None
         assert not ok or (c._dispatch == 0 and 0 <= c._pos < wire.HEADER_SIZE)
     c._drop_frame()
+    c._close_file()
+    assert all(f.fds == 0 for f in c.commitlog.files)     # every descriptor closed
     stage.release()
     published = c.commitlog.published
     assert published == frames(stream)[:len(published)]

@@ -3,12 +3,19 @@
 and appends each frame whose offset equals its own max offset; anything else drops the
 connection, and the next connection re-reports the real offset.
 
-Frame bodies go straight into the CommitLog mapping: headers (and whatever follows them in
-the same read) land in a 64 KiB staging buffer, and the rest of a body is received with
-recv_into on a view of the mapped file at its write position, so the socket's copy is the only
-one and it runs without the GIL. Each body's pages are reserved and populated before the
-receive (MADV_POPULATE_WRITE costs a fraction of faulting them in one by one), and the
-allocator populates the window ahead, as it does for a master's puts.
+Frame bodies are written into the CommitLog file with pwrite, at the file's write position:
+headers (and whatever follows them in the same read) land in a 64 KiB staging buffer, and the
+rest of a body is received into a reused 4 MiB bounce buffer (4.9.x's read buffer size, which
+holds any frame body) as far as the socket has it, and pwritten from there. The mapping shows
+the same page-cache pages, so the reput and readers see the bytes once the frame is published.
+Receiving straight into the mapping instead needs its pages populated first: the page cache
+zero-fills each page (MADV_POPULATE_WRITE, one page per fault in a file advised MADV_RANDOM)
+before the socket copy overwrites it. For a 192 MiB copy that took the slave's threads
+230-270 ms of CPU, against 110-150 ms with pwrite, which takes whole pages without zero-filling
+them, in large folios where the file system has them (doc/05 §4; bench/bench_ha.py shows each
+thread's CPU). So a slave's allocator creates and reserves files ahead but populates nothing.
+With a pooled write buffer (transient store pool) bodies are received straight into it,
+populated first, as before.
 
 Differences from 4.9.x, invisible on the wire:
 - The first report goes out as soon as the connection is up (4.9.x waits one heartbeat
@@ -46,6 +53,10 @@ RECONNECT_INTERVAL_MS = 5000
 CONNECT_TIMEOUT_S = 3.0
 STAGE_SIZE = 64 * 1024            # headers and small frames; larger bodies skip it
 POPULATE_MIN = 64 * 1024          # a body this long has its pages populated before receiving
+# The rest of a body: received here, then written with pwrite. One frame body fits; a smaller
+# buffer meant more receive/pwrite rounds through Python for the same bytes (256 KiB: ~40 %
+# more of the client thread's CPU than 4 MiB).
+BOUNCE_SIZE = wire.SLAVE_READ_BUFFER_SIZE
 # While more data waits on the socket, an advanced offset is reported after this long or this
 # many bytes, whichever comes first (when nothing waits, it is reported at once).
 REPORT_INTERVAL_NS = 1_000_000
@@ -82,6 +93,9 @@ class HAClient(ServiceThread):
         self._frame_size = 0
         self._frame_got = 0
         self._frame_view = None                   # a view of the body in the mapping
+        # The file being written with pwrite, and its descriptor (see _open_frame).
+        self._file_mf = None
+        self._file_fd = None
         self._reported = 0
         self._report_ns = 0                       # monotonic ns of the last report
         self._last_write = 0
@@ -170,6 +184,7 @@ class HAClient(ServiceThread):
 
     def _close(self, why=None):
         self._drop_frame()
+        self._close_file()
         sock, self._sock = self._sock, None
         if sock is None:
             return
@@ -216,6 +231,7 @@ class HAClient(ServiceThread):
         housekeeping = cfg.ha_housekeeping_interval
         sock = self._sock
         stage = memoryview(self._stage)
+        bounce = memoryview(bytearray(BOUNCE_SIZE))     # this connection's
         poller = select.poll()
         poller.register(sock, select.POLLIN)
         try:
@@ -224,9 +240,15 @@ class HAClient(ServiceThread):
                     if not self._report(self._reported):
                         return
                 body = self._frame_view
+                direct = self._frame_got < self._frame_size and self._file_fd is not None
                 try:
-                    if body is not None:
-                        # The rest of a frame's body, straight into the mapping.
+                    if direct:
+                        # The rest of a frame's body, through the bounce buffer.
+                        want = min(BOUNCE_SIZE, self._frame_size - self._frame_got)
+                        with bounce[:want] as part:
+                            n = sock.recv_into(part)
+                    elif body is not None:
+                        # The rest of a frame's body, straight into the pooled write buffer.
                         with body[self._frame_got:] as rest:
                             n = sock.recv_into(rest)
                     else:
@@ -243,7 +265,11 @@ class HAClient(ServiceThread):
                 now = monotonic_ms()
                 if n:
                     self._last_read = now
-                    if body is not None:
+                    if direct:
+                        with bounce[:n] as part:
+                            ok = (self._write_body(part, self._frame_rel + self._frame_got)
+                                  and self._body_received(n))
+                    elif body is not None:
                         ok = self._body_received(n)
                     else:
                         self._pos += n
@@ -258,6 +284,7 @@ class HAClient(ServiceThread):
                     return
         finally:
             stage.release()
+            bounce.release()
             self._drop_frame()
 
     # ---- frames ---------------------------------------------------------------------------
@@ -297,13 +324,20 @@ class HAClient(ServiceThread):
             staged = min(size, pos - dispatch)
             mf, rel = self._frame_mf, self._frame_rel
             if staged:
-                mf.write_target[rel:rel + staged] = stage[dispatch:dispatch + staged]
+                if self._file_fd is not None:
+                    with stage[dispatch:dispatch + staged] as part:
+                        if not self._write_body(part, rel):
+                            return False
+                else:
+                    mf.write_target[rel:rel + staged] = stage[dispatch:dispatch + staged]
                 dispatch += staged
                 if not self._body_received(staged):
                     return False
             if staged < size:
-                # The staging buffer is used up: the rest comes straight into the mapping.
-                self._frame_view = memoryview(mf.write_target)[rel:rel + size]
+                # The staging buffer is used up: the rest is received by _serve, written with
+                # pwrite (or straight into a pooled write buffer).
+                if self._file_fd is None:
+                    self._frame_view = memoryview(mf.write_target)[rel:rel + size]
                 break
         # Only part of a header can be left: move it to the front.
         tail = pos - dispatch
@@ -327,14 +361,51 @@ class HAClient(ServiceThread):
                         f"{commitlog.max_offset}, file size {commitlog.file_size})")
             return False
         rel = mf.wrote_position
-        if size >= POPULATE_MIN:
-            mf.populate(rel, rel + size)
+        if mf.write_target is mf.mm:
+            # Written with pwrite: nothing to populate (see the module docstring).
+            if mf is not self._file_mf:
+                self._close_file()
+                try:
+                    self._file_fd = mf.open_writer_fd()
+                except OSError as exc:
+                    self._close(f"cannot open {mf.path} for writing: {exc}")
+                    return False
+                self._file_mf = mf
+        else:
+            # A pooled write buffer (transient store pool): bodies are received into it.
+            self._close_file()
+            if size >= POPULATE_MIN:
+                mf.populate(rel, rel + size)
         self._frame_mf, self._frame_rel = mf, rel
         self._frame_size, self._frame_got = size, 0
         return True
 
+    def _write_body(self, data, pos):
+        """Write `data` (body bytes) at `pos` of the frame's file with pwrite, all of it;
+        False (and the connection closed) when the file refuses them. The blocks are reserved
+        already, so this is an I/O error rather than a full disk: the frame is not published,
+        and the next connection, after the reconnect wait, asks for it again."""
+        mf = self._file_mf
+        try:
+            mf.pwrite(self._file_fd, data, pos)
+        except OSError as exc:
+            self._back_off = True
+            self._close(f"cannot write {len(data)} bytes at {mf.path}:{pos}: {exc}")
+            return False
+        return True
+
+    def _close_file(self):
+        """Close the descriptor of the file written with pwrite, if one is open."""
+        mf, fd = self._file_mf, self._file_fd
+        self._file_mf = self._file_fd = None
+        if fd is not None:
+            try:
+                mf.close_fd(fd)
+            except OSError:
+                pass
+
     def _body_received(self, n):
-        """`n` more body bytes are in the mapping. A complete frame becomes readable (and
+        """`n` more body bytes are in the file. A complete frame becomes readable (and
         counts in the reported offset) and wakes the reput; a partial one stays past the
         write position, as 4.9.x keeps it in its read buffer: a connection lost mid-frame
         leaves the CommitLog at the frame's start, and the next one asks for it again."""
@@ -355,5 +426,6 @@ class HAClient(ServiceThread):
         """Forget the frame being received (complete, or its connection lost)."""
         view, self._frame_view = self._frame_view, None
         self._frame_mf = None
+        self._frame_size = self._frame_got = 0
         if view is not None:
             view.release()
