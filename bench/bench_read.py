@@ -17,6 +17,9 @@ stepped in order, values returned as bytes, in one read transaction per round. R
 it (>1: faster than the cursor) go into extra_info["x_lmdb"] (mean rounds) and
 ["x_lmdb_best"] (fastest rounds), taken from the LMDB rates measured earlier in the same run.
 
+extra_info["thread_cpu_ns_per_msg"] is the reading thread's CPU time per message over all rounds
+(bench/java/GetBench reports the same for the Java store).
+
 Groups: "read: pull 32" and "read: pull 1024" per backlog. Every round's last pull is checked
 against the bodies put there, outside the timed region; the store is read back (sampled) once
 per backend and deleted at the end of the module.
@@ -99,7 +102,7 @@ def _expect(msgs, start, pull):
 
 @pytest.mark.parametrize("pull", PULLS)
 @pytest.mark.parametrize("backlog", BACKLOGS)
-def test_lmdb_cursor(benchmark, workload, backlog, pull):
+def test_lmdb_cursor(benchmark, workload, backlog, pull, thread_cpu):
     if lmdb is None:
         pytest.skip("py-lmdb is not installed (pip install -e '.[bench]')")
     _, _, msgs, env = workload
@@ -117,7 +120,8 @@ def test_lmdb_cursor(benchmark, workload, backlog, pull):
                     nxt()
                     got.append(value())
         return got
-    got = benchmark(round_)
+    got = benchmark(thread_cpu.wrap(round_))
+    thread_cpu.record(benchmark, WINDOW)
     # A CommitLog record ends with its body, topic and properties: the body is in there.
     want = _expect(msgs, start, pull)
     assert len(got) == pull and all(w in g for w, g in zip(want, got))
@@ -144,7 +148,7 @@ def _record(benchmark, backlog, pull):
 
 @pytest.mark.parametrize("pull", PULLS)
 @pytest.mark.parametrize("backlog", BACKLOGS)
-def test_get_message(benchmark, workload, backend, backlog, pull):
+def test_get_message(benchmark, workload, backend, backlog, pull, thread_cpu):
     root, cfg, msgs, _ = workload
     store = _open(root, cfg, backend)
     try:
@@ -157,7 +161,8 @@ def test_get_message(benchmark, workload, backend, backlog, pull):
             for off in range(start, start + WINDOW, pull):
                 r = get("bench", TOPIC, 0, off, pull)
             return r
-        r = benchmark(round_)
+        r = benchmark(thread_cpu.wrap(round_))
+        thread_cpu.record(benchmark, WINDOW)
         assert r.status is GetMessageStatus.FOUND
         assert [m.body for m in r.messages] == _expect(msgs, start, pull)
         _record(benchmark, backlog, pull)
@@ -167,7 +172,7 @@ def test_get_message(benchmark, workload, backend, backlog, pull):
 
 @pytest.mark.parametrize("pull", PULLS)
 @pytest.mark.parametrize("backlog", BACKLOGS)
-def test_get_batch(benchmark, workload, backend, backlog, pull):
+def test_get_batch(benchmark, workload, backend, backlog, pull, thread_cpu):
     root, cfg, msgs, _ = workload
     store = _open(root, cfg, backend)
     try:
@@ -179,7 +184,8 @@ def test_get_batch(benchmark, workload, backend, backlog, pull):
             for off in range(start, start + WINDOW, pull):
                 r = get("bench", TOPIC, 0, off, pull)
             return r
-        r = benchmark(round_)
+        r = benchmark(thread_cpu.wrap(round_))
+        thread_cpu.record(benchmark, WINDOW)
         assert r.status is GetMessageStatus.FOUND
         assert [bytes(b) for b in r.bodies()] == _expect(msgs, start, pull)
         r.release()

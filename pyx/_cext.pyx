@@ -34,7 +34,7 @@ __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_ap
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
            "cq_encode_batch", "cq_search", "tags_match", "index_hash", "index_put",
            "index_put_batch", "index_keys", "index_lookup", "sync_range", "batch_encode",
-           "column_join", "timeup_encode")
+           "column_join", "timeup_encode", "SYNC_RANGE_FD_UNUSED")
 
 # GIL release thresholds.  Releasing and re-taking an uncontended GIL costs ~50-100 ns: it pays
 # once the kernel runs for microseconds.  CRC-32 runs at >10 GB/s here, so 4 KiB of CRC is
@@ -445,6 +445,10 @@ def index_lookup(buf, int32_t slot_num, int32_t index_num, int32_t key_hash, int
         PyBuffer_Release(&b)
     _check(r, "index_lookup")
     return count
+
+
+# sync_range msyncs the mapping: FileSystem.sync_mapped need not open the file for it.
+SYNC_RANGE_FD_UNUSED = True
 
 
 def sync_range(buf, int fd, int64_t start, int64_t length):

@@ -167,6 +167,32 @@ cdef inline int64_t _mono_ns() noexcept nogil:
     return rs_stats_ns()
 
 
+cdef extern from *:
+    """
+    /* A dict's version tag (PEP 509): changed by every insertion, deletion or replacement
+       of a value. put() keys its copies of the CommitLog's put state on it, so the state costs
+       one compare per put instead of six dict lookups. Used where CPython maintains it for every
+       mutation of an instance dict once the object's __dict__ has been made (3.9-3.12, GIL
+       builds); elsewhere rs_dict_versioned() is 0 and the state is read on every put. */
+    #if PY_VERSION_HEX < 0x030D0000 && !defined(Py_GIL_DISABLED) && !defined(Py_LIMITED_API)
+    #  if defined(__GNUC__)
+    #    pragma GCC diagnostic push
+    #    pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    #  endif
+    static inline uint64_t rs_dict_version(PyObject *d) { return ((PyDictObject *)d)->ma_version_tag; }
+    #  if defined(__GNUC__)
+    #    pragma GCC diagnostic pop
+    #  endif
+    static inline int rs_dict_versioned(void) { return 1; }
+    #else
+    static inline uint64_t rs_dict_version(PyObject *d) { (void)d; return 0; }
+    static inline int rs_dict_versioned(void) { return 0; }
+    #endif
+    """
+    uint64_t rs_dict_version(object d) noexcept
+    bint rs_dict_versioned() noexcept
+
+
 cdef inline int _latency_bucket(int64_t ms) noexcept nogil:
     """stats.latency_bucket: setPutMessageEntireTimeMax's buckets."""
     if ms <= 0:
@@ -302,6 +328,26 @@ cdef class PutPath:
     cdef int64_t[::1] _cells_view   # CommitLog.put_cells, held: the array cannot be resized
     cdef int64_t *_cells
     cdef int64_t _busy_ms
+    # put()'s copies of the CommitLog's put state (_sync_state), valid while the instance
+    # dict's version is _cl_ver; and of the file list, while the queue's dict is at _mfq_ver.
+    cdef bint _cl_valid
+    cdef uint64_t _cl_ver
+    cdef object _c_limits
+    cdef object _c_after
+    cdef object _c_wake
+    cdef object _c_table
+    cdef bint _c_closed
+    cdef dict _mfqd
+    cdef bint _mfq_valid
+    cdef uint64_t _mfq_ver
+    cdef object _c_files
+    cdef object _last_topic         # the last topic met and its bytes, while _topics is at
+    cdef object _last_topic_b       # _topics_ver (messages of one producer share the str)
+    cdef uint64_t _topics_ver
+    cdef object _ts_obj             # the last store time's int: puts in one ms share it
+    cdef int64_t _ts
+    cdef type _flags_type
+    cdef Py_ssize_t _flag_bits_off
 
     def __dealloc__(self):
         cdef size_t i
@@ -368,6 +414,12 @@ cdef class PutPath:
                 raise TypeError(f"CommitLog.{name} is not an instance attribute")
         self._mfq = commitlog.mfq
         self._flags = running_flags
+        self._flags_type = type(running_flags)
+        d = self._flags_type.__dict__.get("flag_bits")
+        self._flag_bits_off = -1
+        if type(d).__name__ == "member_descriptor":
+            self._flag_bits_off = (<PyMemberDescrObject *><PyObject *>d).d_member.offset
+        self._mfqd = commitlog.mfq.__dict__
         self._mask = not_writeable_mask
         self._topics = commitlog._topics
         self._message_type = message_type
@@ -432,7 +484,14 @@ cdef class PutPath:
         body = <object>_member(msg, self._m[M_BODY])
         qid_obj = <object>_member(msg, self._m[M_QID])
         props = <object>_member(msg, self._m[M_PROPS])
-        topic_b = self._topics.get(topic)       # validated topics only
+        if (topic is self._last_topic and rs_dict_versioned()
+                and rs_dict_version(self._topics) == self._topics_ver):
+            topic_b = self._last_topic_b
+        else:
+            topic_b = self._topics.get(topic)   # validated topics only
+            self._last_topic = topic
+            self._last_topic_b = topic_b
+            self._topics_ver = rs_dict_version(self._topics)
         if (topic_b is None or type(body) is not bytes or type(qid_obj) is not int
                 or type(props) is not dict or len(<bytes>body) > self._max_body
                 or len(<bytes>body) > FAST_MAX_BODY
@@ -542,6 +601,63 @@ cdef class PutPath:
         r.n_parts = n_parts
         return True
 
+    cdef int _sync_state(self) except -1:
+        """Bring put()'s copies of the CommitLog's put state up to date: a compare while its
+        instance dict is unchanged, the six lookups (and a new lock bound) when it changed.
+        Called before the lock only: a copy that changes while put() holds the lock is seen
+        by _state_current, and that put goes to the Python path."""
+        cdef dict cl = self._cld
+        cdef uint64_t ver = rs_dict_version(cl)
+        if self._cl_valid and ver == self._cl_ver and rs_dict_versioned():
+            return 0
+        self._cl_valid = False
+        self._c_limits = cl["write_queue_limits"]
+        self._c_closed = bool(cl["closed"])
+        self._c_after = cl["after_put"]
+        self._c_wake = cl["wake_on_put"]
+        self._c_table = cl["topic_queue_table"]
+        lock = cl["put_lock"]
+        if lock is not self._lock:      # replaced (tests do): bind to the new one
+            self._acquire = lock.acquire
+            self._release = lock.release
+            self._lock = lock
+        self._cl_ver = ver
+        self._cl_valid = True
+        return 0
+
+    cdef inline bint _state_current(self) except -1:
+        """Under the put lock: whether the copies _sync_state made still hold. Without dict
+        versions, what the lock guards is read again here (the lock itself was read before)."""
+        cdef dict cl
+        if rs_dict_versioned():
+            return self._cl_valid and rs_dict_version(self._cld) == self._cl_ver
+        cl = self._cld
+        self._c_closed = bool(cl["closed"])
+        self._c_after = cl["after_put"]
+        self._c_wake = cl["wake_on_put"]
+        self._c_table = cl["topic_queue_table"]
+        return True
+
+    cdef inline object _files(self):
+        """MappedFileQueue.files, read again only when the queue's dict changed (a roll
+        replaces the list)."""
+        cdef uint64_t ver = rs_dict_version(self._mfqd)
+        if not (self._mfq_valid and ver == self._mfq_ver and rs_dict_versioned()):
+            self._mfq_valid = False
+            self._c_files = self._mfqd["files"]
+            self._mfq_ver = ver
+            self._mfq_valid = True
+        return self._c_files
+
+    cdef inline bint _not_writeable(self) except -1:
+        """RunningFlags.flag_bits & not_writeable_mask, the slot read in place."""
+        cdef PyObject *bits
+        if self._flag_bits_off >= 0 and type(self._flags) is self._flags_type:
+            bits = _member(self._flags, self._flag_bits_off)
+            if bits != NULL and type(<object>bits) is int:
+                return (<long><object>bits & self._mask) != 0
+        return self._flags.flag_bits & self._mask
+
     cdef inline int _take_lock(self) except -1:
         lock = self._cld["put_lock"]
         if lock is not self._lock:      # replaced (tests do): bind to the new one
@@ -569,18 +685,22 @@ cdef class PutPath:
         cdef Py_ssize_t i
         cdef Mapping m
 
-        if (self._flags.flag_bits & self._mask
+        self._sync_state()
+        if (self._not_writeable()
                 or (self._cells[C_LOCK_BEGIN] != 0 and self._busy())
-                or not self._prepare(msg, &r, parts, cl["write_queue_limits"])):
+                or not self._prepare(msg, &r, parts, self._c_limits)):
             return self._slow(msg)
         t0 = _mono_ns()
 
-        # Under the put lock: the final offsets, and the record written once.
-        self._take_lock()
+        # Under the put lock: the final offsets, and the record written once. The state
+        # copied before the lock still holds unless another thread changed the CommitLog's
+        # attributes while this one waited for the lock (shutdown, a new hook): then the
+        # Python path takes this put and reads them itself.
+        self._acquire()
         try:
-            if cl["closed"]:
+            if not self._state_current() or self._c_closed:
                 return self._slow_unlocked(msg)
-            files = self._mfq.files
+            files = self._files()
             if type(files) is not list or not files:
                 return self._slow_unlocked(msg)
             mf = (<list>files)[len(<list>files) - 1]
@@ -600,9 +720,9 @@ cdef class PutPath:
             m = <Mapping>mm
             if m._addr == NULL or not m.writable:
                 return self._slow_unlocked(msg)
-            after = cl["after_put"]
-            wake = cl["wake_on_put"]
-            table = cl["topic_queue_table"]
+            after = self._c_after
+            wake = self._c_wake
+            table = self._c_table
             # The put is taken here: a clock that waits keeps the lock, as the Python path
             # does. Only unmapping could change what was read above, and that needs the lock.
             ts = self._now()
@@ -618,7 +738,10 @@ cdef class PutPath:
                                  <const uint8_t *>PyBytes_AS_STRING(self._store_raw),
                                  <size_t>PyBytes_GET_SIZE(self._store_raw)), r.size)
             end_obj = pos + r.size
-            ts_obj = ts
+            if self._ts_obj is None or self._ts != ts:
+                self._ts_obj = ts
+                self._ts = ts
+            ts_obj = self._ts_obj
             _set_member(mf, self._f[F_WROTE], end_obj)
             _set_member(mf, self._f[F_COMMITTED], end_obj)
             _set_member(mf, self._f[F_STORE_TS], ts_obj)

@@ -301,6 +301,9 @@ class FileSystem:
     def sync_mapped(self, kernels, mm, path, start, length):
         """Make mm[start:start+length] of the file at `path` durable (the kernel's msync, or
         fdatasync on the file for the pure backend). Fault-injecting doubles hook here."""
+        if getattr(kernels, "SYNC_RANGE_FD_UNUSED", False):
+            kernels.sync_range(mm, -1, start, length)       # an msync: no descriptor needed
+            return
         fd = open_nofollow(path, os.O_RDWR)
         try:
             kernels.sync_range(mm, fd, start, length)

@@ -108,6 +108,86 @@ def test_a_put_after_shutdown_through_a_kept_reference_raises_store_closed(tmp_p
     assert "put_message" not in vars(store)
 
 
+
+@needs_cext
+def test_the_compiled_put_follows_commitlog_state_changed_between_puts(tmp_path):
+    # PutPath keeps copies of the CommitLog's put state (lock, hooks, queue table, limits,
+    # the file list, the running flags) and refreshes them when the objects holding them
+    # change: every change made between two puts must be seen by the second.
+    import threading
+    store = testing.open_store(tmp_path / "s", testing.load_backend("cext"),
+                               testing.small_config(mapped_file_size_commit_log=1 << 20))
+    cl = store.commitlog
+    try:
+        path = store.put_message.__self__
+        put = store.put_message
+        assert put(Message("T", b"a")).queue_offset == 0
+        fast = path.fast
+        assert put(Message("T", b"b")).queue_offset == 1 and path.fast == fast + 1
+
+        class CountingLock:
+            def __init__(self):
+                self.lock, self.taken = threading.Lock(), 0
+
+            def acquire(self, *args):
+                self.taken += 1
+                return self.lock.acquire(*args)
+
+            def release(self):
+                self.lock.release()
+
+            __enter__ = acquire
+
+            def __exit__(self, *exc):
+                self.release()
+        counting = CountingLock()
+        cl.put_lock = counting
+        assert put(Message("T", b"c")).queue_offset == 2
+        assert counting.taken == 1 and path.fast == fast + 2
+
+        class Waker:
+            has_notified, woken = False, 0
+
+            def wakeup(self):
+                self.woken += 1
+        plain, waker = cl.wake_on_put, Waker()
+        cl.wake_on_put = waker
+        put(Message("T", b"d"))
+        assert waker.woken == 1
+        cl.wake_on_put = plain
+
+        # A queue table replaced (as recovery does) is the one read and advanced.
+        old_table = cl.topic_queue_table
+        cl.topic_queue_table = dict(old_table)
+        assert put(Message("T", b"e")).queue_offset == 4
+        assert cl.topic_queue_table[("T", 0)] == 5 and old_table[("T", 0)] == 4
+        assert path.fast == fast + 4
+
+        # A limit on the topic's queues sends a put past it to the Python path.
+        slow = path.slow
+        cl.write_queue_limits = {"T": 1}
+        with pytest.raises(MessageIllegalError):
+            put(Message("T", b"f", queue_id=3))
+        assert path.slow == slow + 1
+        cl.write_queue_limits = {}
+
+        # Another topic validated meanwhile leaves the first one's bytes right.
+        put(Message("U", b"g"))
+        m = Message("T", b"h")
+        assert put(m).queue_offset == 5
+        testing.wait_until(lambda: store.get_message("g", "T", 0, 5, 1).messages)
+        assert store.get_message("g", "T", 0, 5, 1).messages[0].body == b"h"
+
+        # Not writeable: refused, and writeable again: taken.
+        store.running_flags.get_and_make_not_writeable()
+        assert put(Message("T", b"i")).status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+        store.running_flags.get_and_make_writeable()
+        assert put(Message("T", b"j")).status is PutMessageStatus.PUT_OK
+    finally:
+        store.shutdown()
+    with pytest.raises(StoreClosedError):
+        put(Message("T", b"k"))
+
 @needs_cext
 def test_compiled_put_results_are_not_tracked_by_the_garbage_collector(tmp_path):
     import gc

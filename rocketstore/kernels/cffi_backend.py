@@ -24,7 +24,7 @@ __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_ap
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
            "cq_encode_batch", "cq_search", "tags_match", "index_hash", "index_put",
            "index_put_batch", "index_keys", "index_lookup", "index_walk", "index_match",
-           "index_query", "sync_range", "batch_encode", "column_join")
+           "index_query", "sync_range", "batch_encode", "column_join", "SYNC_RANGE_FD_UNUSED")
 
 _from_buffer = _ffi.from_buffer
 _release_cdata = _ffi.release
@@ -332,6 +332,10 @@ def index_match(buf, limit, pos, phy_offset, topic, key, begin, end):
 def index_query(files, mfq, topic, key, want, begin, end, decode):
     return _query_loop.index_query(_sys.modules[__name__], files, mfq, topic, key, want, begin,
                                    end, decode)
+
+
+# sync_range msyncs the mapping: FileSystem.sync_mapped need not open the file for it.
+SYNC_RANGE_FD_UNUSED = True
 
 
 def sync_range(buf, fd, start, length):
