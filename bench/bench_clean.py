@@ -102,7 +102,7 @@ def test_clean_round_over_1000_expired_files_while_putting(benchmark, backend, t
         testing.wait_dispatched(store, timeout=60)
         # Cleaning never deletes past the flushed offset: a round before the flusher caught up
         # would delete a few files, not 1000.
-        testing.wait_flushed(store, timeout=60)
+        testing.wait_flushed(store.commitlog, timeout=60)
         clock.now += 2 * HOUR            # everything written so far has expired
         return (store,), {}
 

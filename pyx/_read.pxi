@@ -640,7 +640,7 @@ cdef class ReadPath:
         """read_path.PyReadPath.pull: get_message's common case as one call, the queue's and
         CommitLog's positions read here and the GetMessageResult built here. None when the
         answer is decided before a unit is read (the offset outside the queue) or the first
-        unit's file is missing: read_path.get_message gives those."""
+        unit's file is missing: MessageStore._read_past_pull gives those."""
         cdef int64_t max_py = 0, min_logic, max_off = 0, max_phy, scanned
         cdef int64_t t0 = _mono_ns()
         cdef Py_ssize_t *g = self._g

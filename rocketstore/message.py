@@ -333,7 +333,7 @@ class MessageExt(_Keyed):
     the properties string, the properties map, tags, keys and msgId on first use: a consumer
     reading bodies pays for no property it does not look at.
 
-    The read path (read_path.get_message, iter_messages) builds these from the rows the
+    The read path (get_message, read_path.iter_messages) builds these from the rows the
     record-check kernel fills (from_row here, or the compiled ReadPath), never re-parsing a
     record; decode() is the stand-alone decoder of one record's bytes.
 

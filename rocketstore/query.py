@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Message queries of MessageStore, as plain functions over a loaded store: by key and unique
-key through the index (doc/02 §2.6), by msgId, and a queue offset by time (doc/02 §1.9).
+"""Message queries of MessageStore, as plain functions over the parts of a loaded store that
+they read (the CommitLog, the index, a ConsumeQueue, the kernels), handed in by MessageStore:
+by key and unique key through the index (doc/02 §2.6), by msgId, and a queue offset by time
+(doc/02 §1.9).
 """
 import logging
 
@@ -17,7 +19,8 @@ LONG_MIN = -(1 << 63)
 _UNIT = CQ_UNIT.struct
 
 
-def query_message(store, topic, key, max_num=32, begin=0, end=None):
+def query_message(commitlog, index_service, kernels, read_path, cap, topic, key, max_num=32,
+                  begin=0, end=None):
     """DefaultMessageStore#queryMessage: the newest messages (at most max_num, capped by
     max_msgs_num_batch) that carry the key under the topic (its UNIQ_KEY, or a piece of its
     KEYS: the client's filter, which a broker leaves to the client) and were stored in
@@ -29,15 +32,14 @@ def query_message(store, topic, key, max_num=32, begin=0, end=None):
     first, each chain newest first), the record checks and key matches in one call, walking
     on past hits it throws out until enough are kept or the chains end: the broker's three
     rounds could come back empty while matching messages sat behind a second's worth of
-    misses."""
-    cap = store.config.max_msgs_num_batch
+    misses. `cap` is the store's max_msgs_num_batch; `read_path` its ReadPath."""
     # A compiled ReadPath builds each hit from the record check's row, as get_message builds
     # its messages, instead of parsing the record a second time (MessageExt.decode).
-    rp = store.read_path
+    rp = read_path
     r = _new(QueryMessageResult)
     (r.messages, r.buffer_total_size, r.index_last_update_timestamp,
-     r.index_last_update_phy_offset) = store.kernels.index_query(
-        store.index_service.index_file_list, store.commitlog.mfq, topic, key,
+     r.index_last_update_phy_offset) = kernels.index_query(
+        index_service.index_file_list, commitlog.mfq, topic, key,
         max_num if max_num < cap else cap, begin, LONG_MAX if end is None else end,
         _decode if type(rp) is PyReadPath else rp)
     return r
@@ -47,20 +49,21 @@ _decode = MessageExt.decode
 _new = object.__new__                     # the result's four fields are set at once
 
 
-def query_message_by_unique_key(store, topic, uniq_key):
+def query_message_by_unique_key(commitlog, index_service, kernels, read_path, cap, topic,
+                                uniq_key):
     """The message whose UNIQ_KEY (the client-side msgId) is `uniq_key`, or None; the oldest
-    when a retry stored it more than once."""
-    for msg in query_message(store, topic, uniq_key).messages:
+    when a retry stored it more than once. The parts as query_message takes them."""
+    for msg in query_message(commitlog, index_service, kernels, read_path, cap, topic,
+                             uniq_key).messages:
         if msg.properties.get(PROPERTY_UNIQ_KEY) == uniq_key:
             return msg
     return None
 
 
-def message_at(store, phy_offset):
+def message_at(commitlog, kernels, phy_offset):
     """The record that starts at CommitLog `phy_offset`, decoded, or None: what a msgId or an
     offset names. The record must pass the scan's record check and say it lies at that
     offset, so a stale or damaged offset answers None, never a half-record."""
-    commitlog = store.commitlog
     mf = commitlog.mfq.find_by_offset(phy_offset)
     if mf is None:
         return None
@@ -74,13 +77,13 @@ def message_at(store, phy_offset):
         limit = min(limit, len(view))
         if rel < 0 or rel >= limit:
             return None
-        size = store.kernels.index_match(view, limit, rel, phy_offset, None, None, LONG_MIN,
+        size = kernels.index_match(view, limit, rel, phy_offset, None, None, LONG_MIN,
                                          LONG_MAX)
         rec = bytes(view[rel:rel + size]) if size else None
     return MessageExt.decode(rec) if rec is not None else None
 
 
-def view_message_by_id(store, msg_id):
+def view_message_by_id(commitlog, kernels, msg_id):
     """The message an offset msgId (store host + commit-log offset) names, or None. A msgId
     that is not 16 or 28 hex bytes raises InvalidArgumentError (a ValueError)."""
     try:
@@ -88,7 +91,7 @@ def view_message_by_id(store, msg_id):
     except ValueError:
         raise InvalidArgumentError(
             f"{msg_id!r} is not an offset msgId (32 or 56 hex digits)") from None
-    return message_at(store, offset)
+    return message_at(commitlog, kernels, offset)
 
 
 def _java_div(a, b):
@@ -126,15 +129,14 @@ def _bisect_units(mm, low, high, timestamp, min_phy, pickup):
     return target, left, left_value, right, right_value
 
 
-def get_offset_in_queue_by_time(store, topic, queue_id, timestamp):
+def get_offset_in_queue_by_time(cq, commitlog, fs, timestamp):
     """ConsumeQueue#getOffsetInQueueByTime as 4.9.x does it (doc/02 §1.9).
 
     The file is the first whose last-modified time is >= timestamp, else the last: the
     broker's own rule, so a store whose files were copied (new mtimes) answers from its first
     file, as a broker would. Within the file: binary search on the records' store
-    timestamps, the nearer neighbour when there is no exact match. 0 without a queue."""
-    queues = store.consume_queue_table.get(topic)
-    cq = queues.get(queue_id) if queues else None
+    timestamps, the nearer neighbour when there is no exact match. 0 without a queue (`cq`
+    None); `fs` the store's FileSystem, which knows the files' mtimes."""
     if cq is None:
         return 0
     files = list(cq.mfq.files)
@@ -142,7 +144,7 @@ def get_offset_in_queue_by_time(store, topic, queue_id, timestamp):
         return 0
     mf = files[-1]
     for f in files:
-        if store.fs.mtime_ms(f.path) >= timestamp:
+        if fs.mtime_ms(f.path) >= timestamp:
             mf = f
             break
     if not mf.hold():
@@ -151,8 +153,8 @@ def get_offset_in_queue_by_time(store, topic, queue_id, timestamp):
         base = mf.file_from_offset
         low = max(0, cq.min_logic_offset - base)
         high = mf.read_position - UNIT
-        pickup = store.commitlog.pickup_store_timestamp
-        found = _bisect_units(mf.mm, low, high, timestamp, store.commitlog.min_offset, pickup)
+        pickup = commitlog.pickup_store_timestamp
+        found = _bisect_units(mf.mm, low, high, timestamp, commitlog.min_offset, pickup)
         if found is None:
             return 0
         target, left, left_value, right, right_value = found
@@ -174,18 +176,17 @@ def get_offset_in_queue_by_time(store, topic, queue_id, timestamp):
 BOUNDARIES = ("lower", "upper")
 
 
-def get_offset_in_queue_by_boundary(store, topic, queue_id, timestamp, boundary):
+def get_offset_in_queue_by_boundary(cq, commitlog, timestamp, boundary):
     """ConsumeQueue#getOffsetInQueueByTime(timestamp, BoundaryType) as 5.x does it: "lower"
     is the first queue offset whose message was stored at or after `timestamp`, "upper" the
     last one stored at or before it (between two stored times, lower is the later message and
     upper the earlier one, so that [lower, upper] ranges read well). The file is chosen by the
-    store times of its first and last units, not by its mtime. 0 without a queue."""
-    queues = store.consume_queue_table.get(topic)
-    cq = queues.get(queue_id) if queues else None
+    store times of its first and last units, not by its mtime. 0 without a queue (`cq`
+    None)."""
     files = list(cq.mfq.files) if cq is not None else []
     if not files:
         return 0
-    pickup = store.commitlog.pickup_store_timestamp
+    pickup = commitlog.pickup_store_timestamp
 
     def time_at(mf, pos):
         phy, size, _ = _UNIT.unpack_from(mf.mm, pos)
@@ -208,13 +209,13 @@ def get_offset_in_queue_by_boundary(store, topic, queue_id, timestamp, boundary)
                     break
             if mf is None:
                 return 0
-        return _bounded_search(store, cq, mf, timestamp, boundary, time_at)
+        return _bounded_search(commitlog, cq, mf, timestamp, boundary, time_at)
     finally:
         for f in held:
             f.release()
 
 
-def _bounded_search(store, cq, mf, timestamp, boundary, time_at):
+def _bounded_search(commitlog, cq, mf, timestamp, boundary, time_at):
     base = mf.file_from_offset
     low = max(0, cq.min_logic_offset - base)
     size = mf.file_size
@@ -229,8 +230,8 @@ def _bounded_search(store, cq, mf, timestamp, boundary, time_at):
         return _java_div(base + ceiling + (UNIT if lower else 0), UNIT)
     if time_at(mf, floor) > timestamp:
         return base // UNIT if lower else 0
-    pickup = store.commitlog.pickup_store_timestamp
-    found = _bisect_units(mf.mm, low, high, timestamp, store.commitlog.min_offset, pickup)
+    pickup = commitlog.pickup_store_timestamp
+    found = _bisect_units(mf.mm, low, high, timestamp, commitlog.min_offset, pickup)
     if found is None:
         return 0
     target, left, _, right, _ = found

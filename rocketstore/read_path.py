@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The read path of MessageStore, as plain functions over a loaded store: pulling from a
-ConsumeQueue (getMessage, and its columnar form get_batch) and walking the CommitLog in order.
+"""The read path of MessageStore: pulling from a ConsumeQueue (getMessage, and its columnar
+form get_batch) and walking the CommitLog in order, over the parts of a loaded store that
+MessageStore hands in.
 
 The unit walk is one call of a ReadPath: the backend's compiled one when it has it (cext),
 else PyReadPath below, which is the reference both meet. The walk reads a queue's units where
@@ -16,7 +17,7 @@ import numpy as np
 
 from . import format as F
 from .compression import decompress
-from .errors import RS_E_ARG, RS_E_BOUNDS, StoreClosedError, StoreError, raise_for_status
+from .errors import RS_E_ARG, RS_E_BOUNDS, StoreError, raise_for_status
 from .mapped_file import MappedFile
 from .message import MessageExt
 from .status import GetMessageResult, GetMessageStatus as G, QueryMessageResult
@@ -377,25 +378,22 @@ class PyReadPath:
         return (found if batch else messages), scanned, removing, max_phy, filtered
 
 
-def _prelude(store, topic, queue_id, offset, cq=None):
-    """The queue and the statuses decided before any unit is read: (cq, min, max, result or
-    None), as DefaultMessageStore#getMessage orders them."""
-    if not store.loaded:
-        raise StoreClosedError("the store is not loaded")
-    if cq is None:
-        cq = store.find_consume_queue(topic, queue_id)
+def prelude(cq, offset, correction):
+    """The statuses of a read of queue `cq` decided before any unit is read: (min, max, result
+    or None), as DefaultMessageStore#getMessage orders them; `correction` is the store's
+    next_offset_correction. MessageStore's get_message and get_batch ask this when their
+    ReadPath's pull answers None."""
     min_off = cq.min_logic_offset // UNIT
     max_off = cq.mfq.get_max_offset() // UNIT
-    corr = store.next_offset_correction
     if max_off == 0:
-        return cq, min_off, max_off, (G.NO_MESSAGE_IN_QUEUE, corr(offset, 0))
+        return min_off, max_off, (G.NO_MESSAGE_IN_QUEUE, correction(offset, 0))
     if offset < min_off:
-        return cq, min_off, max_off, (G.OFFSET_TOO_SMALL, corr(offset, min_off))
+        return min_off, max_off, (G.OFFSET_TOO_SMALL, correction(offset, min_off))
     if offset == max_off:
-        return cq, min_off, max_off, (G.OFFSET_OVERFLOW_ONE, offset)
+        return min_off, max_off, (G.OFFSET_OVERFLOW_ONE, offset)
     if offset > max_off:
-        return cq, min_off, max_off, (G.OFFSET_OVERFLOW_BADLY, corr(offset, max_off))
-    return cq, min_off, max_off, None
+        return min_off, max_off, (G.OFFSET_OVERFLOW_BADLY, correction(offset, max_off))
+    return min_off, max_off, None
 
 
 def scan_limit(max_msg_nums):
@@ -403,42 +401,10 @@ def scan_limit(max_msg_nums):
     return max(16000, max_msg_nums * UNIT) // UNIT
 
 
-def get_message(store, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None,
-                cq=None, subscription=None, property_filter=None):
-    """DefaultMessageStore#getMessage over a loaded store (doc/01 §6): statuses and next
-    offsets as RocketMQ's table, units walked in place by the store's ReadPath, records
-    checked and decoded. The walk goes on into the queue's next file while fewer than
-    `max_msg_nums` were found. `cq`: the queue, when the caller has it."""
-    cq, min_off, max_off, early = _prelude(store, topic, queue_id, offset, cq)
-    if early is None:
-        r = store.read_path.pull(store, cq, offset, max_msg_nums, message_filter, MAX_BYTES,
-                                  subscription, property_filter)
-        if r is not None:
-            return r            # counted by the read path
-        early = _found_null(store, cq, offset)
-    store.get_counters.miss += 1
-    return GetMessageResult(early[0], early[1], min_off, max_off)
-
-
-def get_batch(store, group, topic, queue_id, offset, max_msg_nums=32, message_filter=None,
-              cq=None, subscription=None, property_filter=None):
-    """get_message's walk with the rows handed back as columns (a GetBatchResult): the same
-    statuses, offsets and records, no object per message, bodies left in the mapping."""
-    cq, min_off, max_off, early = _prelude(store, topic, queue_id, offset, cq)
-    if early is None:
-        r = store.read_path.pull_batch(store, cq, offset, max_msg_nums, message_filter,
-                                        MAX_BYTES, subscription, property_filter)
-        if r is not None:
-            return r            # counted by the read path
-        early = _found_null(store, cq, offset)
-    store.get_counters.miss += 1
-    return GetBatchResult(early[0], early[1], min_off, max_off)
-
-
-def _found_null(store, cq, offset):
+def found_null(cq, offset, correction):
     """OFFSET_FOUND_NULL: no unit where the offset says (its queue file is gone, or not yet
     written); the next offset is the next file's first."""
-    return G.OFFSET_FOUND_NULL, store.next_offset_correction(offset, cq.roll_next_file(offset))
+    return G.OFFSET_FOUND_NULL, correction(offset, cq.roll_next_file(offset))
 
 
 class _FileHold:
@@ -662,24 +628,24 @@ class GetBatchResult:
                 f"messages={self._n}, filtered={self.filtered_count})")
 
 
-def iter_messages(store, from_offset=None):
-    """Every record in commit-log order, decoded (blank records skipped): the records the scan
-    kernel validated, decoded from its rows by the store's ReadPath."""
+def iter_messages(commitlog, kernels, decode_rows, from_offset=None):
+    """Every record of `commitlog` in order, decoded (blank records skipped): the records the
+    scan kernel validated, decoded from its rows by `decode_rows` (the store's
+    ReadPath.decode_rows)."""
     rows = np.empty(1024, dtype=F.SCAN_DTYPE)
-    decode_rows = store.read_path.decode_rows
-    offset = store.commitlog.min_offset if from_offset is None else from_offset
-    end = store.commitlog.max_offset
+    offset = commitlog.min_offset if from_offset is None else from_offset
+    end = commitlog.max_offset
     while 0 <= offset < end:
-        mf = store.commitlog.mfq.find_by_offset(offset)
+        mf = commitlog.mfq.find_by_offset(offset)
         if mf is None:
             break
         start = offset - mf.file_from_offset
-        n, stop, reason, _ = store.kernels.commitlog_scan(mf.mm, start, mf.read_position,
-                                                         False, rows)
+        n, stop, reason, _ = kernels.commitlog_scan(mf.mm, start, mf.read_position, False,
+                                                    rows)
         yield from decode_rows(mf.mm, rows, n)
         offset = mf.file_from_offset + stop
         if reason == F.SCAN_BLANK or (reason == F.SCAN_END
                                       and stop >= mf.read_position >= mf.file_size):
-            offset = store.commitlog.roll_next_file(offset)
+            offset = commitlog.roll_next_file(offset)
         elif reason != F.SCAN_END:
             break

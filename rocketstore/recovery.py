@@ -1,13 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Startup recovery (doc/03 §5-§6), as plain functions over a loaded store. The CommitLog
-is changed through its own methods (truncate_to, reset_queue_offsets); the index service is
-handed in by the store.
+"""Startup recovery (doc/03 §5-§6), as plain functions over the parts of a loaded store that
+MessageStore hands them (RecoveryParts: the CommitLog, its ConsumeQueues, the checkpoint, the
+dispatchers), never the store itself. The CommitLog is changed through its own methods
+(truncate_to, reset_queue_offsets); the index service is handed in by the store.
 
 Recovery never raises on a bad tail: the scan stops at the last good record, everything after
 it is truncated, and the RecoveryReport says what was dropped.
 """
 import dataclasses
 import logging
+from typing import Any, Callable
 
 import numpy as np
 
@@ -34,6 +36,19 @@ class RecoveryReport:
     index_rebuilt_from: int = -1
     index_redispatched: int = 0  # records handed to the index from index_rebuilt_from
     index_files_dropped: list = dataclasses.field(default_factory=list)  # past the checkpoint
+
+
+@dataclasses.dataclass(frozen=True)
+class RecoveryParts:
+    """What recovery works on, wired by MessageStore (the one composition root) when it
+    recovers: recovery reads and changes these and nothing else of the store."""
+    commitlog: Any
+    consume_queues: Callable[[], list]   # the loaded ConsumeQueues (all_consume_queues)
+    checkpoint: Any                      # StoreCheckpoint; None before load
+    kernels: Any
+    config: Any
+    dispatchers: list                    # what a re-dispatched record is handed to
+    writable: bool
 
 
 _REASONS = {F.SCAN_END: "end", F.SCAN_BLANK: "blank", F.SCAN_EMPTY: "empty",
@@ -87,10 +102,10 @@ def scan_commitlog(commitlog, kernels, start_index, check_crc, dispatch=None, re
     return mf.file_from_offset + pos
 
 
-def recover_consume_queues(store):
+def recover_consume_queues(queues):
     """recoverConsumeQueue: each queue from its last three files; the max physical end."""
     max_phy = -1
-    for cq in store.all_consume_queues():
+    for cq in queues:
         cq.recover()
         max_phy = max(max_phy, cq.max_physic_offset)
     return max_phy
@@ -113,32 +128,31 @@ def dirty_tail_bytes(mfq, offset, chunk=1 << 20):
     return 0
 
 
-def truncate(store, process_offset, max_phy_of_cq, report):
+def truncate(commitlog, queues, process_offset, max_phy_of_cq, report):
     """Cut the CommitLog at `process_offset` and every ConsumeQueue unit past it (recovery,
-    and MessageStore.reset_write_offset)."""
-    commitlog = store.commitlog
+    and MessageStore.reset_write_offset); `queues` the loaded ConsumeQueues."""
     report.truncated_bytes = dirty_tail_bytes(commitlog.mfq, process_offset)
     commitlog.truncate_to(process_offset)
     if max_phy_of_cq >= process_offset:
-        for cq in store.all_consume_queues():
+        for cq in queues:
             cq.truncate_dirty_logic_files(process_offset)
 
 
-def _recover_empty(store):
+def _recover_empty(parts):
     """No CommitLog at all: nothing the ConsumeQueues point at exists, so they go too."""
-    store.commitlog.truncate_to(0)
-    if store.writable:
-        for cq in store.all_consume_queues():
+    parts.commitlog.truncate_to(0)
+    if parts.writable:
+        for cq in parts.consume_queues():
             cq.destroy()
     return 0
 
 
-def recover_normally(store, max_phy_of_cq, report):
+def recover_normally(parts, max_phy_of_cq, report):
     """recoverNormally (4.9.x): scan the last three files; truncate after the last good one."""
-    commitlog = store.commitlog
+    commitlog = parts.commitlog
     files = commitlog.mfq.files
     if not files:
-        return _recover_empty(store)
+        return _recover_empty(parts)
     # 4.9.x scans the last three files. After a clean shutdown every record was dispatched,
     # so the file holding the ConsumeQueues' end is enough (5.3.x starts there): a restart
     # then costs at most one file's scan whatever the store's size.
@@ -147,9 +161,9 @@ def recover_normally(store, max_phy_of_cq, report):
     if holder is not None:
         start = max(start, files.index(holder))
     report.start_file = files[start].file_name
-    process = scan_commitlog(commitlog, store.kernels, start, store.config.check_crc_on_recover,
+    process = scan_commitlog(commitlog, parts.kernels, start, parts.config.check_crc_on_recover,
                              report=report)
-    truncate(store, process, max_phy_of_cq, report)
+    truncate(commitlog, parts.consume_queues(), process, max_phy_of_cq, report)
     return process
 
 
@@ -170,48 +184,50 @@ def _matched_for_abnormal(mf, checkpoint, config):
     return store_ts <= checkpoint.min_timestamp
 
 
-def recover_abnormally(store, max_phy_of_cq, report, indexer):
+def recover_abnormally(parts, max_phy_of_cq, report, indexer):
     """recoverAbnormally: from the newest file the checkpoint vouches for, re-dispatching every
     valid record (ConsumeQueues skip units they already have)."""
-    commitlog = store.commitlog
+    commitlog = parts.commitlog
     files = commitlog.mfq.files
     if not files:
-        return _recover_empty(store)
+        return _recover_empty(parts)
     start = 0
     for i in range(len(files) - 1, -1, -1):
-        if _matched_for_abnormal(files[i], store.checkpoint, store.config):
+        if _matched_for_abnormal(files[i], parts.checkpoint, parts.config):
             start = i
             break
     report.start_file = files[start].file_name
-    index_from = _redispatch_index(store, indexer, start, report)
+    index_from = _redispatch_index(parts, indexer, start, report)
+    dispatchers = parts.dispatchers
 
     def dispatch(arr, buf):
-        dispatch_all(store.dispatchers, arr, buf)
+        dispatch_all(dispatchers, arr, buf)
         if index_from >= 0:
             report.index_redispatched += int(np.count_nonzero(arr["phy_offset"] >= index_from))
 
-    process = scan_commitlog(commitlog, store.kernels, start, store.config.check_crc_on_recover,
-                             dispatch=dispatch if store.writable else None, report=report)
-    truncate(store, process, max_phy_of_cq, report)
+    process = scan_commitlog(commitlog, parts.kernels, start, parts.config.check_crc_on_recover,
+                             dispatch=dispatch if parts.writable else None, report=report)
+    truncate(commitlog, parts.consume_queues(), process, max_phy_of_cq, report)
     if index_from >= 0:
-        drop_index_past(store, indexer, process, report)
+        drop_index_past(parts, indexer, process, report)
     return process
 
 
-def _index_end(store, indexer):
+def _index_end(commitlog, indexer):
     """Where the index ends: the newest surviving file's endPhyOffset (load() keeps a flushed
     prefix of files), or the CommitLog's start when no file survived."""
     survivors = indexer.index_file_list
-    begin = max(0, store.commitlog.min_offset)
+    begin = max(0, commitlog.min_offset)
     return max(begin, survivors[-1].end_phy_offset) if survivors else begin
 
 
-def _index_only_pass(store, indexer, begin, stop_index, report):
+def _index_only_pass(parts, indexer, begin, stop_index, report):
     """Hand the records from `begin` (a record's start) to the index alone, up to file
     `stop_index` (None: the end of data). The ConsumeQueues and the process offset are not
     touched, so a bad record here stops only this pass. Returns where it stopped."""
-    files = store.commitlog.mfq.files
-    holder = store.commitlog.mfq.find_by_offset(begin)
+    commitlog = parts.commitlog
+    files = commitlog.mfq.files
+    holder = commitlog.mfq.find_by_offset(begin)
     first = files.index(holder) if holder is not None else 0
     pos = begin - files[first].file_from_offset if holder is not None else 0
 
@@ -220,29 +236,29 @@ def _index_only_pass(store, indexer, begin, stop_index, report):
         report.index_redispatched += len(arr)
 
     log.info("rebuilding the index from offset %d (file %s)", begin, files[first].file_name)
-    return scan_commitlog(store.commitlog, store.kernels, first,
-                          store.config.check_crc_on_recover, dispatch=to_index,
+    return scan_commitlog(commitlog, parts.kernels, first,
+                          parts.config.check_crc_on_recover, dispatch=to_index,
                           start_pos=pos, stop_index=stop_index)
 
 
-def _redispatch_index(store, indexer, start, report):
+def _redispatch_index(parts, indexer, start, report):
     """Rebuild the index up to CommitLog file `start`, where the re-dispatch of every record
     begins: 4.9.8 starts the index there too, and loses the keys of older records whose index
     file load() destroyed. The index dispatcher skips what it already has. Returns where the
     index is rebuilt from, -1 when it is not (read-only store, index disabled)."""
-    if not store.writable or indexer not in store.dispatchers:
+    if not parts.writable or indexer not in parts.dispatchers:
         return -1
     report.index_files_dropped = list(indexer.dropped)
-    begin = report.index_rebuilt_from = _index_end(store, indexer)
-    stop = store.commitlog.mfq.files[start]
+    begin = report.index_rebuilt_from = _index_end(parts.commitlog, indexer)
+    stop = parts.commitlog.mfq.files[start]
     if begin < stop.file_from_offset and \
-            _index_only_pass(store, indexer, begin, start, report) < stop.file_from_offset:
+            _index_only_pass(parts, indexer, begin, start, report) < stop.file_from_offset:
         log.warning("the index rebuild stopped at a bad record: records up to file %s stay "
                     "unindexed", stop.file_name)
     return begin
 
 
-def drop_index_past(store, indexer, process, report):
+def drop_index_past(parts, indexer, process, report):
     """A power cut can keep a flushed index file whose records never reached the disk, so
     recovery truncated them. Its entries would stand for whatever is stored there next, and
     the dispatcher would skip those new records as indexed already: destroy such files and
@@ -253,39 +269,40 @@ def drop_index_past(store, indexer, process, report):
     report.index_files_dropped += dropped
     survivors = indexer.index_file_list
     # The checkpoint vouched for the dropped files: it must not vouch for their rebuilds.
-    checkpoint = store.checkpoint
+    checkpoint = parts.checkpoint
     checkpoint.index_msg_timestamp = min(checkpoint.index_msg_timestamp,
                                          survivors[-1].end_timestamp if survivors else 0)
     checkpoint.flush()
-    begin = _index_end(store, indexer)
+    begin = _index_end(parts.commitlog, indexer)
     report.index_rebuilt_from = min(report.index_rebuilt_from, begin)
     if begin < process:
-        _index_only_pass(store, indexer, begin, None, report)
+        _index_only_pass(parts, indexer, begin, None, report)
 
 
-def recover_topic_queue_table(store):
-    """recoverTopicQueueTable: next queue offsets from the ConsumeQueues; min offsets corrected
-    to the CommitLog's first offset."""
-    min_phy = store.commitlog.min_offset
+def recover_topic_queue_table(commitlog, queues):
+    """recoverTopicQueueTable: next queue offsets from the ConsumeQueues (`queues`, the loaded
+    ones); min offsets corrected to the CommitLog's first offset."""
+    min_phy = commitlog.min_offset
     table = {}
-    for cq in store.all_consume_queues():
+    for cq in queues:
         table[(cq.topic, cq.queue_id)] = cq.max_offset_in_queue
         if min_phy >= 0:
             cq.correct_min_offset(min_phy)
-    store.commitlog.reset_queue_offsets(table)
+    commitlog.reset_queue_offsets(table)
 
 
-def recover(store, last_exit_ok, indexer):
-    """Recover a loaded store (doc/03 §5-§6); `indexer` is its IndexService."""
+def recover(parts, last_exit_ok, indexer):
+    """Recover a loaded store from its RecoveryParts (doc/03 §5-§6); `indexer` is its
+    IndexService."""
     t0 = monotonic_ns()
     report = RecoveryReport(normal=last_exit_ok)
-    max_phy = recover_consume_queues(store)
+    max_phy = recover_consume_queues(parts.consume_queues())
     if last_exit_ok:
-        process = recover_normally(store, max_phy, report)
+        process = recover_normally(parts, max_phy, report)
     else:
-        process = recover_abnormally(store, max_phy, report, indexer)
+        process = recover_abnormally(parts, max_phy, report, indexer)
     report.process_offset = process
-    recover_topic_queue_table(store)
+    recover_topic_queue_table(parts.commitlog, parts.consume_queues())
     report.seconds = (monotonic_ns() - t0) / 1e9
     log.info("recovery: %s", report)
     return report

@@ -49,12 +49,11 @@ def camel_keys(d):
     return {camel(k): v for k, v in d.items()}
 
 
-def store_counts(store):
-    """(ConsumeQueue units, index entries) of a loaded store: what `recover` reports before
-    and after, and what its plan predicts."""
-    units = sum(cq.max_offset_in_queue - cq.min_offset_in_queue
-                for cq in store.all_consume_queues())
-    entries = sum(f.index_count - 1 for f in store.index_service.index_file_list)
+def store_counts(queues, index_files):
+    """(ConsumeQueue units, index entries) of a loaded store's ConsumeQueues and index files:
+    what `recover` reports before and after, and what its plan predicts."""
+    units = sum(cq.max_offset_in_queue - cq.min_offset_in_queue for cq in queues)
+    entries = sum(f.index_count - 1 for f in index_files)
     return units, entries
 
 
@@ -118,12 +117,12 @@ class _IndexCounter(IndexService):
         return self.sink
 
 
-def _kept_index_files(store):
+def _kept_index_files(checkpoint, index_files):
     """The index files a writable abnormal load keeps: those before the first one that ends
     past the checkpoint's indexMsgTimestamp (IndexService.load destroys the rest)."""
-    index_ts = store.checkpoint.index_msg_timestamp
+    index_ts = checkpoint.index_msg_timestamp
     kept = []
-    for f in store.index_service.index_file_list:
+    for f in index_files:
         if f.end_timestamp > index_ts:
             break
         kept.append(f)
@@ -140,7 +139,8 @@ def plan_recovery(root, kernels=None, max_hash_slot_num=None, max_index_num=None
     loaded = MessageStore(root, cfg, kernels=kernels, read_only=True)
     loaded.load()
     try:
-        _, entries_before = store_counts(loaded)
+        _, entries_before = store_counts(loaded.all_consume_queues(),
+                                         loaded.index_service.index_file_list)
     finally:
         loaded.shutdown()
     # The queues as recovery finds them: their own recovery done, not yet cut at the
@@ -161,7 +161,7 @@ def plan_recovery(root, kernels=None, max_hash_slot_num=None, max_index_num=None
         # Recovery also destroys the kept files holding an entry at or past the CommitLog's
         # new end (IndexService.drop_past) and indexes again from the survivors' end.
         kept = []
-        for f in _kept_index_files(store):
+        for f in _kept_index_files(store.checkpoint, store.index_service.index_file_list):
             if f.end_phy_offset >= report.process_offset:
                 break
             kept.append(f)
@@ -333,15 +333,16 @@ def _wipe_store_files(fs, base, index, cq_size):
         fs.remove_dir_if_empty(tdir)
 
 
-def end_pending_rebuild(store):
-    """After recovery re-dispatched every record: flush what was rebuilt, then drop the
-    marker. The abort file stays until a clean shutdown, as for any open."""
-    for cq in store.all_consume_queues():
+def end_pending_rebuild(fs, root, queues, index_service, checkpoint):
+    """After recovery re-dispatched every record: flush what was rebuilt (the ConsumeQueues
+    `queues`, the index, the checkpoint), then drop the marker in `root`. The abort file
+    stays until a clean shutdown, as for any open."""
+    for cq in queues:
         cq.flush(0)
-    store.index_service.flush()
-    store.checkpoint.flush()
-    store.fs.remove(_marker_path(store.root))
-    store.fs.fsync_dir(store.root)
+    index_service.flush()
+    checkpoint.flush()
+    fs.remove(_marker_path(root))
+    fs.fsync_dir(root)
 
 
 def _rebuild(root, kernels, wipe_dir, **overrides):

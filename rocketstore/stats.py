@@ -87,7 +87,7 @@ class GetCounters:
     """getMessageTimesTotalFound / Miss, getMessageTransferedMsgCount and
     getMessageEntireTimeMax. The read path (compiled ReadPath or read_path.PyReadPath)
     counts every call that walks units; the calls answered before that (an offset outside
-    the queue, a missing file: read_path.get_message) are misses counted here, and
+    the queue, a missing file: MessageStore._read_past_pull) are misses counted here, and
     get_totals adds both. One update per call, never per message. Plain integers under the
     GIL: two calls racing may lose a count, which a rate does not notice."""
     __slots__ = ("found", "miss", "transferred", "time_max")
@@ -231,7 +231,7 @@ def read_runtime_file(root):
 def prometheus_collector(store):
     """A prometheus_client collector of the store's runtime statistics: register it with
     `prometheus_client.REGISTRY.register(prometheus_collector(store))`. Needs the optional
-    extra `rocketstore[prometheus]`."""
+    extra `rocketstore[prometheus]`. It reads MessageStore.metrics() at each scrape."""
     try:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     except ImportError:
@@ -240,32 +240,31 @@ def prometheus_collector(store):
 
     class _Collector:
         def collect(self):
-            cells = store.commitlog.put_cells
-            found, miss, transferred, _ = get_totals(store.get_counters, store.read_path)
+            m = store.metrics()
             yield CounterMetricFamily("rocketstore_put_messages", "messages put",
-                                      value=cells[PUT_TIMES])
+                                      value=m["put_messages"])
             yield CounterMetricFamily("rocketstore_put_bytes", "record bytes put",
-                                      value=cells[PUT_BYTES])
+                                      value=m["put_bytes"])
             yield CounterMetricFamily("rocketstore_put_failed", "put calls not PUT_OK",
-                                      value=cells[PUT_FAILED])
+                                      value=m["put_failed"])
             hist = CounterMetricFamily("rocketstore_put_latency", "put calls by latency",
                                        labels=["bucket"])
-            for i, name in enumerate(PUT_LATENCY_BUCKETS):
-                hist.add_metric([name], cells[PUT_HIST + i])
+            for name, count in m["put_latency"].items():
+                hist.add_metric([name], count)
             yield hist
             gets = CounterMetricFamily("rocketstore_get_calls", "get calls by outcome",
                                        labels=["outcome"])
-            gets.add_metric(["found"], found)
-            gets.add_metric(["miss"], miss)
+            gets.add_metric(["found"], m["get_found"])
+            gets.add_metric(["miss"], m["get_miss"])
             yield gets
             yield CounterMetricFamily("rocketstore_get_transferred", "messages returned",
-                                      value=transferred)
+                                      value=m["get_transferred"])
             yield GaugeMetricFamily("rocketstore_dispatch_behind_bytes",
                                     "CommitLog bytes not yet dispatched",
-                                    value=store.dispatch_behind_bytes())
-            if store.clock is system_clock:     # never an injected clock (see publish)
+                                    value=m["dispatch_behind_bytes"])
+            if m["lock_time_ms"] is not None:   # never an injected clock (see publish)
                 yield GaugeMetricFamily("rocketstore_page_cache_lock_time_ms",
                                         "how long the current put has held the put lock",
-                                        value=store.lock_time_mills())
+                                        value=m["lock_time_ms"])
 
     return _Collector()

@@ -44,9 +44,9 @@ from .services.flush import (CommitRealTimeService, FlushConsumeQueueService,
                              FlushRealTimeService, GroupCommitService)
 from .services.reput import ReputMessageService
 from .services.schedule import ScheduleMessageService
-from .stats import (LOCK_BEGIN, GetCounters, StoreStatsService, busy_for, get_totals,
-                    record_put)
-from .status import PutMessageResult, PutMessagesResult, PutMessageStatus
+from .stats import (LOCK_BEGIN, PUT_BYTES, PUT_FAILED, PUT_HIST, PUT_LATENCY_BUCKETS,
+                    PUT_TIMES, GetCounters, StoreStatsService, busy_for, get_totals, record_put)
+from .status import GetMessageResult, PutMessageResult, PutMessagesResult, PutMessageStatus
 from .subscription import read_filters
 from . import topic_delete
 from .topic_delete import DeletedTopicManager
@@ -308,9 +308,11 @@ class MessageStore:
             # Before recovery: an abnormal exit drops index files past the checkpoint, and
             # recovery's re-dispatch rebuilds them.
             self.index_service.load(last_exit_ok, self.checkpoint)
-            self.recovery_report = recovery.recover(self, last_exit_ok, self.index_service)
+            self.recovery_report = recovery.recover(self._recovery_parts(), last_exit_ok,
+                                                    self.index_service)
             if rebuilding is not None:
-                repair.end_pending_rebuild(self)
+                repair.end_pending_rebuild(self.fs, self.root, self.all_consume_queues(),
+                                           self.index_service, self.checkpoint)
             self._load_configs()
             self._finish_pending_deletions()
         except BaseException as exc:
@@ -443,6 +445,17 @@ class MessageStore:
                 if self.writable:
                     self.fs.remove_dir_if_empty(os.path.join(base, topic))
 
+    def verify(self, progress=None):
+        """Check every file of the loaded store (`rocketstore verify`; open it read-only): a
+        verify.VerifyReport of the problems found. `progress(n)` is called as the checks go
+        (n: CommitLog bytes checked since the last call)."""
+        from . import verify        # imports repair, which imports this module: bound late
+        self.check_open()
+        return verify.verify_store(verify.VerifyParts(
+            self.root, self.config, self.fs, self.kernels, self.commitlog,
+            self.consume_queue_table, self.all_consume_queues, self.index_service,
+            self.checkpoint, self.deleted_topics, self.unsafe_links), progress)
+
     def stray_files(self):
         """Paths (relative to the root) under commitlog/, consumequeue/ and index/ that are
         no store file, which load left alone: a `commitlog/0`, a 21-digit name, a file where
@@ -486,7 +499,7 @@ class MessageStore:
             self.commitlog, self.kernels, self.dispatchers, reput_from, arrivals=self.arrivals,
             running_flags=self.running_flags, is_slave=self.is_slave)
         self.reput_service.do_reput()               # catch up before accepting puts
-        recovery.recover_topic_queue_table(self)
+        recovery.recover_topic_queue_table(self.commitlog, self.all_consume_queues())
         # HA next (doc/03 §7); bound before any thread starts, so a taken port fails clean.
         self.ha_service = HAService(self.config, self.commitlog, self.reput_service.wakeup)
         if self.ha_service.client is not None:
@@ -717,6 +730,12 @@ class MessageStore:
     def all_consume_queues(self):
         return [cq for queues in list(self.consume_queue_table.values())
                 for cq in list(queues.values())]
+
+    def _recovery_parts(self):
+        """What recovery works on (recovery.RecoveryParts), as the store has it now."""
+        return recovery.RecoveryParts(self.commitlog, self.all_consume_queues, self.checkpoint,
+                                      self.kernels, self.config, self.dispatchers,
+                                      self.writable)
 
     def _forget_queue(self, cq):
         """Take a queue out of the tables (the caller holds the locks the store needs)."""
@@ -1022,6 +1041,30 @@ class MessageStore:
         return bool(begin) and busy_for(begin, self.clock(),
                                         self.config.os_page_cache_busy_time_out_mills)
 
+    def metrics(self):
+        """The store's counters as numbers, for a metrics exporter (stats.prometheus_collector):
+        put_messages, put_bytes, put_failed, put_latency ({bucket name: puts}), get_found,
+        get_miss, get_transferred, dispatch_behind_bytes, and lock_time_ms (lock_time_mills;
+        None under an injected clock, which a scraping thread must not call)."""
+        cells = self.commitlog.put_cells
+        found, miss, transferred, _ = get_totals(self.get_counters, self.read_path)
+        return {"put_messages": int(cells[PUT_TIMES]), "put_bytes": int(cells[PUT_BYTES]),
+                "put_failed": int(cells[PUT_FAILED]),
+                "put_latency": {name: int(cells[PUT_HIST + i])
+                                for i, name in enumerate(PUT_LATENCY_BUCKETS)},
+                "get_found": found, "get_miss": miss, "get_transferred": transferred,
+                "dispatch_behind_bytes": self.dispatch_behind_bytes(),
+                "lock_time_ms": self.lock_time_mills() if self.clock is system_clock else None}
+
+    def dispatch_failures(self):
+        """(dispatch attempts failed in a row, the OS error failing them or None): a reput
+        that keeps failing (a full disk, no descriptors left) names its error here; (0, None)
+        while dispatch works, and before start()."""
+        reput = self.reput_service
+        if reput is None:
+            return 0, None
+        return reput.failures, reput.failing
+
     def lock_time_mills(self):
         """How long (ms, by the store's clock) the put holding the put lock has held it; 0
         when none does (lockTimeMills, the broker's pageCacheLockTimeMills)."""
@@ -1279,9 +1322,9 @@ class MessageStore:
                                      read_path.MAX_BYTES, subscription, property_filter)
             if r is not None:
                 return r
-        return read_path.get_message(self, group, topic, queue_id, int(offset),
-                                     int(max_msg_nums), message_filter, cq, subscription,
-                                     property_filter)
+        return self._read_past_pull(self.read_path.pull, GetMessageResult, topic, queue_id,
+                                    int(offset), int(max_msg_nums), message_filter, cq,
+                                    subscription, property_filter)
 
     def _checked_queue(self, group, topic, queue_id, offset, max_msg_nums, message_filter):
         """get_message's and get_batch's arguments checked; the queue when it exists."""
@@ -1325,8 +1368,29 @@ class MessageStore:
                                            read_path.MAX_BYTES, subscription, property_filter)
             if r is not None:
                 return r
-        return read_path.get_batch(self, group, topic, queue_id, int(offset), int(max_msg_nums),
-                                   message_filter, cq, subscription, property_filter)
+        return self._read_past_pull(self.read_path.pull_batch, read_path.GetBatchResult, topic,
+                                    queue_id, int(offset), int(max_msg_nums), message_filter,
+                                    cq, subscription, property_filter)
+
+    def _read_past_pull(self, pull, result, topic, queue_id, offset, max_msg_nums,
+                        message_filter, cq, subscription, property_filter):
+        """get_message's and get_batch's answer when their ReadPath's pull did not give it:
+        the statuses decided before a unit is read (read_path.prelude), else the pull, else
+        OFFSET_FOUND_NULL (its first unit's file is missing). `cq`: the queue, if known."""
+        if not self.loaded:
+            raise StoreClosedError("the store is not loaded")
+        if cq is None:
+            cq = self.find_consume_queue(topic, queue_id)
+        correction = self.next_offset_correction
+        min_off, max_off, early = read_path.prelude(cq, offset, correction)
+        if early is None:
+            r = pull(self, cq, offset, max_msg_nums, message_filter, read_path.MAX_BYTES,
+                     subscription, property_filter)
+            if r is not None:
+                return r            # counted by the read path
+            early = read_path.found_null(cq, offset, correction)
+        self.get_counters.miss += 1
+        return result(early[0], early[1], min_off, max_off)
 
     # ---- consumers that wait, and asyncio (rocketstore/consumer.py) ----------------------------
     def consume(self, group, topic, queue_id, batch_size=32, message_filter=None, *,
@@ -1415,7 +1479,8 @@ class MessageStore:
             check_int(begin, "begin", INT64_MIN, INT64_MAX)
             check_optional_int(end, "end", INT64_MIN, INT64_MAX)
         self.catch_up()
-        r = query.query_message(self, topic, key, max_num, begin, end)
+        r = query.query_message(self.commitlog, self.index_service, self.kernels, self.read_path,
+                                self.config.max_msgs_num_batch, topic, key, max_num, begin, end)
         if not decompress:
             keep_stored(r.messages)
         return r
@@ -1427,7 +1492,9 @@ class MessageStore:
         check_str(topic, "topic")
         check_str(uniq_key, "uniq_key")
         self.catch_up()
-        m = query.query_message_by_unique_key(self, topic, uniq_key)
+        m = query.query_message_by_unique_key(
+            self.commitlog, self.index_service, self.kernels, self.read_path,
+            self.config.max_msgs_num_batch, topic, uniq_key)
         return m if decompress or m is None else m.keep_stored()
 
     def view_message_by_id(self, msg_id, decompress=True):
@@ -1435,7 +1502,7 @@ class MessageStore:
         if it is no msgId). Its body is the original one unless `decompress` is false."""
         self.check_open()
         check_str(msg_id, "msg_id")
-        m = query.view_message_by_id(self, msg_id)
+        m = query.view_message_by_id(self.commitlog, self.kernels, msg_id)
         return m if decompress or m is None else m.keep_stored()
 
     def get_offset_in_queue_by_time(self, topic, queue_id, timestamp, boundary=None):
@@ -1451,10 +1518,11 @@ class MessageStore:
             raise InvalidArgumentError(f"boundary must be None, 'lower' or 'upper', "
                                        f"got {boundary!r}")
         self.catch_up()
+        queues = self.consume_queue_table.get(topic)
+        cq = queues.get(queue_id) if queues else None
         if boundary is None:
-            return query.get_offset_in_queue_by_time(self, topic, queue_id, timestamp)
-        return query.get_offset_in_queue_by_boundary(self, topic, queue_id, timestamp,
-                                                     boundary)
+            return query.get_offset_in_queue_by_time(cq, self.commitlog, self.fs, timestamp)
+        return query.get_offset_in_queue_by_boundary(cq, self.commitlog, timestamp, boundary)
 
     # ---- the rest of DefaultMessageStore's read interface -----------------------------------
     # Java's versions call findConsumeQueue, which creates a missing queue; these never create
@@ -1650,9 +1718,11 @@ class MessageStore:
                 report = recovery.RecoveryReport(normal=True)
                 max_phy = max((cq.max_physic_offset for cq in self.all_consume_queues()),
                               default=-1)
-                recovery.truncate(self, offset, max_phy, report)
-                recovery.drop_index_past(self, self.index_service, offset, report)
-                recovery.recover_topic_queue_table(self)
+                queues = self.all_consume_queues()
+                recovery.truncate(self.commitlog, queues, offset, max_phy, report)
+                recovery.drop_index_past(self._recovery_parts(), self.index_service, offset,
+                                         report)
+                recovery.recover_topic_queue_table(self.commitlog, queues)
                 for d in self.dispatchers:
                     forget = getattr(d, "forget_queues", None)
                     if forget is not None:
@@ -1718,5 +1788,6 @@ class MessageStore:
         goes on past it."""
         self.check_open()
         check_optional_int(from_offset, "from_offset")
-        it = read_path.iter_messages(self, from_offset)
+        it = read_path.iter_messages(self.commitlog, self.kernels, self.read_path.decode_rows,
+                                     from_offset)
         return it if decompress else (m.keep_stored() for m in it)

@@ -188,17 +188,17 @@ def read_queue(store, topic, queue_id=0, batch=32):
         offset = g.next_begin_offset
 
 
-def commitlog_names(store):
-    """The store's CommitLog file names, oldest first."""
-    return [f.file_name for f in store.commitlog.mfq.files]
+def commitlog_names(commitlog):
+    """A CommitLog's file names, oldest first."""
+    return [f.file_name for f in commitlog.mfq.files]
 
 
-def wait_flushed(store, timeout=5.0):
-    """Block until the flush service has flushed every full CommitLog file (cleaning never
-    deletes past the flushed offset)."""
+def wait_flushed(commitlog, timeout=5.0):
+    """Block until the flush service has flushed every full file of `commitlog` (cleaning
+    never deletes past the flushed offset)."""
     import time
     deadline = time.monotonic() + timeout
-    mfq = store.commitlog.mfq
+    mfq = commitlog.mfq
     while mfq.flushed_where < mfq.last_file.file_from_offset:
         if time.monotonic() > deadline:
             raise AssertionError("the flush service did not catch up")

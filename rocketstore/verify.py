@@ -9,6 +9,7 @@ names, sizes and gaps are checked too. Each problem names its file and offset, s
 can go and look; damage that stops a check is a problem too, never a traceback."""
 import dataclasses
 import os
+from typing import Any, Callable
 
 import numpy as np
 
@@ -55,8 +56,25 @@ class VerifyReport:
                 "problems": [dataclasses.asdict(p) for p in self.problems]}
 
 
-def _rel(store, path):
-    return os.path.relpath(path, store.root)
+@dataclasses.dataclass(frozen=True)
+class VerifyParts:
+    """What verify reads of a loaded store, handed over by MessageStore.verify (the store
+    wires them; verify never holds the store itself)."""
+    root: str
+    config: Any
+    fs: Any
+    kernels: Any
+    commitlog: Any
+    consume_queue_table: dict                 # topic -> {queue_id: ConsumeQueue}
+    all_consume_queues: Callable[[], list]
+    index_service: Any
+    checkpoint: Any
+    deleted_topics: Any                       # topic_delete.DeletedTopicManager
+    unsafe_links: Callable[[], list]          # MessageStore.unsafe_links
+
+
+def _rel(parts, path):
+    return os.path.relpath(path, parts.root)
 
 
 class _Records:
@@ -81,18 +99,18 @@ class _Records:
         return int(self.offsets[-1]) if len(self.offsets) else -1
 
 
-def walk_commitlog(store, start=None, check_crc=True):
+def walk_commitlog(commitlog, kernels, start=None, check_crc=True):
     """Every record of every CommitLog file from `start` (a record start; default the
     first), going on past damage where records resume as `verify` does. Yields
     ("records", mf, rows) per batch of valid records (`rows` is reused: consume it before
     the next step) and ("damage", mf, pos, detail) per problem found at file position pos."""
-    k = store.kernels
+    k = kernels
     rows = np.empty(4096, dtype=F.SCAN_DTYPE)
-    files = store.commitlog.mfq.files
+    files = commitlog.mfq.files
     first = 0
     pos = 0
     if start is not None:
-        mf = store.commitlog.mfq.find_by_offset(start)
+        mf = commitlog.mfq.find_by_offset(start)
         if mf is None:
             return
         first, pos = files.index(mf), start - mf.file_from_offset
@@ -137,27 +155,27 @@ def walk_commitlog(store, start=None, check_crc=True):
         pos = 0
 
 
-def _check_commitlog(store, report, progress, missing):
+def _check_commitlog(parts, report, progress, missing):
     """Every record of every file, CRC included; returns the valid records. Each batch is
     also looked up in its ConsumeQueue (`missing` collects the records without a unit)."""
     offsets = []
     sizes = []
-    for step in walk_commitlog(store):
+    for step in walk_commitlog(parts.commitlog, parts.kernels):
         if step[0] == "damage":
             _, mf, pos, detail = step
-            report.problems.append(Problem("commitlog", _rel(store, mf.path), pos, detail))
+            report.problems.append(Problem("commitlog", _rel(parts, mf.path), pos, detail))
             continue
         _, mf, chunk = step
         expect = mf.file_from_offset + chunk["pos"]
         bad = np.nonzero(chunk["phy_offset"] != expect)[0]
         for j in bad:
             report.problems.append(Problem(
-                "commitlog", _rel(store, mf.path), int(chunk["pos"][j]),
+                "commitlog", _rel(parts, mf.path), int(chunk["pos"][j]),
                 f"PHYSICALOFFSET says {int(chunk['phy_offset'][j])}, the record sits at "
                 f"{int(expect[j])}"))
         offsets.append(expect.astype(np.int64))
         sizes.append(chunk["size"].astype(np.int64))
-        _find_units(store, chunk, mf.mm, missing)
+        _find_units(parts, chunk, mf.mm, missing)
         report.records += len(chunk)
         progress(int(chunk["size"].sum()))
     if not offsets:
@@ -185,11 +203,11 @@ def _resync(mf, start):
         pos = q + 1
 
 
-def _record(store, off, size):
+def _record(parts, off, size):
     """The record of `size` bytes at commit-log offset `off`, decoded; None when it cannot be
     read. Read from the mapping, not through the store's readable end: verify reads records
     past it (a dirty tail, a live writer's newest appends)."""
-    mf = store.commitlog.mfq.find_by_offset(off)
+    mf = parts.commitlog.mfq.find_by_offset(off)
     if mf is None:
         return None
     rel = off - mf.file_from_offset
@@ -201,12 +219,12 @@ def _record(store, off, size):
         return None
 
 
-def _find_units(store, chunk, buf, missing):
+def _find_units(parts, chunk, buf, missing):
     """Note in `missing` every record of `chunk` whose queue has no unit at its queue
     offset: a deleted or truncated ConsumeQueue file loses them silently otherwise."""
     tx = chunk["sys_flag"] & F.TRANSACTION_TYPE_MASK
     keep = (tx != F.TRANSACTION_PREPARED_TYPE) & (tx != F.TRANSACTION_ROLLBACK_TYPE)
-    deleted = store.deleted_topics.offsets_raw
+    deleted = parts.deleted_topics.offsets_raw
     chunk = chunk[keep]
     if not len(chunk):
         return
@@ -229,7 +247,7 @@ def _find_units(store, chunk, buf, missing):
                     continue
             topic = raw.decode("utf-8", "replace")
             qid = int(sub["queue_id"][0])
-            cq = store.consume_queue_table.get(topic, {}).get(qid)
+            cq = parts.consume_queue_table.get(topic, {}).get(qid)
             qoffs = sub["queue_offset"].astype(np.int64)
             phys = sub["phy_offset"].astype(np.int64)
             have = np.zeros(len(sub), dtype=bool)
@@ -248,11 +266,11 @@ def _find_units(store, chunk, buf, missing):
                 missing.setdefault((topic, qid), []).append((q, phy))
 
 
-def _report_missing_units(store, report, missing):
+def _report_missing_units(parts, report, missing):
     """One problem per run of consecutive queue offsets that lack their unit."""
     for (topic, qid), pairs in sorted(missing.items()):
-        cq = store.consume_queue_table.get(topic, {}).get(qid)
-        size = cq.file_size if cq is not None else store.config.cq_file_size
+        cq = parts.consume_queue_table.get(topic, {}).get(qid)
+        size = cq.file_size if cq is not None else parts.config.cq_file_size
         pairs.sort()
         run = [pairs[0]]
         for pair in pairs[1:] + [None]:
@@ -270,27 +288,27 @@ def _report_missing_units(store, report, missing):
             run = [pair]
 
 
-def _check_layout(store, report):
+def _check_layout(parts, report):
     """Names and sizes of every segment: a stray file, a segment of the wrong size and a
     gap between segments are findings (the loader skips or warns about them, and a reader
     would see the gap as missing data)."""
-    fs = store.fs
-    queues = [("commitlog", store.config.commitlog_dir(store.root),
-               store.commitlog.mfq.file_size)]
-    cq_base = os.path.join(store.root, "consumequeue")
+    fs = parts.fs
+    queues = [("commitlog", parts.config.commitlog_dir(parts.root),
+               parts.commitlog.mfq.file_size)]
+    cq_base = os.path.join(parts.root, "consumequeue")
     for topic in sorted(fs.list_dir(cq_base)):
         tdir = os.path.join(cq_base, topic)
         if not fs.is_dir(tdir):
-            report.problems.append(Problem("consumequeue", _rel(store, tdir), -1,
+            report.problems.append(Problem("consumequeue", _rel(parts, tdir), -1,
                                            "not a topic directory"))
             continue
         for qid in sorted(fs.list_dir(tdir)):
             qdir = os.path.join(tdir, qid)
             if not is_queue_dir_name(qid) or not fs.is_dir(qdir):
-                report.problems.append(Problem("consumequeue", _rel(store, qdir), -1,
+                report.problems.append(Problem("consumequeue", _rel(parts, qdir), -1,
                                                "not a queue directory (ignored by the store)"))
                 continue
-            cq = store.consume_queue_table.get(topic, {}).get(int(qid))
+            cq = parts.consume_queue_table.get(topic, {}).get(int(qid))
             queues.append(("consumequeue", qdir, cq.file_size if cq else None))
     for kind, path, size in queues:
         names = sorted(fs.list_dir(path))
@@ -298,26 +316,26 @@ def _check_layout(store, report):
         for name in names:
             p = os.path.join(path, name)
             if not is_segment_name(name) or fs.is_dir(p):
-                report.problems.append(Problem(kind, _rel(store, p), -1,
+                report.problems.append(Problem(kind, _rel(parts, p), -1,
                                                "not a segment (ignored by the store)"))
                 continue
             actual = fs.size(p)
             start = int(name)
             if size and actual != size:
                 report.problems.append(Problem(
-                    kind, _rel(store, p), -1, f"{actual} bytes, segments here are {size}"))
+                    kind, _rel(parts, p), -1, f"{actual} bytes, segments here are {size}"))
             if size and start % size:
                 report.problems.append(Problem(
-                    kind, _rel(store, p), -1, f"start offset {start} is not a multiple of "
+                    kind, _rel(parts, p), -1, f"start offset {start} is not a multiple of "
                     f"the segment size {size}"))
             elif size and prev is not None and start != prev + size:
                 report.problems.append(Problem(
-                    kind, _rel(store, p), -1, f"segments missing before it: the previous one "
+                    kind, _rel(parts, p), -1, f"segments missing before it: the previous one "
                     f"starts at {prev}"))
             prev = start
-    idx_dir = os.path.join(store.root, "index")
-    loaded = {f.file_name for f in store.index_service.index_file_list}
-    loaded |= {os.path.basename(p) for p in _empty_unreadable(store)}
+    idx_dir = os.path.join(parts.root, "index")
+    loaded = {f.file_name for f in parts.index_service.index_file_list}
+    loaded |= {os.path.basename(p) for p in _empty_unreadable(parts)}
     for name in sorted(fs.list_dir(idx_dir)):
         if name not in loaded:
             report.problems.append(Problem("index", f"index/{name}", -1,
@@ -325,7 +343,7 @@ def _check_layout(store, report):
                                            "(ignored by the store)"))
 
 
-def _expected_tags_code(store, m):
+def _expected_tags_code(parts, m):
     props = m.properties
     if m.topic == F.SCHEDULE_TOPIC and props.get(PROPERTY_DELAY):
         try:
@@ -333,21 +351,21 @@ def _expected_tags_code(store, m):
         except ValueError:
             level = 0
         if level > 0:
-            levels = store.config.delay_levels
+            levels = parts.config.delay_levels
             return m.store_timestamp + levels[min(level, len(levels)) - 1]
     tags = props.get("TAGS")
     return java_string_hash(tags) if tags else 0
 
 
-def _check_consume_queues(store, report, good, progress):
-    for cq in store.all_consume_queues():
+def _check_consume_queues(parts, report, good, progress):
+    for cq in parts.all_consume_queues():
         lo, hi = cq.min_offset_in_queue, cq.max_offset_in_queue
         units = cq.units(lo, hi - lo)
         found = good.size_at(units["offset"].astype(np.int64))
         for i, (off, size, tags) in enumerate(units.tolist()):
             index = lo + i
             f = cq.mfq.find_by_offset(index * F.CQ_STORE_UNIT_SIZE)
-            where = (_rel(store, f.path) if f else f"consumequeue/{cq.topic}/{cq.queue_id}",
+            where = (_rel(parts, f.path) if f else f"consumequeue/{cq.topic}/{cq.queue_id}",
                      index * F.CQ_STORE_UNIT_SIZE - (f.file_from_offset if f else 0))
             report.units += 1
             if size == 0x7FFFFFFF and off == 0:
@@ -362,7 +380,7 @@ def _check_consume_queues(store, report, good, progress):
                     "consumequeue", where[0], where[1],
                     f"unit {index} says size {size}, the record is {int(found[i])} bytes"))
                 continue
-            m = _record(store, off, size)
+            m = _record(parts, off, size)
             if m is None:
                 report.problems.append(Problem("consumequeue", where[0], where[1],
                                                f"unit {index}: record at {off} unreadable"))
@@ -372,15 +390,15 @@ def _check_consume_queues(store, report, good, progress):
                     "consumequeue", where[0], where[1],
                     f"unit {index} points at a record of {m.topic}-{m.queue_id} "
                     f"offset {m.queue_offset}"))
-            elif tags != _expected_tags_code(store, m):
+            elif tags != _expected_tags_code(parts, m):
                 report.problems.append(Problem(
                     "consumequeue", where[0], where[1],
-                    f"unit {index} tagsCode {tags} != {_expected_tags_code(store, m)}"))
-        _check_queue_tail(store, report, cq)
+                    f"unit {index} tagsCode {tags} != {_expected_tags_code(parts, m)}"))
+        _check_queue_tail(parts, report, cq)
         progress(0)
 
 
-def _check_queue_tail(store, report, cq):
+def _check_queue_tail(parts, report, cq):
     """Units written after where the loaded queue ends: recovery stopped before them (a unit
     pointing past the CommitLog, or following a broken one), so a reader never sees them and
     a writable open drops them."""
@@ -395,23 +413,23 @@ def _check_queue_tail(store, report, cq):
     written = np.flatnonzero((tail["offset"] != 0) | (tail["size"] != 0) | (tail["tags_code"] != 0))
     for j in written[:8].tolist():
         report.problems.append(Problem(
-            "consumequeue", _rel(store, f.path), pos + j * F.CQ_STORE_UNIT_SIZE,
+            "consumequeue", _rel(parts, f.path), pos + j * F.CQ_STORE_UNIT_SIZE,
             f"unit {(f.file_from_offset + pos) // F.CQ_STORE_UNIT_SIZE + j} "
             f"(offset {int(tail['offset'][j])}, size {int(tail['size'][j])}) lies past where the "
             "queue ends: it points past the CommitLog or follows a broken unit"))
     if len(written) > 8:
         report.problems.append(Problem(
-            "consumequeue", _rel(store, f.path), -1,
+            "consumequeue", _rel(parts, f.path), -1,
             f"{len(written)} units in all lie past where the queue ends (the first 8 listed)"))
 
 
-def _empty_unreadable(store):
+def _empty_unreadable(parts):
     """The index files whose hash slot and entry numbers cannot be told but that hold no
     entry (indexCount <= 1): a clean store written with other numbers and no key yet. Nothing
     in them can be checked or lost; coverage still finds any key they should hold."""
     out = set()
-    for path in store.index_service.unreadable:
-        mm = store.fs.map(path, F.INDEX_HEADER_SIZE, writable=False)
+    for path in parts.index_service.unreadable:
+        mm = parts.fs.map(path, F.INDEX_HEADER_SIZE, writable=False)
         try:
             if F.I32.unpack_from(mm, F.INDEX_POS_INDEX_COUNT)[0] <= 1:
                 out.add(path)
@@ -420,26 +438,26 @@ def _empty_unreadable(store):
     return out
 
 
-def _check_index(store, report, good):
+def _check_index(parts, report, good):
     """Every entry of every IndexFile: it points at a valid record that carries its key
     (topic#UNIQ_KEY or topic#each KEYS piece), its chain link points back inside the file,
     and the header agrees with the entries and slots. Then the other way round: every key
     of every valid record has an entry (see _check_index_coverage)."""
-    service = getattr(store, "index_service", None)
+    service = parts.index_service
     if service is None:
         return
     from .index_service import index_keys
-    k = store.kernels
-    empty = _empty_unreadable(store)
+    k = parts.kernels
+    empty = _empty_unreadable(parts)
     for path in service.unreadable:
         if path in empty:
             continue
         report.problems.append(Problem(
-            "index", _rel(store, path), -1, "its hash slot and entry numbers cannot be told "
+            "index", _rel(parts, path), -1, "its hash slot and entry numbers cannot be told "
             "(the index files' sizes or contents disagree): not checked"))
     indexed = []
     for f in list(service.index_file_list):
-        rel = _rel(store, f.path)
+        rel = _rel(parts, f.path)
         header, slots, entries = f.arrays()
         try:
             count = int(header["index_count"][0])
@@ -475,7 +493,7 @@ def _check_index(store, report, good):
                         "index", rel, where, f"entry {j + 1} points at {off}, where no valid "
                         "record starts"))
                     continue
-                m = _record(store, off, size)
+                m = _record(parts, off, size)
                 if m is None:
                     report.problems.append(Problem(
                         "index", rel, where, f"entry {j + 1}: record at {off} unreadable"))
@@ -490,7 +508,7 @@ def _check_index(store, report, good):
         finally:
             del header, slots, entries        # the views pin the mapping
     if set(service.unreadable) <= empty:
-        _check_index_coverage(store, report, good, indexed)
+        _check_index_coverage(parts, report, good, indexed)
 
 
 _KEY_PAIR = np.dtype([("phy", "<i8"), ("hash", "<i8")])
@@ -504,12 +522,12 @@ def _key_pairs(phys, hashes):
     return out
 
 
-def _record_keys(store, good):
+def _record_keys(parts, good):
     """(phy offsets, key hashes, file, position) of every key the index dispatcher puts for
     the valid records, hashed by the same index_keys kernel."""
-    k = store.kernels
+    k = parts.kernels
     rows = np.empty(4096, dtype=F.SCAN_DTYPE)
-    for mf in store.commitlog.mfq.files:
+    for mf in parts.commitlog.mfq.files:
         base = mf.file_from_offset
         lo, hi = np.searchsorted(good.offsets, [base, base + mf.file_size])
         starts = good.offsets[lo:hi] - base
@@ -536,30 +554,30 @@ def _record_keys(store, good):
                    chunk["pos"][key_rows].astype(np.int64))
 
 
-def _key_named(store, good, phy, key_hash):
+def _key_named(parts, good, phy, key_hash):
     """The `topic#key` of the record at `phy` that hashes to key_hash."""
     from .index_service import index_keys
-    m = _record(store, phy, int(good.size_at(np.array([phy]))[0]))
+    m = _record(parts, phy, int(good.size_at(np.array([phy]))[0]))
     if m is None:
         return f"hash {key_hash}"
     topic = m.topic.encode()
     for key in index_keys(m.properties_string.encode()):
-        if store.kernels.index_hash(topic + b"#" + key) == key_hash:
+        if parts.kernels.index_hash(topic + b"#" + key) == key_hash:
             return (topic + b"#" + key).decode("utf-8", "replace")
     return f"hash {key_hash}"
 
 
-def _check_index_coverage(store, report, good, indexed):
+def _check_index_coverage(parts, report, good, indexed):
     """Every key of every valid record has an index entry at that record (a crash that lost
     index files shows here: queries would not find those records)."""
-    service = store.index_service
-    if not store.config.message_index_enable or not (service.index_file_list or
+    service = parts.index_service
+    if not parts.config.message_index_enable or not (service.index_file_list or
                                                      service.unreadable):
         return      # a store without index files keeps no index (messageIndexEnable=false)
     have = np.concatenate(indexed) if indexed else np.empty(0, dtype=_KEY_PAIR)
     have = have[np.lexsort((have["hash"], have["phy"]))]     # far faster than sorting records
     missing = 0
-    for phys, hashes, mf, positions in _record_keys(store, good):
+    for phys, hashes, mf, positions in _record_keys(parts, good):
         want = _key_pairs(phys, hashes)
         at = np.minimum(np.searchsorted(have, want), max(len(have) - 1, 0))
         absent = np.ones(len(want), dtype=bool) if not len(have) else have[at] != want
@@ -568,8 +586,8 @@ def _check_index_coverage(store, report, good, indexed):
             if missing > MAX_UNINDEXED_PROBLEMS:
                 continue
             report.problems.append(Problem(
-                "index", _rel(store, mf.path), int(positions[j]),
-                f"key {_key_named(store, good, int(phys[j]), int(hashes[j]))!r} of the record "
+                "index", _rel(parts, mf.path), int(positions[j]),
+                f"key {_key_named(parts, good, int(phys[j]), int(hashes[j]))!r} of the record "
                 f"at {int(phys[j])} has no index entry: key queries miss the record"))
     if missing > MAX_UNINDEXED_PROBLEMS:
         report.problems.append(Problem(
@@ -577,22 +595,22 @@ def _check_index_coverage(store, report, good, indexed):
             f"(the first {MAX_UNINDEXED_PROBLEMS} are listed)"))
 
 
-def _check_checkpoint(store, report, good):
-    ckpt = store.checkpoint
+def _check_checkpoint(parts, report, good):
+    ckpt = parts.checkpoint
     if ckpt is None:
         return
-    path = os.path.join(store.root, "checkpoint")
-    if not store.fs.exists(path):
+    path = os.path.join(parts.root, "checkpoint")
+    if not parts.fs.exists(path):
         report.problems.append(Problem("checkpoint", "checkpoint", -1, "missing"))
         return
-    if store.fs.size(path) != F.CHECKPOINT_FILE_SIZE:
+    if parts.fs.size(path) != F.CHECKPOINT_FILE_SIZE:
         report.problems.append(Problem(
             "checkpoint", "checkpoint", -1,
-            f"{store.fs.size(path)} bytes, not {F.CHECKPOINT_FILE_SIZE} (one OS page, as a "
+            f"{parts.fs.size(path)} bytes, not {F.CHECKPOINT_FILE_SIZE} (one OS page, as a "
             "broker writes it)"))
     last_ts = 0
     if good.last >= 0:
-        m = _record(store, good.last, int(good.sizes[-1]))
+        m = _record(parts, good.last, int(good.sizes[-1]))
         last_ts = m.store_timestamp if m else 0
     # indexMsgTimestamp may trail the others (it advances per full index file), never lead.
     for name in ("physic_msg_timestamp", "logics_msg_timestamp", "index_msg_timestamp"):
@@ -606,16 +624,16 @@ def _check_checkpoint(store, report, good):
                 f"{name} {value} is later than the last record ({last_ts})"))
 
 
-def _check_configs(store, report):
+def _check_configs(parts, report):
     """Each config file (and its .bak) as the broker's config manager reads it: fastjson's
     dialect, the table it must hold; any other .json file must at least parse."""
     from .codec.fastjson import parse_fastjson
     from .config_manager import all_managers
-    fs = store.fs
-    config_dir = os.path.join(store.root, "config")
+    fs = parts.fs
+    config_dir = os.path.join(parts.root, "config")
     if not fs.is_dir(config_dir):
         return
-    managers = {m.file_name: m for m in all_managers(store.root, fs, None, True)}
+    managers = {m.file_name: m for m in all_managers(parts.root, fs, None, True)}
     for name in sorted(fs.list_dir(config_dir)):
         base = name[:-4] if name.endswith(".bak") else name
         if not base.endswith(".json"):
@@ -629,19 +647,20 @@ def _check_configs(store, report):
             elif text.strip():
                 parse_fastjson(text)
         except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
-            report.problems.append(Problem("config", _rel(store, path), -1,
+            report.problems.append(Problem("config", _rel(parts, path), -1,
                                            f"does not parse: {exc}"))
 
 
-def _check_links(store, report):
+def _check_links(parts, report):
     """Links a write would follow (stray names are _check_layout's)."""
-    for path, why in store.unsafe_links():
-        report.problems.append(Problem("link", _rel(store, path), -1,
+    for path, why in parts.unsafe_links():
+        report.problems.append(Problem("link", _rel(parts, path), -1,
                                        f"{why}: a writable open refuses the store"))
 
 
-def verify_store(store, progress=None):
-    """Check every file of a loaded (read-only) store; returns a VerifyReport. A check that
+def verify_store(parts, progress=None):
+    """Check every file of a loaded (read-only) store, from its VerifyParts (what
+    MessageStore.verify hands in); returns a VerifyReport. A check that
     cannot finish on what it finds (damage no rule above foresaw) is itself a finding."""
     progress = progress or (lambda n: None)
     report = VerifyReport()
@@ -650,19 +669,19 @@ def verify_store(store, progress=None):
 
     def commitlog():
         nonlocal good
-        good = _check_commitlog(store, report, progress, missing)
+        good = _check_commitlog(parts, report, progress, missing)
 
-    for kind, check in (("commitlog", lambda: _check_layout(store, report)),
+    for kind, check in (("commitlog", lambda: _check_layout(parts, report)),
                         ("commitlog", commitlog),
-                        ("consumequeue", lambda: _report_missing_units(store, report, missing)),
-                        ("consumequeue", lambda: _check_consume_queues(store, report, good,
+                        ("consumequeue", lambda: _report_missing_units(parts, report, missing)),
+                        ("consumequeue", lambda: _check_consume_queues(parts, report, good,
                                                                        progress)),
-                        ("index", lambda: _check_index(store, report, good)),
-                        ("checkpoint", lambda: _check_checkpoint(store, report, good)),
-                        ("config", lambda: _check_configs(store, report)),
-                        ("repair", lambda: _check_pending_rebuild(store, report)),
-                        ("abort", lambda: _check_abort(store, report)),
-                        ("link", lambda: _check_links(store, report))):
+                        ("index", lambda: _check_index(parts, report, good)),
+                        ("checkpoint", lambda: _check_checkpoint(parts, report, good)),
+                        ("config", lambda: _check_configs(parts, report)),
+                        ("repair", lambda: _check_pending_rebuild(parts, report)),
+                        ("abort", lambda: _check_abort(parts, report)),
+                        ("link", lambda: _check_links(parts, report))):
         try:
             check()
         except (StoreError, OSError, ValueError, IndexError, RecursionError) as exc:
@@ -671,21 +690,21 @@ def verify_store(store, progress=None):
     return report
 
 
-def _check_abort(store, report):
+def _check_abort(parts, report):
     """An `abort` file with no process holding the lock: the last one did not shut down. The
     next writable open runs abnormal recovery; say what it would do, computed read-only by
     the recovery code itself (repair.plan_recovery, as `recover --dry-run`)."""
     from .lockfile import abort_path
     from .repair import plan_recovery
-    if not store.fs.exists(abort_path(store.root)):
+    if not parts.fs.exists(abort_path(parts.root)):
         return
-    if store.fs.lock_holder(os.path.join(store.root, "lock"))[1]:
+    if parts.fs.lock_holder(os.path.join(parts.root, "lock"))[1]:
         return      # a running store keeps its abort file; the CLI warns that it is in use
     what = "the last run did not shut down cleanly"
     try:
-        plan = plan_recovery(store.root, kernels=store.kernels,
-                             max_hash_slot_num=store.config.max_hash_slot_num,
-                             max_index_num=store.config.max_index_num)
+        plan = plan_recovery(parts.root, kernels=parts.kernels,
+                             max_hash_slot_num=parts.config.max_hash_slot_num,
+                             max_index_num=parts.config.max_index_num)
     except (StoreError, OSError, ValueError) as exc:
         detail = f"{what}; recovery's plan cannot be computed: {exc}"
     else:
@@ -698,9 +717,9 @@ def _check_abort(store, report):
     report.problems.append(Problem("abort", "abort", -1, detail))
 
 
-def _check_pending_rebuild(store, report):
+def _check_pending_rebuild(parts, report):
     """A rebuild killed midway: what it wiped is missing until a writable open finishes it."""
-    dirs = pending_rebuild(store.fs, store.root)
+    dirs = pending_rebuild(parts.fs, parts.root)
     if dirs:
         report.problems.append(Problem(
             "repair", REBUILD_MARKER, -1,

@@ -57,11 +57,10 @@ def wait_dispatched(store, timeout=5.0):
     import time
     from .errors import WorkloadCheckError
     deadline = time.monotonic() + timeout
-    reput = store.reput_service
-    failed_before = reput.failures if reput is not None else 0
+    failed_before = store.dispatch_failures()[0]
     while store.dispatch_behind_bytes() > 0:
-        failing = reput.failing if reput is not None else None
-        if failing is not None and reput.failures > failed_before:
+        failures, failing = store.dispatch_failures()
+        if failing is not None and failures > failed_before:
             raise WorkloadCheckError(f"dispatch to the queues and index failed: {failing}")
         if time.monotonic() > deadline:
             raise WorkloadCheckError(f"reput did not catch up with the CommitLog in {timeout} s")

@@ -19,7 +19,6 @@ from rocketstore.fs import FileSystem
 from rocketstore.message import MessageExt
 from rocketstore.status import GetMessageStatus
 from rocketstore.store import MessageStore
-from rocketstore.verify import verify_store
 
 BACKENDS = testing.backend_params()
 
@@ -139,7 +138,7 @@ def test_consume_queue_pointing_past_the_commitlog_answers_cleanly(tmp_path):
             for off in (5, 6):
                 r = ro.get_message("g", "T", 0, off, 1)
                 assert isinstance(r.status, GetMessageStatus) and not r.messages
-            report = verify_store(ro)
+            report = ro.verify()
             # The unit past the CommitLog is a finding at its own file@offset.
             assert ("consumequeue", f"consumequeue/T/0/{'0' * 20}", 5 * 20) in \
                 {(p.kind, p.file, p.offset) for p in report.problems}

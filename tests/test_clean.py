@@ -63,7 +63,7 @@ def fill(store, n=60, body=b"b" * 200, queue_id=0):
     results = [store.put_message(Message("TopicA", body, queue_id=queue_id)) for _ in range(n)]
     assert all(r.ok for r in results)
     testing.wait_dispatched(store)
-    testing.wait_flushed(store)
+    testing.wait_flushed(store.commitlog)
     return results
 
 
@@ -72,40 +72,41 @@ def fill(store, n=60, body=b"b" * 200, queue_id=0):
 def test_files_younger_than_file_reserved_time_stay_even_at_the_delete_hour(make, clock):
     store = make(delete_when=hour_of(NOW + HOUR - 1))
     fill(store)
-    before = testing.commitlog_names(store)
+    before = testing.commitlog_names(store.commitlog)
     clock.now = NOW + HOUR - 1
     assert store.clean_files_periodically() == []
-    assert testing.commitlog_names(store) == before
+    assert testing.commitlog_names(store.commitlog) == before
 
 
 def test_expired_files_go_at_the_delete_hour_at_most_a_batch_per_round(make, clock):
     store = make(delete_when=f"{OTHER_HOUR};{hour_of(NOW + HOUR)}", delete_file_batch_max=3)
     fill(store)
-    before = testing.commitlog_names(store)
+    before = testing.commitlog_names(store.commitlog)
     assert len(before) >= 5
     clock.now = NOW + HOUR
     deleted = store.clean_files_periodically()
     assert [f.file_name for f in deleted] == before[:3]
-    assert testing.commitlog_names(store) == before[3:]
+    assert testing.commitlog_names(store.commitlog) == before[3:]
     assert not any(os.path.exists(f.path) for f in deleted)
     while store.clean_files_periodically():
         pass
-    assert testing.commitlog_names(store) == before[-1:]          # never the file being written
+    # never the file being written
+    assert testing.commitlog_names(store.commitlog) == before[-1:]
 
 
 def test_expired_files_wait_for_the_hour_while_the_disk_has_room(make, clock):
     store = make()
     fill(store)
-    before = testing.commitlog_names(store)
+    before = testing.commitlog_names(store.commitlog)
     clock.now = NOW + 10 * HOUR
     assert store.clean_files_periodically() == []
-    assert testing.commitlog_names(store) == before
+    assert testing.commitlog_names(store.commitlog) == before
 
 
 def test_disk_past_max_used_ratio_deletes_expired_files_outside_the_hour(make, clock, disk):
     store = make(disk_max_used_space_ratio=50)
     fill(store)
-    before = testing.commitlog_names(store)
+    before = testing.commitlog_names(store.commitlog)
     disk.ratio = 0.6
     assert store.clean_files_periodically() == []          # full-ish, but nothing expired
     clock.now = NOW + HOUR
@@ -125,7 +126,7 @@ def test_max_used_ratio_is_clamped_to_ten_percent(make, clock, disk):
 def test_past_the_clean_forcibly_ratio_young_files_are_deleted_too(make, disk):
     store = make(delete_file_batch_max=100)
     fill(store)
-    before = testing.commitlog_names(store)
+    before = testing.commitlog_names(store.commitlog)
     disk.ratio = 0.86
     deleted = store.clean_files_periodically()
     assert [f.file_name for f in deleted] == before[:-1]
@@ -291,9 +292,9 @@ def test_clean_plan_lists_files_and_unconsumed_cost_without_deleting(make, disk)
     store.commit_offset("slow", "TopicA", 0, 0)
     store.commit_offset("done", "TopicA", 0, len(results))
     disk.ratio = 0.86
-    before = testing.commitlog_names(store)
+    before = testing.commitlog_names(store.commitlog)
     plan = store.clean_plan()
-    assert testing.commitlog_names(store) == before
+    assert testing.commitlog_names(store.commitlog) == before
     assert [f[0] for f in plan.files] == before[:2] and plan.clean_at_once
     new_min = plan.files[-1][2]
     assert plan.lost == {"slow": sum(r.commit_log_offset < new_min for r in results)}
@@ -321,7 +322,7 @@ def test_protect_unconsumed_gives_way_past_the_forced_ratio(make, disk):
     store = make(clean_protect_unconsumed=True, delete_file_batch_max=100)
     fill(store)
     store.commit_offset("g", "TopicA", 0, 0)
-    before = testing.commitlog_names(store)
+    before = testing.commitlog_names(store.commitlog)
     disk.ratio = 0.86
     assert store.clean_plan().lost["g"] > 0 and not store.clean_plan().protected
     assert len(store.clean_files_periodically()) == len(before) - 1
@@ -349,7 +350,7 @@ def test_enospc_while_rolling_refuses_the_put_and_keeps_every_message(tmp_path, 
         stored.append(r)
     assert r.status is PutMessageStatus.CREATE_MAPEDFILE_FAILED
     assert "No space left" in r.reason
-    assert len(testing.commitlog_names(store)) == 1
+    assert len(testing.commitlog_names(store.commitlog)) == 1
     assert not os.path.exists(root / "commitlog" / ("%020d" % FILE))
     testing.wait_dispatched(store)
     got = testing.read_queue(store, "TopicA")

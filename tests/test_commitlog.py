@@ -138,3 +138,50 @@ def test_held_slice_holds_the_file_while_the_view_is_used_and_ends_at_readable_b
     with log.held_slice(5 * FILE, 10) as view:         # no such file
         assert view is None
     assert mf.ref_count == before
+
+
+# ---- recovery and the readers over a CommitLog alone (no MessageStore) -----------------------
+def _reopened(tmp_path, backend, cl):
+    """A second CommitLog over the same files, loaded as a store's load() leaves it."""
+    cl.shutdown()
+    cl.close()
+    again = CommitLog(str(tmp_path), testing.small_config(mapped_file_size_commit_log=FILE),
+                      backend, DEFAULT)
+    again.mfq.root = str(tmp_path)
+    again.load()
+    return again
+
+
+def test_normal_recovery_cuts_a_torn_tail_given_only_the_log_and_its_parts(
+        tmp_path, backend, log):
+    # Recovery takes the parts MessageStore hands it (RecoveryParts), not the store: here a
+    # CommitLog with no queues, checkpoint or dispatchers is enough to find the torn record.
+    from rocketstore import recovery
+    clock = _clock()
+    last = [_put(log, clock) for _ in range(3)][-1]
+    end = last.commit_log_offset + last.wrote_bytes
+    mf = log.mfq.files[-1]
+    mf.mm[end - mf.file_from_offset:end - mf.file_from_offset + 40] = b"\x01" * 40
+    cl = _reopened(tmp_path, backend, log)
+    try:
+        parts = recovery.RecoveryParts(cl, list, None, backend, cl.config, [], True)
+        report = recovery.RecoveryReport(normal=True)
+        assert recovery.recover_normally(parts, -1, report) == end
+        assert (report.records, report.truncated_bytes) == (3, 40)
+        recovery.recover_topic_queue_table(cl, [])
+        assert cl.max_offset == end
+        assert bytes(cl.mfq.files[-1].mm[end - mf.file_from_offset:][:40]) == bytes(40)
+    finally:
+        cl.close()
+
+
+def test_iter_messages_and_message_at_read_a_commitlog_alone(backend, log):
+    from rocketstore import query, read_path
+    clock = _clock()
+    puts = [_put(log, clock, body=b"m%d" % i, queue_id=i % 2) for i in range(5)]
+    rp = read_path.make_read_path(backend)
+    got = list(read_path.iter_messages(log, backend, rp.decode_rows))
+    assert [(m.body, m.commit_log_offset, m.queue_offset) for m in got] == \
+        [(b"m%d" % i, r.commit_log_offset, r.queue_offset) for i, r in enumerate(puts)]
+    assert query.message_at(log, backend, puts[3].commit_log_offset).body == b"m3"
+    assert query.message_at(log, backend, puts[3].commit_log_offset + 1) is None

@@ -176,7 +176,6 @@ def test_every_key_of_every_recovered_record_is_found_after_a_kill(tmp_path, nam
     only from the CommitLog file the checkpoint vouches for: the keys of the destroyed files'
     older records were lost. Here the index is rebuilt from wherever it ends."""
     from rocketstore.clock import StepClock
-    from rocketstore.verify import verify_store
     root = tmp_path / "store"
     n = 1797                        # three full index files (499 keys each) and 300 keys
     old = int(time.time() * 1000) - 3_600_000
@@ -207,7 +206,7 @@ def test_every_key_of_every_recovered_record_is_found_after_a_kill(tmp_path, nam
         store.shutdown()
     ro = MessageStore.open_read_only(root, kernels=name)
     try:
-        problems = verify_store(ro).problems
+        problems = ro.verify().problems
     finally:
         ro.shutdown()
     # A load that was never started keeps the abort file, as 4.9.8's does (reput never caught

@@ -239,11 +239,10 @@ def test_the_cli_names_the_link_in_one_line(tmp_path, capsys):
 
 
 def test_verify_reports_a_link_out_of_the_store(tmp_path):
-    from rocketstore.verify import verify_store
     root, inside, _ = _plant_link(tmp_path, "checkpoint")
     ro = MessageStore.open_read_only(str(root), kernels=BACKEND)
     try:
-        problems = verify_store(ro).problems
+        problems = ro.verify().problems
     finally:
         ro.shutdown()
     assert [p.file for p in problems if p.kind == "link"] == ["checkpoint"]
@@ -334,7 +333,6 @@ def test_a_file_a_crash_left_half_created_is_removed_by_a_writable_open_only(tmp
                                                                              name):
     # create_sized sizes a new file under `<name>.creating` and renames it: a kill in between
     # leaves the temporary, never written to. It is ours, so no stray for verify to report.
-    from rocketstore.verify import verify_store
     root = tmp_path / "store"
     write_store(root, n=20)
     (root / where).mkdir(exist_ok=True)
@@ -348,7 +346,7 @@ def test_a_file_a_crash_left_half_created_is_removed_by_a_writable_open_only(tmp
     assert _messages(root) == before
     ro = MessageStore.open_read_only(str(root), kernels=BACKEND)
     try:
-        assert [str(p) for p in verify_store(ro).problems] == []
+        assert [str(p) for p in ro.verify().problems] == []
     finally:
         ro.shutdown()
 

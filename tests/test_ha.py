@@ -1155,7 +1155,7 @@ def test_master_names_a_slave_that_cleaning_left_behind_its_commit_log(tmp_path,
         for _ in range(300):
             assert master.put_message(Message("T", b"b" * 1000)).ok
         testing.wait_dispatched(master)
-        testing.wait_flushed(master)
+        testing.wait_flushed(master.commitlog)
         master.execute_delete_files_manually()
         master.clean_files_periodically()
         assert master.get_min_phy_offset() > slave_max

@@ -397,11 +397,10 @@ def test_geometry_inference_tells_apart_two_geometries_of_one_file_size(tmp_path
 
 def test_verify_finds_no_problem_in_a_clean_store_with_64_slots_and_500_entries(tmp_path,
                                                                                  backend):
-    from rocketstore.verify import verify_store
     _keyed_store(tmp_path, backend, 300)
     store = MessageStore.open_read_only(tmp_path, kernels=backend)
     try:
-        report = verify_store(store)
+        report = store.verify()
         assert [str(p) for p in report.problems] == []
         assert report.index_entries == 300
         _assert_every_key_found(store, 300)
@@ -414,7 +413,6 @@ def test_verify_finds_no_problem_in_a_clean_64_slot_store_whose_index_holds_no_k
     """An index file with no entry does not tell its numbers (64 and 500 are neither the
     defaults nor their ratio); it holds nothing to check, so it is no problem. Emptied under
     keyed records, the records missing from the index are reported all the same."""
-    from rocketstore.verify import verify_store
     store = testing.open_store(tmp_path, backend)
     try:
         for _ in range(5):
@@ -425,7 +423,7 @@ def test_verify_finds_no_problem_in_a_clean_64_slot_store_whose_index_holds_no_k
     def problems():
         ro = MessageStore.open_read_only(tmp_path, kernels=backend)
         try:
-            return [str(p) for p in verify_store(ro).problems]
+            return [str(p) for p in ro.verify().problems]
         finally:
             ro.shutdown()
     assert problems() == []
@@ -500,11 +498,10 @@ def test_a_writable_open_refuses_index_files_of_unknown_geometry_and_keeps_them(
 
 
 def test_verify_names_every_record_whose_keys_the_index_lost(tmp_path, backend):
-    from rocketstore.verify import verify_store
     _keyed_store(tmp_path, backend, 1200)
     ro = MessageStore.open_read_only(tmp_path, kernels=backend)
     try:
-        assert verify_store(ro).ok
+        assert ro.verify().ok
         lost = ro.index_service.index_file_list[1]
         lo, hi = lost.begin_phy_offset, lost.end_phy_offset
         records = [(m.commit_log_offset, m.topic, m.keys) for m in
@@ -514,7 +511,7 @@ def test_verify_names_every_record_whose_keys_the_index_lost(tmp_path, backend):
     os.remove(lost.path)
     ro = MessageStore.open_read_only(tmp_path, kernels=backend)
     try:
-        problems = verify_store(ro).problems
+        problems = ro.verify().problems
     finally:
         ro.shutdown()
     want = [(f"commitlog/{off // 65536 * 65536:020d}", off % 65536, f"key '{topic}#{keys}' of the "
@@ -542,7 +539,6 @@ def _record_offsets(store):
 
 def test_index_files_pointing_past_a_truncated_commit_log_are_rebuilt(tmp_path, backend):
     """A power cut kept flushed index files whose records never reached the disk."""
-    from rocketstore.verify import verify_store
     _keyed_store(tmp_path, backend, 1200)
     ro = MessageStore.open_read_only(tmp_path, kernels=backend)
     try:
@@ -577,7 +573,7 @@ def test_index_files_pointing_past_a_truncated_commit_log_are_rebuilt(tmp_path, 
         store.shutdown()
     ro = MessageStore.open_read_only(tmp_path, kernels=backend)
     try:
-        assert [str(p) for p in verify_store(ro).problems] == []
+        assert [str(p) for p in ro.verify().problems] == []
     finally:
         ro.shutdown()
 

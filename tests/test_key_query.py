@@ -468,7 +468,10 @@ def test_the_fused_query_answers_as_the_store_s_steps_and_leaves_other_calls_to_
                 for max_num, begin, end in ((1, 0, None), (3, first + 5000, last - 5000),
                                             (100, 0, last), (2, last + 1, None)):
                     store.catch_up()
-                    want = query.query_message(store, topic, key, max_num, begin, end)
+                    want = query.query_message(store.commitlog, store.index_service,
+                                               store.kernels, store.read_path,
+                                               store.config.max_msgs_num_batch, topic, key,
+                                               max_num, begin, end)
                     got = store.query_message(topic, key, max_num, begin, end)
                     assert type(got) is type(want)
                     assert [_fields(m) for m in got.messages] == \

@@ -357,7 +357,7 @@ def test_files_cleaning_deletes_while_a_reader_reads(tmp_path, backend):
             assert [m.queue_offset for m in first.messages] == list(range(8))
             _put(store, 1500, start=300)
             testing.wait_until(lambda: store.dispatch_behind_bytes() == 0)
-            testing.wait_flushed(store)
+            testing.wait_flushed(store.commitlog)
             assert store.clean_files_periodically()
             assert not os.path.exists(os.path.join(store.root, "commitlog", "%020d" % 0))
             low = reader.get_min_offset_in_queue(TOPIC, 0)

@@ -17,7 +17,6 @@ from rocketstore.errors import StoreError
 from rocketstore.kernels import pure
 from rocketstore.message import MessageExt, properties_to_string, string_to_properties
 from rocketstore.store import MessageStore
-from rocketstore.verify import verify_store
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 EXAMPLES = {"ci": 1, "dev": 4, "thorough": 20}.get(PROFILE, 1)
@@ -151,7 +150,7 @@ def _exercise(root, backend):
     except StoreError:
         return
     try:
-        verify_store(store)
+        store.verify()
         for m in store.iter_messages():
             m.to_dict()
     except StoreError:

@@ -269,7 +269,7 @@ def test_body_views_keep_their_file_held_and_mapped_after_the_store_deletes_it(t
         bodies = [b"%03d" % i + b"z" * 200 for i in range(60)]
         assert all(store.put_message(Message("Held", body)).ok for body in bodies)
         testing.wait_dispatched(store)
-        testing.wait_flushed(store)
+        testing.wait_flushed(store.commitlog)
         b = store.get_batch("g", "Held", 0, 0, 5)
         first = store.commitlog.mfq.files[0]
         assert set(b.file_index.tolist()) == {0} and first.ref_count == 1
@@ -310,7 +310,7 @@ def test_a_body_asked_for_after_a_forced_delete_raises_and_the_hold_is_released_
         bodies = [b"%03d" % i + b"f" * 300 for i in range(30)]
         assert all(store.put_message(Message("Gone", body)).ok for body in bodies)
         testing.wait_dispatched(store)
-        testing.wait_flushed(store)
+        testing.wait_flushed(store.commitlog)
         b = store.get_batch("g", "Gone", 0, 0, 3)
         first = store.commitlog.mfq.files[0]
         assert first.ref_count == 1
@@ -334,7 +334,7 @@ def test_a_released_batch_holds_nothing_and_its_views_stay_readable(tmp_path, ba
         bodies = [b"%03d" % i + b"q" * 300 for i in range(30)]
         assert all(store.put_message(Message("Rel", body)).ok for body in bodies)
         testing.wait_dispatched(store)
-        testing.wait_flushed(store)
+        testing.wait_flushed(store.commitlog)
         b = store.get_batch("g", "Rel", 0, 0, 30)
         held = {id(f): f for f in store.commitlog.mfq.files if f.ref_count}
         assert len(held) == len(set(b.file_index.tolist())) > 1

@@ -16,7 +16,6 @@ from rocketstore.dispatch import ConsumeQueueDispatcher
 from rocketstore import format as F
 from rocketstore.errors import CorruptRecordError, MessageIllegalError
 from rocketstore.kernels import pure
-from rocketstore.verify import verify_store
 
 GOOD = "GoodTopic"
 
@@ -112,7 +111,7 @@ def test_verify_reports_a_path_topic_with_file_and_offset(tmp_path, backend):
     root, offset = make_store(tmp_path, backend, b"../../../outside/X")
     ro = MessageStore.open_read_only(root, kernels=backend)
     try:
-        problems = [str(p) for p in verify_store(ro).problems]
+        problems = [str(p) for p in ro.verify().problems]
     finally:
         ro.shutdown()
     assert f"commitlog: commitlog/{'%020d' % 0}@{offset}: corrupt record (topic bytes are not " \

@@ -10,7 +10,6 @@ import sys
 import pytest
 
 from rocketstore import MessageStore, StoreConfig, repair, testing
-from rocketstore.verify import verify_store
 from rocketstore.workload import make_messages
 
 REBUILDER = os.path.join(os.path.dirname(__file__), "crashers", "rebuilder.py")
@@ -97,7 +96,7 @@ def test_verify_reports_an_interrupted_rebuild(tmp_path, pristine):
     kill_rebuild(root, "index", 1)
     ro = MessageStore.open_read_only(root, kernels=BACKEND)
     try:
-        problems = [str(p) for p in verify_store(ro).problems]
+        problems = [str(p) for p in ro.verify().problems]
     finally:
         ro.shutdown()
     assert "repair: rebuild: a rebuild of index was interrupted; the next writable open (or " \

@@ -47,7 +47,7 @@ def fill(store, n=60, topic="TopicA", queue_id=0, body=b"b" * 200):
     results = [store.put_message(Message(topic, body, queue_id=queue_id)) for _ in range(n)]
     assert all(r.ok for r in results)
     testing.wait_dispatched(store)
-    testing.wait_flushed(store)
+    testing.wait_flushed(store.commitlog)
     return results
 
 
@@ -79,12 +79,12 @@ def test_store_size_counts_allocated_bytes_of_commitlog_queues_and_index(make):
 def test_no_budget_deletes_nothing_that_has_not_expired(make):
     store = make()
     fill(store)
-    before = testing.commitlog_names(store)
+    before = testing.commitlog_names(store.commitlog)
     plan = store.clean_plan()
     assert plan.budget == 0 and not plan.over_budget and plan.files == []
     assert plan.store_bytes == store.store_size()
     assert store.clean_files_periodically() == []
-    assert testing.commitlog_names(store) == before
+    assert testing.commitlog_names(store.commitlog) == before
 
 
 def test_budget_deletes_the_oldest_commitlog_files_and_their_queue_files_first(make):
@@ -96,7 +96,7 @@ def test_budget_deletes_the_oldest_commitlog_files_and_their_queue_files_first(m
     budget = full // 2
     store = make(root=probe.root + "-b", store_size_budget=budget)
     results = fill(store)
-    before = testing.commitlog_names(store)
+    before = testing.commitlog_names(store.commitlog)
     cq_before = [f.file_name for f in store.find_consume_queue("TopicA", 0).mfq.files]
     plan = store.clean_plan()
     assert plan.over_budget and plan.store_bytes > budget
@@ -104,7 +104,7 @@ def test_budget_deletes_the_oldest_commitlog_files_and_their_queue_files_first(m
     assert plan.store_bytes - plan.freed_bytes <= budget
     deleted = store.clean_files_periodically()
     assert [f.file_name for f in deleted] == [f[0] for f in plan.files]
-    assert testing.commitlog_names(store) == before[len(deleted):]
+    assert testing.commitlog_names(store.commitlog) == before[len(deleted):]
     cq_after = [f.file_name for f in store.find_consume_queue("TopicA", 0).mfq.files]
     assert cq_after == cq_before[len(cq_before) - len(cq_after):]
     assert len(cq_after) < len(cq_before)
@@ -139,7 +139,7 @@ def test_budget_never_deletes_unconsumed_data_when_protected(make):
     # Once the group has consumed everything, the budget takes all but the current file.
     store.commit_offset("slow", "TopicA", 0, len(results))
     store.clean_files_periodically()
-    assert len(testing.commitlog_names(store)) == 1
+    assert len(testing.commitlog_names(store.commitlog)) == 1
 
 
 def test_budget_without_protection_reports_what_the_groups_lose(make):
@@ -151,7 +151,7 @@ def test_budget_without_protection_reports_what_the_groups_lose(make):
     new_min = plan.files[-1][2]
     assert plan.lost == {"slow": sum(r.commit_log_offset < new_min for r in results)}
     assert len(store.clean_files_periodically()) == len(plan.files)
-    assert len(testing.commitlog_names(store)) == 1
+    assert len(testing.commitlog_names(store.commitlog)) == 1
 
 
 # ---- delete_topic -------------------------------------------------------------------------
@@ -211,7 +211,7 @@ def test_a_deleted_topic_is_not_served_after_restart(tmp_path, backend, crash, p
         r = store.put_message(Message("T", b"after", queue_id=0))
         assert r.ok and r.queue_offset == 0
     testing.wait_dispatched(store)
-    testing.wait_flushed(store)
+    testing.wait_flushed(store.commitlog)
     if crash:
         # An abnormal exit: the next open dispatches the CommitLog again from its start.
         store.checkpoint.physic_msg_timestamp = store.checkpoint.logics_msg_timestamp = 0

@@ -292,6 +292,34 @@ def test_prometheus_export_reports_the_counters(tmp_path, backend):
         store.shutdown()
 
 
+def test_metrics_are_the_counters_as_numbers_and_never_call_an_injected_clock(tmp_path,
+                                                                               backend):
+    from rocketstore.clock import system_clock
+    clock = CountingClock(T0)
+    store = testing.open_store(tmp_path / "s", backend, clock=clock)
+    try:
+        for i in range(3):
+            store.put_message(Message("T", b"m%d" % i, queue_id=0))
+        store.get_message("g", "T", 0, 0)
+        store.get_message("g", "T", 0, 3)                   # nothing there yet: a miss
+        calls = clock.calls
+        m = store.metrics()
+        assert clock.calls == calls
+        assert (m["put_messages"], m["put_failed"], sum(m["put_latency"].values())) == (3, 0, 3)
+        assert list(m["put_latency"]) == list(PUT_LATENCY_BUCKETS)
+        assert m["put_bytes"] > 3 * 2
+        assert (m["get_found"], m["get_miss"], m["get_transferred"]) == (1, 1, 3)
+        assert m["lock_time_ms"] is None
+        assert store.dispatch_failures() == (0, None)
+    finally:
+        store.shutdown()
+    live = testing.open_store(tmp_path / "live", backend, clock=system_clock)
+    try:
+        assert live.metrics()["lock_time_ms"] == 0         # no put holds the lock
+    finally:
+        live.shutdown()
+
+
 def test_prometheus_export_without_the_library_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
     monkeypatch.setitem(sys.modules, "prometheus_client.core", None)

@@ -53,7 +53,7 @@ def _selected(store, args, damage):
     if start is not None and not _record_starts_at(store, start):
         raise StoreError(f"no record starts at commit-log offset {start}")
     count = 0
-    for step in walk_commitlog(store, start):
+    for step in walk_commitlog(store.commitlog, store.kernels, start):
         if step[0] == "damage":
             _, mf, pos, detail = step
             damage(f"{os.path.relpath(mf.path, store.root)}@{pos}", detail)

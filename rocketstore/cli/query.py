@@ -85,7 +85,7 @@ def _query(args):
             messages = [m] if m is not None else []
             what = f"msgId {args.msg_id}"
         elif args.what == "offset":
-            m = query.message_at(store, args.phy_offset)
+            m = query.message_at(store.commitlog, store.kernels, args.phy_offset)
             messages = [m] if m is not None else []
             what = f"commit-log offset {args.phy_offset}"
         else:

@@ -38,7 +38,6 @@ def add_parsers(sub):
 def _verify(args):
     from .progress import progress_bar
     from ..store import MessageStore
-    from ..verify import verify_store
     import os
     from ..fs import DEFAULT
     _, holder = DEFAULT.lock_holder(os.path.join(args.store_dir, "lock"))
@@ -49,7 +48,7 @@ def _verify(args):
     try:
         total = max(0, store.get_max_phy_offset() - max(0, store.get_min_phy_offset()))
         with progress_bar(total, "verify", unit="B") as bar:
-            report = verify_store(store, bar.update)
+            report = store.verify(bar.update)
     finally:
         store.shutdown()
     if args.json:
@@ -91,7 +90,8 @@ def _recover(args):
     report = repair.recover(args.store_dir, kernels=args.backend, **geometry)
     after = MessageStore.open_read_only(args.store_dir, kernels=args.backend)
     try:
-        units, entries = repair.store_counts(after)
+        units, entries = repair.store_counts(after.all_consume_queues(),
+                                             after.index_service.index_file_list)
     finally:
         after.shutdown()
     result = dict(repair.camel_keys(dataclasses.asdict(report)), unitsBefore=plan.units_before,

@@ -43,7 +43,7 @@ for i in range(5):
     assert store.put_message(Message("Other", b"o%d" % i)).ok
 store.commit_offset("g", "T", 0, 3)
 store.persist_configs()
-testing.wait_flushed(store)
+testing.wait_flushed(store.commitlog)
 fs.armed = True
 store.delete_topic("T")
 fs.armed = False
