@@ -51,10 +51,14 @@ class RecoveryParts:
     writable: bool
 
 
+# Not a kernel outcome: the last record ends in zeros where its properties must end (_torn).
+_SCAN_TORN = -1
+
 _REASONS = {F.SCAN_END: "end", F.SCAN_BLANK: "blank", F.SCAN_EMPTY: "empty",
             F.SCAN_CORRUPT: "corrupt", F.SCAN_MISMATCH: "length mismatch",
             F.SCAN_PARTIAL: "partial record",
-            F.SCAN_TOPIC: "corrupt (topic bytes are not a valid topic name)"}
+            F.SCAN_TOPIC: "corrupt (topic bytes are not a valid topic name)",
+            _SCAN_TORN: "torn record (its tail was never written)"}
 
 
 def scan_commitlog(commitlog, kernels, start_index, check_crc, dispatch=None, report=None,
@@ -74,6 +78,18 @@ def scan_commitlog(commitlog, kernels, start_index, check_crc, dispatch=None, re
     pos = start_pos
     while True:
         n, stop, reason, _ = kernels.commitlog_scan(mf.mm, pos, limit, check_crc, rows)
+        if reason == F.SCAN_END and stop < limit and n > 1:
+            # The rows filled up: the next call starts at the last record, so whichever call
+            # meets the end of the data has the record before it (below).
+            n -= 1
+            stop = int(rows[n]["pos"])
+        elif n and (reason == F.SCAN_EMPTY or
+                    (reason == F.SCAN_END and limit <= stop < mf.file_size)):
+            # Never-written space follows: the last record may be torn (doc/03 §5.3).
+            if _torn(mf.mm, rows[n - 1]):
+                n -= 1
+                stop = int(rows[n]["pos"])
+                reason = _SCAN_TORN
         if report is not None:
             report.records += n
             report.scanned_bytes += stop - pos
@@ -100,6 +116,21 @@ def scan_commitlog(commitlog, kernels, start_index, check_crc, dispatch=None, re
             report.stop_reason = _REASONS.get(reason, str(reason))
         break
     return mf.file_from_offset + pos
+
+
+def _torn(mm, row):
+    """Whether the record of `row`, the last one before never-written space, lost its tail:
+    a write cut short (a process killed in the middle of it, or an HA slave that received only
+    part of a frame or was sent a frame cut inside the record) leaves zeros past the cut,
+    and the lengths, the topic and the body CRC (which covers only the body) may all still
+    hold. Properties always end with the 0x02 separator, and they end the record, so a record
+    with properties whose last byte is zero never was written whole. Taken as complete, the
+    store would report an offset past bytes it does not have: a slave would then ask its
+    master for what follows and keep the zeros for good (doc/05 §4)."""
+    if row["props_len"] <= 0:
+        return False
+    end = int(row["pos"]) + int(row["size"])
+    return mm[end - 1:end] == b"\0"
 
 
 def recover_consume_queues(queues):

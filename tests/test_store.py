@@ -247,6 +247,38 @@ def test_corrupt_tail_is_truncated_on_open(tmp_path, backend):
         s.shutdown()
 
 
+@pytest.mark.parametrize("count", [100, 4096, 4097])
+@pytest.mark.parametrize("abort", [False, True], ids=["normal", "abnormal"])
+def test_last_record_whose_properties_end_in_zeros_is_torn_and_truncated_on_open(
+        tmp_path, backend, count, abort):
+    """A write cut short (a killed writer, an HA slave holding part of a frame) leaves zeros
+    where the last record's properties end, with lengths and body CRC intact. 4096 records:
+    the torn one is the last row of a full scan batch; 4097: the first of the next."""
+    root = tmp_path / "s"
+    s = testing.open_store(root, backend, config=testing.small_config(
+        mapped_file_size_commit_log=1 << 20))
+    rs = [s.put_message(Message("T", b"%05d" % i, keys=f"k{i}")) for i in range(count)]
+    s.shutdown()
+    last = rs[-1]
+    with open(root / "commitlog" / ("%020d" % 0), "r+b") as f:
+        f.seek(last.commit_log_offset + last.wrote_bytes - 3)
+        f.write(bytes(3))
+    if abort:
+        (root / "abort").write_bytes(b"")
+    s = testing.open_store(root, backend, config=testing.small_config(
+        mapped_file_size_commit_log=1 << 20))
+    try:
+        assert s.recovery_report.normal is not abort
+        assert s.recovery_report.stop_reason.startswith("torn record"), s.recovery_report
+        assert s.get_max_phy_offset() == last.commit_log_offset
+        testing.wait_dispatched(s)
+        assert s.get_max_offset_in_queue("T", 0) == count - 1
+        r = s.get_message("g", "T", 0, count - 2, 32)
+        assert [m.body for m in r.messages] == [b"%05d" % (count - 2)]
+    finally:
+        s.shutdown()
+
+
 def test_wrong_file_size_config_refuses_to_load_and_touches_nothing(tmp_path, backend):
     root = tmp_path / "s"
     s = testing.open_store(root, backend)
