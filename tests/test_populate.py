@@ -209,6 +209,60 @@ def test_a_store_whose_last_file_is_full_prepares_the_next_one_at_start(tmp_path
         store.shutdown()
 
 
+class SlowCreate(FileSystem):
+    """The first creation of `path` waits for `go` (set by the test), once `creating` says
+    it began; every creation of a CommitLog file is recorded."""
+
+    def __init__(self, path):
+        self.path = path
+        self.creating = threading.Event()
+        self.go = threading.Event()
+        self.created = []
+
+    def create_sized(self, path, size, preallocate=False):
+        self.created.append(path)
+        if path == self.path and not self.creating.is_set():
+            self.creating.set()
+            self.go.wait(30)
+        return super().create_sized(path, size, preallocate)
+
+
+def test_a_file_a_writer_is_creating_is_not_made_again_by_a_want_meanwhile(tmp_path, backend):
+    """A slave's HA client starts before CommitLog.start, which wants the file after a full
+    last one: the client may be creating that file for its first frame meanwhile. Made twice,
+    the allocator's copy counted as prepared but never used, and shutdown deleted the file
+    the CommitLog was writing."""
+    file_size = config().mapped_file_size_commit_log
+    path = str(tmp_path / "s" / "commitlog" / f"{5 * file_size:020d}")
+    fs = SlowCreate(path)
+    store = testing.open_store(tmp_path / "s", backend, config=config(), fs=fs)
+    try:
+        mfq = store.commitlog.mfq
+        allocator = store.commitlog.allocator
+        assert mfq.path_to_create(5 * file_size) == path
+        taken = []
+        writer = threading.Thread(target=lambda: taken.append(
+            allocator.take(path, 6 * mfq.file_size)))
+        writer.start()
+        assert fs.creating.wait(30)
+        allocator.want(path)                      # what CommitLog.start asks at that moment
+        # The allocator thread takes up the want (wakeup) while the writer's creation waits.
+        # It clears _wanted and sets _making (were it to make the file) under one lock, so
+        # both None means it is done with this want.
+        def done():
+            with allocator._lock:
+                return allocator._wanted is None and allocator._making is None
+        testing.wait_until(done, 10, "the allocator to take up the want")
+        fs.go.set()
+        writer.join(30)
+        assert taken and taken[0].path == path
+        assert fs.created.count(path) == 1, fs.created
+    finally:
+        store.shutdown()
+    assert os.path.exists(path)
+    taken[0].destroy()
+
+
 def test_a_slave_prepares_no_first_file_since_the_master_names_it(tmp_path, backend):
     master = testing.open_store(tmp_path / "m", backend, config=config())
     slave = testing.open_store(tmp_path / "sl", backend,

@@ -51,6 +51,7 @@ class AllocateMappedFileService(ServiceThread):
         self._lock = threading.Condition()
         self._wanted = None        # path of the file to prepare next
         self._making = None        # path being created right now
+        self._taking = set()       # paths take() is creating itself, on a writer's thread
         self._ready = {}           # path -> MappedFile prepared in the background
         self._writing = None       # the file whose writer this thread refilled last
         self._adopted = None       # the file adopt() took last (without readahead)
@@ -204,10 +205,20 @@ class AllocateMappedFileService(ServiceThread):
             mf = self._ready.pop(path, None)
             if self._wanted == path:
                 self._wanted = None
+            if mf is None:
+                # Nor the other way round: a want() of this path meanwhile (CommitLog.start
+                # wants the file after a full last one, while a slave's HA client, started
+                # first, may be creating it) must not make a second file under this path,
+                # which shutdown would then delete as prepared but never used.
+                self._taking.add(path)
         if mf is None:
             # Created while a producer waits: this thread reserves and populates its first
             # window from now on, while the producer writes its first pages.
-            mf = self._make(path)
+            try:
+                mf = self._make(path)
+            finally:
+                with self._lock:
+                    self._taking.discard(path)
         # Populated already, or not yet (see _fill_ready): urgent from now on.
         self.adopt(mf, 0)
         self.want(os.path.join(os.path.dirname(path), "%020d" % next_offset))
@@ -230,7 +241,8 @@ class AllocateMappedFileService(ServiceThread):
         with self._lock:
             path = self._wanted
             self._wanted = None
-            if path is None or path in self._ready or self._fs.exists(path):
+            if (path is None or path in self._ready or path in self._taking
+                    or self._fs.exists(path)):
                 return
             self._making = path
         mf = None
