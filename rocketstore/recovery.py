@@ -123,10 +123,11 @@ def _torn(mm, row):
     a write cut short (a process killed in the middle of it, or an HA slave that received only
     part of a frame or was sent a frame cut inside the record) leaves zeros past the cut,
     and the lengths, the topic and the body CRC (which covers only the body) may all still
-    hold. Properties always end with the 0x02 separator, and they end the record, so a record
-    with properties whose last byte is zero never was written whole. Taken as complete, the
-    store would report an offset past bytes it does not have: a slave would then ask its
-    master for what follows and keep the zeros for good (doc/05 §4)."""
+    hold. Properties end the record, and their last byte is that of the last value, or the
+    0x01 after its name when the value is empty: zero only for a value ending in U+0000, which
+    no system property has. Taken as complete, a torn record makes the store report an offset
+    past bytes it does not have: a slave then asks its master for what follows and keeps the
+    zeros for good (doc/03 §5.3)."""
     if row["props_len"] <= 0:
         return False
     end = int(row["pos"]) + int(row["size"])

@@ -144,17 +144,30 @@ def producer(store, count, start=0, batch_every=7):
 
     def run():
         i = start
-        while i < start + count and not stop.is_set():
-            if i % batch_every == 0:
-                n = 2 + i % 13
-                assert store.put_messages([message(j) for j in range(i, i + n)]).ok
-                i += n
-            else:
-                assert store.put_message(message(i)).ok
-                i += 1
+        try:
+            while i < start + count and not stop.is_set():
+                if i % batch_every == 0:
+                    n = 2 + i % 13
+                    assert store.put_messages([message(j) for j in range(i, i + n)]).ok
+                    i += n
+                else:
+                    assert store.put_message(message(i)).ok
+                    i += 1
+        except BaseException as exc:
+            t.error = exc
+            raise
     t = threading.Thread(target=run, daemon=True)
+    t.error = None
     t.start()
     return t, stop
+
+
+def join_producer(t, timeout=60.0):
+    """Wait for a producer thread to have made all its puts: a master still putting when the
+    logs are compared would differ from its slave in the last file for no fault of either."""
+    t.join(timeout)
+    assert not t.is_alive(), "the producer has not finished its puts"
+    assert t.error is None, f"a put failed: {t.error!r}"
 
 
 def all_messages(store):
@@ -301,7 +314,7 @@ def test_sigkilled_slave_recovers_and_catches_up(tmp_path):
             lambda: not master.ha_service.connections, 10, "the dead connection to go")
         slave = Node(tmp_path / "s", "SLAVE", tmp_path, master=f"127.0.0.1:"
                      f"{master.ha_service.port}")
-        t.join(60)
+        join_producer(t)
         acked_from_master(master, 20)
         assert master.get_max_phy_offset() > killed_at
         slave.stop()
@@ -380,7 +393,7 @@ def test_cut_connection_reconnects_and_resumes_byte_identical(tmp_path):
                 lambda: master.ha_service.push2slave_max_offset > 2 * FILE, 20, "data")
             proxy.cut()
             time.sleep(0.1)
-        t.join(60)
+        join_producer(t)
         acked_from_master(master, 20)
         assert proxy.accepted >= 3                       # it came back after every cut
         # The master can drop the connection too.
