@@ -171,8 +171,8 @@ class MessageStore:
         self.deleted_topics = DeletedTopicManager(self.root, self.fs, self.clock, read_only)
         # The checkpoint it moves is opened by load().
         self._cq_dispatcher = ConsumeQueueDispatcher(
-            self.find_consume_queue_raw, self.deleted_topics, self.dirty_cqs,
-            self.config.delay_levels, self.kernels, is_slave=self.is_slave)
+            self.find_consume_queue_raw, self.deleted_topics, self.config.delay_levels,
+            self.kernels, is_slave=self.is_slave)
         self.dispatchers = [self._cq_dispatcher]
         # It dispatches after the CQs, and cleaning trims it after them.
         self.index_service = IndexService(self.root, self.config, self.kernels, self.fs,
