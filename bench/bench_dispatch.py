@@ -38,8 +38,10 @@ def test_reput_dispatch(benchmark, backend, store_factory, topics, queues, part)
     store = store_factory(backend, msgs, RUNS)
     reput = store.reput_service
     reput.shutdown()            # the puts below wait for the timed do_reput()
-    every = store.dispatchers
-    store.dispatchers = [d for d in every if isinstance(d, PARTS[part])]
+    # Edited in place: the reput service holds this list (assigning a new one to the store
+    # would leave reput dispatching with every dispatcher, whatever the part).
+    every = list(store.dispatchers)
+    store.dispatchers[:] = [d for d in every if isinstance(d, PARTS[part])]
     if part == "index-numpy":
         store.index_service._k_dispatch = None
     batches = [msgs[i:i + BATCH] for i in range(0, N, BATCH)]
@@ -64,7 +66,7 @@ def test_reput_dispatch(benchmark, backend, store_factory, topics, queues, part)
         assert store.dispatch_behind_bytes() == 0
         # What the timed passes left out is dispatched now, so every message reads back
         # through its ConsumeQueue and its key (a re-dispatch skips what is there).
-        store.dispatchers = every
+        store.dispatchers[:] = every
         reput.reput_from_offset = store.commitlog.min_offset
         reput.do_reput()
         check_puts(results, len(results) // len(batches) * N)
@@ -74,5 +76,5 @@ def test_reput_dispatch(benchmark, backend, store_factory, topics, queues, part)
             found = store.query_message(m.topic, m.keys).messages
             assert len(found) == rounds, f"key {m.keys}: {len(found)} of {rounds} found"
     finally:
-        store.dispatchers = every
+        store.dispatchers[:] = every
         reput.start()

@@ -105,6 +105,10 @@ DEF CF_RESERVED = 2
 DEF CF_FROM = 3
 DEF CF_SIZE = 4
 DEF CF_MM = 5
+_CQ_SLOTS = ("max_physic_offset", "dirty", "_marked")
+DEF CQ_MAX = 0
+DEF CQ_DIRTY = 1
+DEF CQ_MARKED = 2
 
 
 cdef class CqSlots:
@@ -116,13 +120,13 @@ cdef class CqSlots:
     cdef list _touched          # slots loaded (and pinned) in the current call
     cdef type _file_type
     cdef Py_ssize_t _f[6]
-    cdef Py_ssize_t _cq_max
+    cdef Py_ssize_t _cq[3]         # ConsumeQueue's max_physic_offset, dirty, _marked
 
     def __cinit__(self, type mapped_file_type, type consume_queue_type):
         # Positions are read and written at the members' offsets, as PutPath does: with
         # 40 000 queues a batch loads and publishes a queue per row or two.
         _member_offsets(mapped_file_type, _CQ_FILE_SLOTS, self._f)
-        _member_offsets(consume_queue_type, ("max_physic_offset",), &self._cq_max)
+        _member_offsets(consume_queue_type, _CQ_SLOTS, self._cq)
         self._file_type = mapped_file_type
         self.t.e = NULL
         self.t.cap = 0
@@ -194,7 +198,7 @@ cdef class CqSlots:
             mm = s.mm
             if (files is s.files and _member(f, self._f[CF_WROTE]) == <PyObject *>s.o_wrote
                     and _member(f, self._f[CF_RESERVED]) == <PyObject *>s.o_reserved
-                    and _member(s.cq, self._cq_max) == <PyObject *>s.o_max
+                    and _member(s.cq, self._cq[CQ_MAX]) == <PyObject *>s.o_max
                     and _member(f, self._f[CF_MM]) == <PyObject *>mm
                     and (<Mapping>mm)._addr != NULL):
                 (<Mapping>mm)._exports += 1     # pinned: close() raises BufferError until publish
@@ -211,14 +215,14 @@ cdef class CqSlots:
         for i in range(6):
             if _member(f, self._f[i]) == NULL:
                 return 0
-        if _member(s.cq, self._cq_max) == NULL:
+        if _member(s.cq, self._cq[CQ_MAX]) == NULL:
             return 0
         mm = <object>_member(f, self._f[CF_MM])
         if type(mm) is not Mapping or not (<Mapping>mm).writable or (<Mapping>mm)._addr == NULL:
             return 0
         o_wrote = <object>_member(f, self._f[CF_WROTE])
         o_reserved = <object>_member(f, self._f[CF_RESERVED])
-        o_max = <object>_member(s.cq, self._cq_max)
+        o_max = <object>_member(s.cq, self._cq[CQ_MAX])
         st.size = <object>_member(f, self._f[CF_SIZE])
         st.base = <object>_member(f, self._f[CF_FROM])
         st.wrote = o_wrote
@@ -286,8 +290,13 @@ cdef class CqSlots:
     cdef int publish(self) except -1:
         """Positions back to the MappedFile and ConsumeQueue objects, pins released: readers
         see the units, and any Python code may run (and change the queues) after this. Each
-        queue keeps its state, with the objects just published, for the next call."""
+        queue keeps its state, with the objects just published, for the next call. The queues
+        written to are then marked in their DirtyQueues as ConsumeQueue's own writes mark
+        them (ConsumeQueue._mark): the epoch read after the positions moved, once per epoch;
+        with 40 000 queues this walk, which touches them anyway, costs less than looking up
+        every dispatched row's queue."""
         cdef _CqSlot s
+        cdef list written = []
         for o in self._touched:
             s = <_CqSlot>o
             if s.st.appendable:
@@ -296,9 +305,10 @@ cdef class CqSlots:
                     _set_member(s.file, self._f[CF_WROTE], wrote)
                     _set_member(s.file, self._f[CF_COMMITTED], wrote)
                     s.o_wrote = wrote
+                    written.append(s.cq)
                 if s.st.max_phy != <int64_t>s.o_max:
                     o_max = s.st.max_phy
-                    _set_member(s.cq, self._cq_max, o_max)
+                    _set_member(s.cq, self._cq[CQ_MAX], o_max)
                     s.o_max = o_max
             if s.pinned:
                 (<Mapping>s.mm)._exports -= 1
@@ -307,6 +317,38 @@ cdef class CqSlots:
             s.st.appendable = False
         del self._touched[:]
         self.t.gen += 1
+        if written:
+            self._mark(written)
+        return 0
+
+    cdef int _mark(self, list written) except -1:
+        cdef PyObject *d
+        cdef PyObject *m
+        cdef object dirty, last = None, epoch = None
+        cdef list marks = []
+        for cq in written:
+            d = _member(cq, self._cq[CQ_DIRTY])
+            if d == NULL or d == <PyObject *>None:
+                continue                    # no DirtyQueues tracks this queue
+            dirty = <object>d
+            if dirty is not last:
+                self._mark_all(last, marks, epoch)
+                last = dirty
+                epoch = dirty.epoch         # read after the positions moved: DirtyQueues
+            m = _member(cq, self._cq[CQ_MARKED])
+            if m == NULL or (m != <PyObject *>epoch and <object>m != epoch):
+                marks.append(cq)
+        self._mark_all(last, marks, epoch)
+        return 0
+
+    cdef int _mark_all(self, dirty, list marks, epoch) except -1:
+        """Mark `marks` in `dirty`, then record the epoch they were marked in."""
+        if not marks:
+            return 0
+        dirty.mark_all(marks)
+        for cq in marks:
+            _set_member(cq, self._cq[CQ_MARKED], epoch)
+        del marks[:]
         return 0
 
 

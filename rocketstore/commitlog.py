@@ -426,50 +426,40 @@ class CommitLog:
             e = self.encode(msg, buf, 0)
         size = e.size
         key = e.key
-        with self.put_lock:
-            if self.closed:
-                self.refuse_closed()
-            after_put = self.after_put
-            ts = clock()
-            self.put_cells[LOCK_BEGIN] = ts
+        with self._put_locked(clock) as (after_put, ts, table):
             try:
-                try:
-                    files = self.mfq.files
-                    mf = files[-1] if files else None
-                    if mf is None or mf.wrote_position >= self.file_size:
-                        mf = self._writable_file()
+                files = self.mfq.files
+                mf = files[-1] if files else None
+                if mf is None or mf.wrote_position >= self.file_size:
+                    mf = self._writable_file()
+                pos = mf.wrote_position
+                if size + F.END_FILE_MIN_BLANK_LENGTH > self.file_size - pos:
+                    self._end_file(mf, pos)
+                    mf = self._writable_file()
                     pos = mf.wrote_position
-                    if size + F.END_FILE_MIN_BLANK_LENGTH > self.file_size - pos:
-                        self._end_file(mf, pos)
-                        mf = self._writable_file()
-                        pos = mf.wrote_position
-                except OSError as exc:
-                    # ENOSPC and friends while rolling: nothing of this message was written and
-                    # the blank record closing the full file is valid, so refuse and go on.
-                    return PutMessageResult(PutMessageStatus.CREATE_MAPEDFILE_FAILED,
-                                            reason=f"create mapped file failed: "
-                                                   f"{self._refusal(exc)}")
-                if pos + size + F.END_FILE_MIN_BLANK_LENGTH > mf.refill_position:
-                    reason = self._reserve(mf, pos + size)
-                    if reason is not None:
-                        return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
-                                                reason=reason)
-                table = self.topic_queue_table
-                qoff = table.get(key, 0) if e.dispatched else 0
-                phy = mf.file_from_offset + pos
-                if mf.wbuf is None:
-                    self._k.commitlog_append(mf.mm, pos, buf, qoff, phy, ts)
-                    mf.wrote_position = mf.committed_position = pos + size
-                else:
-                    self._k.commitlog_append(mf.wbuf, pos, buf, qoff, phy, ts)
-                    mf.wrote_position = pos + size
-                mf.store_timestamp = ts
-                if e.dispatched:
-                    table[key] = qoff + 1
-                self.put_cells[PUT_TIMES] += 1
-                self.put_cells[PUT_BYTES] += size
-            finally:
-                self.put_cells[LOCK_BEGIN] = 0
+            except OSError as exc:
+                # ENOSPC and friends while rolling: nothing of this message was written and
+                # the blank record closing the full file is valid, so refuse and go on.
+                return PutMessageResult(PutMessageStatus.CREATE_MAPEDFILE_FAILED,
+                                        reason=f"create mapped file failed: "
+                                               f"{self._refusal(exc)}")
+            if pos + size + F.END_FILE_MIN_BLANK_LENGTH > mf.refill_position:
+                reason = self._reserve(mf, pos + size)
+                if reason is not None:
+                    return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
+                                            reason=reason)
+            qoff = table.get(key, 0) if e.dispatched else 0
+            phy = mf.file_from_offset + pos
+            if mf.wbuf is None:
+                self._k.commitlog_append(mf.mm, pos, buf, qoff, phy, ts)
+                mf.wrote_position = mf.committed_position = pos + size
+            else:
+                self._k.commitlog_append(mf.wbuf, pos, buf, qoff, phy, ts)
+                mf.wrote_position = pos + size
+            mf.store_timestamp = ts
+            if e.dispatched:
+                table[key] = qoff + 1
+            self._count_puts(1, size)
         status = self.finish_put(after_put, phy + size, msg)
         return PutMessageResult(status, phy, qoff, ts, size, e.store_raw)
 
@@ -635,48 +625,40 @@ class CommitLog:
                 cols.frags, cols.frag_off)
         phys = np.empty(n, dtype=np.int64)
         key = (topic, queue_id)
-        with self.put_lock:
-            if self.closed:
-                self.refuse_closed()
-            after_put = self.after_put
-            ts = clock()
-            self.put_cells[LOCK_BEGIN] = ts
-            try:
-                qbase = self.topic_queue_table.get(key, 0)
-                done = rd = 0
-                while done < n:
-                    mf, status, reason = self._batch_file(total - rd)
-                    if mf is None:
-                        # What was written keeps its queue offsets; the rest takes none.
-                        self.topic_queue_table[key] = qbase + done
-                        self._count_puts(done, rd)
-                        return PutMessagesResult(
-                            status, done, phys[:done],
-                            np.arange(qbase, qbase + done, dtype=np.int64), sizes[:done], ts,
-                            rd, [self.store_host_raw] * done, reason=reason)
-                    wpos = mf.wrote_position
-                    base = mf.file_from_offset + wpos
-                    count, nbytes = self._k.batch_encode(
-                        mf.write_target, wpos, self.file_size, *args, done, n, flag, sys_flag,
-                        born_timestamp, born_raw, ts, self.store_host_raw, qbase + done, base,
-                        flags_or=cols.flags_or)
-                    if count:
-                        phys[done] = base
-                        np.cumsum(sizes[done:done + count - 1], out=phys[done + 1:done + count])
-                        phys[done + 1:done + count] += base
-                        mf.wrote_position = wpos + nbytes
-                        if mf.wbuf is None:
-                            mf.committed_position = wpos + nbytes
-                        mf.store_timestamp = ts
-                        done += count
-                        rd += nbytes
-                    if done < n:
-                        self._end_file(mf, mf.wrote_position)
-                if n:       # an empty batch leaves no queue behind, as put_messages([]) does
-                    self.topic_queue_table[key] = qbase + n
-                self._count_puts(n, total)
-            finally:
-                self.put_cells[LOCK_BEGIN] = 0
+        with self._put_locked(clock) as (after_put, ts, table):
+            qbase = table.get(key, 0)
+            done = rd = 0
+            while done < n:
+                mf, status, reason = self._batch_file(total - rd)
+                if mf is None:
+                    # What was written keeps its queue offsets; the rest takes none.
+                    table[key] = qbase + done
+                    self._count_puts(done, rd)
+                    return PutMessagesResult(
+                        status, done, phys[:done],
+                        np.arange(qbase, qbase + done, dtype=np.int64), sizes[:done], ts,
+                        rd, [self.store_host_raw] * done, reason=reason)
+                wpos = mf.wrote_position
+                base = mf.file_from_offset + wpos
+                count, nbytes = self._k.batch_encode(
+                    mf.write_target, wpos, self.file_size, *args, done, n, flag, sys_flag,
+                    born_timestamp, born_raw, ts, self.store_host_raw, qbase + done, base,
+                    flags_or=cols.flags_or)
+                if count:
+                    phys[done] = base
+                    np.cumsum(sizes[done:done + count - 1], out=phys[done + 1:done + count])
+                    phys[done + 1:done + count] += base
+                    mf.wrote_position = wpos + nbytes
+                    if mf.wbuf is None:
+                        mf.committed_position = wpos + nbytes
+                    mf.store_timestamp = ts
+                    done += count
+                    rd += nbytes
+                if done < n:
+                    self._end_file(mf, mf.wrote_position)
+            if n:       # an empty batch leaves no queue behind, as put_messages([]) does
+                table[key] = qbase + n
+            self._count_puts(n, total)
         status = PutMessageStatus.PUT_OK
         if n:
             # after_put reads the message's WAIT property, which the batch shares.

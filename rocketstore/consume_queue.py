@@ -70,6 +70,9 @@ class ConsumeQueue:
 
     __slots__ = ("topic", "queue_id", "mfq", "file_size", "max_physic_offset",
                  "min_logic_offset", "_k", "_commit_log_min", "dirty", "_marked")
+    # The compiled dispatcher (pyx/_cq_dispatch.pxi) marks the queues it wrote as put_unit's
+    # _mark does, reading and setting the epoch a queue was last marked in.
+    LENT_SLOTS = ("_marked",)
 
     def __init__(self, root, topic, queue_id, file_size, kernels, fs, writable=True,
                  reserve_window=0):

@@ -27,21 +27,6 @@ log = logging.getLogger(__name__)
 
 _SKIP_CQ = (F.TRANSACTION_PREPARED_TYPE, F.TRANSACTION_ROLLBACK_TYPE)
 
-# The table of queue keys marked dirty in an epoch (ConsumeQueueDispatcher._mark_dispatched)
-# has at least 8 slots per key, so keys seldom share one; it starts small (emptied every
-# epoch) and grows with the keys. _NO_KEY fills empty slots: a row with that key (topic hash
-# -1, queue id -1) is never taken as marked.
-_TABLE_MIN_BITS = 10
-_NO_KEY = -1
-_FIB = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _slot_of(keys, bits):
-    """Each int64 key's slot in a table of 2^bits (Fibonacci hashing: the top bits of
-    key * 2^64/phi)."""
-    return ((keys.view(np.uint64) * _FIB) >> np.uint64(64 - bits)).astype(np.intp)
-
-
 class Dispatcher:
     def dispatch(self, rows, buf):
         raise NotImplementedError  # pragma: no cover
@@ -85,16 +70,16 @@ class ConsumeQueueDispatcher(Dispatcher):
     """CommitLogDispatcherBuildConsumeQueue: NOT and COMMIT records get a unit in their queue.
 
     Its collaborators: `find_queue(topic bytes, queue id)` (the store's queue, made on first
-    use), the `deleted_topics` (topic_delete.py), the `dirty_cqs` (DirtyQueues) it marks,
-    the config's `delay_levels`, the `kernels`, and the `checkpoint` whose dispatch times it
-    moves (the store sets it once loaded: the file is opened then). `is_slave`: a slave's
-    dispatch moves physicMsgTimestamp too."""
+    use), the `deleted_topics` (topic_delete.py), the config's `delay_levels`, the `kernels`,
+    and the `checkpoint` whose dispatch times it moves (the store sets it once loaded: the
+    file is opened then). `is_slave`: a slave's dispatch moves physicMsgTimestamp too. The
+    queues it writes mark themselves dirty (ConsumeQueue.put_unit, or the compiled loop as
+    put_unit would)."""
 
-    def __init__(self, find_queue, deleted_topics, dirty_cqs, delay_levels, kernels, *,
+    def __init__(self, find_queue, deleted_topics, delay_levels, kernels, *,
                  checkpoint=None, is_slave=False):
         self._find_queue = find_queue
         self._deleted_topics = deleted_topics
-        self._dirty_cqs = dirty_cqs
         self._kernels = kernels
         self.checkpoint = checkpoint
         self._is_slave = is_slave
@@ -106,16 +91,9 @@ class ConsumeQueueDispatcher(Dispatcher):
         self.forget_queues()
 
     def forget_queues(self):
-        """Drop every queue the compiled loop and the dirty marking remember (a topic was
-        deleted: its queue objects are gone from the store, and a row must find the new one).
-        The caller holds the reput lock, or no dispatch can run."""
-        # (topic hash << 32 | queue id) -> the queues cq_dispatch may append to under that key
-        # (two when topics share a hash): what a batch touched is marked dirty from its rows.
-        self._cq_of_key = {}
-        self._epoch = -1            # the dirty_cqs epoch the keys below belong to
-        self._marked_keys = set()   # keys whose queues were marked in it
-        self._marked_table = np.full(1 << _TABLE_MIN_BITS, _NO_KEY, dtype=np.int64)  # by hash
-        self._table_bits = _TABLE_MIN_BITS
+        """Drop every queue the compiled loop remembers (a topic was deleted: its queue
+        objects are gone from the store, and a row must find the new one). The caller holds
+        the reput lock, or no dispatch can run."""
         if self._k_dispatch is not None:
             from .consume_queue import ConsumeQueue
             from .mapped_file import MappedFile
@@ -191,58 +169,7 @@ class ConsumeQueueDispatcher(Dispatcher):
         if row[R_INFO] & F.SCAN_INFO_SCHEDULE:
             tags = self._schedule_tags_code(row, buf)
         cq.put_unit(row[R_PHY], row[R_SIZE], tags, row[R_QOFF])
-        key = (row[R_TOPIC_HASH] << 32) | (row[R_QID] & 0xFFFFFFFF)
-        known = self._cq_of_key.get(key)
-        if known is None:
-            self._cq_of_key[key] = (cq,)
-        elif cq not in known:
-            self._cq_of_key[key] = known + (cq,)
         return cq
-
-    def _mark_dispatched(self, arr):
-        """Mark dirty every queue cq_dispatch may have appended to for the rows of `arr` (the
-        compiled loop writes units without calling back). Each queue is marked once per epoch
-        of store.dirty_cqs (see DirtyQueues). A batch costs a look-up of each row's key in a
-        table of the keys marked in the epoch (one slot per hash, vectorised: a few ns per
-        row, however many queues), and a set look-up per key the table does not hold (new in
-        the epoch, or sharing a slot with another key)."""
-        if not len(arr):
-            return
-        dirty = self._dirty_cqs
-        epoch = dirty.epoch                 # read after the units were written
-        table = self._marked_table
-        marked = self._marked_keys
-        if epoch != self._epoch:
-            self._epoch = epoch
-            table.fill(_NO_KEY)
-            marked.clear()
-        key = (arr["topic_hash"].astype(np.int64) << 32) | \
-            (arr["queue_id"].astype(np.int64) & 0xFFFFFFFF)
-        bits = self._table_bits
-        rest = key[(table[_slot_of(key, bits)] != key) | (key == _NO_KEY)]
-        if not len(rest):
-            return
-        new = [k for k in np.unique(rest).tolist() if k not in marked]
-        if not new:
-            return
-        marked.update(new)
-        if len(marked) << 3 > len(table):
-            while len(marked) << 3 > 1 << bits:
-                bits += 2
-            self._table_bits = bits
-            table = self._marked_table = np.full(1 << bits, _NO_KEY, dtype=np.int64)
-            keys = np.fromiter(marked, dtype=np.int64, count=len(marked))
-        else:
-            keys = np.array(new, dtype=np.int64)
-        table[_slot_of(keys, bits)] = keys
-        cq_of_key = self._cq_of_key
-        touched = []
-        for k in new:
-            cqs = cq_of_key.get(k)
-            if cqs is not None:             # None: no unit went there (a prepared record)
-                touched.extend(cqs)
-        if touched:
-            dirty.mark_all(touched)
 
     def dispatch_array(self, arr, buf):
         """The same as dispatch(), by columns. With the backend's cq_dispatch, one compiled
@@ -252,12 +179,11 @@ class ConsumeQueueDispatcher(Dispatcher):
         trusted (a hash collision falls back to the row-by-row path), and each run of
         consecutive queue offsets becomes one batch kernel call."""
         if self._k_dispatch is not None:
+            # The loop marks the queues it wrote dirty (CqSlots.publish); put_unit marks
+            # those of the rows it hands back.
             arr = np.ascontiguousarray(arr)
-            try:
-                last_ts = self._k_dispatch(arr, buf, self._slots,
-                                           lambda i: self._dispatch_row(arr[i].item(), buf))
-            finally:
-                self._mark_dispatched(arr)
+            last_ts = self._k_dispatch(arr, buf, self._slots,
+                                       lambda i: self._dispatch_row(arr[i].item(), buf))
             if last_ts:
                 self._dispatched_until(last_ts)
             return

@@ -171,14 +171,14 @@ class MessageStore:
         self.deleted_topics = DeletedTopicManager(self.root, self.fs, self.clock, read_only)
         # The checkpoint it moves is opened by load().
         self._cq_dispatcher = ConsumeQueueDispatcher(
-            self.find_consume_queue_raw, self.deleted_topics, self.dirty_cqs,
-            self.config.delay_levels, self.kernels, is_slave=self.is_slave)
-        self.dispatchers = [self._cq_dispatcher]
+            self.find_consume_queue_raw, self.deleted_topics, self.config.delay_levels,
+            self.kernels, is_slave=self.is_slave)
+        self._dispatchers = [self._cq_dispatcher]
         # It dispatches after the CQs, and cleaning trims it after them.
         self.index_service = IndexService(self.root, self.config, self.kernels, self.fs,
                                           self.writable)
         if self.config.message_index_enable:
-            self.dispatchers.append(self.index_service)
+            self._dispatchers.append(self.index_service)
         self.clean_commitlog_service = CleanCommitLogService(
             self.config, self.root, self.fs, self.clock, self.commitlog.mfq, self.disk_usage,
             self.running_flags, dispatched_offset=self._dispatched_offset,
@@ -669,6 +669,13 @@ class MessageStore:
         if not self._running:
             raise StoreClosedError("the store is not running (shut down, read-only or not "
                                    "started)")
+
+    @property
+    def dispatchers(self):
+        """The dispatchers reput hands each record to, in order (the ConsumeQueue builder, then
+        the index). The reput service holds this very list: edit it in place; the attribute
+        cannot be rebound, since a new list would silently leave reput with the old one."""
+        return self._dispatchers
 
     def check_open(self):
         """Raise StoreClosedError unless the store is loaded and not shut down."""

@@ -1,6 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The compiled ConsumeQueue dispatcher (the cext backend's cq_dispatch) against the numpy path
 every backend can take: the same units, and no Python call for a row in the common case."""
+import pytest
+
+from rocketstore import MessageStore
 from rocketstore import format as F
 from rocketstore import testing
 from rocketstore.message import Message
@@ -188,3 +191,17 @@ def test_a_slaves_dispatch_advances_physic_msg_timestamp(tmp_path, backend):
         assert slave.checkpoint.logics_msg_timestamp == rs[-1].store_timestamp
     finally:
         slave.shutdown()
+
+
+def test_the_dispatcher_list_reput_holds_cannot_be_rebound(tmp_path):
+    # Reput holds the store's list itself: a rebound attribute would leave it dispatching to
+    # the old one, so rebinding is refused and editing in place reaches reput.
+    store = MessageStore(tmp_path / "s")
+    store.load()
+    try:
+        every = store.dispatchers
+        with pytest.raises(AttributeError):
+            store.dispatchers = []
+        assert store.dispatchers is every and len(every) >= 1
+    finally:
+        store.shutdown()

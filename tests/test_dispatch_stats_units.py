@@ -83,7 +83,7 @@ def test_each_record_gets_a_unit_in_its_queue_and_the_queue_is_marked_dirty(part
     puts = [log.put_message(Message(f"T{i % 2}", b"m%d" % i, queue_id=i % 3), clock)
             for i in range(12)]
     checkpoint = Checkpoint()
-    dispatcher = ConsumeQueueDispatcher(queues, DeletedTopics(), dirty, (1000,), backend,
+    dispatcher = ConsumeQueueDispatcher(queues, DeletedTopics(), (1000,), backend,
                                         checkpoint=checkpoint)
     dispatch(log, backend, dispatcher)
     for (topic, qid), cq in queues.made.items():
@@ -107,7 +107,7 @@ def test_a_deleted_topics_records_from_before_its_deletion_get_no_unit(parts, ba
     deleted.offsets_raw[b"Gone"] = log.max_offset     # deleted here
     after = [log.put_message(Message("Gone", b"new", queue_id=0), clock) for _ in range(2)]
     kept.append(log.put_message(Message("Kept", b"x", queue_id=0), clock))
-    dispatcher = ConsumeQueueDispatcher(queues, deleted, dirty, (1000,), backend,
+    dispatcher = ConsumeQueueDispatcher(queues, deleted, (1000,), backend,
                                         checkpoint=Checkpoint())
     dispatch(log, backend, dispatcher)
     gone = queues(b"Gone", 0)
@@ -127,7 +127,7 @@ def test_a_slaves_dispatch_moves_the_physical_timestamp_too(parts, backend):
     log, queues, dirty = parts
     last = [log.put_message(Message("T", b"x", queue_id=0), StepClock(start=777))][-1]
     checkpoint = Checkpoint()
-    dispatcher = ConsumeQueueDispatcher(queues, DeletedTopics(), dirty, (1000,), backend,
+    dispatcher = ConsumeQueueDispatcher(queues, DeletedTopics(), (1000,), backend,
                                         checkpoint=checkpoint, is_slave=True)
     dispatch(log, backend, dispatcher)
     assert checkpoint.logics_msg_timestamp == checkpoint.physic_msg_timestamp == \

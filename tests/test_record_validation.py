@@ -129,8 +129,8 @@ def test_dispatcher_refuses_a_row_whose_topic_a_put_would_refuse(tmp_path, backe
         rows = np.zeros(1, dtype=F.SCAN_DTYPE)
         rows[0] = (0, 0, 0, 0, 2, 1, 0, n, 0, 0, 0, 0, 0, 0, 0, n - 2 - 9, 9, n, 0, 0, 0)
         dispatcher = ConsumeQueueDispatcher(
-            store.find_consume_queue_raw, store.deleted_topics, store.dirty_cqs,
-            store.config.delay_levels, store.kernels, checkpoint=store.checkpoint)
+            store.find_consume_queue_raw, store.deleted_topics, store.config.delay_levels,
+            store.kernels, checkpoint=store.checkpoint)
         with pytest.raises(CorruptRecordError):
             dispatcher.dispatch_array(rows, bytes(buf))
         with pytest.raises(CorruptRecordError):
