@@ -14,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import format as F
+from .config import BrokerRole
 from .clock import monotonic_ns
 from .dispatch import dispatch_all
 
@@ -62,9 +63,11 @@ _REASONS = {F.SCAN_END: "end", F.SCAN_BLANK: "blank", F.SCAN_EMPTY: "empty",
 
 
 def scan_commitlog(commitlog, kernels, start_index, check_crc, dispatch=None, report=None,
-                   start_pos=0, stop_index=None):
+                   start_pos=0, stop_index=None, torn_check=False):
     """Walk records from file `start_index` (at `start_pos`, a record's start) until one
     fails, or until file `stop_index` begins; return the offset where the walk stopped.
+    With `torn_check`, a last record whose tail was never written stops the walk (_torn):
+    recovery asks for it where a tail can be missing (see torn_tail_possible).
 
     With `dispatch`, every valid record is handed to it (abnormal recovery). Each file is
     read up to its written extent only (MappedFile.data_end): past it the file is zeros,
@@ -83,7 +86,7 @@ def scan_commitlog(commitlog, kernels, start_index, check_crc, dispatch=None, re
             # meets the end of the data has the record before it (below).
             n -= 1
             stop = int(rows[n]["pos"])
-        elif n and (reason == F.SCAN_EMPTY or
+        elif torn_check and n and (reason == F.SCAN_EMPTY or
                     (reason == F.SCAN_END and limit <= stop < mf.file_size)):
             # Never-written space follows: the last record may be torn (doc/03 §5.3).
             if _torn(mf.mm, rows[n - 1]):
@@ -132,6 +135,15 @@ def _torn(mm, row):
         return False
     end = int(row["pos"]) + int(row["size"])
     return mm[end - 1:end] == b"\0"
+
+
+def torn_tail_possible(config, normal):
+    """Where the last record's tail can be missing: always on a slave, which writes frames
+    as they arrive and is sent frames cut inside records (a clean shutdown mid-frame leaves
+    the cut too), and on a master after a crash (a power cut can leave the page holding a
+    tail unwritten). Not after a master's clean shutdown, which wrote every record whole and
+    flushed it: there a last property value that really ends in U+0000 is kept."""
+    return config.broker_role is BrokerRole.SLAVE or not normal
 
 
 def recover_consume_queues(queues):
@@ -194,7 +206,7 @@ def recover_normally(parts, max_phy_of_cq, report):
         start = max(start, files.index(holder))
     report.start_file = files[start].file_name
     process = scan_commitlog(commitlog, parts.kernels, start, parts.config.check_crc_on_recover,
-                             report=report)
+                             report=report, torn_check=torn_tail_possible(parts.config, True))
     truncate(commitlog, parts.consume_queues(), process, max_phy_of_cq, report)
     return process
 
@@ -238,7 +250,8 @@ def recover_abnormally(parts, max_phy_of_cq, report, indexer):
             report.index_redispatched += int(np.count_nonzero(arr["phy_offset"] >= index_from))
 
     process = scan_commitlog(commitlog, parts.kernels, start, parts.config.check_crc_on_recover,
-                             dispatch=dispatch if parts.writable else None, report=report)
+                             dispatch=dispatch if parts.writable else None, report=report,
+                             torn_check=torn_tail_possible(parts.config, False))
     truncate(commitlog, parts.consume_queues(), process, max_phy_of_cq, report)
     if index_from >= 0:
         drop_index_past(parts, indexer, process, report)
