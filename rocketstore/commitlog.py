@@ -417,6 +417,36 @@ class CommitLog:
             mf.store_timestamp = ts
         return count, nbytes, base
 
+    def _append_all(self, view, qoffs, sizes, total, ts, phys=None, whole=False):
+        """Under the put lock: append the encoded records in `view` (`sizes`, `total` bytes
+        in all, qoffs[i] the queue offset of the i-th) from the write position on, one run per
+        file touched, ending each file they fill with its blank record. With `phys`, each
+        record's physical offset is stored there. `whole`: a broker batch (MessageExtBatch),
+        which 4.9.x appends whole: when it does not fit, the blank goes where it would start
+        and all of it into the next file (doc/01 §5). Returns (records written, their bytes,
+        the offset they end at, status, reason); status is None when all were written."""
+        n = len(sizes)
+        done = rd = end = 0
+        while done < n:
+            mf, status, reason = self._batch_file(total - rd)
+            if mf is None:
+                return done, rd, end, status, reason
+            wpos = mf.wrote_position
+            if whole and total + F.END_FILE_MIN_BLANK_LENGTH > self.file_size - wpos:
+                self._end_file(mf, wpos)
+                continue
+            count, nbytes, base = self._append_run(mf, view[rd:], qoffs[done:], ts)
+            if count:
+                if phys is not None:
+                    phys[done:done + count] = base + np.concatenate(
+                        ([0], np.cumsum(sizes[done:done + count - 1])))
+                done += count
+                rd += nbytes
+                end = base + nbytes
+            if done < n:
+                self._end_file(mf, mf.wrote_position)
+        return done, rd, end, None, None
+
     def put_message(self, msg, clock):
         try:
             buf = self._tls.buf
@@ -502,38 +532,20 @@ class CommitLog:
                         q = table.get(e.key, 0)
                         qoffs[i] = q
                         table[e.key] = q + 1
-                done = 0
-                rd = 0
-                while done < n:
-                    mf, status, reason = self._batch_file(total - rd)
-                    if mf is None:
-                        # Messages not written give their queue offsets back (highest
-                        # first per queue, as assigned), so the next put leaves no gap.
-                        for e in reversed(encoded[done:]):
-                            if e.dispatched:
-                                table[e.key] -= 1
-                        self._count_puts(done, rd)
-                        return PutMessagesResult(
-                            status, done, phys[:done],
-                            np.frombuffer(qoffs, dtype=np.int64)[:done].copy(),
-                            sizes[:done], ts, rd, [e.store_raw for e in encoded[:done]],
-                            reason=reason)
-                    wpos = mf.wrote_position
-                    if batch_props is not None and \
-                            total + F.END_FILE_MIN_BLANK_LENGTH > self.file_size - wpos:
-                        # 4.9.x appends a broker batch (MessageExtBatch) whole: when it does
-                        # not fit, the blank goes where the batch would start and the whole
-                        # batch into the next file (doc/01 §5).
-                        self._end_file(mf, wpos)
-                        continue
-                    count, nbytes, base = self._append_run(mf, view[rd:], qoffs[done:], ts)
-                    if count:
-                        phys[done:done + count] = base + np.concatenate(
-                            ([0], np.cumsum(sizes[done:done + count - 1])))
-                        done += count
-                        rd += nbytes
-                    if done < n:
-                        self._end_file(mf, mf.wrote_position)
+                done, rd, _, status, reason = self._append_all(
+                    view, qoffs, sizes, total, ts, phys, whole=batch_props is not None)
+                if status is not None:
+                    # Messages not written give their queue offsets back (highest first per
+                    # queue, as assigned), so the next put leaves no gap.
+                    for e in reversed(encoded[done:]):
+                        if e.dispatched:
+                            table[e.key] -= 1
+                    self._count_puts(done, rd)
+                    return PutMessagesResult(
+                        status, done, phys[:done],
+                        np.frombuffer(qoffs, dtype=np.int64)[:done].copy(),
+                        sizes[:done], ts, rd, [e.store_raw for e in encoded[:done]],
+                        reason=reason)
                 self._count_puts(n, total)
         finally:
             view.release()
@@ -567,25 +579,15 @@ class CommitLog:
                 qoffs = bases[inv] + rank
                 for k, b, c in zip(qkeys, bases.tolist(), counts.tolist()):
                     table[k] = b + c
-                done = rd = 0
-                end = 0
-                while done < n:
-                    mf, status, reason = self._batch_file(total - rd)
-                    if mf is None:
-                        # What was written keeps its queue offsets; the rest gives theirs
-                        # back, so the next put leaves no gap.
-                        kept = np.bincount(inv[:done], minlength=len(uniq))
-                        for k, b, c in zip(qkeys, bases.tolist(), kept.tolist()):
-                            table[k] = b + c
-                        self._count_puts(done, rd)
-                        return status, done, reason
-                    count, nbytes, base = self._append_run(mf, view[rd:], qoffs[done:], ts)
-                    if count:
-                        done += count
-                        rd += nbytes
-                        end = base + nbytes
-                    if done < n:
-                        self._end_file(mf, mf.wrote_position)
+                done, rd, end, status, reason = self._append_all(view, qoffs, sizes, total, ts)
+                if status is not None:
+                    # What was written keeps its queue offsets; the rest gives theirs back,
+                    # so the next put leaves no gap.
+                    kept = np.bincount(inv[:done], minlength=len(uniq))
+                    for k, b, c in zip(qkeys, bases.tolist(), kept.tolist()):
+                        table[k] = b + c
+                    self._count_puts(done, rd)
+                    return status, done, reason
                 self._count_puts(n, total)
         finally:
             view.release()
