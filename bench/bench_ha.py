@@ -4,9 +4,16 @@
 - replication throughput: an empty slave copies a 192 MiB CommitLog file (it starts at the
   master's last file, which is the only one), against two raw socket copies of the same
   mapped bytes: to a child that only receives them into one reused buffer, and to a child
-  that writes them into a fresh file of the slave's size as the slave does (reserved ahead,
-  received into a 4 MiB buffer, pwritten from there: what any slave keeping the bytes pays for
-  the page cache); bytes/s = extra_info["bytes"] / mean. A round ends when the master
+  that writes them into a fresh file of the slave's size as the slave does (reserved before
+  the copy, spliced socket -> pipe -> file: what any slave keeping the bytes pays for the page
+  cache); bytes/s = extra_info["bytes"] / mean. What each copies, per byte: every sender
+  copies from the mapping into the socket (sendall / sendmsg); the raw receiver copies out of
+  the socket into one reused 4 MiB buffer, which stays in the CPU's cache; the slave and the
+  raw file receiver copy from the socket's buffers into 192 MiB of fresh page cache, which
+  does not (splice moves the buffers into the pipe by reference). The slave also dispatches
+  the records it got (its reput), and both sides of replication run a store's idle threads.
+  A second replication run has the slave receive into a 4 MiB buffer and pwrite from there
+  (the path without splice: two copies on the slave). A round ends when the master
   holds the slave's acknowledgement of the last byte (a raw copy's when the child says it got
   every byte); the slave's shutdown, which flushes its CommitLog to disk, is not in it (the
   raw children write nothing to disk). extra_info["cpu_ms"] holds each side's CPU time per
@@ -18,7 +25,7 @@
 
 `pytest bench/bench_ha.py --benchmark-only`; one backend (ROCKETSTORE_BACKEND / the default):
 the kernels only encode the puts, and replication is the socket's copy and the slave's
-pwrite, the same in every backend (the master sends from its mapping, cext's Mapping or
+splice, the same in every backend (the master sends from its mapping, cext's Mapping or
 mmap.mmap).
 """
 import json
@@ -44,30 +51,30 @@ SLAVE_CHILD = r"""
 import json, os, sys, threading
 from rocketstore import MessageStore, StoreConfig
 from rocketstore.config import BrokerRole
-root, addr, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+root, addr, size, splice = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "splice"
 
 def thread_cpu_ms():
-    # Each thread's CPU time (Linux /proc), by thread name; {} elsewhere.
+    # Each thread's CPU time in ms (Linux /proc: schedstat's ns), by thread name; {} elsewhere.
     out = {}
     for t in threading.enumerate():
         try:
-            with open(f"/proc/self/task/{t.native_id}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/self/task/{t.native_id}/schedstat") as f:
+                out[t.name] = int(f.read().split()[0]) / 1e6
         except OSError:
             continue
-        out[t.name] = (int(fields[11]) + int(fields[12])) * 1000 // os.sysconf("SC_CLK_TCK")
     return out
 
 s = MessageStore(root, StoreConfig(store_path_root_dir=root, broker_role=BrokerRole.SLAVE,
                                    mapped_file_size_commit_log=size))
 s.load(); s.start()
+s.ha_service.client.splice = s.ha_service.client.splice and splice
 print("ready", flush=True)
 sys.stdin.readline()
 c0 = thread_cpu_ms()
 s.update_ha_master_address(addr)
 sys.stdin.read()
 c1 = thread_cpu_ms()
-print(json.dumps({k: v - c0.get(k, 0) for k, v in c1.items()}), flush=True)
+print(json.dumps({k: round(v - c0.get(k, 0), 1) for k, v in c1.items()}), flush=True)
 s.shutdown()
 """
 RAW_CHILD = r"""
@@ -83,11 +90,11 @@ while got < total:
     got += n
 sock.sendall(b"%020d%020d" % (got, (time.process_time() - c0) * 1000))
 """
-# The same receive into a fresh CommitLog-sized file, as the slave writes it: reserved a window
-# ahead, received into a reused 4 MiB buffer and pwritten from there; the file is
+# The same receive into a fresh CommitLog-sized file, as the slave writes it: reserved (here
+# before the copy starts), spliced socket -> pipe (1 MiB, the slave's) -> file; the file is
 # deleted at the end.
 RAW_FILE_CHILD = r"""
-import os, socket, sys, time
+import fcntl, os, socket, sys, time
 from rocketstore import StoreConfig, kernels
 from rocketstore.fs import FileSystem
 from rocketstore.mapped_file import MappedFile
@@ -95,18 +102,19 @@ total, size, path = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 mf = MappedFile(path, size, kernels.DEFAULT, FileSystem(),
                 reserve_window=StoreConfig().commit_log_reserve_window)   # as the slave's
 fd = mf.open_writer_fd()
+mf.reserve(total)          # before the copy: the slave's allocator reserves in its own thread
 sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-buf = bytearray(4 << 20); view = memoryview(buf); got = 0
+r, w = os.pipe()
+size = fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 20)
+got = 0
 c0 = time.process_time()
 while got < total:
-    if got >= mf.reserved_position:
-        mf.reserve(min(total, got + (4 << 20)))
-    n = sock.recv_into(view[:min(len(buf), total - got)])
+    n = os.splice(sock.fileno(), w, min(size, total - got))
     if not n:
         break
     done = 0
     while done < n:
-        done += os.pwrite(fd, view[done:n], got + done)
+        done += os.splice(r, fd, n - done, offset_dst=got + done)
     got += n
 sock.sendall(b"%020d%020d" % (got, (time.process_time() - c0) * 1000))
 mf.close_fd(fd)
@@ -155,20 +163,17 @@ def _check_slave(root, msgs):
         slave.shutdown()
 
 
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
 def _thread_cpu_ms():
-    """This process's live threads' CPU time in ms, by (name, native id) (Linux /proc; {}
-    elsewhere)."""
+    """This process's live threads' CPU time in ms, by (name, native id) (Linux /proc: the ns
+    of schedstat, not stat's 10 ms ticks, which are as coarse as a thread's whole share of a
+    round; {} elsewhere)."""
     out = {}
     for t in threading.enumerate():
         try:
-            with open(f"/proc/self/task/{t.native_id}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/self/task/{t.native_id}/schedstat") as f:
+                out[(t.name, t.native_id)] = int(f.read().split()[0]) / 1e6
         except OSError:
             continue
-        out[(t.name, t.native_id)] = (int(fields[11]) + int(fields[12])) * 1000 // _TICK
     return out
 
 
@@ -185,13 +190,15 @@ def _cpu_since(c0, c1):
 def _median_cpu(rounds):
     """{name: median ms} over rounds of {name: ms} (a name missing in a round counts 0)."""
     names = sorted({k for r in rounds for k in r})
-    return {k: statistics.median(r.get(k, 0) for r in rounds) for k in names}
+    return {k: round(statistics.median(r.get(k, 0) for r in rounds), 1) for k in names}
 
 
-def test_replication_throughput(benchmark, filled_master, tmp_path):
+@pytest.mark.parametrize("receive", ["splice", "pwrite"])
+def test_replication_throughput(benchmark, filled_master, tmp_path, receive):
     master, msgs = filled_master
     target = master.get_max_phy_offset()
     addr = f"127.0.0.1:{master.ha_service.port}"
+    acks = master.ha_service.group_transfer
     children = []
     slave_cpu, master_cpu = [], []
 
@@ -207,8 +214,16 @@ def test_replication_throughput(benchmark, filled_master, tmp_path):
     def setup():
         check_last()
         root = tmp_path / f"slave{len(children)}"
+        # The last slave's connection is gone, so no late acknowledgement of it can come: the
+        # next round waits for the new slave's own (wait_for below, woken by it, no polling).
+        deadline = time.monotonic() + 30
+        while master.ha_service.connections:
+            assert time.monotonic() < deadline, "the last slave's connection stayed open"
+            time.sleep(0.01)
+        acks.push2slave_max_offset = 0
         child = subprocess.Popen([sys.executable, "-c", SLAVE_CHILD, str(root), addr,
-                                  str(FILE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                                  str(FILE), receive],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert child.stdout.readline() == b"ready\n"
         children.append(child)
 
@@ -217,18 +232,18 @@ def test_replication_throughput(benchmark, filled_master, tmp_path):
         c0 = _thread_cpu_ms()
         child.stdin.write(b"go\n")
         child.stdin.flush()
-        while not any(c.slave_ack_offset >= target for c in master.ha_service.connections):
-            time.sleep(0.0005)
+        assert acks.wait_for(target, 60_000), "the slave did not acknowledge every byte"
         master_cpu.append(_cpu_since(c0, _thread_cpu_ms()))
         child.stdin.close()            # the slave shuts down; check_last waits for it
 
     benchmark.group = "HA: copy a 192 MiB CommitLog over loopback"
-    benchmark.name = "replication (HAService -> HAClient)"
+    benchmark.name = ("replication (HAService -> HAClient)" if receive == "splice" else
+                      "replication, slave without splice (recv_into + pwrite)")
     benchmark.extra_info["bytes"] = target
     try:
         benchmark.pedantic(run, setup=setup, rounds=ROUNDS, iterations=1)
         check_last()
-        # The master's MainThread is this benchmark polling for the acknowledgement.
+        # The master's MainThread is this benchmark waiting for the acknowledgement.
         benchmark.extra_info["cpu_ms"] = {"master threads": _median_cpu(master_cpu),
                                           "slave threads": _median_cpu(slave_cpu)}
     finally:
@@ -288,7 +303,7 @@ def test_raw_socket_copy_into_fresh_file_baseline(benchmark, filled_master, tmp_
     master, _ = filled_master
     path = tmp_path / ("%020d" % 0)
     _raw_copy(benchmark, master.commitlog.mfq.files[0], [RAW_FILE_CHILD, str(FILE), str(path)],
-              "raw socket copy into a fresh file (pwrite)")
+              "raw socket copy into a fresh file (splice)")
     assert not path.exists()                        # each child deleted its file
 
 

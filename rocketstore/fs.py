@@ -332,6 +332,20 @@ class FileSystem:
                     raise OSError(errno.EIO, "pwrite wrote nothing", path)
                 done += n
 
+    def splice(self, pipe_fd, fd, count, pos, path):
+        """Move `count` bytes waiting in the pipe `pipe_fd` into `fd`, the open file at `path`,
+        at `pos`, all of them (Linux splice(2)): the page cache copies them straight from the
+        pipe's pages, which for a pipe filled from a socket are the received buffers, so
+        nothing passes through user space (the HA slave's CommitLog writes, doc/05 §4).
+        OSError when the file refuses them (EINVAL: its file system cannot splice), with part
+        of them possibly written and the rest left in the pipe."""
+        done = 0
+        while done < count:
+            n = os.splice(pipe_fd, fd, count - done, offset_dst=pos + done)
+            if n <= 0:
+                raise OSError(errno.EIO, "splice wrote nothing", path)
+            done += n
+
     def fsync_dir(self, path):
         fd = os.open(path, os.O_RDONLY)
         try:

@@ -185,6 +185,11 @@ class MappedFile:
         """Write all of `data` at `pos` of this file through `fd` (from open_writer_fd)."""
         self._fs.pwrite(fd, data, pos, self.path)
 
+    def splice(self, pipe_fd, fd, count, pos):
+        """Move `count` bytes waiting in the pipe `pipe_fd` to `pos` of this file through `fd`
+        (from open_writer_fd), all of them (FileSystem.splice)."""
+        self._fs.splice(pipe_fd, fd, count, pos, self.path)
+
     def close_fd(self, fd):
         """Close a descriptor from open_writer_fd; readers get readahead back (the writer may
         advise again when it comes back)."""

@@ -243,8 +243,8 @@ class FaultInjectingFileSystem(FileSystem):
       `match` accepts (a substring or a predicate; all paths by default), `times` times or
       until `heal()`. The operations are the FileSystem methods that can meet a full or
       failing disk: create, map (writable), reserve, sync (sync_mapped, sync_checkpoint,
-      fsync_dir), write (write_bytes, pwrite), read (read_bytes, map read-only), rename, remove,
-      lock.
+      fsync_dir), write (write_bytes, pwrite, splice), read (read_bytes, map read-only),
+      rename, remove, lock.
     - It keeps, for each file the store writes, the bytes its last sync made durable (the
       first sight of a file that was already there counts as durable). `crash()` is the power
       cut: from then on nothing the process does reaches "the disk" (the calls still work, as
@@ -392,6 +392,10 @@ class FaultInjectingFileSystem(FileSystem):
     def pwrite(self, fd, data, pos, path):
         self._check("write", path)
         super().pwrite(fd, data, pos, path)
+
+    def splice(self, pipe_fd, fd, count, pos, path):
+        self._check("write", path)
+        super().splice(pipe_fd, fd, count, pos, path)
 
     def write_bytes(self, path, data, sync=True):
         self._check("write", path)

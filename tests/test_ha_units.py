@@ -114,12 +114,23 @@ def test_client_appends_a_frame_at_its_max_offset_reports_it_and_wakes_the_reput
 
 
 class _CountingFileSystem(FileSystem):
-    """Counts populates, and descriptors opened and closed, on CommitLog files."""
+    """Counts populates, descriptors opened and closed, and body bytes written with pwrite
+    and with splice, on CommitLog files."""
 
     def __init__(self):
         self.populates = 0
         self.open_fds = set()
         self.opened = 0
+        self.pwritten = 0
+        self.spliced = 0
+
+    def pwrite(self, fd, data, pos, path):
+        super().pwrite(fd, data, pos, path)
+        self.pwritten += len(data)
+
+    def splice(self, pipe_fd, fd, count, pos, path):
+        super().splice(pipe_fd, fd, count, pos, path)
+        self.spliced += count
 
     def prefault(self, mm, start=0, length=None, chunk=1 << 20):
         self.populates += 1
@@ -136,10 +147,15 @@ class _CountingFileSystem(FileSystem):
         super().close_fd(fd)
 
 
+@pytest.mark.parametrize("splice", [
+    pytest.param(True, marks=pytest.mark.skipif(not slave_module.SPLICE,
+                                                reason="no splice(2) here")),
+    False], ids=["splice", "pwrite"])
 def test_client_writes_a_frame_larger_than_its_staging_buffer_without_populating_the_file(
-        tmp_path, master):
+        tmp_path, master, splice):
     # Populating would zero-fill every page before the copy overwrites it (doc/05 §4): the
-    # slave's allocator and client populate nothing, and the body goes in with pwrite.
+    # slave's allocator and client populate nothing; the staged part of the body goes in with
+    # pwrite, the rest with splice (socket -> pipe -> file) or, without it, pwrite again.
     fs = _CountingFileSystem()
     config = testing.small_config(broker_role=BrokerRole.SLAVE,
                                   mapped_file_size_commit_log=1 << 20)
@@ -148,6 +164,7 @@ def test_client_writes_a_frame_larger_than_its_staging_buffer_without_populating
     commitlog.load()
     commitlog.allocator.start()
     client = HAClient(config, commitlog, master.address)
+    client.splice = splice
     client.start()
     try:
         master.accept()
@@ -159,6 +176,8 @@ def test_client_writes_a_frame_larger_than_its_staging_buffer_without_populating
         assert bytes(commitlog.get_data(0, len(body))) == body
         assert fs.populates == 0
         assert fs.opened == 1 and len(fs.open_fds) == 1  # the file being written
+        assert fs.pwritten + fs.spliced == len(body)
+        assert fs.pwritten <= slave_module.STAGE_SIZE if splice else fs.spliced == 0
     finally:
         client.shutdown()
         commitlog.allocator.shutdown()
@@ -198,6 +217,108 @@ def test_client_that_cannot_write_a_frame_publishes_none_of_it_and_takes_it_agai
         master.conn.sendall(frame)
         assert master.read_report() == len(body)
         assert bytes(commitlog.get_data(0, len(body))) == body
+        assert client.following and client.error is None
+    finally:
+        client.shutdown()
+        commitlog.stop_puts()
+        commitlog.close()
+
+
+@pytest.mark.skipif(not slave_module.SPLICE, reason="no splice(2) here")
+def test_client_whose_splice_into_the_file_fails_publishes_none_of_the_frame_and_takes_it_again(
+        tmp_path, master):
+    # The second write of the frame is its first splice (the first is the staged part's pwrite):
+    # the fault-injecting file system fails splices like any write.
+    fs = testing.FaultInjectingFileSystem()
+    config = testing.small_config(broker_role=BrokerRole.SLAVE,
+                                  mapped_file_size_commit_log=1 << 20)
+    config.ha_send_heartbeat_interval = 200      # also the wait before reconnecting
+    commitlog = CommitLog(str(tmp_path / "slave"), config,
+                          testing.load_backend(testing.backend_params()[0]), fs)
+    commitlog.load()
+    writes = iter(range(1 << 30))
+    fs.fail("write", errno.EIO, times=1,
+            match=lambda path: os.sep + "commitlog" + os.sep in path and next(writes) == 1)
+    spliced = []
+    real_splice = fs.splice
+
+    def splice(pipe_fd, fd, count, pos, path):
+        spliced.append(count)
+        real_splice(pipe_fd, fd, count, pos, path)
+    fs.splice = splice
+    client = HAClient(config, commitlog, master.address)
+    client.start()
+    body = bytes(range(251)) * 1000                     # 251 KB: past the staging buffer
+    frame = wire.encode_header(0, len(body)) + body
+    try:
+        master.accept()
+        assert master.read_report() == 0
+        master.conn.sendall(frame)
+        try:
+            left = recv_exactly_or_eof(master.conn)
+        except ConnectionResetError:                  # closed with the frame's rest unread
+            left = b""
+        assert left == b""                            # the client closed the connection
+        assert fs.injected["write"] == 1 and spliced      # the failed write: a splice
+        assert commitlog.max_offset == 0                  # nothing of the frame is readable
+        master.conn.close()
+        master.accept()
+        assert master.read_report() == 0                  # it asks for the frame again
+        master.conn.sendall(frame)
+        assert master.read_report() == len(body)
+        assert bytes(commitlog.get_data(0, len(body))) == body
+        assert client.splice and len(spliced) > 1         # an I/O error is no reason to stop
+        assert client.following and client.error is None
+    finally:
+        client.shutdown()
+        commitlog.stop_puts()
+        commitlog.close()
+
+
+class _NoSpliceFileSystem(FileSystem):
+    """A file system whose files take no splice (EINVAL, as splice(2) answers then)."""
+
+    def __init__(self):
+        self.refused = 0
+
+    def splice(self, pipe_fd, fd, count, pos, path):
+        self.refused += 1
+        raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), path)
+
+
+@pytest.mark.skipif(not slave_module.SPLICE, reason="no splice(2) here")
+def test_client_on_a_file_system_refusing_splice_takes_the_frame_again_at_once_with_pwrite(
+        tmp_path, master, monkeypatch):
+    # No back-off: the next connection follows at once, even with a day-long reconnect wait.
+    monkeypatch.setattr(slave_module, "RECONNECT_INTERVAL_MS", 86_400_000)
+    fs = _NoSpliceFileSystem()
+    config = testing.small_config(broker_role=BrokerRole.SLAVE,
+                                  mapped_file_size_commit_log=1 << 20)
+    config.ha_send_heartbeat_interval = 86_400_000
+    commitlog = CommitLog(str(tmp_path / "slave"), config,
+                          testing.load_backend(testing.backend_params()[0]), fs)
+    commitlog.load()
+    client = HAClient(config, commitlog, master.address)
+    client.start()
+    body = bytes(range(251)) * 1000                     # 251 KB: past the staging buffer
+    frame = wire.encode_header(0, len(body)) + body
+    try:
+        master.accept()
+        assert master.read_report() == 0
+        master.conn.sendall(frame)
+        try:
+            assert recv_exactly_or_eof(master.conn) == b""    # closed: splice refused
+        except ConnectionResetError:
+            pass
+        assert fs.refused == 1 and not client.splice
+        assert commitlog.max_offset == 0
+        master.conn.close()
+        master.accept()
+        assert master.read_report() == 0
+        master.conn.sendall(frame)
+        assert master.read_report() == len(body)
+        assert bytes(commitlog.get_data(0, len(body))) == body
+        assert fs.refused == 1                            # through the bounce buffer now
         assert client.following and client.error is None
     finally:
         client.shutdown()
