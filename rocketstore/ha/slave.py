@@ -9,7 +9,8 @@ there with pwrite. On Linux the rest of a body goes socket -> pipe -> file with 
 socket's receive buffers are moved into the pipe by reference, and the page cache copies them
 from there, so the bytes cross memory once on this side, not twice (into a buffer, then into
 the page cache). For a 192 MiB copy on the loaded 2-core machine that was 10-20 % less CPU in a
-bare receiver, but only 1-8 % in this thread (median 101-105 ms against 102-110 ms with pwrite):
+bare receiver, but 0-8 % in this thread (medians of three runs alternating the two: 101, 105,
+101 ms against 102, 108, 110 ms with pwrite; single benchmark runs have gone either way):
 writing 192 MiB of fresh page cache is most of its cost either way. Elsewhere, or
 when the kernel or the file system refuses to splice, the rest of a body is received into a
 reused 4 MiB bounce buffer (4.9.x's read buffer size, which holds any frame body) as far as
