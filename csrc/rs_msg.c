@@ -13,6 +13,36 @@ static inline int32_t rs_host_len(int32_t sys_flag, int32_t v6_bit)
     return (sys_flag & v6_bit) ? RS_HOST_V6_LENGTH : RS_HOST_V4_LENGTH;
 }
 
+/*
+ * memmove(dst, src, n) for the short pieces of a record (hosts, topic, each property name,
+ * separator and value): fixed-size loads and stores, no library call. A record has about a
+ * dozen of them and the calls cost more than the copies (measured: a third of the encode).
+ * Every load precedes every store, so overlapping ranges copy as memmove does.
+ */
+static inline void rs_copy(uint8_t *dst, const uint8_t *src, size_t n)
+{
+    if (n > 16) {
+        memmove(dst, src, n);
+    } else if (n >= 8) {
+        uint64_t a, b;
+        memcpy(&a, src, 8);
+        memcpy(&b, src + n - 8, 8);
+        memcpy(dst, &a, 8);
+        memcpy(dst + n - 8, &b, 8);
+    } else if (n >= 4) {
+        uint32_t a, b;
+        memcpy(&a, src, 4);
+        memcpy(&b, src + n - 4, 4);
+        memcpy(dst, &a, 4);
+        memcpy(dst + n - 4, &b, 4);
+    } else if (n > 0) {
+        uint8_t a = src[0], b = src[n / 2], c = src[n - 1];
+        dst[0] = a;
+        dst[n / 2] = b;
+        dst[n - 1] = c;
+    }
+}
+
 int rs_msg_size(int32_t sys_flag, int64_t body_len, int64_t topic_len, int64_t props_len, int v2)
 {
     int64_t size;
@@ -99,11 +129,11 @@ int rs_msg_encode_parts(uint8_t *out, size_t out_len, int64_t pos,
     rs_store_be32(p + 36, (uint32_t)sys_flag);
     rs_store_be64(p + 40, (uint64_t)born_timestamp);
     p += RS_POS_BORNHOST;
-    memmove(p, born_host, bh);
+    rs_copy(p, born_host, bh);
     p += bh;
     rs_store_be64(p, (uint64_t)store_timestamp);
     p += 8;
-    memmove(p, store_host, sh);
+    rs_copy(p, store_host, sh);
     p += sh;
     rs_store_be32(p, (uint32_t)reconsume_times);
     rs_store_be64(p + 4, (uint64_t)prepared_tx_offset);
@@ -118,14 +148,12 @@ int rs_msg_encode_parts(uint8_t *out, size_t out_len, int64_t pos,
     } else {
         *p++ = (uint8_t)topic_len;
     }
-    if (topic_len)
-        memmove(p, topic, topic_len);
+    rs_copy(p, topic, topic_len);
     p += topic_len;
     rs_store_be16(p, (uint16_t)props_len);
     p += 2;
     for (i = 0; i < n_parts; i++) {
-        if (props[i].len)
-            memmove(p, props[i].buf, props[i].len);
+        rs_copy(p, props[i].buf, props[i].len);
         p += props[i].len;
     }
     assert(p == out + pos + size);   /* the layout agrees with calMsgLength */

@@ -18,7 +18,6 @@ from cpython.dict cimport PyDict_Next
 from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyTypeObject
 from cpython.ref cimport Py_XDECREF
-from libc.string cimport memchr
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
 import numpy as _np
@@ -214,16 +213,103 @@ cdef inline int _latency_bucket(int64_t ms) noexcept nogil:
     return 12
 
 
+cdef extern from *:
+    """
+    /* The bytes of a compact ASCII str, which are its UTF-8, read in place: the common
+       property name or value, without a call. 0 for any other str (the caller asks
+       PyUnicode_AsUTF8AndSize). */
+    static inline int rs_ascii_view(PyObject *s, const uint8_t **buf, Py_ssize_t *n) {
+    #if !defined(Py_LIMITED_API)
+        if (PyUnicode_IS_COMPACT_ASCII(s)) {
+            *buf = (const uint8_t *)PyUnicode_DATA(s);
+            *n = PyUnicode_GET_LENGTH(s);
+            return 1;
+        }
+    #endif
+        (void)s; (void)buf; (void)n;
+        return 0;
+    }
+    /* Whether p[0:n] holds a properties separator (0x01 or 0x02, doc/01 §3.6): one pass,
+       inline for the short strings properties hold, memchr for long ones. */
+    static inline int rs_has_separator(const uint8_t *p, size_t n) {
+        size_t i;
+        if (n > 64)
+            return memchr(p, 1, n) != NULL || memchr(p, 2, n) != NULL;
+        for (i = 0; i < n; i++)
+            if ((uint8_t)(p[i] - 1) < 2)
+                return 1;
+        return 0;
+    }
+    """
+    bint rs_ascii_view(PyObject *s, const uint8_t **buf, Py_ssize_t *n) noexcept
+    bint rs_has_separator(const uint8_t *p, size_t n) noexcept nogil
+
+
 cdef inline bint _text(PyObject *s, const uint8_t **buf, Py_ssize_t *n) except -1:
-    """The UTF-8 of the str `s` (cached by CPython; no copy for ASCII) when it holds neither
-    properties separator. False for anything else: the Python path decides."""
+    """The UTF-8 of the str `s` (in place for ASCII, else cached by CPython) when it holds
+    neither properties separator. False for anything else: the Python path decides."""
     if s == NULL or type(<object>s) is not str:
         return False
+    if rs_ascii_view(s, buf, n):        # no try block on the common path: it costs
+        return not rs_has_separator(buf[0], <size_t>n[0])
+    return _text_utf8(s, buf, n)
+
+
+cdef bint _text_utf8(PyObject *s, const uint8_t **buf, Py_ssize_t *n) except -1:
+    """_text for a str that is not compact ASCII: its UTF-8, which CPython caches."""
     try:
         buf[0] = <const uint8_t *>PyUnicode_AsUTF8AndSize(<object>s, n)
     except UnicodeEncodeError:          # a lone surrogate: the Python path raises it
         return False
-    return (memchr(buf[0], 1, <size_t>n[0]) == NULL and memchr(buf[0], 2, <size_t>n[0]) == NULL)
+    return not rs_has_separator(buf[0], <size_t>n[0])
+
+
+cdef extern from *:
+    """
+    #include "pythread.h"
+    /* _thread.lock as Modules/_threadmodule.c lays it out from CPython 3.2 to 3.12 (3.13
+       made it a PyMutex). PutPath takes the put lock through it only after checking that
+       the lock's type is exactly _thread.lock of this size on such a version: lock.acquire()
+       and release() are method calls that parse their arguments, measured at a seventh of
+       put(). Uncontended, this does what they do (a non-blocking take, then the `locked`
+       flag they keep); contended, PutPath calls acquire() itself, which waits without the
+       GIL. */
+    typedef struct {
+        PyObject_HEAD
+        PyThread_type_lock lock_lock;
+        PyObject *in_weakreflist;
+        char locked;
+    } rs_lockobject;
+    static inline int rs_lock_layout_known(Py_ssize_t basicsize) {
+    #if PY_VERSION_HEX < 0x030D0000 && !defined(Py_GIL_DISABLED) && !defined(Py_LIMITED_API)
+        return basicsize == (Py_ssize_t)sizeof(rs_lockobject);
+    #else
+        (void)basicsize;
+        return 0;
+    #endif
+    }
+    static inline int rs_lock_try(PyObject *lock) {
+        rs_lockobject *o = (rs_lockobject *)lock;
+        if (PyThread_acquire_lock(o->lock_lock, NOWAIT_LOCK) != PY_LOCK_ACQUIRED)
+            return 0;
+        o->locked = 1;
+        return 1;
+    }
+    static inline int rs_lock_give(PyObject *lock) {
+        rs_lockobject *o = (rs_lockobject *)lock;
+        if (!o->locked)
+            return 0;       /* not held: release() raises what it raises */
+        o->locked = 0;
+        PyThread_release_lock(o->lock_lock);
+        return 1;
+    }
+    """
+    bint rs_lock_layout_known(Py_ssize_t basicsize) noexcept
+    bint rs_lock_try(PyObject *lock) noexcept
+    bint rs_lock_give(PyObject *lock) noexcept
+
+
+from _thread import LockType as _LockType
 
 
 cdef struct _Rec:
@@ -292,6 +378,7 @@ cdef class PutPath:
     cdef object _lock               # the put lock last seen, and its bound methods
     cdef object _acquire
     cdef object _release
+    cdef bint _lock_direct          # _lock is a _thread.lock taken through rs_lock_try
     cdef object _mfq
     cdef object _flags
     cdef long _mask
@@ -320,6 +407,8 @@ cdef class PutPath:
     cdef bint _scratch_busy
     cdef PyObject *_kc_obj[KEY_CACHE]   # property names seen, held, with their HashMap
     cdef int _kc_bucket[KEY_CACHE]      # bucket (-1 for DELAY); direct-mapped by address
+    cdef const uint8_t *_kc_buf[KEY_CACHE]  # and their UTF-8 (valid while the name is held)
+    cdef Py_ssize_t _kc_len[KEY_CACHE]
     cdef _QueueKey *_qkeys          # open addressing by (topic bytes, queue id); put lock
     cdef size_t _qcap
     cdef size_t _qn
@@ -361,9 +450,11 @@ cdef class PutPath:
                 Py_XDECREF(self._qkeys[i].key)
             PyMem_Free(self._qkeys)
 
-    cdef _QueueKey *_queue_key(self, _Rec *r) except NULL:
-        """The table key of `r`'s queue, made and hashed on its first put only."""
+    cdef _QueueKey *_queue_key(self, _Rec *r, object table) except NULL:
+        """The table key of `r`'s queue, made and hashed on its first put only. Under the put
+        lock: `table` is CommitLog.topic_queue_table."""
         cdef size_t i, cap
+        cdef PyObject *p
         cdef _QueueKey *old
         cdef _QueueKey *e
         if 2 * (self._qn + 1) > self._qcap:
@@ -388,6 +479,16 @@ cdef class PutPath:
             e.key = <PyObject *>key
             Py_XINCREF(e.key)
             self._qn += 1
+            # A queue the Python path put to first is keyed by its own tuple, and a dict keeps
+            # the first key object it was given: each lookup with this equal one would then
+            # compare the tuples item by item (measured: an eighth of put()). Re-keyed with
+            # this one, lookups match on identity; the table's order matters to nothing.
+            if type(table) is dict:
+                p = _PyDict_GetItem_KnownHash(table, key, e.hash)
+                if p != NULL:
+                    value = <object>p
+                    del (<dict>table)[key]
+                    _PyDict_SetItem_KnownHash(table, key, value, e.hash)
         return e
 
     cdef inline _QueueKey *_slot_for(self, PyObject *topic_b, int32_t queue_id) noexcept:
@@ -510,7 +611,7 @@ cdef class PutPath:
         if (r.queue_id < 0 or tx == RS_TRANSACTION_PREPARED_TYPE
                 or tx == RS_TRANSACTION_ROLLBACK_TYPE):
             return False
-        if limits:
+        if limits is not None and (type(limits) is not dict or len(<dict>limits)):
             lim = limits.get(topic)
             if lim is not None and qid_obj >= lim:
                 return False
@@ -540,7 +641,8 @@ cdef class PutPath:
                     return False                # None, not a str, or a separator inside
                 c = (<size_t>pk >> 4) & (KEY_CACHE - 1)
                 if self._kc_obj[c] == pk:       # a name seen before (TAGS, KEYS, ...)
-                    kb = <const uint8_t *>PyUnicode_AsUTF8AndSize(<object>pk, &klen)
+                    kb = self._kc_buf[c]
+                    klen = self._kc_len[c]
                     bucket[i] = self._kc_bucket[c]
                 else:
                     if not _text(pk, &kb, &klen) or rs_java_hash(kb, <size_t>klen, &h) != RS_OK:
@@ -554,6 +656,8 @@ cdef class PutPath:
                     Py_XDECREF(self._kc_obj[c])
                     self._kc_obj[c] = pk
                     self._kc_bucket[c] = bucket[i]
+                    self._kc_buf[c] = kb
+                    self._kc_len[c] = klen
                 if bucket[i] < 0:               # DELAY: the Python path rewrites the topic
                     return False
                 kv[2 * i].buf = kb
@@ -618,9 +722,7 @@ cdef class PutPath:
         self._c_table = cl["topic_queue_table"]
         lock = cl["put_lock"]
         if lock is not self._lock:      # replaced (tests do): bind to the new one
-            self._acquire = lock.acquire
-            self._release = lock.release
-            self._lock = lock
+            self._bind_lock(lock)
         self._cl_ver = ver
         self._cl_valid = True
         return 0
@@ -658,13 +760,30 @@ cdef class PutPath:
                 return (<long><object>bits & self._mask) != 0
         return self._flags.flag_bits & self._mask
 
+    cdef int _bind_lock(self, lock) except -1:
+        self._acquire = lock.acquire
+        self._release = lock.release
+        self._lock = lock
+        self._lock_direct = (type(lock) is _LockType
+                             and rs_lock_layout_known((<type>_LockType).__basicsize__))
+        return 0
+
+    cdef inline int _lock_take(self) except -1:
+        """The put lock, bound already: taken in place when free, else by acquire()."""
+        if not (self._lock_direct and rs_lock_try(<PyObject *>self._lock)):
+            self._acquire()
+        return 0
+
+    cdef inline int _lock_give(self) except -1:
+        if not (self._lock_direct and rs_lock_give(<PyObject *>self._lock)):
+            self._release()
+        return 0
+
     cdef inline int _take_lock(self) except -1:
         lock = self._cld["put_lock"]
         if lock is not self._lock:      # replaced (tests do): bind to the new one
-            self._acquire = lock.acquire
-            self._release = lock.release
-            self._lock = lock
-        self._acquire()
+            self._bind_lock(lock)
+        self._lock_take()
         return 0
 
     cdef inline int64_t _now(self) except? -1:
@@ -696,7 +815,7 @@ cdef class PutPath:
         # copied before the lock still holds unless another thread changed the CommitLog's
         # attributes while this one waited for the lock (shutdown, a new hook): then the
         # Python path takes this put and reads them itself.
-        self._acquire()
+        self._lock_take()
         try:
             if not self._state_current() or self._c_closed:
                 return self._slow_unlocked(msg)
@@ -729,7 +848,7 @@ cdef class PutPath:
             self._cells[C_LOCK_BEGIN] = ts
             if m._addr == NULL:
                 raise _StoreClosedError("the CommitLog file was unmapped during a put")
-            qk = self._queue_key(&r)
+            qk = self._queue_key(&r, table)
             p = _PyDict_GetItem_KnownHash(table, <object>qk.key, qk.hash)
             qoff_obj = 0 if p == NULL else <object>p
             qoff = qoff_obj
@@ -750,7 +869,7 @@ cdef class PutPath:
             self._cells[C_PUT_BYTES] += r.size
         finally:
             self._cells[C_LOCK_BEGIN] = 0
-            self._release()
+            self._lock_give()
         self.fast += 1
         # CommitLog.finish_put, inline: the attribute read spares a method call per put.
         if wake is not None and not wake.has_notified:
@@ -906,7 +1025,7 @@ cdef class PutPath:
                 # Each queue's table key, made once per PutPath (under the lock, as put()
                 # does); borrowed here, the key table holds them.
                 for k in range(n_keys):
-                    qk = self._queue_key(&recs[first_of[k]])
+                    qk = self._queue_key(&recs[first_of[k]], table)
                     kobj[k] = qk.key
                     khash[k] = qk.hash
                 for k in range(n_keys):
@@ -963,7 +1082,7 @@ cdef class PutPath:
                     self._cells[C_PUT_BYTES] += written
             finally:
                 self._cells[C_LOCK_BEGIN] = 0
-                self._release()
+                self._lock_give()
         finally:
             if cached:
                 self._parts = parts             # grown, perhaps
@@ -988,11 +1107,11 @@ cdef class PutPath:
         return self._store_put_list(msgs, batch_properties)
 
     cdef object _slow_list_unlocked(self, msgs):
-        self._release()
+        self._lock_give()
         try:
             return self._slow_list(msgs, None)
         finally:
-            self._acquire()
+            self._lock_take()
 
     cdef object _slow(self, msg):
         self.slow += 1
@@ -1000,8 +1119,8 @@ cdef class PutPath:
 
     cdef object _slow_unlocked(self, msg):
         # Called with the put lock held: the Python path takes it itself.
-        self._release()
+        self._lock_give()
         try:
             return self._slow(msg)
         finally:
-            self._acquire()
+            self._lock_take()
