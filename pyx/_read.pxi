@@ -442,10 +442,10 @@ cdef class ReadPath:
                           min_logic, max_n, scan_limit, max_bytes, message_filter, rows, held,
                           row_file, subscription, property_filter)
 
-    cdef int _positions(self, store, cq, int64_t *max_py, int64_t *max_off) except -1:
-        """The CommitLog's and the queue's max offsets (bytes; units); 0 if either is empty."""
-        log_files = store.commitlog.mfq.files
-        cq_files = cq.mfq.files
+    cdef int _positions(self, list log_files, list cq_files, int64_t *max_py,
+                        int64_t *max_off) except -1:
+        """The CommitLog's and the queue's max offsets (bytes; units), from the snapshots of
+        their file lists the walk then reads; 0 if either is empty."""
         if not log_files or not cq_files:
             return 0
         last = log_files[len(log_files) - 1]
@@ -572,19 +572,24 @@ cdef class ReadPath:
         cdef int64_t t0 = _mono_ns()
         cdef Py_ssize_t n
         cdef Py_ssize_t *b = self._b
-        if self._batch is None or not self._positions(store, cq, &max_py, &max_off):
+        if self._batch is None:
+            return None
+        # Each list read once: the positions and the walk see the same snapshot.
+        commitlog = store.commitlog
+        log_files = commitlog.mfq.files
+        cq_files = cq.mfq.files
+        if not self._positions(log_files, cq_files, &max_py, &max_off):
             return None
         min_logic = cq.min_logic_offset
         if max_off == 0 or offset < min_logic // RS_CQ_STORE_UNIT_SIZE or offset >= max_off:
             return None
-        commitlog = store.commitlog
         # Plain buffers, viewed as numpy arrays only when a column is asked for.
         rows = PyByteArray_FromStringAndSize(NULL, max_n * SCAN_REC_SIZE)
         row_file = PyByteArray_FromStringAndSize(NULL, max_n * 4)
         held = []
         try:
             n, scanned, removing, max_phy, filtered = self._walk(
-                cq.mfq.files, cq.file_size, commitlog.mfq.files, commitlog.file_size, offset,
+                cq_files, cq.file_size, log_files, commitlog.file_size, offset,
                 max_off, min_logic, max_n,
                 max(16000, max_n * RS_CQ_STORE_UNIT_SIZE) // RS_CQ_STORE_UNIT_SIZE, max_bytes,
                 message_filter, rows, held, row_file, subscription, property_filter)
@@ -631,15 +636,20 @@ cdef class ReadPath:
         cdef int64_t max_py = 0, min_logic, max_off = 0, max_phy, scanned
         cdef int64_t t0 = _mono_ns()
         cdef Py_ssize_t *g = self._g
-        if self._result is None or not self._positions(store, cq, &max_py, &max_off):
+        if self._result is None:
             return None
+        # Each list read once: the positions and the walk see the same snapshot.
         commitlog = store.commitlog
+        log_files = commitlog.mfq.files
+        cq_files = cq.mfq.files
+        if not self._positions(log_files, cq_files, &max_py, &max_off):
+            return None
         min_logic = cq.min_logic_offset
         if max_off == 0 or offset < min_logic // RS_CQ_STORE_UNIT_SIZE or offset >= max_off:
             return None
         # Units looked at, filtered out or not: the broker's bound on one call's scan.
         messages, scanned, removing, max_phy, filtered = self._walk(
-            cq.mfq.files, cq.file_size, commitlog.mfq.files, commitlog.file_size, offset,
+            cq_files, cq.file_size, log_files, commitlog.file_size, offset,
             max_off, min_logic,
             max_n, max(16000, max_n * RS_CQ_STORE_UNIT_SIZE) // RS_CQ_STORE_UNIT_SIZE,
             max_bytes, message_filter, None, None, None, subscription, property_filter)
