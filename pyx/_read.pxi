@@ -21,33 +21,28 @@ from libc.limits cimport LLONG_MAX
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 
-__all__ += ("ReadPath",)
+__all__ += ("ReadPath", "LazyField")
 
-_EXT_SLOTS = ("store_size", "body_crc", "queue_id", "flag", "queue_offset", "commit_log_offset",
-              "sys_flag", "born_timestamp", "born_host_raw", "store_timestamp", "store_host_raw",
-              "reconsume_times", "prepared_transaction_offset", "body", "topic", "magic",
-              "_praw", "_pstr", "_props", "stored_body")
+# The slots a read fills (message.MessageExt): those that cost no new object, the record's
+# bytes, and the properties' caches. The other fields are read from _rec on first use.
+_EXT_SLOTS = ("store_size", "queue_id", "flag", "sys_flag", "born_host_raw", "store_timestamp",
+              "store_host_raw", "reconsume_times", "prepared_transaction_offset", "topic",
+              "magic", "_rec", "_crc", "_qoff", "_phy", "_bts", "_stored", "_body", "_praw",
+              "_pstr", "_props")
 DEF X_SIZE = 0
-DEF X_CRC = 1
-DEF X_QID = 2
-DEF X_FLAG = 3
-DEF X_QOFF = 4
-DEF X_PHY = 5
-DEF X_SYSF = 6
-DEF X_BORN_TS = 7
-DEF X_BORN_HOST = 8
-DEF X_STORE_TS = 9
-DEF X_STORE_HOST = 10
-DEF X_RECONSUME = 11
-DEF X_PREPARED = 12
-DEF X_BODY = 13
-DEF X_TOPIC = 14
-DEF X_MAGIC = 15
-DEF X_PRAW = 16
-DEF X_PSTR = 17
-DEF X_PROPS = 18
-DEF X_STORED = 19
-DEF N_EXT_SLOTS = 20
+DEF X_QID = 1
+DEF X_FLAG = 2
+DEF X_SYSF = 3
+DEF X_BORN_HOST = 4
+DEF X_STORE_TS = 5
+DEF X_STORE_HOST = 6
+DEF X_RECONSUME = 7
+DEF X_PREPARED = 8
+DEF X_TOPIC = 9
+DEF X_MAGIC = 10
+DEF X_REC = 11
+DEF X_LAZY = 12         # _crc .. _props: None, read from _rec on first use
+DEF N_EXT_SLOTS = 21
 _MF_SLOTS = ("file_from_offset", "committed_position", "mm", "_lock", "_available", "_refs",
              "_cond")
 _GET_RESULT_SLOTS = ("status", "next_begin_offset", "min_offset", "max_offset", "messages",
@@ -205,10 +200,13 @@ cdef class ReadPath:
         return new
 
     cdef object _message(self, const uint8_t *rec, const rs_scan_rec *row):
-        """A MessageExt of the checked record at `rec` with the kernel's `row`."""
+        """A MessageExt of the checked record at `rec` with the kernel's `row`: a copy of the
+        record's bytes, and the fields that need no new object (cached ints, hosts and topic
+        shared with the previous message); body, offsets, body CRC, born time and properties
+        are read from the copy when first asked for (message.MessageExt)."""
         cdef Py_ssize_t *x = self._x
         cdef const uint8_t *p
-        cdef Py_ssize_t n
+        cdef Py_ssize_t n, i
         m = PyType_GenericAlloc(<PyTypeObject *>self._ext, 0)
         if self._size_obj is None or self._size != row.size:
             self._size_obj = row.size
@@ -217,13 +215,9 @@ cdef class ReadPath:
             self._ts_obj = row.store_timestamp
             self._ts = row.store_timestamp
         _set_member(m, x[X_SIZE], self._size_obj)
-        _set_member(m, x[X_CRC], row.body_crc)
         _set_member(m, x[X_QID], row.queue_id)
         _set_member(m, x[X_FLAG], row.flag)
-        _set_member(m, x[X_QOFF], row.queue_offset)
-        _set_member(m, x[X_PHY], row.phy_offset)
         _set_member(m, x[X_SYSF], row.sys_flag)
-        _set_member(m, x[X_BORN_TS], row.born_timestamp)
         _set_member(m, x[X_STORE_TS], self._ts_obj)
         _set_member(m, x[X_RECONSUME], row.reconsume_times)
         _set_member(m, x[X_PREPARED], row.prepared_tx_offset)
@@ -236,25 +230,18 @@ cdef class ReadPath:
         p += n + 8
         n = RS_HOST_V6_LENGTH if row.sys_flag & RS_STOREHOSTADDRESS_V6_FLAG else RS_HOST_V4_LENGTH
         _set_member(m, x[X_STORE_HOST], self._host(p, n, True))
-        body = PyBytes_FromStringAndSize(<const char *>rec + row.body_off, row.body_len)
-        _set_member(m, x[X_STORED], body)
-        # A compressed body's `body` slot stays empty: MessageExt.__getattr__ decompresses it
-        # when it is first asked for (doc/01 §3.5).
-        if not row.sys_flag & RS_COMPRESSED_FLAG:
-            _set_member(m, x[X_BODY], body)
         p = rec + row.topic_off
         n = row.topic_len
         if self._topic_b is None or PyBytes_GET_SIZE(self._topic_b) != n \
                 or memcmp(PyBytes_AS_STRING(self._topic_b), p, <size_t>n) != 0:
-            # The kernel let through only [%|a-zA-Z0-9_-] bytes: ASCII.
             self._topic_s = PyUnicode_DecodeUTF8(<const char *>p, n, "replace")
             self._topic_b = PyBytes_FromStringAndSize(<const char *>p, n)
         _set_member(m, x[X_TOPIC], self._topic_s)
-        # The properties stay bytes until asked for (MessageExt.properties_string).
-        _set_member(m, x[X_PRAW], PyBytes_FromStringAndSize(
-            <const char *>rec + row.props_off, row.props_len))
-        _set_member(m, x[X_PSTR], None)
-        _set_member(m, x[X_PROPS], None)
+        # One copy of the whole record (it lies in a mapping that may be unmapped later); the
+        # rest is read from it on first use.
+        _set_member(m, x[X_REC], PyBytes_FromStringAndSize(<const char *>rec, row.size))
+        for i in range(X_LAZY, N_EXT_SLOTS):
+            _set_member(m, x[i], None)
         # Not tracked by the garbage collector, as PutPath's results: it refers to ints, bytes,
         # str and None (later its properties dict of str), so it is in no cycle unless a caller
         # puts it into its own properties map; a consumer keeping many would otherwise make
@@ -455,10 +442,10 @@ cdef class ReadPath:
                           min_logic, max_n, scan_limit, max_bytes, message_filter, rows, held,
                           row_file, subscription, property_filter)
 
-    cdef int _positions(self, store, cq, int64_t *max_py, int64_t *max_off) except -1:
-        """The CommitLog's and the queue's max offsets (bytes; units); 0 if either is empty."""
-        log_files = store.commitlog.mfq.files
-        cq_files = cq.mfq.files
+    cdef int _positions(self, list log_files, list cq_files, int64_t *max_py,
+                        int64_t *max_off) except -1:
+        """The CommitLog's and the queue's max offsets (bytes; units), from the snapshots of
+        their file lists the walk then reads; 0 if either is empty."""
         if not log_files or not cq_files:
             return 0
         last = log_files[len(log_files) - 1]
@@ -585,19 +572,24 @@ cdef class ReadPath:
         cdef int64_t t0 = _mono_ns()
         cdef Py_ssize_t n
         cdef Py_ssize_t *b = self._b
-        if self._batch is None or not self._positions(store, cq, &max_py, &max_off):
+        if self._batch is None:
+            return None
+        # Each list read once: the positions and the walk see the same snapshot.
+        commitlog = store.commitlog
+        log_files = commitlog.mfq.files
+        cq_files = cq.mfq.files
+        if not self._positions(log_files, cq_files, &max_py, &max_off):
             return None
         min_logic = cq.min_logic_offset
         if max_off == 0 or offset < min_logic // RS_CQ_STORE_UNIT_SIZE or offset >= max_off:
             return None
-        commitlog = store.commitlog
         # Plain buffers, viewed as numpy arrays only when a column is asked for.
         rows = PyByteArray_FromStringAndSize(NULL, max_n * SCAN_REC_SIZE)
         row_file = PyByteArray_FromStringAndSize(NULL, max_n * 4)
         held = []
         try:
             n, scanned, removing, max_phy, filtered = self._walk(
-                cq.mfq.files, cq.file_size, commitlog.mfq.files, commitlog.file_size, offset,
+                cq_files, cq.file_size, log_files, commitlog.file_size, offset,
                 max_off, min_logic, max_n,
                 max(16000, max_n * RS_CQ_STORE_UNIT_SIZE) // RS_CQ_STORE_UNIT_SIZE, max_bytes,
                 message_filter, rows, held, row_file, subscription, property_filter)
@@ -644,15 +636,20 @@ cdef class ReadPath:
         cdef int64_t max_py = 0, min_logic, max_off = 0, max_phy, scanned
         cdef int64_t t0 = _mono_ns()
         cdef Py_ssize_t *g = self._g
-        if self._result is None or not self._positions(store, cq, &max_py, &max_off):
+        if self._result is None:
             return None
+        # Each list read once: the positions and the walk see the same snapshot.
         commitlog = store.commitlog
+        log_files = commitlog.mfq.files
+        cq_files = cq.mfq.files
+        if not self._positions(log_files, cq_files, &max_py, &max_off):
+            return None
         min_logic = cq.min_logic_offset
         if max_off == 0 or offset < min_logic // RS_CQ_STORE_UNIT_SIZE or offset >= max_off:
             return None
         # Units looked at, filtered out or not: the broker's bound on one call's scan.
         messages, scanned, removing, max_phy, filtered = self._walk(
-            cq.mfq.files, cq.file_size, commitlog.mfq.files, commitlog.file_size, offset,
+            cq_files, cq.file_size, log_files, commitlog.file_size, offset,
             max_off, min_logic,
             max_n, max(16000, max_n * RS_CQ_STORE_UNIT_SIZE) // RS_CQ_STORE_UNIT_SIZE,
             max_bytes, message_filter, None, None, None, subscription, property_filter)
@@ -838,3 +835,125 @@ cdef class ReadPath:
             PyBuffer_Release(&tv)
             PyBuffer_Release(&ev)
         return (found if batch else messages), scanned, removing, max_phy, filtered
+
+
+# ---- MessageExt's lazy fields -------------------------------------------------------------
+# What a LazyField reads from the record copy (_rec) when its slot is still None.
+DEF L_I32 = 0           # a big-endian int32 at a fixed position (BODYCRC)
+DEF L_I64 = 1           # a big-endian int64 at a fixed position (offsets, BORNTIMESTAMP)
+DEF L_STORED = 2        # BODY as stored
+DEF L_BODY = 3          # BODY as given to the user: the stored one unless compressed
+
+
+cdef class LazyField:
+    """LazyField(message_type, slot, kind, pos, fallback): the compiled form of one of
+    message.MessageExt's lazy fields (a property over private slot `slot`, None until read
+    from the record copy in `_rec`), which message.py puts in place of the Python property
+    `fallback` when this module imports. Reading a filled field costs what reading a slot does,
+    and a first read makes only the field's own object; every case but the common one (a
+    compressed body, a message with no record copy, a record too short for the field) is left
+    to `fallback`, so both give the same value by construction. Kinds: INT32 or INT64 at byte
+    `pos` of the record, STORED_BODY, BODY."""
+    INT32 = L_I32
+    INT64 = L_I64
+    STORED_BODY = L_STORED
+    BODY = L_BODY
+    cdef type _cls
+    cdef Py_ssize_t _slot, _rec, _sysf, _stored
+    cdef int _kind
+    cdef Py_ssize_t _pos
+    cdef object _fallback
+
+    def __init__(self, type message_type, str slot, int kind, Py_ssize_t pos, fallback):
+        cdef Py_ssize_t off[4]
+        if kind < L_I32 or kind > L_BODY or pos < 0:
+            _raise_for_status(RS_E_ARG, "LazyField: unknown kind or negative position")
+        _member_offsets(message_type, (slot, "_rec", "sys_flag", "_stored"), off)
+        self._cls = message_type
+        self._slot, self._rec, self._sysf, self._stored = off[0], off[1], off[2], off[3]
+        self._kind = kind
+        self._pos = pos
+        self._fallback = fallback
+
+    @property
+    def __doc__(self):
+        return self._fallback.__doc__
+
+    cdef object _stored_body(self, object obj, const char *rec, Py_ssize_t n):
+        """BODY's bytes from the record copy (filling _stored), or None when the record does
+        not hold them where its SYSFLAG and BODYLENGTH say."""
+        cdef PyObject *sysf = _member(obj, self._sysf)
+        cdef int64_t flags
+        cdef Py_ssize_t p
+        cdef int32_t blen
+        cdef int overflow = 0
+        if sysf == NULL or type(<object>sysf) is not int:
+            return None
+        flags = PyLong_AsLongLongAndOverflow(<object>sysf, &overflow)
+        if overflow:
+            return None
+        # BODY follows RECORD_TAIL, whose place follows the hosts' lengths (doc/01 §3.1).
+        p = RS_POS_BORNHOST + (RS_HOST_V6_LENGTH if flags & RS_BORNHOST_V6_FLAG
+                               else RS_HOST_V4_LENGTH) + 8 + (
+            RS_HOST_V6_LENGTH if flags & RS_STOREHOSTADDRESS_V6_FLAG else RS_HOST_V4_LENGTH) + 16
+        if p > n:
+            return None
+        blen = rs_load_i32(<const uint8_t *>rec + p - 4)
+        if blen < 0 or blen > n - p:
+            return None
+        body = PyBytes_FromStringAndSize(rec + p, blen)
+        _set_member(obj, self._stored, body)
+        return body
+
+    def __get__(self, obj, owner):
+        cdef PyObject *v
+        cdef PyObject *rec
+        cdef const char *p
+        cdef Py_ssize_t n
+        cdef int64_t flags
+        cdef int overflow = 0
+        if obj is None or not isinstance(obj, self._cls):
+            return self._fallback.__get__(obj, owner)
+        v = _member(obj, self._slot)
+        if v != NULL and v != <PyObject *>None:
+            return <object>v
+        rec = _member(obj, self._rec)
+        if v == NULL or rec == NULL or type(<object>rec) is not bytes:
+            return self._fallback.__get__(obj, owner)
+        p = PyBytes_AS_STRING(<object>rec)
+        n = PyBytes_GET_SIZE(<object>rec)
+        out = None
+        if self._kind == L_I32:
+            if self._pos <= n - 4:
+                out = rs_load_i32(<const uint8_t *>p + self._pos)
+        elif self._kind == L_I64:
+            if self._pos <= n - 8:
+                out = rs_load_i64(<const uint8_t *>p + self._pos)
+        elif self._kind == L_STORED:
+            return self._stored_body(obj, p, n) or self._fallback.__get__(obj, owner)
+        else:
+            # A compressed body is decompressed by the Python property (doc/01 §3.5).
+            sysf = _member(obj, self._sysf)
+            if sysf == NULL or type(<object>sysf) is not int:
+                return self._fallback.__get__(obj, owner)
+            flags = PyLong_AsLongLongAndOverflow(<object>sysf, &overflow)
+            if overflow or flags & RS_COMPRESSED_FLAG:
+                return self._fallback.__get__(obj, owner)
+            v = _member(obj, self._stored)
+            if v != NULL and v != <PyObject *>None:
+                out = <object>v
+            else:
+                out = self._stored_body(obj, p, n)
+        if out is None:
+            return self._fallback.__get__(obj, owner)
+        _set_member(obj, self._slot, out)
+        return out
+
+    def __set__(self, obj, value):
+        if not isinstance(obj, self._cls):
+            self._fallback.__set__(obj, value)
+            return
+        _set_member(obj, self._slot, value)
+
+    def __delete__(self, obj):
+        self._fallback.__delete__(obj)

@@ -12,6 +12,7 @@ from .errors import (CorruptBodyError, CorruptRecordError, MessageIllegalError,
                      MissingCodecError)
 
 _I16 = F.I16
+_I32 = F.I32
 _I64 = F.I64
 _TAIL = F.RECORD_TAIL.struct
 
@@ -329,37 +330,127 @@ _MAGICS = (F.MESSAGE_MAGIC_CODE, F.MESSAGE_MAGIC_CODE_V2)
 
 
 class MessageExt(_Keyed):
-    """A stored record, decoded (MessageExt). Header fields, body and topic are decoded at once;
-    the properties string, the properties map, tags, keys and msgId on first use: a consumer
-    reading bodies pays for no property it does not look at.
+    """A stored record, decoded (MessageExt).
 
-    The read path (get_message, read_path.iter_messages) builds these from the rows the
-    record-check kernel fills (from_row here, or the compiled ReadPath), never re-parsing a
-    record; decode() is the stand-alone decoder of one record's bytes.
+    The read path (get_message, read_path.iter_messages, key queries) builds these from the
+    rows the record-check kernel fills (from_row here, or the compiled ReadPath): the record
+    has been checked whole before its message is made, and the message keeps a copy of its
+    bytes. The fields that cost nothing to make (sizes, ids, flags, hosts, topic, store time)
+    are set at once; the ones that would each be a new object (body, queue and commit-log
+    offsets, body CRC, born time, the properties) are read from that copy on first use and
+    kept: a consumer pays for no field it does not look at, and a read makes two objects per
+    message instead of seven. decode() is the stand-alone decoder of one record's bytes, which
+    fills every field at once.
 
     `body` is the original body, as MessageDecoder gives it: a compressed one (COMPRESSED_FLAG,
     doc/01 §3.5) is decompressed on first use, and raises CorruptBodyError (MissingCodecError
     when its codec's extra is not installed) if it cannot be. `stored_body` is always the bytes
     in the record, which the body CRC covers. keep_stored() makes `body` the stored bytes."""
 
-    # A compressed record leaves the `body` slot empty until it is asked for: reading an empty
-    # slot falls through to __getattr__, which decompresses and fills it. Uncompressed records
-    # fill it when they are built (the same object as stored_body), so their reads cost a slot
-    # read, as before compression was understood.
-    __slots__ = ("store_size", "body_crc", "queue_id", "flag", "queue_offset",
-                 "commit_log_offset", "sys_flag", "born_timestamp", "born_host_raw",
+    # The lazy fields are properties over the private slots below (_crc, _qoff, _phy, _bts,
+    # _stored, _body, _praw): None means "not read from _rec yet" (an empty slot would cost a
+    # raised AttributeError to find out), and assigning a field fills its slot.
+    __slots__ = ("store_size", "queue_id", "flag", "sys_flag", "born_host_raw",
                  "store_timestamp", "store_host_raw", "reconsume_times",
-                 "prepared_transaction_offset", "body", "topic", "magic", "_praw", "_pstr",
-                 "_props", "stored_body")
+                 "prepared_transaction_offset", "topic", "magic", "_rec", "_crc", "_qoff",
+                 "_phy", "_bts", "_stored", "_body", "_praw", "_pstr", "_props")
     # Private slots the compiled read path (pyx/_read.pxi) fills when it builds a message: the
-    # raw properties bytes, decoded on first use.
-    LENT_SLOTS = ("_praw", "_pstr", "_props")
+    # record's bytes, and the lazy fields' caches (None: not read yet).
+    LENT_SLOTS = ("_rec", "_crc", "_qoff", "_phy", "_bts", "_stored", "_body", "_praw", "_pstr",
+                  "_props")
 
-    def __getattr__(self, name):
-        if name != "body" or not self.sys_flag & F.COMPRESSED_FLAG:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        body = self.body = decompress(self.stored_body, self.sys_flag, self.where)
+    @property
+    def body_crc(self):
+        v = self._crc
+        if v is None:
+            v = self._crc = _I32.unpack_from(self._rec, F.POS_BODYCRC)[0]
+        return v
+
+    @body_crc.setter
+    def body_crc(self, value):
+        self._crc = value
+
+    @property
+    def queue_offset(self):
+        v = self._qoff
+        if v is None:
+            v = self._qoff = _I64.unpack_from(self._rec, F.POS_QUEUEOFFSET)[0]
+        return v
+
+    @queue_offset.setter
+    def queue_offset(self, value):
+        self._qoff = value
+
+    @property
+    def commit_log_offset(self):
+        v = self._phy
+        if v is None:
+            v = self._phy = _I64.unpack_from(self._rec, F.POS_PHYSICALOFFSET)[0]
+        return v
+
+    @commit_log_offset.setter
+    def commit_log_offset(self, value):
+        self._phy = value
+
+    @property
+    def born_timestamp(self):
+        v = self._bts
+        if v is None:
+            v = self._bts = _I64.unpack_from(self._rec, F.POS_BORNTIMESTAMP)[0]
+        return v
+
+    @born_timestamp.setter
+    def born_timestamp(self, value):
+        self._bts = value
+
+    def _body_at(self):
+        """(where BODY starts in _rec, its length): after RECORD_TAIL, whose place follows the
+        hosts' lengths (doc/01 §3.1)."""
+        p = F.pos_record_tail(self.sys_flag) + _TAIL.size
+        return p, _I32.unpack_from(self._rec, p - 4)[0]
+
+    @property
+    def stored_body(self):
+        v = self._stored
+        if v is None:
+            p, n = self._body_at()
+            v = self._stored = self._rec[p:p + n]
+        return v
+
+    @stored_body.setter
+    def stored_body(self, value):
+        self._stored = value
+
+    @property
+    def body(self):
+        body = self._body
+        if body is not None:
+            return body
+        if self.sys_flag & F.COMPRESSED_FLAG:
+            body = decompress(self.stored_body, self.sys_flag, self.where)
+        else:
+            body = self.stored_body
+        self._body = body
         return body
+
+    @body.setter
+    def body(self, value):
+        self._body = value
+
+    def _props_raw(self):
+        """The stored properties bytes: in _praw (decode), else after the body and topic in
+        _rec (TOPICLENGTH is one byte in a v1 record, two in a v2 one)."""
+        if self._praw is not None:
+            return self._praw
+        rec = self._rec
+        p, n = self._body_at()
+        p += n
+        if self.magic == F.MESSAGE_MAGIC_CODE:
+            p += 1 + rec[p]
+        else:
+            p += 2 + _I16.unpack_from(rec, p)[0]
+        n = _I16.unpack_from(rec, p)[0]
+        return rec[p + 2:p + 2 + n]
 
     @property
     def where(self):
@@ -380,7 +471,7 @@ class MessageExt(_Keyed):
 
     def keep_stored(self):
         """Make `body` the stored bytes (a read with decompress=False); returns self."""
-        self.body = self.stored_body
+        self._body = self.stored_body
         return self
 
     @classmethod
@@ -388,8 +479,8 @@ class MessageExt(_Keyed):
         """Decode one record (bytes). Raises CorruptRecordError if it is not one."""
         m = cls.__new__(cls)
         try:
-            (size, magic, crc, m.queue_id, m.flag, m.queue_offset, m.commit_log_offset, sysf,
-             m.born_timestamp, bh, sts, sh, m.reconsume_times, m.prepared_transaction_offset,
+            (size, magic, crc, m.queue_id, m.flag, m._qoff, m._phy, sysf,
+             m._bts, bh, sts, sh, m.reconsume_times, m.prepared_transaction_offset,
              blen) = _FIXED_V4.unpack_from(rec, 0)
             if magic not in _MAGICS or size > len(rec):
                 raise CorruptRecordError(f"no record here (magic {magic & 0xFFFFFFFF:#010x})")
@@ -409,15 +500,14 @@ class MessageExt(_Keyed):
                 p = _FIXED_V4_SIZE
             m.store_size = size
             m.magic = magic
-            m.body_crc = crc
+            m._crc = crc
             m.sys_flag = sysf
             m.born_host_raw = bh
             m.store_timestamp = sts
             m.store_host_raw = sh
             body = rec[p:p + blen]
-            m.stored_body = body
-            if not sysf & F.COMPRESSED_FLAG:
-                m.body = body
+            m._stored = body
+            m._body = None if sysf & F.COMPRESSED_FLAG else body
             p += blen
             if magic == F.MESSAGE_MAGIC_CODE:
                 tlen = rec[p]
@@ -434,8 +524,9 @@ class MessageExt(_Keyed):
                 raise CorruptRecordError("record lengths do not add up to TOTALSIZE")
         except (struct.error, IndexError) as exc:
             raise CorruptRecordError(f"not a decodable record: {exc}") from None
-        if check_crc and zlib.crc32(m.stored_body) & 0x7FFFFFFF != crc:
+        if check_crc and zlib.crc32(m._stored) & 0x7FFFFFFF != crc:
             raise CorruptRecordError("body CRC mismatch")
+        m._rec = None           # every field is set: none is read from the record later
         m._pstr = None
         m._props = None
         return m
@@ -444,39 +535,32 @@ class MessageExt(_Keyed):
     def from_row(cls, buf, row, topic=None):
         """The message of one record-check row (format.SCAN_DTYPE, as a tuple from tolist())
         over `buf`, where row[0] (pos) is the record's start: the kernel has validated the
-        record and found every field, so nothing is parsed here. `topic`, when given, is the
-        str of the record's topic bytes (a queue's records share it)."""
-        (pos, phy, qoff, _tags, sts, bts, prepared, size, qid, sysf, flag, crc, reconsume,
-         body_off, body_len, topic_off, topic_len, props_off, props_len, info, _h) = row
+        record and found every field, so nothing is parsed here; the record's bytes are kept
+        and the fields that are new objects read from them on first use, as the compiled
+        ReadPath does. `topic`, when given, is the str of the record's topic bytes (a queue's
+        records share it)."""
+        (pos, _phy, _qoff, _tags, sts, _bts, prepared, size, qid, sysf, flag, _crc, reconsume,
+         _body_off, _body_len, topic_off, topic_len, _props_off, _props_len, info, _h) = row
         m = cls.__new__(cls)
         m.store_size = size
         m.magic = F.MESSAGE_MAGIC_CODE_V2 if info & F.SCAN_INFO_V2 else F.MESSAGE_MAGIC_CODE
-        m.body_crc = crc
         m.queue_id = qid
         m.flag = flag
-        m.queue_offset = qoff
-        m.commit_log_offset = phy
         m.sys_flag = sysf
-        m.born_timestamp = bts
         m.store_timestamp = sts
         m.reconsume_times = reconsume
         m.prepared_transaction_offset = prepared
-        p = pos + F.POS_BORNHOST
+        rec = m._rec = bytes(buf[pos:pos + size])
+        p = F.POS_BORNHOST
         n = F.born_host_length(sysf)
-        m.born_host_raw = bytes(buf[p:p + n])
+        m.born_host_raw = rec[p:p + n]
         p += n + 8
         n = F.store_host_length(sysf)
-        m.store_host_raw = bytes(buf[p:p + n])
-        p = pos + body_off
-        body = m.stored_body = bytes(buf[p:p + body_len])
-        if not sysf & F.COMPRESSED_FLAG:
-            m.body = body
+        m.store_host_raw = rec[p:p + n]
         if topic is None:
-            p = pos + topic_off
-            topic = bytes(buf[p:p + topic_len]).decode("utf-8", "replace")
+            topic = rec[topic_off:topic_off + topic_len].decode("utf-8", "replace")
         m.topic = topic
-        p = pos + props_off
-        m._praw = bytes(buf[p:p + props_len])
+        m._crc = m._qoff = m._phy = m._bts = m._stored = m._body = m._praw = None
         m._pstr = None
         m._props = None
         return m
@@ -487,7 +571,8 @@ class MessageExt(_Keyed):
         use."""
         s = self._pstr
         if s is None:
-            s = self._pstr = self._praw.decode("utf-8", "replace") if self._praw else ""
+            raw = self._props_raw()
+            s = self._pstr = raw.decode("utf-8", "replace") if raw else ""
         return s
 
     @property
@@ -553,3 +638,33 @@ class MessageExt(_Keyed):
         return (f"MessageExt(topic={self.topic!r}, queue_id={self.queue_id}, "
                 f"queue_offset={self.queue_offset}, commit_log_offset={self.commit_log_offset}, "
                 f"body={len(self.stored_body)}B stored)")
+
+
+# MessageExt's lazy fields: name -> (private slot, LazyField kind, position in the record).
+_LAZY_FIELDS = {
+    "body_crc": ("_crc", "INT32", F.POS_BODYCRC),
+    "queue_offset": ("_qoff", "INT64", F.POS_QUEUEOFFSET),
+    "commit_log_offset": ("_phy", "INT64", F.POS_PHYSICALOFFSET),
+    "born_timestamp": ("_bts", "INT64", F.POS_BORNTIMESTAMP),
+    "stored_body": ("_stored", "STORED_BODY", 0),
+    "body": ("_body", "BODY", 0),
+}
+# The Python properties, kept: each compiled LazyField hands them the uncommon cases, and the
+# tests compare the two.
+PY_LAZY_FIELDS = {name: MessageExt.__dict__[name] for name in _LAZY_FIELDS}
+
+
+def _compiled_lazy_fields():
+    """Put the compiled backend's LazyField in place of each lazy property when it is built: a
+    first read then makes only the field's object, and later reads cost a slot read, where a
+    Python property's frame costs several times the allocation it saves."""
+    try:
+        from .kernels._cext import LazyField
+    except ImportError:         # no compiled backend here: the properties serve
+        return
+    for name, (slot, kind, pos) in _LAZY_FIELDS.items():
+        setattr(MessageExt, name, LazyField(MessageExt, slot, getattr(LazyField, kind), pos,
+                                            PY_LAZY_FIELDS[name]))
+
+
+_compiled_lazy_fields()

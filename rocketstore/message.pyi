@@ -18,6 +18,7 @@ PROPERTY_REAL_TOPIC: str
 PROPERTY_REAL_QID: str
 PROPERTY_WAIT: str
 KEY_SEPARATOR: str
+PY_LAZY_FIELDS: dict[str, property]
 
 def topic_problem(topic: object, max_bytes: Optional[int] = 127) -> Optional[str]: ...
 def valid_topic_bytes(raw: _Buffer) -> bool: ...

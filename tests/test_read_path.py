@@ -4,8 +4,10 @@ decoded from the record-check kernel's rows equal the stand-alone decoder's, pro
 on first use, reads from anywhere in a long queue match the old walk (bench/bench_read.py shows
 their cost no longer grows with the backlog), get_batch's columns are get_message's results,
 and body views keep their file mapped."""
+import copy
 import gc
 import os
+import pickle
 import struct
 
 import numpy as np
@@ -16,6 +18,7 @@ from rocketstore import format as F, read_path
 from rocketstore.errors import StoreError
 from rocketstore.read_path import PyReadPath, make_read_path
 from rocketstore.clock import ManualClock
+from rocketstore.message import PY_LAZY_FIELDS, compressed_message
 
 NOW = 1_700_000_000_000
 
@@ -96,6 +99,42 @@ def test_messages_from_the_read_path_equal_the_eager_decoder_with_properties_par
         store.shutdown()
 
 
+LAZY_SLOTS = ("_crc", "_qoff", "_phy", "_bts", "_stored", "_body", "_praw", "_pstr", "_props")
+
+
+def test_read_messages_keep_their_record_and_read_each_field_from_it_on_first_use(
+        tmp_path, backend):
+    store = testing.open_store(tmp_path / "s", backend)
+    try:
+        msgs = varied_messages(40)
+        msgs.append(compressed_message(Message("ReadT", b"squeeze " * 200, tags="z"), 64, 6))
+        assert all(store.put_message(m).ok for m in msgs)
+        got = [m for g in pull_all(store, "ReadT", n=7) for m in g.messages]
+        again = [m for g in pull_all(store, "ReadT", n=7) for m in g.messages]
+        assert len(got) == len(again) == len(msgs) and got[-1].compressed
+        for m, m2 in zip(got, again):
+            # Nothing that would be a new object is made before it is asked for.
+            assert all(getattr(m, s) is None for s in LAZY_SLOTS)
+            ref = eager(store, m.commit_log_offset, m.store_size)
+            assert attrs(m) == attrs(ref)
+            # The Python properties (a build without the compiled backend's LazyField) read
+            # the same values from the same record.
+            for name, prop in PY_LAZY_FIELDS.items():
+                assert prop.__get__(m2, MessageExt) == getattr(ref, name), name
+            # A copy or a pickle of a message read lazily, before and after its fields are
+            # read, is the same message.
+            for m3 in (m2, pickle.loads(pickle.dumps(m2)), copy.copy(m2)):
+                assert attrs(m3) == attrs(ref)
+        # The fields stay assignable, as MessageExt's slots were.
+        m = again[0]
+        m.queue_offset, m.body = 99, b"mine"
+        assert (m.queue_offset, m.body, m.stored_body) == (99, b"mine", got[0].stored_body)
+        assert again[-1].body == b"squeeze " * 200            # decompressed on first use
+        assert got[-1].keep_stored().body == got[-1].stored_body == msgs[-1].body
+    finally:
+        store.shutdown()
+
+
 def test_every_backend_reads_the_same_messages_from_the_same_store(tmp_path):
     root = tmp_path / "s"
     store = testing.open_store(root, "cext")
@@ -134,7 +173,10 @@ def test_decode_rows_refuses_rows_outside_its_buffer(backend):
     with pytest.raises(ValueError):
         rp.decode_rows(bytes(500), rows, 1)
     rows["body_len"] = 10
-    assert rp.decode_rows(bytes(500), rows, 1)[0].body == bytes(10)
+    # The row locates the record; the message's fields are read from the record's own bytes
+    # (here zeros: BODYLENGTH 0, and the offsets 0), as for a row the kernel made.
+    m = rp.decode_rows(bytes(500), rows, 1)[0]
+    assert (m.store_size, m.body, m.queue_offset, m.commit_log_offset) == (100, b"", 0, 0)
     with pytest.raises(ValueError):
         rp.decode_rows(bytes(500), np.zeros(1, dtype=F.CQ_DTYPE), 1)
 
