@@ -846,14 +846,15 @@ DEF L_BODY = 3          # BODY as given to the user: the stored one unless compr
 
 
 cdef class LazyField:
-    """LazyField(message_type, slot, kind, pos, fallback): the compiled form of one of
+    """LazyField(message_type, slot, kind, pos, fallback, assigned_none): the compiled form of one of
     message.MessageExt's lazy fields (a property over private slot `slot`, None until read
     from the record copy in `_rec`), which message.py puts in place of the Python property
     `fallback` when this module imports. Reading a filled field costs what reading a slot does,
     and a first read makes only the field's own object; every case but the common one (a
     compressed body, a message with no record copy, a record too short for the field) is left
     to `fallback`, so both give the same value by construction. Kinds: INT32 or INT64 at byte
-    `pos` of the record, STORED_BODY, BODY."""
+    `pos` of the record, STORED_BODY, BODY. `assigned_none` is what the slot holds once the
+    field was assigned None (message._ASSIGNED_NONE), read back as None."""
     INT32 = L_I32
     INT64 = L_I64
     STORED_BODY = L_STORED
@@ -863,8 +864,10 @@ cdef class LazyField:
     cdef int _kind
     cdef Py_ssize_t _pos
     cdef object _fallback
+    cdef object _none
 
-    def __init__(self, type message_type, str slot, int kind, Py_ssize_t pos, fallback):
+    def __init__(self, type message_type, str slot, int kind, Py_ssize_t pos, fallback,
+                 assigned_none):
         cdef Py_ssize_t off[4]
         if kind < L_I32 or kind > L_BODY or pos < 0:
             _raise_for_status(RS_E_ARG, "LazyField: unknown kind or negative position")
@@ -874,6 +877,7 @@ cdef class LazyField:
         self._kind = kind
         self._pos = pos
         self._fallback = fallback
+        self._none = assigned_none
 
     @property
     def __doc__(self):
@@ -916,7 +920,7 @@ cdef class LazyField:
             return self._fallback.__get__(obj, owner)
         v = _member(obj, self._slot)
         if v != NULL and v != <PyObject *>None:
-            return <object>v
+            return None if v == <PyObject *>self._none else <object>v
         rec = _member(obj, self._rec)
         if v == NULL or rec == NULL or type(<object>rec) is not bytes:
             return self._fallback.__get__(obj, owner)
@@ -940,6 +944,8 @@ cdef class LazyField:
             if overflow or flags & RS_COMPRESSED_FLAG:
                 return self._fallback.__get__(obj, owner)
             v = _member(obj, self._stored)
+            if v == <PyObject *>self._none:         # stored_body was assigned None
+                return self._fallback.__get__(obj, owner)
             if v != NULL and v != <PyObject *>None:
                 out = <object>v
             else:
@@ -953,7 +959,7 @@ cdef class LazyField:
         if not isinstance(obj, self._cls):
             self._fallback.__set__(obj, value)
             return
-        _set_member(obj, self._slot, value)
+        _set_member(obj, self._slot, self._none if value is None else value)
 
     def __delete__(self, obj):
         self._fallback.__delete__(obj)

@@ -235,6 +235,28 @@ def decode_msg_id(msg_id):
 
 
 # ---- value types ----------------------------------------------------------------------------
+class _AssignedNone:
+    """What a MessageExt lazy field's slot holds after the field was assigned None: a None
+    slot means "not read from the record yet", so the assignment must be told apart from it
+    (else the field would read back the record's value). One object, which pickles and copies
+    as itself."""
+    __slots__ = ()
+
+    def __reduce__(self):
+        return "_ASSIGNED_NONE"
+
+    def __repr__(self):
+        return "_ASSIGNED_NONE"
+
+
+_ASSIGNED_NONE = _AssignedNone()
+
+
+def _assigned(value):
+    """A lazy field's slot value for an assignment of `value`."""
+    return _ASSIGNED_NONE if value is None else value
+
+
 class _Keyed:
     """TAGS and KEYS, read from a `properties` mapping."""
     __slots__ = ()
@@ -349,7 +371,8 @@ class MessageExt(_Keyed):
 
     # The lazy fields are properties over the private slots below (_crc, _qoff, _phy, _bts,
     # _stored, _body, _praw): None means "not read from _rec yet" (an empty slot would cost a
-    # raised AttributeError to find out), and assigning a field fills its slot.
+    # raised AttributeError to find out), and assigning a field fills its slot (_ASSIGNED_NONE
+    # for None).
     __slots__ = ("store_size", "queue_id", "flag", "sys_flag", "born_host_raw",
                  "store_timestamp", "store_host_raw", "reconsume_times",
                  "prepared_transaction_offset", "topic", "magic", "_rec", "_crc", "_qoff",
@@ -364,44 +387,44 @@ class MessageExt(_Keyed):
         v = self._crc
         if v is None:
             v = self._crc = _I32.unpack_from(self._rec, F.POS_BODYCRC)[0]
-        return v
+        return None if v is _ASSIGNED_NONE else v
 
     @body_crc.setter
     def body_crc(self, value):
-        self._crc = value
+        self._crc = _assigned(value)
 
     @property
     def queue_offset(self):
         v = self._qoff
         if v is None:
             v = self._qoff = _I64.unpack_from(self._rec, F.POS_QUEUEOFFSET)[0]
-        return v
+        return None if v is _ASSIGNED_NONE else v
 
     @queue_offset.setter
     def queue_offset(self, value):
-        self._qoff = value
+        self._qoff = _assigned(value)
 
     @property
     def commit_log_offset(self):
         v = self._phy
         if v is None:
             v = self._phy = _I64.unpack_from(self._rec, F.POS_PHYSICALOFFSET)[0]
-        return v
+        return None if v is _ASSIGNED_NONE else v
 
     @commit_log_offset.setter
     def commit_log_offset(self, value):
-        self._phy = value
+        self._phy = _assigned(value)
 
     @property
     def born_timestamp(self):
         v = self._bts
         if v is None:
             v = self._bts = _I64.unpack_from(self._rec, F.POS_BORNTIMESTAMP)[0]
-        return v
+        return None if v is _ASSIGNED_NONE else v
 
     @born_timestamp.setter
     def born_timestamp(self, value):
-        self._bts = value
+        self._bts = _assigned(value)
 
     def _body_at(self):
         """(where BODY starts in _rec, its length): after RECORD_TAIL, whose place follows the
@@ -415,17 +438,17 @@ class MessageExt(_Keyed):
         if v is None:
             p, n = self._body_at()
             v = self._stored = self._rec[p:p + n]
-        return v
+        return None if v is _ASSIGNED_NONE else v
 
     @stored_body.setter
     def stored_body(self, value):
-        self._stored = value
+        self._stored = _assigned(value)
 
     @property
     def body(self):
         body = self._body
         if body is not None:
-            return body
+            return None if body is _ASSIGNED_NONE else body
         if self.sys_flag & F.COMPRESSED_FLAG:
             body = decompress(self.stored_body, self.sys_flag, self.where)
         else:
@@ -435,7 +458,7 @@ class MessageExt(_Keyed):
 
     @body.setter
     def body(self, value):
-        self._body = value
+        self._body = _assigned(value)
 
     def _props_raw(self):
         """The stored properties bytes: in _praw (decode), else after the body and topic in
@@ -471,7 +494,7 @@ class MessageExt(_Keyed):
 
     def keep_stored(self):
         """Make `body` the stored bytes (a read with decompress=False); returns self."""
-        self._body = self.stored_body
+        self.body = self.stored_body
         return self
 
     @classmethod
@@ -664,7 +687,7 @@ def _compiled_lazy_fields():
         return
     for name, (slot, kind, pos) in _LAZY_FIELDS.items():
         setattr(MessageExt, name, LazyField(MessageExt, slot, getattr(LazyField, kind), pos,
-                                            PY_LAZY_FIELDS[name]))
+                                            PY_LAZY_FIELDS[name], _ASSIGNED_NONE))
 
 
 _compiled_lazy_fields()

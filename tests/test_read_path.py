@@ -135,6 +135,31 @@ def test_read_messages_keep_their_record_and_read_each_field_from_it_on_first_us
         store.shutdown()
 
 
+def test_a_lazy_field_assigned_none_reads_back_none_not_the_record(tmp_path, backend):
+    store = testing.open_store(tmp_path / "s", backend)
+    try:
+        assert store.put_message(Message("ReadT", b"body", tags="t")).ok
+        fresh = lambda: pull_all(store, "ReadT", n=1)[0].messages[0]   # noqa: E731
+        for name in PY_LAZY_FIELDS:
+            m = fresh()
+            setattr(m, name, None)
+            assert getattr(m, name) is None, name
+            # Through the Python property too (a build without the compiled LazyField), and
+            # after a copy or a pickle.
+            assert PY_LAZY_FIELDS[name].__get__(m, MessageExt) is None, name
+            for m2 in (copy.copy(m), pickle.loads(pickle.dumps(m))):
+                assert getattr(m2, name) is None, name
+            # Assigning again takes the new value.
+            setattr(m, name, 7)
+            assert getattr(m, name) == 7, name
+        # With its stored bytes dropped, an uncompressed message has no body either.
+        m = fresh()
+        m.stored_body = None
+        assert m.body is None and m.queue_offset == 0
+    finally:
+        store.shutdown()
+
+
 def test_every_backend_reads_the_same_messages_from_the_same_store(tmp_path):
     root = tmp_path / "s"
     store = testing.open_store(root, "cext")

@@ -69,11 +69,12 @@ KERNEL_NAMES = (
 #   `transferred`, `time_max`). Without it, PyReadPath over commitlog_scan. Its
 #   `.live_walk(...)` is LiveReader's unit loop (live.py), which the other backends run in
 #   Python.
-#   LazyField(message_type, slot, kind, pos, fallback): one of message.MessageExt's lazy
-#   fields (body, stored_body, the offsets, body CRC, born time) as a compiled descriptor,
-#   which message.py puts in place of the Python property `fallback` when the backend
-#   imports; it reads the field from the message's record copy on first use, as the property
-#   does, and hands it every uncommon case. Without it, the properties.
+#   LazyField(message_type, slot, kind, pos, fallback, assigned_none): one of
+#   message.MessageExt's lazy fields (body, stored_body, the offsets, body CRC, born time) as
+#   a compiled descriptor, which message.py puts in place of the Python property `fallback`
+#   when the backend imports; it reads the field from the message's record copy on first
+#   use, as the property does, and hands it every uncommon case; a slot holding
+#   `assigned_none` reads as None. Without it, the properties.
 #   timeup_encode(src, rec_pos, rec_size, first, n, topics, topic_off, max_body, max_record,
 #   out, out_pos, out_size, out_key): the delivered records of scheduled ones (messageTimeup),
 #   encoded in bulk in their common case and stopping at any other record, with
