@@ -99,7 +99,12 @@ def test_serve_on_a_fresh_store_does_not_log_missing_config_files(tmp_path):
         first = proc.stdout.readline()
     finally:
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()             # a hung server must not outlive the test
+            out, err = proc.communicate()
+            raise AssertionError(f"serve did not stop on SIGINT within 120 s: {err}") from None
     assert first.startswith("listening"), err
     assert proc.returncode == 0 and "missing or empty" not in err and "Traceback" not in err
 
