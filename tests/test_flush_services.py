@@ -130,6 +130,59 @@ def test_puts_and_batches_written_while_syncs_run_share_the_next_sync(tmp_path, 
         store.shutdown()
 
 
+def _two_producers(store):
+    """The main thread and a second one each put and sync once: the service counts two
+    producers, so the next put that finds the other one away gathers."""
+    svc = store.flush_service
+    done = []
+    t = threading.Thread(target=lambda: done.append(store.put_message(Message("T", b"a0"))))
+    t.start()
+    t.join()
+    assert done[0].status is PutMessageStatus.PUT_OK
+    assert store.put_message(Message("T", b"b0")).status is PutMessageStatus.PUT_OK
+    assert svc._producers == 2
+
+
+def test_a_leader_gathers_the_producer_writing_its_next_put_into_one_sync(tmp_path, backend):
+    store = testing.open_store(tmp_path / "s", backend, sync_config(sync_flush_timeout=30_000))
+    svc = store.flush_service
+    try:
+        _two_producers(store)
+        # A bound no test outlasts: only the other producer's arrival ends the gathering.
+        svc._sync_ns = 60 * 10**9
+        before = svc.syncs
+        first = []
+        leader = threading.Thread(
+            target=lambda: first.append(store.put_message(Message("T", b"a1"))))
+        leader.start()
+        testing.wait_until(lambda: svc._gatherer is not None, what="the leader to gather")
+        assert svc.syncs == before              # it waits for the other producer
+        r = store.put_message(Message("T", b"b1"))
+        leader.join()
+        assert r.status is PutMessageStatus.PUT_OK
+        assert first[0].status is PutMessageStatus.PUT_OK
+        assert store.commitlog.mfq.flushed_where >= max(_end(r), _end(first[0]))
+        assert svc.syncs - before == 1          # both puts, one sync
+    finally:
+        store.shutdown()
+
+
+def test_a_gathering_leader_syncs_alone_when_the_other_producer_stays_away(tmp_path,
+                                                                           backend):
+    store = testing.open_store(tmp_path / "s", backend, sync_config(sync_flush_timeout=5_000))
+    svc = store.flush_service
+    try:
+        _two_producers(store)
+        svc._sync_ns = 10**6                    # the bound: 1 ms, well inside the timeout
+        before = svc.syncs
+        r = store.put_message(Message("T", b"b1"))      # the other producer never comes
+        assert r.status is PutMessageStatus.PUT_OK
+        assert store.commitlog.mfq.flushed_where >= _end(r)
+        assert svc.syncs - before == 1 and svc._gatherer is None
+    finally:
+        store.shutdown()
+
+
 def test_a_put_waiting_behind_a_stalled_sync_answers_flush_disk_timeout_in_time(tmp_path,
                                                                                   backend):
     kernels = _GatedSync(backend)
