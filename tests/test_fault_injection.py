@@ -83,7 +83,9 @@ def test_a_power_cut_keeps_every_message_flushed_before_it(tmp_path, backend):
 
 def test_a_failing_sync_is_never_acknowledged_as_durable(tmp_path, backend):
     fs = testing.FaultInjectingFileSystem()
-    cfg = testing.small_config(flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout=300)
+    # Long enough for a healthy sync on a loaded machine (300 ms was not, once): the failing
+    # put below waits all of it.
+    cfg = testing.small_config(flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout=1500)
     store = testing.open_store(tmp_path / "s", backend, cfg, fs=fs)
     try:
         assert store.put_message(Message("T", b"before")).status is PutMessageStatus.PUT_OK
