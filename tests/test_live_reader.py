@@ -156,6 +156,13 @@ def test_readers_following_a_writer_killed_by_sigkill(tmp_path):
     try:
         run.start_writer(600)
         run.read_acks(until=3000)
+        # Reput may lag the puts by any amount on a loaded machine (it had dispatched nothing
+        # into one queue after 3 000 acks, once): kill once every queue has a unit, so the
+        # check below has a last one to read back.
+        with LiveReader(run.root) as r:
+            testing.wait_until(
+                lambda: all(r.get_max_offset_in_queue(TOPIC, q) >= 1 for q in range(run.queues)),
+                HANG_S, "a unit in every queue")
         run.writer.send_signal(signal.SIGKILL)
         run.writer.wait()
         run.read_acks()                         # what it printed before it died
