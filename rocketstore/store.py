@@ -1053,7 +1053,7 @@ class MessageStore:
         cfg = self.config
         if cfg.compress_msg_body:
             compress_bodies(cols, cfg.compress_msg_body_over_howmuch, cfg.compress_level)
-        help_dispatch, begins = self._help_dispatch, self._put_begins
+        help_dispatch, begins, ends = self._help_dispatch, self._put_begins, self._put_ends
         if begins is not None:
             begins()
         try:
@@ -1066,7 +1066,7 @@ class MessageStore:
                 help_dispatch()
         finally:
             if begins is not None:
-                self._put_ends()
+                ends()
         return r
 
     def _refused_batch(self):
