@@ -278,12 +278,13 @@ class IndexService(Dispatcher):
     def fused_target(self, start_phy):
         """The IndexFile a reput pass whose first record is at CommitLog offset `start_phy`
         puts its keys into with reput_dispatch; None when this service indexes nothing;
-        False when the pass must come through dispatch_array (no file yet, a full one, or a
-        re-dispatch of records the file may hold: dispatch_array filters those)."""
+        False when the pass must come through dispatch_array (no compiled index loop, no file
+        yet, a full one, or a re-dispatch of records the file may hold: dispatch_array
+        filters those)."""
         if not self.writable or self.index_num < 2:
             return None
         files = self.index_file_list
-        if not files:
+        if not files or self._k_dispatch is None:
             return False
         f = files[-1]
         if f.is_write_full or f.end_phy_offset >= start_phy:

@@ -205,8 +205,8 @@ class ReputMessageService(ServiceThread):
         if self._k_fused is None or len(dispatchers) != 2:
             return None
         cqd, idx = dispatchers
-        if (type(cqd) is not ConsumeQueueDispatcher or cqd._slots is None
-                or type(idx) is not IndexService or idx._k_dispatch is None):
+        if (type(cqd) is not ConsumeQueueDispatcher or cqd.slots is None
+                or type(idx) is not IndexService):
             return None
         return cqd, idx
 
@@ -214,8 +214,9 @@ class ReputMessageService(ServiceThread):
         """Scan mf's bytes [start, end) and dispatch them with reput_dispatch: one GIL-free
         section for the common rows, and each dispatcher's own path for the rows after
         where its loop stopped. Returns the scan's (count, stop, reason, stop_size); None
-        when the index needs its own path for this pass (no file yet, a full file, a
-        re-dispatch): the caller scans and dispatches apart; False when dispatch failed."""
+        when the index needs its own path for this pass (no compiled loop, no file yet, a
+        full file, a re-dispatch): the caller scans and dispatches apart; False when
+        dispatch failed."""
         cqd, idx = parts
         target = idx.fused_target(mf.file_from_offset + start)
         if target is False:
@@ -224,11 +225,11 @@ class ReputMessageService(ServiceThread):
         rows = self._rows
         try:
             (n, stop, reason, stop_size, cq_row, last_ts, index_row, index_skip,
-             _) = self._k_fused(buf, start, end, rows, self._prev_rows, cqd._slots, target)
+             _) = self._k_fused(buf, start, end, rows, self._prev_rows, cqd.slots, target)
             self._prev_rows = n
             if n:
                 if last_ts:
-                    cqd._dispatched_until(last_ts)
+                    cqd.dispatched_until(last_ts)
                 if cq_row < n:
                     cqd.dispatch_array(rows[cq_row:n], buf)
                 if target is not None and index_row < n:
