@@ -60,10 +60,12 @@ def reput_dispatch(buf, int64_t start, int64_t end, rows, Py_ssize_t prev_n, CqS
             limit = index_file.mf.reserved_position
             _rw(index_file.mm, &iv)     # pinned: the file cannot unmap under the loop
         # The last pass's queues, loaded (and pinned) with the GIL held now rather than by a
-        # retake in the middle. Their rows' topic bytes are compared in `buf`: rows from
+        # retake in the middle. Their rows' topic bytes are compared in buf[:start] only,
+        # bytes already read as records: past them lie unwritten pages, and reading a hole
+        # of a shared mapping allocates a page (on tmpfs; SIGBUS on a full disk). Rows from
         # another file compare unequal or out of bounds, and their queues stay unloaded.
         if prev_n:
-            slots.load_run(base, 0, prev_n, prev_n, <const char *>b.buf, b.len)
+            slots.load_run(base, 0, prev_n, prev_n, <const char *>b.buf, start)
         with nogil:
             r = rs_commitlog_scan(<const uint8_t *>b.buf, <size_t>b.len, start, end, 0,
                                   <rs_scan_rec *>rv.buf, cap, &count, &stop_pos, &reason,
