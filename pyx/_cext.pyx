@@ -589,6 +589,7 @@ include "_read.pxi"
 
 
 include "_cq_dispatch.pxi"
+include "_reput.pxi"
 include "_query.pxi"
 
 

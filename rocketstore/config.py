@@ -301,6 +301,14 @@ class StoreConfig:
     # itself while a consumer in its own process waits; readers in other processes
     # (LiveReader) cannot ask for it, so the writer opts in. Costs a wake-up per put.
     wake_reput_on_put: bool = False
+    # Beyond RocketMQ (no Java key): on a master, a put_messages or put_batch call that finds
+    # the reput thread more than this many bytes behind the CommitLog dispatches up to its
+    # end (ConsumeQueue units, index keys) in the putting thread before it returns (doc/03
+    # §8). The reput thread needs the GIL between its passes, which a busy writer holds for
+    # up to the 5 ms switch interval at a time; on a loaded machine it may get no core at
+    # all: the queues then never lag further than this behind the writer. 0: every batch
+    # put dispatches what it wrote; negative: never.
+    dispatch_in_put_lag: int = 0
     # Beyond RocketMQ's store (a producer's settings, DefaultMQProducer): compress each put's
     # body as a 4.9 producer does before sending it (doc/01 §3.5). A body of at least
     # compress_msg_body_over_howmuch bytes is stored zlib-deflated at compress_level (the

@@ -90,6 +90,12 @@ class ConsumeQueueDispatcher(Dispatcher):
         self._slots = None
         self.forget_queues()
 
+    @property
+    def slots(self):
+        """The compiled row loop's CqSlots table (what the cext reput pass appends through),
+        or None without the backend's cq_dispatch (or with it set aside)."""
+        return self._slots if self._k_dispatch is not None else None
+
     def forget_queues(self):
         """Drop every queue the compiled loop remembers (a topic was deleted: its queue
         objects are gone from the store, and a row must find the new one). The caller holds
@@ -146,9 +152,9 @@ class ConsumeQueueDispatcher(Dispatcher):
         for cq, g in groups.items():
             self._flush_group(cq, g)
         if last_ts:
-            self._dispatched_until(last_ts)
+            self.dispatched_until(last_ts)
 
-    def _dispatched_until(self, last_ts):
+    def dispatched_until(self, last_ts):
         """The checkpoint's times after units up to store time `last_ts` were written."""
         checkpoint = self.checkpoint
         checkpoint.logics_msg_timestamp = last_ts
@@ -185,7 +191,7 @@ class ConsumeQueueDispatcher(Dispatcher):
             last_ts = self._k_dispatch(arr, buf, self._slots,
                                        lambda i: self._dispatch_row(arr[i].item(), buf))
             if last_ts:
-                self._dispatched_until(last_ts)
+                self.dispatched_until(last_ts)
             return
         tx = arr["sys_flag"] & F.TRANSACTION_TYPE_MASK
         keep = (tx != F.TRANSACTION_PREPARED_TYPE) & (tx != F.TRANSACTION_ROLLBACK_TYPE)
@@ -203,7 +209,7 @@ class ConsumeQueueDispatcher(Dispatcher):
                 self._dispatch_group(arr[idx], buf, data)
         finally:
             del data            # no view of the mapping may outlive the call
-        self._dispatched_until(int(arr["store_timestamp"][-1]))
+        self.dispatched_until(int(arr["store_timestamp"][-1]))
 
     def _dispatch_group(self, g, buf, data):
         tpos = int(g["pos"][0] + g["topic_off"][0])

@@ -275,6 +275,30 @@ class IndexService(Dispatcher):
         if f.is_write_full and last + 1 < len(arr):
             self._new_file(int(stamps_all[last + 1]))
 
+    def fused_target(self, start_phy):
+        """The IndexFile a reput pass whose first record is at CommitLog offset `start_phy`
+        puts its keys into with reput_dispatch; None when this service indexes nothing;
+        False when the pass must come through dispatch_array (no compiled index loop, no file
+        yet, a full one, or a re-dispatch of records the file may hold: dispatch_array
+        filters those)."""
+        if not self.writable or self.index_num < 2:
+            return None
+        files = self.index_file_list
+        if not files or self._k_dispatch is None:
+            return False
+        f = files[-1]
+        if f.is_write_full or f.end_phy_offset >= start_phy:
+            return False
+        return f
+
+    def dispatch_from(self, arr, buf, f, row, skip):
+        """The keys of rows arr[row:] (the first `skip` of row `row` in already) into `f` and
+        on, where a fused reput pass stopped: rolling and reserving as dispatch_array does."""
+        stamps = arr["store_timestamp"]
+        n = len(arr)
+        self._k_dispatch(np.ascontiguousarray(arr[row:]), buf, f, skip,
+                         lambda g, r: self._make_room(g, int(stamps[row + r]), n - row - r))
+
     def _make_room(self, f, store_timestamp, rows_left):
         """index_dispatch's way on where file `f` cannot take a record's next key: a new file
         when `f` is full (named by that record's store time, as the numpy path names it), else

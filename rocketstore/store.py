@@ -156,6 +156,8 @@ class MessageStore:
         self.checkpoint = None
         self.recovery_report = None
         self.reput_service = None
+        # dispatch_in_put_lag's hooks on a started master (begins/ends: with a lag of 0)
+        self._help_dispatch = self._put_begins = self._put_ends = None
         self.flush_service = None
         self.commit_service = None
         self.flush_cq_service = None
@@ -541,6 +543,8 @@ class MessageStore:
         self._install_put_path()
         if cfg.compress_msg_body:
             self._install_compression()
+        if cfg.dispatch_in_put_lag >= 0 and not self.is_slave:
+            self._install_inline_dispatch()
         self.scheduled_service = StoreScheduledService([
             ("clean", self.CLEAN_INITIAL_DELAY_MS, cfg.clean_resource_interval,
              self._clean_files),
@@ -584,6 +588,7 @@ class MessageStore:
             self._running = False
             self.__dict__.pop("put_message", None)
             self.__dict__.pop("put_messages", None)
+            self._help_dispatch = self._put_begins = self._put_ends = None
             # First: a delivery under way finishes its put, and no later one starts.
             self.handle_schedule_message_service(BrokerRole.SLAVE)
             # Before anything is committed or flushed: a put already holding the lock
@@ -926,6 +931,38 @@ class MessageStore:
         self.put_message = put_message
         self.put_messages = put_messages
 
+    def _install_inline_dispatch(self):
+        """dispatch_in_put_lag: put_messages (whichever path is bound) and put_batch
+        dispatch in their own thread once reput lags that far behind
+        (ReputMessageService.dispatch_if_behind)."""
+        put_list = self.put_messages
+        lag = self.config.dispatch_in_put_lag
+        reput = self.reput_service
+        help_dispatch = functools.partial(reput.dispatch_if_behind, lag)
+        if lag:
+            def put_messages(msgs, batch_properties=None):
+                r = put_list(msgs, batch_properties)
+                help_dispatch()
+                return r
+        else:
+            # Every batch put dispatches what it wrote: the reput thread stands aside meanwhile.
+            begins, ends = reput.put_begins, reput.put_ends
+
+            def put_messages(msgs, batch_properties=None):
+                begins()
+                try:
+                    r = put_list(msgs, batch_properties)
+                    help_dispatch()
+                finally:
+                    ends()
+                return r
+            self._put_begins = begins
+            self._put_ends = ends
+
+        put_messages.__doc__ = MessageStore.put_messages.__doc__
+        self.put_messages = put_messages
+        self._help_dispatch = help_dispatch
+
     def put_message(self, msg):
         """Store one message (asyncPutMessage + wait). Bad input raises MessageIllegalError;
         a store that is not writeable (disk full) answers SERVICE_NOT_AVAILABLE with a reason."""
@@ -1016,11 +1053,20 @@ class MessageStore:
         cfg = self.config
         if cfg.compress_msg_body:
             compress_bodies(cols, cfg.compress_msg_body_over_howmuch, cfg.compress_level)
-        t0 = time.monotonic_ns()
-        r = self.commitlog.put_batch(topic, queue_id, cols, self.clock, flag=flag,
-                                     born_timestamp=born_timestamp, born_host=born_host)
-        record_put(self.commitlog.put_cells, time.monotonic_ns() - t0,
-                   r.status is PutMessageStatus.PUT_OK)
+        help_dispatch, begins, ends = self._help_dispatch, self._put_begins, self._put_ends
+        if begins is not None:
+            begins()
+        try:
+            t0 = time.monotonic_ns()
+            r = self.commitlog.put_batch(topic, queue_id, cols, self.clock, flag=flag,
+                                         born_timestamp=born_timestamp, born_host=born_host)
+            record_put(self.commitlog.put_cells, time.monotonic_ns() - t0,
+                       r.status is PutMessageStatus.PUT_OK)
+            if help_dispatch is not None:
+                help_dispatch()
+        finally:
+            if begins is not None:
+                ends()
         return r
 
     def _refused_batch(self):

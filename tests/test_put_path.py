@@ -239,7 +239,7 @@ def test_a_list_of_common_messages_is_stored_by_one_compiled_call(tmp_path):
     store = testing.open_store(tmp_path / "s", testing.load_backend("cext"),
                                testing.small_config(mapped_file_size_commit_log=1 << 20))
     try:
-        path = store.put_messages.__self__
+        path = store.put_message.__self__       # put_messages is that path's put_list
         msgs = make_messages(600, topics=3)
         store.put_messages(msgs[:3])              # first sight of each topic: Python's path
         assert (path.fast, path.slow) == (0, 1)

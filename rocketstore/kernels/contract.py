@@ -59,6 +59,13 @@ KERNEL_NAMES = (
 #   and putting each row's keys into IndexFile f in compiled code and asking slow(f, row) for
 #   the file to go on in when f is full or out of reserved blocks; see
 #   index_service.IndexService.dispatch_array. Without it, index_keys and index_put_batch.
+#   reput_dispatch(buf, start, end, rows, prev_n, slots, index_file): the reput pass in one
+#   GIL-free section: commitlog_scan of buf[start:end] into rows, then cq_dispatch's common
+#   rows (with the CqSlots `slots`) and index_dispatch's (into index_file, or None), stopping
+#   each where it would call Python; returns the scan's four values, the first row without
+#   its unit, the last dispatched store time, and where the index loop stopped. See
+#   services/reput.ReputMessageService._fused_pass. Without it, the scan and each
+#   dispatcher run apart.
 #   ReadPath(message_type, mapped_file_type, on_corrupt, result_type, statuses,
 #   batch_result_type): get_message's and get_batch's unit walk as one compiled call
 #   (`.read(...)`; `.pull(store, cq, offset, max_n, filter, max_bytes, subscription,
@@ -90,6 +97,7 @@ OPTIONAL_NAMES = (
     "cq_dispatch",
     "CqSlots",
     "index_dispatch",
+    "reput_dispatch",
     "PutPath",
     "ReadPath",
     "LazyField",

@@ -6,7 +6,8 @@ import threading
 import numpy as np
 
 from .. import format as F
-from ..dispatch import dispatch_all
+from ..dispatch import ConsumeQueueDispatcher, dispatch_all
+from ..index_service import IndexService
 from .base import ServiceThread
 
 log = logging.getLogger(__name__)
@@ -34,9 +35,13 @@ class ReputMessageService(ServiceThread):
         self.halt_replication = halt_replication
         self.reput_from_offset = reput_from_offset    # written by the reput thread only
         self._rows = np.empty(self.BATCH, dtype=F.SCAN_DTYPE)
+        self._k_fused = getattr(kernels, "reput_dispatch", None)
+        self._prev_rows = 0         # rows of the last fused pass, still in _rows
         self._failures = 0
         self.last_error = None
         self._halted = None         # why a slave stopped dispatching replicated bytes
+        self._putting = 0           # batch puts under way that dispatch all they write
+        self._putting_lock = threading.Lock()
         # One dispatcher at a time: the service thread, or a reader catching up; the store
         # also holds it while it removes a topic or truncates, so reput sees all or none.
         self.dispatch_lock = threading.Lock()
@@ -44,10 +49,52 @@ class ReputMessageService(ServiceThread):
     def behind(self):
         return self._commitlog.max_offset - self.reput_from_offset
 
+    # How long the thread sleeps while it stands aside for batch puts (run_once).
+    STAND_ASIDE_MS = 10
+
     def run_once(self):
-        self.wait_for_running(1)
+        # While batch puts dispatch what they write, a wake-up each millisecond would only
+        # take the GIL from them (the putting thread's GIL releases signalled it: 5 % of a
+        # put_messages call, measured) to find there is nothing to do.
+        self.wait_for_running(self.STAND_ASIDE_MS if self._putting else 1)
+        if self._putting and not self._failures:
+            # A batch put that dispatches all it wrote (dispatch_in_put_lag = 0) is under
+            # way: it takes the tail with the GIL it holds anyway. Taking it here instead
+            # would cost GIL hand-offs on both sides, the put waiting on the dispatch lock
+            # meanwhile. Whatever no such put covers is taken once none is under way.
+            return
         with self.dispatch_lock:
             self.do_reput()
+
+    def put_begins(self):
+        """A batch put that calls dispatch_if_behind(0) when done is starting."""
+        with self._putting_lock:
+            self._putting += 1
+
+    def put_ends(self):
+        with self._putting_lock:
+            self._putting -= 1
+
+    def dispatch_if_behind(self, lag):
+        """Called by a batch put in its own thread, after its records became readable: when
+        this service is more than `lag` bytes behind the CommitLog, dispatch up to its end
+        here, before the put returns (doc/03 §8). A starved service thread (the GIL, a
+        loaded machine) so never lets the queues and index fall far behind the writer.
+        Nothing while dispatch is failing (the service thread retries at its pace) or once
+        the service stopped. The put itself succeeded, so nothing is raised."""
+        if self._failures or self._commitlog.max_offset - self.reput_from_offset <= lag:
+            return
+        with self.dispatch_lock:
+            if self.is_stopped:
+                return
+            try:
+                self.do_reput(retry_wait=False)
+            except Exception as exc:
+                # A put that raised would be retried, storing its messages twice. The service
+                # thread takes the tail from here on.
+                log.exception("reput: dispatch in the putting thread failed")
+                self._failures += 1
+                self.last_error = exc
 
     def catch_up(self):
         """Dispatch, in the caller's thread, what is readable in the CommitLog but not yet
@@ -59,8 +106,10 @@ class ReputMessageService(ServiceThread):
             if not self.is_stopped:
                 self.do_reput()
 
-    def do_reput(self):
-        """Dispatch every complete record between reput_from_offset and the read position."""
+    def do_reput(self, retry_wait=True):
+        """Dispatch every complete record between reput_from_offset and the read position.
+        `retry_wait`: after a failed dispatch, wait a second before returning (the service
+        thread's pace); a put dispatching inline returns at once."""
         cl = self._commitlog
         min_offset = cl.min_offset
         if min_offset >= 0 and self.reput_from_offset < min_offset:
@@ -83,10 +132,19 @@ class ReputMessageService(ServiceThread):
                         self.reput_from_offset = cl.roll_next_file(offset)
                         continue
                     break
-                n, stop, reason, stop_size = self._k.commitlog_scan(mf.mm, start, end, False,
-                                                                    rows)
-                if n and not self._dispatch(dispatchers, rows[:n], mf.mm):
-                    break
+                scanned = None
+                parts = self._fused_parts(dispatchers)
+                if parts is not None:
+                    scanned = self._fused_pass(parts, mf, start, end, retry_wait)
+                    if scanned is False:
+                        break
+                if scanned is None:
+                    n, stop, reason, stop_size = self._k.commitlog_scan(mf.mm, start, end,
+                                                                        False, rows)
+                    if n and not self._dispatch(dispatchers, rows[:n], mf.mm, retry_wait):
+                        break
+                else:
+                    n, stop, reason, stop_size = scanned
                 self.reput_from_offset = mf.file_from_offset + stop
                 if n and arrivals.waiting:
                     # The units are readable: wake the consumers waiting on their queues
@@ -141,28 +199,75 @@ class ReputMessageService(ServiceThread):
             log.error("reput: %s", reason)
         self._halted = reason
 
+    def _fused_parts(self, dispatchers):
+        """(ConsumeQueue dispatcher, IndexService) when they are the whole dispatcher list
+        and the backend runs a pass as one compiled call (reput_dispatch); else None."""
+        if self._k_fused is None or len(dispatchers) != 2:
+            return None
+        cqd, idx = dispatchers
+        if (type(cqd) is not ConsumeQueueDispatcher or cqd.slots is None
+                or type(idx) is not IndexService):
+            return None
+        return cqd, idx
+
+    def _fused_pass(self, parts, mf, start, end, retry_wait):
+        """Scan mf's bytes [start, end) and dispatch them with reput_dispatch: one GIL-free
+        section for the common rows, and each dispatcher's own path for the rows after
+        where its loop stopped. Returns the scan's (count, stop, reason, stop_size); None
+        when the index needs its own path for this pass (no compiled loop, no file yet, a
+        full file, a re-dispatch): the caller scans and dispatches apart; False when
+        dispatch failed."""
+        cqd, idx = parts
+        target = idx.fused_target(mf.file_from_offset + start)
+        if target is False:
+            return None
+        buf = mf.mm
+        rows = self._rows
+        try:
+            (n, stop, reason, stop_size, cq_row, last_ts, index_row, index_skip,
+             _) = self._k_fused(buf, start, end, rows, self._prev_rows, cqd.slots, target)
+            self._prev_rows = n
+            if n:
+                if last_ts:
+                    cqd.dispatched_until(last_ts)
+                if cq_row < n:
+                    cqd.dispatch_array(rows[cq_row:n], buf)
+                if target is not None and index_row < n:
+                    idx.dispatch_from(rows[:n], buf, target, index_row, index_skip)
+        except OSError as exc:
+            self._failed(exc, retry_wait)
+            return False
+        self._failures = 0
+        self.last_error = None
+        return n, stop, reason, stop_size
+
     MAX_DISPATCH_FAILURES = 30      # putMessagePositionInfoWrapper's attempts
 
-    def _dispatch(self, dispatchers, arr, buf):
+    def _dispatch(self, dispatchers, arr, buf, retry_wait=True):
         """Dispatch a batch; on an OS error (no descriptors left, no space) retry the batch a
         second later, and after 30 failures in a row mark the logic-queue error flag, which
         stops puts, as the broker does. Units already written are skipped on the retry."""
         try:
             dispatch_all(dispatchers, arr, buf)
         except OSError as exc:
-            self._failures += 1
-            self.last_error = exc
-            log.error("reput: dispatch failed (%d in a row): %s%s", self._failures, exc,
-                      " -- raise the open-file limit (ulimit -n): mmap.mmap (the cffi and pure "
-                      "backends) keeps a descriptor per mapped file"
-                      if getattr(exc, "errno", None) == 24 else "")
-            if self._failures >= self.MAX_DISPATCH_FAILURES:
-                self._running_flags.make_logics_queue_error()
-            self._stopped.wait(1.0)
+            self._failed(exc, retry_wait)
             return False
         self._failures = 0
         self.last_error = None
         return True
+
+    def _failed(self, exc, retry_wait):
+        """A dispatch attempt failed with the OS error `exc`: see _dispatch."""
+        self._failures += 1
+        self.last_error = exc
+        log.error("reput: dispatch failed (%d in a row): %s%s", self._failures, exc,
+                  " -- raise the open-file limit (ulimit -n): mmap.mmap (the cffi and pure "
+                  "backends) keeps a descriptor per mapped file"
+                  if getattr(exc, "errno", None) == 24 else "")
+        if self._failures >= self.MAX_DISPATCH_FAILURES:
+            self._running_flags.make_logics_queue_error()
+        if retry_wait:
+            self._stopped.wait(1.0)
 
     @property
     def failures(self):

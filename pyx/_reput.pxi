@@ -1,0 +1,91 @@
+# SPDX-License-Identifier: Apache-2.0
+# The reput thread's pass as one GIL-free section (included by _cext.pyx, after
+# _cq_dispatch.pxi, whose CqSlots and row loop it calls).
+#
+# A scan, the ConsumeQueue row loop and the index row loop each released and retook the GIL;
+# while a writer runs Python, each retake can wait for the 5 ms switch interval, so a pass
+# of a few thousand rows waited up to 15 ms, and reput fell behind the writer. Here the three
+# run back to back in one GIL-free section; the GIL is taken before it (to pin the buffers
+# and load the queues the previous pass wrote to) and after it (to publish). Whatever the
+# common rows do not cover -- a queue not loaded, a roll, a full index file -- goes back to
+# the dispatchers' own paths, from the row where each loop stopped.
+
+__all__ += ("reput_dispatch",)
+
+
+def reput_dispatch(buf, int64_t start, int64_t end, rows, Py_ssize_t prev_n, CqSlots slots,
+                   index_file):
+    """Scan the records of buf[start:end] into `rows` (format.SCAN_DTYPE, as commitlog_scan
+    does, CRC unchecked), then append the ConsumeQueue units of the rows (as cq_dispatch's
+    common case, with `slots`) and put their keys into `index_file` (as index_dispatch, from
+    its first key; None: no index), without the GIL from the scan to the last key.
+
+    Before the section, the queues of rows[:prev_n] -- the previous pass's rows, still in
+    `rows` -- are loaded from their Python objects, so a steady stream of rows to the same
+    queues needs no GIL inside it. The units written are published (positions back to the
+    MappedFile and ConsumeQueue objects) before this returns, however it returns.
+
+    Returns (count, stop_pos, reason, stop_size) as commitlog_scan, then (cq_row, last_ts):
+    the first row whose unit is not written (count when all are) and the store timestamp of
+    the last row dispatched by the units' rules, then (index_row, index_skip, index_stop) as
+    rs_index_dispatch leaves them (index_row = count, index_stop = 0 when every key is in)."""
+    cdef Py_buffer b, rv, iv
+    cdef const rs_scan_rec *base
+    cdef int64_t cap, count = 0, stop_pos = 0, last_ts = 0
+    cdef int32_t reason = 0, stop_size = 0, istop = RS_INDEX_STOP_NONE
+    cdef int r = RS_OK, ri = RS_OK, need = 0
+    cdef Py_ssize_t i_cq = 0
+    cdef size_t irow = 0, iskip = 0
+    cdef int32_t slot_num = 0, index_num = 0
+    cdef int64_t limit = 0
+    cdef bint indexing = index_file is not None
+    memset(&b, 0, sizeof(b))
+    memset(&rv, 0, sizeof(rv))
+    memset(&iv, 0, sizeof(iv))
+    try:
+        _ro(buf, &b)
+        if start < 0 or end > b.len or start > end:
+            _raise_for_status(RS_E_BOUNDS, "reput_dispatch")
+        dtype = getattr(rows, "dtype", None)
+        if dtype is not None and dtype != _SCAN_DTYPE:
+            _raise_for_status(RS_E_ARG, "reput_dispatch: rows must be a SCAN_DTYPE array")
+        _rw(rows, &rv)
+        cap = rv.len // SCAN_REC_SIZE
+        base = <const rs_scan_rec *>rv.buf
+        if prev_n < 0 or prev_n > cap:
+            _raise_for_status(RS_E_ARG, "reput_dispatch: prev_n outside rows")
+        if indexing:
+            slot_num = index_file.slot_num
+            index_num = index_file.index_num
+            limit = index_file.mf.reserved_position
+            _rw(index_file.mm, &iv)     # pinned: the file cannot unmap under the loop
+        # The last pass's queues, loaded (and pinned) with the GIL held now rather than by a
+        # retake in the middle. Their rows' topic bytes are compared in buf[:start] only,
+        # bytes already read as records: past them lie unwritten pages, and reading a hole
+        # of a shared mapping allocates a page (on tmpfs; SIGBUS on a full disk). Rows from
+        # another file compare unequal or out of bounds, and their queues stay unloaded.
+        if prev_n:
+            slots.load_run(base, 0, prev_n, prev_n, <const char *>b.buf, start)
+        with nogil:
+            r = rs_commitlog_scan(<const uint8_t *>b.buf, <size_t>b.len, start, end, 0,
+                                  <rs_scan_rec *>rv.buf, cap, &count, &stop_pos, &reason,
+                                  &stop_size)
+            if r == RS_OK and count:
+                i_cq = _cq_run(&slots.t, base, 0, count, <const char *>b.buf, b.len,
+                               &last_ts, &need)
+                if indexing:
+                    ri = rs_index_dispatch(<uint8_t *>iv.buf, <size_t>iv.len, slot_num,
+                                           index_num, limit, <const uint8_t *>b.buf,
+                                           <size_t>b.len, base, <size_t>count, &irow, &iskip,
+                                           &istop)
+        _check(r, "reput_dispatch: scan")
+        _check(ri, "reput_dispatch: index")
+        if not indexing:
+            irow = <size_t>count
+    finally:
+        slots.publish()             # the units are readable from here on; pins released
+        PyBuffer_Release(&iv)
+        PyBuffer_Release(&rv)
+        PyBuffer_Release(&b)
+    return (count, stop_pos, reason, stop_size, i_cq, last_ts, <int64_t>irow, <int64_t>iskip,
+            istop)
