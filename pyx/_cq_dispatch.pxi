@@ -359,7 +359,6 @@ cdef class CqSlots:
             rs_prefetch_w(<const char *>st.cq + self._cq[CQ_VERSION])
             rs_prefetch_w(st.mm)
             rs_prefetch_w(st.file)
-            rs_prefetch_w(st.addr + st.wrote)  # where the row's unit goes
 
     cdef int publish(self) except -1:
         """Positions back to the MappedFile and ConsumeQueue objects, pins released: readers
@@ -442,6 +441,15 @@ cdef class CqSlots:
         return 0
 
 
+cdef inline void _prefetch_unit(const _CqTable *t, const rs_scan_rec *r) noexcept nogil:
+    """Where a row's unit goes, fetched ahead: with 40 000 queues nearly every row writes to
+    a page, and a cache line, of its own. Done here rather than while loading, where a page
+    walk for the prefetch would stall the loading of the next queues' objects."""
+    cdef _CqState *st = _cq_find(t, _cq_key(r))
+    if st != NULL and st.appendable:
+        rs_prefetch_w(st.addr + st.wrote)
+
+
 cdef Py_ssize_t _cq_run(const _CqTable *t, const rs_scan_rec *rows, Py_ssize_t i, Py_ssize_t n,
                         const char *buf, Py_ssize_t buf_len, int64_t *last_ts,
                         int *need) noexcept nogil:
@@ -451,8 +459,13 @@ cdef Py_ssize_t _cq_run(const _CqTable *t, const rs_scan_rec *rows, Py_ssize_t i
     cdef _CqState *st
     cdef int32_t tx
     cdef int64_t pos
+    cdef Py_ssize_t j
     need[0] = NEED_NOTHING
+    for j in range(i, min(n, i + PF_OBJECTS)):
+        _prefetch_unit(t, rows + j)
     while i < n:
+        if i + PF_OBJECTS < n:
+            _prefetch_unit(t, rows + i + PF_OBJECTS)
         r = rows + i
         tx = r.sys_flag & RS_TRANSACTION_TYPE_MASK
         if tx == RS_TRANSACTION_PREPARED_TYPE or tx == RS_TRANSACTION_ROLLBACK_TYPE:
