@@ -69,10 +69,13 @@ class ConsumeQueue:
     """Units are written by the reput thread only; readers take `self.mfq.files` once."""
 
     __slots__ = ("topic", "queue_id", "mfq", "file_size", "max_physic_offset",
-                 "min_logic_offset", "_k", "_commit_log_min", "dirty", "_marked")
+                 "min_logic_offset", "_k", "_commit_log_min", "dirty", "_marked", "_version")
     # The compiled dispatcher (pyx/_cq_dispatch.pxi) marks the queues it wrote as put_unit's
-    # _mark does, reading and setting the epoch a queue was last marked in.
-    LENT_SLOTS = ("_marked",)
+    # _mark does, reading and setting the epoch a queue was last marked in. It keeps each
+    # queue's append state (last file, positions) from call to call while `_version` is the
+    # object it read it with: every method here that changes the queue's files or positions
+    # from Python bumps it first (_changed), so the loop reads them again.
+    LENT_SLOTS = ("_marked", "_version")
 
     def __init__(self, root, topic, queue_id, file_size, kernels, fs, writable=True,
                  reserve_window=0):
@@ -91,13 +94,21 @@ class ConsumeQueue:
         # the epoch it was last marked in.
         self.dirty = None
         self._marked = -1
+        self._version = 0
+
+    def _changed(self):
+        """Python is about to change the queue's files or positions: a compiled dispatcher's
+        kept state of them is stale (see LENT_SLOTS)."""
+        self._version += 1
 
     # ---- load and recovery (doc/02 §1.5-1.6) --------------------------------------------
     def load(self):
+        self._changed()
         return self.mfq.load()
 
     def recover(self):
         """ConsumeQueue#recover: from the last three files, stop at the first invalid unit."""
+        self._changed()
         files = self.mfq.files
         if not files:
             return
@@ -125,6 +136,7 @@ class ConsumeQueue:
 
     def truncate_dirty_logic_files(self, phy_offset):
         """Drop units pointing at or past `phy_offset` (ConsumeQueue#truncateDirtyLogicFiles)."""
+        self._changed()
         self.max_physic_offset = phy_offset
         while True:
             f = self.mfq.last_file
@@ -181,6 +193,7 @@ class ConsumeQueue:
         """ConsumeQueue#deleteExpiredFile (doc/02 §1.8): destroy whole files whose units all
         point below the CommitLog minimum (never the last file), then correct the minimum
         logical offset. Returns the number of files deleted. Called by the clean thread."""
+        self._changed()         # never the last file today; a stale kept state costs one reload
         count = self.mfq.delete_expired_file_by_offset(min_commit_log_offset, UNIT, now_ms)
         self.correct_min_offset(min_commit_log_offset)
         return count
@@ -210,6 +223,7 @@ class ConsumeQueue:
     def put_units(self, offsets, sizes, tags_codes, first_queue_offset):
         """Append units for consecutive queue offsets starting at `first_queue_offset`
         (putMessagePositionInfo, batched). Units already present are skipped (redispatch)."""
+        self._changed()
         n = len(offsets)
         # Dedup: records this queue already has (offset + size <= max_physic_offset); the
         # ends ascend, since a queue's records are in commit-log order.
@@ -245,6 +259,7 @@ class ConsumeQueue:
 
     def put_unit(self, offset, size, tags_code, queue_offset):
         """One unit (the common reput case): same rules as put_units."""
+        self._changed()
         if offset + size <= self.max_physic_offset:
             return
         expect = queue_offset * UNIT
@@ -311,9 +326,11 @@ class ConsumeQueue:
         return self.mfq.flush(least_pages)
 
     def destroy(self):
+        self._changed()
         self.mfq.destroy()
         self.max_physic_offset = -1
         self.min_logic_offset = 0
 
     def close(self):
+        self._changed()
         self.mfq.close()

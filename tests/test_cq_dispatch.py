@@ -171,6 +171,27 @@ def test_kept_queue_state_follows_a_queue_destroyed_between_calls(tmp_path):
     assert got[1] == (12, [b"r1-%d" % i for i in range(1, 12, 2)])
 
 
+def test_kept_queue_state_follows_units_python_appended_between_calls(tmp_path):
+    def dispatch_by_python(store):
+        # More records dispatched by the numpy path (ConsumeQueue.put_units/put_unit): the
+        # compiled loop's kept positions are behind them, and its next units go after them.
+        for i in range(5):
+            assert store.put_message(Message("T", b"py-%d" % i, queue_id=i % 2)).status.ok
+        cqd = store.dispatchers[0]
+        compiled, cqd._k_dispatch = cqd._k_dispatch, None
+        try:
+            store.reput_service.do_reput()
+        finally:
+            cqd._k_dispatch = compiled
+    got = _dispatch_after_python_changed_the_queues(tmp_path / "c", True, dispatch_by_python)
+    want = _dispatch_after_python_changed_the_queues(tmp_path / "n", False, dispatch_by_python)
+    assert cq_digest(tmp_path / "c") == cq_digest(tmp_path / "n")
+    assert got == want
+    assert got[0] == (15, [b"r0-%d" % i for i in range(0, 12, 2)] +
+                      [b"py-%d" % i for i in range(0, 5, 2)] +
+                      [b"r1-%d" % i for i in range(0, 12, 2)])
+
+
 def test_a_slaves_dispatch_advances_physic_msg_timestamp(tmp_path, backend):
     # ConsumeQueue#putMessagePositionInfoWrapper: on a SLAVE each unit written also sets the
     # checkpoint's physicMsgTimestamp (nothing else on a slave knows a record's store time).
