@@ -147,6 +147,18 @@ class _CountingFileSystem(FileSystem):
         super().close_fd(fd)
 
 
+def _slave_commitlog(tmp_path, fs, heartbeat_ms=None):
+    """A slave's config (1 MiB CommitLog files) and its loaded CommitLog over `fs`."""
+    config = testing.small_config(broker_role=BrokerRole.SLAVE,
+                                  mapped_file_size_commit_log=1 << 20)
+    if heartbeat_ms is not None:
+        config.ha_send_heartbeat_interval = heartbeat_ms
+    commitlog = CommitLog(str(tmp_path / "slave"), config,
+                          testing.load_backend(testing.backend_params()[0]), fs)
+    commitlog.load()
+    return config, commitlog
+
+
 @pytest.mark.parametrize("splice", [
     pytest.param(True, marks=pytest.mark.skipif(not slave_module.SPLICE,
                                                 reason="no splice(2) here")),
@@ -157,11 +169,7 @@ def test_client_writes_a_frame_larger_than_its_staging_buffer_without_populating
     # slave's allocator and client populate nothing; the staged part of the body goes in with
     # pwrite, the rest with splice (socket -> pipe -> file) or, without it, pwrite again.
     fs = _CountingFileSystem()
-    config = testing.small_config(broker_role=BrokerRole.SLAVE,
-                                  mapped_file_size_commit_log=1 << 20)
-    commitlog = CommitLog(str(tmp_path / "slave"), config,
-                          testing.load_backend(testing.backend_params()[0]), fs)
-    commitlog.load()
+    config, commitlog = _slave_commitlog(tmp_path, fs)
     commitlog.allocator.start()
     client = HAClient(config, commitlog, master.address)
     client.splice = splice
@@ -189,12 +197,8 @@ def test_client_writes_a_frame_larger_than_its_staging_buffer_without_populating
 def test_client_that_cannot_write_a_frame_publishes_none_of_it_and_takes_it_again_later(
         tmp_path, master):
     fs = testing.FaultInjectingFileSystem()
-    config = testing.small_config(broker_role=BrokerRole.SLAVE,
-                                  mapped_file_size_commit_log=1 << 20)
-    config.ha_send_heartbeat_interval = 200      # also the wait before reconnecting
-    commitlog = CommitLog(str(tmp_path / "slave"), config,
-                          testing.load_backend(testing.backend_params()[0]), fs)
-    commitlog.load()
+    # The heartbeat interval is also the wait before reconnecting.
+    config, commitlog = _slave_commitlog(tmp_path, fs, heartbeat_ms=200)
     fs.fail("write", errno.EIO, match=os.sep + "commitlog" + os.sep, times=1)
     client = HAClient(config, commitlog, master.address)
     client.start()
@@ -230,12 +234,8 @@ def test_client_whose_splice_into_the_file_fails_publishes_none_of_the_frame_and
     # The second write of the frame is its first splice (the first is the staged part's pwrite):
     # the fault-injecting file system fails splices like any write.
     fs = testing.FaultInjectingFileSystem()
-    config = testing.small_config(broker_role=BrokerRole.SLAVE,
-                                  mapped_file_size_commit_log=1 << 20)
-    config.ha_send_heartbeat_interval = 200      # also the wait before reconnecting
-    commitlog = CommitLog(str(tmp_path / "slave"), config,
-                          testing.load_backend(testing.backend_params()[0]), fs)
-    commitlog.load()
+    # The heartbeat interval is also the wait before reconnecting.
+    config, commitlog = _slave_commitlog(tmp_path, fs, heartbeat_ms=200)
     writes = iter(range(1 << 30))
     fs.fail("write", errno.EIO, times=1,
             match=lambda path: os.sep + "commitlog" + os.sep in path and next(writes) == 1)
@@ -292,12 +292,7 @@ def test_client_on_a_file_system_refusing_splice_takes_the_frame_again_at_once_w
     # No back-off: the next connection follows at once, even with a day-long reconnect wait.
     monkeypatch.setattr(slave_module, "RECONNECT_INTERVAL_MS", 86_400_000)
     fs = _NoSpliceFileSystem()
-    config = testing.small_config(broker_role=BrokerRole.SLAVE,
-                                  mapped_file_size_commit_log=1 << 20)
-    config.ha_send_heartbeat_interval = 86_400_000
-    commitlog = CommitLog(str(tmp_path / "slave"), config,
-                          testing.load_backend(testing.backend_params()[0]), fs)
-    commitlog.load()
+    config, commitlog = _slave_commitlog(tmp_path, fs, heartbeat_ms=86_400_000)
     client = HAClient(config, commitlog, master.address)
     client.start()
     body = bytes(range(251)) * 1000                     # 251 KB: past the staging buffer
