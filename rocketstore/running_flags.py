@@ -85,8 +85,12 @@ class RunningFlags:
     def is_index_file_error(self):
         return bool(self.flag_bits & WRITE_INDEX_FILE_ERROR_BIT)
 
-    def get_and_make_disk_full(self):
-        """Set DISK_FULL; True if it was not set before (Java returns the old 'not full')."""
+    def get_and_make_disk_full(self, reason=None):
+        """Set DISK_FULL, saying why (`reason`, what refused puts answer); True if it was not
+        set before (Java returns the old 'not full'). The reason is in place before the bit:
+        a put that sees the bit reads it without the lock."""
+        if reason is not None:
+            self.disk_full_reason = reason
         return self._set(DISK_FULL_BIT)
 
     def get_and_make_disk_ok(self):

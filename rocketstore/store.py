@@ -1134,8 +1134,7 @@ class MessageStore:
     def _on_disk_full(self, reason):
         """A reservation found the disk full: refuse puts before the lock from now on, until
         the disk check sees space again (CleanCommitLogService.is_space_full)."""
-        self.running_flags.disk_full_reason = reason
-        if self.running_flags.get_and_make_disk_full():
+        if self.running_flags.get_and_make_disk_full(reason):
             log.error("%s: puts are refused until space is freed", reason)
 
     def _not_writeable_reason(self):

@@ -110,6 +110,25 @@ def test_the_disk_check_marks_the_flag_full_with_its_reason_and_clears_it_below(
     assert not p.flags.is_disk_full
 
 
+def test_a_put_that_sees_the_disk_full_flag_reads_the_checks_reason_not_a_default(parts):
+    # Puts read the bit and the reason without the lock: the reason must be in place before
+    # the bit is (a CI run once refused a put with the bare default "disk full").
+    seen = []
+
+    class Recording(RunningFlags):
+        __slots__ = ()
+
+        def _set(self, bit):
+            seen.append(self.disk_full_reason)
+            return super()._set(bit)
+    p = parts()
+    p.flags = Recording()
+    svc = p.commitlog_service()
+    p.disk.ratio = 0.95
+    assert svc.is_space_full()
+    assert seen and all("disk_space_warning_level_ratio" in r for r in seen), seen
+
+
 def test_expired_files_go_oldest_first_and_never_the_last_one(parts):
     p = parts()
     p.fill(4)

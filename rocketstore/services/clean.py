@@ -233,10 +233,10 @@ class CleanCommitLogService:
         cfg = self.config
         for full in actions:
             if full:
-                if flags.get_and_make_disk_full():
+                reason = DISK_FULL_REASON.format(ratio=ratio,
+                                                 warning=cfg.disk_space_warning_level_ratio)
+                if flags.get_and_make_disk_full(reason):
                     log.error("disk maybe full soon (%.2f used), so mark disk full", ratio)
-                flags.disk_full_reason = DISK_FULL_REASON.format(
-                    ratio=ratio, warning=cfg.disk_space_warning_level_ratio)
             elif not flags.get_and_make_disk_ok():
                 log.info("disk space OK (%.2f used), so mark disk ok", ratio)
 
