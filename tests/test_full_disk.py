@@ -290,6 +290,10 @@ def test_queue_writes_refused_by_the_disk_are_retried_by_reput(tmp_path, backend
             time.sleep(0.001)
         assert reput._failures and bodies(store) == []
         fs.full = False
+        # A retry that began while the disk was still full may fail once more after this
+        # point (wait_dispatched would take that for a new failure): wait for the retry
+        # that succeeds instead, which resets the count.
+        testing.wait_until(lambda: reput._failures == 0, 30, "reput's retry to succeed")
         testing.wait_dispatched(store, timeout=30)
         assert bodies(store) == [b"queued later"]
     finally:
