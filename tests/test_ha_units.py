@@ -194,6 +194,29 @@ def test_client_writes_a_frame_larger_than_its_staging_buffer_without_populating
     assert not fs.open_fds                              # closed with the connection
 
 
+def _refused_frame_is_taken_again(master, commitlog, fs, body, refused=lambda: True):
+    """The master sends one frame of `body` (past the staging buffer), whose write `fs`
+    fails once: the client drops the connection with nothing of the frame readable, then
+    reconnects, asks for the frame again and takes it whole. `refused()` is checked after
+    the failed write."""
+    frame = wire.encode_header(0, len(body)) + body
+    master.accept()
+    assert master.read_report() == 0
+    master.conn.sendall(frame)
+    try:
+        left = recv_exactly_or_eof(master.conn)
+    except ConnectionResetError:                  # closed with the frame's rest unread
+        left = b""
+    assert left == b""                            # the client closed the connection
+    assert fs.injected["write"] == 1 and refused()
+    assert commitlog.max_offset == 0                  # nothing of the frame is readable
+    master.conn.close()
+    master.accept()
+    assert master.read_report() == 0                  # it asks for the frame again
+    master.conn.sendall(frame)
+    assert master.read_report() == len(body)
+    assert bytes(commitlog.get_data(0, len(body))) == body
+
 def test_client_that_cannot_write_a_frame_publishes_none_of_it_and_takes_it_again_later(
         tmp_path, master):
     fs = testing.FaultInjectingFileSystem()
@@ -202,25 +225,8 @@ def test_client_that_cannot_write_a_frame_publishes_none_of_it_and_takes_it_agai
     fs.fail("write", errno.EIO, match=os.sep + "commitlog" + os.sep, times=1)
     client = HAClient(config, commitlog, master.address)
     client.start()
-    body = bytes(range(251)) * 400                      # past the staging buffer
-    frame = wire.encode_header(0, len(body)) + body
     try:
-        master.accept()
-        assert master.read_report() == 0
-        master.conn.sendall(frame)
-        try:
-            left = recv_exactly_or_eof(master.conn)
-        except ConnectionResetError:                  # closed with the frame's rest unread
-            left = b""
-        assert left == b""                            # the client closed the connection
-        assert fs.injected["write"] == 1
-        assert commitlog.max_offset == 0                  # nothing of the frame is readable
-        master.conn.close()
-        master.accept()
-        assert master.read_report() == 0                  # it asks for the frame again
-        master.conn.sendall(frame)
-        assert master.read_report() == len(body)
-        assert bytes(commitlog.get_data(0, len(body))) == body
+        _refused_frame_is_taken_again(master, commitlog, fs, bytes(range(251)) * 400)
         assert client.following and client.error is None
     finally:
         client.shutdown()
@@ -248,25 +254,9 @@ def test_client_whose_splice_into_the_file_fails_publishes_none_of_the_frame_and
     fs.splice = splice
     client = HAClient(config, commitlog, master.address)
     client.start()
-    body = bytes(range(251)) * 1000                     # 251 KB: past the staging buffer
-    frame = wire.encode_header(0, len(body)) + body
     try:
-        master.accept()
-        assert master.read_report() == 0
-        master.conn.sendall(frame)
-        try:
-            left = recv_exactly_or_eof(master.conn)
-        except ConnectionResetError:                  # closed with the frame's rest unread
-            left = b""
-        assert left == b""                            # the client closed the connection
-        assert fs.injected["write"] == 1 and spliced      # the failed write: a splice
-        assert commitlog.max_offset == 0                  # nothing of the frame is readable
-        master.conn.close()
-        master.accept()
-        assert master.read_report() == 0                  # it asks for the frame again
-        master.conn.sendall(frame)
-        assert master.read_report() == len(body)
-        assert bytes(commitlog.get_data(0, len(body))) == body
+        _refused_frame_is_taken_again(master, commitlog, fs, bytes(range(251)) * 1000,
+                                      refused=lambda: spliced)  # the failed write: a splice
         assert client.splice and len(spliced) > 1         # an I/O error is no reason to stop
         assert client.following and client.error is None
     finally:
