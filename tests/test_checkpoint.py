@@ -10,6 +10,7 @@ from rocketstore import testing
 from rocketstore.checkpoint import StoreCheckpoint, reset_dispatch_timestamps
 from rocketstore.format import CHECKPOINT_FILE_SIZE
 from rocketstore.fs import DEFAULT
+from rocketstore.workload import make_messages
 
 
 def _values(cp):
@@ -127,3 +128,19 @@ def test_resetting_the_dispatch_timestamps_of_a_short_checkpoint_zeroes_what_it_
 def test_resetting_a_missing_checkpoint_creates_nothing(tmp_path):
     reset_dispatch_timestamps(DEFAULT, str(tmp_path / "checkpoint"), True)
     assert not (tmp_path / "checkpoint").exists()
+
+
+def test_a_clean_shutdown_leaves_the_last_records_store_time_as_physic_msg_timestamp(
+        tmp_path, backend):
+    # The async flusher sleeps 60 s between rounds, so only the shutdown's final flush can
+    # set the time (the broker's loop would leave whatever its last thorough round saw).
+    config = testing.small_config(flush_interval_commit_log=60_000, flush_commit_log_timed=True)
+    store = testing.open_store(tmp_path, backend, config)
+    try:
+        results = [store.put_message(m) for m in make_messages(5)]
+        assert all(r.ok for r in results)
+        last = results[-1].store_timestamp
+    finally:
+        store.shutdown()
+    cp = StoreCheckpoint(str(tmp_path / "checkpoint"), DEFAULT, read_only=True)
+    assert cp.physic_msg_timestamp == last
