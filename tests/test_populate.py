@@ -408,3 +408,66 @@ def test_the_queue_file_being_written_has_no_readahead_and_the_file_it_leaves_ge
         assert [("rr" in f) for f in vm_flags(first.path)] == [False]
     finally:
         store.shutdown()
+
+
+class Gated(FileSystem):
+    """Records the CommitLog's reserves and the allocator's populates, in order, as
+    ("reserve", offset, length, thread) and ("populate", start, length); once `gate` is
+    set (a Semaphore), each populate of the allocator waits for a permit."""
+
+    def __init__(self):
+        self.events = []
+        self.gate = None
+        self.waiting = threading.Event()
+
+    def reserve(self, path, offset, length):
+        if os.sep + "commitlog" + os.sep in path:
+            self.events.append(("reserve", offset, length, threading.current_thread().name))
+        return super().reserve(path, offset, length)
+
+    def prefault(self, mm, start=0, length=None, chunk=1 << 20):
+        if threading.current_thread().name == ALLOCATOR:
+            if self.gate is not None:
+                self.waiting.set()
+                assert self.gate.acquire(timeout=30)
+            self.events.append(("populate", start, length))
+        return super().prefault(mm, start, length, chunk)
+
+
+def test_a_window_asked_for_while_the_last_one_populates_is_reserved_before_that_populate_ends(
+        tmp_path, backend):
+    fs = Gated()
+    store = testing.open_store(tmp_path / "s", backend, config=config(), fs=fs)
+    try:
+        assert store.put_message(Message("TopicA", b"w" * 3000)).ok
+        mf = store.commitlog.mfq.files[-1]
+        testing.wait_until(lambda: settled(mf))
+        mark = len(fs.events)
+        fs.gate = threading.Semaphore(0)
+        # The writer asks for a window: the allocator reserves it, then its populate waits.
+        asked = mf.refill_position
+        while mf.wrote_position < asked:
+            assert store.put_message(Message("TopicA", b"w" * 3000)).ok
+        testing.wait_until(fs.waiting.is_set, what="the allocator to start populating")
+        testing.wait_until(lambda: mf.refill_position < mf.reserved_position)
+        first_end = mf.reserved_position
+        # The writer asks again, still inside what is reserved.
+        while mf.refill_position < mf.reserved_position:
+            assert store.put_message(Message("TopicA", b"w" * 3000)).ok
+        assert mf.wrote_position < first_end == mf.reserved_position
+        for _ in range(1000):
+            fs.gate.release()
+        # Everything reserved gets populated, the window reserved early included.
+        testing.wait_until(lambda: settled(mf) and mf.reserved_position > first_end)
+        events = fs.events[mark:]
+        second = next(i for i, e in enumerate(events) if e[0] == "reserve" and e[1] == first_end)
+        assert events[second][3] == ALLOCATOR
+        # Reserved between two steps of the first window's populate, not after it.
+        assert any(e[0] == "populate" and e[1] + e[2] <= first_end for e in events[second:])
+        # The writer never reserved for itself.
+        assert {e[3] for e in events if e[0] == "reserve"} == {ALLOCATOR}
+    finally:
+        if fs.gate is not None:
+            for _ in range(1000):
+                fs.gate.release()
+        store.shutdown()
