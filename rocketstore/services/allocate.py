@@ -47,9 +47,7 @@ class AllocateMappedFileService(ServiceThread):
         self._fs = fs
         self._prefault = prefault
         self._window = reserve_window
-        # (MappedFile, writer's end, populate from, asked at ns, reserved to by
-        # _reserve_pending or None)
-        self._refill = []
+        self._refill = []          # (MappedFile, writer's end, populate from, asked at ns)
         self._lock = threading.Condition()
         self._wanted = None        # path of the file to prepare next
         self._making = None        # path being created right now
@@ -128,7 +126,7 @@ class AllocateMappedFileService(ServiceThread):
         reserved from `start` (default: what this call reserves) on, on this thread."""
         if self._prefault:
             with self._lock:
-                self._refill.append((mf, end, start, time.monotonic_ns(), None))
+                self._refill.append((mf, end, start, time.monotonic_ns()))
             self.wakeup()
 
     def _refill_pending(self):
@@ -137,33 +135,13 @@ class AllocateMappedFileService(ServiceThread):
                 todo, self._refill = self._refill, []
             if not todo:
                 return
-            for mf, end, start, asked, until in todo:
-                self._fill(mf, end, start, asked=asked, until=until)
+            for mf, end, start, asked in todo:
+                self._fill(mf, end, start, asked=asked)
 
-    def _reserve_pending(self):
-        """Reserve the windows of the requests waiting (not populate them): each stays queued,
-        now with where its reservation began and ended, so _fill populates the window
-        reserved here."""
-        with self._lock:
-            todo, self._refill = self._refill, []
-        done = []
-        for mf, end, start, asked, until in todo:
-            if start is None and mf.is_available:
-                self._size_window(mf)
-                try:
-                    start, until = mf.reserve(end, required=False)
-                except OSError as exc:
-                    # Left as it was: _fill tries again, and logs.
-                    log.debug("%s: could not reserve ahead of the writer yet: %s", mf.path, exc)
-            done.append((mf, end, start, asked, until))
-        with self._lock:
-            self._refill = done + self._refill
-
-    def _fill(self, mf, end, start=None, urgent=True, asked=None, until=None):
+    def _fill(self, mf, end, start=None, urgent=True, asked=None):
         """Reserve the window ahead of `end` in `mf` and populate it from `start` (default:
-        what is new), and at least to `until` (where _reserve_pending reserved to for this
-        request). Urgent: a writer is heading there, since `asked` (ns). Otherwise (a file
-        prepared ahead) the writer's requests come first, between chunks."""
+        what is new). Urgent: a writer is heading there, since `asked` (ns). Otherwise (a
+        file prepared ahead) the writer's requests come first, between chunks."""
         if not mf.is_available:
             return
         self._size_window(mf)
@@ -178,27 +156,21 @@ class AllocateMappedFileService(ServiceThread):
         pos -= pos % OS_PAGE_SIZE
         # A window, even where the file system reserves nothing (the whole file counts as
         # reserved then): memory follows the data.
-        end = min(mf.reserved_position,
-                  max(end + max(self._window, mf.reserve_window), until or 0))
-        # An urgent range goes in steps of a quarter window. Between steps, the windows
-        # writers asked for meanwhile are reserved (_reserve_pending): a writer whose window
-        # is still being populated finds the next one reserved when it gets there, and
-        # writes on into it (taking its own first-touch faults) instead of reserving for
-        # itself in the put, a fallocate that can wait behind writeback on a busy disk.
-        # Within a step FileSystem.prefault goes a MiB at a time: a Mapping's madvise
-        # releases the GIL, mmap.mmap's holds it and the writer runs in between. A file
-        # prepared ahead (not urgent) goes a MiB at a time, serving requests in between. A
-        # destroy or shutdown stops the work, and pages the writer passed are skipped.
+        end = min(mf.reserved_position, end + max(self._window, mf.reserve_window))
+        # A Mapping's madvise releases the GIL: an urgent range in one call, since each
+        # chunk waits for the GIL again, which a busy writer holds, and the writer would
+        # catch up. mmap.mmap's holds the GIL: a chunk at a time, so the writer runs in
+        # between. A destroy or shutdown stops the work, and pages the writer passed are
+        # skipped.
         # No hold(): a borrower would make cleaning retry the file later. The mapping cannot
         # close during madvise: mmap.mmap runs it under the GIL, and a Mapping makes close()
         # raise BufferError meanwhile (the closer retries); a closed one raises ValueError,
         # which prefault ignores.
-        chunk = max(OS_PAGE_SIZE, self._window // 4) if urgent and self._window else 1 << 20
+        nogil = isinstance(mf.mm, getattr(self._k, "Mapping", ()))
+        chunk = end if urgent and nogil else 1 << 20
         while pos < end and mf.is_available and not self.is_stopped:
             if not urgent:
                 self._refill_pending()
-            elif self._refill:
-                self._reserve_pending()
             self._fs.prefault(mf.mm, pos, min(chunk, end - pos))
             pos = max(pos + chunk, mf.wrote_position - mf.wrote_position % OS_PAGE_SIZE)
         if urgent:
