@@ -123,6 +123,15 @@ def free_bytes(path):
 
 
 # ---- what the store's threads were doing -----------------------------------------------------
+def _store_part(path):
+    """commitlog, consumequeue, index or the file's name: the store directory `path` is in."""
+    parts = os.fspath(path).split(os.sep)
+    for part in ("commitlog", "consumequeue", "index"):
+        if part in parts:
+            return part
+    return parts[-1]
+
+
 class TimedFileSystem(FileSystem):
     """The real file system, recording (start_ns, end_ns, call, thread, bytes) for each call
     that may block for long: block reservation, prefault, msync, file creation and removal."""
@@ -130,24 +139,27 @@ class TimedFileSystem(FileSystem):
     def __init__(self):
         self.calls = []
 
-    def _timed(name, length_of):      # a decorator factory, used in the class body only
+    def _timed(name, length_of, by_path=False):   # a decorator factory, for the class body
         def wrap(method):
             def timed(self, *a, **kw):
                 t0 = time.perf_counter_ns()
                 try:
                     return method(self, *a, **kw)
                 finally:
-                    self.calls.append((t0, time.perf_counter_ns(), name,
+                    # A call naming a file says which store it is for: the CommitLog, a
+                    # ConsumeQueue or an index file.
+                    what = f"{name}[{_store_part(a[0])}]" if by_path else name
+                    self.calls.append((t0, time.perf_counter_ns(), what,
                                        threading.current_thread().name, length_of(a)))
             return timed
         return wrap
 
-    reserve = _timed("reserve", lambda a: a[2])(FileSystem.reserve)
+    reserve = _timed("reserve", lambda a: a[2], by_path=True)(FileSystem.reserve)
     prefault = _timed("prefault", lambda a: a[2] if len(a) > 2 and a[2] else len(a[0]))(
         FileSystem.prefault)
     sync_mapped = _timed("msync", lambda a: a[4])(FileSystem.sync_mapped)
-    create_sized = _timed("create", lambda a: a[1])(FileSystem.create_sized)
-    map = _timed("map", lambda a: a[1])(FileSystem.map)
+    create_sized = _timed("create", lambda a: a[1], by_path=True)(FileSystem.create_sized)
+    map = _timed("map", lambda a: a[1], by_path=True)(FileSystem.map)
     remove = _timed("remove", lambda a: 0)(FileSystem.remove)
     del _timed
 

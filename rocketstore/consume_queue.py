@@ -86,7 +86,8 @@ class ConsumeQueue:
         path = os.path.join(root, "consumequeue", topic, str(queue_id))
         self.mfq = MappedFileQueue(path, self.file_size, kernels, fs, writable,
                                    reserve_window=reserve_window,
-                                   reserve_window_max=RESERVE_WINDOW_MAX)
+                                   reserve_window_max=RESERVE_WINDOW_MAX,
+                                   no_readahead_while_written=True)
         self.max_physic_offset = -1     # end (offset + size) of the last unit's record
         self.min_logic_offset = 0       # byte offset of the first valid unit
         self._k = kernels

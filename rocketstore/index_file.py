@@ -60,6 +60,11 @@ class IndexFile:
         self.mf = MappedFile(path, self.file_size, kernels, fs, writable=writable,
                              create=writable, reserve_window=ENTRY_RESERVE_WINDOW,
                              reserve_window_max=ENTRY_RESERVE_WINDOW_MAX)
+        # No readahead: slots are written and read at random, entries appended a page at a
+        # time and read along hash chains. With readahead a writer's first touch of a page
+        # would zero-fill a whole window (read_ahead_kb, 8 MiB on many disks) in one fault,
+        # in the putting thread when dispatch runs inline: a put stalled for tens of ms.
+        fs.advise_random(self.mf.mm, True)
         if fresh:
             try:
                 self.reserve_entries(1)

@@ -91,7 +91,7 @@ class MappedFileQueue:
     reader thread can take `self.files` once and walk it without a lock."""
 
     def __init__(self, store_path, file_size, kernels, fs, writable=True, allocator=None,
-                 reserve_window=0, reserve_window_max=None):
+                 reserve_window=0, reserve_window_max=None, no_readahead_while_written=False):
         self.store_path = store_path
         self.file_size = file_size
         self.files = []
@@ -104,6 +104,11 @@ class MappedFileQueue:
         self._allocator = allocator  # optional: creates files ahead of time (CommitLog only)
         self.reserve_window = reserve_window   # MappedFile.reserve's window for every file
         self.reserve_window_max = reserve_window_max
+        # The file being written has no readahead (MADV_RANDOM) when set: its writer's first
+        # touch of a page (a populate, or a fault) then brings in that page alone, not a
+        # readahead window of zeros (read_ahead_kb, 8 MiB on many disks: more than a whole
+        # ConsumeQueue file) in the writer's thread. The file it leaves gets readahead back.
+        self.no_readahead_while_written = no_readahead_while_written
         self._lock = threading.Lock()
         self.root = None             # the store root: no directory is created outside it
         self.stray_names = []        # names load() found and left alone, not being segments
@@ -248,6 +253,10 @@ class MappedFileQueue:
                 mf = MappedFile(path, self.file_size, self._k, self._fs,
                                 reserve_window=self.reserve_window,
                                 reserve_window_max=self.reserve_window_max)
+                if self.no_readahead_while_written:
+                    self._fs.advise_random(mf.mm, True)
+                    if last is not None and last.is_available:
+                        self._fs.advise_random(last.mm, False)
             if not self.files:
                 mf.first_create_in_queue = True
             self.files = self.files + [mf]

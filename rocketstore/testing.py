@@ -8,7 +8,9 @@ ROCKETSTORE_EXPECT_BACKENDS=cext,cffi,pure (set by .ci/run) turns a backend that
 import into a test failure instead of a silently shorter matrix.
 """
 import contextlib
+import ctypes
 import errno
+import mmap
 import os
 import subprocess
 import threading
@@ -203,6 +205,36 @@ def wait_flushed(commitlog, timeout=5.0):
         if time.monotonic() > deadline:
             raise AssertionError("the flush service did not catch up")
         time.sleep(0.001)
+
+
+def cached_bytes(path):
+    """Bytes of the file `path` in the page cache (mincore on a fresh read-only mapping, which
+    reports page-cache residency, whoever brought the pages in): what a populate, a fault or
+    its readahead read or zero-filled. Linux; 0 for an empty file."""
+    size = os.path.getsize(path)
+    if size == 0:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long)
+    libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
+    pages = -(-size // mmap.PAGESIZE)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), "mmap of " + path)
+        try:
+            vec = ctypes.create_string_buffer(pages)
+            if libc.mincore(addr, size, vec) != 0:
+                raise OSError(ctypes.get_errno(), "mincore of " + path)
+            return sum(b & 1 for b in vec.raw) * mmap.PAGESIZE
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
 
 
 def resident_bytes(path):

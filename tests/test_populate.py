@@ -366,3 +366,45 @@ def test_without_prefault_the_writer_reserves_and_nothing_is_populated(tmp_path,
         assert ALLOCATOR not in fs.reservers
     finally:
         store.shutdown()
+
+
+def _keyed(n, body=b"k" * 100):
+    return [Message("TopicA", body, keys=f"key-{i}", queue_id=0) for i in range(n)]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux's /proc/self/smaps")
+def test_queue_and_index_files_being_written_bring_in_their_pages_without_readahead(
+        tmp_path, backend):
+    # RocketMQ's sizes: a 6 MB queue file and a 420 MB index file, larger than a readahead
+    # window. The writer's first touch of a page brings in that page (and the reserved window
+    # a queue populates), never a readahead window of zeros: on a disk with read_ahead_kb
+    # 8192 one fault zero-filled a whole queue file, or 8 MiB of an index file, in the put.
+    cfg = config(mapped_file_size_consume_queue=300_000 * 20, max_hash_slot_num=5_000_000,
+                 max_index_num=20_000_000)
+    store = testing.open_store(tmp_path / "s", backend, config=cfg)
+    try:
+        assert store.put_messages(_keyed(64)).ok
+        testing.wait_dispatched(store)
+        cq = store.find_consume_queue("TopicA", 0).mfq.files[-1]
+        assert 0 < testing.cached_bytes(cq.path) <= cq.reserved_position
+        index = store.index_service.index_file_list[-1]
+        # The header, the slots of 64 keys and one page of entries, not 8 MiB.
+        assert 0 < testing.cached_bytes(index.path) <= (2 + 64) * 4096
+        assert [("rr" in f) for f in vm_flags(index.path)] == [True]
+    finally:
+        store.shutdown()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux's /proc/self/smaps")
+def test_the_queue_file_being_written_has_no_readahead_and_the_file_it_leaves_gets_it_back(
+        tmp_path, backend):
+    store = testing.open_store(tmp_path / "s", backend, config=config())
+    try:
+        while len(store.find_consume_queue("TopicA", 0).mfq.files) < 2:
+            assert store.put_message(Message("TopicA", b"u", queue_id=0)).ok
+            testing.wait_dispatched(store)
+        first, second = store.find_consume_queue("TopicA", 0).mfq.files[:2]
+        assert [("rr" in f) for f in vm_flags(second.path)] == [True]
+        assert [("rr" in f) for f in vm_flags(first.path)] == [False]
+    finally:
+        store.shutdown()
