@@ -686,7 +686,7 @@ cdef class PutPath:
                     parts[n_parts].buf = _SEP2
                     parts[n_parts].len = 1
                     n_parts += 1
-        r.size = rs_msg_size(r.sys_flag, len(<bytes>body), len(topic_b), props_len, 0)
+        r.size = rs_record_size(r.sys_flag, len(<bytes>body), len(topic_b), props_len, 0)
         if r.size <= 0 or r.size + _BLANK > self._file_size:
             return False
         # Borrowed: `msg` holds them, and the caller holds `msg`.
