@@ -160,14 +160,7 @@ class MappedFile:
             if whole and self.reserve_window < self.reserve_window_max:
                 self.reserve_window = min(2 * self.reserve_window, self.reserve_window_max)
             self.reserved_position = want
-            if want < self.file_size:
-                self.refill_position = want - lead
-            else:
-                # Reserved to its end: a writer with an allocator still asks once, its lead
-                # before the end, for the allocator populates the next file's first window
-                # then (AllocateMappedFileService._fill_ready), not while most of this file
-                # is still ahead of the writer.
-                self.refill_position = max(0, want - self.refill_lead)
+            self.refill_position = want - lead if want < self.file_size else want
             return old, want
 
     def populate(self, start, end):

@@ -87,49 +87,6 @@ def test_the_writer_asks_for_the_next_window_while_half_a_window_of_populated_pa
         store.shutdown()
 
 
-class Marked(Recording):
-    """Records the mappings populated, in order: a populate the test asks for of a file it
-    names marks how far the allocator has gone through its work."""
-
-    def __init__(self):
-        super().__init__()
-        self.populated = []
-
-    def prefault(self, mm, start=0, length=None, chunk=1 << 20):
-        self.populated.append(mm)
-        return super().prefault(mm, start, length, chunk)
-
-
-def test_the_next_file_is_populated_once_the_writer_comes_within_its_lead_of_the_end(
-        tmp_path, backend):
-    fs = Marked()
-    store = testing.open_store(tmp_path / "s", backend, config=config(), fs=fs)
-    try:
-        cl = store.commitlog
-        mf = cl.mfq.files[-1] if cl.mfq.files else None
-        while mf is None or mf.reserved_position < mf.file_size:
-            assert store.put_message(Message("TopicA", b"w" * 30000)).ok
-            mf = cl.mfq.files[-1]
-            testing.wait_until(lambda mf=mf: settled(mf))
-        # Reserved to its end while the writer is still a lead or more before it: the writer
-        # has one more request to make, and the next file (prepared already) waits for it.
-        assert len(cl.mfq.files) == 1 and mf.refill_position < mf.file_size
-        nxt = os.path.join(cl.mfq.store_path, f"{mf.file_size:020d}")
-        testing.wait_until(lambda: os.path.exists(nxt))
-        # A request of the test's own, answered after the allocator's pass that reserved the
-        # end (which is where it used to populate the next file's first window).
-        mark = len(fs.populated)
-        cl.allocator.populate(mf, mf.wrote_position, mf.wrote_position)
-        testing.wait_until(lambda: mf.mm in fs.populated[mark:])
-        assert testing.resident_bytes(nxt) == 0
-        while mf.refill_position < mf.file_size:
-            assert store.put_message(Message("TopicA", b"v" * 30000)).ok
-        assert len(cl.mfq.files) == 1
-        testing.wait_until(lambda: testing.resident_bytes(nxt) >= WINDOW)
-    finally:
-        store.shutdown()
-
-
 class SlowPopulate(Recording):
     """Every populate of the CommitLog takes at least 20 ms, as on a loaded machine or a disk
     whose page cache is throttled: a fast writer then outruns a half-window lead."""

@@ -183,14 +183,12 @@ class AllocateMappedFileService(ServiceThread):
                                else DECAY * self._latency_s + (1 - DECAY) * took)
 
     def _fill_ready(self):
-        """Reserve and populate the first window of the files prepared ahead, once the writer
-        of the file being written has asked for its last refill, its lead before the end
-        (MappedFile.reserve), not earlier: meanwhile this thread serves only that file's
-        writer, and no memory is taken ahead of need (a small file reserved to its end while
-        its writer is far from it would otherwise have the next file's window populated
-        long before any use, beside the writer). A file done already costs a compare."""
+        """Reserve and populate the first window of the files prepared ahead, once the file
+        being written is reserved to its end, not earlier: meanwhile this thread serves only
+        that file's writer, and no memory is taken ahead of need. A file done already costs
+        a compare."""
         writing = self._writing
-        if writing is not None and writing.refill_position < writing.file_size:
+        if writing is not None and writing.reserved_position < writing.file_size:
             return
         with self._lock:
             ready = list(self._ready.values())
