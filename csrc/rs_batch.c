@@ -71,9 +71,9 @@ int rs_batch_encode(uint8_t *out, size_t out_len, int64_t pos, int64_t limit,
         parts[1].buf = parts[1].len ? a + a_off[i] : NULL;
         parts[3].len = b_off ? (size_t)(b_off[i + 1] - b_off[i]) : 0;
         parts[3].buf = parts[3].len ? b + b_off[i] : NULL;
-        size = rs_msg_size(flags, body_len, (int64_t)topic_len,
-                           (int64_t)(parts[0].len + parts[1].len + parts[2].len + parts[3].len +
-                                     parts[4].len), 0);
+        size = rs_record_size(flags, body_len, (int64_t)topic_len,
+                              (int64_t)(parts[0].len + parts[1].len + parts[2].len + parts[3].len +
+                                        parts[4].len), 0);
         if (size < 0)
             return size;
         /* Keep room for the 8-byte blank: what does not fit goes to the next file. */

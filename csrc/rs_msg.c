@@ -45,21 +45,7 @@ static inline void rs_copy(uint8_t *dst, const uint8_t *src, size_t n)
 
 int rs_msg_size(int32_t sys_flag, int64_t body_len, int64_t topic_len, int64_t props_len, int v2)
 {
-    int64_t size;
-
-    if (body_len < 0 || topic_len < 0 || props_len < 0)
-        return RS_E_ARG;
-    if (topic_len > (v2 ? RS_MAX_TOPIC_LENGTH_V2 : RS_MAX_TOPIC_LENGTH) ||
-        props_len > RS_MAX_PROPERTIES_LENGTH || body_len > INT32_MAX)
-        return RS_E_TOO_LONG;
-    size = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8                    /* TOTALSIZE .. BORNTIMESTAMP */
-         + rs_host_len(sys_flag, RS_BORNHOST_V6_FLAG) + 8      /* BORNHOST, STORETIMESTAMP */
-         + rs_host_len(sys_flag, RS_STOREHOSTADDRESS_V6_FLAG)  /* STOREHOST */
-         + 4 + 8                                               /* RECONSUMETIMES, PREPARED */
-         + 4 + body_len + (v2 ? 2 : 1) + topic_len + 2 + props_len;
-    if (size > INT32_MAX)
-        return RS_E_TOO_LONG;   /* TOTALSIZE is a Java int */
-    return (int)size;
+    return rs_record_size(sys_flag, body_len, topic_len, props_len, v2);
 }
 
 int rs_msg_encode(uint8_t *out, size_t out_len, int64_t pos,
@@ -109,7 +95,7 @@ int rs_msg_encode_parts(uint8_t *out, size_t out_len, int64_t pos,
             return RS_E_TOO_LONG;
         props_len += props[i].len;
     }
-    size = rs_msg_size(sys_flag, (int64_t)(body_len > INT64_MAX ? INT64_MAX : body_len),
+    size = rs_record_size(sys_flag, (int64_t)(body_len > INT64_MAX ? INT64_MAX : body_len),
                        (int64_t)(topic_len > INT64_MAX ? INT64_MAX : topic_len),
                        (int64_t)(props_len > INT64_MAX ? INT64_MAX : props_len), v2);
     if (size < 0)

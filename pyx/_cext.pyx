@@ -22,6 +22,9 @@ from csrc cimport *
 
 cdef extern from "Python.h":
     const char *PyUnicode_AsUTF8AndSize(object text, Py_ssize_t *size) except NULL
+    bint PyUnicode_IS_COMPACT_ASCII(object o)
+    void *PyUnicode_DATA(object o)
+    Py_ssize_t PyUnicode_GET_LENGTH(object o)
 
 from array import array as _array
 
@@ -564,8 +567,11 @@ def column_join(items, bint text):
         if type(<object>item) is bytes:
             total += PyBytes_GET_SIZE(<object>item)
         elif text and type(<object>item) is str:
-            PyUnicode_AsUTF8AndSize(<object>item, &size)   # cached in the str for pass two
-            total += size
+            if PyUnicode_IS_COMPACT_ASCII(<object>item):     # its bytes are its UTF-8
+                total += PyUnicode_GET_LENGTH(<object>item)
+            else:
+                PyUnicode_AsUTF8AndSize(<object>item, &size)   # cached in the str for pass two
+                total += size
         elif <object>item is not None:
             return None
         off[i + 1] = total
@@ -577,6 +583,8 @@ def column_join(items, bint text):
         if size:
             if type(<object>item) is bytes:
                 src = PyBytes_AS_STRING(<object>item)
+            elif PyUnicode_IS_COMPACT_ASCII(<object>item):
+                src = <const char *>PyUnicode_DATA(<object>item)
             else:
                 src = PyUnicode_AsUTF8AndSize(<object>item, &size)
             memcpy(dst + off[i], src, size)
