@@ -813,6 +813,10 @@ cdef class PutPath:
         cdef int64_t ts, pos, qoff, phy, t0
         cdef Py_ssize_t i
         cdef Mapping m
+        cdef Py_buffer out
+        cdef char *dst
+        cdef size_t dst_len
+        cdef bint buffered
 
         self._sync_state()
         if (self._not_writeable()
@@ -840,15 +844,17 @@ cdef class PutPath:
                     return self._slow_unlocked(msg)
             pos = <object>_member(mf, self._f[F_WROTE])
             mm = <object>_member(mf, self._f[F_MM])
-            # A roll, a reservation (the disk may refuse it) or a write buffer: Python's path.
+            # A roll or a reservation (the disk may refuse it): Python's path.
             if (pos + r.size + _BLANK > <int64_t><object>_member(mf, self._f[F_REFILL])
                     or pos + r.size + _BLANK > self._file_size
-                    or _member(mf, self._f[F_WBUF]) != <PyObject *>None
                     or type(mm) is not Mapping):
                 return self._slow_unlocked(msg)
             m = <Mapping>mm
             if m._addr == NULL or not m.writable:
                 return self._slow_unlocked(msg)
+            # The TransientStorePool's write buffer takes the record instead of the mapping,
+            # and only wrote_position moves: readers wait for the commit (doc/03 §2.4).
+            buffered = _member(mf, self._f[F_WBUF]) != <PyObject *>None
             after = self._c_after
             wake = self._c_wake
             table = self._c_table
@@ -863,16 +869,28 @@ cdef class PutPath:
             qoff_obj = 0 if p == NULL else <object>p
             qoff = qoff_obj
             phy = <int64_t><object>_member(mf, self._f[F_FROM]) + pos
-            _encoded(_rec_encode(&r, m._addr, <size_t>m._size, pos, qoff, phy, ts,
-                                 <const uint8_t *>PyBytes_AS_STRING(self._store_raw),
-                                 <size_t>PyBytes_GET_SIZE(self._store_raw)), r.size)
+            if buffered:
+                PyObject_GetBuffer(<object>_member(mf, self._f[F_WBUF]), &out, PyBUF_WRITABLE)
+                dst = <char *>out.buf
+                dst_len = <size_t>out.len
+            else:
+                dst = m._addr
+                dst_len = <size_t>m._size
+            try:
+                _encoded(_rec_encode(&r, dst, dst_len, pos, qoff, phy, ts,
+                                     <const uint8_t *>PyBytes_AS_STRING(self._store_raw),
+                                     <size_t>PyBytes_GET_SIZE(self._store_raw)), r.size)
+            finally:
+                if buffered:
+                    PyBuffer_Release(&out)
             end_obj = pos + r.size
             if self._ts_obj is None or self._ts != ts:
                 self._ts_obj = ts
                 self._ts = ts
             ts_obj = self._ts_obj
             _set_member(mf, self._f[F_WROTE], end_obj)
-            _set_member(mf, self._f[F_COMMITTED], end_obj)
+            if not buffered:
+                _set_member(mf, self._f[F_COMMITTED], end_obj)
             _set_member(mf, self._f[F_STORE_TS], ts_obj)
             _PyDict_SetItem_KnownHash(table, <object>qk.key, qoff_obj + 1, qk.hash)
             self._cells[C_PUT_TIMES] += 1

@@ -74,6 +74,36 @@ def test_every_backend_answers_and_writes_the_same_for_random_properties(tmp_pat
 
 
 @needs_cext
+def test_puts_into_a_transient_pool_buffer_take_the_compiled_path_and_read_once_committed(
+        tmp_path):
+    store = testing.open_store(tmp_path / "s", testing.load_backend("cext"),
+                               testing.small_config(mapped_file_size_commit_log=1 << 20,
+                                                    transient_store_pool_enable=True,
+                                                    transient_store_pool_size=2))
+    try:
+        path = store.put_message.__self__
+        first = store.put_message(Message("T", b"first"))      # validates the topic in Python
+        fast = path.fast
+        mf = store.commitlog.mfq.last_file
+        assert mf.wbuf is not None
+        r = store.put_message(Message("T", b"buffered"))
+        assert r.status is PutMessageStatus.PUT_OK and path.fast == fast + 1
+        end = r.commit_log_offset + r.wrote_bytes
+        assert mf.wrote_position == end
+        # In the buffer, not yet in the file unless a commit already moved it there.
+        if mf.committed_position < end:
+            assert bytes(mf.mm[r.commit_log_offset:end]) == bytes(r.wrote_bytes)
+        testing.wait_until(lambda: mf.committed_position >= end, what="the commit")
+        testing.wait_until(lambda: len(store.get_message("g", "T", 0, 0, 10).messages) == 2,
+                           what="both messages dispatched")
+        got = store.get_message("g", "T", 0, 0, 10)
+        assert [m.body for m in got.messages] == [b"first", b"buffered"]
+        assert store.look_message_by_offset(first.commit_log_offset).body == b"first"
+    finally:
+        store.shutdown()
+
+
+@needs_cext
 def test_common_puts_take_the_compiled_path_and_the_rest_fall_back(tmp_path):
     # Files large enough that no put rolls (a roll is the Python path's too).
     store = testing.open_store(tmp_path / "s", testing.load_backend("cext"),
