@@ -116,6 +116,38 @@ def test_symlink_inside_the_store_still_loads(tmp_path):
         store.shutdown()
 
 
+def test_is_inside_answers_as_resolving_both_paths_does(tmp_path):
+    """is_inside walks plain names below the root with lstat (the cheap answer for the 40 000
+    queue directories of a big store) and resolves both paths only when unsure: the answer is
+    always the one realpath gives, links in and out of the root, missing tails and ".." alike."""
+    from rocketstore.fs import is_inside
+    real_root = tmp_path / "real-root"
+    (real_root / "consumequeue" / "T0").mkdir(parents=True)
+    (real_root / "inner").mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (real_root / "consumequeue" / "Out").symlink_to(outside)
+    (real_root / "consumequeue" / "In").symlink_to(real_root / "inner")
+    (real_root / "afile").write_bytes(b"")
+    linked_root = tmp_path / "root-link"
+    linked_root.symlink_to(real_root)
+
+    def resolved(root, path):
+        root, real = os.path.realpath(root), os.path.realpath(path)
+        return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+    for root in (str(real_root), str(linked_root), str(linked_root) + os.sep):
+        base = root.rstrip(os.sep)
+        for rel in ("consumequeue/T0/3", "consumequeue/T0", "consumequeue/New/0",
+                    "consumequeue/Out/0", "consumequeue/Out", "consumequeue/In/0",
+                    "consumequeue/T0/../../../outside", "consumequeue/./T0", "afile/x",
+                    "consumequeue//T0", ""):
+            path = base + os.sep + rel if rel else base
+            assert is_inside(root, path) == resolved(root, path), (root, rel)
+    assert not is_inside(str(real_root), str(real_root) + "/consumequeue/Out/0")
+    assert is_inside(str(real_root), str(real_root) + "/consumequeue/New/0")
+    assert not is_inside(str(real_root), str(real_root) + "/../outside/x")
+
+
 @pytest.mark.parametrize("name", ["with space", "ünïcödé ストア", "tab\tand 'quote'"])
 def test_store_paths_with_spaces_and_unicode(tmp_path, name, capsys):
     root = tmp_path / name / "store dir"
