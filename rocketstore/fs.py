@@ -58,10 +58,13 @@ def _plainly_below(root, path):
     base = root.rstrip(os.sep)
     if not base or not path.startswith(base + os.sep):
         return False
+    names = path[len(base) + 1:].split(os.sep)
+    # Every name first: a ".." after a name that does not exist yet would still climb out
+    # once something (os.makedirs) creates that name.
+    if any(name in ("", ".", "..") for name in names):
+        return False
     cur = base
-    for name in path[len(base) + 1:].split(os.sep):
-        if name in ("", ".", ".."):
-            return False
+    for name in names:
         cur = cur + os.sep + name
         try:
             st = os.lstat(cur)

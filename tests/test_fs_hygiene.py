@@ -139,13 +139,16 @@ def test_is_inside_answers_as_resolving_both_paths_does(tmp_path):
         base = root.rstrip(os.sep)
         for rel in ("consumequeue/T0/3", "consumequeue/T0", "consumequeue/New/0",
                     "consumequeue/Out/0", "consumequeue/Out", "consumequeue/In/0",
-                    "consumequeue/T0/../../../outside", "consumequeue/./T0", "afile/x",
+                    "consumequeue/T0/../../../outside", "consumequeue/New/../../../outside",
+                    "consumequeue/./T0", "afile/x",
                     "consumequeue//T0", ""):
             path = base + os.sep + rel if rel else base
             assert is_inside(root, path) == resolved(root, path), (root, rel)
     assert not is_inside(str(real_root), str(real_root) + "/consumequeue/Out/0")
     assert is_inside(str(real_root), str(real_root) + "/consumequeue/New/0")
     assert not is_inside(str(real_root), str(real_root) + "/../outside/x")
+    # A ".." past a name not made yet climbs out once os.makedirs makes that name.
+    assert not is_inside(str(real_root), str(real_root) + "/consumequeue/New/../../../x")
 
 
 @pytest.mark.parametrize("name", ["with space", "ünïcödé ストア", "tab\tand 'quote'"])
