@@ -79,6 +79,17 @@ cdef struct _Window:
     const uint8_t *buf
 
 
+cdef extern from "Python.h":
+    PyObject *PyDict_GetItemWithError(object d, object key) except? NULL
+
+
+cdef inline object _dict_get(dict d, object key):
+    """d.get(key) without the method call (an unhashable key raises TypeError, as get
+    does)."""
+    cdef PyObject *v = PyDict_GetItemWithError(d, key)
+    return None if v == NULL else <object>v
+
+
 cdef inline bint _has_code(const int64_t *codes, Py_ssize_t n, int64_t code) noexcept:
     """Whether `code` is among the n sorted `codes` (a subscription's tag hashes: a handful,
     so a binary search with no call)."""
@@ -166,6 +177,16 @@ cdef class ReadPath:
     # query_message(): QueryMessageResult's type and members.
     cdef type _query_result
     cdef Py_ssize_t _qr[4]
+    # The CommitLog of the store last read (set once in MessageStore.__init__) and what of it
+    # never changes: its MappedFileQueue and file size, read once instead of on every call.
+    cdef object _log
+    cdef object _log_mfq
+    cdef int64_t _log_file_size
+    # ConsumeQueue's members (mfq, file_size, min_logic_offset) read in place, as MappedFile's:
+    # the queue type is taken from the first queue read (_cq_type; another type is read by
+    # attribute).
+    cdef type _cq_type
+    cdef Py_ssize_t _cq[3]
 
     def __init__(self, message_type, mapped_file_type, on_corrupt, result_type=None,
                  statuses=None, batch_result_type=None, limits=None, query_result_type=None):
@@ -480,14 +501,48 @@ cdef class ReadPath:
         PyLong_AsLongLongAndOverflow(offset, &overflow)
         if overflow:
             return None
-        queues = store.consume_queue_table.get(topic)
+        table = store.consume_queue_table
+        queues = table.get(topic) if type(table) is not dict else _dict_get(table, topic)
         if queues is None:
             return None
-        cq = queues.get(queue_id)
+        cq = queues.get(queue_id) if type(queues) is not dict else _dict_get(queues, queue_id)
         if cq is None:
             return None
         self._catch_up(store)
         return cq
+
+    cdef object _log_queue(self, store):
+        """The MappedFileQueue of `store`'s CommitLog (cached with its file size, which
+        _log_file_size then holds)."""
+        commitlog = store.commitlog
+        if commitlog is not self._log:
+            self._log_mfq = commitlog.mfq
+            self._log_file_size = commitlog.file_size
+            self._log = commitlog
+        return self._log_mfq
+
+    cdef object _queue_parts(self, cq, int64_t *file_size, int64_t *min_logic):
+        """A ConsumeQueue's mfq (returned), file_size and min_logic_offset."""
+        cdef PyObject *a
+        cdef PyObject *b
+        cdef PyObject *c
+        if self._cq_type is None and type(cq).__dict__.get("__slots__") is not None:
+            try:
+                _member_offsets(type(cq), ("mfq", "file_size", "min_logic_offset"), self._cq)
+                self._cq_type = type(cq)
+            except TypeError:
+                pass
+        if type(cq) is self._cq_type:
+            a = _member(cq, self._cq[0])
+            b = _member(cq, self._cq[1])
+            c = _member(cq, self._cq[2])
+            if a != NULL and b != NULL and c != NULL:
+                file_size[0] = <object>b
+                min_logic[0] = <object>c
+                return <object>a
+        file_size[0] = cq.file_size
+        min_logic[0] = cq.min_logic_offset
+        return cq.mfq
 
     cdef int _catch_up(self, store) except -1:
         """MessageStore.catch_up (read-your-writes), the reput service called only when it is
@@ -499,7 +554,7 @@ cdef class ReadPath:
         reput = store.reput_service
         if reput is None:
             return 0
-        log_files = store.commitlog.mfq.files
+        log_files = self._log_queue(store).files
         if log_files:
             last = log_files[len(log_files) - 1]
             max_py = <int64_t>(<object>_member(last, self._f[R_FROM])) \
@@ -552,8 +607,8 @@ cdef class ReadPath:
                                 message_filter)
         if cq is None:
             return None
-        return self.pull(store, cq, offset, max_msg_nums, message_filter,
-                         self._limits.MAX_BYTES)
+        return self._pull(store, cq, offset, max_msg_nums, message_filter,
+                          self._limits.MAX_BYTES, None, None)
 
     def get_batch(self, store, group, topic, queue_id, offset, max_msg_nums, message_filter):
         """MessageStore.get_batch's common call as one, as get_message() for pull_batch()."""
@@ -561,26 +616,29 @@ cdef class ReadPath:
                                 message_filter)
         if cq is None:
             return None
-        return self.pull_batch(store, cq, offset, max_msg_nums, message_filter,
-                               self._limits.MAX_BYTES)
+        return self._pull_batch(store, cq, offset, max_msg_nums, message_filter,
+                                self._limits.MAX_BYTES, None, None)
 
     def pull_batch(self, store, cq, int64_t offset, Py_ssize_t max_n, message_filter,
                    int64_t max_bytes, subscription=None, property_filter=None):
         """read_path.PyReadPath.pull_batch: get_batch's common case as one call, building the
         GetBatchResult here. None as for pull()."""
-        cdef int64_t max_py = 0, min_logic, max_off = 0, max_phy, scanned
+        return self._pull_batch(store, cq, offset, max_n, message_filter, max_bytes,
+                                subscription, property_filter)
+
+    cdef object _pull_batch(self, store, cq, int64_t offset, Py_ssize_t max_n, message_filter,
+                            int64_t max_bytes, subscription, property_filter):
+        cdef int64_t max_py = 0, min_logic, max_off = 0, max_phy, scanned, cq_file_size
         cdef int64_t t0 = _mono_ns()
         cdef Py_ssize_t n
         cdef Py_ssize_t *b = self._b
         if self._batch is None:
             return None
         # Each list read once: the positions and the walk see the same snapshot.
-        commitlog = store.commitlog
-        log_files = commitlog.mfq.files
-        cq_files = cq.mfq.files
+        log_files = self._log_queue(store).files
+        cq_files = self._queue_parts(cq, &cq_file_size, &min_logic).files
         if not self._positions(log_files, cq_files, &max_py, &max_off):
             return None
-        min_logic = cq.min_logic_offset
         if max_off == 0 or offset < min_logic // RS_CQ_STORE_UNIT_SIZE or offset >= max_off:
             return None
         # Plain buffers, viewed as numpy arrays only when a column is asked for.
@@ -589,7 +647,7 @@ cdef class ReadPath:
         held = []
         try:
             n, scanned, removing, max_phy, filtered = self._walk(
-                cq_files, cq.file_size, log_files, commitlog.file_size, offset,
+                cq_files, cq_file_size, log_files, self._log_file_size, offset,
                 max_off, min_logic, max_n,
                 max(16000, max_n * RS_CQ_STORE_UNIT_SIZE) // RS_CQ_STORE_UNIT_SIZE, max_bytes,
                 message_filter, rows, held, row_file, subscription, property_filter)
@@ -633,23 +691,26 @@ cdef class ReadPath:
         CommitLog's positions read here and the GetMessageResult built here. None when the
         answer is decided before a unit is read (the offset outside the queue) or the first
         unit's file is missing: MessageStore._read_past_pull gives those."""
-        cdef int64_t max_py = 0, min_logic, max_off = 0, max_phy, scanned
+        return self._pull(store, cq, offset, max_n, message_filter, max_bytes, subscription,
+                          property_filter)
+
+    cdef object _pull(self, store, cq, int64_t offset, Py_ssize_t max_n, message_filter,
+                      int64_t max_bytes, subscription, property_filter):
+        cdef int64_t max_py = 0, min_logic, max_off = 0, max_phy, scanned, cq_file_size
         cdef int64_t t0 = _mono_ns()
         cdef Py_ssize_t *g = self._g
         if self._result is None:
             return None
         # Each list read once: the positions and the walk see the same snapshot.
-        commitlog = store.commitlog
-        log_files = commitlog.mfq.files
-        cq_files = cq.mfq.files
+        log_files = self._log_queue(store).files
+        cq_files = self._queue_parts(cq, &cq_file_size, &min_logic).files
         if not self._positions(log_files, cq_files, &max_py, &max_off):
             return None
-        min_logic = cq.min_logic_offset
         if max_off == 0 or offset < min_logic // RS_CQ_STORE_UNIT_SIZE or offset >= max_off:
             return None
         # Units looked at, filtered out or not: the broker's bound on one call's scan.
         messages, scanned, removing, max_phy, filtered = self._walk(
-            cq_files, cq.file_size, log_files, commitlog.file_size, offset,
+            cq_files, cq_file_size, log_files, self._log_file_size, offset,
             max_off, min_logic,
             max_n, max(16000, max_n * RS_CQ_STORE_UNIT_SIZE) // RS_CQ_STORE_UNIT_SIZE,
             max_bytes, message_filter, None, None, None, subscription, property_filter)
@@ -707,7 +768,9 @@ cdef class ReadPath:
         try:
             if batch:
                 # A SCAN_DTYPE array, or a plain writable buffer of rows (bytearray).
-                if getattr(rows, "dtype", _SCAN_DTYPE) != _SCAN_DTYPE:
+                # (pull_batch's own bytearray has no dtype: no failed attribute lookup for it)
+                if type(rows) is not bytearray \
+                        and getattr(rows, "dtype", _SCAN_DTYPE) != _SCAN_DTYPE:
                     _raise_for_status(RS_E_ARG, "read: rows must be a SCAN_DTYPE array")
                 _rw(rows, &rv)
                 _rw(row_file, &fv)

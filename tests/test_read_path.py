@@ -524,3 +524,27 @@ def test_the_fused_entry_leaves_every_other_call_to_the_store(tmp_path, backend,
     # A closed store's calls are left to the store too (which raises StoreClosedError).
     assert rp.get_message(store, "g", "Fused", 0, 0, 1, None) is None
     assert rp.get_batch(store, "g", "Fused", 0, 0, 1, None) is None
+
+
+def test_pull_reads_a_queue_of_another_class_by_attribute_with_the_same_answer(tmp_path,
+                                                                                backend):
+    """The compiled pull reads a ConsumeQueue's mfq, file_size and min_logic_offset where its
+    slots lie; a queue object of any other class is read by attribute, whichever came first."""
+    store = testing.open_store(tmp_path / "s", backend)
+    rp = store.read_path
+
+    class Wrapped:
+        def __init__(self, cq):
+            self.mfq, self.file_size = cq.mfq, cq.file_size
+            self.min_logic_offset = cq.min_logic_offset
+    try:
+        assert all(store.put_message(m).ok for m in varied_messages(40, "Other"))
+        store.catch_up()
+        cq = store.consume_queue("Other", 0)
+        for pull in (rp.pull, rp.pull_batch):
+            answers = [_answer(pull(store, q, 3, 10, None, read_path.MAX_BYTES))
+                       for q in (Wrapped(cq), cq, Wrapped(cq), cq)]
+            assert answers[0][0] is G.FOUND and answers[0][1] == 13
+            assert all(a == answers[0] for a in answers)
+    finally:
+        store.shutdown()
