@@ -51,9 +51,9 @@ DEF N_GET_SLOTS = 7
 _QUERY_RESULT_SLOTS = ("messages", "buffer_total_size", "index_last_update_timestamp",
                        "index_last_update_phy_offset")
 _BATCH_RESULT_SLOTS = ("status", "next_begin_offset", "min_offset", "max_offset",
-                       "suggest_pulling_from_slave", "_n", "_raw", "_raw_file", "_rows", "_held",
-                       "_holds", "_buffers", "_released", "_release_files", "filtered_count")
-DEF N_BATCH_SLOTS = 15
+                       "suggest_pulling_from_slave", "_n", "_raw", "_raw_file", "_rows", "_files",
+                       "_buffers", "_released", "filtered_count")
+DEF N_BATCH_SLOTS = 13
 DEF R_FROM = 0
 DEF R_READ = 1
 DEF R_MM = 2
@@ -173,7 +173,6 @@ cdef class ReadPath:
     # get_message() / get_batch(): what holds MAX_MSG_NUMS and MAX_BYTES (read_path), read on
     # each call as MessageStore reads them.
     cdef object _limits
-    cdef object _release_files            # self.release_files, bound once
     # query_message(): QueryMessageResult's type and members.
     cdef type _query_result
     cdef Py_ssize_t _qr[4]
@@ -202,7 +201,6 @@ cdef class ReadPath:
         if batch_result_type is not None:
             _member_offsets(batch_result_type, _BATCH_RESULT_SLOTS, self._b)
         self._limits = limits
-        self._release_files = self.release_files
         self._query_result = query_result_type
         if query_result_type is not None:
             _member_offsets(query_result_type, _QUERY_RESULT_SLOTS, self._qr)
@@ -430,12 +428,6 @@ cdef class ReadPath:
             lock.release()
         return 0
 
-    def release_files(self, list files):
-        """MappedFile.release of each of `files` (a GetBatchResult's held files, when it goes
-        without a body view taken)."""
-        for f in files:
-            self._release(f)
-
     cdef int _open(self, object f, Py_buffer *view, _Window *w) except -1:
         """Borrow file `f`'s mapping into `view` (released first); 0 when it is closed."""
         PyBuffer_Release(view)
@@ -632,6 +624,7 @@ cdef class ReadPath:
         cdef int64_t t0 = _mono_ns()
         cdef Py_ssize_t n
         cdef Py_ssize_t *b = self._b
+        cdef HeldFiles files
         if self._batch is None:
             return None
         # Each list read once: the positions and the walk see the same snapshot.
@@ -676,13 +669,18 @@ cdef class ReadPath:
         _set_member(r, b[3], max_off)
         _set_member(r, b[5], n)
         _set_member(r, b[8], None)
-        _set_member(r, b[9], held)
+        if held:
+            files = <HeldFiles>HeldFiles.__new__(HeldFiles)
+            files.held = held
+            files.holds = [None] * len(held)
+            files._path = self
+            _set_member(r, b[9], files)
+        else:
+            _set_member(r, b[9], None)
         _set_member(r, b[10], None)
-        _set_member(r, b[11], None)
-        _set_member(r, b[12], False)
+        _set_member(r, b[11], False)
+        _set_member(r, b[12], filtered)
         self._count(n, t0)
-        _set_member(r, b[13], self._release_files)
-        _set_member(r, b[14], filtered)
         return r
 
     def pull(self, store, cq, int64_t offset, Py_ssize_t max_n, message_filter,
@@ -898,6 +896,48 @@ cdef class ReadPath:
             PyBuffer_Release(&tv)
             PyBuffer_Release(&ev)
         return (found if batch else messages), scanned, removing, max_phy, filtered
+
+
+@cython.no_gc
+@cython.final
+cdef class HeldFiles:
+    """read_path.HeldFiles for the results pull_batch builds: the same members and release(),
+    and the same release when it goes without release(), done here on deallocation (the
+    result has no finalizer, so dropping it costs no Python call). Not tracked by the garbage
+    collector: it refers only to MappedFiles and _FileHolds, which never refer back to it, so
+    it is in no cycle, and its lists are never cleared before it releases what they hold."""
+    cdef readonly list held
+    cdef readonly list holds
+    cdef ReadPath _path
+    cdef bint _done
+
+    def __init__(self, ReadPath path, list held):
+        self.held = held
+        self.holds = [None] * len(held)
+        self._path = path
+
+    def release(self):
+        """Release each file, through its _FileHold when one took it over; once."""
+        cdef Py_ssize_t k
+        if self._done:
+            return
+        self._done = True
+        for k in range(len(self.held)):
+            hold = self.holds[k]
+            if hold is not None:
+                hold.release()
+            else:
+                self._path._release(self.held[k])
+
+    def __dealloc__(self):
+        # The files whose body views were taken stay held by those views (their _FileHold).
+        cdef Py_ssize_t k
+        if self._done or self.held is None or self.holds is None or self._path is None:
+            return
+        self._done = True
+        for k in range(len(self.held)):
+            if self.holds[k] is None:
+                self._path._release(self.held[k])
 
 
 # ---- MessageExt's lazy fields -------------------------------------------------------------

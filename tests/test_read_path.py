@@ -430,6 +430,32 @@ def test_a_released_batch_holds_nothing_and_its_views_stay_readable(tmp_path, ba
         store.shutdown()
 
 
+def test_a_dropped_batch_releases_at_once_the_files_no_body_view_holds(tmp_path, backend):
+    """A batch dropped without release() lets go of every file it held but those a body view
+    was taken from, which stay held while the views live (no garbage collection needed: the
+    result's files go with it)."""
+    cfg = testing.small_config(mapped_file_size_commit_log=4096)
+    store = testing.open_store(tmp_path / "s", backend, config=cfg)
+    try:
+        bodies = [b"%03d" % i + b"d" * 300 for i in range(30)]
+        assert all(store.put_message(Message("Drop", body)).ok for body in bodies)
+        testing.wait_dispatched(store)
+        b = store.get_batch("g", "Drop", 0, 0, 30)
+        files = [f for f in store.commitlog.mfq.files if f.ref_count]
+        assert len(files) == len(set(b.file_index.tolist())) > 1
+        assert all(f.ref_count == 1 for f in files)
+        view = b.body(0)
+        assert b.file_index.tolist()[0] == 0
+        del b
+        assert [f.ref_count for f in files] == [1] + [0] * (len(files) - 1)
+        assert bytes(view) == bodies[0]
+        del view
+        gc.collect()
+        assert all(f.ref_count == 0 for f in files)
+    finally:
+        store.shutdown()
+
+
 def test_a_damaged_record_is_skipped_by_both_reads_and_reported(tmp_path, backend, caplog):
     store = testing.open_store(tmp_path / "s", backend)
     try:
