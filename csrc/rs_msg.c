@@ -179,10 +179,11 @@ static inline int rs_props_tags(const uint8_t *props, size_t len, const uint8_t 
         const uint8_t *seg = props + a;
         const uint8_t *sep = memchr(seg, RS_PROPERTY_SEPARATOR, len - a);
         size_t seg_len = sep ? (size_t)(sep - seg) : len - a;
-        const uint8_t *kv = seg_len ? memchr(seg, RS_NAME_VALUE_SEPARATOR, seg_len) : NULL;
 
-        if (kv && kv != seg && kv != seg + seg_len - 1 && kv - seg == 4 && memcmp(seg, "TAGS", 4) == 0) {
-            *tags = kv + 1;   /* HashMap#put: a later TAGS replaces an earlier one */
+        /* The segment's first 0x01 is its 5th byte ("TAGS" holds none) and not its last: the
+         * name is TAGS and the value is not empty. No other segment needs its 0x01 found. */
+        if (seg_len > 5 && memcmp(seg, "TAGS\x01", 5) == 0) {
+            *tags = seg + 5;  /* HashMap#put: a later TAGS replaces an earlier one */
             *tags_len = seg_len - 5;
         }
         if (!sep)
