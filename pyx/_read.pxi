@@ -624,7 +624,7 @@ cdef class ReadPath:
         cdef int64_t t0 = _mono_ns()
         cdef Py_ssize_t n
         cdef Py_ssize_t *b = self._b
-        cdef HeldFiles files
+        cdef _HeldFiles files
         if self._batch is None:
             return None
         # Each list read once: the positions and the walk see the same snapshot.
@@ -670,7 +670,7 @@ cdef class ReadPath:
         _set_member(r, b[5], n)
         _set_member(r, b[8], None)
         if held:
-            files = <HeldFiles>HeldFiles.__new__(HeldFiles)
+            files = <_HeldFiles>_HeldFiles.__new__(_HeldFiles)
             files.held = held
             files.holds = [None] * len(held)
             files._path = self
@@ -900,7 +900,7 @@ cdef class ReadPath:
 
 @cython.no_gc
 @cython.final
-cdef class HeldFiles:
+cdef class _HeldFiles:
     """read_path.HeldFiles for the results pull_batch builds: the same members and release(),
     and the same release when it goes without release(), done here on deallocation (the
     result has no finalizer, so dropping it costs no Python call). Not tracked by the garbage

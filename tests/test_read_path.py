@@ -509,6 +509,7 @@ def test_a_dropped_batch_releases_at_once_the_files_no_body_view_holds(tmp_path,
         bodies = [b"%03d" % i + b"d" * 300 for i in range(30)]
         assert all(store.put_message(Message("Drop", body)).ok for body in bodies)
         testing.wait_dispatched(store)
+        testing.wait_flushed(store.commitlog)     # the flusher holds no file meanwhile
         b = store.get_batch("g", "Drop", 0, 0, 30)
         files = [f for f in store.commitlog.mfq.files if f.ref_count]
         assert len(files) == len(set(b.file_index.tolist())) > 1
