@@ -165,10 +165,11 @@ static inline int rs_props_tags(const uint8_t *props, size_t len, const uint8_t 
         const uint8_t *seg = props + a;
         const uint8_t *sep = memchr(seg, RS_PROPERTY_SEPARATOR, len - a);
         size_t seg_len = sep ? (size_t)(sep - seg) : len - a;
-        const uint8_t *kv = seg_len ? memchr(seg, RS_NAME_VALUE_SEPARATOR, seg_len) : NULL;
 
-        if (kv && kv != seg && kv != seg + seg_len - 1 && kv - seg == 4 && memcmp(seg, "TAGS", 4) == 0) {
-            *tags = kv + 1;   /* HashMap#put: a later TAGS replaces an earlier one */
+        /* The segment's first 0x01 is its 5th byte ("TAGS" holds none) and not its last: the
+         * name is TAGS and the value is not empty. No other segment needs its 0x01 found. */
+        if (seg_len > 5 && memcmp(seg, "TAGS\x01", 5) == 0) {
+            *tags = seg + 5;  /* HashMap#put: a later TAGS replaces an earlier one */
             *tags_len = seg_len - 5;
         }
         if (!sep)
@@ -243,6 +244,18 @@ static int rs_topic_ok(const uint8_t *p, int32_t n)
     int32_t i = 0;
     if (n <= 0 || (n == 1 && p[0] == '.') || (n == 2 && p[0] == '.' && p[1] == '.'))
         return 0;
+    /* Eight bytes at a time while they are ASCII with no NUL or '/' (a topic's usual bytes,
+     * which the loop below takes one by one); any other word is left to that loop. */
+    while (n - i >= 8) {
+        uint64_t w, s;
+        memcpy(&w, p + i, 8);
+        s = w ^ 0x2F2F2F2F2F2F2F2FULL;           /* a '/' byte becomes 0 */
+        if ((w & 0x8080808080808080ULL) ||
+            ((w - 0x0101010101010101ULL) & ~w & 0x8080808080808080ULL) ||
+            ((s - 0x0101010101010101ULL) & ~s & 0x8080808080808080ULL))
+            break;
+        i += 8;
+    }
     while (i < n) {
         uint8_t c = p[i];
         int32_t need, k;

@@ -21,7 +21,7 @@ from libc.limits cimport LLONG_MAX
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 
-__all__ += ("ReadPath", "LazyField")
+__all__ += ("ReadPath", "LazyField", "install_dealloc")
 
 # The slots a read fills (message.MessageExt): those that cost no new object, the record's
 # bytes, and the properties' caches. The other fields are read from _rec on first use.
@@ -51,9 +51,9 @@ DEF N_GET_SLOTS = 7
 _QUERY_RESULT_SLOTS = ("messages", "buffer_total_size", "index_last_update_timestamp",
                        "index_last_update_phy_offset")
 _BATCH_RESULT_SLOTS = ("status", "next_begin_offset", "min_offset", "max_offset",
-                       "suggest_pulling_from_slave", "_n", "_raw", "_raw_file", "_rows", "_held",
-                       "_holds", "_buffers", "_released", "_release_files", "filtered_count")
-DEF N_BATCH_SLOTS = 15
+                       "suggest_pulling_from_slave", "_n", "_raw", "_raw_file", "_rows", "_files",
+                       "_buffers", "_released", "filtered_count")
+DEF N_BATCH_SLOTS = 13
 DEF R_FROM = 0
 DEF R_READ = 1
 DEF R_MM = 2
@@ -77,6 +77,17 @@ cdef struct _Window:
     int64_t start
     int64_t end
     const uint8_t *buf
+
+
+cdef extern from "Python.h":
+    PyObject *PyDict_GetItemWithError(object d, object key) except? NULL
+
+
+cdef inline object _dict_get(dict d, object key):
+    """d.get(key) without the method call (an unhashable key raises TypeError, as get
+    does)."""
+    cdef PyObject *v = PyDict_GetItemWithError(d, key)
+    return None if v == NULL else <object>v
 
 
 cdef inline bint _has_code(const int64_t *codes, Py_ssize_t n, int64_t code) noexcept:
@@ -162,10 +173,19 @@ cdef class ReadPath:
     # get_message() / get_batch(): what holds MAX_MSG_NUMS and MAX_BYTES (read_path), read on
     # each call as MessageStore reads them.
     cdef object _limits
-    cdef object _release_files            # self.release_files, bound once
     # query_message(): QueryMessageResult's type and members.
     cdef type _query_result
     cdef Py_ssize_t _qr[4]
+    # The CommitLog of the store last read (set once in MessageStore.__init__) and what of it
+    # never changes: its MappedFileQueue and file size, read once instead of on every call.
+    cdef object _log
+    cdef object _log_mfq
+    cdef int64_t _log_file_size
+    # ConsumeQueue's members (mfq, file_size, min_logic_offset) read in place, as MappedFile's:
+    # the queue type is taken from the first queue read (_cq_type; another type is read by
+    # attribute).
+    cdef type _cq_type
+    cdef Py_ssize_t _cq[3]
 
     def __init__(self, message_type, mapped_file_type, on_corrupt, result_type=None,
                  statuses=None, batch_result_type=None, limits=None, query_result_type=None):
@@ -181,7 +201,6 @@ cdef class ReadPath:
         if batch_result_type is not None:
             _member_offsets(batch_result_type, _BATCH_RESULT_SLOTS, self._b)
         self._limits = limits
-        self._release_files = self.release_files
         self._query_result = query_result_type
         if query_result_type is not None:
             _member_offsets(query_result_type, _QUERY_RESULT_SLOTS, self._qr)
@@ -409,12 +428,6 @@ cdef class ReadPath:
             lock.release()
         return 0
 
-    def release_files(self, list files):
-        """MappedFile.release of each of `files` (a GetBatchResult's held files, when it goes
-        without a body view taken)."""
-        for f in files:
-            self._release(f)
-
     cdef int _open(self, object f, Py_buffer *view, _Window *w) except -1:
         """Borrow file `f`'s mapping into `view` (released first); 0 when it is closed."""
         PyBuffer_Release(view)
@@ -480,14 +493,48 @@ cdef class ReadPath:
         PyLong_AsLongLongAndOverflow(offset, &overflow)
         if overflow:
             return None
-        queues = store.consume_queue_table.get(topic)
+        table = store.consume_queue_table
+        queues = table.get(topic) if type(table) is not dict else _dict_get(table, topic)
         if queues is None:
             return None
-        cq = queues.get(queue_id)
+        cq = queues.get(queue_id) if type(queues) is not dict else _dict_get(queues, queue_id)
         if cq is None:
             return None
         self._catch_up(store)
         return cq
+
+    cdef object _log_queue(self, store):
+        """The MappedFileQueue of `store`'s CommitLog (cached with its file size, which
+        _log_file_size then holds)."""
+        commitlog = store.commitlog
+        if commitlog is not self._log:
+            self._log_mfq = commitlog.mfq
+            self._log_file_size = commitlog.file_size
+            self._log = commitlog
+        return self._log_mfq
+
+    cdef object _queue_parts(self, cq, int64_t *file_size, int64_t *min_logic):
+        """A ConsumeQueue's mfq (returned), file_size and min_logic_offset."""
+        cdef PyObject *a
+        cdef PyObject *b
+        cdef PyObject *c
+        if self._cq_type is None and type(cq).__dict__.get("__slots__") is not None:
+            try:
+                _member_offsets(type(cq), ("mfq", "file_size", "min_logic_offset"), self._cq)
+                self._cq_type = type(cq)
+            except TypeError:
+                pass
+        if type(cq) is self._cq_type:
+            a = _member(cq, self._cq[0])
+            b = _member(cq, self._cq[1])
+            c = _member(cq, self._cq[2])
+            if a != NULL and b != NULL and c != NULL:
+                file_size[0] = <object>b
+                min_logic[0] = <object>c
+                return <object>a
+        file_size[0] = cq.file_size
+        min_logic[0] = cq.min_logic_offset
+        return cq.mfq
 
     cdef int _catch_up(self, store) except -1:
         """MessageStore.catch_up (read-your-writes), the reput service called only when it is
@@ -499,7 +546,7 @@ cdef class ReadPath:
         reput = store.reput_service
         if reput is None:
             return 0
-        log_files = store.commitlog.mfq.files
+        log_files = self._log_queue(store).files
         if log_files:
             last = log_files[len(log_files) - 1]
             max_py = <int64_t>(<object>_member(last, self._f[R_FROM])) \
@@ -552,8 +599,8 @@ cdef class ReadPath:
                                 message_filter)
         if cq is None:
             return None
-        return self.pull(store, cq, offset, max_msg_nums, message_filter,
-                         self._limits.MAX_BYTES)
+        return self._pull(store, cq, offset, max_msg_nums, message_filter,
+                          self._limits.MAX_BYTES, None, None)
 
     def get_batch(self, store, group, topic, queue_id, offset, max_msg_nums, message_filter):
         """MessageStore.get_batch's common call as one, as get_message() for pull_batch()."""
@@ -561,26 +608,30 @@ cdef class ReadPath:
                                 message_filter)
         if cq is None:
             return None
-        return self.pull_batch(store, cq, offset, max_msg_nums, message_filter,
-                               self._limits.MAX_BYTES)
+        return self._pull_batch(store, cq, offset, max_msg_nums, message_filter,
+                                self._limits.MAX_BYTES, None, None)
 
     def pull_batch(self, store, cq, int64_t offset, Py_ssize_t max_n, message_filter,
                    int64_t max_bytes, subscription=None, property_filter=None):
         """read_path.PyReadPath.pull_batch: get_batch's common case as one call, building the
         GetBatchResult here. None as for pull()."""
-        cdef int64_t max_py = 0, min_logic, max_off = 0, max_phy, scanned
+        return self._pull_batch(store, cq, offset, max_n, message_filter, max_bytes,
+                                subscription, property_filter)
+
+    cdef object _pull_batch(self, store, cq, int64_t offset, Py_ssize_t max_n, message_filter,
+                            int64_t max_bytes, subscription, property_filter):
+        cdef int64_t max_py = 0, min_logic, max_off = 0, max_phy, scanned, cq_file_size
         cdef int64_t t0 = _mono_ns()
         cdef Py_ssize_t n
         cdef Py_ssize_t *b = self._b
+        cdef _HeldFiles files
         if self._batch is None:
             return None
         # Each list read once: the positions and the walk see the same snapshot.
-        commitlog = store.commitlog
-        log_files = commitlog.mfq.files
-        cq_files = cq.mfq.files
+        log_files = self._log_queue(store).files
+        cq_files = self._queue_parts(cq, &cq_file_size, &min_logic).files
         if not self._positions(log_files, cq_files, &max_py, &max_off):
             return None
-        min_logic = cq.min_logic_offset
         if max_off == 0 or offset < min_logic // RS_CQ_STORE_UNIT_SIZE or offset >= max_off:
             return None
         # Plain buffers, viewed as numpy arrays only when a column is asked for.
@@ -589,7 +640,7 @@ cdef class ReadPath:
         held = []
         try:
             n, scanned, removing, max_phy, filtered = self._walk(
-                cq_files, cq.file_size, log_files, commitlog.file_size, offset,
+                cq_files, cq_file_size, log_files, self._log_file_size, offset,
                 max_off, min_logic, max_n,
                 max(16000, max_n * RS_CQ_STORE_UNIT_SIZE) // RS_CQ_STORE_UNIT_SIZE, max_bytes,
                 message_filter, rows, held, row_file, subscription, property_filter)
@@ -618,13 +669,18 @@ cdef class ReadPath:
         _set_member(r, b[3], max_off)
         _set_member(r, b[5], n)
         _set_member(r, b[8], None)
-        _set_member(r, b[9], held)
+        if held:
+            files = <_HeldFiles>_HeldFiles.__new__(_HeldFiles)
+            files.held = held
+            files.holds = [None] * len(held)
+            files._path = self
+            _set_member(r, b[9], files)
+        else:
+            _set_member(r, b[9], None)
         _set_member(r, b[10], None)
-        _set_member(r, b[11], None)
-        _set_member(r, b[12], False)
+        _set_member(r, b[11], False)
+        _set_member(r, b[12], filtered)
         self._count(n, t0)
-        _set_member(r, b[13], self._release_files)
-        _set_member(r, b[14], filtered)
         return r
 
     def pull(self, store, cq, int64_t offset, Py_ssize_t max_n, message_filter,
@@ -633,23 +689,26 @@ cdef class ReadPath:
         CommitLog's positions read here and the GetMessageResult built here. None when the
         answer is decided before a unit is read (the offset outside the queue) or the first
         unit's file is missing: MessageStore._read_past_pull gives those."""
-        cdef int64_t max_py = 0, min_logic, max_off = 0, max_phy, scanned
+        return self._pull(store, cq, offset, max_n, message_filter, max_bytes, subscription,
+                          property_filter)
+
+    cdef object _pull(self, store, cq, int64_t offset, Py_ssize_t max_n, message_filter,
+                      int64_t max_bytes, subscription, property_filter):
+        cdef int64_t max_py = 0, min_logic, max_off = 0, max_phy, scanned, cq_file_size
         cdef int64_t t0 = _mono_ns()
         cdef Py_ssize_t *g = self._g
         if self._result is None:
             return None
         # Each list read once: the positions and the walk see the same snapshot.
-        commitlog = store.commitlog
-        log_files = commitlog.mfq.files
-        cq_files = cq.mfq.files
+        log_files = self._log_queue(store).files
+        cq_files = self._queue_parts(cq, &cq_file_size, &min_logic).files
         if not self._positions(log_files, cq_files, &max_py, &max_off):
             return None
-        min_logic = cq.min_logic_offset
         if max_off == 0 or offset < min_logic // RS_CQ_STORE_UNIT_SIZE or offset >= max_off:
             return None
         # Units looked at, filtered out or not: the broker's bound on one call's scan.
         messages, scanned, removing, max_phy, filtered = self._walk(
-            cq_files, cq.file_size, log_files, commitlog.file_size, offset,
+            cq_files, cq_file_size, log_files, self._log_file_size, offset,
             max_off, min_logic,
             max_n, max(16000, max_n * RS_CQ_STORE_UNIT_SIZE) // RS_CQ_STORE_UNIT_SIZE,
             max_bytes, message_filter, None, None, None, subscription, property_filter)
@@ -707,7 +766,9 @@ cdef class ReadPath:
         try:
             if batch:
                 # A SCAN_DTYPE array, or a plain writable buffer of rows (bytearray).
-                if getattr(rows, "dtype", _SCAN_DTYPE) != _SCAN_DTYPE:
+                # (pull_batch's own bytearray has no dtype: no failed attribute lookup for it)
+                if type(rows) is not bytearray \
+                        and getattr(rows, "dtype", _SCAN_DTYPE) != _SCAN_DTYPE:
                     _raise_for_status(RS_E_ARG, "read: rows must be a SCAN_DTYPE array")
                 _rw(rows, &rv)
                 _rw(row_file, &fv)
@@ -835,6 +896,113 @@ cdef class ReadPath:
             PyBuffer_Release(&tv)
             PyBuffer_Release(&ev)
         return (found if batch else messages), scanned, removing, max_phy, filtered
+
+
+@cython.no_gc
+@cython.final
+cdef class _HeldFiles:
+    """read_path.HeldFiles for the results pull_batch builds: the same members and release(),
+    and the same release when it goes without release(), done here on deallocation (the
+    result has no finalizer, so dropping it costs no Python call). Not tracked by the garbage
+    collector: it refers only to MappedFiles and _FileHolds, which never refer back to it, so
+    it is in no cycle, and its lists are never cleared before it releases what they hold."""
+    cdef readonly list held
+    cdef readonly list holds
+    cdef ReadPath _path
+    cdef bint _done
+
+    def __init__(self, ReadPath path, list held):
+        self.held = held
+        self.holds = [None] * len(held)
+        self._path = path
+
+    def release(self):
+        """Release each file, through its _FileHold when one took it over; once."""
+        cdef Py_ssize_t k
+        if self._done:
+            return
+        self._done = True
+        for k in range(len(self.held)):
+            hold = self.holds[k]
+            if hold is not None:
+                hold.release()
+            else:
+                self._path._release(self.held[k])
+
+    def __dealloc__(self):
+        # The files whose body views were taken stay held by those views (their _FileHold).
+        cdef Py_ssize_t k
+        if self._done or self.held is None or self.holds is None or self._path is None:
+            return
+        self._done = True
+        for k in range(len(self.held)):
+            if self.holds[k] is None:
+                self._path._release(self.held[k])
+
+
+# ---- MessageExt's deallocation ------------------------------------------------------------
+cdef extern from "Python.h":
+    void _gc_untrack "PyObject_GC_UnTrack"(void *op)
+    int PyObject_CallFinalizerFromDealloc(PyObject *op)
+
+DEF MAX_FREE_SLOTS = 32
+cdef Py_ssize_t _free_off[MAX_FREE_SLOTS]
+cdef Py_ssize_t _free_n = 0
+cdef PyTypeObject *_free_type = NULL
+
+
+cdef void _slots_dealloc(PyObject *o) noexcept:
+    """tp_dealloc of the class install_dealloc was given: what subtype_dealloc does for an
+    instance of a __slots__ class with no __dict__, __weakref__ or finalizer, without the walk
+    of its class chain and member tables (a get_message of 32 spent about a tenth of its
+    instructions there). No Python object is made here: the instance's count is already 0."""
+    cdef PyTypeObject *t = o.ob_type
+    cdef PyObject **slot
+    cdef PyObject *v
+    cdef Py_ssize_t i
+    # A finalizer set on the class later still runs (once: a subclass's ran already).
+    if t.tp_finalize != NULL and PyObject_CallFinalizerFromDealloc(o) < 0:
+        return                                  # resurrected
+    _gc_untrack(o)
+    for i in range(_free_n):
+        slot = <PyObject **>(<char *>o + _free_off[i])
+        v = slot[0]
+        if v != NULL:
+            slot[0] = NULL
+            Py_XDECREF(v)
+    t.tp_free(o)
+    # A heap type's instance holds a reference to it (subtype_dealloc of a subclass leaves
+    # this to its base's dealloc, which this is).
+    Py_XDECREF(<PyObject *>t)
+
+
+def install_dealloc(type cls):
+    """Give __slots__ class `cls` (message.MessageExt) a compiled tp_dealloc: the same work as
+    CPython's subtype_dealloc for such a class (its members released, the object freed, its
+    type's reference dropped), at a fraction of the cost. Subclasses keep CPython's, which
+    ends in this one. Refused (TypeError) for a class with an instance __dict__, __weakref__,
+    a finalizer, a base holding slots, or a second class."""
+    cdef PyTypeObject *t = <PyTypeObject *>cls
+    global _free_n, _free_type
+    if _free_type == t:
+        return
+    names = cls.__dict__.get("__slots__")
+    if _free_type != NULL or type(names) is not tuple or not names \
+            or len(names) > MAX_FREE_SLOTS:
+        raise TypeError(f"install_dealloc: {cls.__name__} is not a __slots__ class this "
+                        "can take")
+    for base in cls.__mro__[1:-1]:
+        if base.__dict__.get("__slots__") != () or "__del__" in base.__dict__:
+            raise TypeError(f"install_dealloc: base {base.__name__} holds slots or a finalizer")
+    if "__del__" in cls.__dict__ or t.tp_finalize != NULL or t.tp_del != NULL \
+            or "__dict__" in names or "__weakref__" in names \
+            or cls.__basicsize__ != object.__basicsize__ + len(names) * sizeof(PyObject *):
+        raise TypeError(f"install_dealloc: {cls.__name__} has a finalizer, __dict__ or "
+                        "__weakref__")
+    _member_offsets(cls, names, _free_off)
+    _free_n = len(names)
+    _free_type = t
+    t.tp_dealloc = _slots_dealloc
 
 
 # ---- MessageExt's lazy fields -------------------------------------------------------------

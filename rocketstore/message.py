@@ -682,12 +682,19 @@ def _compiled_lazy_fields():
     first read then makes only the field's object, and later reads cost a slot read, where a
     Python property's frame costs several times the allocation it saves."""
     try:
-        from .kernels._cext import LazyField
+        from .kernels._cext import LazyField, install_dealloc
     except ImportError:         # no compiled backend here: the properties serve
         return
     for name, (slot, kind, pos) in _LAZY_FIELDS.items():
         setattr(MessageExt, name, LazyField(MessageExt, slot, getattr(LazyField, kind), pos,
                                             PY_LAZY_FIELDS[name], _ASSIGNED_NONE))
+    # Freeing a message is then the release of its slots, without CPython's generic walk of
+    # the class chain (a tenth of a get_message's instructions). A layout install_dealloc does
+    # not take (another interpreter's) keeps CPython's deallocator; a test calls it directly.
+    try:
+        install_dealloc(MessageExt)
+    except TypeError:
+        pass
 
 
 _compiled_lazy_fields()

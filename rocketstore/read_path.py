@@ -439,6 +439,41 @@ class _FileHold:
         self.release()
 
 
+class HeldFiles:
+    """The CommitLog files a GetBatchResult holds (MappedFile.hold, once each: `held`) and,
+    for each, the _FileHold that took its hold over once a body view of it was asked for
+    (`holds`, None until then). release() lets every file go; when this object goes without
+    release() (its result was dropped), the files no _FileHold took over are released, and
+    the others stay held by their body views. The result itself has no finalizer: the
+    compiled read path gives its results a compiled twin of this class (pyx/_read.pxi),
+    whose release on deallocation costs no Python call."""
+    __slots__ = ("held", "holds", "_done")
+
+    def __init__(self, held):
+        self.held = held
+        self.holds = [None] * len(held)
+        self._done = False
+
+    def release(self):
+        """Release each file, through its _FileHold when one took it over; once."""
+        if self._done:
+            return
+        self._done = True
+        for mf, hold in zip(self.held, self.holds):
+            if hold is not None:
+                hold.release()
+            else:
+                mf.release()
+
+    def __del__(self):
+        if self._done:
+            return
+        self._done = True
+        for mf, hold in zip(self.held, self.holds):
+            if hold is None:
+                mf.release()
+
+
 class BodyBuffer(np.ndarray):
     """A read-only uint8 view of one held CommitLog file: every slice of it refers to the
     _FileHold, so the file stays held and mapped while any body view lives."""
@@ -483,11 +518,10 @@ class GetBatchResult:
     `with store.get_batch(...) as b:` to release at once."""
 
     __slots__ = ("status", "next_begin_offset", "min_offset", "max_offset",
-                 "suggest_pulling_from_slave", "_n", "_raw", "_raw_file", "_rows", "_held",
-                 "_holds", "_buffers", "_released", "_release_files", "filtered_count")
+                 "suggest_pulling_from_slave", "_n", "_raw", "_raw_file", "_rows", "_files",
+                 "_buffers", "_released", "filtered_count")
     # Private slots the compiled read path (pyx/_read.pxi) fills when it builds a result.
-    LENT_SLOTS = ("_n", "_raw", "_raw_file", "_rows", "_held", "_holds", "_buffers", "_released",
-                  "_release_files")
+    LENT_SLOTS = ("_n", "_raw", "_raw_file", "_rows", "_files", "_buffers", "_released")
 
     def __init__(self, status, next_begin_offset, min_offset, max_offset, n=0, rows=None,
                  row_file=None, held=(), suggest_pulling_from_slave=False, filtered_count=0):
@@ -501,13 +535,11 @@ class GetBatchResult:
         self._raw = rows
         self._raw_file = row_file
         self._rows = None
-        self._held = held               # MappedFiles, each held once for this result
-        self._holds = None              # their _FileHold, once a body view was asked for
+        # The MappedFiles held once each for this result, released by release() or when the
+        # result goes (HeldFiles; None when none is held).
+        self._files = HeldFiles(held) if held else None
         self._buffers = None
         self._released = False
-        # The compiled ReadPath's release_files(held) when it built this result: MappedFile's
-        # release protocol for every held file in one call, when no body view was taken.
-        self._release_files = None
 
     @property
     def message_count(self):
@@ -553,12 +585,12 @@ class GetBatchResult:
             raise StoreError("this batch was released: its body views must be taken "
                              "before release()")
         k = int(self.file_index[i])
-        if self._holds is None:
-            self._holds = [None] * len(self._held)
-            self._buffers = [None] * len(self._held)
+        files = self._files
+        if self._buffers is None:
+            self._buffers = [None] * len(files.held)
         buf = self._buffers[k]
         if buf is None:
-            hold = self._holds[k] = _FileHold(self._held[k])   # takes over the hold
+            hold = files.holds[k] = _FileHold(files.held[k])   # takes over the hold
             if hold.view is None:
                 raise StoreError(
                     f"{hold.mf.path} was deleted while this batch held it (forced after "
@@ -592,29 +624,9 @@ class GetBatchResult:
         if self._released:
             return
         self._released = True
-        holds = self._holds
-        if holds is None and self._release_files is not None:
-            self._release_files(self._held)
-            return
-        for k, mf in enumerate(self._held):
-            if holds is not None and holds[k] is not None:
-                holds[k].release()
-            else:
-                mf.release()
+        if self._files is not None:
+            self._files.release()
         self._buffers = None
-
-    def __del__(self):
-        # Files whose body views were taken stay held by those views (their _FileHold).
-        if self._released:
-            return
-        self._released = True
-        holds = self._holds
-        if holds is None and self._release_files is not None:
-            self._release_files(self._held)
-            return
-        for k, mf in enumerate(self._held):
-            if holds is None or holds[k] is None:
-                mf.release()
 
     def __enter__(self):
         return self

@@ -9,6 +9,8 @@ import gc
 import os
 import pickle
 import struct
+import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -158,6 +160,73 @@ def test_a_lazy_field_assigned_none_reads_back_none_not_the_record(tmp_path, bac
         assert m.body is None and m.queue_offset == 0
     finally:
         store.shutdown()
+
+
+class _Token:
+    """An object whose references a test counts; weakly referable."""
+
+
+def test_a_freed_message_gives_back_what_its_fields_held(tmp_path, backend):
+    """MessageExt is freed by the compiled backend's tp_dealloc when that backend is built
+    (install_dealloc): a message read from a store or made by hand gives back every object
+    its fields held; a subclass with slots of its own, __weakref__ and __del__ runs its
+    finalizer once, clears its weak references and gives back both its fields and
+    MessageExt's; a cycle through a message is collected."""
+    store = testing.open_store(tmp_path / "s", backend)
+    try:
+        assert store.put_message(Message("Free", b"body", tags="t")).ok
+        tok = _Token()
+        base = sys.getrefcount(tok)
+        for make in (lambda: store.get_message("g", "Free", 0, 0).messages[0],
+                     lambda: MessageExt.__new__(MessageExt)):
+            m = make()
+            for name in MessageExt.__slots__:
+                setattr(m, name, tok)
+            assert sys.getrefcount(tok) == base + len(MessageExt.__slots__)
+            del m
+            assert sys.getrefcount(tok) == base
+    finally:
+        store.shutdown()
+    finalized = []
+
+    class Sub(MessageExt):
+        __slots__ = ("extra", "__weakref__")
+
+        def __del__(self):
+            finalized.append(self.extra is tok)
+    sub = Sub.__new__(Sub)
+    sub.extra = sub.topic = sub.body = tok
+    ref = weakref.ref(sub)
+    del sub
+    assert finalized == [True] and ref() is None and sys.getrefcount(tok) == base
+    # A cycle: a message whose body refers back to it.
+    m = MessageExt.__new__(MessageExt)
+    holder = _Token()
+    holder.m, m.body, m.topic = m, holder, tok
+    ref = weakref.ref(holder)
+    del m, holder
+    gc.collect()
+    assert ref() is None and sys.getrefcount(tok) == base
+
+
+def test_install_dealloc_refuses_a_class_it_cannot_free_as_cpython_would():
+    cext = pytest.importorskip("rocketstore.kernels._cext")
+    cext.install_dealloc(MessageExt)              # installed at import: again is no change
+
+    class WithDict:
+        pass
+
+    class WithDel:
+        __slots__ = ("a",)
+
+        def __del__(self):
+            pass
+
+    class Other:
+        __slots__ = ("a",)
+    for cls in (WithDict, WithDel, Other):
+        with pytest.raises(TypeError):
+            cext.install_dealloc(cls)
 
 
 def test_every_backend_reads_the_same_messages_from_the_same_store(tmp_path):
@@ -430,6 +499,33 @@ def test_a_released_batch_holds_nothing_and_its_views_stay_readable(tmp_path, ba
         store.shutdown()
 
 
+def test_a_dropped_batch_releases_at_once_the_files_no_body_view_holds(tmp_path, backend):
+    """A batch dropped without release() lets go of every file it held but those a body view
+    was taken from, which stay held while the views live (no garbage collection needed: the
+    result's files go with it)."""
+    cfg = testing.small_config(mapped_file_size_commit_log=4096)
+    store = testing.open_store(tmp_path / "s", backend, config=cfg)
+    try:
+        bodies = [b"%03d" % i + b"d" * 300 for i in range(30)]
+        assert all(store.put_message(Message("Drop", body)).ok for body in bodies)
+        testing.wait_dispatched(store)
+        testing.wait_flushed(store.commitlog)     # the flusher holds no file meanwhile
+        b = store.get_batch("g", "Drop", 0, 0, 30)
+        files = [f for f in store.commitlog.mfq.files if f.ref_count]
+        assert len(files) == len(set(b.file_index.tolist())) > 1
+        assert all(f.ref_count == 1 for f in files)
+        view = b.body(0)
+        assert b.file_index.tolist()[0] == 0
+        del b
+        assert [f.ref_count for f in files] == [1] + [0] * (len(files) - 1)
+        assert bytes(view) == bodies[0]
+        del view
+        gc.collect()
+        assert all(f.ref_count == 0 for f in files)
+    finally:
+        store.shutdown()
+
+
 def test_a_damaged_record_is_skipped_by_both_reads_and_reported(tmp_path, backend, caplog):
     store = testing.open_store(tmp_path / "s", backend)
     try:
@@ -524,3 +620,27 @@ def test_the_fused_entry_leaves_every_other_call_to_the_store(tmp_path, backend,
     # A closed store's calls are left to the store too (which raises StoreClosedError).
     assert rp.get_message(store, "g", "Fused", 0, 0, 1, None) is None
     assert rp.get_batch(store, "g", "Fused", 0, 0, 1, None) is None
+
+
+def test_pull_reads_a_queue_of_another_class_by_attribute_with_the_same_answer(tmp_path,
+                                                                                backend):
+    """The compiled pull reads a ConsumeQueue's mfq, file_size and min_logic_offset where its
+    slots lie; a queue object of any other class is read by attribute, whichever came first."""
+    store = testing.open_store(tmp_path / "s", backend)
+    rp = store.read_path
+
+    class Wrapped:
+        def __init__(self, cq):
+            self.mfq, self.file_size = cq.mfq, cq.file_size
+            self.min_logic_offset = cq.min_logic_offset
+    try:
+        assert all(store.put_message(m).ok for m in varied_messages(40, "Other"))
+        store.catch_up()
+        cq = store.consume_queue("Other", 0)
+        for pull in (rp.pull, rp.pull_batch):
+            answers = [_answer(pull(store, q, 3, 10, None, read_path.MAX_BYTES))
+                       for q in (Wrapped(cq), cq, Wrapped(cq), cq)]
+            assert answers[0][0] is G.FOUND and answers[0][1] == 13
+            assert all(a == answers[0] for a in answers)
+    finally:
+        store.shutdown()

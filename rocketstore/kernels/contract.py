@@ -82,6 +82,11 @@ KERNEL_NAMES = (
 #   when the backend imports; it reads the field from the message's record copy on first
 #   use, as the property does, and hands it every uncommon case; a slot holding
 #   `assigned_none` reads as None. Without it, the properties.
+#   install_dealloc(cls): gives __slots__ class `cls` (message.MessageExt, when message.py
+#   imports) a compiled tp_dealloc doing what CPython's subtype_dealloc does for it (its
+#   members released, the object freed) without its generic walk of the class chain; TypeError
+#   for a class with __dict__, __weakref__, a finalizer or a base holding slots. Without it,
+#   CPython's.
 #   timeup_encode(src, rec_pos, rec_size, first, n, topics, topic_off, max_body, max_record,
 #   out, out_pos, out_size, out_key): the delivered records of scheduled ones (messageTimeup),
 #   encoded in bulk in their common case and stopping at any other record, with
@@ -101,6 +106,7 @@ OPTIONAL_NAMES = (
     "PutPath",
     "ReadPath",
     "LazyField",
+    "install_dealloc",
     "timeup_encode",
     "SYNC_RANGE_FD_UNUSED",
 )
