@@ -60,6 +60,7 @@ cdef struct _CqState:
     char *addr                  # the last file's mapping, pinned while `loaded`
     int64_t cap, wrote, reserved, size, base, max_phy
     uint64_t gen                # the call that loaded it; another call must load again
+    uint64_t pass_no            # the last reput pass that appended to it (see _CqTable)
     bint loaded                 # loaded and pinned in the current call
     bint appendable             # loaded with a file this loop can append to
     # A topic up to 48 bytes is kept here, beside the fields every row reads: with 40 000
@@ -87,6 +88,11 @@ cdef struct _CqTable:
     _CqEntry *e
     size_t cap                  # a power of two
     uint64_t gen                # bumped at every publish: loaded states go stale
+    # Per reput pass (reput_dispatch numbers them): the queues the pass appended to, and how
+    # many of those the pass before appended to too, so the next pass knows whether loading
+    # the last pass's queues ahead pays.
+    uint64_t pass_no
+    Py_ssize_t distinct, recur
 
 
 cdef inline int64_t _cq_key(const rs_scan_rec *r) noexcept nogil:
@@ -152,6 +158,9 @@ cdef class CqSlots:
     cdef type _file_type
     cdef Py_ssize_t _f[6]
     cdef Py_ssize_t _cq[4]         # ConsumeQueue's max_physic_offset, dirty, _marked, _version
+    # Whether reput_dispatch loads the last pass's queues before its GIL-free section: only
+    # while passes keep returning to the same queues (see reput_dispatch).
+    cdef bint preload
 
     def __cinit__(self, type mapped_file_type, type consume_queue_type):
         # Positions are read and written at the members' offsets, as PutPath does: with
@@ -162,6 +171,9 @@ cdef class CqSlots:
         self.t.e = NULL
         self.t.cap = 0
         self.t.gen = 1
+        self.t.pass_no = 2          # above any state's: a new state recurs from no pass
+        self.t.distinct = self.t.recur = 0
+        self.preload = True
         self._n = 0
         self._owners = []
         self._touched = NULL
@@ -204,6 +216,7 @@ cdef class CqSlots:
             s.st.topic = PyBytes_AS_STRING(topic)
         s.st.topic_len = len(topic)
         s.st.gen = 0
+        s.st.pass_no = 0
         s.st.loaded = False
         s.st.appendable = False
         s.st.cached = False
@@ -450,7 +463,7 @@ cdef inline void _prefetch_unit(const _CqTable *t, const rs_scan_rec *r) noexcep
         rs_prefetch_w(st.addr + st.wrote)
 
 
-cdef Py_ssize_t _cq_run(const _CqTable *t, const rs_scan_rec *rows, Py_ssize_t i, Py_ssize_t n,
+cdef Py_ssize_t _cq_run(_CqTable *t, const rs_scan_rec *rows, Py_ssize_t i, Py_ssize_t n,
                         const char *buf, Py_ssize_t buf_len, int64_t *last_ts,
                         int *need) noexcept nogil:
     """Append the units of rows[i:n] until one needs the GIL; returns that row's index (n when
@@ -487,6 +500,11 @@ cdef Py_ssize_t _cq_run(const _CqTable *t, const rs_scan_rec *rows, Py_ssize_t i
         if not st.appendable:
             need[0] = NEED_SLOW
             return i
+        if st.pass_no != t.pass_no:                   # the pass's first row to this queue
+            t.distinct += 1
+            if st.pass_no + 1 == t.pass_no:
+                t.recur += 1
+            st.pass_no = t.pass_no
         last_ts[0] = r.store_timestamp
         if r.phy_offset + r.size <= st.max_phy:        # already dispatched (redispatch)
             i += 1

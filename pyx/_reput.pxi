@@ -22,8 +22,14 @@ def reput_dispatch(buf, int64_t start, int64_t end, rows, Py_ssize_t prev_n, CqS
 
     Before the section, the queues of rows[:prev_n] -- the previous pass's rows, still in
     `rows` -- are loaded from their Python objects, so a steady stream of rows to the same
-    queues needs no GIL inside it. The units written are published (positions back to the
-    MappedFile and ConsumeQueue objects) before this returns, however it returns.
+    queues needs no GIL inside it. That is done only while passes return to the queues of
+    the pass before: with rows spread over more queues than a pass holds (40 000 queues,
+    4096 rows), each pass meets other queues, and loading (and unpinning) the last pass's
+    thousands of queues would be pure cost. When the run stops at a row whose queue is not
+    loaded, the queues of the rows from there are loaded with the GIL and a second GIL-free
+    section goes on from that row (the index's keys are put in the last section). The units
+    written are published (positions back to the MappedFile and ConsumeQueue objects)
+    before this returns, however it returns.
 
     Returns (count, stop_pos, reason, stop_size) as commitlog_scan, then (cq_row, last_ts):
     the first row whose unit is not written (count when all are) and the store timestamp of
@@ -34,7 +40,7 @@ def reput_dispatch(buf, int64_t start, int64_t end, rows, Py_ssize_t prev_n, CqS
     cdef int64_t cap, count = 0, stop_pos = 0, last_ts = 0
     cdef int32_t reason = 0, stop_size = 0, istop = RS_INDEX_STOP_NONE
     cdef int r = RS_OK, ri = RS_OK, need = 0
-    cdef Py_ssize_t i_cq = 0
+    cdef Py_ssize_t i_cq = 0, loaded_to
     cdef size_t irow = 0, iskip = 0
     cdef int32_t slot_num = 0, index_num = 0
     cdef int64_t limit = 0
@@ -64,8 +70,10 @@ def reput_dispatch(buf, int64_t start, int64_t end, rows, Py_ssize_t prev_n, CqS
         # bytes already read as records: past them lie unwritten pages, and reading a hole
         # of a shared mapping allocates a page (on tmpfs; SIGBUS on a full disk). Rows from
         # another file compare unequal or out of bounds, and their queues stay unloaded.
-        if prev_n:
+        if prev_n and slots.preload:
             slots.load_run(base, 0, prev_n, prev_n, <const char *>b.buf, start)
+        slots.t.pass_no += 1
+        slots.t.distinct = slots.t.recur = 0
         with nogil:
             r = rs_commitlog_scan(<const uint8_t *>b.buf, <size_t>b.len, start, end, 0,
                                   <rs_scan_rec *>rv.buf, cap, &count, &stop_pos, &reason,
@@ -73,11 +81,28 @@ def reput_dispatch(buf, int64_t start, int64_t end, rows, Py_ssize_t prev_n, CqS
             if r == RS_OK and count:
                 i_cq = _cq_run(&slots.t, base, 0, count, <const char *>b.buf, b.len,
                                &last_ts, &need)
+                if indexing and need != NEED_LOAD:
+                    ri = rs_index_dispatch(<uint8_t *>iv.buf, <size_t>iv.len, slot_num,
+                                           index_num, limit, <const uint8_t *>b.buf,
+                                           <size_t>b.len, base, <size_t>count, &irow, &iskip,
+                                           &istop)
+        if r == RS_OK and count and need == NEED_LOAD:
+            # The rows' own queues, loaded now: their topic bytes lie in records just scanned.
+            # A row load_run cannot foresee (a queue Python must take first) ends the second
+            # run; the caller's dispatcher takes the rows from where it stopped.
+            loaded_to = slots.load_run(base, i_cq, count, count, <const char *>b.buf, b.len)
+            with nogil:
+                i_cq = _cq_run(&slots.t, base, i_cq, loaded_to, <const char *>b.buf, b.len,
+                               &last_ts, &need)
                 if indexing:
                     ri = rs_index_dispatch(<uint8_t *>iv.buf, <size_t>iv.len, slot_num,
                                            index_num, limit, <const uint8_t *>b.buf,
                                            <size_t>b.len, base, <size_t>count, &irow, &iskip,
                                            &istop)
+        if slots.t.distinct:
+            # Load this pass's queues before the next one only if most queues of this pass
+            # were those of the pass before.
+            slots.preload = 2 * slots.t.recur >= slots.t.distinct
         _check(r, "reput_dispatch: scan")
         _check(ri, "reput_dispatch: index")
         if not indexing:
