@@ -4,6 +4,7 @@ decoded from the record-check kernel's rows equal the stand-alone decoder's, pro
 on first use, reads from anywhere in a long queue match the old walk (bench/bench_read.py shows
 their cost no longer grows with the backlog), get_batch's columns are get_message's results,
 and body views keep their file mapped."""
+import contextlib
 import copy
 import gc
 import os
@@ -438,15 +439,25 @@ def test_body_views_keep_their_file_held_and_mapped_after_the_store_deletes_it(t
         store.shutdown()
 
 
-def test_a_body_asked_for_after_a_forced_delete_raises_and_the_hold_is_released_once(
-        tmp_path, backend):
+@contextlib.contextmanager
+def _records_over_small_files(tmp_path, backend, topic, fill):
+    """A store of 4 KiB CommitLog files holding 30 records of `topic` (bodies "000"+fill*300
+    ...), dispatched and flushed (the flusher holds no file afterwards): (store, bodies)."""
     cfg = testing.small_config(mapped_file_size_commit_log=4096)
     store = testing.open_store(tmp_path / "s", backend, config=cfg)
     try:
-        bodies = [b"%03d" % i + b"f" * 300 for i in range(30)]
-        assert all(store.put_message(Message("Gone", body)).ok for body in bodies)
+        bodies = [b"%03d" % i + fill * 300 for i in range(30)]
+        assert all(store.put_message(Message(topic, body)).ok for body in bodies)
         testing.wait_dispatched(store)
         testing.wait_flushed(store.commitlog)
+        yield store, bodies
+    finally:
+        store.shutdown()
+
+
+def test_a_body_asked_for_after_a_forced_delete_raises_and_the_hold_is_released_once(
+        tmp_path, backend):
+    with _records_over_small_files(tmp_path, backend, "Gone", b"f") as (store, bodies):
         b = store.get_batch("g", "Gone", 0, 0, 3)
         first = store.commitlog.mfq.files[0]
         assert first.ref_count == 1
@@ -459,18 +470,10 @@ def test_a_body_asked_for_after_a_forced_delete_raises_and_the_hold_is_released_
         b.release()
         b.release()
         assert first.ref_count == 0
-    finally:
-        store.shutdown()
 
 
 def test_a_released_batch_holds_nothing_and_its_views_stay_readable(tmp_path, backend):
-    cfg = testing.small_config(mapped_file_size_commit_log=4096)
-    store = testing.open_store(tmp_path / "s", backend, config=cfg)
-    try:
-        bodies = [b"%03d" % i + b"q" * 300 for i in range(30)]
-        assert all(store.put_message(Message("Rel", body)).ok for body in bodies)
-        testing.wait_dispatched(store)
-        testing.wait_flushed(store.commitlog)
+    with _records_over_small_files(tmp_path, backend, "Rel", b"q") as (store, bodies):
         b = store.get_batch("g", "Rel", 0, 0, 30)
         held = {id(f): f for f in store.commitlog.mfq.files if f.ref_count}
         assert len(held) == len(set(b.file_index.tolist())) > 1
@@ -495,21 +498,13 @@ def test_a_released_batch_holds_nothing_and_its_views_stay_readable(tmp_path, ba
         with pytest.raises(StoreError, match="released"):
             b.body(0)
         assert second.close(wait_s=0)         # unmapped at once, the batch still alive
-    finally:
-        store.shutdown()
 
 
 def test_a_dropped_batch_releases_at_once_the_files_no_body_view_holds(tmp_path, backend):
     """A batch dropped without release() lets go of every file it held but those a body view
     was taken from, which stay held while the views live (no garbage collection needed: the
     result's files go with it)."""
-    cfg = testing.small_config(mapped_file_size_commit_log=4096)
-    store = testing.open_store(tmp_path / "s", backend, config=cfg)
-    try:
-        bodies = [b"%03d" % i + b"d" * 300 for i in range(30)]
-        assert all(store.put_message(Message("Drop", body)).ok for body in bodies)
-        testing.wait_dispatched(store)
-        testing.wait_flushed(store.commitlog)     # the flusher holds no file meanwhile
+    with _records_over_small_files(tmp_path, backend, "Drop", b"d") as (store, bodies):
         b = store.get_batch("g", "Drop", 0, 0, 30)
         files = [f for f in store.commitlog.mfq.files if f.ref_count]
         assert len(files) == len(set(b.file_index.tolist())) > 1
@@ -522,8 +517,6 @@ def test_a_dropped_batch_releases_at_once_the_files_no_body_view_holds(tmp_path,
         del view
         gc.collect()
         assert all(f.ref_count == 0 for f in files)
-    finally:
-        store.shutdown()
 
 
 def test_a_damaged_record_is_skipped_by_both_reads_and_reported(tmp_path, backend, caplog):
