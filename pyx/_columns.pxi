@@ -46,14 +46,16 @@ def batch_columns(bodies, tags, keys):
     many str / bytes / None. Returns None for anything else, and when a tags or keys item
     holds \\x01 or \\x02 or a column is empty for some messages only: the Python path then
     raises or lays those out, with its own messages. Otherwise
-    (bodies_data, body_off, tags_data, tags_off, keys_data, keys_off, var, body_max, tk_max,
-    var_max, var_total): data bytes with n + 1 int64 offsets (numpy) per column, None for
-    tags or keys without a column (shared, absent, or empty for every message); var[i] the
-    lengths of body i, tags i and keys i summed (int64 numpy), body_max the longest body,
-    tk_max the longest tags i + keys i, var_max the largest var[i], var_total their sum."""
+    (bodies_data, body_off, tags_data, tags_off, keys_data, keys_off, var, prefix, body_max,
+    tk_max, var_max): data bytes with n + 1 int64 offsets (numpy) per column, None for tags
+    or keys without a column (shared, absent, or empty for every message); var[i] the
+    lengths of body i, tags i and keys i summed (n int64s, numpy), prefix[i] the sum of
+    var[:i] (n + 1), body_max the longest body, tk_max the longest tags i + keys i, var_max
+    the largest var[i]. The prefix spares the put path a numpy cumsum (~5 ns a message) for
+    the records' offsets."""
     cdef Py_ssize_t n, i, m, length
     cdef int64_t total, bmax = 0, tkmax = 0, vmax = 0, vtotal = 0, tk
-    cdef int64_t[::1] bo, to, ko, vv
+    cdef int64_t[::1] bo, to, vv, pv
     cdef int c
     if type(bodies) is not list:
         return None
@@ -104,12 +106,16 @@ def batch_columns(bodies, tags, keys):
             vv[i] += to[i + 1] - to[i]
         out[2 * c] = data
         out[2 * c + 1] = offs
+    prefix = _np.empty(n + 1, dtype=_np.int64)
+    pv = prefix
     for i in range(n):
+        pv[i] = vtotal
         tk = vv[i] - (bo[i + 1] - bo[i])
         if tk > tkmax:
             tkmax = tk
         if vv[i] > vmax:
             vmax = vv[i]
         vtotal += vv[i]
-    return (_join_into(bodies, n, bo), body_off, out[0], out[1], out[2], out[3], var, bmax,
-            tkmax, vmax, vtotal)
+    pv[n] = vtotal
+    return (_join_into(bodies, n, bo), body_off, out[0], out[1], out[2], out[3], var, prefix,
+            bmax, tkmax, vmax)

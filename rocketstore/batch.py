@@ -204,17 +204,21 @@ class Columns:
         self._props_lens = lens
 
     def record_lens(self):
-        """(var, body_max, props_max, var_max, var_total): var[i] is message i's body plus
-        properties length (its record size less the part every record shares), and the
-        maxima the put path validates against, so it checks n values by three comparisons."""
+        """(var, prefix, shared, body_max, props_max, var_max): message i's body plus
+        properties length is var[i] + shared (its record size less the part every record
+        of the batch shares), prefix[i] is the sum of var[:i] (n + 1 int64s), and the maxima
+        (var_max of var + shared) are what the put path validates, so it checks n values by
+        three comparisons."""
         if self._lens is None:
             body, props = self.bodies.lens, self.props_lens
             var = body + props
+            prefix = np.zeros(self.n + 1, dtype=np.int64)
+            np.cumsum(var, out=prefix[1:])
             if self.n:
-                self._lens = (var, int(body.max()), int(props.max()), int(var.max()),
-                              int(var.sum()))
+                self._lens = (var, prefix, 0, int(body.max()), int(props.max()),
+                              int(var.max()))
             else:
-                self._lens = (var, 0, 0, 0, 0)
+                self._lens = (var, prefix, 0, 0, 0, 0)
         return self._lens
 
 
@@ -254,13 +258,17 @@ def _fast_columns(bodies, tags, keys, properties, fast):
     r = fast(bodies, tags, keys)
     if r is None:
         return None
-    bdata, boff, tdata, toff, kdata, koff, var, body_max, tk_max, var_max, var_total = r
+    bdata, boff, tdata, toff, kdata, koff, var, prefix, body_max, tk_max, var_max = r
     check_delay(dict(properties or {}))
     tcol = None if tdata is None else Column(tdata, toff)
     kcol = None if kdata is None else Column(kdata, koff)
-    frags, frag_off, names = _template(PER_MESSAGE if tcol is not None else (tags or None),
-                                       PER_MESSAGE if kcol is not None else (keys or None),
-                                       properties)
+    # As _values: a shared str (none when empty), or no value when the list is all empty.
+    frags, frag_off, names = _template(
+        PER_MESSAGE if tcol is not None else (tags if type(tags) is str and tags else None),
+        PER_MESSAGE if kcol is not None else (keys if type(keys) is str and keys else None),
+        properties)
+    if len(names) != (tcol is not None) + (kcol is not None):
+        return None     # `properties` replaces a per-message TAGS or KEYS: var counted it
     c = Columns()
     c.properties = properties
     c.flags_or = None
@@ -271,13 +279,11 @@ def _fast_columns(bodies, tags, keys, properties, fast):
     c.a, c.b = (picked + [None, None])[:2]
     c.frags = frags
     c.frag_off = frag_off
-    flen = len(frags)
-    if flen:
-        var = var + flen
+    flen = len(frags)       # every message's properties hold the fragments
     if c.n:
-        c._lens = (var, body_max, flen + tk_max, flen + var_max, var_total + flen * c.n)
+        c._lens = (var, prefix, flen, body_max, flen + tk_max, flen + var_max)
     else:
-        c._lens = (var, 0, 0, 0, 0)
+        c._lens = (var, prefix, flen, 0, 0, 0)
     return c
 
 

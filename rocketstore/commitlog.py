@@ -612,7 +612,7 @@ class CommitLog:
                 f"queue id {queue_id} is illegal: topic {topic} has {limit} write queues")
         n = cols.n
         # The maxima first: the arrays are walked again only to name the message refused.
-        var, body_max, props_max, var_max, var_total = cols.record_lens()
+        var, prefix, shared, body_max, props_max, var_max = cols.record_lens()
         if body_max > self._max_body:
             max_len_check(cols.bodies.lens, self._max_body, "the body")
         if props_max > F.MAX_PROPERTIES_LENGTH:
@@ -620,11 +620,17 @@ class CommitLog:
                           PutMessageStatus.PROPERTIES_SIZE_EXCEEDED.name)
         born_raw, born_v6 = pack_host(born_host)
         sys_flag = self._store_host_v6 | (F.BORNHOST_V6_FLAG if born_v6 else 0)
-        fixed = self._k.msg_size(sys_flag, 0, len(topic_b), 0)
+        empty_size = self._k.msg_size(sys_flag, 0, len(topic_b), 0)
+        fixed = empty_size + shared
         sizes = var + fixed
-        if n and fixed + var_max > self.file_size - F.END_FILE_MIN_BLANK_LENGTH:
+        if n and empty_size + var_max > self.file_size - F.END_FILE_MIN_BLANK_LENGTH:
             max_len_check(sizes, self.file_size - F.END_FILE_MIN_BLANK_LENGTH, "the record")
-        total = fixed * n + var_total
+        total = fixed * n + int(prefix[n])
+        # Record i starts starts[i] bytes after record 0 (arange and adds: a cumsum of the
+        # sizes costs ~5 ns a message).
+        starts = np.arange(n, dtype=np.int64)
+        starts *= fixed
+        starts += prefix[:n]
         a, b = cols.a, cols.b
         args = (topic_b, queue_id, cols.bodies.data, cols.bodies.off,
                 None if a is None else a.data, None if a is None else a.off,
@@ -652,9 +658,8 @@ class CommitLog:
                     born_timestamp, born_raw, ts, self.store_host_raw, qbase + done, base,
                     flags_or=cols.flags_or)
                 if count:
-                    phys[done] = base
-                    np.cumsum(sizes[done:done + count - 1], out=phys[done + 1:done + count])
-                    phys[done + 1:done + count] += base
+                    np.add(starts[done:done + count], base - int(starts[done]),
+                           out=phys[done:done + count])
                     mf.wrote_position = wpos + nbytes
                     if mf.wbuf is None:
                         mf.committed_position = wpos + nbytes
