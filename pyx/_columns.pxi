@@ -75,6 +75,9 @@ def batch_columns(bodies, tags, keys):
         bo[i + 1] = total
         if length > bmax:
             bmax = length
+    # Joined at once, as column_join does: nothing runs between the passes that could
+    # change the list.
+    bodies_data = _join_into(bodies, n, bo)
     var = _np.empty(n, dtype=_np.int64)
     vv = var
     for i in range(n):
@@ -117,5 +120,5 @@ def batch_columns(bodies, tags, keys):
             vmax = vv[i]
         vtotal += vv[i]
     pv[n] = vtotal
-    return (_join_into(bodies, n, bo), body_off, out[0], out[1], out[2], out[3], var, prefix,
+    return (bodies_data, body_off, out[0], out[1], out[2], out[3], var, prefix,
             bmax, tkmax, vmax)
