@@ -38,7 +38,7 @@ __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_ap
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
            "cq_encode_batch", "cq_search", "tags_match", "index_hash", "index_put",
            "index_put_batch", "index_keys", "index_lookup", "sync_range", "batch_encode",
-           "column_join", "timeup_encode", "SYNC_RANGE_FD_UNUSED")
+           "column_join", "batch_columns", "timeup_encode", "SYNC_RANGE_FD_UNUSED")
 
 # GIL release thresholds.  Releasing and re-taking an uncontended GIL costs ~50-100 ns: it pays
 # once the kernel runs for microseconds.  CRC-32 runs at >10 GB/s here, so 4 KiB of CRC is
@@ -594,6 +594,7 @@ def column_join(items, bint text):
 
 include "_mapping.pxi"
 include "_put.pxi"
+include "_columns.pxi"
 include "_read.pxi"
 
 

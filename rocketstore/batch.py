@@ -16,13 +16,20 @@ _SLOT = {PROPERTY_TAGS: "\x00put_batch TAGS\x00", PROPERTY_KEYS: "\x00put_batch 
 
 
 class Column:
-    """Item i is data[off[i]:off[i + 1]] (Arrow's layout); `lens` are the item lengths."""
-    __slots__ = ("data", "off", "lens")
+    """Item i is data[off[i]:off[i + 1]] (Arrow's layout); `lens` are the item lengths,
+    computed on first use (the compiled layout's put path never needs them)."""
+    __slots__ = ("data", "off", "_lens")
 
     def __init__(self, data, off):
         self.data = data
         self.off = off
-        self.lens = np.diff(off)
+        self._lens = None
+
+    @property
+    def lens(self):
+        if self._lens is None:
+            self._lens = np.diff(self.off)
+        return self._lens
 
 
 def _offsets_from_lengths(lengths, n):
@@ -175,8 +182,44 @@ class Columns:
     """What batch_encode takes for one batch: bodies, up to two per-message properties
     columns (a, b: Column or None), the shared fragments and every message's properties
     length."""
-    __slots__ = ("n", "bodies", "a", "b", "frags", "frag_off", "props_lens", "properties",
-                 "flags_or")
+    __slots__ = ("n", "bodies", "a", "b", "frags", "frag_off", "_props_lens", "properties",
+                 "flags_or", "_lens")
+
+    def __init__(self):
+        self._props_lens = self._lens = None
+
+    @property
+    def props_lens(self):
+        """Each message's properties length: the fragments plus its a and b items."""
+        if self._props_lens is None:
+            lens = np.full(self.n, len(self.frags), dtype=np.int64)
+            for col in (self.a, self.b):
+                if col is not None:
+                    lens += col.lens
+            self._props_lens = lens
+        return self._props_lens
+
+    @props_lens.setter
+    def props_lens(self, lens):
+        self._props_lens = lens
+
+    def record_lens(self):
+        """(var, prefix, shared, body_max, props_max, var_max): message i's body plus
+        properties length is var[i] + shared (its record size less the part every record
+        of the batch shares), prefix[i] is the sum of var[:i] (n + 1 int64s), and the maxima
+        (var_max of var + shared) are what the put path validates, so it checks n values by
+        three comparisons."""
+        if self._lens is None:
+            body, props = self.bodies.lens, self.props_lens
+            var = body + props
+            prefix = np.zeros(self.n + 1, dtype=np.int64)
+            np.cumsum(var, out=prefix[1:])
+            if self.n:
+                self._lens = (var, prefix, 0, int(body.max()), int(props.max()),
+                              int(var.max()))
+            else:
+                self._lens = (var, prefix, 0, 0, 0, 0)
+        return self._lens
 
 
 def _values(arg, n, name, join):
@@ -189,11 +232,71 @@ def _values(arg, n, name, join):
     return col
 
 
-def columns(bodies, tags, keys, properties, join):
+_TEMPLATES: dict = {}
+
+
+def _template(tags, keys, properties):
+    """properties_template, remembered for properties of str names and values (most batches
+    repeat one layout; other values convert, so 1 and True must not share an entry)."""
+    items = ()
+    if properties:
+        items = tuple(properties.items())
+        if not all(type(k) is str and type(v) is str for k, v in items):
+            return properties_template(tags, keys, properties)
+    key = (tags, keys, items)
+    t = _TEMPLATES.get(key)
+    if t is None:
+        t = properties_template(tags, keys, properties)
+        if len(_TEMPLATES) >= 1024:
+            _TEMPLATES.clear()
+        _TEMPLATES[key] = t
+    return t
+
+
+def _fast_columns(bodies, tags, keys, properties, fast):
+    """columns() through the backend's compiled batch_columns; None when it declines."""
+    r = fast(bodies, tags, keys)
+    if r is None:
+        return None
+    bdata, boff, tdata, toff, kdata, koff, var, prefix, body_max, tk_max, var_max = r
+    check_delay(dict(properties or {}))
+    tcol = None if tdata is None else Column(tdata, toff)
+    kcol = None if kdata is None else Column(kdata, koff)
+    # As _values: a shared str (none when empty), or no value when the list is all empty.
+    frags, frag_off, names = _template(
+        PER_MESSAGE if tcol is not None else (tags if type(tags) is str and tags else None),
+        PER_MESSAGE if kcol is not None else (keys if type(keys) is str and keys else None),
+        properties)
+    if len(names) != (tcol is not None) + (kcol is not None):
+        return None     # `properties` replaces a per-message TAGS or KEYS: var counted it
+    c = Columns()
+    c.properties = properties
+    c.flags_or = None
+    c.bodies = Column(bdata, boff)
+    c.n = len(var)
+    varying = {PROPERTY_TAGS: tcol, PROPERTY_KEYS: kcol}
+    picked = [varying[name] for name in names]
+    c.a, c.b = (picked + [None, None])[:2]
+    c.frags = frags
+    c.frag_off = frag_off
+    flen = len(frags)       # every message's properties hold the fragments
+    if c.n:
+        c._lens = (var, prefix, flen, body_max, flen + tk_max, flen + var_max)
+    else:
+        c._lens = (var, prefix, flen, 0, 0, 0)
+    return c
+
+
+def columns(bodies, tags, keys, properties, join, fast=None):
     """Validate and lay out a put_batch's arguments (no store state involved); `join` is the
-    backend's column_join."""
+    backend's column_join, `fast` its batch_columns when it has one (the common case in one
+    compiled call; everything it declines takes the Python path below)."""
     if properties is not None and not isinstance(properties, dict):
         raise TypeError(f"properties must be a dict or None, not {type(properties).__name__}")
+    if fast is not None:
+        c = _fast_columns(bodies, tags, keys, properties, fast)
+        if c is not None:
+            return c
     c = Columns()
     c.properties = properties
     c.flags_or = None
@@ -276,5 +379,6 @@ def compress_bodies(cols, threshold, level):
         items.append(compress_zlib(body, level) if deflate else bytes(body))
     cols.bodies = Column(b"".join(items), _offsets_from_lengths(map(len, items), cols.n))
     cols.flags_or = np.where(big, F.COMPRESSED_FLAG, 0).astype(np.int32)
+    cols._lens = None           # the bodies changed
     return cols
 

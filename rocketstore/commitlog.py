@@ -611,15 +611,26 @@ class CommitLog:
             raise MessageIllegalError(
                 f"queue id {queue_id} is illegal: topic {topic} has {limit} write queues")
         n = cols.n
-        max_len_check(cols.bodies.lens, self._max_body, "the body")
-        max_len_check(cols.props_lens, F.MAX_PROPERTIES_LENGTH, "the properties string",
-                      PutMessageStatus.PROPERTIES_SIZE_EXCEEDED.name)
+        # The maxima first: the arrays are walked again only to name the message refused.
+        var, prefix, shared, body_max, props_max, var_max = cols.record_lens()
+        if body_max > self._max_body:
+            max_len_check(cols.bodies.lens, self._max_body, "the body")
+        if props_max > F.MAX_PROPERTIES_LENGTH:
+            max_len_check(cols.props_lens, F.MAX_PROPERTIES_LENGTH, "the properties string",
+                          PutMessageStatus.PROPERTIES_SIZE_EXCEEDED.name)
         born_raw, born_v6 = pack_host(born_host)
         sys_flag = self._store_host_v6 | (F.BORNHOST_V6_FLAG if born_v6 else 0)
-        sizes = self._k.msg_size(sys_flag, 0, len(topic_b), 0) + cols.bodies.lens \
-            + cols.props_lens
-        max_len_check(sizes, self.file_size - F.END_FILE_MIN_BLANK_LENGTH, "the record")
-        total = int(sizes.sum())
+        empty_size = self._k.msg_size(sys_flag, 0, len(topic_b), 0)
+        fixed = empty_size + shared
+        sizes = var + fixed
+        if n and empty_size + var_max > self.file_size - F.END_FILE_MIN_BLANK_LENGTH:
+            max_len_check(sizes, self.file_size - F.END_FILE_MIN_BLANK_LENGTH, "the record")
+        total = fixed * n + int(prefix[n])
+        # Record i starts starts[i] bytes after record 0 (arange and adds: a cumsum of the
+        # sizes costs ~5 ns a message).
+        starts = np.arange(n, dtype=np.int64)
+        starts *= fixed
+        starts += prefix[:n]
         a, b = cols.a, cols.b
         args = (topic_b, queue_id, cols.bodies.data, cols.bodies.off,
                 None if a is None else a.data, None if a is None else a.off,
@@ -647,9 +658,8 @@ class CommitLog:
                     born_timestamp, born_raw, ts, self.store_host_raw, qbase + done, base,
                     flags_or=cols.flags_or)
                 if count:
-                    phys[done] = base
-                    np.cumsum(sizes[done:done + count - 1], out=phys[done + 1:done + count])
-                    phys[done + 1:done + count] += base
+                    np.add(starts[done:done + count], base - int(starts[done]),
+                           out=phys[done:done + count])
                     mf.wrote_position = wpos + nbytes
                     if mf.wbuf is None:
                         mf.committed_position = wpos + nbytes
@@ -663,8 +673,10 @@ class CommitLog:
             self._count_puts(n, total)
         status = PutMessageStatus.PUT_OK
         if n:
-            # after_put reads the message's WAIT property, which the batch shares.
+            # after_put reads the message's WAIT property, which the batch shares: the
+            # Message is built only when there is an after_put to read it.
             status = self.finish_put(after_put, int(phys[-1]) + int(sizes[-1]),
+                                     None if after_put is None else
                                      Message(topic, queue_id=queue_id,
                                              properties=cols.properties))
         return PutMessagesResult(status, n, phys, np.arange(qbase, qbase + n, dtype=np.int64),

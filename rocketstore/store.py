@@ -1046,7 +1046,8 @@ class MessageStore:
         PutMessagesResult (numpy columns). With compress_msg_body, bodies are compressed
         as put_message compresses them."""
         self._check_running()
-        cols = columns(bodies, tags, keys, properties, self.kernels.column_join)
+        cols = columns(bodies, tags, keys, properties, self.kernels.column_join,
+                       getattr(self.kernels, "batch_columns", None))
         refused = self._refused_batch()
         if refused is not None:
             return refused

@@ -130,10 +130,18 @@ def test_put_batch_matches_put_messages_for_random_tags_keys_and_properties(
         batch_keys = keys
     else:       # Message joins a list of keys with spaces; the batch takes the joined str too
         batch_keys = [k if not isinstance(k, list) else " ".join(k) for k in keys]
-    batch = _tree_after(tmp_path / "batch", backend, lambda s: s.put_batch(
-        "R", 1, bodies, tags=tags, keys=batch_keys, properties=props, **BORN), config, n)
-    listed = _tree_after(tmp_path / "list", backend, lambda s: s.put_messages(msgs), config, n)
+    got = {}
+
+    def kept(name, result):
+        got[name] = (result.commit_log_offsets.tolist(), result.sizes.tolist(),
+                     result.wrote_bytes)
+        return result
+    batch = _tree_after(tmp_path / "batch", backend, lambda s: kept("batch", s.put_batch(
+        "R", 1, bodies, tags=tags, keys=batch_keys, properties=props, **BORN)), config, n)
+    listed = _tree_after(tmp_path / "list", backend,
+                         lambda s: kept("list", s.put_messages(msgs)), config, n)
     assert batch == listed
+    assert got["batch"] == got["list"]      # the offsets and sizes are computed, not read
 
 
 def test_put_batch_reads_back_by_queue_offset_and_by_key(tmp_path, backend):
@@ -298,3 +306,86 @@ def test_put_batch_after_puts_stopped_raises_store_closed_and_writes_nothing(tmp
         assert store.commitlog.max_offset == 0
     finally:
         store.shutdown()
+
+
+def test_put_batch_across_file_rolls_returns_the_offsets_and_sizes_put_messages_returns(
+        tmp_path, backend):
+    """The records' offsets are computed, not read back: across two rolls they must still be
+    where put_messages puts the same messages."""
+    bodies = _bodies()
+    keys = [f"k{i}" for i in range(N)]
+    tags = [f"t{i % 5}" for i in range(N)]
+    results = {}
+    for name in ("batch", "list"):
+        store = testing.open_store(tmp_path / name, backend)
+        try:
+            store.put_message(Message("R", b"first", queue_id=3, **BORN))
+            if name == "batch":
+                r = store.put_batch("R", 3, bodies, tags=tags, keys=keys,
+                                    properties={"p": "v"}, **BORN)
+            else:
+                r = store.put_messages([Message("R", b, tags=t, keys=k, queue_id=3,
+                                                properties={"p": "v"}, **BORN)
+                                        for b, t, k in zip(bodies, tags, keys)])
+            assert r.ok and r.count == N
+            results[name] = (r.commit_log_offsets.tolist(), r.sizes.tolist(),
+                             r.queue_offsets.tolist(), r.wrote_bytes)
+        finally:
+            store.shutdown()
+    offsets = results["batch"][0]
+    assert offsets[-1] >= 2 * 64 * 1024         # two rolls, as small_config's files
+    assert results["batch"] == results["list"]
+
+
+CEXT_ONLY = pytest.mark.skipif("cext" not in testing.backend_params(),
+                               reason="the cext backend is not built")
+
+
+def _layout(cols):
+    """Everything batch_encode and the put path read from a Columns, as plain lists."""
+    var, prefix, shared, body_max, props_max, var_max = cols.record_lens()
+    col = [None if c is None else (bytes(c.data[c.off[0]:c.off[-1]]), np.diff(c.off).tolist())
+           for c in (cols.bodies, cols.a, cols.b)]
+    return (cols.n, col, bytes(cols.frags), np.asarray(cols.frag_off).tolist(),
+            cols.props_lens.tolist(), (var + shared).tolist(),
+            (prefix + shared * np.arange(cols.n + 1)).tolist(), body_max, props_max, var_max)
+
+
+@CEXT_ONLY
+@pytest.mark.parametrize("tags, keys, properties", [
+    (["a", "bb", "ü"], ["k1", "k2", "ключ"], None),
+    ("shared", ["k1", "k2", "k3"], {"x": "1", "KEYS": "over"}),   # the dict replaces KEYS
+    (["a", "b", "c"], ["k1", "k2", "k3"], {"TAGS": "over"}),
+    (None, None, {"TAGS": "p", "z": "2"}),
+    ([None, "", None], [b"k1", "k2", "k3"], None),      # an empty column is no column
+    ("", "", None),
+])
+def test_compiled_batch_columns_lay_out_what_the_python_path_lays_out(tags, keys, properties):
+    """The cext backend's batch_columns stands in for batch.columns' Python layout: same
+    columns, fragments, properties lengths, record lengths and maxima."""
+    from rocketstore.batch import columns
+    k = testing.load_backend("cext")
+    bodies = [b"body-1", b"", None][:2] + [b"x" * 300]
+    assert k.batch_columns(bodies, tags, keys) is not None
+    fast = columns(bodies, tags, keys, properties, k.column_join, k.batch_columns)
+    slow = columns(bodies, tags, keys, properties, k.column_join)
+    assert _layout(fast) == _layout(slow)
+    empty = columns([], None, [], properties, k.column_join, k.batch_columns)
+    assert _layout(empty) == _layout(columns([], None, [], properties, k.column_join))
+
+
+@CEXT_ONLY
+@pytest.mark.parametrize("bodies, tags, keys", [
+    ([b"a", bytearray(b"b")], None, None),                # other buffers: body_bytes
+    ((b"a", b"b"), None, None),                           # not a list
+    ([b"a", "text"], None, None),                         # a str is no body
+    ([b"a", b"b"], ["t"], None),                          # one value for two bodies
+    ([b"a", b"b"], None, ["k", ["k1", "k2"]]),            # a list of keys
+    ([b"a", b"b"], ["t", None], None),                    # some messages lack TAGS
+    ([b"a", b"b"], None, ["k", "bad\x01"]),               # a properties separator
+    ([b"a", b"b"], ("t", "u"), None),                     # a tuple of tags
+])
+def test_compiled_batch_columns_hands_every_other_case_to_the_python_path(bodies, tags, keys):
+    """Each of these is laid out or refused by batch.columns in Python, with its messages."""
+    k = testing.load_backend("cext")
+    assert k.batch_columns(bodies, tags, keys) is None

@@ -93,6 +93,11 @@ KERNEL_NAMES = (
 #   rs_timeup_encode's arguments and stop reasons (csrc/rs_sched.h); see
 #   services/schedule.ScheduleMessageService._deliver_encoded. Without it, each record goes
 #   through MessageExt.decode, message_timeup and put_messages.
+#   batch_columns(bodies, tags, keys): put_batch's argument layout (batch.columns) in one
+#   compiled call for its common case (a list of bytes; tags and keys None, a str or a list
+#   of str / None), with the lengths and maxima the put path validates; None for anything
+#   else, which batch.columns then lays out (or refuses) in Python. Without it, batch.columns
+#   over column_join.
 #   SYNC_RANGE_FD_UNUSED = True: sync_range ignores its `fd` (it msyncs the mapping), so
 #   FileSystem.sync_mapped passes -1 and opens no descriptor for it: an open and a close per
 #   sync were a sixth of SYNC_FLUSH's CPU per message with 16 threads putting. Without it,
@@ -108,6 +113,7 @@ OPTIONAL_NAMES = (
     "LazyField",
     "install_dealloc",
     "timeup_encode",
+    "batch_columns",
     "SYNC_RANGE_FD_UNUSED",
 )
 
