@@ -153,25 +153,18 @@ def _record(benchmark, backlog, pull):
         benchmark.extra_info["x_lmdb_best"] = round(best / peer[1], 3)
 
 
-@pytest.mark.parametrize("pull", PULLS)
-@pytest.mark.parametrize("backlog", BACKLOGS)
-def test_get_message(benchmark, workload, backend, backlog, pull, thread_cpu):
+def _bench_pulls(benchmark, workload, backend, backlog, pull, thread_cpu, make_round, check):
+    """Time one round of `make_round(store, start)` (WINDOW messages pulled `pull` at a time
+    from `backlog` behind the queue's end) on a store opened with `backend`, then
+    `check(result, msgs, start)` with what the round returned, outside the timed region."""
     root, cfg, msgs, _ = workload
     store = _open(root, cfg, backend)
     try:
-        check_read_back(store, msgs, sample=200)
         start = TOTAL - backlog
         benchmark.group = f"read: pull {pull}, backlog {backlog:,}"
-        get = store.get_message
-
-        def round_():
-            for off in range(start, start + WINDOW, pull):
-                r = get("bench", TOPIC, 0, off, pull)
-            return r
-        r = benchmark(thread_cpu.wrap(round_))
+        out = benchmark(thread_cpu.wrap(make_round(store, start)))
         thread_cpu.record(benchmark, WINDOW)
-        assert r.status is GetMessageStatus.FOUND
-        assert [m.body for m in r.messages] == _expect(msgs, start, pull)
+        check(store, out, msgs, start)
         _record(benchmark, backlog, pull)
     finally:
         store.shutdown()
@@ -179,14 +172,29 @@ def test_get_message(benchmark, workload, backend, backlog, pull, thread_cpu):
 
 @pytest.mark.parametrize("pull", PULLS)
 @pytest.mark.parametrize("backlog", BACKLOGS)
+def test_get_message(benchmark, workload, backend, backlog, pull, thread_cpu):
+    def make_round(store, start):
+        get = store.get_message
+
+        def round_():
+            for off in range(start, start + WINDOW, pull):
+                r = get("bench", TOPIC, 0, off, pull)
+            return r
+        return round_
+
+    def check(store, r, msgs, start):
+        assert r.status is GetMessageStatus.FOUND
+        assert [m.body for m in r.messages] == _expect(msgs, start, pull)
+        check_read_back(store, msgs, sample=200)
+    _bench_pulls(benchmark, workload, backend, backlog, pull, thread_cpu, make_round, check)
+
+
+@pytest.mark.parametrize("pull", PULLS)
+@pytest.mark.parametrize("backlog", BACKLOGS)
 def test_get_message_fields(benchmark, workload, backend, backlog, pull, thread_cpu):
     """get_message, then each message's body and queue offset read, as bench/java/GetBench's
     decoded variant reads them: a MessageExt makes those fields on first use."""
-    root, cfg, msgs, _ = workload
-    store = _open(root, cfg, backend)
-    try:
-        start = TOTAL - backlog
-        benchmark.group = f"read: pull {pull}, backlog {backlog:,}"
+    def make_round(store, start):
         get = store.get_message
 
         def round_():
@@ -196,36 +204,31 @@ def test_get_message_fields(benchmark, workload, backend, backlog, pull, thread_
                 for m in r.messages:
                     sink += len(m.body) + m.queue_offset
             return r, sink
-        r, sink = benchmark(thread_cpu.wrap(round_))
-        thread_cpu.record(benchmark, WINDOW)
+        return round_
+
+    def check(store, out, msgs, start):
+        r, sink = out
         assert r.status is GetMessageStatus.FOUND
         assert [m.body for m in r.messages] == _expect(msgs, start, pull)
         assert sink == sum(len(m.body) for m in msgs[start:start + WINDOW]) + sum(
             range(start, start + WINDOW))
-        _record(benchmark, backlog, pull)
-    finally:
-        store.shutdown()
+    _bench_pulls(benchmark, workload, backend, backlog, pull, thread_cpu, make_round, check)
 
 
 @pytest.mark.parametrize("pull", PULLS)
 @pytest.mark.parametrize("backlog", BACKLOGS)
 def test_get_batch(benchmark, workload, backend, backlog, pull, thread_cpu):
-    root, cfg, msgs, _ = workload
-    store = _open(root, cfg, backend)
-    try:
-        start = TOTAL - backlog
-        benchmark.group = f"read: pull {pull}, backlog {backlog:,}"
+    def make_round(store, start):
         get = store.get_batch
 
         def round_():
             for off in range(start, start + WINDOW, pull):
                 r = get("bench", TOPIC, 0, off, pull)
             return r
-        r = benchmark(thread_cpu.wrap(round_))
-        thread_cpu.record(benchmark, WINDOW)
+        return round_
+
+    def check(store, r, msgs, start):
         assert r.status is GetMessageStatus.FOUND
         assert [bytes(b) for b in r.bodies()] == _expect(msgs, start, pull)
         r.release()
-        _record(benchmark, backlog, pull)
-    finally:
-        store.shutdown()
+    _bench_pulls(benchmark, workload, backend, backlog, pull, thread_cpu, make_round, check)
