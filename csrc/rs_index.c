@@ -290,30 +290,6 @@ int rs_index_walk(const uint8_t *buf, size_t len, int32_t slot_num, int32_t inde
     return RS_OK;
 }
 
-int rs_index_prefetch(const uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
-                      int32_t key_hash, int32_t stage)
-{
-    int r = rs_index_geometry(len, slot_num, index_num);
-    const uint8_t *slot;
-    int32_t n;
-
-    if (r != RS_OK)
-        return r;
-    if (key_hash < 0)
-        return RS_E_ARG;
-    slot = buf + RS_INDEX_HEADER_SIZE + (size_t)(key_hash % slot_num) * RS_INDEX_SLOT_SIZE;
-    if (stage == 0) {
-        __builtin_prefetch(slot, 0);
-        return RS_OK;
-    }
-    n = rs_load_i32(slot);
-    /* The bounds rs_index_walk checks before it reads entry n (the count bound aside). */
-    if (n > 0 && n < index_num)
-        __builtin_prefetch(buf + RS_INDEX_HEADER_SIZE + (size_t)slot_num * RS_INDEX_SLOT_SIZE +
-                           (size_t)n * RS_INDEX_ENTRY_SIZE, 0);
-    return RS_OK;
-}
-
 int rs_index_lookup(const uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
                     int32_t key_hash, int64_t begin, int64_t end,
                     int64_t *out, int64_t cap, int64_t *count)

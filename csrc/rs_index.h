@@ -130,19 +130,6 @@ int rs_index_walk(const uint8_t *buf, size_t len, int32_t slot_num, int32_t inde
                   int64_t *out, int64_t cap, int64_t *count);
 
 /*
- * rs_index_prefetch - start the memory loads a walk of key_hash's chain (rs_index_walk from
- * *at = 0) begins with, without waiting for them, so a query can overlap the first hops of
- * several files' chains (each hop of one chain waits for the one before).  stage 0 prefetches
- * the slot; stage 1 reads the slot (prefetched by an earlier stage 0) and prefetches the entry
- * it names when that entry is in range.  Reads nothing else and writes nothing: the walk that
- * follows checks everything again.  Returns RS_OK, or rs_index_walk's errors for the geometry
- * or a negative key_hash.
- * GIL: a couple of loads; wrappers keep it.
- */
-int rs_index_prefetch(const uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
-                      int32_t key_hash, int32_t stage);
-
-/*
  * rs_index_has_key - the properties string props[0, props_len) carries key (non-empty) as its
  * UNIQ_KEY or as a piece of its KEYS split on single spaces, the values read as
  * rs_index_keys reads them (last valid segment of a name wins).  Bytes are compared, the

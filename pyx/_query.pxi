@@ -7,10 +7,6 @@ __all__ += ("index_walk", "index_match", "index_query")
 
 # Offsets taken from a chain per rs_index_walk call: a query mostly wants a handful.
 DEF WALK_CHUNK = 64
-# Index files whose first hops are loaded together before the walks (newest first): a key
-# in an older file is then found without waiting for its slot and first entry after the
-# newer files' chains (doc/02 §2.6: each chain's hops wait on each other, files do not).
-DEF PREFETCH_FILES = 4
 cdef const uint8_t *_EMPTY = <const uint8_t *>b""
 
 
@@ -162,34 +158,6 @@ cdef object _query_judge_row(ReadPath rp, list log_files, int64_t log_file_size,
         PyBuffer_Release(&v)
 
 
-cdef int _prefetch_chains(files, Py_ssize_t nf, int32_t key_hash, Py_buffer *pre,
-                          int32_t *slots, int32_t *indexes, Py_ssize_t *npre) except -1:
-    """Borrow the newest PREFETCH_FILES index files' buffers into pre[0, *npre) (newest
-    first, stopping at an unmapped one) and start loading each chain's slot, then its first
-    entry: the loads of different files overlap instead of waiting one after the other.
-    The caller releases pre[0, *npre) whatever happens."""
-    cdef Py_ssize_t i, k, n = 0
-    for i in range(nf - 1, -1, -1):
-        if n == PREFETCH_FILES:
-            break
-        f = files[i]
-        memset(&pre[n], 0, sizeof(Py_buffer))
-        try:
-            PyObject_GetBuffer(f.mf.mm, &pre[n], PyBUF_SIMPLE)
-        except ValueError:                # unmapped: the walk loop skips it
-            break
-        npre[0] = n = n + 1
-        slots[n - 1] = f.slot_num
-        indexes[n - 1] = f.index_num
-        # A file whose geometry does not fit its buffer is left to the walk to report.
-        rs_index_prefetch(<const uint8_t *>pre[n - 1].buf, <size_t>pre[n - 1].len,
-                          slots[n - 1], indexes[n - 1], key_hash, 0)
-    for k in range(n):
-        rs_index_prefetch(<const uint8_t *>pre[k].buf, <size_t>pre[k].len, slots[k],
-                          indexes[k], key_hash, 1)
-    return 0
-
-
 def index_query(files, mfq, topic, key, int64_t want, int64_t begin, int64_t end, decode):
     """The messages under `topic` that carry `key` (UNIQ_KEY or a KEYS piece), stored in
     [begin, end]: the newest `want` by the index's order (newest file first, each chain
@@ -200,11 +168,6 @@ def index_query(files, mfq, topic, key, int64_t want, int64_t begin, int64_t end
 cdef tuple _index_query(files, mfq, topic, key, int64_t want, int64_t begin, int64_t end,
                         decode):
     cdef Py_buffer iv
-    cdef Py_buffer *iv_p
-    cdef Py_buffer pre[PREFETCH_FILES]    # the newest files' buffers, held for the query
-    cdef int32_t pre_slots[PREFETCH_FILES]
-    cdef int32_t pre_indexes[PREFETCH_FILES]
-    cdef Py_ssize_t npre = 0, k
     cdef int64_t out[WALK_CHUNK]
     cdef int64_t seen[WALK_CHUNK]         # offsets judged, the first WALK_CHUNK of them
     cdef int64_t walk_begin = begin, count = 0, hops, fb = 0, fe, nbytes = 0, last_ts = 0
@@ -236,100 +199,84 @@ cdef tuple _index_query(files, mfq, topic, key, int64_t want, int64_t begin, int
     # `begin` may read up to 999 ms earlier (IndexService.lookup_offsets).
     if begin > 0:
         walk_begin = begin - 999 if begin > 999 else 0
-    try:
-        if nf > 1:
-            _prefetch_chains(files, nf, key_hash, pre, pre_slots, pre_indexes, &npre)
-        for i in range(nf - 1, -1, -1):
-            k = nf - 1 - i
-            if k < npre:
-                iv_p = &pre[k]            # held from the prefetch until the query ends
-                slot_num = pre_slots[k]
-                index_num = pre_indexes[k]
-            else:
-                f = files[i]
-                memset(&iv, 0, sizeof(iv))
-                try:
-                    PyObject_GetBuffer(f.mf.mm, &iv, PyBUF_SIMPLE)
-                except ValueError:        # unmapped: a destroyed file holds nothing
-                    continue
-                iv_p = &iv
-                slot_num = f.slot_num
-                index_num = f.index_num
-            try:
-                if iv_p.len < RS_INDEX_HEADER_SIZE:
-                    continue
-                fb = rs_load_i64(<const uint8_t *>iv_p.buf + RS_INDEX_POS_BEGIN_TIMESTAMP)
-                fe = rs_load_i64(<const uint8_t *>iv_p.buf + RS_INDEX_POS_END_TIMESTAMP)
-                if i == nf - 1:
-                    last_ts = fe
-                    last_phy = rs_load_i64(<const uint8_t *>iv_p.buf +
-                                           RS_INDEX_POS_END_PHY_OFFSET)
-                # IndexFile#isTimeMatched
-                matched = (walk_begin < fb and end > fe) or (fb <= walk_begin <= fe) or \
-                    (fb <= end <= fe)
-                at = 0
-                hops = 0
-                # A file outside the window is not walked, but its begin still ends the loop.
-                while matched and at >= 0 and nkept < want:
-                    cap = want - nkept
-                    if cap > WALK_CHUNK:
-                        cap = WALK_CHUNK
-                    r = rs_index_walk(<const uint8_t *>iv_p.buf, <size_t>iv_p.len, slot_num,
-                                      index_num, key_hash, walk_begin, end, &at, &hops, out, cap,
-                                      &count)
-                    _check(r, "index_query")
-                    for j in range(count):
-                        off = out[j]
-                        # Each offset is judged once: one record's keys may share a chain.
-                        dup = False
-                        for s in range(nseen):
-                            if seen[s] == off:
-                                dup = True
-                                break
-                        if dup or (more_seen is not None and off in more_seen):
-                            continue
-                        if nseen < WALK_CHUNK:
-                            seen[nseen] = off
-                            nseen += 1
-                        else:
-                            if more_seen is None:
-                                more_seen = set()
-                            more_seen.add(off)
-                        if rp is not None:
-                            if log_files is None:
-                                log_files = mfq.files
-                                log_file_size = mfq.file_size
-                            msg = _query_judge_row(rp, log_files, log_file_size, off,
-                                                   <const uint8_t *>tp, <size_t>tlen,
-                                                   <const uint8_t *>kp, <size_t>klen, begin,
-                                                   end, &size)
-                        else:
-                            if logs is None:
-                                logs = _CommitLogFiles(mfq)
-                            msg = _query_judge(logs, off, <const uint8_t *>tp, <size_t>tlen,
-                                               <const uint8_t *>kp, <size_t>klen, begin, end,
-                                               decode, &size)
-                        if msg is None:
-                            continue
-                        messages.append(msg)
-                        nbytes += size
-                        nkept += 1
-                        if nkept == 1:
-                            first_off = off
-                        elif nkept == 2:
-                            offsets = [first_off, off]
-                        elif nkept > 2:
-                            offsets.append(off)
-                        if nkept == want:
+    for i in range(nf - 1, -1, -1):
+        f = files[i]
+        memset(&iv, 0, sizeof(iv))
+        try:
+            PyObject_GetBuffer(f.mf.mm, &iv, PyBUF_SIMPLE)
+        except ValueError:                # unmapped: a destroyed file holds nothing
+            continue
+        try:
+            if iv.len < RS_INDEX_HEADER_SIZE:
+                continue
+            fb = rs_load_i64(<const uint8_t *>iv.buf + RS_INDEX_POS_BEGIN_TIMESTAMP)
+            fe = rs_load_i64(<const uint8_t *>iv.buf + RS_INDEX_POS_END_TIMESTAMP)
+            if i == nf - 1:
+                last_ts = fe
+                last_phy = rs_load_i64(<const uint8_t *>iv.buf + RS_INDEX_POS_END_PHY_OFFSET)
+            # IndexFile#isTimeMatched
+            matched = (walk_begin < fb and end > fe) or (fb <= walk_begin <= fe) or \
+                (fb <= end <= fe)
+            slot_num = f.slot_num
+            index_num = f.index_num
+            at = 0
+            hops = 0
+            # A file outside the window is not walked, but its begin still ends the loop.
+            while matched and at >= 0 and nkept < want:
+                cap = want - nkept
+                if cap > WALK_CHUNK:
+                    cap = WALK_CHUNK
+                r = rs_index_walk(<const uint8_t *>iv.buf, <size_t>iv.len, slot_num, index_num,
+                                  key_hash, walk_begin, end, &at, &hops, out, cap, &count)
+                _check(r, "index_query")
+                for j in range(count):
+                    off = out[j]
+                    # Each offset is judged once: one record's keys may share a chain.
+                    dup = False
+                    for s in range(nseen):
+                        if seen[s] == off:
+                            dup = True
                             break
-            finally:
-                if iv_p == &iv:
-                    PyBuffer_Release(&iv)
-            if fb < walk_begin or nkept >= want:
-                break
-    finally:
-        for k in range(npre):
-            PyBuffer_Release(&pre[k])
+                    if dup or (more_seen is not None and off in more_seen):
+                        continue
+                    if nseen < WALK_CHUNK:
+                        seen[nseen] = off
+                        nseen += 1
+                    else:
+                        if more_seen is None:
+                            more_seen = set()
+                        more_seen.add(off)
+                    if rp is not None:
+                        if log_files is None:
+                            log_files = mfq.files
+                            log_file_size = mfq.file_size
+                        msg = _query_judge_row(rp, log_files, log_file_size, off,
+                                               <const uint8_t *>tp, <size_t>tlen,
+                                               <const uint8_t *>kp, <size_t>klen, begin, end,
+                                               &size)
+                    else:
+                        if logs is None:
+                            logs = _CommitLogFiles(mfq)
+                        msg = _query_judge(logs, off, <const uint8_t *>tp, <size_t>tlen,
+                                           <const uint8_t *>kp, <size_t>klen, begin, end,
+                                           decode, &size)
+                    if msg is None:
+                        continue
+                    messages.append(msg)
+                    nbytes += size
+                    nkept += 1
+                    if nkept == 1:
+                        first_off = off
+                    elif nkept == 2:
+                        offsets = [first_off, off]
+                    elif nkept > 2:
+                        offsets.append(off)
+                    if nkept == want:
+                        break
+        finally:
+            PyBuffer_Release(&iv)
+        if fb < walk_begin or nkept >= want:
+            break
     if nkept > 1:
         order = sorted(range(nkept), key=offsets.__getitem__)
         messages = [messages[o] for o in order]

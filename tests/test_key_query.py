@@ -491,17 +491,16 @@ def test_the_fused_query_answers_as_the_store_s_steps_and_leaves_other_calls_to_
 
 
 def test_a_query_passes_over_an_unmapped_index_file_among_the_newest(random_store):
-    """index_query starts loading the newest index files' first hops before it walks them
-    (pyx/_query.pxi); a file unmapped meanwhile holds nothing, before or after the files
-    loaded ahead, and every backend answers alike."""
+    """An index file unmapped meanwhile (cleaning destroyed it) holds nothing: the walk goes
+    on to the older files, and every backend answers alike."""
     root, config, puts = random_store
     answers = {}
     for name in BACKENDS:
         store = _open(root, config, name)
         try:
             files = store.index_service.index_file_list
-            files[-2].mf.mm.close()             # within the files loaded ahead
-            files[-7].mf.mm.close()             # past them
+            files[-2].mf.mm.close()
+            files[-7].mf.mm.close()
             got = []
             for topic in ("T0", "T1"):
                 for key in _keys_pool(random.Random(0)):
@@ -514,25 +513,3 @@ def test_a_query_passes_over_an_unmapped_index_file_among_the_newest(random_stor
     assert all(a == first for a in answers.values())
     assert sum(bool(a[0]) for a in first) > 50
 
-
-def test_index_prefetch_reads_only_a_slot_and_an_entry_inside_the_file():
-    """rs_index_prefetch (the hint index_query gives before its walks) checks the file's
-    geometry as rs_index_walk does and takes any slot value, in range or not, without a
-    read outside the buffer (scripts/sanitize-tests runs this under ASan)."""
-    testing.load_backend("cffi")                # fails, never skips, when cffi is not built
-    from rocketstore.kernels._cffi_lib import ffi, lib
-    slots, entries = 4, 8
-    size = F.INDEX_HEADER_SIZE + slots * 4 + entries * 20
-    for value in (-1, 0, 3, entries - 1, entries, 1 << 30, -(1 << 31)):
-        buf = bytearray(size)
-        for s in range(slots):
-            struct.pack_into(">i", buf, F.INDEX_HEADER_SIZE + s * 4, value)
-        # Exactly the file's bytes: an entry past the end would be a read ASan reports.
-        c = ffi.new("uint8_t[]", bytes(buf))
-        for h in (0, 1, 6, (1 << 31) - 1):
-            assert lib.rs_index_prefetch(c, size, slots, entries, h, 0) == 0
-            assert lib.rs_index_prefetch(c, size, slots, entries, h, 1) == 0
-    c = ffi.new("uint8_t[]", size)
-    assert lib.rs_index_prefetch(c, size - 1, slots, entries, 1, 1) == -1       # RS_E_BOUNDS
-    assert lib.rs_index_prefetch(c, size, 0, entries, 1, 1) == -2               # RS_E_ARG
-    assert lib.rs_index_prefetch(c, size, slots, entries, -5, 0) == -2
