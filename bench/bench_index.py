@@ -9,8 +9,7 @@
   key lookup over the same messages and keys, in the same group;
 - the bare index_lookup kernel on that store's index file.
 
-`pytest bench/bench_index.py --benchmark-only --benchmark-columns=mean,ops`; on a loaded
-machine add `--benchmark-timer=time.thread_time` (the calling thread's CPU time).
+`pytest bench/bench_index.py --benchmark-only --benchmark-columns=mean,ops`
 """
 import dataclasses
 import itertools
