@@ -4,6 +4,15 @@
 # once for all of it (doc/03 §2.2).
 
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec as _gc_timespec
+
+
+cdef inline int64_t _gc_now_ns() noexcept nogil:
+    """time.monotonic_ns(): the clock of GroupCommit's deadlines (not the coarse one of the
+    put statistics, which may lag by milliseconds and end a wait that early)."""
+    cdef _gc_timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
 
 __all__ += ("GroupCommit",)
 
@@ -110,3 +119,41 @@ cdef class GroupCommit:
     @gather_ns.setter
     def gather_ns(self, int64_t ns):
         _check(rs_gc_set_gather_ns(self._st, self._len, ns), "GroupCommit.gather_ns")
+
+
+__all__ += ("SyncWait",)
+
+
+cdef class SyncWait:
+    """CommitLog.after_put for SYNC_FLUSH on compiled waits (MessageStore._after_put_sync,
+    compiled): a put that WAIT=false exempts wakes the service and answers `ok`; any other
+    waits in GroupCommit.wait with the GIL released, and a put woken by the sync that covered
+    it answers `ok` with no Python frame. What else the wait answers (lead the next sync,
+    retry, time out) goes to `resume(offset, deadline_ns, answer)` (the service's Python),
+    whose truth is `ok`, else `timed_out`. The timeout is config.sync_flush_timeout ms, read
+    per put as the Python path does."""
+
+    cdef GroupCommit _gc
+    cdef object _resume, _wakeup, _config, _ok, _timed_out, _wait_key
+
+    def __init__(self, GroupCommit gc, resume, wakeup, config, ok, timed_out, wait_key):
+        self._gc = gc
+        self._resume = resume
+        self._wakeup = wakeup
+        self._config = config
+        self._ok = ok
+        self._timed_out = timed_out
+        self._wait_key = wait_key
+
+    def __call__(self, int64_t end_offset, msg):
+        cdef int64_t deadline
+        cdef int r
+        props = msg.properties
+        if props.get(self._wait_key) == "false":
+            self._wakeup()
+            return self._ok
+        deadline = _gc_now_ns() + <int64_t>self._config.sync_flush_timeout * 1000000
+        r = self._gc.c_wait(end_offset, deadline)
+        if r == RS_GC_DONE or self._resume(end_offset, deadline, r):
+            return self._ok
+        return self._timed_out

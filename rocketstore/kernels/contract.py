@@ -107,9 +107,13 @@ KERNEL_NAMES = (
 #   CLOSED / LATE; try_lead(), done(flushed, ok, sync_ns), close(), reset(flushed), and the
 #   state read for tests (flushed, leading, waiting, producers, gathering, gather_ns). Used by
 #   services.flush.CompiledGroupCommitService. Without it, GroupCommitService's Python waits.
+#   SyncWait(group_commit, resume, wakeup, config, ok, timed_out, wait_key): with GroupCommit,
+#   CommitLog.after_put for SYNC_FLUSH (MessageStore._after_put_sync) as a compiled callable;
+#   see CompiledGroupCommitService.after_put.
 OPTIONAL_NAMES = (
     "Mapping",
     "GroupCommit",
+    "SyncWait",
     "cq_dispatch",
     "CqSlots",
     "index_dispatch",

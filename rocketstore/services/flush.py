@@ -448,10 +448,16 @@ class CompiledGroupCommitService(GroupCommitService):
     # ---- puts ---------------------------------------------------------------------------
     def wait_flushed(self, offset, timeout_ms):
         """Block until `offset` is durable; False after `timeout_ms` (FLUSH_DISK_TIMEOUT)."""
-        gc = self._gc
         deadline = monotonic_ns() + timeout_ms * 1_000_000
+        return self.resume(offset, deadline, self._gc.wait(offset, deadline))
+
+    def resume(self, offset, deadline, answer):
+        """Go on with a wait for `offset` until `deadline` (monotonic ns) from GroupCommit.wait's
+        `answer`: lead the sync it asks for, retry a failed one. True if `offset` was durable
+        in time."""
+        gc = self._gc
+        r = answer
         while True:
-            r = gc.wait(offset, deadline)
             if r == _GC_DONE:
                 return True
             if r != _GC_LEAD:
@@ -459,12 +465,19 @@ class CompiledGroupCommitService(GroupCommitService):
             if self._lead() >= 0:
                 if gc.flushed >= offset:
                     return monotonic_ns() <= deadline
-                continue
-            # Its sync failed: retried after a pause, by this put, another or the thread.
-            left = deadline - monotonic_ns()
-            if left <= 0:
-                return False
-            time.sleep(min(left, self.RETRY_MS * 1_000_000) / 1e9)
+            else:
+                # Its sync failed: retried after a pause, by this put, another or the thread.
+                left = deadline - monotonic_ns()
+                if left <= 0:
+                    return False
+                time.sleep(min(left, self.RETRY_MS * 1_000_000) / 1e9)
+            r = gc.wait(offset, deadline)
+
+    def after_put(self, kernels, config, ok, timed_out, wait_key):
+        """CommitLog.after_put for SYNC_FLUSH: the backend's compiled SyncWait, whose common
+        case (woken by the sync that covered the put) runs no Python."""
+        return kernels.SyncWait(self._gc, self.resume, self.wakeup, config, ok, timed_out,
+                                wait_key)
 
     def restart_from(self, offset):
         """The CommitLog was cut back to `offset` (MessageStore.reset_write_offset), with
