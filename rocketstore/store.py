@@ -519,10 +519,11 @@ class MessageStore:
             if hasattr(self.kernels, "GroupCommit"):
                 self.flush_service = CompiledGroupCommitService(
                     self.commitlog.mfq, self.checkpoint, self.kernels)
-                # _after_put_sync, compiled: a put woken by its sync runs no Python.
+                # _after_put_sync, compiled where the backend has it: a put woken by its
+                # sync runs no Python.
                 self.commitlog.after_put = self.flush_service.after_put(
                     self.kernels, cfg, PutMessageStatus.PUT_OK,
-                    PutMessageStatus.FLUSH_DISK_TIMEOUT, PROPERTY_WAIT)
+                    PutMessageStatus.FLUSH_DISK_TIMEOUT, PROPERTY_WAIT) or self._after_put_sync
             else:
                 self.flush_service = GroupCommitService(self.commitlog.mfq, self.checkpoint)
                 self.commitlog.after_put = self._after_put_sync

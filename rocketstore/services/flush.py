@@ -475,9 +475,11 @@ class CompiledGroupCommitService(GroupCommitService):
 
     def after_put(self, kernels, config, ok, timed_out, wait_key):
         """CommitLog.after_put for SYNC_FLUSH: the backend's compiled SyncWait, whose common
-        case (woken by the sync that covered the put) runs no Python."""
-        return kernels.SyncWait(self._gc, self.resume, self.wakeup, config, ok, timed_out,
-                                wait_key)
+        case (woken by the sync that covered the put) runs no Python; None without one."""
+        make = getattr(kernels, "SyncWait", None)
+        if make is None:
+            return None
+        return make(self._gc, self.resume, self.wakeup, config, ok, timed_out, wait_key)
 
     def restart_from(self, offset):
         """The CommitLog was cut back to `offset` (MessageStore.reset_write_offset), with
