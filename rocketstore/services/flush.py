@@ -462,11 +462,12 @@ class CompiledGroupCommitService(GroupCommitService):
                 return True
             if r != _GC_LEAD:
                 return False            # timed out, covered too late, or shut down
-            if self._lead() >= 0:
-                if gc.flushed >= offset:
-                    return monotonic_ns() <= deadline
-            else:
-                # Its sync failed: retried after a pause, by this put, another or the thread.
+            moved = self._lead()
+            if moved >= 0 and gc.flushed >= offset:
+                return monotonic_ns() <= deadline
+            if moved <= 0:
+                # Its sync failed (retried after a pause, by this put, another or the
+                # thread), or found nothing to sync (the CommitLog was emptied): no spinning.
                 left = deadline - monotonic_ns()
                 if left <= 0:
                     return False
@@ -501,8 +502,9 @@ class CompiledGroupCommitService(GroupCommitService):
         ok = False
         took = 0
         try:
-            if mfq.flushed_where != start and mfq.flushed_where < start:
-                # The CommitLog was emptied: its files start again from its flushed offset.
+            if mfq.flushed_where != start:
+                # Something else moved the CommitLog's flushed offset (it was emptied): start
+                # over from it, as GroupCommitService._claim does.
                 start = flushed = mfq.flushed_where
             files = mfq.files
             if files:
