@@ -148,6 +148,49 @@ def _fdatasync_us(directory, rounds=200):
 THREADS_GROUP = f"SYNC_FLUSH put_message from {THREADS} threads"
 
 
+def _switches():
+    """The calling thread's (voluntary, involuntary) context switches so far; zeros where
+    /proc does not say."""
+    v = n = 0
+    try:
+        with open("/proc/thread-self/status") as f:
+            for line in f:
+                if line.startswith("voluntary_ctxt_switches"):
+                    v = int(line.split()[1])
+                elif line.startswith("nonvoluntary_ctxt_switches"):
+                    n = int(line.split()[1])
+    except OSError:
+        pass
+    return v, n
+
+
+class _ThreadCost:
+    """What the putting threads spent per message, summed over every thread and round: CPU
+    time (user + system) and thread switches. On a machine other programs load, these move
+    far less than the rates do, so they compare runs that the rates cannot."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.cpu_ns = self.voluntary = self.involuntary = self.messages = 0
+
+    def measure(self, fn, messages):
+        v0, n0 = _switches()
+        c0 = time.thread_time_ns()
+        fn()
+        c1 = time.thread_time_ns()
+        v1, n1 = _switches()
+        with self._lock:
+            self.cpu_ns += c1 - c0
+            self.voluntary += v1 - v0
+            self.involuntary += n1 - n0
+            self.messages += messages
+
+    def report(self, extra_info):
+        n = max(1, self.messages)
+        extra_info["thread_cpu_us_per_msg"] = round(self.cpu_ns / n / 1e3, 2)
+        extra_info["switches_per_msg"] = round((self.voluntary + self.involuntary) / n, 2)
+
+
 def _p99(samples):
     samples = sorted(samples)
     return round(samples[int(0.99 * len(samples))], 1)
@@ -169,15 +212,19 @@ def test_pwrite_fdatasync_per_thread(benchmark, tmp_path):
         o += len(r)
     state = {"round": 0}
     latencies = []
+    cost = _ThreadCost()
 
     def worker(idx):
         base = state["round"] * per_round
         local = []
-        for i in idx:
-            t0 = time.perf_counter()
-            os.pwrite(fd, records[i], base + offsets[i])
-            os.fdatasync(fd)
-            local.append((time.perf_counter() - t0) * 1e6)
+
+        def puts():
+            for i in idx:
+                t0 = time.perf_counter()
+                os.pwrite(fd, records[i], base + offsets[i])
+                os.fdatasync(fd)
+                local.append((time.perf_counter() - t0) * 1e6)
+        cost.measure(puts, len(idx))
         latencies.extend(local)
 
     def run():
@@ -197,6 +244,7 @@ def test_pwrite_fdatasync_per_thread(benchmark, tmp_path):
     finally:
         os.close(fd)
     benchmark.extra_info["put_p99_us"] = _p99(latencies)
+    cost.report(benchmark.extra_info)
     _note_peer(benchmark, THREADS_GROUP)
 
 
@@ -207,14 +255,18 @@ def test_sync_flush_put_message_threads(benchmark, backend, tmp_path, store_fact
     latencies = []
     results = []
     syncs = []
+    cost = _ThreadCost()
 
     def worker(chunk):
         local = []
         done = []
-        for m in chunk:
-            t0 = time.perf_counter()
-            done.append(store.put_message(m))
-            local.append((time.perf_counter() - t0) * 1e6)
+
+        def puts():
+            for m in chunk:
+                t0 = time.perf_counter()
+                done.append(store.put_message(m))
+                local.append((time.perf_counter() - t0) * 1e6)
+        cost.measure(puts, len(chunk))
         latencies.extend(local)
         results.extend(done)
 
@@ -235,6 +287,7 @@ def test_sync_flush_put_message_threads(benchmark, backend, tmp_path, store_fact
     benchmark.extra_info["messages_per_sync"] = round(
         len(msgs) * len(syncs) / max(1, sum(syncs)), 2)
     benchmark.extra_info["put_p99_us"] = _p99(latencies)
+    cost.report(benchmark.extra_info)
     p50_sync, p99_sync = _fdatasync_us(str(tmp_path))
     benchmark.extra_info["fdatasync_p50_us"] = round(p50_sync, 1)
     benchmark.extra_info["fdatasync_p99_us"] = round(p99_sync, 1)

@@ -601,6 +601,7 @@ include "_read.pxi"
 include "_cq_dispatch.pxi"
 include "_reput.pxi"
 include "_query.pxi"
+include "_gc.pxi"
 
 
 # ---- index dispatch (the reput thread's other hot loop) ------------------------------------

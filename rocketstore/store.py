@@ -40,8 +40,9 @@ from .running_flags import NOT_WRITEABLE_MASK, RunningFlags
 from .services.clean import (CleanCommitLogService, CleanConsumeQueueService, Consumption,
                              StoreSize, disk_usage_source)
 from .services.scheduler import StoreScheduledService
-from .services.flush import (CommitRealTimeService, FlushConsumeQueueService,
-                             FlushRealTimeService, GroupCommitService)
+from .services.flush import (CommitRealTimeService, CompiledGroupCommitService,
+                             FlushConsumeQueueService, FlushRealTimeService,
+                             GroupCommitService)
 from .services.reput import ReputMessageService
 from .services.schedule import ScheduleMessageService
 from .stats import (LOCK_BEGIN, PUT_BYTES, PUT_FAILED, PUT_HIST, PUT_LATENCY_BUCKETS,
@@ -515,8 +516,17 @@ class MessageStore:
         self.flush_cq_service.start()
         cfg = self.config
         if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH:
-            self.flush_service = GroupCommitService(self.commitlog.mfq, self.checkpoint)
-            self.commitlog.after_put = self._after_put_sync
+            if hasattr(self.kernels, "GroupCommit"):
+                self.flush_service = CompiledGroupCommitService(
+                    self.commitlog.mfq, self.checkpoint, self.kernels)
+                # _after_put_sync, compiled where the backend has it: a put woken by its
+                # sync runs no Python.
+                self.commitlog.after_put = self.flush_service.after_put(
+                    self.kernels, cfg, PutMessageStatus.PUT_OK,
+                    PutMessageStatus.FLUSH_DISK_TIMEOUT, PROPERTY_WAIT) or self._after_put_sync
+            else:
+                self.flush_service = GroupCommitService(self.commitlog.mfq, self.checkpoint)
+                self.commitlog.after_put = self._after_put_sync
         else:
             self.flush_service = FlushRealTimeService(self.config, self.commitlog.mfq,
                                                       self.checkpoint)

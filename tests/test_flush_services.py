@@ -93,7 +93,7 @@ def test_every_put_acknowledged_under_sync_flush_is_flushed_when_it_returns(tmp_
         assert late == []
         assert store.commitlog.mfq.flushed_where == store.commitlog.mfq.get_max_offset()
         svc = store.flush_service
-        assert svc._ranges == [] and svc._waiters == [] and svc._running == 0
+        assert svc.waiting == 0 and svc.running == 0
     finally:
         store.shutdown()
     assert not (tmp_path / "s" / "abort").exists()
@@ -115,8 +115,8 @@ def test_puts_and_batches_written_while_syncs_run_share_the_next_sync(tmp_path, 
         for t in threads:
             t.start()
         # MAX_SYNCS syncs are stuck (the thread may hold one); every other put waits.
-        _until(lambda: svc._running == svc.MAX_SYNCS
-               and len(svc._waiters) >= n - svc.MAX_SYNCS, "the puts to wait")
+        _until(lambda: svc.running == svc.MAX_SYNCS
+               and svc.waiting >= n - svc.MAX_SYNCS, "the puts to wait")
         kernels.gate.set()
         for t in threads:
             t.join()
@@ -140,7 +140,7 @@ def _two_producers(store):
     t.join()
     assert done[0].status is PutMessageStatus.PUT_OK
     assert store.put_message(Message("T", b"b0")).status is PutMessageStatus.PUT_OK
-    assert svc._producers == 2
+    assert svc.producers == 2
 
 
 def test_a_leader_gathers_the_producer_writing_its_next_put_into_one_sync(tmp_path, backend):
@@ -149,13 +149,13 @@ def test_a_leader_gathers_the_producer_writing_its_next_put_into_one_sync(tmp_pa
     try:
         _two_producers(store)
         # A bound no test outlasts: only the other producer's arrival ends the gathering.
-        svc._sync_ns = 60 * 10**9
+        svc.gather_ns = 60 * 10**9
         before = svc.syncs
         first = []
         leader = threading.Thread(
             target=lambda: first.append(store.put_message(Message("T", b"a1"))))
         leader.start()
-        testing.wait_until(lambda: svc._gatherer is not None, what="the leader to gather")
+        testing.wait_until(lambda: svc.gathering, what="the leader to gather")
         assert svc.syncs == before              # it waits for the other producer
         r = store.put_message(Message("T", b"b1"))
         leader.join()
@@ -173,12 +173,12 @@ def test_a_gathering_leader_syncs_alone_when_the_other_producer_stays_away(tmp_p
     svc = store.flush_service
     try:
         _two_producers(store)
-        svc._sync_ns = 10**6                    # the bound: 1 ms, well inside the timeout
+        svc.gather_ns = 10**6                    # the bound: 1 ms, well inside the timeout
         before = svc.syncs
         r = store.put_message(Message("T", b"b1"))      # the other producer never comes
         assert r.status is PutMessageStatus.PUT_OK
         assert store.commitlog.mfq.flushed_where >= _end(r)
-        assert svc.syncs - before == 1 and svc._gatherer is None
+        assert svc.syncs - before == 1 and not svc.gathering
     finally:
         store.shutdown()
 
@@ -195,7 +195,7 @@ def test_a_put_waiting_behind_a_stalled_sync_answers_flush_disk_timeout_in_time(
         leader = threading.Thread(
             target=lambda: first.append(store.put_message(Message("T", b"leader"))))
         leader.start()
-        _until(lambda: svc._running == 1, "the first sync to start")
+        _until(lambda: svc.running == 1, "the first sync to start")
         t0 = time.monotonic()
         r = store.put_message(Message("T", b"follower"))
         waited = time.monotonic() - t0
@@ -228,7 +228,7 @@ def test_shutdown_while_puts_wait_acknowledges_every_put_the_final_sync_covers(t
         threads = [threading.Thread(target=produce, args=(i,)) for i in range(8)]
         for t in threads:
             t.start()
-        _until(lambda: len(svc._waiters) + svc._running >= 8, "the puts to wait")
+        _until(lambda: svc.waiting + svc.running >= 8, "the puts to wait")
         closer = threading.Thread(target=store.shutdown)
         closer.start()
         time.sleep(0.05)

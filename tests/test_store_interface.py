@@ -187,15 +187,17 @@ def test_flush_with_write_buffers_commits_them_first(tmp_path, backend):
 
 def test_flush_with_sync_flush_goes_through_the_group_commit(tmp_path, backend, monkeypatch):
     calls = []
-    wait_flushed = GroupCommitService.wait_flushed
+    store = testing.open_store(tmp_path / "s", backend, testing.small_config(
+        flush_disk_type=FlushDiskType.SYNC_FLUSH))
+    service = type(store.flush_service)         # the backend's group commit
+    assert issubclass(service, GroupCommitService)
+    wait_flushed = service.wait_flushed
 
     def recording(self, offset, timeout_ms):
         calls.append(offset)
         return wait_flushed(self, offset, timeout_ms)
 
-    monkeypatch.setattr(GroupCommitService, "wait_flushed", recording)
-    store = testing.open_store(tmp_path / "s", backend, testing.small_config(
-        flush_disk_type=FlushDiskType.SYNC_FLUSH))
+    monkeypatch.setattr(service, "wait_flushed", recording)
     try:
         # WAIT=false: the puts return before their sync, as a broker's oneway sends do.
         for i in range(5):

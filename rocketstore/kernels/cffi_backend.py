@@ -24,7 +24,8 @@ __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_ap
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
            "cq_encode_batch", "cq_search", "tags_match", "index_hash", "index_put",
            "index_put_batch", "index_keys", "index_lookup", "index_walk", "index_match",
-           "index_query", "sync_range", "batch_encode", "column_join", "SYNC_RANGE_FD_UNUSED")
+           "index_query", "sync_range", "batch_encode", "column_join", "SYNC_RANGE_FD_UNUSED",
+           "GroupCommit")
 
 _from_buffer = _ffi.from_buffer
 _release_cdata = _ffi.release
@@ -397,3 +398,69 @@ def batch_encode(out, pos, limit, topic, queue_id, bodies, body_off, a, a_off, b
 def column_join(items, text):
     # Per-item Python work with no C loop to hand it to: the reference implementation's.
     return _pure.column_join(items, text)
+
+
+
+class GroupCommit:
+    """SYNC_FLUSH's group commit waits over csrc/rs_gc.h, as the cext backend's GroupCommit
+    (see rocketstore.kernels.contract): cffi drops the GIL for each call, so a wait sleeps
+    without it and a sync wakes exactly the waits it covered."""
+
+    __slots__ = ("_cells", "_st", "_n", "gather")
+
+    def __init__(self, flushed):
+        n = _lib.RS_GC_STATE_BYTES
+        # int64_t cells: the state holds a mutex and pointers, and wants their alignment.
+        self._cells = _new("int64_t[]", n // 8)
+        self._st = _ffi.cast("uint8_t *", self._cells)
+        self._n = n
+        _check(_lib.rs_gc_init(self._st, n, flushed), "GroupCommit")
+        self.gather = True
+
+    def __del__(self):
+        # No wait can be running: each holds a reference to this object.
+        _lib.rs_gc_destroy(self._st, self._n)
+
+    def wait(self, offset, deadline_ns):
+        r = _lib.rs_gc_wait(self._st, self._n, offset, deadline_ns, self.gather)
+        if r < 0:
+            _check(r, "GroupCommit.wait")
+        return r
+
+    def try_lead(self):
+        r = _lib.rs_gc_try_lead(self._st, self._n)
+        _check(r, "GroupCommit.try_lead")
+        return r == 1
+
+    def done(self, flushed, ok, sync_ns=0):
+        n = _lib.rs_gc_done(self._st, self._n, flushed, bool(ok), sync_ns)
+        if n < 0:
+            _check(n, "GroupCommit.done: the caller does not lead")
+        return n
+
+    def close(self):
+        _lib.rs_gc_close(self._st, self._n)
+
+    def reset(self, flushed):
+        if _lib.rs_gc_reset(self._st, self._n, flushed) != 0:
+            raise ValueError("a sync is running or a put waits: the durable offset cannot move")
+
+    def _stat(self, i):
+        out = _new("int64_t[]", _lib.RS_GC_ST_N)
+        _check(_lib.rs_gc_stats(self._st, self._n, out, _lib.RS_GC_ST_N), "GroupCommit.stats")
+        return out[i]
+
+    flushed = property(lambda self: self._stat(_lib.RS_GC_ST_FLUSHED))
+    leading = property(lambda self: bool(self._stat(_lib.RS_GC_ST_LEADER)))
+    waiting = property(lambda self: self._stat(_lib.RS_GC_ST_WAITING))
+    producers = property(lambda self: self._stat(_lib.RS_GC_ST_PRODUCERS))
+    gathering = property(lambda self: bool(self._stat(_lib.RS_GC_ST_GATHERING)))
+    closed = property(lambda self: bool(self._stat(_lib.RS_GC_ST_CLOSED)))
+
+    @property
+    def gather_ns(self):
+        return self._stat(_lib.RS_GC_ST_GATHER_NS)
+
+    @gather_ns.setter
+    def gather_ns(self, ns):
+        _check(_lib.rs_gc_set_gather_ns(self._st, self._n, ns), "GroupCommit.gather_ns")

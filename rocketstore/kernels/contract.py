@@ -102,8 +102,18 @@ KERNEL_NAMES = (
 #   FileSystem.sync_mapped passes -1 and opens no descriptor for it: an open and a close per
 #   sync were a sixth of SYNC_FLUSH's CPU per message with 16 threads putting. Without it,
 #   the file is opened for each sync (the pure backend's fdatasync needs it).
+#   GroupCommit(flushed): SYNC_FLUSH's group commit waits (csrc/rs_gc.h) as a compiled object:
+#   wait(offset, deadline_ns) sleeps without the GIL and answers RS_GC_DONE / LEAD / TIMEOUT /
+#   CLOSED / LATE; try_lead(), done(flushed, ok, sync_ns), close(), reset(flushed), and the
+#   state read for tests (flushed, leading, waiting, producers, gathering, gather_ns). Used by
+#   services.flush.CompiledGroupCommitService. Without it, GroupCommitService's Python waits.
+#   SyncWait(group_commit, resume, wakeup, config, ok, timed_out, wait_key): with GroupCommit,
+#   CommitLog.after_put for SYNC_FLUSH (MessageStore._after_put_sync) as a compiled callable;
+#   see CompiledGroupCommitService.after_put.
 OPTIONAL_NAMES = (
     "Mapping",
+    "GroupCommit",
+    "SyncWait",
     "cq_dispatch",
     "CqSlots",
     "index_dispatch",

@@ -355,6 +355,36 @@ class GroupCommitService(ServiceThread):
             self._checkpoint.physic_msg_timestamp = ts
         self._flushed = flushed
 
+    # ---- what tests and benchmarks read -------------------------------------------------
+    @property
+    def running(self):
+        """Syncs running now."""
+        return self._running
+
+    @property
+    def waiting(self):
+        """Puts asleep until a sync covers them."""
+        return len(self._waiters)
+
+    @property
+    def producers(self):
+        """Threads that waited in the last two claims: whom a leader gathers."""
+        return self._producers
+
+    @property
+    def gathering(self):
+        """Whether a leader is gathering now."""
+        return self._gatherer is not None
+
+    @property
+    def gather_ns(self):
+        """The gathering bound: the recent mean sync time (settable)."""
+        return self._sync_ns
+
+    @gather_ns.setter
+    def gather_ns(self, ns):
+        self._sync_ns = ns
+
     # ---- the thread ---------------------------------------------------------------------
     def run_once(self):
         self.wait_for_running(10)
@@ -386,6 +416,168 @@ class GroupCommitService(ServiceThread):
             waiters, self._waiters = self._waiters, []
         for w in waiters:
             w[1].release()
+
+
+# GroupCommit.wait's answers (csrc/rs_gc.h RS_GC_*).
+_GC_DONE, _GC_LEAD = 1, 2
+
+
+class CompiledGroupCommitService(GroupCommitService):
+    """GroupCommitService with its waits in compiled code, for a backend exporting
+    GroupCommit (csrc/rs_gc.h): a put's wait releases the GIL once, and the sync that covers
+    it wakes it with one futex wake, with no Python and no lock on the way (doc/03 §2.2).
+
+    The protocol is the one above with one sync at a time: a put that finds no sync running
+    leads (gathering first, as above), syncs everything written since the durable offset in
+    its own thread, publishes it, and then wakes exactly the puts it covered, handing the lead
+    to the lowest put still waiting. A failed sync hands nothing on and counts nothing: its
+    leader retries after RETRY_MS, as does any put that finds no sync running and the
+    thread's 10 ms round. The final sync at shutdown ends every wait (close)."""
+
+    MAX_SYNCS = 1
+
+    def __init__(self, mfq, checkpoint, kernels):
+        """Syncs the CommitLog's files (`mfq`) with `kernels.GroupCommit` keeping the waits."""
+        ServiceThread.__init__(self)
+        self._mfq = mfq
+        self._checkpoint = checkpoint
+        self._gc = kernels.GroupCommit(mfq.flushed_where)
+        self._final_flush_done = False
+        self.syncs = 0
+
+    # ---- puts ---------------------------------------------------------------------------
+    def wait_flushed(self, offset, timeout_ms):
+        """Block until `offset` is durable; False after `timeout_ms` (FLUSH_DISK_TIMEOUT)."""
+        deadline = monotonic_ns() + timeout_ms * 1_000_000
+        return self.resume(offset, deadline, self._gc.wait(offset, deadline))
+
+    def resume(self, offset, deadline, answer):
+        """Go on with a wait for `offset` until `deadline` (monotonic ns) from GroupCommit.wait's
+        `answer`: lead the sync it asks for, retry a failed one. True if `offset` was durable
+        in time."""
+        gc = self._gc
+        r = answer
+        while True:
+            if r == _GC_DONE:
+                return True
+            if r != _GC_LEAD:
+                return False            # timed out, covered too late, or shut down
+            moved = self._lead()
+            if moved >= 0 and gc.flushed >= offset:
+                return monotonic_ns() <= deadline
+            if moved <= 0:
+                # Its sync failed (retried after a pause, by this put, another or the
+                # thread), or found nothing to sync (the CommitLog was emptied): no spinning.
+                left = deadline - monotonic_ns()
+                if left <= 0:
+                    return False
+                time.sleep(min(left, self.RETRY_MS * 1_000_000) / 1e9)
+            r = gc.wait(offset, deadline)
+
+    def after_put(self, kernels, config, ok, timed_out, wait_key):
+        """CommitLog.after_put for SYNC_FLUSH: the backend's compiled SyncWait, whose common
+        case (woken by the sync that covered the put) runs no Python; None without one."""
+        make = getattr(kernels, "SyncWait", None)
+        if make is None:
+            return None
+        return make(self._gc, self.resume, self.wakeup, config, ok, timed_out, wait_key)
+
+    def restart_from(self, offset):
+        """The CommitLog was cut back to `offset` (MessageStore.reset_write_offset), with
+        everything before it synced and no put running: the next sync starts there."""
+        try:
+            self._gc.reset(offset)
+        except ValueError:
+            raise RuntimeError("a sync is running: the CommitLog cannot be cut back now") \
+                from None
+
+    # ---- the sync -----------------------------------------------------------------------
+    def _lead(self):
+        """The caller leads: sync everything written since the durable offset, publish it,
+        then wake the puts it covers (GroupCommit.done, without the GIL). Returns the bytes
+        synced, or -1 if the sync failed."""
+        gc = self._gc
+        mfq = self._mfq
+        start = flushed = gc.flushed
+        ok = False
+        took = 0
+        try:
+            if mfq.flushed_where != start:
+                # Something else moved the CommitLog's flushed offset (it was emptied): start
+                # over from it, as GroupCommitService._claim does.
+                start = flushed = mfq.flushed_where
+            files = mfq.files
+            if files:
+                last = files[-1]
+                # The store time first: the record carrying it is written (its position set)
+                # before the time is, so the range read next covers it.
+                ts = last.store_timestamp
+                end = last.file_from_offset + last.read_position
+                if end > start:
+                    t0 = monotonic_ns()
+                    self._sync(start, end)
+                    took = monotonic_ns() - t0
+                    self._publish(end, ts)
+                    self.syncs += 1
+                    flushed = end
+            ok = True
+        except Exception:       # EIO and the like: nothing counts, the range is retried
+            log.exception("%s: sync of [%d, ..) failed", self.name, start)
+        finally:
+            gc.done(flushed, ok, took)
+        return flushed - start if ok else -1
+
+    def _publish(self, flushed, ts):
+        self._mfq.mark_flushed(flushed, ts)
+        if ts > 0:
+            self._checkpoint.physic_msg_timestamp = ts
+
+    # ---- what tests and benchmarks read -------------------------------------------------
+    @property
+    def running(self):
+        return int(self._gc.leading)
+
+    @property
+    def waiting(self):
+        return self._gc.waiting
+
+    @property
+    def producers(self):
+        return self._gc.producers
+
+    @property
+    def gathering(self):
+        return self._gc.gathering
+
+    @property
+    def gather_ns(self):
+        return self._gc.gather_ns
+
+    @gather_ns.setter
+    def gather_ns(self, ns):
+        self._gc.gather_ns = ns
+
+    # ---- the thread ---------------------------------------------------------------------
+    def run_once(self):
+        self.wait_for_running(10)
+        gc = self._gc
+        if gc.flushed >= self._mfq.get_max_offset():
+            return
+        if gc.try_lead():       # else a put leads (or gathers): its sync covers this
+            self._lead()
+
+    def on_shutdown(self):
+        """Sync everything written (puts were stopped before), then end every wait."""
+        gc = self._gc
+        while True:
+            if gc.try_lead():
+                moved = self._lead()
+                if moved <= 0:
+                    break       # all synced, or the disk refuses: the store keeps its abort file
+            else:
+                time.sleep(0.001)               # a put's sync is still running
+        self._final_flush_done = True
+        gc.close()
 
 
 class CommitRealTimeService(ServiceThread):

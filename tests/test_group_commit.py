@@ -1,0 +1,168 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The compiled group commit's waits (csrc/rs_gc.h, a backend's GroupCommit): a wait is
+answered by the sync that covers it and by nothing before, a sync hands the lead to the lowest
+wait it left, a failed sync counts nothing, timeouts and shutdown end waits; and a store on that
+backend acknowledges a put only once its bytes are durable."""
+import threading
+import time
+
+import pytest
+
+from rocketstore import FlushDiskType, Message, PutMessageStatus, testing
+from rocketstore.services.flush import CompiledGroupCommitService
+
+# csrc/rs_gc.h
+DONE, LEAD, TIMEOUT, CLOSED, LATE = 1, 2, 3, 4, 5
+FAR = 60 * 10**9        # a deadline no test reaches: only a sync or close answers
+
+
+def _compiled():
+    names = [n for n in testing.backend_params()
+             if hasattr(testing.load_backend(n), "GroupCommit")]
+    return names
+
+
+@pytest.fixture(params=_compiled())
+def kernels(request):
+    return testing.load_backend(request.param)
+
+
+class _Wait(threading.Thread):
+    """gc.wait(offset, now + timeout) in a thread of its own; `answer` once it returns."""
+
+    def __init__(self, gc, offset, timeout_ns=FAR):
+        super().__init__(daemon=True)
+        self.gc, self.offset, self.timeout_ns = gc, offset, timeout_ns
+        self.answer = None
+        self.start()
+
+    def run(self):
+        self.answer = self.gc.wait(self.offset, time.monotonic_ns() + self.timeout_ns)
+
+
+def _asleep(gc, n):
+    testing.wait_until(lambda: gc.waiting == n, what=f"{n} waits asleep")
+
+
+def test_a_sync_wakes_the_waits_it_covers_and_hands_the_lead_to_the_lowest_left(kernels):
+    gc = kernels.GroupCommit(0)
+    gc.gather = False
+    assert gc.wait(100, time.monotonic_ns() + FAR) == LEAD      # no sync running: it leads
+    covered, lowest, higher = _Wait(gc, 150), _Wait(gc, 300), _Wait(gc, 400)
+    _asleep(gc, 3)
+    assert (covered.answer, lowest.answer, higher.answer) == (None, None, None)
+    assert gc.done(200, True) == 1                # [.., 200) durable: only the wait at 150
+    covered.join()
+    lowest.join()
+    assert covered.answer == DONE
+    assert lowest.answer == LEAD                  # the lowest offset the sync left leads next
+    assert gc.leading and gc.waiting == 1 and higher.answer is None
+    assert gc.flushed == 200
+    assert gc.done(500, True) == 1
+    higher.join()
+    assert higher.answer == DONE and not gc.leading and gc.waiting == 0
+    assert gc.wait(450, 0) == DONE                # durable already: no wait at all
+
+
+def test_a_failed_sync_counts_nothing_and_hands_nothing_on(kernels):
+    gc = kernels.GroupCommit(0)
+    gc.gather = False
+    assert gc.try_lead()
+    w = _Wait(gc, 50)
+    _asleep(gc, 1)
+    assert gc.done(100, False) == 0
+    assert gc.flushed == 0 and not gc.leading and gc.waiting == 1 and w.answer is None
+    assert gc.try_lead()                          # the retry: any caller may lead it
+    assert gc.done(100, True) == 1
+    w.join()
+    assert w.answer == DONE
+
+
+def test_a_compiled_wait_times_out_while_the_sync_runs_on(kernels):
+    gc = kernels.GroupCommit(0)
+    assert gc.try_lead()                          # a stalled sync
+    w = _Wait(gc, 10, timeout_ns=20 * 10**6)
+    w.join(30)
+    assert w.answer == TIMEOUT and gc.waiting == 0 and gc.leading
+    gc.done(10, True)
+    assert gc.wait(10, 0) == DONE
+
+
+def test_close_ends_every_wait_and_answers_the_covered_ones_done(kernels):
+    gc = kernels.GroupCommit(0)
+    assert gc.try_lead()
+    waits = [_Wait(gc, 100 * (i + 1)) for i in range(4)]
+    _asleep(gc, 4)
+    gc.done(200, True)       # 100 and 200 covered; 300 is handed the lead, 400 sleeps on
+    for w in waits[:3]:
+        w.join()
+    assert [w.answer for w in waits[:3]] == [DONE, DONE, LEAD]
+    gc.done(200, False)      # its sync failed: nothing moves
+    gc.close()
+    waits[3].join()
+    assert waits[3].answer == CLOSED
+    assert gc.wait(300, time.monotonic_ns() + FAR) == CLOSED   # later waits too
+    assert gc.wait(150, 0) == DONE
+
+
+def test_a_leader_gathers_until_the_producers_seen_lately_wait(kernels):
+    gc = kernels.GroupCommit(0)
+    # Two producer threads wait in one sync, so the next leader waits for both.
+    assert gc.try_lead()
+    ws = [_Wait(gc, 10), _Wait(gc, 20)]
+    _asleep(gc, 2)
+    gc.done(5, True)         # covers neither: the lower one leads, the other still waits
+    ws[0].join()
+    gc.done(20, True)
+    ws[1].join()
+    assert gc.try_lead()     # a claim: the producers of the last two are counted
+    gc.done(20, True)
+    assert gc.producers == 2
+    gc.gather_ns = FAR
+    leader = _Wait(gc, 30)
+    testing.wait_until(lambda: gc.gathering, what="the leader to gather")
+    assert leader.answer is None
+    follower = _Wait(gc, 40)                      # the second producer arrives: it syncs
+    leader.join()
+    assert leader.answer == LEAD and not gc.gathering
+    _asleep(gc, 1)
+    gc.done(40, True)
+    follower.join()
+    assert follower.answer == DONE
+
+
+def test_the_state_cannot_move_under_a_running_sync(kernels):
+    gc = kernels.GroupCommit(0)
+    assert gc.try_lead() and not gc.try_lead()
+    with pytest.raises(ValueError):
+        gc.reset(0)
+    gc.done(0, True)
+    with pytest.raises(Exception):
+        gc.done(0, True)                          # no one leads now
+    gc.reset(70)
+    assert gc.flushed == 70
+
+
+def test_a_store_on_the_compiled_waits_acknowledges_only_durable_puts(tmp_path, kernels):
+    store = testing.open_store(tmp_path / "s", kernels,
+                               testing.small_config(flush_disk_type=FlushDiskType.SYNC_FLUSH))
+    assert isinstance(store.flush_service, CompiledGroupCommitService)
+    late = []
+
+    def produce(t):
+        mfq = store.commitlog.mfq
+        for i in range(50):
+            r = store.put_message(Message("G", b"%d-%d" % (t, i), queue_id=t % 4))
+            assert r.status is PutMessageStatus.PUT_OK
+            if mfq.flushed_where < r.commit_log_offset + r.wrote_bytes:
+                late.append((t, i))
+    try:
+        threads = [threading.Thread(target=produce, args=(t,)) for t in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert late == []
+        assert store.flush_service.syncs < 12 * 50      # puts shared syncs
+    finally:
+        store.shutdown()
