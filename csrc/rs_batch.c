@@ -31,11 +31,12 @@ int rs_batch_encode(uint8_t *out, size_t out_len, int64_t pos, int64_t limit,
                     int32_t flag, int32_t sys_flag, const int32_t *flags_or,
                     int64_t born_timestamp, const uint8_t *born_host, size_t born_host_len,
                     int64_t store_timestamp, const uint8_t *store_host, size_t store_host_len,
-                    int64_t queue_offset, int64_t phy_base,
+                    int64_t queue_offset, int64_t phy_base, rs_scan_rec *rows,
                     int64_t *count, int64_t *nbytes)
 {
     rs_part parts[5];
     int64_t i, wr = pos;
+    int32_t topic_hash = 0;
     int k;
 
     *count = 0;
@@ -57,6 +58,8 @@ int rs_batch_encode(uint8_t *out, size_t out_len, int64_t pos, int64_t limit,
             if (flags_or[i] & (RS_BORNHOST_V6_FLAG | RS_STOREHOSTADDRESS_V6_FLAG))
                 return RS_E_ARG;
 
+    if (rows != NULL)
+        topic_hash = rs_msg_topic_hash(topic, topic_len);   /* one topic: hashed once */
     for (k = 0; k < 3; k++) {
         parts[2 * k].len = (size_t)(frag_off[k + 1] - frag_off[k]);
         parts[2 * k].buf = parts[2 * k].len ? frags + frag_off[k] : NULL;
@@ -87,6 +90,8 @@ int rs_batch_encode(uint8_t *out, size_t out_len, int64_t pos, int64_t limit,
                                    store_host, store_host_len, 0, 0, 0);
         if (size < 0)
             return size;
+        if (rows != NULL && rs_msg_row(out, out_len, wr, topic_hash, &rows[i - first]) != size)
+            return RS_E_ARG;     /* cannot happen: the record was just encoded there */
         wr += size;
         *count = i + 1 - first;
         *nbytes = wr - pos;

@@ -108,6 +108,26 @@ int rs_msg_check(const uint8_t *buf, size_t len, int64_t pos, int check_crc,
                  rs_scan_rec *row, int32_t *size);
 
 /*
+ * rs_msg_row - the row rs_msg_check makes for the record at buf[pos, len), for a record the
+ * caller has just encoded there itself (rs_msg_encode_parts, rs_batch_encode), with its
+ * topic's topic_hash (rs_msg_topic_hash, computed once per topic): a put hands the rows of what
+ * it wrote to the dispatcher, which then does not scan those records again (doc/03 §8).
+ * Only the lengths are checked, so that every read stays inside buf[pos, len); not the magic,
+ * CRC or topic rule, which the put's own encode met.  The row is filled by the code that fills
+ * rs_msg_check's, so the two are equal for any record rs_msg_check accepts.
+ * Returns TOTALSIZE with *row filled; RS_E_BOUNDS when the record does not fit buf, RS_E_ARG
+ * when its lengths disagree (*row then untouched).
+ * GIL: callable without it.
+ */
+int rs_msg_row(const uint8_t *buf, size_t len, int64_t pos, int32_t topic_hash, rs_scan_rec *row);
+
+/*
+ * rs_msg_topic_hash - rs_scan_rec.topic_hash of the topic bytes topic[0, len).
+ * GIL: callable without it.
+ */
+int32_t rs_msg_topic_hash(const uint8_t *topic, size_t len);
+
+/*
  * rs_tags_match - whether the TAGS value of the properties string props[0, len) is one of the
  * n strings tags[ends[i-1], ends[i]) (ends[-1] = 0): the string check of a tag subscription,
  * after a ConsumeQueue unit's tagsCode matched one of its hashes (two tags may share a

@@ -918,12 +918,17 @@ cdef class PutPath:
         PyObject_GC_UnTrack(res)
         return res
 
-    def put_list(self, msgs, batch_properties=None):
+    def put_list(self, msgs, batch_properties=None, written_rows=None):
         """Store a list of messages (MessageStore.put_messages): every record is checked
         before the lock, then encoded once at its final offset, one Python call per file
         touched (which picks, reserves or rolls it). A list with any message this path does
         not take, a broker batch (`batch_properties`), or anything but a list goes to the
-        Python path whole."""
+        Python path whole.
+
+        `written_rows` (services.reput.WrittenRows, or None): on this path, it receives the scan
+        rows of the records written into the first file touched (rs_msg_row, as each is
+        encoded), so the put's inline dispatch need not scan them (doc/03 §8); its `n` is
+        left as the caller set it (0) when the Python path takes the list."""
         cdef Py_ssize_t n, i, k, done = 0, nparts_cap, nparts_used = 0, n_keys = 0
         cdef _Rec *recs = NULL
         cdef rs_part *parts = NULL
@@ -947,7 +952,12 @@ cdef class PutPath:
         cdef _QueueKey *qk
         cdef PyObject *p
         cdef object key, table, after, wake, mf, status, reason, target, status_obj
-        cdef Py_buffer out
+        cdef Py_buffer out, rb
+        cdef rs_scan_rec *rowp = NULL      # `written`'s rows, filled in the first file only
+        cdef Py_ssize_t n_rows = 0
+        cdef int64_t rows_bytes = 0
+        cdef PyObject *row_topic = NULL    # the topic whose hash row_hash is
+        cdef int32_t row_hash = 0
         if (batch_properties is not None or type(msgs) is not list
                 or self._flags.flag_bits & self._mask or not msgs
                 or (self._cells[C_LOCK_BEGIN] != 0 and self._busy())):
@@ -955,6 +965,7 @@ cdef class PutPath:
         t0 = _mono_ns()
         n = len(<list>msgs)
         memset(&out, 0, sizeof(out))
+        memset(&rb, 0, sizeof(rb))
         phys_a = _np.empty(n, dtype=_np.int64)
         qoffs_a = _np.empty(n, dtype=_np.int64)
         sizes_a = _np.empty(n, dtype=_np.int64)
@@ -991,6 +1002,13 @@ cdef class PutPath:
         try:
             if block == NULL or parts == NULL:
                 raise MemoryError()
+            if written_rows is not None:
+                rows_obj = written_rows.rows
+                if rows_obj is None or len(rows_obj) < n:
+                    rows_obj = _np.empty(max(n, 1024), dtype=_SCAN_DTYPE)
+                    written_rows.rows = rows_obj
+                PyObject_GetBuffer(rows_obj, &rb, PyBUF_WRITABLE)
+                rowp = <rs_scan_rec *>rb.buf
             recs = <_Rec *>block
             slot_of = <Py_ssize_t *>(recs + n)
             first_of = slot_of + n
@@ -1081,12 +1099,24 @@ cdef class PutPath:
                             # With the GIL: the records point into the messages' objects,
                             # which another thread could change meanwhile. (Measured: letting
                             # the reput thread in here cost the writer more than it gained.)
+                            if done:
+                                rowp = NULL         # rows describe one file only
                             while done < n and pos + recs[done].size + _BLANK <= limit:
                                 phys[done] = phy_base + (pos - wpos)
                                 _encoded(_rec_encode(&recs[done], <char *>out.buf,
                                                      <size_t>out.len, pos, qoffs[done],
                                                      phys[done], ts, store_p, store_len),
                                          recs[done].size)
+                                if rowp != NULL:
+                                    if recs[done].topic_b != row_topic:
+                                        row_topic = recs[done].topic_b
+                                        row_hash = rs_msg_topic_hash(recs[done].topic_p,
+                                                                     recs[done].topic_len)
+                                    _encoded(rs_msg_row(<const uint8_t *>out.buf,
+                                                        <size_t>out.len, pos, row_hash,
+                                                        &rowp[done]), recs[done].size)
+                                    n_rows = done + 1
+                                    rows_bytes = pos + recs[done].size - wpos
                                 count[slot_of[done]] += 1
                                 pos += recs[done].size
                                 done += 1
@@ -1112,6 +1142,7 @@ cdef class PutPath:
                 self._cells[C_LOCK_BEGIN] = 0
                 self._lock_give()
         finally:
+            PyBuffer_Release(&rb)
             if cached:
                 self._parts = parts             # grown, perhaps
                 self._parts_cap = nparts_cap
@@ -1119,6 +1150,10 @@ cdef class PutPath:
             else:
                 PyMem_Free(block)
                 PyMem_Free(parts)
+        if n_rows:
+            written_rows.n = n_rows
+            written_rows.offset = phys[0]
+            written_rows.nbytes = rows_bytes
         stored = [self._store_raw] * done
         if done < n:
             self._record(t0, False)
