@@ -299,13 +299,21 @@ static int rs_topic_ok(const uint8_t *p, int32_t n)
 static inline void rs_row_fill(const uint8_t *rec, int64_t pos, int32_t size, int32_t sys_flag,
                                int v2, int64_t fixed, int32_t body_len, int64_t topic_off,
                                int32_t topic_len, int64_t props_off, int32_t props_len,
-                               int32_t topic_hash, rs_scan_rec *row)
+                               int32_t topic_hash, int tags, int64_t tags_code,
+                               rs_scan_rec *row)
 {
-    int64_t tags_code = 0, q;
+    int64_t q;
     int has_tags;
     int32_t info;
 
-    has_tags = props_len ? rs_tags_code(rec + props_off, (size_t)props_len, &tags_code) : 0;
+    if (tags == RS_ROW_TAGS_FIND) {
+        tags_code = 0;
+        has_tags = props_len ? rs_tags_code(rec + props_off, (size_t)props_len, &tags_code) : 0;
+    } else {
+        has_tags = tags == RS_ROW_TAGS_GIVEN;
+        if (!has_tags)
+            tags_code = 0;
+    }
     info = (v2 ? RS_SCAN_INFO_V2 : 0) | (has_tags ? RS_SCAN_INFO_HAS_TAGS : 0);
     if (topic_len == (int32_t)(sizeof(RS_SCHEDULE_TOPIC) - 1) &&
         memcmp(rec + topic_off, RS_SCHEDULE_TOPIC, sizeof(RS_SCHEDULE_TOPIC) - 1) == 0)
@@ -405,7 +413,8 @@ int rs_msg_check(const uint8_t *buf, size_t len, int64_t pos, int check_crc,
     }
 
     rs_row_fill(rec, pos, size, sys_flag, v2, fixed, body_len, topic_off, topic_len, props_off,
-                props_len, rs_topic_hash(rec + topic_off, (size_t)topic_len), row);
+                props_len, rs_topic_hash(rec + topic_off, (size_t)topic_len), RS_ROW_TAGS_FIND,
+                0, row);
     *size_out = size;
     return RS_OK;
 }
@@ -415,8 +424,8 @@ int32_t rs_msg_topic_hash(const uint8_t *topic, size_t len)
     return rs_topic_hash(topic, len);
 }
 
-int rs_msg_row(const uint8_t *buf, size_t len, int64_t pos, int32_t topic_hash,
-               rs_scan_rec *row)
+int rs_msg_row(const uint8_t *buf, size_t len, int64_t pos, int32_t topic_hash, int tags,
+               int64_t tags_code, rs_scan_rec *row)
 {
     const uint8_t *rec;
     int32_t size, sys_flag, body_len, topic_len, props_len;
@@ -447,7 +456,9 @@ int rs_msg_row(const uint8_t *buf, size_t len, int64_t pos, int32_t topic_hash,
     props_len = rs_load_i16(rec + props_off - 2);
     if (props_len < 0 || props_off + props_len != size)
         return RS_E_ARG;
+    if (tags != RS_ROW_TAGS_FIND && tags != RS_ROW_TAGS_NONE && tags != RS_ROW_TAGS_GIVEN)
+        return RS_E_ARG;
     rs_row_fill(rec, pos, size, sys_flag, v2, fixed, body_len, topic_off, topic_len, props_off,
-                props_len, topic_hash, row);
+                props_len, topic_hash, tags, tags_code, row);
     return size;
 }

@@ -486,11 +486,12 @@ def batch_encode(out, int64_t pos, int64_t limit, topic, int32_t queue_id, bodie
                  a, a_off, b, b_off, frags, frag_off, int64_t first, int64_t n, int32_t flag,
                  int32_t sys_flag, int64_t born_timestamp, born_host, int64_t store_timestamp,
                  store_host, int64_t queue_offset, int64_t phy_base, flags_or=None,
-                 rows=None):
+                 rows=None, int32_t tags_col=-1):
     """Encode records first..n-1 of a column batch at out[pos:limit] while each leaves 8
     bytes for the blank (rs_batch_encode); returns (count, bytes).  The loop runs without
     the GIL: the columns are plain buffers, borrowed for the call.  `rows` (SCAN_DTYPE, room
-    for n - first): each record's scan row, made as it is written."""
+    for n - first): each record's scan row, made as it is written, with `tags_col` saying
+    where TAGS lies (rs_batch_encode)."""
     cdef Py_buffer v[9]
     cdef rs_scan_rec *pr = NULL
     cdef const int32_t[::1] kx
@@ -551,7 +552,7 @@ def batch_encode(out, int64_t pos, int64_t limit, topic, int32_t queue_id, bodie
                                 first, n, flag, sys_flag, px, born_timestamp,
                                 <const uint8_t *>v[6].buf, <size_t>v[6].len, store_timestamp,
                                 <const uint8_t *>v[7].buf, <size_t>v[7].len,
-                                queue_offset, phy_base, pr, &count, &nbytes)
+                                queue_offset, phy_base, pr, tags_col, &count, &nbytes)
     finally:
         for i in range(9):
             PyBuffer_Release(&v[i])

@@ -337,6 +337,8 @@ cdef struct _Rec:
     size_t born_len
     rs_part *parts              # the properties string, in pieces
     Py_ssize_t n_parts
+    const uint8_t *tags_p       # the TAGS value's UTF-8, for the record's scan row; tags_len
+    Py_ssize_t tags_len         # -1: no TAGS property
     int64_t born_ts
     int64_t prepared
     int32_t queue_id
@@ -641,6 +643,7 @@ cdef class PutPath:
         r.sys_flag = (r.sys_flag & ~_V6_FLAGS) | born_v6 | self._store_v6
 
         # Properties: name\x01value pairs, \x02 between, in HashMap order.
+        r.tags_len = -1
         n_props = len(<dict>props)
         if n_props:
             if n_props > MAX_FAST_PROPS:
@@ -674,6 +677,9 @@ cdef class PutPath:
                 kv[2 * i].len = <size_t>klen
                 kv[2 * i + 1].buf = vb
                 kv[2 * i + 1].len = <size_t>vlen
+                if klen == 4 and memcmp(kb, b"TAGS", 4) == 0:
+                    r.tags_p = vb               # the scan row's tagsCode, if one is made
+                    r.tags_len = vlen
                 props_len += klen + vlen + 2
                 # insertion sort on bucket, stable: equal buckets keep insertion order
                 j = i
@@ -958,6 +964,8 @@ cdef class PutPath:
         cdef int64_t rows_bytes = 0
         cdef PyObject *row_topic = NULL    # the topic whose hash row_hash is
         cdef int32_t row_hash = 0
+        cdef int32_t tags_h = 0
+        cdef int64_t tags_code
         if (batch_properties is not None or type(msgs) is not list
                 or self._flags.flag_bits & self._mask or not msgs
                 or (self._cells[C_LOCK_BEGIN] != 0 and self._busy())):
@@ -1112,8 +1120,16 @@ cdef class PutPath:
                                         row_topic = recs[done].topic_b
                                         row_hash = rs_msg_topic_hash(recs[done].topic_p,
                                                                      recs[done].topic_len)
+                                    tags_code = 0
+                                    if recs[done].tags_len > 0:
+                                        rs_java_hash(recs[done].tags_p,
+                                                     <size_t>recs[done].tags_len, &tags_h)
+                                        tags_code = tags_h
                                     _encoded(rs_msg_row(<const uint8_t *>out.buf,
                                                         <size_t>out.len, pos, row_hash,
+                                                        RS_ROW_TAGS_GIVEN
+                                                        if recs[done].tags_len > 0
+                                                        else RS_ROW_TAGS_NONE, tags_code,
                                                         &rowp[done]), recs[done].size)
                                     n_rows = done + 1
                                     rows_bytes = pos + recs[done].size - wpos

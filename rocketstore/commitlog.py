@@ -663,7 +663,7 @@ class CommitLog:
                 count, nbytes = self._k.batch_encode(
                     mf.write_target, wpos, self.file_size, *args, done, n, flag, sys_flag,
                     born_timestamp, born_raw, ts, self.store_host_raw, qbase + done, base,
-                    flags_or=cols.flags_or, rows=rows)
+                    flags_or=cols.flags_or, rows=rows, tags_col=cols.tags_col)
                 if count and rows is not None:
                     written.n, written.offset, written.nbytes = count, base, nbytes
                     rows = None             # rows describe one file only

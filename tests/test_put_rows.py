@@ -26,12 +26,14 @@ def _random_props(rng):
 
 
 def _column(rng, n, pool):
-    kind = rng.randrange(3)
+    kind = rng.randrange(4)
     if kind == 0:
         return None
     if kind == 1:
         return rng.choice(pool)
-    return [rng.choice(pool) for _ in range(n)]
+    present = 1.0 if kind == 2 else rng.random()     # 3: some messages have none
+    return [rng.choice(pool) if rng.random() < present else rng.choice([None, ""])
+            for _ in range(n)]
 
 
 def _scan_rows(store, written):

@@ -362,7 +362,8 @@ def _offsets(off, need, what):
 
 def batch_encode(out, pos, limit, topic, queue_id, bodies, body_off, a, a_off, b, b_off, frags,
                  frag_off, first, n, flag, sys_flag, born_timestamp, born_host,
-                 store_timestamp, store_host, queue_offset, phy_base, flags_or=None, rows=None):
+                 store_timestamp, store_host, queue_offset, phy_base, flags_or=None, rows=None,
+                 tags_col=-1):
     if n < 0 or first < 0 or first > n:
         _raise_for_status(_RS_E_ARG, "batch_encode: bad record range")
     if rows is not None and getattr(rows, "dtype", None) not in (None, _SCAN_DTYPE):
@@ -395,7 +396,7 @@ def batch_encode(out, pos, limit, topic, queue_id, bodies, body_off, a, a_off, b
                                  offs[0], av, len(av), offs[1], bv, len(bv), offs[2], fr,
                                  len(fr), offs[3], first, n, flag, sys_flag, px, born_timestamp,
                                  bh, len(bh), store_timestamp, sh, len(sh), queue_offset,
-                                 phy_base, ro, res, res + 1)
+                                 phy_base, ro, tags_col, res, res + 1)
     finally:
         _release(*views)
     _check(r, "batch_encode")

@@ -270,7 +270,7 @@ class Kernels(Protocol):
                      a, a_off, b, b_off, frags, frag_off, first: int, n: int, flag: int,
                      sys_flag: int, born_timestamp: int, born_host, store_timestamp: int,
                      store_host, queue_offset: int, phy_base: int,
-                     flags_or=None, rows=None) -> Tuple[int, int]:
+                     flags_or=None, rows=None, tags_col: int = -1) -> Tuple[int, int]:
         """Encode records first..n-1 of a columnar batch of one topic and queue straight into
         out[pos:limit], each only if it leaves 8 bytes before `limit` for the blank record
         (as commitlog_append_batch). Columns are Arrow-style (data, int64 offsets of n + 1):
@@ -284,7 +284,11 @@ class Kernels(Protocol):
         properties exceed 32767 bytes is RS_E_TOO_LONG. Runs without the GIL. `rows`: a
         SCAN_DTYPE array with room for n - first rows, or None; rows[k] then gets record
         first + k's row exactly as commitlog_scan(out, pos, pos + bytes, False, ...) makes it,
-        so a put can hand its dispatch the rows of what it wrote (doc/03 §8)."""
+        so a put can hand its dispatch the rows of what it wrote (doc/03 §8). `tags_col` tells
+        where the caller laid out TAGS (batch.Columns.tags_col): 1 or 2, column a's or b's
+        item (empty: none); 0, no column's (every record has record `first`'s); -1, unknown
+        (searched for in each record). It only spares the search; a wrong claim gives wrong
+        rows."""
 
     def column_join(self, items, text: bool):
         """A list of bytes, None (empty) and, if `text`, str (encoded UTF-8) as one bytes
