@@ -104,9 +104,9 @@ class ReputMessageService(ServiceThread):
             if self.is_stopped:
                 return
             try:
-                if written is not None and written.n:
-                    self._dispatch_written(written)
-                self.do_reput(retry_wait=False)
+                if (written is None or not written.n or not self._dispatch_written(written)
+                        or self.reput_from_offset < self._commitlog.max_offset):
+                    self.do_reput(retry_wait=False)
             except Exception as exc:
                 # A put that raised would be retried, storing its messages twice. The service
                 # thread takes the tail from here on.
@@ -130,28 +130,29 @@ class ReputMessageService(ServiceThread):
         and end within its readable area (with a write buffer, what is committed: a reader
         never sees a unit before its record, doc/02). Anything else -- another writer's
         records before them, a slave, an index pass that needs its own path -- is left to
-        the scan of do_reput, which follows."""
+        the scan of do_reput, which follows. True when the rows were dispatched."""
         offset, nbytes = written.offset, written.nbytes
         if offset != self.reput_from_offset or self._is_slave:
-            return
+            return False
         parts = self._fused_parts(self._dispatchers)
         if parts is None:
-            return
+            return False
         mf = self._commitlog.mfq.find_by_offset(offset, offset == 0)
         if mf is None or not mf.hold():
-            return
+            return False
         try:
             start = offset - mf.file_from_offset
             if start < 0 or start + nbytes > mf.read_position:
-                return
+                return False
             rows = written.rows
             scanned = self._fused_pass(parts, mf, start, start + nbytes, False,
                                        rows, written.n)
             if not scanned:             # None: the index needs the scan's path; False: failed
-                return
+                return False
             self.reput_from_offset = offset + nbytes
             if self._arrivals.waiting:
                 self._arrivals.notify(rows[:written.n])
+            return True
         finally:
             mf.release()
             written.n = 0
