@@ -41,10 +41,10 @@ def _scan_rows(store, written):
     with transient_store_pool_enable: the file holds them once committed)."""
     mf = store.commitlog.mfq.find_by_offset(written.offset, False)
     start = written.offset - mf.file_from_offset
+    end = start + written.nbytes
     want = np.zeros(written.n + 1, dtype=F.SCAN_DTYPE)
-    n, stop, reason, _ = store.kernels.commitlog_scan(mf.write_target, start, start + written.nbytes,
-                                                      False, want)
-    assert (n, stop, reason) == (written.n, start + written.nbytes, F.SCAN_END)
+    n, stop, reason, _ = store.kernels.commitlog_scan(mf.write_target, start, end, False, want)
+    assert (n, stop, reason) == (written.n, end, F.SCAN_END)
     return want[:n]
 
 

@@ -50,7 +50,9 @@ KERNEL_NAMES = (
 #   PutPath(store_put, store_put_list, commitlog, running_flags, not_writeable_mask, clock,
 #   message_type, mapped_file_type, result_type, batch_result_type, put_ok, host_cache):
 #   MessageStore.put_message's and put_messages' common cases as compiled calls (`.put(msg)`,
-#   `.put_list(msgs)`), writing each record once at its final offset; every other case goes
+#   `.put_list(msgs, batch_properties=None, written_rows=None)`, which fills `written_rows`, a
+#   services.reput.WrittenRows, with the scan rows of what it wrote into its first file),
+#   writing each record once at its final offset; every other case goes
 #   to store_put / store_put_list, the Python paths. It keeps the CommitLog's `put_cells`
 #   (stats.py: beginTimeInLock, put counts and latencies) as the Python paths do, and hands a
 #   put to them while another has held the lock too long (they answer OS_PAGECACHE_BUSY).
@@ -59,13 +61,15 @@ KERNEL_NAMES = (
 #   and putting each row's keys into IndexFile f in compiled code and asking slow(f, row) for
 #   the file to go on in when f is full or out of reserved blocks; see
 #   index_service.IndexService.dispatch_array. Without it, index_keys and index_put_batch.
-#   reput_dispatch(buf, start, end, rows, prev_n, slots, index_file): the reput pass in one
-#   GIL-free section: commitlog_scan of buf[start:end] into rows, then cq_dispatch's common
-#   rows (with the CqSlots `slots`) and index_dispatch's (into index_file, or None), stopping
-#   each where it would call Python; returns the scan's four values, the first row without
-#   its unit, the last dispatched store time, and where the index loop stopped. See
+#   reput_dispatch(buf, start, end, rows, prev_n, slots, index_file, given=0): the reput pass
+#   in one GIL-free section: commitlog_scan of buf[start:end] into rows (unless `given` > 0:
+#   rows[:given] are a put's rows of exactly those records, batch_encode's `rows` or
+#   PutPath.put_list's `written_rows`), then cq_dispatch's common rows (with the CqSlots
+#   `slots`) and index_dispatch's (into index_file, or None), stopping each where it would
+#   call Python; returns the scan's four values, the first row without its unit, the last
+#   dispatched store time, and where the index loop stopped. See
 #   services/reput.ReputMessageService._fused_pass. Without it, the scan and each
-#   dispatcher run apart.
+#   dispatcher run apart, and puts make no rows.
 #   ReadPath(message_type, mapped_file_type, on_corrupt, result_type, statuses,
 #   batch_result_type): get_message's and get_batch's unit walk as one compiled call
 #   (`.read(...)`; `.pull(store, cq, offset, max_n, filter, max_bytes, subscription,
