@@ -3,10 +3,10 @@
 
 - index build during dispatch: IndexService.dispatch over scanned CommitLog rows (keys/s in
   extra_info), default file geometry (5,000,000 slots, 20,000,000 entries);
-- key lookup: query_message of a single-hit key on a store with N_STORE (and, with
-  ROCKETSTORE_BENCH_10M=1, 10 x N_STORE) indexed messages, including reading and decoding the
-  hit (queries/s = 1 / mean), beside LMDB's key lookup over the same messages and keys, in the
-  same group;
+- key lookup: query_message of a single-hit key on a store with N_STORE indexed messages
+  (ROCKETSTORE_INDEX_KEYS=1M,10M for several sizes in one run, or ROCKETSTORE_BENCH_10M=1 for
+  1 M and 10 M), including reading and decoding the hit (queries/s = 1 / mean), beside LMDB's
+  key lookup over the same messages and keys, in the same group;
 - the bare index_lookup kernel on that store's index file.
 
 `pytest bench/bench_index.py --benchmark-only --benchmark-columns=mean,ops`
@@ -113,11 +113,25 @@ def test_index_build_during_dispatch(benchmark, backend, build_log, tmp_path):
 
 
 def _query_sizes():
-    """Indexed messages of the query stores: 1 M always; 10 M when ROCKETSTORE_BENCH_10M=1
-    (building it, and its LMDB twin, takes minutes and ~6 GB of disk)."""
-    sizes = [N_STORE]
-    if os.environ.get("ROCKETSTORE_BENCH_10M") == "1":
-        sizes.append(10 * N_STORE)
+    """Indexed messages of the query stores: ROCKETSTORE_INDEX_KEYS, a comma-separated list
+    of counts ("1000000,10000000"; "1M" and "10M" are read as millions), each a multiple of
+    10,000; else 1 M, and 10 M too when ROCKETSTORE_BENCH_10M=1. A 10 M store and its LMDB
+    twin take a few minutes to build and ~4.5 GB of disk (deleted after the module)."""
+    spec = os.environ.get("ROCKETSTORE_INDEX_KEYS", "").strip()
+    if not spec:
+        sizes = [N_STORE]
+        if os.environ.get("ROCKETSTORE_BENCH_10M") == "1":
+            sizes.append(10 * N_STORE)
+        return sizes
+    sizes = []
+    for part in spec.split(","):
+        part = part.strip().upper()
+        n = int(part[:-1]) * 1_000_000 if part.endswith("M") else int(part)
+        if n <= 0 or n % 10_000:
+            # the stores are filled 10,000 messages per put_messages call
+            raise ValueError(f"ROCKETSTORE_INDEX_KEYS: {part} is not a positive multiple of "
+                             "10,000")
+        sizes.append(n)
     return sizes
 
 
@@ -154,7 +168,11 @@ def _build_lmdb(path, n, step):
     return env, log, idx
 
 
-@pytest.fixture(scope="module", params=_query_sizes(), ids=lambda n: f"{n // 1_000_000}M")
+def _size_id(n):
+    return f"{n // 1_000_000}M" if n % 1_000_000 == 0 else f"{n // 1000}k"
+
+
+@pytest.fixture(scope="module", params=_query_sizes(), ids=_size_id)
 def query_store_dir(module_tmp, request):
     """A store with n indexed messages, each with a UNIQ_KEY and two KEYS pieces (built once
     with cext: every backend writes the same bytes, and then opened by each backend), and an

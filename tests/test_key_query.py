@@ -488,3 +488,28 @@ def test_the_fused_query_answers_as_the_store_s_steps_and_leaves_other_calls_to_
     finally:
         store.shutdown()
     assert rp.query_message(store, "T0", "k3", 1, 0, None) is None      # closed
+
+
+def test_a_query_passes_over_an_unmapped_index_file_among_the_newest(random_store):
+    """An index file unmapped meanwhile (cleaning destroyed it) holds nothing: the walk goes
+    on to the older files, and every backend answers alike."""
+    root, config, puts = random_store
+    answers = {}
+    for name in BACKENDS:
+        store = _open(root, config, name)
+        try:
+            files = store.index_service.index_file_list
+            files[-2].mf.mm.close()
+            files[-7].mf.mm.close()
+            got = []
+            for topic in ("T0", "T1"):
+                for key in _keys_pool(random.Random(0)):
+                    for want in (1, 3, 100):
+                        got.append(_answer(store, topic, key, want))
+            answers[name] = got
+        finally:
+            store.shutdown()
+    first = answers[BACKENDS[0]]
+    assert all(a == first for a in answers.values())
+    assert sum(bool(a[0]) for a in first) > 50
+
