@@ -4,6 +4,7 @@
  */
 #include "rs_batch.h"
 #include "rs_msg.h"
+#include "rs_crc32.h"
 
 /* Offsets first .. n of a column must stay inside its data and never decrease: the Python
  * side hands over Arrow or numpy offsets as they are, so they are checked here, once. */
@@ -31,11 +32,12 @@ int rs_batch_encode(uint8_t *out, size_t out_len, int64_t pos, int64_t limit,
                     int32_t flag, int32_t sys_flag, const int32_t *flags_or,
                     int64_t born_timestamp, const uint8_t *born_host, size_t born_host_len,
                     int64_t store_timestamp, const uint8_t *store_host, size_t store_host_len,
-                    int64_t queue_offset, int64_t phy_base,
-                    int64_t *count, int64_t *nbytes)
+                    int64_t queue_offset, int64_t phy_base, rs_scan_rec *rows,
+                    int32_t tags_col, int64_t *count, int64_t *nbytes)
 {
     rs_part parts[5];
     int64_t i, wr = pos;
+    int32_t topic_hash = 0;
     int k;
 
     *count = 0;
@@ -52,11 +54,16 @@ int rs_batch_encode(uint8_t *out, size_t out_len, int64_t pos, int64_t limit,
     if (!rs_column_ok(body_off, bodies_len, first, n) || !rs_column_ok(a_off, a_len, first, n) ||
         !rs_column_ok(b_off, b_len, first, n))
         return RS_E_BOUNDS;
+    if (rows != NULL && (tags_col < -1 || tags_col > 2 || (tags_col == 1 && a_off == NULL) ||
+                         (tags_col == 2 && b_off == NULL)))
+        return RS_E_ARG;
     if (flags_or != NULL)
         for (i = first; i < n; i++)
             if (flags_or[i] & (RS_BORNHOST_V6_FLAG | RS_STOREHOSTADDRESS_V6_FLAG))
                 return RS_E_ARG;
 
+    if (rows != NULL)
+        topic_hash = rs_msg_topic_hash(topic, topic_len);   /* one topic: hashed once */
     for (k = 0; k < 3; k++) {
         parts[2 * k].len = (size_t)(frag_off[k + 1] - frag_off[k]);
         parts[2 * k].buf = parts[2 * k].len ? frags + frag_off[k] : NULL;
@@ -87,6 +94,27 @@ int rs_batch_encode(uint8_t *out, size_t out_len, int64_t pos, int64_t limit,
                                    store_host, store_host_len, 0, 0, 0);
         if (size < 0)
             return size;
+        if (rows != NULL) {
+            rs_scan_rec *row = &rows[i - first];
+            int tags = RS_ROW_TAGS_FIND;
+            int64_t tags_code = 0;
+
+            if (tags_col == 1 || tags_col == 2) {
+                /* The TAGS value is the column's item: hashed as the scan hashes it. */
+                const rs_part *v = &parts[2 * tags_col - 1];
+                int32_t h = 0;
+                tags = v->len ? RS_ROW_TAGS_GIVEN : RS_ROW_TAGS_NONE;
+                if (v->len)
+                    rs_java_hash(v->buf, v->len, &h);
+                tags_code = h;
+            } else if (tags_col == 0 && i > first) {
+                /* In the fragments: record `first`'s TAGS, found in its properties. */
+                tags = (rows[0].info & RS_SCAN_INFO_HAS_TAGS) ? RS_ROW_TAGS_GIVEN : RS_ROW_TAGS_NONE;
+                tags_code = rows[0].tags_code;
+            }
+            if (rs_msg_row(out, out_len, wr, topic_hash, tags, tags_code, row) != size)
+                return RS_E_ARG;     /* cannot happen: the record was just encoded there */
+        }
         wr += size;
         *count = i + 1 - first;
         *nbytes = wr - pos;

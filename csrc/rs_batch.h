@@ -27,6 +27,13 @@
  * holding a host bit, which would change the record's length); everything else is shared by the
  * batch.
  *
+ * When rows is not NULL, rows[i - first] gets record i's row as rs_commitlog_scan would make it
+ * (rs_msg_row; room for n - first rows), so the put can hand its dispatch the rows of what it
+ * wrote instead of a scan of them.  tags_col says where the caller laid out TAGS, so that its
+ * hash is not searched for in every record: 1 or 2, the value is item i of column a or b (empty:
+ * no TAGS); 0, it is no column's, so every record has the TAGS (or none) of record `first`; -1,
+ * unknown: each record's properties are searched as the scan does.  A wrong claim gives wrong
+ * rows; RS_E_ARG for another value or a column claimed but absent.
  * Returns RS_OK with *count records and *nbytes bytes written; RS_E_BOUNDS if pos < 0,
  * pos > limit, limit > out_len or an offset points outside its data (offsets must not
  * decrease); RS_E_ARG for first > n, a host length that disagrees with sys_flag, a host bit
@@ -48,7 +55,7 @@ int rs_batch_encode(uint8_t *out, size_t out_len, int64_t pos, int64_t limit,
                     int32_t flag, int32_t sys_flag, const int32_t *flags_or,
                     int64_t born_timestamp, const uint8_t *born_host, size_t born_host_len,
                     int64_t store_timestamp, const uint8_t *store_host, size_t store_host_len,
-                    int64_t queue_offset, int64_t phy_base,
-                    int64_t *count, int64_t *nbytes);
+                    int64_t queue_offset, int64_t phy_base, rs_scan_rec *rows,
+                    int32_t tags_col, int64_t *count, int64_t *nbytes);
 
 #endif /* RS_BATCH_H */

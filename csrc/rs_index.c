@@ -375,11 +375,20 @@ typedef struct {
 
 /* Append row i's keys numbered >= *from to ks[*n, RS_INDEX_CHUNK), prefetching their slots.
  * Returns 1 when the row is done, else 0 with *from = the first key left out. */
+/* The last topic whose "topic#" hash rs_index_chunk_row computed: rows of one topic follow each
+ * other (a batch put's, most passes' rows), and comparing the topic bytes costs less than
+ * hashing them again. */
+typedef struct rs_index_topic {
+    const uint8_t *topic;       /* NULL: none yet */
+    int32_t len;
+    uint32_t prefix;
+} rs_index_topic;
+
 static int rs_index_chunk_row(const uint8_t *buf, const rs_scan_rec *r, uint32_t i,
                               const uint8_t *slots, int32_t slot_num, rs_index_key *ks,
-                              size_t *n, size_t *from)
+                              size_t *n, size_t *from, rs_index_topic *last)
 {
-    const uint8_t *uniq, *keys;
+    const uint8_t *uniq, *keys, *topic;
     size_t uniq_len, keys_len, k = 0, a, first = *n;
     uint32_t prefix, h;
 
@@ -387,7 +396,16 @@ static int rs_index_chunk_row(const uint8_t *buf, const rs_scan_rec *r, uint32_t
                    &keys_len);
     if (!uniq && !keys)
         return 1;
-    prefix = rs_index_prefix(buf, r);
+    topic = buf + r->pos + r->topic_off;
+    if (last->topic != NULL && last->len == r->topic_len &&
+        memcmp(last->topic, topic, (size_t)r->topic_len) == 0) {
+        prefix = last->prefix;
+    } else {
+        prefix = rs_index_prefix(buf, r);
+        last->topic = topic;
+        last->len = r->topic_len;
+        last->prefix = prefix;
+    }
     for (a = 0; uniq || (keys && a < keys_len);) {
         const uint8_t *key;
         size_t b, klen;
@@ -433,6 +451,7 @@ int rs_index_dispatch(uint8_t *ibuf, size_t ilen, int32_t slot_num, int32_t inde
     size_t i, j, n, lim, pi, pk;
     size_t full_row = *row, full_key = *skip;   /* where a full file rolls: after the last put */
     rs_index_key ks[RS_INDEX_CHUNK];
+    rs_index_topic last = {NULL, 0, 0};
 
     *stop = RS_INDEX_STOP_NONE;
     if (r != RS_OK)
@@ -455,7 +474,7 @@ int rs_index_dispatch(uint8_t *ibuf, size_t ilen, int32_t slot_num, int32_t inde
             if ((rw->sys_flag & RS_TRANSACTION_TYPE_MASK) == RS_TRANSACTION_ROLLBACK_TYPE)
                 continue;
             if (!rs_index_chunk_row(buf, rw, (uint32_t)pi, ibuf + RS_INDEX_HEADER_SIZE,
-                                    slot_num, ks, &n, &pk))
+                                    slot_num, ks, &n, &pk, &last))
                 break;
         }
         if (n == 0)

@@ -294,13 +294,63 @@ static int rs_topic_ok(const uint8_t *p, int32_t n)
     return 1;
 }
 
+/* The row of a record whose lengths are known to fit (rs_msg_check checked them, or the caller
+ * encoded the record): the one place a rs_scan_rec is filled from record bytes. */
+static inline void rs_row_fill(const uint8_t *rec, int64_t pos, int32_t size, int32_t sys_flag,
+                               int v2, int64_t fixed, int32_t body_len, int64_t topic_off,
+                               int32_t topic_len, int64_t props_off, int32_t props_len,
+                               int32_t topic_hash, int tags, int64_t tags_code,
+                               rs_scan_rec *row)
+{
+    int64_t q;
+    int has_tags;
+    int32_t info;
+
+    if (tags == RS_ROW_TAGS_FIND) {
+        tags_code = 0;
+        has_tags = props_len ? rs_tags_code(rec + props_off, (size_t)props_len, &tags_code) : 0;
+    } else {
+        has_tags = tags == RS_ROW_TAGS_GIVEN;
+        if (!has_tags)
+            tags_code = 0;
+    }
+    info = (v2 ? RS_SCAN_INFO_V2 : 0) | (has_tags ? RS_SCAN_INFO_HAS_TAGS : 0);
+    if (topic_len == (int32_t)(sizeof(RS_SCHEDULE_TOPIC) - 1) &&
+        memcmp(rec + topic_off, RS_SCHEDULE_TOPIC, sizeof(RS_SCHEDULE_TOPIC) - 1) == 0)
+        info |= RS_SCAN_INFO_SCHEDULE;   /* the caller derives tagsCode from DELAY (doc/01 §3.7) */
+
+    q = RS_POS_BORNHOST + rs_host_len(sys_flag, RS_BORNHOST_V6_FLAG);
+    row->pos = pos;
+    row->phy_offset = rs_load_i64(rec + RS_POS_PHYSICALOFFSET);
+    row->queue_offset = rs_load_i64(rec + RS_POS_QUEUEOFFSET);
+    row->tags_code = tags_code;
+    row->store_timestamp = rs_load_i64(rec + q);
+    row->born_timestamp = rs_load_i64(rec + RS_POS_BORNTIMESTAMP);
+    row->prepared_tx_offset = rs_load_i64(rec + fixed - 12);
+    row->size = size;
+    row->queue_id = rs_load_i32(rec + RS_POS_QUEUEID);
+    row->sys_flag = sys_flag;
+    row->flag = rs_load_i32(rec + RS_POS_FLAG);
+    row->body_crc = rs_load_i32(rec + RS_POS_BODYCRC);
+    row->reconsume_times = rs_load_i32(rec + fixed - 16);
+    row->body_off = (int32_t)(fixed);
+    row->body_len = body_len;
+    row->topic_off = (int32_t)topic_off;
+    row->topic_len = topic_len;
+    row->props_off = (int32_t)props_off;
+    row->props_len = props_len;
+    row->info = info;
+    row->topic_hash = topic_hash;
+    assert(props_off + props_len == size && topic_off + topic_len + 2 == props_off);
+}
+
 int rs_msg_check(const uint8_t *buf, size_t len, int64_t pos, int check_crc,
                  rs_scan_rec *row, int32_t *size_out)
 {
     const uint8_t *rec;
-    int32_t size, magic, sys_flag, body_len, props_len, topic_len, info;
-    int64_t q, fixed, body_off, topic_off, props_off, tags_code;
-    int v2, has_tags;
+    int32_t size, magic, sys_flag, body_len, props_len, topic_len;
+    int64_t q, fixed, body_off, topic_off, props_off;
+    int v2;
     size_t avail;
 
     *size_out = 0;
@@ -362,36 +412,53 @@ int rs_msg_check(const uint8_t *buf, size_t len, int64_t pos, int check_crc,
         return RS_SCAN_MISMATCH;
     }
 
-    tags_code = 0;
-    has_tags = props_len ? rs_tags_code(rec + props_off, (size_t)props_len, &tags_code) : 0;
-    info = (v2 ? RS_SCAN_INFO_V2 : 0) | (has_tags ? RS_SCAN_INFO_HAS_TAGS : 0);
-    if (topic_len == (int32_t)(sizeof(RS_SCHEDULE_TOPIC) - 1) &&
-        memcmp(rec + topic_off, RS_SCHEDULE_TOPIC, sizeof(RS_SCHEDULE_TOPIC) - 1) == 0)
-        info |= RS_SCAN_INFO_SCHEDULE;   /* the caller derives tagsCode from DELAY (doc/01 §3.7) */
-
-    q = RS_POS_BORNHOST + rs_host_len(sys_flag, RS_BORNHOST_V6_FLAG);
-    row->pos = pos;
-    row->phy_offset = rs_load_i64(rec + RS_POS_PHYSICALOFFSET);
-    row->queue_offset = rs_load_i64(rec + RS_POS_QUEUEOFFSET);
-    row->tags_code = tags_code;
-    row->store_timestamp = rs_load_i64(rec + q);
-    row->born_timestamp = rs_load_i64(rec + RS_POS_BORNTIMESTAMP);
-    row->prepared_tx_offset = rs_load_i64(rec + fixed - 12);
-    row->size = size;
-    row->queue_id = rs_load_i32(rec + RS_POS_QUEUEID);
-    row->sys_flag = sys_flag;
-    row->flag = rs_load_i32(rec + RS_POS_FLAG);
-    row->body_crc = rs_load_i32(rec + RS_POS_BODYCRC);
-    row->reconsume_times = rs_load_i32(rec + fixed - 16);
-    row->body_off = (int32_t)body_off;
-    row->body_len = body_len;
-    row->topic_off = (int32_t)topic_off;
-    row->topic_len = topic_len;
-    row->props_off = (int32_t)props_off;
-    row->props_len = props_len;
-    row->info = info;
-    row->topic_hash = rs_topic_hash(rec + topic_off, (size_t)topic_len);
-    assert(props_off + props_len == size && topic_off + topic_len + 2 == props_off);
+    rs_row_fill(rec, pos, size, sys_flag, v2, fixed, body_len, topic_off, topic_len, props_off,
+                props_len, rs_topic_hash(rec + topic_off, (size_t)topic_len), RS_ROW_TAGS_FIND,
+                0, row);
     *size_out = size;
     return RS_OK;
+}
+
+int32_t rs_msg_topic_hash(const uint8_t *topic, size_t len)
+{
+    return rs_topic_hash(topic, len);
+}
+
+int rs_msg_row(const uint8_t *buf, size_t len, int64_t pos, int32_t topic_hash, int tags,
+               int64_t tags_code, rs_scan_rec *row)
+{
+    const uint8_t *rec;
+    int32_t size, sys_flag, body_len, topic_len, props_len;
+    int64_t fixed, topic_off, props_off;
+    int v2;
+
+    if (pos < 0 || (uint64_t)pos > (uint64_t)len || len - (size_t)pos < RS_MSG_FIXED_V1_IPV4)
+        return RS_E_BOUNDS;
+    rec = buf + pos;
+    size = rs_load_i32(rec);
+    if (size < RS_MSG_FIXED_V1_IPV4 || (uint64_t)size > (uint64_t)(len - (size_t)pos))
+        return RS_E_BOUNDS;
+    v2 = rs_load_i32(rec + RS_POS_MAGIC) == RS_MESSAGE_MAGIC_CODE_V2;
+    sys_flag = rs_load_i32(rec + RS_POS_SYSFLAG);
+    fixed = RS_POS_BORNHOST + rs_host_len(sys_flag, RS_BORNHOST_V6_FLAG) + 8 +
+            rs_host_len(sys_flag, RS_STOREHOSTADDRESS_V6_FLAG) + 4 + 8 + 4;
+    /* The lengths, checked only so that no read leaves the record: the caller encoded it. */
+    if (fixed + (v2 ? 2 : 1) > size)
+        return RS_E_ARG;
+    body_len = rs_load_i32(rec + fixed - 4);
+    if (body_len < 0 || fixed + body_len + (v2 ? 2 : 1) > size)
+        return RS_E_ARG;
+    topic_off = fixed + body_len + (v2 ? 2 : 1);
+    topic_len = v2 ? rs_load_i16(rec + topic_off - 2) : rec[topic_off - 1];
+    if (topic_len < 0 || topic_off + topic_len + 2 > size)
+        return RS_E_ARG;
+    props_off = topic_off + topic_len + 2;
+    props_len = rs_load_i16(rec + props_off - 2);
+    if (props_len < 0 || props_off + props_len != size)
+        return RS_E_ARG;
+    if (tags != RS_ROW_TAGS_FIND && tags != RS_ROW_TAGS_NONE && tags != RS_ROW_TAGS_GIVEN)
+        return RS_E_ARG;
+    rs_row_fill(rec, pos, size, sys_flag, v2, fixed, body_len, topic_off, topic_len, props_off,
+                props_len, topic_hash, tags, tags_code, row);
+    return size;
 }

@@ -8,6 +8,11 @@
 #include "rs_common.h"
 #include "rs_format.h"
 
+/* rs_msg_row's `tags`: what the caller knows of the record's TAGS value. */
+#define RS_ROW_TAGS_FIND -1     /* nothing: find it in the properties */
+#define RS_ROW_TAGS_NONE 0      /* the properties hold no TAGS with a value */
+#define RS_ROW_TAGS_GIVEN 1     /* they do, and its hash is tags_code */
+
 /*
  * rs_msg_size - TOTALSIZE of a record with these field lengths.
  *
@@ -106,6 +111,30 @@ int rs_msg_encode_parts(uint8_t *out, size_t out_len, int64_t pos,
  */
 int rs_msg_check(const uint8_t *buf, size_t len, int64_t pos, int check_crc,
                  rs_scan_rec *row, int32_t *size);
+
+/*
+ * rs_msg_row - the row rs_msg_check makes for the record at buf[pos, len), for a record the
+ * caller has just encoded there itself (rs_msg_encode_parts, rs_batch_encode), with its
+ * topic's topic_hash (rs_msg_topic_hash, computed once per topic): a put hands the rows of what
+ * it wrote to the dispatcher, which then does not scan those records again (doc/03 §8).
+ * `tags` says what the caller knows of the record's TAGS: RS_ROW_TAGS_FIND, nothing (it is
+ * found in the properties as rs_msg_check finds it); RS_ROW_TAGS_NONE, the properties hold
+ * no TAGS with a value; RS_ROW_TAGS_GIVEN, they do, and its rs_java_hash is tags_code.
+ * Only the lengths are checked, so that every read stays inside buf[pos, len); not the magic,
+ * CRC or topic rule, which the put's own encode met.  The row is filled by the code that fills
+ * rs_msg_check's, so the two are equal for any record rs_msg_check accepts.
+ * Returns TOTALSIZE with *row filled; RS_E_BOUNDS when the record does not fit buf, RS_E_ARG
+ * when its lengths disagree or `tags` is none of the three (*row then untouched).
+ * GIL: callable without it.
+ */
+int rs_msg_row(const uint8_t *buf, size_t len, int64_t pos, int32_t topic_hash, int tags,
+               int64_t tags_code, rs_scan_rec *row);
+
+/*
+ * rs_msg_topic_hash - rs_scan_rec.topic_hash of the topic bytes topic[0, len).
+ * GIL: callable without it.
+ */
+int32_t rs_msg_topic_hash(const uint8_t *topic, size_t len);
 
 /*
  * rs_tags_match - whether the TAGS value of the properties string props[0, len) is one of the

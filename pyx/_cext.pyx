@@ -485,11 +485,15 @@ cdef const int64_t[::1] _offsets(object off, int64_t need):
 def batch_encode(out, int64_t pos, int64_t limit, topic, int32_t queue_id, bodies, body_off,
                  a, a_off, b, b_off, frags, frag_off, int64_t first, int64_t n, int32_t flag,
                  int32_t sys_flag, int64_t born_timestamp, born_host, int64_t store_timestamp,
-                 store_host, int64_t queue_offset, int64_t phy_base, flags_or=None):
+                 store_host, int64_t queue_offset, int64_t phy_base, flags_or=None,
+                 rows=None, int32_t tags_col=-1):
     """Encode records first..n-1 of a column batch at out[pos:limit] while each leaves 8
     bytes for the blank (rs_batch_encode); returns (count, bytes).  The loop runs without
-    the GIL: the columns are plain buffers, borrowed for the call."""
-    cdef Py_buffer v[8]
+    the GIL: the columns are plain buffers, borrowed for the call.  `rows` (SCAN_DTYPE, room
+    for n - first): each record's scan row, made as it is written, with `tags_col` saying
+    where TAGS lies (rs_batch_encode)."""
+    cdef Py_buffer v[9]
+    cdef rs_scan_rec *pr = NULL
     cdef const int32_t[::1] kx
     cdef const int32_t *px = NULL
     cdef const int64_t[::1] ko, ka, kb, kf
@@ -522,6 +526,14 @@ def batch_encode(out, int64_t pos, int64_t limit, topic, int32_t queue_id, bodie
             px = &kx[0]
     memset(v, 0, sizeof(v))
     try:
+        if rows is not None:
+            dtype = getattr(rows, "dtype", None)
+            if dtype is not None and dtype != _SCAN_DTYPE:
+                _raise_for_status(RS_E_ARG, "batch_encode: rows must be a SCAN_DTYPE array")
+            _rw(rows, &v[8])
+            if v[8].len // SCAN_REC_SIZE < n - first:
+                _raise_for_status(RS_E_ARG, "batch_encode: too few rows")
+            pr = <rs_scan_rec *>v[8].buf
         _rw(out, &v[0])
         _ro(topic, &v[1])
         _ro(bodies, &v[2])
@@ -540,9 +552,9 @@ def batch_encode(out, int64_t pos, int64_t limit, topic, int32_t queue_id, bodie
                                 first, n, flag, sys_flag, px, born_timestamp,
                                 <const uint8_t *>v[6].buf, <size_t>v[6].len, store_timestamp,
                                 <const uint8_t *>v[7].buf, <size_t>v[7].len,
-                                queue_offset, phy_base, &count, &nbytes)
+                                queue_offset, phy_base, pr, tags_col, &count, &nbytes)
     finally:
-        for i in range(8):
+        for i in range(9):
             PyBuffer_Release(&v[i])
     _check(r, "batch_encode")
     return count, nbytes

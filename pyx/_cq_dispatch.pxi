@@ -322,20 +322,31 @@ cdef class CqSlots:
         cdef const rs_scan_rec *r
         cdef _CqState *st
         cdef int32_t tx
+        cdef int64_t key, last = 0
+        cdef bint have_last = False
         cdef Py_ssize_t end = min(n, i + ahead), j
+        # A row to the queue of the row before it (a batch put's rows, most of a pass) needs
+        # nothing: that queue was loaded then, or the run ended there. Its own topic bytes
+        # are still compared by _cq_run, so a topic sharing the hash is caught there.
         for j in range(i, min(end, i + PF_ENTRY)):
-            self._prefetch_entry(rows + j)
+            if j == i or _cq_key(rows + j) != _cq_key(rows + j - 1):
+                self._prefetch_entry(rows + j)
         for j in range(i, min(end, i + PF_STATE)):
-            self._prefetch_state(rows + j)
+            if j == i or _cq_key(rows + j) != _cq_key(rows + j - 1):
+                self._prefetch_state(rows + j)
         for j in range(i, min(end, i + PF_OBJECTS)):
-            self._prefetch_objects(rows + j)
+            if j == i or _cq_key(rows + j) != _cq_key(rows + j - 1):
+                self._prefetch_objects(rows + j)
         while i < end:
-            if i + PF_ENTRY < end:
-                self._prefetch_entry(rows + i + PF_ENTRY)
-            if i + PF_STATE < end:
-                self._prefetch_state(rows + i + PF_STATE)
-            if i + PF_OBJECTS < end:
-                self._prefetch_objects(rows + i + PF_OBJECTS)
+            j = i + PF_ENTRY
+            if j < end and _cq_key(rows + j) != _cq_key(rows + j - 1):
+                self._prefetch_entry(rows + j)
+            j = i + PF_STATE
+            if j < end and _cq_key(rows + j) != _cq_key(rows + j - 1):
+                self._prefetch_state(rows + j)
+            j = i + PF_OBJECTS
+            if j < end and _cq_key(rows + j) != _cq_key(rows + j - 1):
+                self._prefetch_objects(rows + j)
             r = rows + i
             i += 1
             tx = r.sys_flag & RS_TRANSACTION_TYPE_MASK
@@ -343,7 +354,12 @@ cdef class CqSlots:
                 continue
             if r.info & RS_SCAN_INFO_SCHEDULE:
                 return i
-            st = _cq_find(&self.t, _cq_key(r))
+            key = _cq_key(r)
+            if have_last and key == last:
+                continue
+            last = key
+            have_last = True
+            st = _cq_find(&self.t, key)
             if st == NULL:
                 return i
             if st.loaded and st.gen == self.t.gen:
@@ -470,15 +486,20 @@ cdef Py_ssize_t _cq_run(_CqTable *t, const rs_scan_rec *rows, Py_ssize_t i, Py_s
     none did) with the reason in `need`."""
     cdef const rs_scan_rec *r
     cdef _CqState *st
+    cdef _CqState *last_st = NULL      # the state of the row before's queue, key last_key
     cdef int32_t tx
-    cdef int64_t pos
+    cdef int64_t pos, key, last_key = 0
     cdef Py_ssize_t j
     need[0] = NEED_NOTHING
+    # A row to the queue of the row before it (a batch put's rows) needs no probe of the
+    # table: nothing is added to it during the run. Its topic bytes are compared all the same.
     for j in range(i, min(n, i + PF_OBJECTS)):
-        _prefetch_unit(t, rows + j)
+        if j == i or _cq_key(rows + j) != _cq_key(rows + j - 1):
+            _prefetch_unit(t, rows + j)
     while i < n:
-        if i + PF_OBJECTS < n:
-            _prefetch_unit(t, rows + i + PF_OBJECTS)
+        j = i + PF_OBJECTS
+        if j < n and _cq_key(rows + j) != _cq_key(rows + j - 1):
+            _prefetch_unit(t, rows + j)
         r = rows + i
         tx = r.sys_flag & RS_TRANSACTION_TYPE_MASK
         if tx == RS_TRANSACTION_PREPARED_TYPE or tx == RS_TRANSACTION_ROLLBACK_TYPE:
@@ -488,7 +509,13 @@ cdef Py_ssize_t _cq_run(_CqTable *t, const rs_scan_rec *rows, Py_ssize_t i, Py_s
         if r.info & RS_SCAN_INFO_SCHEDULE:             # the DELAY tagsCode
             need[0] = NEED_SLOW
             return i
-        st = _cq_find(t, _cq_key(r))
+        key = _cq_key(r)
+        if last_st != NULL and key == last_key:
+            st = last_st
+        else:
+            st = _cq_find(t, key)
+            last_st = st
+            last_key = key
         if (st == NULL or r.topic_len != st.topic_len
                 or r.pos + r.topic_off + r.topic_len > buf_len
                 or memcmp(buf + r.pos + r.topic_off, st.topic, <size_t>r.topic_len) != 0):

@@ -337,6 +337,8 @@ cdef struct _Rec:
     size_t born_len
     rs_part *parts              # the properties string, in pieces
     Py_ssize_t n_parts
+    const uint8_t *tags_p       # the TAGS value's UTF-8, for the record's scan row; tags_len
+    Py_ssize_t tags_len         # -1: no TAGS property
     int64_t born_ts
     int64_t prepared
     int32_t queue_id
@@ -641,6 +643,7 @@ cdef class PutPath:
         r.sys_flag = (r.sys_flag & ~_V6_FLAGS) | born_v6 | self._store_v6
 
         # Properties: name\x01value pairs, \x02 between, in HashMap order.
+        r.tags_len = -1
         n_props = len(<dict>props)
         if n_props:
             if n_props > MAX_FAST_PROPS:
@@ -674,6 +677,9 @@ cdef class PutPath:
                 kv[2 * i].len = <size_t>klen
                 kv[2 * i + 1].buf = vb
                 kv[2 * i + 1].len = <size_t>vlen
+                if klen == 4 and memcmp(kb, b"TAGS", 4) == 0:
+                    r.tags_p = vb               # the scan row's tagsCode, if one is made
+                    r.tags_len = vlen
                 props_len += klen + vlen + 2
                 # insertion sort on bucket, stable: equal buckets keep insertion order
                 j = i
@@ -918,12 +924,17 @@ cdef class PutPath:
         PyObject_GC_UnTrack(res)
         return res
 
-    def put_list(self, msgs, batch_properties=None):
+    def put_list(self, msgs, batch_properties=None, written_rows=None):
         """Store a list of messages (MessageStore.put_messages): every record is checked
         before the lock, then encoded once at its final offset, one Python call per file
         touched (which picks, reserves or rolls it). A list with any message this path does
         not take, a broker batch (`batch_properties`), or anything but a list goes to the
-        Python path whole."""
+        Python path whole.
+
+        `written_rows` (services.reput.WrittenRows, or None): on this path, it receives the scan
+        rows of the records written into the first file touched (rs_msg_row, as each is
+        encoded), so the put's inline dispatch need not scan them (doc/03 §8); its `n` is
+        left as the caller set it (0) when the Python path takes the list."""
         cdef Py_ssize_t n, i, k, done = 0, nparts_cap, nparts_used = 0, n_keys = 0
         cdef _Rec *recs = NULL
         cdef rs_part *parts = NULL
@@ -947,7 +958,14 @@ cdef class PutPath:
         cdef _QueueKey *qk
         cdef PyObject *p
         cdef object key, table, after, wake, mf, status, reason, target, status_obj
-        cdef Py_buffer out
+        cdef Py_buffer out, rb
+        cdef rs_scan_rec *rowp = NULL      # `written`'s rows, filled in the first file only
+        cdef Py_ssize_t n_rows = 0
+        cdef int64_t rows_bytes = 0
+        cdef PyObject *row_topic = NULL    # the topic whose hash row_hash is
+        cdef int32_t row_hash = 0
+        cdef int32_t tags_h = 0
+        cdef int64_t tags_code
         if (batch_properties is not None or type(msgs) is not list
                 or self._flags.flag_bits & self._mask or not msgs
                 or (self._cells[C_LOCK_BEGIN] != 0 and self._busy())):
@@ -955,6 +973,7 @@ cdef class PutPath:
         t0 = _mono_ns()
         n = len(<list>msgs)
         memset(&out, 0, sizeof(out))
+        memset(&rb, 0, sizeof(rb))
         phys_a = _np.empty(n, dtype=_np.int64)
         qoffs_a = _np.empty(n, dtype=_np.int64)
         sizes_a = _np.empty(n, dtype=_np.int64)
@@ -991,6 +1010,13 @@ cdef class PutPath:
         try:
             if block == NULL or parts == NULL:
                 raise MemoryError()
+            if written_rows is not None:
+                rows_obj = written_rows.rows
+                if rows_obj is None or len(rows_obj) < n:
+                    rows_obj = _np.empty(max(n, 1024), dtype=_SCAN_DTYPE)
+                    written_rows.rows = rows_obj
+                PyObject_GetBuffer(rows_obj, &rb, PyBUF_WRITABLE)
+                rowp = <rs_scan_rec *>rb.buf
             recs = <_Rec *>block
             slot_of = <Py_ssize_t *>(recs + n)
             first_of = slot_of + n
@@ -1081,12 +1107,32 @@ cdef class PutPath:
                             # With the GIL: the records point into the messages' objects,
                             # which another thread could change meanwhile. (Measured: letting
                             # the reput thread in here cost the writer more than it gained.)
+                            if done:
+                                rowp = NULL         # rows describe one file only
                             while done < n and pos + recs[done].size + _BLANK <= limit:
                                 phys[done] = phy_base + (pos - wpos)
                                 _encoded(_rec_encode(&recs[done], <char *>out.buf,
                                                      <size_t>out.len, pos, qoffs[done],
                                                      phys[done], ts, store_p, store_len),
                                          recs[done].size)
+                                if rowp != NULL:
+                                    if recs[done].topic_b != row_topic:
+                                        row_topic = recs[done].topic_b
+                                        row_hash = rs_msg_topic_hash(recs[done].topic_p,
+                                                                     recs[done].topic_len)
+                                    tags_code = 0
+                                    if recs[done].tags_len > 0:
+                                        rs_java_hash(recs[done].tags_p,
+                                                     <size_t>recs[done].tags_len, &tags_h)
+                                        tags_code = tags_h
+                                    _encoded(rs_msg_row(<const uint8_t *>out.buf,
+                                                        <size_t>out.len, pos, row_hash,
+                                                        RS_ROW_TAGS_GIVEN
+                                                        if recs[done].tags_len > 0
+                                                        else RS_ROW_TAGS_NONE, tags_code,
+                                                        &rowp[done]), recs[done].size)
+                                    n_rows = done + 1
+                                    rows_bytes = pos + recs[done].size - wpos
                                 count[slot_of[done]] += 1
                                 pos += recs[done].size
                                 done += 1
@@ -1112,6 +1158,7 @@ cdef class PutPath:
                 self._cells[C_LOCK_BEGIN] = 0
                 self._lock_give()
         finally:
+            PyBuffer_Release(&rb)
             if cached:
                 self._parts = parts             # grown, perhaps
                 self._parts_cap = nparts_cap
@@ -1119,6 +1166,10 @@ cdef class PutPath:
             else:
                 PyMem_Free(block)
                 PyMem_Free(parts)
+        if n_rows:
+            written_rows.n = n_rows
+            written_rows.offset = phys[0]
+            written_rows.nbytes = rows_bytes
         stored = [self._store_raw] * done
         if done < n:
             self._record(t0, False)

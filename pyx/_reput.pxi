@@ -14,7 +14,7 @@ __all__ += ("reput_dispatch",)
 
 
 def reput_dispatch(buf, int64_t start, int64_t end, rows, Py_ssize_t prev_n, CqSlots slots,
-                   index_file):
+                   index_file, Py_ssize_t given=0):
     """Scan the records of buf[start:end] into `rows` (format.SCAN_DTYPE, as commitlog_scan
     does, CRC unchecked), then append the ConsumeQueue units of the rows (as cq_dispatch's
     common case, with `slots`) and put their keys into `index_file` (as index_dispatch, from
@@ -34,7 +34,12 @@ def reput_dispatch(buf, int64_t start, int64_t end, rows, Py_ssize_t prev_n, CqS
     Returns (count, stop_pos, reason, stop_size) as commitlog_scan, then (cq_row, last_ts):
     the first row whose unit is not written (count when all are) and the store timestamp of
     the last row dispatched by the units' rules, then (index_row, index_skip, index_stop) as
-    rs_index_dispatch leaves them (index_row = count, index_stop = 0 when every key is in)."""
+    rs_index_dispatch leaves them (index_row = count, index_stop = 0 when every key is in).
+
+    `given` > 0: rows[:given] are the rows of exactly the records of buf[start:end], made by
+    the put that wrote them (batch_encode's or PutPath.put_list's `rows`), and are not
+    scanned again: the pass returns (given, end, SCAN_END, 0, ...) as the scan would.
+    prev_n must then be 0 (the rows are the put's, not the previous pass's)."""
     cdef Py_buffer b, rv, iv
     cdef const rs_scan_rec *base
     cdef int64_t cap, count = 0, stop_pos = 0, last_ts = 0
@@ -60,6 +65,8 @@ def reput_dispatch(buf, int64_t start, int64_t end, rows, Py_ssize_t prev_n, CqS
         base = <const rs_scan_rec *>rv.buf
         if prev_n < 0 or prev_n > cap:
             _raise_for_status(RS_E_ARG, "reput_dispatch: prev_n outside rows")
+        if given < 0 or given > cap or (given and prev_n):
+            _raise_for_status(RS_E_ARG, "reput_dispatch: given outside rows")
         if indexing:
             slot_num = index_file.slot_num
             index_num = index_file.index_num
@@ -75,9 +82,15 @@ def reput_dispatch(buf, int64_t start, int64_t end, rows, Py_ssize_t prev_n, CqS
         slots.t.pass_no += 1
         slots.t.distinct = slots.t.recur = 0
         with nogil:
-            r = rs_commitlog_scan(<const uint8_t *>b.buf, <size_t>b.len, start, end, 0,
-                                  <rs_scan_rec *>rv.buf, cap, &count, &stop_pos, &reason,
-                                  &stop_size)
+            if given:
+                # The put's rows: what the scan would make of buf[start:end] (the caller
+                # checked they span it), so only the dispatch is left to do.
+                count = given
+                stop_pos = end
+            else:
+                r = rs_commitlog_scan(<const uint8_t *>b.buf, <size_t>b.len, start, end, 0,
+                                      <rs_scan_rec *>rv.buf, cap, &count, &stop_pos, &reason,
+                                      &stop_size)
             if r == RS_OK and count:
                 i_cq = _cq_run(&slots.t, base, 0, count, <const char *>b.buf, b.len,
                                &last_ts, &need)

@@ -183,10 +183,13 @@ class Columns:
     columns (a, b: Column or None), the shared fragments and every message's properties
     length."""
     __slots__ = ("n", "bodies", "a", "b", "frags", "frag_off", "_props_lens", "properties",
-                 "flags_or", "_lens")
+                 "flags_or", "_lens", "tags_col")
 
     def __init__(self):
         self._props_lens = self._lens = None
+        # Where TAGS lies, for batch_encode's rows: 1 / 2 in column a / b, 0 in no column
+        # (the fragments, or nowhere), -1 unknown (whole per-message strings).
+        self.tags_col = -1
 
     @property
     def props_lens(self):
@@ -277,6 +280,7 @@ def _fast_columns(bodies, tags, keys, properties, fast):
     varying = {PROPERTY_TAGS: tcol, PROPERTY_KEYS: kcol}
     picked = [varying[name] for name in names]
     c.a, c.b = (picked + [None, None])[:2]
+    c.tags_col = names.index(PROPERTY_TAGS) + 1 if PROPERTY_TAGS in names else 0
     c.frags = frags
     c.frag_off = frag_off
     flen = len(frags)       # every message's properties hold the fragments
@@ -313,6 +317,7 @@ def columns(bodies, tags, keys, properties, join, fast=None):
         c.frags = frags
         picked = [varying[name] for name in names]
         c.a, c.b = (picked + [None, None])[:2]
+        c.tags_col = names.index(PROPERTY_TAGS) + 1 if PROPERTY_TAGS in names else 0
         c.props_lens = np.full(n, len(frags), dtype=np.int64)
         for col in picked:
             c.props_lens += col.lens

@@ -598,11 +598,13 @@ class CommitLog:
         return status, n, None
 
     def put_batch(self, topic, queue_id, cols, clock, flag=0, born_timestamp=0,
-                  born_host=("127.0.0.1", 0)):
+                  born_host=("127.0.0.1", 0), written=None):
         """Put the columnar batch `cols` (batch.Columns) to one topic and queue: the records
         put_messages writes for the same Message objects, encoded by one batch_encode call per
         file touched, straight into the file at their final offsets, without the GIL.
-        Everything is validated before anything is written."""
+        Everything is validated before anything is written. `written`
+        (services.reput.WrittenRows, or None) receives the scan rows of the records written
+        into the first file touched, made by batch_encode as it writes them."""
         topic_b = self._topic_bytes(topic)
         if type(queue_id) is not int or not 0 <= queue_id <= 0x7FFFFFFF:
             raise MessageIllegalError(f"queue id {queue_id!r} is not a valid queue")
@@ -637,6 +639,11 @@ class CommitLog:
                 None if b is None else b.data, None if b is None else b.off,
                 cols.frags, cols.frag_off)
         phys = np.empty(n, dtype=np.int64)
+        rows = None
+        if written is not None and n:
+            rows = written.rows
+            if rows is None or len(rows) < n:
+                rows = written.rows = np.empty(max(n, 1024), dtype=F.SCAN_DTYPE)
         key = (topic, queue_id)
         with self._put_locked(clock) as (after_put, ts, table):
             qbase = table.get(key, 0)
@@ -656,7 +663,10 @@ class CommitLog:
                 count, nbytes = self._k.batch_encode(
                     mf.write_target, wpos, self.file_size, *args, done, n, flag, sys_flag,
                     born_timestamp, born_raw, ts, self.store_host_raw, qbase + done, base,
-                    flags_or=cols.flags_or)
+                    flags_or=cols.flags_or, rows=rows, tags_col=cols.tags_col)
+                if count and rows is not None:
+                    written.n, written.offset, written.nbytes = count, base, nbytes
+                    rows = None             # rows describe one file only
                 if count:
                     np.add(starts[done:done + count], base - int(starts[done]),
                            out=phys[done:done + count])

@@ -43,7 +43,7 @@ from .services.scheduler import StoreScheduledService
 from .services.flush import (CommitRealTimeService, CompiledGroupCommitService,
                              FlushConsumeQueueService, FlushRealTimeService,
                              GroupCommitService)
-from .services.reput import ReputMessageService
+from .services.reput import ReputMessageService, WrittenRows
 from .services.schedule import ScheduleMessageService
 from .stats import (LOCK_BEGIN, PUT_BYTES, PUT_FAILED, PUT_HIST, PUT_LATENCY_BUCKETS,
                     PUT_TIMES, GetCounters, StoreStatsService, busy_for, get_totals, record_put)
@@ -159,6 +159,9 @@ class MessageStore:
         self.reput_service = None
         # dispatch_in_put_lag's hooks on a started master (begins/ends: with a lag of 0)
         self._help_dispatch = self._put_begins = self._put_ends = None
+        # ... and, with a compiled dispatch, the putting thread's WrittenRows (a lag of 0)
+        self._written = None
+        self._compiled_put_list = None
         self.flush_service = None
         self.commit_service = None
         self.flush_cq_service = None
@@ -599,6 +602,7 @@ class MessageStore:
             self.__dict__.pop("put_message", None)
             self.__dict__.pop("put_messages", None)
             self._help_dispatch = self._put_begins = self._put_ends = None
+            self._written = None
             # First: a delivery under way finishes its put, and no later one starts.
             self.handle_schedule_message_service(BrokerRole.SLAVE)
             # Before anything is committed or flushed: a put already holding the lock
@@ -915,6 +919,7 @@ class MessageStore:
                     PutMessagesResult, PutMessageStatus.PUT_OK, _HOST_CACHE)
         self.put_message = path.put
         self.put_messages = path.put_list
+        self._compiled_put_list = self.put_messages     # takes `written` (inline dispatch)
 
     def _install_compression(self):
         """compress_msg_body: put_message and put_messages compress each body as a 4.9
@@ -957,15 +962,40 @@ class MessageStore:
         else:
             # Every batch put dispatches what it wrote: the reput thread stands aside meanwhile.
             begins, ends = reput.put_begins, reput.put_ends
+            if (getattr(self.kernels, "reput_dispatch", None) is not None
+                    and not self.config.effective_transient_store_pool_enable):
+                # The compiled put paths hand the dispatch the rows of what they wrote, so
+                # it does not scan those records again; one WrittenRows per putting thread.
+                # (Not with write buffers: their records become readable at a later commit,
+                # so no put's dispatch could take them.)
+                local = threading.local()
 
-            def put_messages(msgs, batch_properties=None):
-                begins()
-                try:
-                    r = put_list(msgs, batch_properties)
-                    help_dispatch()
-                finally:
-                    ends()
-                return r
+                def written():
+                    w = getattr(local, "w", None)
+                    if w is None:
+                        w = local.w = WrittenRows()
+                    w.n = 0
+                    return w
+                self._written = written
+            if self._written is not None and put_list is self._compiled_put_list:
+                def put_messages(msgs, batch_properties=None):
+                    begins()
+                    try:
+                        w = written()
+                        r = put_list(msgs, batch_properties, w)
+                        help_dispatch(w)
+                    finally:
+                        ends()
+                    return r
+            else:
+                def put_messages(msgs, batch_properties=None):
+                    begins()
+                    try:
+                        r = put_list(msgs, batch_properties)
+                        help_dispatch()
+                    finally:
+                        ends()
+                    return r
             self._put_begins = begins
             self._put_ends = ends
 
@@ -1065,16 +1095,20 @@ class MessageStore:
         if cfg.compress_msg_body:
             compress_bodies(cols, cfg.compress_msg_body_over_howmuch, cfg.compress_level)
         help_dispatch, begins, ends = self._help_dispatch, self._put_begins, self._put_ends
+        written = self._written
         if begins is not None:
             begins()
         try:
+            if written is not None:
+                written = written()
             t0 = time.monotonic_ns()
             r = self.commitlog.put_batch(topic, queue_id, cols, self.clock, flag=flag,
-                                         born_timestamp=born_timestamp, born_host=born_host)
+                                         born_timestamp=born_timestamp, born_host=born_host,
+                                         written=written)
             record_put(self.commitlog.put_cells, time.monotonic_ns() - t0,
                        r.status is PutMessageStatus.PUT_OK)
             if help_dispatch is not None:
-                help_dispatch()
+                help_dispatch(written)
         finally:
             if begins is not None:
                 ends()

@@ -363,9 +363,12 @@ def _offsets(off, need, what):
 
 def batch_encode(out, pos, limit, topic, queue_id, bodies, body_off, a, a_off, b, b_off, frags,
                  frag_off, first, n, flag, sys_flag, born_timestamp, born_host,
-                 store_timestamp, store_host, queue_offset, phy_base, flags_or=None):
+                 store_timestamp, store_host, queue_offset, phy_base, flags_or=None, rows=None,
+                 tags_col=-1):
     if n < 0 or first < 0 or first > n:
         _raise_for_status(_RS_E_ARG, "batch_encode: bad record range")
+    if rows is not None and getattr(rows, "dtype", None) not in (None, _SCAN_DTYPE):
+        _raise_for_status(_RS_E_ARG, "batch_encode: rows must be a SCAN_DTYPE array")
     px = _ffi.NULL
     if flags_or is not None:
         px = _from_buffer("int32_t[]", _ints(flags_or, 4, "i"))
@@ -384,11 +387,17 @@ def batch_encode(out, pos, limit, topic, queue_id, bodies, body_off, a, a_off, b
                 _offsets(b_off, n + 1, "second column"), _offsets(frag_off, 4, "fragment")]
         views.extend(v for v in offs if v != _ffi.NULL)
         t, bo, av, bv, fr, bh, sh = bufs
+        ro = _ffi.NULL
+        if rows is not None:
+            ro = _rw(rows, "rs_scan_rec[]")
+            views.append(ro)
+            if len(ro) < n - first:
+                _raise_for_status(_RS_E_ARG, "batch_encode: too few rows")
         r = _lib.rs_batch_encode(o, len(o), pos, limit, t, len(t), queue_id, bo, len(bo),
                                  offs[0], av, len(av), offs[1], bv, len(bv), offs[2], fr,
                                  len(fr), offs[3], first, n, flag, sys_flag, px, born_timestamp,
                                  bh, len(bh), store_timestamp, sh, len(sh), queue_offset,
-                                 phy_base, res, res + 1)
+                                 phy_base, ro, tags_col, res, res + 1)
     finally:
         _release(*views)
     _check(r, "batch_encode")

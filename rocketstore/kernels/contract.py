@@ -50,7 +50,9 @@ KERNEL_NAMES = (
 #   PutPath(store_put, store_put_list, commitlog, running_flags, not_writeable_mask, clock,
 #   message_type, mapped_file_type, result_type, batch_result_type, put_ok, host_cache):
 #   MessageStore.put_message's and put_messages' common cases as compiled calls (`.put(msg)`,
-#   `.put_list(msgs)`), writing each record once at its final offset; every other case goes
+#   `.put_list(msgs, batch_properties=None, written_rows=None)`, which fills `written_rows`, a
+#   services.reput.WrittenRows, with the scan rows of what it wrote into its first file),
+#   writing each record once at its final offset; every other case goes
 #   to store_put / store_put_list, the Python paths. It keeps the CommitLog's `put_cells`
 #   (stats.py: beginTimeInLock, put counts and latencies) as the Python paths do, and hands a
 #   put to them while another has held the lock too long (they answer OS_PAGECACHE_BUSY).
@@ -59,13 +61,15 @@ KERNEL_NAMES = (
 #   and putting each row's keys into IndexFile f in compiled code and asking slow(f, row) for
 #   the file to go on in when f is full or out of reserved blocks; see
 #   index_service.IndexService.dispatch_array. Without it, index_keys and index_put_batch.
-#   reput_dispatch(buf, start, end, rows, prev_n, slots, index_file): the reput pass in one
-#   GIL-free section: commitlog_scan of buf[start:end] into rows, then cq_dispatch's common
-#   rows (with the CqSlots `slots`) and index_dispatch's (into index_file, or None), stopping
-#   each where it would call Python; returns the scan's four values, the first row without
-#   its unit, the last dispatched store time, and where the index loop stopped. See
+#   reput_dispatch(buf, start, end, rows, prev_n, slots, index_file, given=0): the reput pass
+#   in one GIL-free section: commitlog_scan of buf[start:end] into rows (unless `given` > 0:
+#   rows[:given] are a put's rows of exactly those records, batch_encode's `rows` or
+#   PutPath.put_list's `written_rows`), then cq_dispatch's common rows (with the CqSlots
+#   `slots`) and index_dispatch's (into index_file, or None), stopping each where it would
+#   call Python; returns the scan's four values, the first row without its unit, the last
+#   dispatched store time, and where the index loop stopped. See
 #   services/reput.ReputMessageService._fused_pass. Without it, the scan and each
-#   dispatcher run apart.
+#   dispatcher run apart, and puts make no rows.
 #   ReadPath(message_type, mapped_file_type, on_corrupt, result_type, statuses,
 #   batch_result_type): get_message's and get_batch's unit walk as one compiled call
 #   (`.read(...)`; `.pull(store, cq, offset, max_n, filter, max_bytes, subscription,
@@ -280,7 +284,7 @@ class Kernels(Protocol):
                      a, a_off, b, b_off, frags, frag_off, first: int, n: int, flag: int,
                      sys_flag: int, born_timestamp: int, born_host, store_timestamp: int,
                      store_host, queue_offset: int, phy_base: int,
-                     flags_or=None) -> Tuple[int, int]:
+                     flags_or=None, rows=None, tags_col: int = -1) -> Tuple[int, int]:
         """Encode records first..n-1 of a columnar batch of one topic and queue straight into
         out[pos:limit], each only if it leaves 8 bytes before `limit` for the blank record
         (as commitlog_append_batch). Columns are Arrow-style (data, int64 offsets of n + 1):
@@ -291,7 +295,14 @@ class Kernels(Protocol):
         flags_or[i] when `flags_or` (n int32s, no host bit) is given; reconsume times and
         prepared offset are 0. Bytes equal msg_encode's for the same fields. Returns (count, bytes).
         Offsets outside their data, or decreasing, are a bounds error; a record whose
-        properties exceed 32767 bytes is RS_E_TOO_LONG. Runs without the GIL."""
+        properties exceed 32767 bytes is RS_E_TOO_LONG. Runs without the GIL. `rows`: a
+        SCAN_DTYPE array with room for n - first rows, or None; rows[k] then gets record
+        first + k's row exactly as commitlog_scan(out, pos, pos + bytes, False, ...) makes it,
+        so a put can hand its dispatch the rows of what it wrote (doc/03 §8). `tags_col` tells
+        where the caller laid out TAGS (batch.Columns.tags_col): 1 or 2, column a's or b's
+        item (empty: none); 0, no column's (every record has record `first`'s); -1, unknown
+        (searched for in each record). It only spares the search; a wrong claim gives wrong
+        rows."""
 
     def column_join(self, items, text: bool):
         """A list of bytes, None (empty) and, if `text`, str (encoded UTF-8) as one bytes

@@ -140,9 +140,17 @@ def _column(data, off, first, n, what):
 
 def batch_encode(out, pos, limit, topic, queue_id, bodies, body_off, a, a_off, b, b_off, frags,
                  frag_off, first, n, flag, sys_flag, born_timestamp, born_host,
-                 store_timestamp, store_host, queue_offset, phy_base, flags_or=None):
+                 store_timestamp, store_host, queue_offset, phy_base, flags_or=None, rows=None,
+                 tags_col=-1):
     if n < 0 or first < 0 or first > n:
         raise_for_status(RS_E_ARG, "batch_encode: bad record range")
+    if rows is not None and (tags_col not in (-1, 0, 1, 2) or (tags_col == 1 and a_off is None)
+                             or (tags_col == 2 and b_off is None)):
+        raise_for_status(RS_E_ARG, "batch_encode: tags_col")
+    if rows is not None and (getattr(rows, "dtype", None) != F.SCAN_DTYPE
+                             or len(rows) < n - first):
+        raise_for_status(RS_E_ARG, "batch_encode: rows must be a SCAN_DTYPE array with a row "
+                                   "per record")
     if flags_or is not None:
         flags_or = np.asarray(flags_or, dtype=np.int32)
         if len(flags_or) < n:
@@ -179,7 +187,11 @@ def batch_encode(out, pos, limit, topic, queue_id, bodies, body_off, a, a_off, b
                    store_host, 0, 0)
         wr += size
     else:
-        return n - first, wr - pos
+        i = n
+    if rows is not None and wr > pos:
+        # The rows of what was written: the scan's, by definition here (tags_col is only a
+        # shortcut for the compiled backends).
+        commitlog_scan(out, pos, wr, False, rows[:i - first])
     return i - first, wr - pos
 
 

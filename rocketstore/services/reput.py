@@ -13,6 +13,19 @@ from .base import ServiceThread
 log = logging.getLogger(__name__)
 
 
+class WrittenRows:
+    """The scan rows (format.SCAN_DTYPE) a batch put made of the records it wrote into one
+    CommitLog file: rows[:n] describe the records at CommitLog offsets [offset, offset +
+    nbytes), exactly as commitlog_scan would (kernels' batch_encode `rows`, PutPath.put_list
+    `written`). One per putting thread, reused: the put's inline dispatch takes them instead
+    of scanning those records again (ReputMessageService.dispatch_if_behind)."""
+    __slots__ = ("rows", "n", "offset", "nbytes")
+
+    def __init__(self):
+        self.rows = None
+        self.n = self.offset = self.nbytes = 0
+
+
 class ReputMessageService(ServiceThread):
     """Dispatches the CommitLog's records from `reput_from_offset` on to `dispatchers` (the
     store's list), then wakes the consumers waiting in `arrivals`. `running_flags` takes the
@@ -75,20 +88,25 @@ class ReputMessageService(ServiceThread):
         with self._putting_lock:
             self._putting -= 1
 
-    def dispatch_if_behind(self, lag):
+    def dispatch_if_behind(self, lag, written=None):
         """Called by a batch put in its own thread, after its records became readable: when
         this service is more than `lag` bytes behind the CommitLog, dispatch up to its end
         here, before the put returns (doc/03 §8). A starved service thread (the GIL, a
         loaded machine) so never lets the queues and index fall far behind the writer.
-        Nothing while dispatch is failing (the service thread retries at its pace) or once
-        the service stopped. The put itself succeeded, so nothing is raised."""
+        `written` (WrittenRows, or None): the rows the put made of what it wrote; when
+        dispatch stands exactly where they begin, they are dispatched without a scan, then
+        whatever follows them is scanned as usual. Nothing while dispatch is failing (the
+        service thread retries at its pace) or once the service stopped. The put itself
+        succeeded, so nothing is raised."""
         if self._failures or self._commitlog.max_offset - self.reput_from_offset <= lag:
             return
         with self.dispatch_lock:
             if self.is_stopped:
                 return
             try:
-                self.do_reput(retry_wait=False)
+                if (written is None or not written.n or not self._dispatch_written(written)
+                        or self.reput_from_offset < self._commitlog.max_offset):
+                    self.do_reput(retry_wait=False)
             except Exception as exc:
                 # A put that raised would be retried, storing its messages twice. The service
                 # thread takes the tail from here on.
@@ -105,6 +123,39 @@ class ReputMessageService(ServiceThread):
         with self.dispatch_lock:
             if not self.is_stopped:
                 self.do_reput()
+
+    def _dispatch_written(self, written):
+        """Dispatch the put's rows `written` (dispatch_lock held) when they are exactly what
+        a pass would scan next: they begin at reput_from_offset, in the file that holds it,
+        and end within its readable area (with a write buffer, what is committed: a reader
+        never sees a unit before its record, doc/02). Anything else -- another writer's
+        records before them, a slave, an index pass that needs its own path -- is left to
+        the scan of do_reput, which follows. True when the rows were dispatched."""
+        offset, nbytes = written.offset, written.nbytes
+        if offset != self.reput_from_offset or self._is_slave:
+            return False
+        parts = self._fused_parts(self._dispatchers)
+        if parts is None:
+            return False
+        mf = self._commitlog.mfq.find_by_offset(offset, offset == 0)
+        if mf is None or not mf.hold():
+            return False
+        try:
+            start = offset - mf.file_from_offset
+            if start < 0 or start + nbytes > mf.read_position:
+                return False
+            rows = written.rows
+            scanned = self._fused_pass(parts, mf, start, start + nbytes, False,
+                                       rows, written.n)
+            if not scanned:             # None: the index needs the scan's path; False: failed
+                return False
+            self.reput_from_offset = offset + nbytes
+            if self._arrivals.waiting:
+                self._arrivals.notify(rows[:written.n])
+            return True
+        finally:
+            mf.release()
+            written.n = 0
 
     def do_reput(self, retry_wait=True):
         """Dispatch every complete record between reput_from_offset and the read position.
@@ -210,23 +261,30 @@ class ReputMessageService(ServiceThread):
             return None
         return cqd, idx
 
-    def _fused_pass(self, parts, mf, start, end, retry_wait):
+    def _fused_pass(self, parts, mf, start, end, retry_wait, given_rows=None, given=0):
         """Scan mf's bytes [start, end) and dispatch them with reput_dispatch: one GIL-free
         section for the common rows, and each dispatcher's own path for the rows after
         where its loop stopped. Returns the scan's (count, stop, reason, stop_size); None
         when the index needs its own path for this pass (no compiled loop, no file yet, a
         full file, a re-dispatch): the caller scans and dispatches apart; False when
-        dispatch failed."""
+        dispatch failed. `given_rows[:given]`: a put's rows of exactly [start, end), taken
+        instead of the scan (_dispatch_written)."""
         cqd, idx = parts
         target = idx.fused_target(mf.file_from_offset + start)
         if target is False:
             return None
         buf = mf.mm
-        rows = self._rows
         try:
-            (n, stop, reason, stop_size, cq_row, last_ts, index_row, index_skip,
-             _) = self._k_fused(buf, start, end, rows, self._prev_rows, cqd.slots, target)
-            self._prev_rows = n
+            if given:
+                rows = given_rows
+                (n, stop, reason, stop_size, cq_row, last_ts, index_row, index_skip,
+                 _) = self._k_fused(buf, start, end, rows, 0, cqd.slots, target, given)
+                self._prev_rows = 0     # self._rows no longer holds the last pass's rows
+            else:
+                rows = self._rows
+                (n, stop, reason, stop_size, cq_row, last_ts, index_row, index_skip,
+                 _) = self._k_fused(buf, start, end, rows, self._prev_rows, cqd.slots, target)
+                self._prev_rows = n
             if n:
                 if last_ts:
                     cqd.dispatched_until(last_ts)

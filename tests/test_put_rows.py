@@ -1,0 +1,225 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A batch put hands its inline dispatch the scan rows of what it wrote (batch_encode's
+`rows`, PutPath.put_list's `written_rows`, services.reput.WrittenRows): those rows must be
+exactly what commitlog_scan makes of the same bytes, whatever the topics, queues, tags,
+keys, properties and hosts, and through a roll (rows then cover the first file only); the
+dispatch takes them only when they start where dispatch stands, and the ConsumeQueue and
+index bytes stay those of a scan."""
+import random
+
+import numpy as np
+import pytest
+
+from rocketstore import Message, PutMessageStatus, testing
+from rocketstore import format as F
+from rocketstore.batch import columns
+from rocketstore.services.reput import WrittenRows
+
+TOPICS = ["R", "Tü-中", "%RETRY%g1", "x" * 120]
+NAMES = ["a", "b", "Aa", "BB", "KEYS", "TAGS", "UNIQ_KEY", "éé", "p1", "q"]
+VALUES = ["v", "", "ü-1", "x y", "false", None]
+HOSTS = [("10.0.0.7", 40001), ("::1", 9876), ("fe80::1:2", 1)]
+
+
+def _random_props(rng):
+    return {rng.choice(NAMES): rng.choice(VALUES) for _ in range(rng.randrange(8))}
+
+
+def _column(rng, n, pool):
+    kind = rng.randrange(4)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return rng.choice(pool)
+    present = 1.0 if kind == 2 else rng.random()     # 3: some messages have none
+    return [rng.choice(pool) if rng.random() < present else rng.choice([None, ""])
+            for _ in range(n)]
+
+
+def _scan_rows(store, written):
+    """commitlog_scan of the bytes `written` says its rows describe (in the write buffer,
+    with transient_store_pool_enable: the file holds them once committed)."""
+    mf = store.commitlog.mfq.find_by_offset(written.offset, False)
+    start = written.offset - mf.file_from_offset
+    end = start + written.nbytes
+    want = np.zeros(written.n + 1, dtype=F.SCAN_DTYPE)
+    n, stop, reason, _ = store.kernels.commitlog_scan(mf.write_target, start, end, False, want)
+    assert (n, stop, reason) == (written.n, end, F.SCAN_END)
+    return want[:n]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_batch_encode_rows_equal_the_scan_of_the_records_it_wrote(tmp_path, backend, seed):
+    rng = random.Random(seed)
+    store = testing.open_store(tmp_path / "s", backend, testing.small_config(
+        dispatch_in_put_lag=-1, transient_store_pool_enable=seed % 3 == 0))
+    try:
+        rolled = False
+        for _ in range(6):
+            n = rng.randrange(1, 160)
+            bodies = [bytes([rng.randrange(256)]) * rng.randrange(400) for _ in range(n)]
+            tags = _column(rng, n, ["TagA", "t", "ü", "Aa", "BB"])
+            keys = _column(rng, n, ["k1", "k1 k2", "ключ"])
+            cols = columns(bodies, tags, keys, _random_props(rng), backend.column_join,
+                           getattr(backend, "batch_columns", None))
+            written = WrittenRows()
+            topic = rng.choice(TOPICS)
+            r = store.commitlog.put_batch(topic, rng.randrange(8), cols, store.clock,
+                                          flag=rng.randrange(3),
+                                          born_timestamp=rng.randrange(1 << 41),
+                                          born_host=rng.choice(HOSTS), written=written)
+            assert r.status is PutMessageStatus.PUT_OK and r.count == n
+            assert 0 < written.n <= n and written.offset == r.commit_log_offsets[0]
+            rolled |= written.n < n
+            assert (written.rows[:written.n] == _scan_rows(store, written)).all()
+        assert rolled or seed % 2     # the 64 KiB files roll within most seeds' batches
+    finally:
+        store.shutdown()
+
+
+@pytest.fixture
+def cext():
+    return testing.load_backend("cext")
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_put_list_rows_equal_the_scan_of_the_records_it_wrote(tmp_path, cext, seed):
+    rng = random.Random(seed)
+    store = testing.open_store(tmp_path / "s", cext, testing.small_config(
+        dispatch_in_put_lag=-1, transient_store_pool_enable=seed % 3 == 0))
+    put_list = store._compiled_put_list
+    try:
+        # A queue's first message goes through the Python path (it creates the queue).
+        # So may a born host not seen before: both are met once here.
+        store.put_messages([Message(t, b"", queue_id=q, born_host=h)
+                            for t in TOPICS for q in range(4) for h in HOSTS])
+        rolled = False
+        for _ in range(5):
+            n = rng.randrange(1, 200)
+            # Tags, keys and properties the compiled path takes (it hands some non-ASCII
+            # names and None values to the Python path, which makes no rows: see below).
+            msgs = [Message(rng.choice(TOPICS), bytes([65 + i % 26]) * rng.randrange(300),
+                            tags=rng.choice([None, "TagA", "Aa", "BB"]),
+                            keys=rng.choice([None, "k1", "k1 k2", ["a", "b"]]),
+                            queue_id=rng.randrange(4), flag=rng.randrange(3),
+                            properties={k: v for k, v in _random_props(rng).items()
+                                        if v is not None and k.isascii() and v.isascii()},
+                            born_host=rng.choice(HOSTS),
+                            born_timestamp=rng.randrange(1 << 41))
+                    for i in range(n)]
+            written = WrittenRows()
+            fast = put_list.__self__.fast
+            r = put_list(msgs, None, written)
+            assert r.status is PutMessageStatus.PUT_OK and r.count == n
+            assert put_list.__self__.fast == fast + n       # the compiled path took them
+            assert 0 < written.n <= n and written.offset == r.commit_log_offsets[0]
+            rolled |= written.n < n
+            assert (written.rows[:written.n] == _scan_rows(store, written)).all()
+        assert rolled or seed % 2
+    finally:
+        store.shutdown()
+
+
+def test_put_list_taken_by_the_python_path_hands_no_rows(tmp_path, cext):
+    store = testing.open_store(tmp_path / "s", cext, testing.small_config(dispatch_in_put_lag=-1))
+    try:
+        written = WrittenRows()
+        for msgs, batch_properties in [
+                ([Message("T", b"x")], {"k": "v"}),                     # a broker batch
+                ([Message("T", b"x", properties={"a": None})], None)]:  # a None value
+            fast = store._compiled_put_list.__self__.fast
+            r = store._compiled_put_list(msgs, batch_properties, written)
+            assert r.status is PutMessageStatus.PUT_OK and written.n == 0
+            assert store._compiled_put_list.__self__.fast == fast
+    finally:
+        store.shutdown()
+
+
+def _counting_given(store):
+    """Count the reput passes that took a put's rows instead of scanning."""
+    reput = store.reput_service
+    run = reput._k_fused
+    given = []
+
+    def counting(*args):
+        if len(args) > 7 and args[7]:
+            given.append(args[7])
+        return run(*args)
+    reput._k_fused = counting
+    return given
+
+
+def _queues_and_index(root):
+    return {k: v for k, v in testing.tree_digest(root).items()
+            if k.startswith(("consumequeue", "index"))}
+
+
+def _put_mixed(store, seed):
+    """Batches to three topics; returns the topic, key and body of each batch's first."""
+    rng = random.Random(seed)
+    firsts = []
+    for i in range(12):
+        n = rng.randrange(1, 120)
+        if i % 2:
+            topic = rng.choice(TOPICS[:3])
+            r = store.put_messages([Message(topic, b"m%d" % k, tags=rng.choice([None, "TagA"]),
+                                            keys=f"k{i}-{k}", queue_id=rng.randrange(3))
+                                    for k in range(n)])
+            firsts.append((topic, f"k{i}-0", b"m0"))
+        else:
+            topic = rng.choice(TOPICS[:3])
+            r = store.put_batch(topic, rng.randrange(3), [b"b%d" % k for k in range(n)],
+                                tags="TagB", keys=[f"b{i}-{k}" for k in range(n)])
+            firsts.append((topic, f"b{i}-0", b"b0"))
+        assert r.status is PutMessageStatus.PUT_OK
+    return firsts
+
+
+@pytest.mark.parametrize("pool", [False, True])
+def test_inline_dispatch_takes_the_puts_rows_and_writes_the_queues_a_scan_writes(tmp_path,
+                                                                                 cext, pool):
+    """With a write buffer (`pool`) the records are readable only once committed: the puts
+    make no rows, and the scan takes those records later."""
+    config = testing.small_config(dispatch_in_put_lag=0, max_index_num=200,
+                                  transient_store_pool_enable=pool)
+    store = testing.open_store(tmp_path / "rows", cext, config)
+    given = _counting_given(store)
+    try:
+        firsts = _put_mixed(store, 1)
+        testing.wait_until(lambda: store.dispatch_behind_bytes() == 0, what="dispatch")
+        for topic, key, body in firsts:
+            assert [m.body for m in store.query_message(topic, key).messages] == [body]
+    finally:
+        store.shutdown()
+    # Every put but those whose index file rolled; none with write buffers.
+    assert len(given) >= 10 if not pool else not given
+    store = testing.open_store(tmp_path / "scan", cext, config)
+    store._written = None          # the puts hand no rows: every pass scans
+    try:
+        _put_mixed(store, 1)
+        testing.wait_until(lambda: store.dispatch_behind_bytes() == 0, what="dispatch")
+    finally:
+        store.shutdown()
+    assert _queues_and_index(tmp_path / "rows") == _queues_and_index(tmp_path / "scan")
+
+
+def test_rows_that_do_not_start_where_dispatch_stands_are_scanned_instead(tmp_path, cext):
+    store = testing.open_store(tmp_path / "s", cext, testing.small_config(dispatch_in_put_lag=0))
+    reput = store.reput_service
+    given = _counting_given(store)
+    put_list = store._compiled_put_list
+    try:
+        first, second = WrittenRows(), WrittenRows()
+        with reput.dispatch_lock:       # neither put is dispatched meanwhile
+            put_list([Message("T", b"a%d" % i, keys=f"a{i}") for i in range(20)], None, first)
+            put_list([Message("T", b"b%d" % i, keys=f"b{i}") for i in range(20)], None, second)
+            assert reput.reput_from_offset == first.offset < second.offset
+        # Another writer's records lie before the second put's: its rows are not taken.
+        reput.dispatch_if_behind(0, second)
+        testing.wait_until(lambda: store.dispatch_behind_bytes() == 0, what="dispatch")
+        assert not given
+        assert [m.body for m in store.query_message("T", "b7").messages] == [b"b7"]
+        assert [m.body for m in store.query_message("T", "a3").messages] == [b"a3"]
+        assert store.get_message("g", "T", 0, 0, 64).message_count == 40
+    finally:
+        store.shutdown()
