@@ -91,7 +91,8 @@ class MappedFileQueue:
     reader thread can take `self.files` once and walk it without a lock."""
 
     def __init__(self, store_path, file_size, kernels, fs, writable=True, allocator=None,
-                 reserve_window=0, reserve_window_max=None, no_readahead_while_written=False):
+                 reserve_window=0, reserve_window_max=None, no_readahead_while_written=False,
+                 keep_window=False):
         self.store_path = store_path
         self.file_size = file_size
         self.files = []
@@ -109,6 +110,10 @@ class MappedFileQueue:
         # readahead window of zeros (read_ahead_kb, 8 MiB on many disks: more than a whole
         # ConsumeQueue file) in the writer's thread. The file it leaves gets readahead back.
         self.no_readahead_while_written = no_readahead_while_written
+        # A new file starts with the reservation window its predecessor grew to, when set: a
+        # busy queue whose windows are populated ahead (PopulateAheadService) keeps its lead
+        # across a roll instead of growing it again from the configured size.
+        self.keep_window = keep_window
         self._lock = threading.Lock()
         self.root = None             # the store root: no directory is created outside it
         self.stray_names = []        # names load() found and left alone, not being segments
@@ -250,8 +255,11 @@ class MappedFileQueue:
             if self._allocator is not None:
                 mf = self._allocator.take(path, offset + self.file_size)
             else:
+                window = self.reserve_window
+                if self.keep_window and last is not None:
+                    window = max(window, last.reserve_window)
                 mf = MappedFile(path, self.file_size, self._k, self._fs,
-                                reserve_window=self.reserve_window,
+                                reserve_window=window,
                                 reserve_window_max=self.reserve_window_max)
                 if self.no_readahead_while_written:
                     self._fs.advise_random(mf.mm, True)
