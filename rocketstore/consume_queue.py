@@ -24,7 +24,7 @@ RESERVE_WINDOW_MAX = 1 << 20
 POPULATED_WINDOW_MAX = 4 << 20
 
 
-def _reserve(f, end, populator):
+def _reserve(f, end, populator, mfq):
     """The writer is about to write units below `end`, past the file's refill_position.
     With a populator (PopulateAheadService) the next window is reserved and populated on
     its thread, ahead of the writer, which reserves only what it writes past the reserved
@@ -32,7 +32,7 @@ def _reserve(f, end, populator):
     dispatcher writing units holds the GIL, a page fault on each first touch there would
     hold it too, and populating runs without it (cext Mapping)."""
     if populator is not None:
-        populator.refill(f, end)
+        populator.refill(f, end, mfq)
         return
     old, new = f.reserve(end)
     f.populate(old, new)
@@ -100,7 +100,7 @@ class ConsumeQueue:
                                    reserve_window_max=(RESERVE_WINDOW_MAX if populator is None
                                                        else POPULATED_WINDOW_MAX),
                                    no_readahead_while_written=True,
-                                   keep_window=populator is not None)
+                                   populator=populator)
         # A PopulateAheadService populating this queue's windows off the writer's thread.
         self.populator = populator
         self.max_physic_offset = -1     # end (offset + size) of the last unit's record
@@ -265,7 +265,7 @@ class ConsumeQueue:
             k = min(room, n - start)
             pos = f.wrote_position
             if pos + k * UNIT > f.refill_position:
-                _reserve(f, pos + k * UNIT, self.populator)
+                _reserve(f, pos + k * UNIT, self.populator, self.mfq)
             self._k.cq_encode_batch(f.mm, pos, offsets[start:start + k], sizes[start:start + k],
                                     tags_codes[start:start + k])
             f.wrote_position = f.committed_position = pos + k * UNIT
@@ -292,7 +292,7 @@ class ConsumeQueue:
                 log.warning("[BUG] logic queue order maybe wrong: %s-%d expected %d got %d",
                             self.topic, self.queue_id, expect, current)
         if pos + UNIT > f.refill_position:
-            _reserve(f, pos + UNIT, self.populator)
+            _reserve(f, pos + UNIT, self.populator, self.mfq)
         self._k.cq_encode(f.mm, pos, offset, size, tags_code)
         f.wrote_position = f.committed_position = pos + UNIT
         self.max_physic_offset = offset + size

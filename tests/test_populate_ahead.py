@@ -32,8 +32,13 @@ class Recording(FileSystem):
         self.paths = {}
         self.populates = []
         self.reserves = []
+        self.creates = []
         self.full_parts = set()
         self.hold = None
+
+    def create_sized(self, path, size):
+        self.creates.append((threading.current_thread().name, _part(path)))
+        return super().create_sized(path, size)
 
     def map(self, path, size, writable=True, kernels=None):
         mm = super().map(path, size, writable, kernels=kernels)
@@ -84,7 +89,7 @@ def test_a_put_whose_queue_and_index_windows_end_populates_nothing_in_its_own_th
         # 120 000 units and entries: 2.4 MB of each, many windows of 16 KiB and up.
         _put_keyed_batches(store, 120)
         testing.wait_dispatched(store)
-        testing.wait_until(lambda: not store.populate_service._todo)
+        testing.wait_until(lambda: store.populate_service.pending == 0)
         mine = [p for p in fs.populates if p[0] == putter and p[1] in ("consumequeue", "index")]
         assert mine == []
         served = {p[1] for p in fs.populates if p[0] == SERVICE}
@@ -109,7 +114,7 @@ def test_queue_and_index_windows_populated_ahead_stay_bounded(tmp_path, backend)
         for round_ in range(6):
             _put_keyed_batches(store, 40, start=40 * round_)
             testing.wait_dispatched(store)
-            testing.wait_until(lambda: not store.populate_service._todo)
+            testing.wait_until(lambda: store.populate_service.pending == 0)
             cq = store.find_consume_queue("TopicA", 0).mfq.files[-1]
             index = store.index_service.index_file_list[-1]
             # An index file's entries end after the header, the slot table and its count.
@@ -202,3 +207,55 @@ def test_a_new_queue_file_starts_with_the_window_its_predecessor_grew_to_when_po
         # Grown again from the configured window (doubled once by its first reservation).
         assert second.reserve_window <= 2 * (16 << 10)
     cq.mfq.destroy()
+
+
+def test_a_queue_rolls_into_a_file_made_and_populated_off_the_putting_thread(tmp_path, backend):
+    fs = Recording()
+    store = testing.open_store(tmp_path / "s", backend, config=config(
+        mapped_file_size_consume_queue=20_000 * 20), fs=fs)
+    try:
+        putter = threading.current_thread().name
+        for b in range(70):                          # 3.5 files of 20 000 units
+            _put_keyed_batches(store, 1, start=b)
+            # The service keeps up (as its lead lets it, unless the machine starves it).
+            testing.wait_until(lambda: store.populate_service.pending == 0)
+        testing.wait_dispatched(store)
+        cq = store.find_consume_queue("TopicA", 0)
+        assert len(cq.mfq.files) == 4
+        queue_files = [c[0] for c in fs.creates if c[1] == "consumequeue"]
+        # The writer made the queue's first file; the service made each next one ahead.
+        assert queue_files.count(putter) == 1
+        assert queue_files.count(SERVICE) >= 3
+        assert cq.max_offset_in_queue == 70_000
+        assert store.get_message("g", "TopicA", 0, 69_999, 1).messages
+    finally:
+        store.shutdown()
+    # The file made for the next roll was never written: shutdown deleted it.
+    names = sorted(os.listdir(tmp_path / "s" / "consumequeue" / "TopicA" / "0"))
+    assert names == [f"{i * 400_000:020d}" for i in range(4)]
+    store = testing.open_store(tmp_path / "s", backend, config=config(
+        mapped_file_size_consume_queue=20_000 * 20))
+    try:
+        assert store.find_consume_queue("TopicA", 0).max_offset_in_queue == 70_000
+    finally:
+        store.shutdown()
+
+
+def test_a_file_made_ahead_is_deleted_when_the_queue_is_truncated_before_it(tmp_path, backend):
+    service = PopulateAheadService()             # not started: served in this thread
+    cq = ConsumeQueue(str(tmp_path), "TopicA", 0, 20_000 * 20, backend, FileSystem(),
+                      reserve_window=16 << 10, populator=service)
+    for i in range(39_000):                      # the second file reserved to its end
+        cq.put_unit(1000 + 100 * i, 100, 0, i)
+    directory = os.path.join(str(tmp_path), "consumequeue", "TopicA", "0")
+    assert sorted(os.listdir(directory)) == [f"{i * 400_000:020d}" for i in range(3)]
+    assert len(cq.mfq.files) == 2
+    # Back into the first file: the second is deleted, and the one made after it too.
+    cq.truncate_dirty_logic_files(1000 + 100 * 10_000)
+    assert sorted(os.listdir(directory)) == [f"{0:020d}"]
+    for i in range(10_000, 40_010):              # rolls into files made afresh
+        cq.put_unit(1000 + 100 * i, 100, 0, i)
+    assert cq.max_offset_in_queue == 40_010
+    assert [f.file_from_offset for f in cq.mfq.files] == [0, 400_000, 800_000]
+    cq.mfq.destroy()
+    assert os.listdir(directory) == []

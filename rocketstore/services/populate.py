@@ -34,17 +34,22 @@ class PopulateAheadService(ServiceThread):
     def __init__(self):
         super().__init__()
         self._lock = threading.Lock()
-        self._todo = []            # (MappedFile, writer's end, populate from or None, reserve)
+        # (MappedFile, writer's end (None: give its readahead back), populate from or None,
+        #  reserve, its MappedFileQueue or None)
+        self._todo = []
         # Bytes populated, and requests served on this thread / in the asking thread (the
         # service not running: before start, after shutdown). Read by stats and tests.
         self.populated_bytes = 0
         self.served = 0
         self.served_inline = 0
+        self.pending = 0           # requests asked and not yet served (0: idle)
 
-    def refill(self, mf, end):
+    def refill(self, mf, end, mfq=None):
         """The writer of `mf` is about to write below `end`, past mf.refill_position. Reserve
         what it needs now if that is past reserved_position (OSError(ENOSPC) on a full
-        disk: the write is refused), and have the next window reserved and populated."""
+        disk: the write is refused), and have the next window reserved and populated. With
+        `mfq` (the file's queue), the file after it is made here once `mf` is reserved to
+        its end (MappedFileQueue.prepare_next)."""
         lead = mf.reserve_window // 2
         mf.refill_lead = lead - lead % OS_PAGE_SIZE
         if end > mf.reserved_position:
@@ -53,24 +58,43 @@ class PopulateAheadService(ServiceThread):
             # writes next (a page at a time: these files have no readahead while written),
             # and the rest of that window is populated here meanwhile.
             mf.reserve(end)
-            self.ask(mf, end, start=end, reserve=False)
+            self.ask(mf, end, start=end, reserve=False, mfq=mfq)
             return
         # Asked once: the writer goes on below reserved_position without calling again,
         # until the window reserved here moves refill_position on.
         mf.refill_position = mf.reserved_position
-        self.ask(mf, end)
+        self.ask(mf, end, mfq=mfq)
 
-    def ask(self, mf, end, start=None, reserve=True):
+    def ask(self, mf, end, start=None, reserve=True, mfq=None):
         """Reserve the window ahead of `end` in `mf` (unless `reserve` is false) and populate
         what is reserved from `start` (default: what this reserves) up to a window past
         `end`, on this thread; in the caller's when it is not running."""
-        if self.is_alive and not self.is_stopped:
+        if self._running():
             with self._lock:
-                self._todo.append((mf, end, start, reserve))
+                self._todo.append((mf, end, start, reserve, mfq))
+                self.pending += 1
             self.wakeup()
         else:
             self.served_inline += 1
-            self._fill(mf, end, start, reserve)
+            self._fill(mf, end, start, reserve, mfq)
+
+    def give_readahead_back(self, mf):
+        """`mf` is no longer written (its queue rolled to a file made here): readers get its
+        readahead back, advised on this thread (a madvise waits for the mmap lock)."""
+        if self._running():
+            with self._lock:
+                self._todo.append((mf, None, None, False, None))
+                self.pending += 1
+            self.wakeup()
+        else:
+            self._advise_normal(mf)
+
+    def _running(self):
+        return self.is_alive and not self.is_stopped
+
+    def _advise_normal(self, mf):
+        if mf.is_available:
+            mf.advise_random(False)
 
     def run_once(self):
         self.wait_for_running(1000)
@@ -79,13 +103,20 @@ class PopulateAheadService(ServiceThread):
                 todo, self._todo = self._todo, []
             if not todo:
                 return
-            for mf, end, start, reserve in todo:
-                if self.is_stopped:
-                    return
-                self.served += 1
-                self._fill(mf, end, start, reserve)
+            for mf, end, start, reserve, mfq in todo:
+                try:
+                    if self.is_stopped:
+                        pass                # dropped: the writers reserve for themselves
+                    elif end is None:
+                        self._advise_normal(mf)
+                    else:
+                        self.served += 1
+                        self._fill(mf, end, start, reserve, mfq)
+                finally:
+                    with self._lock:
+                        self.pending -= 1
 
-    def _fill(self, mf, end, start, reserve):
+    def _fill(self, mf, end, start, reserve, mfq):
         if not mf.is_available:
             return
         old = mf.reserved_position
@@ -107,7 +138,28 @@ class PopulateAheadService(ServiceThread):
             # cannot close during its madvise (close() raises BufferError meanwhile).
             mf.populate(pos, stop)
             self.populated_bytes += stop - pos
+        if mfq is not None and mf.reserved_position >= mf.file_size:
+            self._prepare_next(mfq, mf)
+
+    def _prepare_next(self, mfq, mf):
+        """The file after `mf`, made with its first window reserved and populated."""
+        try:
+            nxt = mfq.prepare_next(mf)
+            if nxt is None:
+                return
+            lead = nxt.reserve_window // 2
+            nxt.refill_lead = lead - lead % OS_PAGE_SIZE
+            _, new = nxt.reserve(0, required=False)
+        except OSError as exc:
+            # The writer makes the file (or reserves in it) itself at the roll, and meets
+            # the error then, with a write to refuse.
+            log.info("%s: could not prepare the file after %s: %s", mfq.store_path,
+                     mf.file_name, exc)
+            return
+        nxt.populate(0, new)
+        self.populated_bytes += new
 
     def on_shutdown(self):
         with self._lock:
+            self.pending -= len(self._todo)
             self._todo = []
