@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from rocketstore import Message, testing
+from rocketstore import testing
 from rocketstore.consume_queue import POPULATED_WINDOW_MAX, RESERVE_WINDOW_MAX, ConsumeQueue
 from rocketstore.fs import FileSystem
 from rocketstore.index_file import ENTRY_RESERVE_WINDOW_MAX
