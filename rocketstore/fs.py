@@ -23,6 +23,22 @@ O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 # Linux 5.14+: fault every page of a range in, writable, in one call (no per-page first touch).
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
+
+def _libc_syncfs():
+    """libc's syncfs(2) (Linux 2.6.39+, glibc 2.14+), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).syncfs
+    except (AttributeError, OSError):
+        return None
+    fn.argtypes = [ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_syncfs = _libc_syncfs()
+
 # Python 3.13+: mmap.mmap need not keep a duplicate of the descriptor it maps.
 _NO_TRACKFD = {"trackfd": False} if sys.version_info >= (3, 13) else {}
 
@@ -340,6 +356,26 @@ class FileSystem:
             kernels.sync_range(mm, fd, start, length)
         finally:
             os.close(fd)
+
+    def sync_filesystem(self, path):
+        """Make every file of the file system holding `path` durable in one call (Linux's
+        syncfs): the data of files written through mappings, their metadata, one journal
+        commit and one cache flush. True once done; False where there is no syncfs, and the
+        caller syncs file by file. OSError when write-back failed (Linux 5.8+ reports it).
+
+        Thousands of ConsumeQueue files synced one msync each cost a journal commit check and
+        a device cache flush per file: about 1 ms each on ext4, 24 s to shut down a store of
+        10 000 queues. One syncfs covers them all."""
+        if _syncfs is None:
+            return False
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            if _syncfs(fd) != 0:           # ctypes releases the GIL for the call
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err), path)
+        finally:
+            os.close(fd)
+        return True
 
     def sync_checkpoint(self, mm, path):
         """msync the small checkpoint mapping (4 KiB: holding the GIL is cheaper than a call)."""

@@ -267,18 +267,31 @@ class MappedFile:
         next flush (a thorough one, least_pages == 0, takes everything). Writing a page back
         write-protects it and locks it while the I/O is submitted, so the writer's next
         append to that page would fault and could wait for a busy disk (doc/03 §2.3)."""
-        if not self.is_able_to_flush(least_pages) or not self.hold():
+        end = self.flush_end(least_pages)
+        if end is None or not self.hold():
             return self.flushed_position
         try:
             start = self.flushed_position
-            end = self.read_position
-            if least_pages > 0 and not self.is_full:
-                end -= end % OS_PAGE_SIZE
             self._fs.sync_mapped(self._k, self.mm, self.path, start, end - start)
             self.flushed_position = end
         finally:
             self.release()
         return self.flushed_position
+
+    def flush_end(self, least_pages=0):
+        """Where flush(least_pages) would make the file durable to now; None if it would not
+        flush."""
+        if not self.is_able_to_flush(least_pages):
+            return None
+        end = self.read_position
+        if least_pages > 0 and not self.is_full:
+            end -= end % OS_PAGE_SIZE
+        return end
+
+    def mark_flushed(self, end):
+        """A sync of the whole file system made [0, end) durable (MappedFileQueue.settle)."""
+        if end > self.flushed_position:
+            self.flushed_position = end
 
     def sync(self, start, end):
         """Make [start, end) durable, leaving flushed_position to the caller: SYNC_FLUSH's group

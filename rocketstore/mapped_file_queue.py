@@ -335,6 +335,33 @@ class MappedFileQueue:
             self.store_timestamp = ts
         return unchanged
 
+    def flush_plan(self, least_pages=0):
+        """What flush(least_pages), called until nothing moves, would make durable now, as
+        [(file, end, store time)]: for a sync of the whole file system to cover, after which
+        settle(plan) moves the positions as those flushes would have."""
+        plan = []
+        where = self.flushed_where
+        size = self.file_size
+        for f in self.files:
+            if f.file_from_offset + size <= where:
+                continue
+            ts = f.store_timestamp      # before the end, as flush reads them
+            end = f.flush_end(least_pages)
+            if end is None:
+                break
+            plan.append((f, end, ts))
+        return plan
+
+    def settle(self, plan, least_pages=0):
+        """The bytes of `plan` (flush_plan, same least_pages) are durable."""
+        for f, end, ts in plan:
+            f.mark_flushed(end)
+            where = f.file_from_offset + end
+            if where > self.flushed_where:
+                self.flushed_where = where
+            if least_pages == 0:
+                self.store_timestamp = ts
+
     # ---- truncation and deletion ---------------------------------------------------------
     def truncate_dirty_files(self, offset):
         """Drop everything at or after `offset`: later files are deleted, the containing one

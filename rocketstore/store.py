@@ -519,7 +519,7 @@ class MessageStore:
         self.commitlog.start()
         self.flush_cq_service = FlushConsumeQueueService(
             self.config, self.checkpoint, self.dirty_cqs, self.all_consume_queues(),
-            self.index_service.flush_pending)
+            self.index_service.flush_pending, self.fs, os.path.join(self.root, "consumequeue"))
         self.flush_cq_service.start()
         cfg = self.config
         if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH:

@@ -275,8 +275,8 @@ class FaultInjectingFileSystem(FileSystem):
       `match` accepts (a substring or a predicate; all paths by default), `times` times or
       until `heal()`. The operations are the FileSystem methods that can meet a full or
       failing disk: create, map (writable), reserve, sync (sync_mapped, sync_checkpoint,
-      fsync_dir), write (write_bytes, pwrite, splice), read (read_bytes, map read-only),
-      rename, remove, lock.
+      sync_filesystem, fsync_dir), write (write_bytes, pwrite, splice), read (read_bytes,
+      map read-only), rename, remove, lock.
     - It keeps, for each file the store writes, the bytes its last sync made durable (the
       first sight of a file that was already there counts as durable). `crash()` is the power
       cut: from then on nothing the process does reaches "the disk" (the calls still work, as
@@ -420,6 +420,22 @@ class FaultInjectingFileSystem(FileSystem):
     def fsync_dir(self, path):
         self._check("sync", path)
         super().fsync_dir(path)
+
+    def sync_filesystem(self, path):
+        # The whole file system: every file tracked so far is durable as it reads now
+        # (mapped writes included: read() sees the page cache).
+        self._check("sync", path)
+        if not super().sync_filesystem(path):
+            return False
+        with self._mutex:
+            paths = [p for p, image in self._durable.items() if image is not self._GONE]
+        for p in paths:
+            try:
+                with open(p, "rb") as f:
+                    self._synced(p, f.read())
+            except FileNotFoundError:
+                pass
+        return True
 
     def pwrite(self, fd, data, pos, path):
         self._check("write", path)

@@ -419,3 +419,85 @@ def test_units_written_after_a_truncation_are_flushed(tmp_path, backend, flushed
         assert cq.mfq.files[0].flushed_position == 52 * 20
     finally:
         store.shutdown()
+
+
+class _CountingSyncs(testing.FaultInjectingFileSystem):
+    """Counts per-file syncs of ConsumeQueue files and whole-file-system syncs."""
+
+    def __init__(self):
+        super().__init__()
+        self.cq_file_syncs = 0
+        self.fs_syncs = 0
+
+    def sync_mapped(self, kernels, mm, path, start, length):
+        if "consumequeue" in path:
+            self.cq_file_syncs += 1
+        super().sync_mapped(kernels, mm, path, start, length)
+
+    def sync_filesystem(self, path):
+        self.fs_syncs += 1
+        return super().sync_filesystem(path)
+
+
+_MANY = 8       # queues: the rounds below sync together from this many (SYNC_TOGETHER_MIN)
+
+
+def _many_queues_written(root, backend, fs, monkeypatch):
+    from rocketstore.services.flush import FlushConsumeQueueService
+    monkeypatch.setattr(FlushConsumeQueueService, "SYNC_TOGETHER_MIN", _MANY)
+    store = testing.open_store(root, backend, _cq_config(), fs=fs)
+    assert store.put_messages([Message("M", b"m%d-%d" % (q, i), queue_id=q)
+                               for q in range(_MANY) for i in range(3)]).status.ok
+    testing.wait_dispatched(store)
+    return store
+
+
+@pytest.mark.skipif(not FileSystem().sync_filesystem(os.getcwd()),
+                    reason="no syncfs on this platform")
+def test_a_round_of_many_queues_syncs_their_file_system_once_and_no_file(
+        tmp_path, backend, monkeypatch):
+    fs = _CountingSyncs()
+    store = _many_queues_written(tmp_path / "s", backend, fs, monkeypatch)
+    try:
+        store.flush_cq_service.do_flush(1, force=True)
+        cqs = _queues(store, "M").values()
+        assert (fs.fs_syncs, fs.cq_file_syncs) == (1, 0)
+        assert all(cq.mfq.flushed_where == cq.mfq.get_max_offset() == 3 * 20 for cq in cqs)
+        assert all(cq.mfq.files[0].flushed_position == 3 * 20 for cq in cqs)
+        assert len(store.dirty_cqs) == 0
+        # Fewer queues written than that: each is synced on its own.
+        store.put_messages([Message("M", b"again", queue_id=q) for q in range(3)])
+        testing.wait_dispatched(store)
+        store.flush_cq_service.do_flush(1, force=True)
+        assert (fs.fs_syncs, fs.cq_file_syncs) == (1, 3)
+    finally:
+        store.shutdown()
+
+
+def test_a_failed_file_system_sync_falls_back_to_a_sync_per_queue(tmp_path, backend,
+                                                                   monkeypatch):
+    fs = _CountingSyncs()
+    store = _many_queues_written(tmp_path / "s", backend, fs, monkeypatch)
+    try:
+        fs.fail("sync", errno.EIO, match=lambda p: p.endswith("consumequeue"), times=1)
+        store.flush_cq_service.do_flush(1, force=True)
+        cqs = _queues(store, "M").values()
+        assert fs.cq_file_syncs == _MANY
+        assert all(cq.mfq.flushed_where == cq.mfq.get_max_offset() == 3 * 20 for cq in cqs)
+    finally:
+        store.shutdown()
+
+
+def test_queues_synced_together_are_durable_at_a_power_cut(tmp_path, backend, monkeypatch):
+    root = tmp_path / "s"
+    fs = _CountingSyncs()
+    store = _many_queues_written(root, backend, fs, monkeypatch)
+    store.flush_cq_service.do_flush(1, force=True)
+    assert (fs.fs_syncs, fs.cq_file_syncs) == (1, 0)
+    units = {q: bytes(cq.mfq.files[0].mm[:3 * 20]) for q, cq in _queues(store, "M").items()}
+    fs.crash()
+    store.shutdown()
+    fs.drop_unsynced()
+    for q, want in units.items():
+        with open(root / "consumequeue" / "M" / str(q) / ("0" * 20), "rb") as f:
+            assert f.read(3 * 20) == want != bytes(3 * 20)

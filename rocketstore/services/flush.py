@@ -451,15 +451,26 @@ class FlushConsumeQueueService(ServiceThread):
     least, a second file) stays marked for the next."""
 
     name = "FlushConsumeQueueService"
+    # A round with at least this many queues to sync syncs their file system once instead
+    # (FileSystem.sync_filesystem): a sync per file costs ~1 ms on ext4 (journal commit
+    # check, device cache flush), and a thorough round or a shutdown of a store with
+    # 10 000 busy queues took 10-90 s. Below it, syncing the CommitLog's dirty pages with
+    # the queues' would cost more than it saves.
+    SYNC_TOGETHER_MIN = 64
 
-    def __init__(self, config, checkpoint, dirty_cqs, queues, flush_index=None):
+    def __init__(self, config, checkpoint, dirty_cqs, queues, flush_index=None, fs=None,
+                 cq_root=None):
         """`queues`: every ConsumeQueue now; `flush_index()` flushes the index files that
-        filled up (IndexService.flush_pending)."""
+        filled up (IndexService.flush_pending); `fs` and `cq_root`, the ConsumeQueues' file
+        system and directory, let a round of many queues sync them together."""
         super().__init__()
         self._config = config
         self._checkpoint = checkpoint
         self._dirty = dirty_cqs
         self._flush_index = flush_index
+        self._fs = fs
+        self._cq_root = cq_root
+        self.synced_together = 0        # rounds that took one file-system sync (tests, stats)
         self._last_thorough = 0
         # What loading, recovery and reput's catch-up left unflushed: once, every queue.
         dirty_cqs.mark_all(cq for cq in queues if _unflushed(cq))
@@ -479,7 +490,10 @@ class FlushConsumeQueueService(ServiceThread):
             snapshot = self._checkpoint.logics_msg_timestamp
         dirty = self._dirty
         left = []
-        for cq in dirty.take():
+        queues = dirty.take()
+        if len(queues) >= self.SYNC_TOGETHER_MIN and self._cq_root is not None:
+            self._sync_together(queues, least)
+        for cq in queues:
             for _ in range(retry_times):
                 if cq.flush(least):
                     break
@@ -491,6 +505,25 @@ class FlushConsumeQueueService(ServiceThread):
             if snapshot > 0:
                 self._checkpoint.logics_msg_timestamp = snapshot
             self._checkpoint.flush()
+
+    def _sync_together(self, queues, least):
+        """Make what this round would flush of `queues` durable with one sync of their file
+        system. Nothing changes if it cannot (no syncfs, or it failed): the round then syncs
+        file by file, as always, and a failing file reports itself there."""
+        plans = [(cq.mfq, cq.mfq.flush_plan(least)) for cq in queues]
+        plans = [(mfq, plan) for mfq, plan in plans if plan]
+        if len(plans) < self.SYNC_TOGETHER_MIN:
+            return
+        try:
+            if not self._fs.sync_filesystem(self._cq_root):
+                return
+        except OSError as exc:
+            log.warning("%s: syncing the file system failed (%s); syncing each queue",
+                        self.name, exc)
+            return
+        for mfq, plan in plans:
+            mfq.settle(plan, least)
+        self.synced_together += 1
 
     def run_once(self):
         self.wait_for_running(self._config.flush_interval_consume_queue)
