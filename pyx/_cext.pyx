@@ -651,7 +651,9 @@ def index_dispatch(rows, buf, f, int64_t skip, slow):
         while True:
             slot_num = f.slot_num
             index_num = f.index_num
-            limit = f.mf.reserved_position
+            # Entries go below refill_position (the reserved end, or a lead before it when
+            # a populator fills windows ahead); past it `slow` asks for more.
+            limit = f.mf.refill_position
             memset(&iv, 0, sizeof(iv))
             _rw(f.mm, &iv)
             try:
@@ -666,7 +668,7 @@ def index_dispatch(rows, buf, f, int64_t skip, slow):
             if stop == RS_INDEX_STOP_NONE:
                 return
             g = slow(f, row)
-            if g is f and f.mf.reserved_position <= limit:
+            if g is f and f.mf.refill_position <= limit:
                 raise RuntimeError(f"index_dispatch: no room made in {f!r} for row {row}")
             f = g
     finally:

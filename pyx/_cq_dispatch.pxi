@@ -58,7 +58,9 @@ cdef struct _CqState:
     const char *topic           # the topic's bytes: `short_topic`, or owned by the _CqSlot
     Py_ssize_t topic_len
     char *addr                  # the last file's mapping, pinned while `loaded`
-    int64_t cap, wrote, reserved, size, base, max_phy
+    # refill: the file's refill_position, where the writer asks for the next window (its
+    # reserved end, or half a window before it when a PopulateAheadService populates ahead)
+    int64_t cap, wrote, refill, size, base, max_phy
     uint64_t gen                # the call that loaded it; another call must load again
     uint64_t pass_no            # the last reput pass that appended to it (see _CqTable)
     bint loaded                 # loaded and pinned in the current call
@@ -132,11 +134,11 @@ cdef class _CqSlot:
     cdef object version         # held, so `is` means the same value
 
 
-_CQ_FILE_SLOTS = ("wrote_position", "committed_position", "reserved_position",
+_CQ_FILE_SLOTS = ("wrote_position", "committed_position", "refill_position",
                   "file_from_offset", "file_size", "mm")
 DEF CF_WROTE = 0
 DEF CF_COMMITTED = 1
-DEF CF_RESERVED = 2
+DEF CF_REFILL = 2
 DEF CF_FROM = 3
 DEF CF_SIZE = 4
 DEF CF_MM = 5
@@ -278,7 +280,7 @@ cdef class CqSlots:
         st.size = <object>_member(f, self._f[CF_SIZE])
         st.base = <object>_member(f, self._f[CF_FROM])
         st.wrote = <object>_member(f, self._f[CF_WROTE])
-        st.reserved = <object>_member(f, self._f[CF_RESERVED])
+        st.refill = <object>_member(f, self._f[CF_REFILL])
         st.max_phy = <object>_member(s.cq, self._cq[CQ_MAX])
         # What the objects hold now: publish writes only what the loop moved past these.
         st.pub_wrote = st.wrote
@@ -537,7 +539,7 @@ cdef Py_ssize_t _cq_run(_CqTable *t, const rs_scan_rec *rows, Py_ssize_t i, Py_s
             i += 1
             continue
         pos = st.wrote
-        if (pos + RS_CQ_STORE_UNIT_SIZE > st.size or pos + RS_CQ_STORE_UNIT_SIZE > st.reserved
+        if (pos + RS_CQ_STORE_UNIT_SIZE > st.size or pos + RS_CQ_STORE_UNIT_SIZE > st.refill
                 or r.queue_offset * RS_CQ_STORE_UNIT_SIZE != st.base + pos
                 or rs_cq_encode(<uint8_t *>st.addr, <size_t>st.cap, pos, r.phy_offset, r.size,
                                 r.tags_code) < 0):
@@ -552,7 +554,7 @@ cdef Py_ssize_t _cq_run(_CqTable *t, const rs_scan_rec *rows, Py_ssize_t i, Py_s
 def cq_dispatch(rows, buf, CqSlots slots, slow):
     """ConsumeQueue units for the scanned `rows` (format.SCAN_DTYPE) of `buf`, in one pass.
 
-    The common row appends one unit at its queue's write position inside the reserved region
+    The common row appends one unit at its queue's write position below the refill position
     of the queue's current file, without the GIL and with no Python object per row. Anything
     else (a queue not in `slots` yet, a topic hash shared by two topics, a roll, a gap, a unit
     already present, a reservation, a SCHEDULE_TOPIC_XXXX row) is `slow(i)`, which dispatches

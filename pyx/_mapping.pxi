@@ -26,6 +26,14 @@ cdef extern from "<sys/mman.h>" nogil:
 # Copies at least this long run without the GIL: touching a page of a mapping may wait on the
 # disk, and a producer must not wait with it.
 DEF NOGIL_MAP_BYTES = 65536
+# MADV_POPULATE_READ / MADV_POPULATE_WRITE (Linux 5.14+; not in every libc's headers). Each
+# call holds the process's mmap lock (read) for its whole range: a populate of tens of MiB,
+# preempted on a loaded machine, held it for seconds, and an mmap or a MADV_RANDOM of any
+# thread (a writer) queued behind it, and page faults of every thread behind that writer. A
+# populate goes a chunk per call, so the lock is let go between chunks.
+DEF RS_MADV_POPULATE_READ = 22
+DEF RS_MADV_POPULATE_WRITE = 23
+DEF POPULATE_CHUNK = 2097152
 cdef char *_FORMAT_B = b"B"      # unsigned bytes, as mmap.mmap exports
 
 __all__ += ("Mapping",)
@@ -276,9 +284,11 @@ cdef class Mapping:
 
     def madvise(self, int option, start=0, length=None):
         """madvise(2) on [start, start+length) (clamped to the mapping), without the GIL, so
-        MADV_POPULATE_WRITE faults pages in while producers run."""
-        cdef Py_ssize_t lo, n
-        cdef int rc
+        MADV_POPULATE_WRITE faults pages in while producers run; a populate goes 2 MiB per
+        madvise call, so other threads' mmap and madvise calls (and the page faults queued
+        behind them) wait for a chunk at most, not the whole range."""
+        cdef Py_ssize_t lo, n, off = 0, step
+        cdef int rc = 0
         self._live()
         lo = start
         if lo < 0 or lo >= self._size:
@@ -290,7 +300,13 @@ cdef class Mapping:
         self._exports += 1
         try:
             with nogil:
-                rc = madvise(self._addr + lo, <size_t>n, option)
+                if option == RS_MADV_POPULATE_WRITE or option == RS_MADV_POPULATE_READ:
+                    while off < n and rc == 0:
+                        step = min(<Py_ssize_t>POPULATE_CHUNK, n - off)
+                        rc = madvise(self._addr + lo + off, <size_t>step, option)
+                        off += step
+                else:
+                    rc = madvise(self._addr + lo, <size_t>n, option)
         finally:
             self._exports -= 1
         if rc != 0:

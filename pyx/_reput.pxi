@@ -70,7 +70,7 @@ def reput_dispatch(buf, int64_t start, int64_t end, rows, Py_ssize_t prev_n, CqS
         if indexing:
             slot_num = index_file.slot_num
             index_num = index_file.index_num
-            limit = index_file.mf.reserved_position
+            limit = index_file.mf.refill_position     # see index_dispatch
             _rw(index_file.mm, &iv)     # pinned: the file cannot unmap under the loop
         # The last pass's queues, loaded (and pinned) with the GIL held now rather than by a
         # retake in the middle. Their rows' topic bytes are compared in buf[:start] only,

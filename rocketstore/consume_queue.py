@@ -18,12 +18,22 @@ _FILLER = _UNIT.pack(0, 0x7FFFFFFF, 0)
 # A queue's window grows from consume_queue_reserve_window up to this as it is written:
 # 40 000 quiet queues hold a small window each, a busy one few fallocate calls.
 RESERVE_WINDOW_MAX = 1 << 20
+# The same for a queue a PopulateAheadService serves: the writer asks at half a window
+# before the reserved end, so a busy queue keeps up to 2 MiB (100 000 units) populated ahead
+# while the service waits for a CPU on a loaded machine.
+POPULATED_WINDOW_MAX = 4 << 20
 
 
-def _reserve(f, end):
-    """Reserve the next window of a queue file and fault it in at once: the dispatcher
-    writing units holds the GIL, a page fault on each first touch there would hold it too,
-    and populating runs without it (cext Mapping)."""
+def _reserve(f, end, populator, mfq):
+    """The writer is about to write units below `end`, past the file's refill_position.
+    With a populator (PopulateAheadService) the next window is reserved and populated on
+    its thread, ahead of the writer, which reserves only what it writes past the reserved
+    end itself. Without one the window is reserved and faulted in here, at once: the
+    dispatcher writing units holds the GIL, a page fault on each first touch there would
+    hold it too, and populating runs without it (cext Mapping)."""
+    if populator is not None:
+        populator.refill(f, end, mfq)
+        return
     old, new = f.reserve(end)
     f.populate(old, new)
 
@@ -69,7 +79,8 @@ class ConsumeQueue:
     """Units are written by the reput thread only; readers take `self.mfq.files` once."""
 
     __slots__ = ("topic", "queue_id", "mfq", "file_size", "max_physic_offset",
-                 "min_logic_offset", "_k", "_commit_log_min", "dirty", "_marked", "_version")
+                 "min_logic_offset", "_k", "_commit_log_min", "dirty", "_marked", "_version",
+                 "populator")
     # The compiled dispatcher (pyx/_cq_dispatch.pxi) marks the queues it wrote as put_unit's
     # _mark does, reading and setting the epoch a queue was last marked in. It keeps each
     # queue's append state (last file, positions) from call to call while `_version` is the
@@ -78,7 +89,7 @@ class ConsumeQueue:
     LENT_SLOTS = ("_marked", "_version")
 
     def __init__(self, root, topic, queue_id, file_size, kernels, fs, writable=True,
-                 reserve_window=0):
+                 reserve_window=0, populator=None):
         self.topic = topic
         self.queue_id = queue_id
         # getMappedFileSizeConsumeQueue rounds the configured size up to whole units.
@@ -86,8 +97,12 @@ class ConsumeQueue:
         path = os.path.join(root, "consumequeue", topic, str(queue_id))
         self.mfq = MappedFileQueue(path, self.file_size, kernels, fs, writable,
                                    reserve_window=reserve_window,
-                                   reserve_window_max=RESERVE_WINDOW_MAX,
-                                   no_readahead_while_written=True)
+                                   reserve_window_max=(RESERVE_WINDOW_MAX if populator is None
+                                                       else POPULATED_WINDOW_MAX),
+                                   no_readahead_while_written=True,
+                                   populator=populator)
+        # A PopulateAheadService populating this queue's windows off the writer's thread.
+        self.populator = populator
         self.max_physic_offset = -1     # end (offset + size) of the last unit's record
         self.min_logic_offset = 0       # byte offset of the first valid unit
         self._k = kernels
@@ -249,8 +264,8 @@ class ConsumeQueue:
             room = (f.file_size - f.wrote_position) // UNIT
             k = min(room, n - start)
             pos = f.wrote_position
-            if pos + k * UNIT > f.reserved_position:
-                _reserve(f, pos + k * UNIT)
+            if pos + k * UNIT > f.refill_position:
+                _reserve(f, pos + k * UNIT, self.populator, self.mfq)
             self._k.cq_encode_batch(f.mm, pos, offsets[start:start + k], sizes[start:start + k],
                                     tags_codes[start:start + k])
             f.wrote_position = f.committed_position = pos + k * UNIT
@@ -276,8 +291,8 @@ class ConsumeQueue:
             if expect != current:
                 log.warning("[BUG] logic queue order maybe wrong: %s-%d expected %d got %d",
                             self.topic, self.queue_id, expect, current)
-        if pos + UNIT > f.reserved_position:
-            _reserve(f, pos + UNIT)
+        if pos + UNIT > f.refill_position:
+            _reserve(f, pos + UNIT, self.populator, self.mfq)
         self._k.cq_encode(f.mm, pos, offset, size, tags_code)
         f.wrote_position = f.committed_position = pos + UNIT
         self.max_physic_offset = offset + size

@@ -45,10 +45,10 @@ class IndexFile:
     """One index file. `end_phy_offset` / `end_timestamp` pre-seed a new file's header with
     the previous file's end values (IndexFile's constructor), as the broker does on roll."""
 
-    __slots__ = ("mf", "slot_num", "index_num", "file_size", "_k", "_fs")
+    __slots__ = ("mf", "slot_num", "index_num", "file_size", "_k", "_fs", "populator")
 
     def __init__(self, path, slot_num, index_num, kernels, fs, writable=True,
-                 end_phy_offset=0, end_timestamp=0):
+                 end_phy_offset=0, end_timestamp=0, populator=None):
         self.slot_num = slot_num
         self.index_num = index_num
         self.file_size = index_file_size(slot_num, index_num)
@@ -65,6 +65,10 @@ class IndexFile:
         # would zero-fill a whole window (read_ahead_kb, 8 MiB on many disks) in one fault,
         # in the putting thread when dispatch runs inline: a put stalled for tens of ms.
         fs.advise_random(self.mf.mm, True)
+        # A PopulateAheadService reserving and populating entry windows off the writer's
+        # thread; None: the writer reserves, and faults pages. The slot table is not
+        # populated: its pages are written at random, and only those keys reach.
+        self.populator = populator
         if fresh:
             try:
                 self.reserve_entries(1)
@@ -137,15 +141,20 @@ class IndexFile:
     # ---- writes (reput thread only) -----------------------------------------------------------
     def reserve_entries(self, n):
         """Reserve the header, the slot table and the next `n` entries before a put writes
-        there (OSError(ENOSPC) on a full disk, never SIGBUS)."""
+        there (OSError(ENOSPC) on a full disk, never SIGBUS). Writers write entries below
+        the file's refill_position; past it a populator is asked for the next window."""
+        mf = self.mf
         table = F.INDEX_HEADER_SIZE + self.slot_num * F.INDEX_SLOT_SIZE
-        if table > self.mf.reserved_position:
+        if table > mf.reserved_position:
             # Before the header is read: on tmpfs even a read through the mapping allocates
             # the page, so a full disk would raise SIGBUS at index_count.
-            self.mf.reserve(table)
+            mf.reserve(table)
         end = min(self.file_size, table + (self.index_count + n) * F.INDEX_ENTRY_SIZE)
-        if end > self.mf.reserved_position:
-            self.mf.reserve(end)
+        if end > mf.refill_position:
+            if self.populator is not None:
+                self.populator.refill(mf, end)
+            elif end > mf.reserved_position:
+                mf.reserve(end)
 
     def put_key(self, key, phy_offset, store_timestamp):
         """IndexFile#putKey of the UTF-8 key (`topic#key`, str or bytes); False when full."""

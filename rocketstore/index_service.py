@@ -98,6 +98,8 @@ class IndexService(Dispatcher):
         self.dropped = []               # names load() destroyed as past the checkpoint
         # The backend's compiled row loop (index_dispatch), if it has one.
         self._k_dispatch = getattr(self._k, "index_dispatch", None)
+        # The store's PopulateAheadService, given to every file opened or made from now on.
+        self.populator = None
 
     # ---- load ---------------------------------------------------------------------------------
     def load(self, last_exit_ok, checkpoint):
@@ -165,7 +167,7 @@ class IndexService(Dispatcher):
         drop = False
         for path in paths:
             f = IndexFile(path, self.hash_slot_num, self.index_num, self._k, self._fs,
-                          writable=self.writable)
+                          writable=self.writable, populator=self.populator)
             if not last_exit_ok and self.writable and (drop or f.end_timestamp > index_ts):
                 log.info("index file %s ends after the checkpoint (%d > %d) or follows one "
                          "that does: destroyed, to be rebuilt", f.file_name, f.end_timestamp,
@@ -198,7 +200,7 @@ class IndexService(Dispatcher):
             end_phy, end_ts = prev.end_phy_offset, prev.end_timestamp
         f = IndexFile(os.path.join(self.store_path, name), self.hash_slot_num, self.index_num,
                       self._k, self._fs, writable=True, end_phy_offset=end_phy,
-                      end_timestamp=end_ts)
+                      end_timestamp=end_ts, populator=self.populator)
         with self._lock:
             self.index_file_list = files + [f]
             if prev is not None:

@@ -190,6 +190,11 @@ class MappedFile:
         (from open_writer_fd), all of them (FileSystem.splice)."""
         self._fs.splice(pipe_fd, fd, count, pos, self.path)
 
+    def advise_random(self, random=True):
+        """MADV_RANDOM on the mapping while a writer fills it (a first touch brings in one
+        page, not a readahead window of zeros); MADV_NORMAL (readahead back) with False."""
+        self._fs.advise_random(self.mm, random)
+
     def close_fd(self, fd):
         """Close a descriptor from open_writer_fd; readers get readahead back (the writer may
         advise again when it comes back)."""

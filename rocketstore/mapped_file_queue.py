@@ -91,7 +91,8 @@ class MappedFileQueue:
     reader thread can take `self.files` once and walk it without a lock."""
 
     def __init__(self, store_path, file_size, kernels, fs, writable=True, allocator=None,
-                 reserve_window=0, reserve_window_max=None, no_readahead_while_written=False):
+                 reserve_window=0, reserve_window_max=None, no_readahead_while_written=False,
+                 populator=None):
         self.store_path = store_path
         self.file_size = file_size
         self.files = []
@@ -109,6 +110,15 @@ class MappedFileQueue:
         # readahead window of zeros (read_ahead_kb, 8 MiB on many disks: more than a whole
         # ConsumeQueue file) in the writer's thread. The file it leaves gets readahead back.
         self.no_readahead_while_written = no_readahead_while_written
+        # A PopulateAheadService populating this queue's windows ahead of its writer, when
+        # set. It also makes the next file once the last one is reserved to its end
+        # (prepare_next), so the writer's roll takes a file made, mapped and populated off
+        # its thread: no create, mmap or madvise there (each of those waits for the
+        # process's mmap lock, which a long populate elsewhere holds). A new file starts with
+        # the reservation window its predecessor grew to: a busy queue keeps its lead across
+        # a roll instead of growing it again from the configured size.
+        self.populator = populator
+        self._prepared = None        # the next file, made ahead; guarded by _lock
         self._lock = threading.Lock()
         self.root = None             # the store root: no directory is created outside it
         self.stray_names = []        # names load() found and left alone, not being segments
@@ -246,21 +256,64 @@ class MappedFileQueue:
             last = self.last_file
             if last is not None and last.file_from_offset >= offset:
                 return last
-            path = self.path_to_create(offset)
-            if self._allocator is not None:
-                mf = self._allocator.take(path, offset + self.file_size)
+            prepared, self._prepared = self._prepared, None
+            if prepared is not None and prepared.file_from_offset != offset:
+                prepared.destroy()          # made for an end since truncated: never used
+                prepared = None
+            if prepared is not None:
+                mf = prepared
+                if self.no_readahead_while_written and last is not None:
+                    self.populator.give_readahead_back(last)
+            elif self._allocator is not None:
+                mf = self._allocator.take(self.path_to_create(offset), offset + self.file_size)
             else:
-                mf = MappedFile(path, self.file_size, self._k, self._fs,
-                                reserve_window=self.reserve_window,
-                                reserve_window_max=self.reserve_window_max)
-                if self.no_readahead_while_written:
-                    self._fs.advise_random(mf.mm, True)
-                    if last is not None and last.is_available:
-                        self._fs.advise_random(last.mm, False)
+                mf = self._make(offset, last)
+                if self.no_readahead_while_written and last is not None and last.is_available:
+                    self._fs.advise_random(last.mm, False)
             if not self.files:
                 mf.first_create_in_queue = True
             self.files = self.files + [mf]
+        if prepared is not None and mf.reserved_position >= self.file_size:
+            # Reserved whole already (a file no larger than its window): its writer never
+            # asks for a window in it, so the file after it is asked for now (outside the
+            # lock, which prepare_next takes).
+            self.populator.ask(mf, self.file_size, start=self.file_size, reserve=False,
+                               mfq=self)
+        return mf
+
+    def _make(self, offset, last):
+        window = self.reserve_window
+        if self.populator is not None and last is not None:
+            window = max(window, last.reserve_window)
+        mf = MappedFile(self.path_to_create(offset), self.file_size, self._k, self._fs,
+                        reserve_window=window, reserve_window_max=self.reserve_window_max)
+        if self.no_readahead_while_written:
+            self._fs.advise_random(mf.mm, True)
+        return mf
+
+    def prepare_next(self, after):
+        """Make the file that follows `after` (the last file, reserved to its end) for the
+        roll to come, on the populator's thread; the file, or None when there is nothing to
+        make (made already, or `after` is no longer the last file). The caller reserves and
+        populates its first window. OSError (a full disk) leaves the roll to the writer,
+        which meets the error with a write to refuse."""
+        with self._lock:
+            # Under the lock _create takes: the writer never makes this path meanwhile.
+            files = self.files
+            if (self._prepared is not None or not files or files[-1] is not after
+                    or not after.is_available or not self.writable):
+                return None
+            mf = self._make(after.file_from_offset + self.file_size, after)
+            self._prepared = mf
             return mf
+
+    def drop_prepared(self):
+        """Delete the file made ahead, if any: it was never written, and left on disk it
+        would load as an empty segment past the end."""
+        with self._lock:
+            mf, self._prepared = self._prepared, None
+        if mf is not None:
+            mf.destroy()
 
     # ---- flush -------------------------------------------------------------------------
     def flush(self, least_pages=0):
@@ -329,6 +382,7 @@ class MappedFileQueue:
             else:
                 keep.append(f)
         self.files = keep
+        self.drop_prepared()
 
     def mark_flushed(self, flushed, store_timestamp):
         """[.., flushed) was synced by a caller (the group commit's own syncs): the queue's and
@@ -410,6 +464,7 @@ class MappedFileQueue:
                 files[-1].destroy()
             else:
                 files[-1].close()
+        self.drop_prepared()
 
     def destroy(self):
         for f in self.files:
@@ -419,8 +474,10 @@ class MappedFileQueue:
                 f.close()
         self.files = []
         self.flushed_where = self.committed_where = 0
+        self.drop_prepared()
 
     def close(self):
         for f in self.files:
             f.close()
         self.files = []
+        self.drop_prepared()

@@ -43,6 +43,7 @@ from .services.scheduler import StoreScheduledService
 from .services.flush import (CommitRealTimeService, CompiledGroupCommitService,
                              FlushConsumeQueueService, FlushRealTimeService,
                              GroupCommitService)
+from .services.populate import PopulateAheadService
 from .services.reput import ReputMessageService, WrittenRows
 from .services.schedule import ScheduleMessageService
 from .stats import (LOCK_BEGIN, PUT_BYTES, PUT_FAILED, PUT_HIST, PUT_LATENCY_BUCKETS,
@@ -183,6 +184,11 @@ class MessageStore:
         # It dispatches after the CQs, and cleaning trims it after them.
         self.index_service = IndexService(self.root, self.config, self.kernels, self.fs,
                                           self.writable)
+        # Reserves and populates queue and index windows ahead of their writer (the putting
+        # thread, with dispatch inline); running from start() to shutdown(), inline
+        # otherwise (recovery, a store never started).
+        self.populate_service = PopulateAheadService() if self.writable else None
+        self.index_service.populator = self.populate_service
         if self.config.message_index_enable:
             self._dispatchers.append(self.index_service)
         self.clean_commitlog_service = CleanCommitLogService(
@@ -498,6 +504,8 @@ class MessageStore:
             self.load()
         if self._running:
             return
+        # First: the catch-up dispatch below and every writer after it ask it for windows.
+        self.populate_service.start()
         reput_from = max(0, self.commitlog.min_offset)
         for cq in self.all_consume_queues():
             reput_from = max(reput_from, cq.max_physic_offset)
@@ -621,6 +629,8 @@ class MessageStore:
                 self.commit_service.shutdown()      # commit write buffers before the drain
             self.reput_service.shutdown()
             caught_up = self.reput_service.behind() <= 0
+            # After the last dispatch: no writer asks it for a window any more.
+            self.populate_service.shutdown()
             self.flush_service.shutdown()
             self.flush_cq_service.shutdown()
             self.index_service.flush()
@@ -727,7 +737,8 @@ class MessageStore:
             if cq is None:
                 cq = ConsumeQueue(self.root, topic, queue_id, self.config.cq_file_size,
                                   self.kernels, self.fs, writable=self.writable,
-                                  reserve_window=self.config.consume_queue_reserve_window)
+                                  reserve_window=self.config.consume_queue_reserve_window,
+                                  populator=self.populate_service)
                 cq.mfq.root = self.root
                 cq.dirty = self.dirty_cqs
                 queues[queue_id] = cq

@@ -103,6 +103,8 @@ def test_retried_dispatch_adds_no_unit(tmp_path, backend):
         for i in range(40):
             assert store.put_message(Message("T", b"m%d" % i, queue_id=i % 2)).status.ok
         testing.wait_dispatched(store)
+        # The populate service may still be making a queue's next file (an empty one).
+        testing.wait_until(lambda: store.populate_service.pending == 0)
         before = cq_digest(tmp_path / "s")
         with store.reput_service.dispatch_lock:
             store.reput_service.reput_from_offset = 0

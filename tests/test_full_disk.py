@@ -456,7 +456,9 @@ def test_a_file_ended_through_a_write_buffer_has_every_committed_byte_reserved(t
 
 def test_a_busy_queue_reserves_in_growing_windows_and_a_quiet_one_keeps_the_first(tmp_path,
                                                                                      backend):
-    from rocketstore.consume_queue import RESERVE_WINDOW_MAX
+    # A store's queues have their windows populated ahead (PopulateAheadService), up to
+    # this cap.
+    from rocketstore.consume_queue import POPULATED_WINDOW_MAX
     store = testing.open_store(tmp_path / "s", backend, testing.small_config(
         mapped_file_size_commit_log=16 << 20, mapped_file_size_consume_queue=600_000 * 20))
     try:
@@ -470,7 +472,7 @@ def test_a_busy_queue_reserves_in_growing_windows_and_a_quiet_one_keeps_the_firs
         quiet = store.find_consume_queue("Quiet", 0).mfq.files[-1]
         # 600 000 bytes of units: windows of 16, 32, ... KiB, never past the cap, and never
         # more than one window reserved ahead of the units written.
-        assert first < busy.reserve_window <= RESERVE_WINDOW_MAX
+        assert first < busy.reserve_window <= POPULATED_WINDOW_MAX
         assert busy.reserved_position - busy.wrote_position <= busy.reserve_window
         assert quiet.reserve_window <= 2 * first and quiet.reserved_position <= first + 4096
     finally:

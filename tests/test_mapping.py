@@ -235,3 +235,27 @@ def test_mapping_populates_pages_as_mmap_does(Mapping, tmp_path):
     finally:
         ours.close()
         ref.close()
+
+
+def test_mapping_populates_a_range_longer_than_its_populate_chunk_whole(Mapping, tmp_path):
+    """A populate goes 2 MiB per madvise call (so other threads' mmap calls wait for one
+    chunk, not the range): every page of a range of several chunks and a bit is allocated,
+    and nothing past it, as mmap.mmap's single call does."""
+    from rocketstore.fs import MADV_POPULATE_WRITE
+    size = 8 << 20
+    length = (5 << 20) + 3 * mmap.PAGESIZE            # 2.5 chunks, from an odd start
+    ours_path, ref_path = _file(tmp_path, size, "a"), _file(tmp_path, size, "b")
+    ours = _open(Mapping, ours_path, size)
+    with open(ref_path, "r+b") as f:
+        ref = mmap.mmap(f.fileno(), size)
+    try:
+        got = [_outcome(m.madvise, MADV_POPULATE_WRITE, 5 * mmap.PAGESIZE, length)
+               for m in (ours, ref)]
+        assert got[0] == got[1]
+        if got[0][0] == "ok":
+            # Blocks, not cached pages: readahead may bring in more around a fault.
+            assert os.stat(ours_path).st_blocks == os.stat(ref_path).st_blocks
+            assert os.stat(ours_path).st_blocks * 512 == length
+    finally:
+        ours.close()
+        ref.close()

@@ -55,6 +55,7 @@ class AllocateMappedFileService(ServiceThread):
         self._ready = {}           # path -> MappedFile prepared in the background
         self._writing = None       # the file whose writer this thread refilled last
         self._adopted = None       # the file adopt() took last (without readahead)
+        self._readahead_back = []  # files adopt() left, to get readahead back here
         # The writer's pace, measured between its refill requests: (file, end, ns) of the
         # last request, and bytes/s. The time from a request to its window populated, in
         # seconds: queueing, this thread's wait for a CPU on a loaded machine, and the
@@ -66,12 +67,18 @@ class AllocateMappedFileService(ServiceThread):
 
     def _make(self, path):
         # A sparse file; its blocks are reserved a window at a time (MappedFile.reserve).
-        return MappedFile(path, self.file_size, self._k, self._fs, pool=self.pool,
-                          reserve_window=self._window)
+        mf = MappedFile(path, self.file_size, self._k, self._fs, pool=self.pool,
+                        reserve_window=self._window)
+        if self._prefault:
+            # Made to be written (see adopt): advised here, usually on this thread, since a
+            # madvise waits for the mmap lock, which a populate elsewhere may hold long.
+            mf.advise_random(True)
+        return mf
 
-    def adopt(self, mf, end=None):
+    def adopt(self, mf, end=None, advised=False):
         """Keep a window reserved and populated ahead of the writer of `mf` from now on, the
-        first from `end` (default: its write position) on; a no-op without prefault."""
+        first from `end` (default: its write position) on; a no-op without prefault.
+        `advised`: `mf` was made by _make, which advised it already."""
         if self._prefault:
             # The writer's file has no readahead: a page the writer reaches before this
             # thread populated it (this thread being late, on a loaded machine) then costs
@@ -80,9 +87,13 @@ class AllocateMappedFileService(ServiceThread):
             # readahead back for readers.
             with self._lock:
                 left, self._adopted = self._adopted, mf
+                if left is not None and left is not mf:
+                    # On this thread, not the writer's (a madvise waits for the mmap lock).
+                    self._readahead_back.append(left)
             if left is not None and left is not mf:
-                self._fs.advise_random(left.mm, False)
-            self._fs.advise_random(mf.mm, True)
+                self.wakeup()
+            if not advised:
+                mf.advise_random(True)
             self._size_window(mf)
             self.populate(mf, mf.wrote_position if end is None else end)
 
@@ -220,7 +231,7 @@ class AllocateMappedFileService(ServiceThread):
                 with self._lock:
                     self._taking.discard(path)
         # Populated already, or not yet (see _fill_ready): urgent from now on.
-        self.adopt(mf, 0)
+        self.adopt(mf, 0, advised=True)
         self.want(os.path.join(os.path.dirname(path), "%020d" % next_offset))
         return mf
 
@@ -232,6 +243,11 @@ class AllocateMappedFileService(ServiceThread):
 
     def run_once(self):
         self.wait_for_running(1000)
+        with self._lock:
+            back, self._readahead_back = self._readahead_back, []
+        for mf in back:
+            if mf.is_available:
+                mf.advise_random(False)
         self._refill_pending()
         self._make_wanted()
         if self._prefault:
@@ -265,5 +281,6 @@ class AllocateMappedFileService(ServiceThread):
             ready, self._ready = self._ready, {}
             self._refill = []
         self._writing = self._adopted = None
+        self._readahead_back = []
         for mf in ready.values():
             mf.destroy()

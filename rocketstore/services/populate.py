@@ -1,0 +1,165 @@
+# SPDX-License-Identifier: Apache-2.0
+"""PopulateAheadService: reserves and populates the next window of ConsumeQueue and index
+files ahead of their writer, on its own thread.
+
+Units and index entries are written by whichever thread dispatches: the reput thread, or the
+putting thread itself when dispatch runs inline (dispatch_in_put_lag, 0 by default). Before
+this service that thread populated each new window of a queue file itself (up to 1 MiB,
+inside a put: 40-80 ms on a loaded machine, where the populate took its CPU share and the
+page cache's dirty throttling) and took a first-touch fault per page of index entries.
+
+A file served here has a `refill_lead` of half its window: its writer reaches
+refill_position while that much reserved and populated space is still ahead of it, asks
+(`refill`), and goes on writing at once; this thread reserves the next window (fallocate)
+and populates it. The writer reserves itself only what it is about to write past
+reserved_position (this thread lagged, or the file is new), so a full disk still refuses
+that write with ENOSPC and nothing is ever written or populated outside reserved blocks.
+Windows stay bounded: a file's window doubles from its configured size up to its
+reserve_window_max (a few MiB), and this thread populates one window past the writer at most.
+
+Separate from AllocateMappedFileService, which populates the CommitLog ahead in steps of up
+to tens of MB: a queue's request must not wait behind one of those."""
+import logging
+import threading
+
+from ..format import OS_PAGE_SIZE
+from .base import ServiceThread
+
+log = logging.getLogger(__name__)
+
+
+class PopulateAheadService(ServiceThread):
+    name = "PopulateAheadService"
+
+    def __init__(self):
+        super().__init__()
+        self._lock = threading.Lock()
+        # (MappedFile, writer's end (None: give its readahead back), populate from or None,
+        #  reserve, its MappedFileQueue or None)
+        self._todo = []
+        # Bytes populated, and requests served on this thread / in the asking thread (the
+        # service not running: before start, after shutdown). Read by stats and tests.
+        self.populated_bytes = 0
+        self.served = 0
+        self.served_inline = 0
+        self.pending = 0           # requests asked and not yet served (0: idle)
+
+    def refill(self, mf, end, mfq=None):
+        """The writer of `mf` is about to write below `end`, past mf.refill_position. Reserve
+        what it needs now if that is past reserved_position (OSError(ENOSPC) on a full
+        disk: the write is refused), and have the next window reserved and populated. With
+        `mfq` (the file's queue), the file after it is made here once `mf` is reserved to
+        its end (MappedFileQueue.prepare_next)."""
+        lead = mf.reserve_window // 2
+        mf.refill_lead = lead - lead % OS_PAGE_SIZE
+        if end > mf.reserved_position:
+            # This thread lagged or the file is new: the writer reserves a window itself
+            # (its refill_position half a window on, where it asks again), faults what it
+            # writes next (a page at a time: these files have no readahead while written),
+            # and the rest of that window is populated here meanwhile.
+            mf.reserve(end)
+            self.ask(mf, end, start=end, reserve=False, mfq=mfq)
+            return
+        # Asked once: the writer goes on below reserved_position without calling again,
+        # until the window reserved here moves refill_position on.
+        mf.refill_position = mf.reserved_position
+        self.ask(mf, end, mfq=mfq)
+
+    def ask(self, mf, end, start=None, reserve=True, mfq=None):
+        """Reserve the window ahead of `end` in `mf` (unless `reserve` is false) and populate
+        what is reserved from `start` (default: what this reserves) up to a window past
+        `end`, on this thread; in the caller's when it is not running."""
+        if self._running():
+            with self._lock:
+                self._todo.append((mf, end, start, reserve, mfq))
+                self.pending += 1
+            self.wakeup()
+        else:
+            self.served_inline += 1
+            self._fill(mf, end, start, reserve, mfq)
+
+    def give_readahead_back(self, mf):
+        """`mf` is no longer written (its queue rolled to a file made here): readers get its
+        readahead back, advised on this thread (a madvise waits for the mmap lock)."""
+        if self._running():
+            with self._lock:
+                self._todo.append((mf, None, None, False, None))
+                self.pending += 1
+            self.wakeup()
+        else:
+            self._advise_normal(mf)
+
+    def _running(self):
+        return self.is_alive and not self.is_stopped
+
+    def _advise_normal(self, mf):
+        if mf.is_available:
+            mf.advise_random(False)
+
+    def run_once(self):
+        self.wait_for_running(1000)
+        while True:
+            with self._lock:
+                todo, self._todo = self._todo, []
+            if not todo:
+                return
+            for mf, end, start, reserve, mfq in todo:
+                try:
+                    if self.is_stopped:
+                        pass                # dropped: the writers reserve for themselves
+                    elif end is None:
+                        self._advise_normal(mf)
+                    else:
+                        self.served += 1
+                        self._fill(mf, end, start, reserve, mfq)
+                finally:
+                    with self._lock:
+                        self.pending -= 1
+
+    def _fill(self, mf, end, start, reserve, mfq):
+        if not mf.is_available:
+            return
+        old = mf.reserved_position
+        if reserve:
+            try:
+                old, _ = mf.reserve(end, required=False)
+            except OSError as exc:
+                # The writer reserves what it needs itself when it gets there, and meets
+                # the error then, with a write to refuse.
+                log.info("%s: could not reserve ahead of the writer: %s", mf.path, exc)
+                return
+        pos = max(old if start is None else start, mf.wrote_position)
+        pos -= pos % OS_PAGE_SIZE
+        # One window past the writer at most, even where the file system reserves nothing
+        # (the whole file counts as reserved then).
+        stop = min(mf.reserved_position, end + mf.reserve_window)
+        if stop > pos:
+            # A closed mapping raises ValueError, which prefault ignores; the cext Mapping
+            # cannot close during its madvise (close() raises BufferError meanwhile).
+            mf.populate(pos, stop)
+            self.populated_bytes += stop - pos
+        if mfq is not None and mf.reserved_position >= mf.file_size:
+            self._prepare_next(mfq, mf)
+
+    def _prepare_next(self, mfq, mf):
+        """The file after `mf`, made with its first window reserved and populated."""
+        try:
+            nxt = mfq.prepare_next(mf)
+            if nxt is None:
+                return
+            lead = nxt.reserve_window // 2
+            nxt.refill_lead = lead - lead % OS_PAGE_SIZE
+            _, new = nxt.reserve(0, required=False)
+        except OSError as exc:
+            # The writer makes the file (or reserves in it) itself at the roll, and meets
+            # the error then, with a write to refuse.
+            log.info("%s: could not prepare the file after %s: %s", mfq.store_path,
+                     mf.file_name, exc)
+            return
+        nxt.populate(0, new)
+        self.populated_bytes += new
+
+    def on_shutdown(self):
+        with self._lock:
+            self.pending -= len(self._todo)
+            self._todo = []

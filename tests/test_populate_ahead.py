@@ -1,0 +1,261 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ConsumeQueue and index windows are reserved and populated ahead of their writer by the
+store's PopulateAheadService: a put that dispatches inline (the default) never populates a
+queue or index window in its own thread, windows stay bounded, and the writer still reserves
+what it writes itself when the service lags, so a full disk refuses cleanly."""
+import errno
+import os
+import threading
+
+import pytest
+
+from rocketstore import testing
+from rocketstore.consume_queue import POPULATED_WINDOW_MAX, RESERVE_WINDOW_MAX, ConsumeQueue
+from rocketstore.fs import FileSystem
+from rocketstore.index_file import ENTRY_RESERVE_WINDOW_MAX
+from rocketstore.services.populate import PopulateAheadService
+
+SERVICE = PopulateAheadService.name
+
+
+def _part(path):
+    parts = (path or "").split(os.sep)
+    return next((p for p in ("commitlog", "consumequeue", "index") if p in parts), None)
+
+
+class Recording(FileSystem):
+    """Records every populate (thread, store part, start, length) and every reservation
+    (thread, store part); `full_parts` refuses reservations of those parts with ENOSPC;
+    `hold` (an Event) keeps the service's populates waiting until it is set."""
+
+    def __init__(self):
+        self.paths = {}
+        self.populates = []
+        self.reserves = []
+        self.creates = []
+        self.full_parts = set()
+        self.hold = None
+
+    def create_sized(self, path, size):
+        self.creates.append((threading.current_thread().name, _part(path)))
+        return super().create_sized(path, size)
+
+    def map(self, path, size, writable=True, kernels=None):
+        mm = super().map(path, size, writable, kernels=kernels)
+        self.paths[id(mm)] = path
+        return mm
+
+    def reserve(self, path, offset, length):
+        part = _part(path)
+        self.reserves.append((threading.current_thread().name, part))
+        if part in self.full_parts:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return super().reserve(path, offset, length)
+
+    def prefault(self, mm, start=0, length=None, chunk=1 << 20):
+        thread = threading.current_thread().name
+        if self.hold is not None and thread == SERVICE:
+            self.hold.wait(30)
+        self.populates.append((thread, _part(self.paths.get(id(mm))), start, length))
+        return super().prefault(mm, start, length, chunk)
+
+
+def _page_up(n):
+    # A file's last page may be partly past its end (a queue file of 6 000 000 bytes).
+    return -(-n // 4096) * 4096
+
+
+def config(**kw):
+    # RocketMQ's queue file (300 000 units) and a small index file; 16 KiB first windows.
+    return testing.small_config(**{"mapped_file_size_commit_log": 64 << 20,
+                                   "mapped_file_size_consume_queue": 300_000 * 20,
+                                   "max_hash_slot_num": 4096, "max_index_num": 400_000, **kw})
+
+
+def _put_keyed_batches(store, batches, size=1000, start=0):
+    for b in range(start, start + batches):
+        r = store.put_batch("TopicA", 0, [b"q" * 16] * size,
+                            keys=[f"k-{b * size + i}" for i in range(size)])
+        assert r.ok
+
+
+def test_a_put_whose_queue_and_index_windows_end_populates_nothing_in_its_own_thread(
+        tmp_path, backend):
+    fs = Recording()
+    store = testing.open_store(tmp_path / "s", backend, config=config(), fs=fs)
+    try:
+        assert store.config.dispatch_in_put_lag == 0      # each put dispatches its records
+        putter = threading.current_thread().name
+        # 120 000 units and entries: 2.4 MB of each, many windows of 16 KiB and up.
+        _put_keyed_batches(store, 120)
+        testing.wait_dispatched(store)
+        testing.wait_until(lambda: store.populate_service.pending == 0)
+        mine = [p for p in fs.populates if p[0] == putter and p[1] in ("consumequeue", "index")]
+        assert mine == []
+        served = {p[1] for p in fs.populates if p[0] == SERVICE}
+        assert served == {"consumequeue", "index"}
+        # The writer reserved only the first windows itself (a new file; the slot table).
+        reserved_by = [r for r in fs.reserves if r[1] in ("consumequeue", "index")]
+        assert sum(r[0] == SERVICE for r in reserved_by) > sum(r[0] == putter
+                                                                for r in reserved_by)
+        assert store.populate_service.served_inline == 0
+        # Every unit and key is there.
+        cq = store.find_consume_queue("TopicA", 0)
+        assert cq.max_offset_in_queue == 120_000
+        assert store.query_message("TopicA", "k-119999", 8, 0, 2 ** 62).messages
+    finally:
+        store.shutdown()
+
+
+def test_queue_and_index_windows_populated_ahead_stay_bounded(tmp_path, backend):
+    fs = Recording()
+    store = testing.open_store(tmp_path / "s", backend, config=config(), fs=fs)
+    try:
+        for round_ in range(6):
+            _put_keyed_batches(store, 40, start=40 * round_)
+            testing.wait_dispatched(store)
+            testing.wait_until(lambda: store.populate_service.pending == 0)
+            cq = store.find_consume_queue("TopicA", 0).mfq.files[-1]
+            index = store.index_service.index_file_list[-1]
+            # An index file's entries end after the header, the slot table and its count.
+            entries_end = index.file_size - (index.index_num - index.index_count) * 20
+            for mf, written, cap in ((cq, cq.wrote_position, POPULATED_WINDOW_MAX),
+                                     (index.mf, entries_end, ENTRY_RESERVE_WINDOW_MAX)):
+                assert mf.refill_position <= mf.reserved_position
+                # At most one window reserved ahead of what is written, a few MiB.
+                assert mf.reserved_position - written <= cap + 4096, mf
+            # Nothing populated outside reserved blocks (a full disk would SIGBUS there).
+            assert testing.cached_bytes(cq.path) <= _page_up(cq.reserved_position)
+        sizes = [p[3] for p in fs.populates if p[1] in ("consumequeue", "index")]
+        assert sizes and max(sizes) <= POPULATED_WINDOW_MAX
+    finally:
+        store.shutdown()
+
+
+def test_puts_go_on_while_the_populate_service_is_stuck(tmp_path, backend):
+    fs = Recording()
+    fs.hold = threading.Event()
+    store = testing.open_store(tmp_path / "s", backend, config=config(), fs=fs)
+    try:
+        # Every window past the first ones is reserved by the writer itself, and its pages
+        # faulted in by the writes: slower, never blocked, nothing lost.
+        _put_keyed_batches(store, 60)
+        testing.wait_dispatched(store)
+        assert store.find_consume_queue("TopicA", 0).max_offset_in_queue == 60_000
+        assert store.query_message("TopicA", "k-59999", 8, 0, 2 ** 62).messages
+    finally:
+        fs.hold.set()
+        store.shutdown()
+
+
+def test_a_disk_too_full_for_the_next_queue_window_fails_the_dispatch_without_sigbus(
+        tmp_path, backend):
+    fs = Recording()
+    store = testing.open_store(tmp_path / "s", backend, config=config(), fs=fs)
+    try:
+        _put_keyed_batches(store, 5)
+        testing.wait_dispatched(store)
+        fs.full_parts.add("consumequeue")
+        # The service cannot reserve ahead; the writer meets ENOSPC when it gets to the
+        # reserved end itself. The puts themselves are in the CommitLog.
+        _put_keyed_batches(store, 300, start=5)
+        cq = store.find_consume_queue("TopicA", 0)
+        f = cq.mfq.files[-1]
+        assert f.wrote_position <= f.reserved_position
+        assert testing.cached_bytes(f.path) <= _page_up(f.reserved_position)
+        assert cq.max_offset_in_queue < 305_000
+        fs.full_parts.clear()
+        testing.wait_until(lambda: cq.max_offset_in_queue == 305_000)
+    finally:
+        store.shutdown()
+
+
+def test_without_a_running_service_a_queue_window_is_populated_in_the_callers_thread(
+        tmp_path, backend):
+    fs = Recording()
+    service = PopulateAheadService()             # never started: asks are served inline
+    cq = ConsumeQueue(str(tmp_path), "TopicA", 0, 300_000 * 20, backend, fs,
+                      reserve_window=16 << 10, populator=service)
+    for i in range(2000):
+        cq.put_unit(1000 + 100 * i, 100, 0, i)
+    f = cq.mfq.files[-1]
+    assert service.served_inline > 0 and service.served == 0
+    me = threading.current_thread().name
+    assert fs.populates and all(p[0] == me for p in fs.populates)
+    assert f.wrote_position == 2000 * 20 <= f.refill_position <= f.reserved_position
+    assert testing.cached_bytes(f.path) <= _page_up(f.reserved_position)
+    cq.mfq.destroy()
+
+
+@pytest.mark.parametrize("populator", [False, True])
+def test_a_new_queue_file_starts_with_the_window_its_predecessor_grew_to_when_populated_ahead(
+        tmp_path, backend, populator):
+    service = PopulateAheadService() if populator else None
+    cq = ConsumeQueue(str(tmp_path), "TopicA", 0, 20_000 * 20, backend, FileSystem(),
+                      reserve_window=16 << 10, populator=service)
+    for i in range(20_010):              # a whole file, and 10 units of the next
+        cq.put_unit(1000 + 100 * i, 100, 0, i)
+    first, second = cq.mfq.files
+    assert first.reserve_window > 4 * (16 << 10)
+    cap = POPULATED_WINDOW_MAX if populator else RESERVE_WINDOW_MAX
+    assert first.reserve_window <= cap and second.reserve_window <= cap
+    if populator:
+        # Its lead is there from the first unit on.
+        assert second.reserve_window >= first.reserve_window
+        assert second.reserved_position >= first.reserve_window // 2
+    else:
+        # Grown again from the configured window (doubled once by its first reservation).
+        assert second.reserve_window <= 2 * (16 << 10)
+    cq.mfq.destroy()
+
+
+def test_a_queue_rolls_into_a_file_made_and_populated_off_the_putting_thread(tmp_path, backend):
+    fs = Recording()
+    store = testing.open_store(tmp_path / "s", backend, config=config(
+        mapped_file_size_consume_queue=20_000 * 20), fs=fs)
+    try:
+        putter = threading.current_thread().name
+        for b in range(70):                          # 3.5 files of 20 000 units
+            _put_keyed_batches(store, 1, start=b)
+            # The service keeps up (as its lead lets it, unless the machine starves it).
+            testing.wait_until(lambda: store.populate_service.pending == 0)
+        testing.wait_dispatched(store)
+        cq = store.find_consume_queue("TopicA", 0)
+        assert len(cq.mfq.files) == 4
+        queue_files = [c[0] for c in fs.creates if c[1] == "consumequeue"]
+        # The writer made the queue's first file; the service made each next one ahead.
+        assert queue_files.count(putter) == 1
+        assert queue_files.count(SERVICE) >= 3
+        assert cq.max_offset_in_queue == 70_000
+        assert store.get_message("g", "TopicA", 0, 69_999, 1).messages
+    finally:
+        store.shutdown()
+    # The file made for the next roll was never written: shutdown deleted it.
+    names = sorted(os.listdir(tmp_path / "s" / "consumequeue" / "TopicA" / "0"))
+    assert names == [f"{i * 400_000:020d}" for i in range(4)]
+    store = testing.open_store(tmp_path / "s", backend, config=config(
+        mapped_file_size_consume_queue=20_000 * 20))
+    try:
+        assert store.find_consume_queue("TopicA", 0).max_offset_in_queue == 70_000
+    finally:
+        store.shutdown()
+
+
+def test_a_file_made_ahead_is_deleted_when_the_queue_is_truncated_before_it(tmp_path, backend):
+    service = PopulateAheadService()             # not started: served in this thread
+    cq = ConsumeQueue(str(tmp_path), "TopicA", 0, 20_000 * 20, backend, FileSystem(),
+                      reserve_window=16 << 10, populator=service)
+    for i in range(39_000):                      # the second file reserved to its end
+        cq.put_unit(1000 + 100 * i, 100, 0, i)
+    directory = os.path.join(str(tmp_path), "consumequeue", "TopicA", "0")
+    assert sorted(os.listdir(directory)) == [f"{i * 400_000:020d}" for i in range(3)]
+    assert len(cq.mfq.files) == 2
+    # Back into the first file: the second is deleted, and the one made after it too.
+    cq.truncate_dirty_logic_files(1000 + 100 * 10_000)
+    assert sorted(os.listdir(directory)) == [f"{0:020d}"]
+    for i in range(10_000, 40_010):              # rolls into files made afresh
+        cq.put_unit(1000 + 100 * i, 100, 0, i)
+    assert cq.max_offset_in_queue == 40_010
+    assert [f.file_from_offset for f in cq.mfq.files] == [0, 400_000, 800_000]
+    cq.mfq.destroy()
+    assert os.listdir(directory) == []
