@@ -848,6 +848,11 @@ class MessageStore:
                     forget = getattr(d, "forget_queues", None)
                     if forget is not None:
                         forget()
+                # Closed before the rename: a closed queue has no last file, so the
+                # PopulateAheadService can no longer make a next file for it, which would
+                # create the topic's directory again after the rename.
+                for cq in queues.values():
+                    cq.close()
                 base = os.path.join(self.root, "consumequeue")
                 tdir = os.path.join(base, topic)
                 aside = topic_delete.deleted_dir(base, topic)
@@ -856,8 +861,6 @@ class MessageStore:
                         topic_delete.remove_tree(self.fs, aside)
                     self.fs.rename(tdir, aside)
                     self.fs.fsync_dir(base)
-        for cq in queues.values():
-            cq.close()
         self._finish_deletion(topic, configs)
         log.info("deleted topic %s (%d queue(s)); its records stay in the CommitLog until "
                  "they expire", topic, len(queues))

@@ -259,3 +259,37 @@ def test_a_file_made_ahead_is_deleted_when_the_queue_is_truncated_before_it(tmp_
     assert [f.file_from_offset for f in cq.mfq.files] == [0, 400_000, 800_000]
     cq.mfq.destroy()
     assert os.listdir(directory) == []
+
+
+class _ServiceAtRename(FileSystem):
+    """Runs `at_rename()` right after a rename: the populate service making a queue's next
+    file just as a topic deletion moved the topic's directory aside."""
+
+    at_rename = None
+
+    def rename(self, src, dst):
+        super().rename(src, dst)
+        if self.at_rename is not None and dst.endswith(".deleted"):
+            self.at_rename()
+
+
+def test_a_deleted_topic_s_queue_gets_no_file_made_ahead_after_its_directory_moved(
+        tmp_path, backend):
+    fs = _ServiceAtRename()
+    store = testing.open_store(tmp_path / "s", backend, config=config(), fs=fs)
+    try:
+        _put_keyed_batches(store, 2)
+        testing.wait_dispatched(store)
+        mfq = store.find_consume_queue("TopicA", 0).mfq
+
+        def make_next():
+            files = mfq.files
+            if files:
+                mfq.prepare_next(files[-1])
+        fs.at_rename = make_next
+        assert store.delete_topic("TopicA")
+        fs.at_rename = None
+        assert not os.path.exists(tmp_path / "s" / "consumequeue" / "TopicA")
+    finally:
+        store.shutdown()
+    assert not os.path.exists(tmp_path / "s" / "consumequeue" / "TopicA")
