@@ -163,6 +163,25 @@ class MappedFile:
             self.refill_position = want - lead if want < self.file_size else want
             return old, want
 
+    def reserve_ahead(self, end, start=None, reserve=True):
+        """For a service populating ahead of this file's writer, which is at `end`: reserve
+        the window ahead of it (unless `reserve` is false), and return where populating
+        starts: `start` (default: what was not reserved before), never below the writer, on
+        a page boundary. None when the file is gone, or the disk refused: the writer
+        reserves what it needs itself when it gets there, and meets the error then, with a
+        write to refuse."""
+        if not self.is_available:
+            return None
+        old = self.reserved_position
+        if reserve:
+            try:
+                old, _ = self.reserve(end, required=False)
+            except OSError as exc:
+                log.info("%s: could not reserve ahead of the writer: %s", self.path, exc)
+                return None
+        pos = max(old if start is None else start, self.wrote_position)
+        return pos - pos % OS_PAGE_SIZE
+
     def populate(self, start, end):
         """Fault in [start, end) now (the page holding `start` included), so that writes
         there take no first-touch fault. Only reserved space: populating a hole would

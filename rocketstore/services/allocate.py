@@ -156,15 +156,9 @@ class AllocateMappedFileService(ServiceThread):
         if not mf.is_available:
             return
         self._size_window(mf)
-        try:
-            old, _ = mf.reserve(end, required=False)
-        except OSError as exc:
-            # The writer reserves what it needs itself when it gets there, and meets the
-            # error then, with a put to refuse.
-            log.info("%s: could not reserve ahead of the writer: %s", mf.path, exc)
+        pos = mf.reserve_ahead(end, start)
+        if pos is None:
             return
-        pos = max(old if start is None else start, mf.wrote_position)
-        pos -= pos % OS_PAGE_SIZE
         # A window, even where the file system reserves nothing (the whole file counts as
         # reserved then): memory follows the data.
         end = min(mf.reserved_position, end + max(self._window, mf.reserve_window))

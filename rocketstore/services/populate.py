@@ -117,19 +117,9 @@ class PopulateAheadService(ServiceThread):
                         self.pending -= 1
 
     def _fill(self, mf, end, start, reserve, mfq):
-        if not mf.is_available:
+        pos = mf.reserve_ahead(end, start, reserve)
+        if pos is None:
             return
-        old = mf.reserved_position
-        if reserve:
-            try:
-                old, _ = mf.reserve(end, required=False)
-            except OSError as exc:
-                # The writer reserves what it needs itself when it gets there, and meets
-                # the error then, with a write to refuse.
-                log.info("%s: could not reserve ahead of the writer: %s", mf.path, exc)
-                return
-        pos = max(old if start is None else start, mf.wrote_position)
-        pos -= pos % OS_PAGE_SIZE
         # One window past the writer at most, even where the file system reserves nothing
         # (the whole file counts as reserved then).
         stop = min(mf.reserved_position, end + mf.reserve_window)
