@@ -257,6 +257,8 @@ class MappedFileQueue:
             if last is not None and last.file_from_offset >= offset:
                 return last
             prepared, self._prepared = self._prepared, None
+            if prepared is not None:
+                self.populator.prepared_gone()
             if prepared is not None and prepared.file_from_offset != offset:
                 prepared.destroy()          # made for an end since truncated: never used
                 prepared = None
@@ -305,6 +307,7 @@ class MappedFileQueue:
                 return None
             mf = self._make(after.file_from_offset + self.file_size, after)
             self._prepared = mf
+            self.populator.prepared_made()
             return mf
 
     def drop_prepared(self):
@@ -313,6 +316,7 @@ class MappedFileQueue:
         with self._lock:
             mf, self._prepared = self._prepared, None
         if mf is not None:
+            self.populator.prepared_gone()
             mf.destroy()
 
     # ---- flush -------------------------------------------------------------------------

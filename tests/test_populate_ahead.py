@@ -293,3 +293,24 @@ def test_a_deleted_topic_s_queue_gets_no_file_made_ahead_after_its_directory_mov
     finally:
         store.shutdown()
     assert not os.path.exists(tmp_path / "s" / "consumequeue" / "TopicA")
+
+
+def test_files_made_ahead_are_bounded_across_queues(tmp_path, backend, monkeypatch):
+    # Each file made ahead is one more mapping; a process has vm.max_map_count of them.
+    monkeypatch.setattr(PopulateAheadService, "MAX_PREPARED", 2)
+    service = PopulateAheadService()             # not started: served in this thread
+    queues = [ConsumeQueue(str(tmp_path), "TopicA", q, 1000 * 20, backend, FileSystem(),
+                           reserve_window=16 << 10, populator=service) for q in range(4)]
+    for cq in queues:
+        for i in range(999):                     # the first file reserved to its end
+            cq.put_unit(1000 + 100 * i, 100, 0, i)
+    assert service.prepared == 2
+    assert sorted(len(os.listdir(os.path.join(str(tmp_path), "consumequeue", "TopicA",
+                                              str(q)))) for q in range(4)) == [1, 1, 2, 2]
+    for cq in queues:                            # rolls: into files made ahead, or made now
+        for i in range(999, 1001):
+            cq.put_unit(1000 + 100 * i, 100, 0, i)
+        assert cq.max_offset_in_queue == 1001
+    for cq in queues:
+        cq.mfq.destroy()
+    assert service.prepared == 0

@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 
 class PopulateAheadService(ServiceThread):
     name = "PopulateAheadService"
+    # Files made ahead at once, across every queue. Each is one more mapping, and a process
+    # has vm.max_map_count of them (65 530 by default): 40 000 queues each with a next file
+    # made ahead failed their mmaps with ENOMEM. A queue past the bound rolls as before.
+    MAX_PREPARED = 1024
 
     def __init__(self):
         super().__init__()
@@ -43,6 +47,7 @@ class PopulateAheadService(ServiceThread):
         self.served = 0
         self.served_inline = 0
         self.pending = 0           # requests asked and not yet served (0: idle)
+        self.prepared = 0          # files made ahead and not yet taken or deleted
 
     def refill(self, mf, end, mfq=None):
         """The writer of `mf` is about to write below `end`, past mf.refill_position. Reserve
@@ -133,6 +138,8 @@ class PopulateAheadService(ServiceThread):
 
     def _prepare_next(self, mfq, mf):
         """The file after `mf`, made with its first window reserved and populated."""
+        if self.prepared >= self.MAX_PREPARED:
+            return
         try:
             nxt = mfq.prepare_next(mf)
             if nxt is None:
@@ -148,6 +155,16 @@ class PopulateAheadService(ServiceThread):
             return
         nxt.populate(0, new)
         self.populated_bytes += new
+
+    def prepared_made(self):
+        """A queue made its next file ahead (MappedFileQueue.prepare_next)."""
+        with self._lock:
+            self.prepared += 1
+
+    def prepared_gone(self):
+        """A file made ahead was taken by its queue's roll, or deleted unused."""
+        with self._lock:
+            self.prepared -= 1
 
     def on_shutdown(self):
         with self._lock:
