@@ -74,25 +74,25 @@ class PopulateAheadService(ServiceThread):
         """Reserve the window ahead of `end` in `mf` (unless `reserve` is false) and populate
         what is reserved from `start` (default: what this reserves) up to a window past
         `end`, on this thread; in the caller's when it is not running."""
-        if self._running():
-            with self._lock:
-                self._todo.append((mf, end, start, reserve, mfq))
-                self.pending += 1
-            self.wakeup()
-        else:
+        if not self._queue((mf, end, start, reserve, mfq)):
             self.served_inline += 1
             self._fill(mf, end, start, reserve, mfq)
 
     def give_readahead_back(self, mf):
         """`mf` is no longer written (its queue rolled to a file made here): readers get its
         readahead back, advised on this thread (a madvise waits for the mmap lock)."""
-        if self._running():
-            with self._lock:
-                self._todo.append((mf, None, None, False, None))
-                self.pending += 1
-            self.wakeup()
-        else:
+        if not self._queue((mf, None, None, False, None)):
             self._advise_normal(mf)
+
+    def _queue(self, request):
+        """Hand `request` to this thread; False when it is not running (the caller serves it)."""
+        if not self._running():
+            return False
+        with self._lock:
+            self._todo.append(request)
+            self.pending += 1
+        self.wakeup()
+        return True
 
     def _running(self):
         return self.is_alive and not self.is_stopped
