@@ -112,10 +112,10 @@ def parse(text):
     return constants, structs, functions, list(inlines.items())
 
 
-def declarations():
-    """The parsed interface of every header, in include order."""
+def declarations(headers=HEADERS):
+    """The parsed interface of `headers` (every header), in include order."""
     constants, structs, functions, inlines = [], [], [], []
-    for header in HEADERS:
+    for header in headers:
         with open(os.path.join(HERE, header)) as f:
             c, s, fn, inl = parse(f.read())
         constants += c
@@ -125,10 +125,11 @@ def declarations():
     return constants, structs, functions, inlines
 
 
-def cffi_cdef():
-    """The cffi cdef: structs and prototypes as the headers spell them, and every integer
-    constant as `#define RS_X ...`, so that `_cffi_lib.lib.RS_X` carries the compiler's value."""
-    constants, structs, functions, _ = declarations()
+def cffi_cdef(headers=HEADERS):
+    """The cffi cdef of `headers` (every header): structs and prototypes as the headers spell
+    them, and every integer constant as `#define RS_X ...`, so that `_cffi_lib.lib.RS_X` carries
+    the compiler's value."""
+    constants, structs, functions, _ = declarations(headers)
     out = []
     for name, fields in structs:
         out.append(f"typedef struct {name} {{\n"

@@ -13,7 +13,12 @@
 #include <errno.h>
 #include <pthread.h>
 #include <time.h>
-#if defined(__linux__)
+/* Futex waits on Linux; elsewhere, or built with -DRS_GC_CONDVAR (how the tests run that
+ * branch on Linux), one mutex-guarded condition variable. */
+#if defined(__linux__) && !defined(RS_GC_CONDVAR)
+#define RS_GC_FUTEX 1
+#endif
+#if defined(RS_GC_FUTEX)
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -37,7 +42,7 @@ typedef struct gc_state {
     int leader;                   /* a sync is claimed */
     int closed;
     pthread_mutex_t mu;
-#if !defined(__linux__)
+#if !defined(RS_GC_FUTEX)
     pthread_cond_t cv;            /* without futexes: one condition for every word */
 #endif
     int64_t flushed;              /* read without mu through __atomic loads */
@@ -76,7 +81,7 @@ static int64_t gc_now(void)
 /* Sleep until w->word is set (its value) or the monotonic clock passes deadline (0). */
 static uint32_t gc_sleep(gc_state *s, gc_wait *w, int64_t deadline)
 {
-#if defined(__linux__)
+#if defined(RS_GC_FUTEX)
     (void)s;
     for (;;) {
         struct timespec ts, *tp = NULL;
@@ -126,7 +131,7 @@ static uint32_t gc_sleep(gc_state *s, gc_wait *w, int64_t deadline)
  * tolerates. */
 static void gc_wake(gc_state *s, gc_wait *w, uint32_t v)
 {
-#if defined(__linux__)
+#if defined(RS_GC_FUTEX)
     (void)s;
     __atomic_store_n(&w->word, v, __ATOMIC_RELEASE);
     syscall(SYS_futex, &w->word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
@@ -206,7 +211,7 @@ int rs_gc_init(uint8_t *st, size_t len, int64_t flushed)
     memset(s, 0, sizeof(*s));
     if (pthread_mutex_init(&s->mu, NULL) != 0)
         return RS_E_ARG;
-#if !defined(__linux__)
+#if !defined(RS_GC_FUTEX)
     if (pthread_cond_init(&s->cv, NULL) != 0)
         return RS_E_ARG;
 #endif
@@ -224,7 +229,7 @@ int rs_gc_destroy(uint8_t *st, size_t len)
         return RS_E_ARG;
     s->magic = 0;
     pthread_mutex_destroy(&s->mu);
-#if !defined(__linux__)
+#if !defined(RS_GC_FUTEX)
     pthread_cond_destroy(&s->cv);
 #endif
     return RS_OK;

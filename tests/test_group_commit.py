@@ -2,7 +2,12 @@
 """The compiled group commit's waits (csrc/rs_gc.h, a backend's GroupCommit): a wait is
 answered by the sync that covers it and by nothing before, a sync hands the lead to the lowest
 wait it left, a failed sync counts nothing, timeouts and shutdown end waits; and a store on that
-backend acknowledges a put only once its bytes are durable."""
+backend acknowledges a put only once its bytes are durable. The waits run on Linux's futexes and,
+built with -DRS_GC_CONDVAR, on the condition variable other platforms use."""
+import importlib.util
+import os
+import shutil
+import sysconfig
 import threading
 import time
 
@@ -27,6 +32,46 @@ def kernels(request):
     return testing.load_backend(request.param)
 
 
+CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
+
+
+@pytest.fixture(scope="module")
+def condvar_group_commit(tmp_path_factory):
+    """The cffi backend's GroupCommit over csrc/rs_gc.c built with -DRS_GC_CONDVAR: the branch
+    that platforms without futexes compile, run here."""
+    cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(cc) is None:
+        pytest.skip(f"no C compiler ({cc}) to build the condition-variable waits")
+    import cffi
+
+    from rocketstore.kernels import cffi_backend
+    spec = importlib.util.spec_from_file_location("_gc_interface",
+                                                  os.path.join(CSRC, "interface.py"))
+    interface = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(interface)
+    ffi = cffi.FFI()
+    ffi.cdef(interface.cffi_cdef(["rs_common.h", "rs_gc.h"]))
+    ffi.set_source("_rs_gc_condvar", '#include "rs_gc.h"\n',
+                   sources=[os.path.join(CSRC, "rs_gc.c")], include_dirs=[CSRC],
+                   define_macros=[("RS_GC_CONDVAR", "1")],
+                   extra_compile_args=interface.compile_args(),
+                   extra_link_args=interface.link_args())
+    built = ffi.compile(tmpdir=str(tmp_path_factory.mktemp("gc_condvar")))
+    spec = importlib.util.spec_from_file_location("_rs_gc_condvar", built)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return type("CondvarGroupCommit", (cffi_backend.GroupCommit,),
+                {"__slots__": (), "_ffi": module.ffi, "_lib": module.lib})
+
+
+@pytest.fixture(params=_compiled() + ["condvar"])
+def group_commit(request):
+    """A GroupCommit class: each compiled backend's, and the condition-variable build's."""
+    if request.param == "condvar":
+        return request.getfixturevalue("condvar_group_commit")
+    return testing.load_backend(request.param).GroupCommit
+
+
 class _Wait(threading.Thread):
     """gc.wait(offset, now + timeout) in a thread of its own; `answer` once it returns."""
 
@@ -44,8 +89,8 @@ def _asleep(gc, n):
     testing.wait_until(lambda: gc.waiting == n, what=f"{n} waits asleep")
 
 
-def test_a_sync_wakes_the_waits_it_covers_and_hands_the_lead_to_the_lowest_left(kernels):
-    gc = kernels.GroupCommit(0)
+def test_a_sync_wakes_the_waits_it_covers_and_hands_the_lead_to_the_lowest_left(group_commit):
+    gc = group_commit(0)
     gc.gather = False
     assert gc.wait(100, time.monotonic_ns() + FAR) == LEAD      # no sync running: it leads
     covered, lowest, higher = _Wait(gc, 150), _Wait(gc, 300), _Wait(gc, 400)
@@ -64,8 +109,8 @@ def test_a_sync_wakes_the_waits_it_covers_and_hands_the_lead_to_the_lowest_left(
     assert gc.wait(450, 0) == DONE                # durable already: no wait at all
 
 
-def test_a_failed_sync_counts_nothing_and_hands_nothing_on(kernels):
-    gc = kernels.GroupCommit(0)
+def test_a_failed_sync_counts_nothing_and_hands_nothing_on(group_commit):
+    gc = group_commit(0)
     gc.gather = False
     assert gc.try_lead()
     w = _Wait(gc, 50)
@@ -78,8 +123,8 @@ def test_a_failed_sync_counts_nothing_and_hands_nothing_on(kernels):
     assert w.answer == DONE
 
 
-def test_a_compiled_wait_times_out_while_the_sync_runs_on(kernels):
-    gc = kernels.GroupCommit(0)
+def test_a_compiled_wait_times_out_while_the_sync_runs_on(group_commit):
+    gc = group_commit(0)
     assert gc.try_lead()                          # a stalled sync
     w = _Wait(gc, 10, timeout_ns=20 * 10**6)
     w.join(30)
@@ -88,8 +133,8 @@ def test_a_compiled_wait_times_out_while_the_sync_runs_on(kernels):
     assert gc.wait(10, 0) == DONE
 
 
-def test_close_ends_every_wait_and_answers_the_covered_ones_done(kernels):
-    gc = kernels.GroupCommit(0)
+def test_close_ends_every_wait_and_answers_the_covered_ones_done(group_commit):
+    gc = group_commit(0)
     assert gc.try_lead()
     waits = [_Wait(gc, 100 * (i + 1)) for i in range(4)]
     _asleep(gc, 4)
@@ -105,8 +150,8 @@ def test_close_ends_every_wait_and_answers_the_covered_ones_done(kernels):
     assert gc.wait(150, 0) == DONE
 
 
-def test_a_leader_gathers_until_the_producers_seen_lately_wait(kernels):
-    gc = kernels.GroupCommit(0)
+def test_a_leader_gathers_until_the_producers_seen_lately_wait(group_commit):
+    gc = group_commit(0)
     # Two producer threads wait in one sync, so the next leader waits for both.
     assert gc.try_lead()
     ws = [_Wait(gc, 10), _Wait(gc, 20)]
@@ -131,8 +176,8 @@ def test_a_leader_gathers_until_the_producers_seen_lately_wait(kernels):
     assert follower.answer == DONE
 
 
-def test_the_state_cannot_move_under_a_running_sync(kernels):
-    gc = kernels.GroupCommit(0)
+def test_the_state_cannot_move_under_a_running_sync(group_commit):
+    gc = group_commit(0)
     assert gc.try_lead() and not gc.try_lead()
     with pytest.raises(ValueError):
         gc.reset(0)

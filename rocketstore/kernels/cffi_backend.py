@@ -413,63 +413,68 @@ def column_join(items, text):
 class GroupCommit:
     """SYNC_FLUSH's group commit waits over csrc/rs_gc.h, as the cext backend's GroupCommit
     (see rocketstore.kernels.contract): cffi drops the GIL for each call, so a wait sleeps
-    without it and a sync wakes exactly the waits it covered."""
+    without it and a sync wakes exactly the waits it covered. `_ffi` and `_lib` are class
+    attributes so that the tests can run this wrapper over another build of csrc/rs_gc.c (its
+    condition-variable branch)."""
 
     __slots__ = ("_cells", "_st", "_n", "gather")
+    _ffi = _ffi
+    _lib = _lib
 
     def __init__(self, flushed):
-        n = _lib.RS_GC_STATE_BYTES
+        n = self._lib.RS_GC_STATE_BYTES
         # int64_t cells: the state holds a mutex and pointers, and wants their alignment.
-        self._cells = _new("int64_t[]", n // 8)
-        self._st = _ffi.cast("uint8_t *", self._cells)
+        self._cells = self._ffi.new("int64_t[]", n // 8)
+        self._st = self._ffi.cast("uint8_t *", self._cells)
         self._n = n
-        _check(_lib.rs_gc_init(self._st, n, flushed), "GroupCommit")
+        _check(self._lib.rs_gc_init(self._st, n, flushed), "GroupCommit")
         self.gather = True
 
     def __del__(self):
         # No wait can be running: each holds a reference to this object.
-        _lib.rs_gc_destroy(self._st, self._n)
+        self._lib.rs_gc_destroy(self._st, self._n)
 
     def wait(self, offset, deadline_ns):
-        r = _lib.rs_gc_wait(self._st, self._n, offset, deadline_ns, self.gather)
+        r = self._lib.rs_gc_wait(self._st, self._n, offset, deadline_ns, self.gather)
         if r < 0:
             _check(r, "GroupCommit.wait")
         return r
 
     def try_lead(self):
-        r = _lib.rs_gc_try_lead(self._st, self._n)
+        r = self._lib.rs_gc_try_lead(self._st, self._n)
         _check(r, "GroupCommit.try_lead")
         return r == 1
 
     def done(self, flushed, ok, sync_ns=0):
-        n = _lib.rs_gc_done(self._st, self._n, flushed, bool(ok), sync_ns)
+        n = self._lib.rs_gc_done(self._st, self._n, flushed, bool(ok), sync_ns)
         if n < 0:
             _check(n, "GroupCommit.done: the caller does not lead")
         return n
 
     def close(self):
-        _lib.rs_gc_close(self._st, self._n)
+        self._lib.rs_gc_close(self._st, self._n)
 
     def reset(self, flushed):
-        if _lib.rs_gc_reset(self._st, self._n, flushed) != 0:
+        if self._lib.rs_gc_reset(self._st, self._n, flushed) != 0:
             raise ValueError("a sync is running or a put waits: the durable offset cannot move")
 
     def _stat(self, i):
-        out = _new("int64_t[]", _lib.RS_GC_ST_N)
-        _check(_lib.rs_gc_stats(self._st, self._n, out, _lib.RS_GC_ST_N), "GroupCommit.stats")
+        out = self._ffi.new("int64_t[]", self._lib.RS_GC_ST_N)
+        _check(self._lib.rs_gc_stats(self._st, self._n, out, self._lib.RS_GC_ST_N),
+               "GroupCommit.stats")
         return out[i]
 
-    flushed = property(lambda self: self._stat(_lib.RS_GC_ST_FLUSHED))
-    leading = property(lambda self: bool(self._stat(_lib.RS_GC_ST_LEADER)))
-    waiting = property(lambda self: self._stat(_lib.RS_GC_ST_WAITING))
-    producers = property(lambda self: self._stat(_lib.RS_GC_ST_PRODUCERS))
-    gathering = property(lambda self: bool(self._stat(_lib.RS_GC_ST_GATHERING)))
-    closed = property(lambda self: bool(self._stat(_lib.RS_GC_ST_CLOSED)))
+    flushed = property(lambda self: self._stat(self._lib.RS_GC_ST_FLUSHED))
+    leading = property(lambda self: bool(self._stat(self._lib.RS_GC_ST_LEADER)))
+    waiting = property(lambda self: self._stat(self._lib.RS_GC_ST_WAITING))
+    producers = property(lambda self: self._stat(self._lib.RS_GC_ST_PRODUCERS))
+    gathering = property(lambda self: bool(self._stat(self._lib.RS_GC_ST_GATHERING)))
+    closed = property(lambda self: bool(self._stat(self._lib.RS_GC_ST_CLOSED)))
 
     @property
     def gather_ns(self):
-        return self._stat(_lib.RS_GC_ST_GATHER_NS)
+        return self._stat(self._lib.RS_GC_ST_GATHER_NS)
 
     @gather_ns.setter
     def gather_ns(self, ns):
-        _check(_lib.rs_gc_set_gather_ns(self._st, self._n, ns), "GroupCommit.gather_ns")
+        _check(self._lib.rs_gc_set_gather_ns(self._st, self._n, ns), "GroupCommit.gather_ns")
