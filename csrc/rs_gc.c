@@ -157,6 +157,16 @@ static void gc_unlink(gc_state *s, gc_wait *w)
     s->waiting--;
 }
 
+static void gc_link(gc_state *s, gc_wait *w)
+{
+    w->prev = NULL;
+    w->next = s->head;
+    if (s->head != NULL)
+        s->head->prev = w;
+    s->head = w;
+    s->waiting++;
+}
+
 /* The calling thread waits in the current claim: remember it as a producer. */
 static void gc_seen(gc_state *s)
 {
@@ -238,7 +248,7 @@ int rs_gc_destroy(uint8_t *st, size_t len)
 int rs_gc_wait(uint8_t *st, size_t len, int64_t offset, int64_t deadline_ns, int gather)
 {
     gc_state *s = gc_get(st, len);
-    gc_wait w, *g = NULL;
+    gc_wait w;
     uint32_t r;
     int covered;
 
@@ -263,20 +273,18 @@ int rs_gc_wait(uint8_t *st, size_t len, int64_t offset, int64_t deadline_ns, int
         s->leader = 1;
         goto lead;
     }
-    /* The last producer a gathering leader waits for: it syncs now. */
+    /* The last producer a gathering leader waits for syncs now, itself: it is running
+     * already, where waking the gatherer to sync would put one more thread switch between
+     * the last write and its sync.  The gatherer, on the list since it began, follows: this
+     * sync covers it. */
     if (s->gatherer != NULL && s->unserved >= s->producers) {
-        g = s->gatherer;
         s->gatherer = NULL;
+        goto lead;
     }
-    w.next = s->head;
-    if (s->head != NULL)
-        s->head->prev = &w;
-    s->head = &w;
-    s->waiting++;
+    gc_link(s, &w);
     pthread_mutex_unlock(&s->mu);
-    if (g != NULL)
-        gc_wake(s, g, 1);
 
+follow:
     r = gc_sleep(s, &w, deadline_ns);
     if (r == 0) {
         pthread_mutex_lock(&s->mu);
@@ -302,19 +310,23 @@ lead:
         int64_t until = deadline_ns - now < s->gather_ns ? deadline_ns : now + s->gather_ns;
 
         if (until > now) {
+            /* It gathers on the list, as a follower would wait: the arrival that ends the
+             * gathering takes the lead over and its sync answers this wait. */
             w.word = 0;
             w.detached = 0;
             s->gatherer = &w;
+            gc_link(s, &w);
             pthread_mutex_unlock(&s->mu);
-            r = gc_sleep(s, &w, until);
+            gc_sleep(s, &w, until);
             pthread_mutex_lock(&s->mu);
-            if (s->gatherer == &w) {
-                s->gatherer = NULL;             /* the bound ended it */
-            } else if (r == 0) {
-                pthread_mutex_unlock(&s->mu);   /* an arrival is waking it */
-                gc_sleep(s, &w, GC_FOREVER);
-                pthread_mutex_lock(&s->mu);
+            if (s->gatherer != &w) {
+                /* Taken over (or closed): a follower now, answered by the sync that
+                 * covers it, by close, or by its own deadline. */
+                pthread_mutex_unlock(&s->mu);
+                goto follow;
             }
+            s->gatherer = NULL;                 /* the bound ended it: it syncs */
+            gc_unlink(s, &w);
         }
     }
     s->unserved--;
@@ -401,7 +413,7 @@ int64_t rs_gc_done(uint8_t *st, size_t len, int64_t flushed, int ok, int64_t syn
 int rs_gc_close(uint8_t *st, size_t len)
 {
     gc_state *s = gc_get(st, len);
-    gc_wait *w, *next, *all, *g;
+    gc_wait *w, *next, *all;
     int64_t flushed;
 
     if (s == NULL)
@@ -415,16 +427,17 @@ int rs_gc_close(uint8_t *st, size_t len)
     }
     s->head = NULL;
     s->waiting = 0;
-    g = s->gatherer;
-    s->gatherer = NULL;
+    if (s->gatherer != NULL) {
+        /* It is on the list, answered below like every wait, and will not sync. */
+        s->gatherer = NULL;
+        s->leader = 0;
+    }
     flushed = s->flushed;
     pthread_mutex_unlock(&s->mu);
     for (w = all; w != NULL; w = next) {
         next = w->next;
         gc_wake(s, w, w->offset <= flushed ? RS_GC_DONE : RS_GC_CLOSED);
     }
-    if (g != NULL)
-        gc_wake(s, g, 1);
     return RS_OK;
 }
 
