@@ -1823,9 +1823,25 @@ class MessageStore:
             # accounting) before the cut, so the cut leaves no pending range behind.
             if not reput.is_stopped:
                 reput.do_reput()
+            # The cut sets the flushed offset to `offset`, and syncs start from there on: what
+            # lies below it must be durable first. Left dirty, no later sync would cover it,
+            # and a put acknowledged after the cut would sit behind bytes a power cut loses
+            # (recovery then stops at them and drops that put too).
+            unsynced = f"the CommitLog could not be synced up to {end}: nothing was cut"
             if isinstance(flusher, GroupCommitService):
-                flusher.wait_flushed(end, self.config.sync_flush_timeout)
+                if not flusher.wait_flushed(end, self.config.sync_flush_timeout):
+                    raise StoreError(unsynced + " (a sync failed or took longer than "
+                                     "sync_flush_timeout)")
             with flush_lock:
+                if not isinstance(flusher, GroupCommitService):
+                    try:
+                        for _ in range(len(mfq.files) + 10):
+                            if mfq.flush(0):
+                                break
+                    except OSError as exc:
+                        raise StoreError(f"{unsynced} ({exc})") from exc
+                    if mfq.flushed_where < end:
+                        raise StoreError(unsynced)
                 report = recovery.RecoveryReport(normal=True)
                 max_phy = max((cq.max_physic_offset for cq in self.all_consume_queues()),
                               default=-1)

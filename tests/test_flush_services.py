@@ -10,6 +10,7 @@ import pytest
 
 from rocketstore import FlushDiskType, Message, PutMessageStatus, testing
 from rocketstore.consume_queue import ConsumeQueue
+from rocketstore.errors import StoreError
 from rocketstore.fs import FileSystem
 
 
@@ -297,6 +298,48 @@ def test_a_failed_sync_is_retried_before_later_puts_count_as_flushed(tmp_path, b
             assert r2.status is PutMessageStatus.FLUSH_DISK_TIMEOUT
         testing.wait_until(lambda: store.commitlog.mfq.flushed_where >= _end(r2),
                            what="the retried sync")
+    finally:
+        store.shutdown()
+
+
+@pytest.mark.parametrize("flush", [FlushDiskType.ASYNC_FLUSH, FlushDiskType.SYNC_FLUSH])
+def test_a_cut_is_refused_while_its_sync_fails_so_no_acknowledged_put_is_lost(
+        tmp_path, backend, flush):
+    # reset_write_offset moves the flushed offset to the cut: were the bytes below it still
+    # dirty, no later sync would cover them, and a put acknowledged after the cut would be
+    # lost at a power cut with them (recovery stops at the first record the cut lost).
+    root = tmp_path / "s"
+
+    def config():
+        return testing.small_config(flush_disk_type=flush, sync_flush_timeout=100)
+    fs = testing.FaultInjectingFileSystem()
+    store = testing.open_store(root, backend, config(), fs=fs)
+    try:
+        assert store.put_message(Message("T", b"a" * 100)).status is PutMessageStatus.PUT_OK
+        assert store.flush() == store.get_max_phy_offset()
+        fs.fail("sync", errno.EIO, match=os.sep + "commitlog" + os.sep)
+        store.put_message(Message("T", b"b" * 100))
+        cut = store.put_message(Message("T", b"c" * 100)).commit_log_offset
+        end = store.get_max_phy_offset()
+        with pytest.raises(StoreError, match="nothing was cut"):
+            store.reset_write_offset(cut)
+        assert store.get_max_phy_offset() == end
+        assert store.get_max_offset_in_queue("T", 0) == 3
+        fs.heal()
+        assert store.reset_write_offset(cut) is True
+        d = store.put_message(Message("T", b"d" * 100))
+        if flush is FlushDiskType.ASYNC_FLUSH:
+            assert store.flush() == _end(d)
+        else:
+            assert d.status is PutMessageStatus.PUT_OK
+        fs.crash()
+    finally:
+        store.shutdown()
+    fs.drop_unsynced()
+    store = testing.open_store(root, backend, config())
+    try:
+        got = store.get_message("g", "T", 0, 0)
+        assert [m.body[:1] for m in got.messages] == [b"a", b"b", b"d"]
     finally:
         store.shutdown()
 
