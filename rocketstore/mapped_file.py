@@ -4,6 +4,7 @@ import errno
 import logging
 import os
 import threading
+import time
 
 from .format import OS_PAGE_SIZE
 
@@ -347,8 +348,10 @@ class MappedFile:
         return self.mm[pos:pos + size]
 
     # ---- lifecycle -------------------------------------------------------------------
-    def close(self, wait_s=1.0):
-        """Unmap once no borrower holds a view; returns False if borrowers remain."""
+    def close(self, wait_s=1.0, unmap_wait_s=0):
+        """Unmap once no borrower holds a view; returns False if borrowers remain.
+        `unmap_wait_s`: how long a call using the pages without hold() may delay the unmap
+        (_unmap); a plain close does not wait for one."""
         with self._cond:
             self._available = False
             if self.wbuf is not None:
@@ -358,15 +361,27 @@ class MappedFile:
                 self._cond.wait_for(lambda: self._refs <= 0, timeout=wait_s)
             if self._refs > 0:
                 return False
-        try:
-            self.mm.close()
-        except BufferError:
-            return False
-        return True
+        return self._unmap(unmap_wait_s)
+
+    def _unmap(self, wait_s):
+        """Unmap, waiting up to `wait_s` for a call that uses the pages without hold() to end:
+        a populate (the allocator's and PopulateAheadService's madvise, which makes the
+        Mapping's close() raise BufferError meanwhile) takes one window at most. A destroy that
+        gave up at once left its file on disk, and the next file made at its offset took it
+        up again, stale bytes and all. False while an exported view still pins the pages."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                self.mm.close()
+                return True
+            except BufferError:
+                if time.monotonic() >= deadline:
+                    return False
+            time.sleep(0.001)
 
     def destroy(self, wait_s=1.0):
         """Unmap and delete the file."""
-        closed = self.close(wait_s)
+        closed = self.close(wait_s, unmap_wait_s=wait_s)
         if closed:
             self._fs.remove(self.path)
         return closed

@@ -314,3 +314,62 @@ def test_files_made_ahead_are_bounded_across_queues(tmp_path, backend, monkeypat
     for cq in queues:
         cq.mfq.destroy()
     assert service.prepared == 0
+
+
+class _PopulateInFlight(FileSystem):
+    """Keeps a populate of the mapping `target` in flight until `go` is set, using its pages
+    meanwhile (a buffer export, as a GIL-free madvise does): until then the file cannot be
+    unmapped (close() raises BufferError)."""
+
+    target = None
+
+    def __init__(self):
+        self.started = threading.Event()
+        self.go = threading.Event()
+
+    def prefault(self, mm, start=0, length=None, chunk=1 << 20):
+        if mm is self.target:
+            with memoryview(mm):
+                self.started.set()
+                self.go.wait(30)
+        return super().prefault(mm, start, length, chunk)
+
+
+def test_a_file_truncated_away_while_its_window_is_populated_is_deleted_not_taken_up_again(
+        tmp_path, backend):
+    # A file left on disk by a destroy that could not unmap is found by the next file made at
+    # its offset (create_sized keeps an existing file): its stale units would then follow the
+    # new ones, and recovery would take them for queue entries.
+    fs = _PopulateInFlight()
+    service = PopulateAheadService()
+    service.start()
+    cq = ConsumeQueue(str(tmp_path), "TopicA", 0, 1000 * 20, backend, fs,
+                      reserve_window=4096, populator=service)
+    try:
+        for i in range(1500):
+            cq.put_unit(1000 + 100 * i, 100, 0, i)
+        testing.wait_until(lambda: service.pending == 0, what="the service idle")
+        second = cq.mfq.files[1]
+        path = second.path
+        fs.target = second.mm
+        service.ask(second, second.wrote_position, start=0, reserve=False)
+        testing.wait_until(fs.started.is_set, what="the populate in flight")
+
+        def finish_populate_once_destroy_began():
+            testing.wait_until(lambda: not second.is_available, what="the destroy")
+            fs.go.set()
+        opener = threading.Thread(target=finish_populate_once_destroy_began)
+        opener.start()
+        cq.truncate_dirty_logic_files(1000 + 100 * 500)     # back into the first file
+        opener.join()
+        assert not os.path.exists(path)
+        for i in range(500, 1200):
+            cq.put_unit(10**6 + 100 * i, 100, 0, i)
+        assert cq.max_offset_in_queue == 1200
+        with open(path, "rb") as f:                         # the file after the new units
+            f.seek(200 * 20)
+            assert f.read() == bytes(800 * 20)
+    finally:
+        fs.go.set()
+        service.shutdown()
+        cq.mfq.destroy()
