@@ -43,7 +43,8 @@ class MappedFile:
                  "committed_position", "flushed_position", "reserved_position", "refill_position",
                  "reserve_window", "reserve_window_max", "refill_lead", "store_timestamp",
                  "first_create_in_queue", "writable", "wbuf", "_pool", "_k", "_fs", "_refs",
-                 "_available", "_lock", "_cond", "_reserve_lock", "_first_shutdown_ms")
+                 "_available", "_lock", "_cond", "_reserve_lock", "_first_shutdown_ms",
+                 "truncations")
     # Private slots the compiled read path (pyx/_read.pxi) reads and writes itself: it holds
     # and releases files inline, by hold() and release()'s protocol on these.
     LENT_SLOTS = ("_lock", "_available", "_refs", "_cond")
@@ -93,6 +94,9 @@ class MappedFile:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._first_shutdown_ms = 0
+        # set_positions calls so far: a flush that read its end before a truncation must not
+        # mark that end flushed after it (the units written there next are not synced).
+        self.truncations = 0
 
     # ---- positions -------------------------------------------------------------------
     @property
@@ -118,6 +122,7 @@ class MappedFile:
         their blocks exist; nothing is known to be reserved past them."""
         self.wrote_position = self.committed_position = self.flushed_position = pos
         self.reserved_position = self.refill_position = pos
+        self.truncations += 1
 
     def data_end(self):
         """Where the file's written data ends (zeros after it); see FileSystem.data_end."""
@@ -287,13 +292,15 @@ class MappedFile:
         next flush (a thorough one, least_pages == 0, takes everything). Writing a page back
         write-protects it and locks it while the I/O is submitted, so the writer's next
         append to that page would fault and could wait for a busy disk (doc/03 §2.3)."""
+        truncations = self.truncations
         end = self.flush_end(least_pages)
         if end is None or not self.hold():
             return self.flushed_position
         try:
             start = self.flushed_position
             self._fs.sync_mapped(self._k, self.mm, self.path, start, end - start)
-            self.flushed_position = end
+            if self.truncations == truncations:
+                self.flushed_position = end
         finally:
             self.release()
         return self.flushed_position
@@ -308,10 +315,16 @@ class MappedFile:
             end -= end % OS_PAGE_SIZE
         return end
 
-    def mark_flushed(self, end):
-        """A sync of the whole file system made [0, end) durable (MappedFileQueue.settle)."""
+    def mark_flushed(self, end, truncations=None):
+        """A sync of the whole file system made [0, end) durable (MappedFileQueue.settle);
+        `truncations`: the file's count when `end` was read. False (nothing marked) when the
+        file was truncated (or destroyed) since: the bytes now below `end` were not all
+        written then."""
+        if truncations is not None and (truncations != self.truncations or not self._available):
+            return False
         if end > self.flushed_position:
             self.flushed_position = end
+        return True
 
     def sync(self, start, end):
         """Make [start, end) durable, leaving flushed_position to the caller: SYNC_FLUSH's group

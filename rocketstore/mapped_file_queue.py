@@ -341,25 +341,29 @@ class MappedFileQueue:
 
     def flush_plan(self, least_pages=0):
         """What flush(least_pages), called until nothing moves, would make durable now, as
-        [(file, end, store time)]: for a sync of the whole file system to cover, after which
-        settle(plan) moves the positions as those flushes would have."""
+        [(file, end, store time, file's truncation count)]: for a sync of the whole file
+        system to cover, after which settle(plan) moves the positions as those flushes would
+        have."""
         plan = []
         where = self.flushed_where
         size = self.file_size
         for f in self.files:
             if f.file_from_offset + size <= where:
                 continue
+            truncations = f.truncations
             ts = f.store_timestamp      # before the end, as flush reads them
             end = f.flush_end(least_pages)
             if end is None:
                 break
-            plan.append((f, end, ts))
+            plan.append((f, end, ts, truncations))
         return plan
 
     def settle(self, plan, least_pages=0):
-        """The bytes of `plan` (flush_plan, same least_pages) are durable."""
-        for f, end, ts in plan:
-            f.mark_flushed(end)
+        """The bytes of `plan` (flush_plan, same least_pages) are durable. A file truncated
+        meanwhile ends it: its end, and those after it, no longer say what was written."""
+        for f, end, ts, truncations in plan:
+            if not f.mark_flushed(end, truncations):
+                break
             where = f.file_from_offset + end
             if where > self.flushed_where:
                 self.flushed_where = where

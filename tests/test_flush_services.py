@@ -11,6 +11,7 @@ import pytest
 from rocketstore import FlushDiskType, Message, PutMessageStatus, testing
 from rocketstore.consume_queue import ConsumeQueue
 from rocketstore.errors import StoreError
+from rocketstore.format import CQ_UNIT
 from rocketstore.fs import FileSystem
 
 
@@ -544,3 +545,46 @@ def test_queues_synced_together_are_durable_at_a_power_cut(tmp_path, backend, mo
     for q, want in units.items():
         with open(root / "consumequeue" / "M" / str(q) / ("0" * 20), "rb") as f:
             assert f.read(3 * 20) == want != bytes(3 * 20)
+
+
+class _TruncateDuringSyncfs(testing.FaultInjectingFileSystem):
+    """Runs `during()` once, as the flush round's file-system sync begins: a truncation that
+    lands between the round reading the queues' positions and marking them flushed."""
+
+    during = None
+
+    def sync_filesystem(self, path):
+        during, self.during = self.during, None
+        if during is not None:
+            during()
+        return super().sync_filesystem(path)
+
+
+@pytest.mark.skipif(not FileSystem().sync_filesystem(os.getcwd()),
+                    reason="no syncfs on this platform")
+def test_units_rewritten_after_a_truncation_during_a_round_s_syncfs_are_flushed(
+        tmp_path, backend, monkeypatch):
+    # The round read queue 0's end (3 units) before its sync; the truncation then cut the
+    # queue to 1 unit. Marked flushed to the old end after the sync, the queue would take
+    # the unit written next at [20, 40) for durable: no round would sync it.
+    root = tmp_path / "s"
+    fs = _TruncateDuringSyncfs()
+    store = _many_queues_written(root, backend, fs, monkeypatch)
+    cq = _queues(store, "M")[0]
+    f = cq.mfq.files[0]
+    second_phy = CQ_UNIT.struct.unpack_from(f.mm, 20)[0]
+    fs.during = lambda: cq.truncate_dirty_logic_files(second_phy)
+    store.flush_cq_service.do_flush(1, force=True)
+    assert fs.during is None and store.flush_cq_service.synced_together == 1
+    assert cq.max_offset_in_queue == 1
+    assert cq.mfq.flushed_where <= 20 and f.flushed_position <= 20
+    new_unit = (store.commitlog.max_offset, 100, 0)
+    cq.put_unit(*new_unit, 1)
+    store.flush_cq_service.do_flush(1, force=True)
+    assert cq.mfq.flushed_where == f.flushed_position == 40
+    fs.crash()
+    store.shutdown()
+    fs.drop_unsynced()
+    with open(root / "consumequeue" / "M" / "0" / ("0" * 20), "rb") as fh:
+        fh.seek(20)
+        assert CQ_UNIT.struct.unpack(fh.read(20)) == new_unit
