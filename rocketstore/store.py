@@ -989,6 +989,7 @@ class MessageStore:
                     if w is None:
                         w = local.w = WrittenRows()
                     w.n = 0
+                    w.cuts = reput.cuts
                     return w
                 self._written = written
             if self._written is not None and put_list is self._compiled_put_list:
@@ -1855,6 +1856,7 @@ class MessageStore:
                     if forget is not None:
                         forget()
                 reput.reput_from_offset = offset
+                reput.cuts += 1             # rows a put made before the cut are stale
                 if isinstance(flusher, GroupCommitService):
                     flusher.restart_from(offset)
         log.warning("CommitLog reset to offset %d: %d bytes dropped", offset,

@@ -6,6 +6,7 @@ keys, properties and hosts, and through a roll (rows then cover the first file o
 dispatch takes them only when they start where dispatch stands, and the ConsumeQueue and
 index bytes stay those of a scan."""
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -221,5 +222,60 @@ def test_rows_that_do_not_start_where_dispatch_stands_are_scanned_instead(tmp_pa
         assert [m.body for m in store.query_message("T", "b7").messages] == [b"b7"]
         assert [m.body for m in store.query_message("T", "a3").messages] == [b"a3"]
         assert store.get_message("g", "T", 0, 0, 64).message_count == 40
+    finally:
+        store.shutdown()
+
+
+def test_a_put_s_rows_are_not_dispatched_over_the_records_a_cut_put_in_their_place(
+        tmp_path, cext, monkeypatch):
+    # Put A wrote at X; before its inline dispatch ran, reset_write_offset cut the CommitLog
+    # back to X and put B wrote other records there (to another queue), whose own dispatch is
+    # late too. A's rows still start where dispatch stands, but describe records now gone:
+    # taken, they would file B's messages under A's queue and offsets.
+    from rocketstore.services.reput import ReputMessageService
+    real = ReputMessageService.dispatch_if_behind
+    late = threading.local()
+    before_first = []
+
+    def dispatch_if_behind(self, lag, written=None):
+        if getattr(late, "skip", False):
+            return None                 # B's dispatch: later than A's
+        if before_first:
+            before_first.pop()()
+        return real(self, lag, written)
+    monkeypatch.setattr(ReputMessageService, "dispatch_if_behind", dispatch_if_behind)
+    store = testing.open_store(tmp_path / "s", cext, testing.small_config(dispatch_in_put_lag=0))
+    reput = store.reput_service
+    given = _counting_given(store)
+    try:
+        assert store.put_messages([Message("T", b"first")]).status is PutMessageStatus.PUT_OK
+        testing.wait_until(lambda: store.dispatch_behind_bytes() == 0, what="dispatch")
+        cut = store.get_max_phy_offset()
+
+        def cut_and_put_b():
+            reput.put_begins()          # the reput thread stands aside, as for a put
+            assert store.reset_write_offset(cut)
+
+            def put_b():
+                late.skip = True
+                r = store.put_messages([Message("T", b"b-%02d" % i, keys=f"b{i:02d}",
+                                                queue_id=1) for i in range(20)])
+                assert r.status is PutMessageStatus.PUT_OK
+            t = threading.Thread(target=put_b)
+            t.start()
+            t.join()
+        before_first.append(cut_and_put_b)
+        # Records of B's sizes, so that A's rows fit B's bytes: only their queue differs.
+        r = store.put_messages([Message("T", b"a-%02d" % i, keys=f"a{i:02d}")
+                                for i in range(20)])
+        assert r.status is PutMessageStatus.PUT_OK and int(r.commit_log_offsets[0]) == cut
+        reput.put_ends()
+        testing.wait_until(lambda: store.dispatch_behind_bytes() == 0, what="dispatch")
+        assert store.get_max_offset_in_queue("T", 0) == 1
+        got = store.get_message("g", "T", 1, 0, 64)
+        assert [m.body for m in got.messages] == [b"b-%02d" % i for i in range(20)]
+        assert [m.body for m in store.query_message("T", "b07").messages] == [b"b-07"]
+        assert store.query_message("T", "a03").message_count == 0
+        assert not given                # no put's rows were taken: each pass scanned
     finally:
         store.shutdown()

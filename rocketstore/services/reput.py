@@ -18,12 +18,14 @@ class WrittenRows:
     CommitLog file: rows[:n] describe the records at CommitLog offsets [offset, offset +
     nbytes), exactly as commitlog_scan would (kernels' batch_encode `rows`, PutPath.put_list
     `written`). One per putting thread, reused: the put's inline dispatch takes them instead
-    of scanning those records again (ReputMessageService.dispatch_if_behind)."""
-    __slots__ = ("rows", "n", "offset", "nbytes")
+    of scanning those records again (ReputMessageService.dispatch_if_behind). `cuts`: the
+    service's count of CommitLog cuts when the put began (MessageStore.reset_write_offset):
+    rows made before a cut may describe records it removed and others then wrote over."""
+    __slots__ = ("rows", "n", "offset", "nbytes", "cuts")
 
     def __init__(self):
         self.rows = None
-        self.n = self.offset = self.nbytes = 0
+        self.n = self.offset = self.nbytes = self.cuts = 0
 
 
 class ReputMessageService(ServiceThread):
@@ -47,6 +49,9 @@ class ReputMessageService(ServiceThread):
         self._is_slave = is_slave
         self.halt_replication = halt_replication
         self.reput_from_offset = reput_from_offset    # written by the reput thread only
+        # CommitLog cuts so far (MessageStore.reset_write_offset, under dispatch_lock): a
+        # put's rows from before one are never taken (WrittenRows.cuts).
+        self.cuts = 0
         self._rows = np.empty(self.BATCH, dtype=F.SCAN_DTYPE)
         self._k_fused = getattr(kernels, "reput_dispatch", None)
         self._prev_rows = 0         # rows of the last fused pass, still in _rows
@@ -130,9 +135,11 @@ class ReputMessageService(ServiceThread):
         and end within its readable area (with a write buffer, what is committed: a reader
         never sees a unit before its record, doc/02). Anything else -- another writer's
         records before them, a slave, an index pass that needs its own path -- is left to
-        the scan of do_reput, which follows. True when the rows were dispatched."""
+        the scan of do_reput, which follows. So are rows made before a CommitLog cut: the
+        records they describe may be gone, others written in their place, from the very
+        offset dispatch now stands at. True when the rows were dispatched."""
         offset, nbytes = written.offset, written.nbytes
-        if offset != self.reput_from_offset or self._is_slave:
+        if offset != self.reput_from_offset or written.cuts != self.cuts or self._is_slave:
             return False
         parts = self._fused_parts(self._dispatchers)
         if parts is None:
