@@ -230,14 +230,27 @@ class MappedFile:
         """Zero [pos, file end). A truncated tail must not hold stale records that a later
         recovery could take for valid ones once new data ends short of them. Only the
         written extent is read: past it the file reads as zeros already, and reading holes
-        through the mapping would allocate them (tmpfs) on a disk that may be full."""
+        through the mapping would allocate them (tmpfs) on a disk that may be full.
+
+        The zeros are synced: no flush covers bytes past the write position, and zeros lost
+        at a power cut would bring the stale records back, in line behind the new ones when
+        they have the same sizes (recovery then reads on into them)."""
         zeros = bytes(min(chunk, self.file_size))
         end = self.data_end()
+        first = last = None
         while pos < end:
             n = min(chunk, end - pos)
             if self.mm[pos:pos + n] != zeros[:n]:
                 self.mm[pos:pos + n] = zeros[:n]
+                first = pos if first is None else first
+                last = pos + n
             pos += n
+        if first is not None:
+            try:
+                self._fs.sync_mapped(self._k, self.mm, self.path, first, last - first)
+            except OSError as exc:
+                log.warning("%s: the zeroed tail [%d, %d) could not be synced (%s); a power "
+                            "cut may bring back what was cut", self.path, first, last, exc)
 
     # ---- writes ----------------------------------------------------------------------
     def append_bytes(self, data):
