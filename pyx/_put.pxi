@@ -261,7 +261,10 @@ cdef extern from *:
     /* The value of an exact int of at most two 30-bit digits (|v| < 2**60), read in place as
        CPython's own compact-int fast paths do; 0 for anything else (another type, an int
        subclass, a bigger int, a layout this does not know), which the caller converts the
-       general way. */
+       general way. Always inline: left to the compiler, it was a call per field. */
+    #if defined(__GNUC__)
+    __attribute__((always_inline))
+    #endif
     static inline int rs_small_int(PyObject *o, int64_t *v) {
     #if !defined(Py_LIMITED_API) && PY_VERSION_HEX >= 0x030C0000
         if (Py_IS_TYPE(o, &PyLong_Type) && PyUnstable_Long_IsCompact((PyLongObject *)o)) {
