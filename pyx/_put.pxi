@@ -402,6 +402,17 @@ cdef inline int _rec_encode(const _Rec *r, char *out, size_t out_len, int64_t po
                                store, store_len, r.reconsume, r.prepared, 0)
 
 
+cdef inline int _rec_encode_row(const _Rec *r, char *out, size_t out_len, int64_t pos,
+                                int64_t qoff, int64_t phy, int64_t ts, const uint8_t *store,
+                                size_t store_len, int32_t topic_hash, int tags,
+                                int64_t tags_code, rs_scan_rec *row) noexcept nogil:
+    """_rec_encode, and the record's scan row into `row` (rs_msg_encode_row)."""
+    return rs_msg_encode_row(<uint8_t *>out, out_len, pos, r.topic_p, r.topic_len, r.body_p,
+                             r.body_len, r.parts, r.n_parts, r.queue_id, r.flag, qoff, phy,
+                             r.sys_flag, r.born_ts, r.born_p, r.born_len, ts, store, store_len,
+                             r.reconsume, r.prepared, topic_hash, tags, tags_code, row)
+
+
 cdef inline int _encoded(int rc, int size) except -1:
     if rc != size:
         _check(rc if rc < 0 else RS_E_ARG, "put_message")
@@ -1174,11 +1185,12 @@ cdef class PutPath:
                                 rowp = NULL         # rows describe one file only
                             while done < n and pos + recs[done].size + _BLANK <= limit:
                                 phys[done] = phy_base + (pos - wpos)
-                                _encoded(_rec_encode(&recs[done], <char *>out.buf,
-                                                     <size_t>out.len, pos, qoffs[done],
-                                                     phys[done], ts, store_p, store_len),
-                                         recs[done].size)
-                                if rowp != NULL:
+                                if rowp == NULL:
+                                    _encoded(_rec_encode(&recs[done], <char *>out.buf,
+                                                         <size_t>out.len, pos, qoffs[done],
+                                                         phys[done], ts, store_p, store_len),
+                                             recs[done].size)
+                                else:
                                     if recs[done].topic_b != row_topic:
                                         row_topic = recs[done].topic_b
                                         row_hash = rs_msg_topic_hash(recs[done].topic_p,
@@ -1188,12 +1200,16 @@ cdef class PutPath:
                                         rs_java_hash(recs[done].tags_p,
                                                      <size_t>recs[done].tags_len, &tags_h)
                                         tags_code = tags_h
-                                    _encoded(rs_msg_row(<const uint8_t *>out.buf,
-                                                        <size_t>out.len, pos, row_hash,
-                                                        RS_ROW_TAGS_GIVEN
-                                                        if recs[done].tags_len > 0
-                                                        else RS_ROW_TAGS_NONE, tags_code,
-                                                        &rowp[done]), recs[done].size)
+                                    # The record and its row in one call: the row is set
+                                    # from the values encoded, not read back (rs_msg_row).
+                                    _encoded(_rec_encode_row(&recs[done], <char *>out.buf,
+                                                             <size_t>out.len, pos, qoffs[done],
+                                                             phys[done], ts, store_p, store_len,
+                                                             row_hash,
+                                                             RS_ROW_TAGS_GIVEN
+                                                             if recs[done].tags_len > 0
+                                                             else RS_ROW_TAGS_NONE, tags_code,
+                                                             &rowp[done]), recs[done].size)
                                     n_rows = done + 1
                                     rows_bytes = pos + recs[done].size - wpos
                                 count[slot_of[done]] += 1
