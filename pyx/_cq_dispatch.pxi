@@ -398,6 +398,7 @@ cdef class CqSlots:
         # own topic bytes are still compared by _cq_run, so a topic sharing the hash is caught
         # there.
         cdef _SeenKeys seen
+        cdef Py_ssize_t streak = 0          # rows in a row whose queue was in `seen`
         seen.mask = 0
         for j in range(i, min(end, i + PF_ENTRY)):
             if not _seen_has(&seen, _cq_key(rows + j)):
@@ -409,15 +410,18 @@ cdef class CqSlots:
             if not _seen_has(&seen, _cq_key(rows + j)):
                 self._prefetch_objects(rows + j)
         while i < end:
-            j = i + PF_ENTRY
-            if j < end and not _seen_has(&seen, _cq_key(rows + j)):
-                self._prefetch_entry(rows + j)
-            j = i + PF_STATE
-            if j < end and not _seen_has(&seen, _cq_key(rows + j)):
-                self._prefetch_state(rows + j)
-            j = i + PF_OBJECTS
-            if j < end and not _seen_has(&seen, _cq_key(rows + j)):
-                self._prefetch_objects(rows + j)
+            # Once the last 2 * PF_ENTRY rows all went to queues already loaded, the rows
+            # ahead most likely do too: their prefetches (hints only) are not even tried.
+            if streak < 2 * PF_ENTRY:
+                j = i + PF_ENTRY
+                if j < end and not _seen_has(&seen, _cq_key(rows + j)):
+                    self._prefetch_entry(rows + j)
+                j = i + PF_STATE
+                if j < end and not _seen_has(&seen, _cq_key(rows + j)):
+                    self._prefetch_state(rows + j)
+                j = i + PF_OBJECTS
+                if j < end and not _seen_has(&seen, _cq_key(rows + j)):
+                    self._prefetch_objects(rows + j)
             r = rows + i
             i += 1
             tx = r.sys_flag & RS_TRANSACTION_TYPE_MASK
@@ -427,7 +431,9 @@ cdef class CqSlots:
                 return i
             key = _cq_key(r)
             if _seen_has(&seen, key):
+                streak += 1
                 continue
+            streak = 0
             st = _cq_find(&self.t, key)
             if st == NULL:
                 return i
