@@ -575,9 +575,8 @@ cdef Py_ssize_t _cq_run(_CqTable *t, const rs_scan_rec *rows, Py_ssize_t i, Py_s
     cdef Py_ssize_t to_unit = i, next_pf = i
     need[0] = NEED_NOTHING
     found.mask = 0
-    # A row to the queue of the row before it (a batch put's rows) needs no probe of the
-    # table, nor a prefetch of its own: nothing is added to the table during the run. Its
-    # topic bytes are compared all the same.
+    # A row to a queue `found` holds needs no probe of the table: nothing is added to the
+    # table during the run. Its topic bytes are compared all the same.
     while i < n:
         if i >= next_pf:
             # Every PF_BLOCK rows, the units of the rows one to two blocks ahead, in one tight
