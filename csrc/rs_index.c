@@ -384,6 +384,21 @@ typedef struct rs_index_topic {
     uint32_t prefix;
 } rs_index_topic;
 
+/* Whether a[0:n] == b[0:n]: the last row's topic against this row's, once per row, so two
+ * overlapping word compares for the short names topics are rather than a memcmp call. */
+static inline int rs_index_same(const uint8_t *a, const uint8_t *b, size_t n)
+{
+    uint64_t x, y, u, v;
+
+    if (n < 8 || n > 16)
+        return memcmp(a, b, n) == 0;
+    memcpy(&x, a, 8);
+    memcpy(&y, b, 8);
+    memcpy(&u, a + n - 8, 8);
+    memcpy(&v, b + n - 8, 8);
+    return ((x ^ y) | (u ^ v)) == 0;
+}
+
 static int rs_index_chunk_row(const uint8_t *buf, const rs_scan_rec *r, uint32_t i,
                               const uint8_t *slots, int32_t slot_num, rs_index_key *ks,
                               size_t *n, size_t *from, rs_index_topic *last)
@@ -398,7 +413,7 @@ static int rs_index_chunk_row(const uint8_t *buf, const rs_scan_rec *r, uint32_t
         return 1;
     topic = buf + r->pos + r->topic_off;
     if (last->topic != NULL && last->len == r->topic_len &&
-        memcmp(last->topic, topic, (size_t)r->topic_len) == 0) {
+        rs_index_same(last->topic, topic, (size_t)r->topic_len)) {
         prefix = last->prefix;
     } else {
         prefix = rs_index_prefix(buf, r);
@@ -415,8 +430,9 @@ static int rs_index_chunk_row(const uint8_t *buf, const rs_scan_rec *r, uint32_t
             klen = uniq_len;
             uniq = NULL;
         } else {
-            for (b = a; b < keys_len && keys[b] != ' '; b++)
-                ;
+            const uint8_t *sp = memchr(keys + a, ' ', keys_len - a);
+
+            b = sp ? (size_t)(sp - keys) : keys_len;
             key = keys + a;
             klen = b - a;
             a = b + 1;

@@ -70,81 +70,6 @@ int rs_msg_encode(uint8_t *out, size_t out_len, int64_t pos,
                                v2);
 }
 
-int rs_msg_encode_parts(uint8_t *out, size_t out_len, int64_t pos,
-                        const uint8_t *topic, size_t topic_len,
-                        const uint8_t *body, size_t body_len,
-                        const rs_part *props, size_t n_parts,
-                        int32_t queue_id, int32_t flag, int64_t queue_offset, int64_t phy_offset,
-                        int32_t sys_flag, int64_t born_timestamp,
-                        const uint8_t *born_host, size_t born_host_len,
-                        int64_t store_timestamp,
-                        const uint8_t *store_host, size_t store_host_len,
-                        int32_t reconsume_times, int64_t prepared_tx_offset, int v2)
-{
-    size_t bh = (size_t)rs_host_len(sys_flag, RS_BORNHOST_V6_FLAG);
-    size_t sh = (size_t)rs_host_len(sys_flag, RS_STOREHOSTADDRESS_V6_FLAG);
-    size_t props_len = 0, i;
-    uint32_t crc;
-    uint8_t *p;
-    int size;
-
-    if (born_host_len != bh || store_host_len != sh)
-        return RS_E_ARG;
-    for (i = 0; i < n_parts; i++) {
-        if (props[i].len > (size_t)INT32_MAX)
-            return RS_E_TOO_LONG;
-        props_len += props[i].len;
-    }
-    size = rs_record_size(sys_flag, (int64_t)(body_len > INT64_MAX ? INT64_MAX : body_len),
-                       (int64_t)(topic_len > INT64_MAX ? INT64_MAX : topic_len),
-                       (int64_t)(props_len > INT64_MAX ? INT64_MAX : props_len), v2);
-    if (size < 0)
-        return size;
-    if (!rs_in_bounds(pos, (uint64_t)size, out_len))
-        return RS_E_BOUNDS;
-
-    crc = rs_crc32(0, body, body_len) & RS_CRC_MASK;
-    p = out + pos;
-    rs_store_be32(p + 0, (uint32_t)size);
-    rs_store_be32(p + 4, (uint32_t)(v2 ? RS_MESSAGE_MAGIC_CODE_V2 : RS_MESSAGE_MAGIC_CODE));
-    rs_store_be32(p + 8, crc);
-    rs_store_be32(p + 12, (uint32_t)queue_id);
-    rs_store_be32(p + 16, (uint32_t)flag);
-    rs_store_be64(p + 20, (uint64_t)queue_offset);
-    rs_store_be64(p + 28, (uint64_t)phy_offset);
-    rs_store_be32(p + 36, (uint32_t)sys_flag);
-    rs_store_be64(p + 40, (uint64_t)born_timestamp);
-    p += RS_POS_BORNHOST;
-    rs_copy(p, born_host, bh);
-    p += bh;
-    rs_store_be64(p, (uint64_t)store_timestamp);
-    p += 8;
-    rs_copy(p, store_host, sh);
-    p += sh;
-    rs_store_be32(p, (uint32_t)reconsume_times);
-    rs_store_be64(p + 4, (uint64_t)prepared_tx_offset);
-    rs_store_be32(p + 12, (uint32_t)body_len);
-    p += 16;
-    if (body_len)
-        memmove(p, body, body_len);   /* memmove: the caller may encode from its own window */
-    p += body_len;
-    if (v2) {
-        rs_store_be16(p, (uint16_t)topic_len);
-        p += 2;
-    } else {
-        *p++ = (uint8_t)topic_len;
-    }
-    rs_copy(p, topic, topic_len);
-    p += topic_len;
-    rs_store_be16(p, (uint16_t)props_len);
-    p += 2;
-    for (i = 0; i < n_parts; i++) {
-        rs_copy(p, props[i].buf, props[i].len);
-        p += props[i].len;
-    }
-    assert(p == out + pos + size);   /* the layout agrees with calMsgLength */
-    return size;
-}
 
 /*
  * The TAGS value of a properties string (doc/01 §3.6-3.7), for its tagsCode and for a tag
@@ -294,21 +219,25 @@ static int rs_topic_ok(const uint8_t *p, int32_t n)
     return 1;
 }
 
-/* The row of a record whose lengths are known to fit (rs_msg_check checked them, or the caller
- * encoded the record): the one place a rs_scan_rec is filled from record bytes. */
-static inline void rs_row_fill(const uint8_t *rec, int64_t pos, int32_t size, int32_t sys_flag,
-                               int v2, int64_t fixed, int32_t body_len, int64_t topic_off,
-                               int32_t topic_len, int64_t props_off, int32_t props_len,
-                               int32_t topic_hash, int tags, int64_t tags_code,
-                               rs_scan_rec *row)
+/* The one place a rs_scan_rec is set: from the record's fields, which rs_row_fill reads from
+ * its bytes and rs_msg_encode_row has in hand.  `topic` is the record's topic bytes (for the
+ * SCHEDULE_TOPIC_XXXX mark), `props` its properties (for RS_ROW_TAGS_FIND). */
+static inline void rs_row_set(rs_scan_rec *row, int64_t pos, int32_t size, int32_t sys_flag,
+                              int v2, int64_t fixed, int32_t body_len, int64_t topic_off,
+                              const uint8_t *topic, int32_t topic_len, int64_t props_off,
+                              const uint8_t *props, int32_t props_len, int32_t topic_hash,
+                              int tags, int64_t tags_code, int64_t phy_offset,
+                              int64_t queue_offset, int64_t store_timestamp,
+                              int64_t born_timestamp, int64_t prepared_tx_offset,
+                              int32_t queue_id, int32_t flag, int32_t body_crc,
+                              int32_t reconsume_times)
 {
-    int64_t q;
     int has_tags;
     int32_t info;
 
     if (tags == RS_ROW_TAGS_FIND) {
         tags_code = 0;
-        has_tags = props_len ? rs_tags_code(rec + props_off, (size_t)props_len, &tags_code) : 0;
+        has_tags = props_len ? rs_tags_code(props, (size_t)props_len, &tags_code) : 0;
     } else {
         has_tags = tags == RS_ROW_TAGS_GIVEN;
         if (!has_tags)
@@ -316,23 +245,22 @@ static inline void rs_row_fill(const uint8_t *rec, int64_t pos, int32_t size, in
     }
     info = (v2 ? RS_SCAN_INFO_V2 : 0) | (has_tags ? RS_SCAN_INFO_HAS_TAGS : 0);
     if (topic_len == (int32_t)(sizeof(RS_SCHEDULE_TOPIC) - 1) &&
-        memcmp(rec + topic_off, RS_SCHEDULE_TOPIC, sizeof(RS_SCHEDULE_TOPIC) - 1) == 0)
+        memcmp(topic, RS_SCHEDULE_TOPIC, sizeof(RS_SCHEDULE_TOPIC) - 1) == 0)
         info |= RS_SCAN_INFO_SCHEDULE;   /* the caller derives tagsCode from DELAY (doc/01 §3.7) */
 
-    q = RS_POS_BORNHOST + rs_host_len(sys_flag, RS_BORNHOST_V6_FLAG);
     row->pos = pos;
-    row->phy_offset = rs_load_i64(rec + RS_POS_PHYSICALOFFSET);
-    row->queue_offset = rs_load_i64(rec + RS_POS_QUEUEOFFSET);
+    row->phy_offset = phy_offset;
+    row->queue_offset = queue_offset;
     row->tags_code = tags_code;
-    row->store_timestamp = rs_load_i64(rec + q);
-    row->born_timestamp = rs_load_i64(rec + RS_POS_BORNTIMESTAMP);
-    row->prepared_tx_offset = rs_load_i64(rec + fixed - 12);
+    row->store_timestamp = store_timestamp;
+    row->born_timestamp = born_timestamp;
+    row->prepared_tx_offset = prepared_tx_offset;
     row->size = size;
-    row->queue_id = rs_load_i32(rec + RS_POS_QUEUEID);
+    row->queue_id = queue_id;
     row->sys_flag = sys_flag;
-    row->flag = rs_load_i32(rec + RS_POS_FLAG);
-    row->body_crc = rs_load_i32(rec + RS_POS_BODYCRC);
-    row->reconsume_times = rs_load_i32(rec + fixed - 16);
+    row->flag = flag;
+    row->body_crc = body_crc;
+    row->reconsume_times = reconsume_times;
     row->body_off = (int32_t)(fixed);
     row->body_len = body_len;
     row->topic_off = (int32_t)topic_off;
@@ -342,6 +270,155 @@ static inline void rs_row_fill(const uint8_t *rec, int64_t pos, int32_t size, in
     row->info = info;
     row->topic_hash = topic_hash;
     assert(props_off + props_len == size && topic_off + topic_len + 2 == props_off);
+}
+
+/* The row of a record whose lengths are known to fit (rs_msg_check checked them, or the caller
+ * encoded the record), from its bytes. */
+static inline void rs_row_fill(const uint8_t *rec, int64_t pos, int32_t size, int32_t sys_flag,
+                               int v2, int64_t fixed, int32_t body_len, int64_t topic_off,
+                               int32_t topic_len, int64_t props_off, int32_t props_len,
+                               int32_t topic_hash, int tags, int64_t tags_code,
+                               rs_scan_rec *row)
+{
+    int64_t q = RS_POS_BORNHOST + rs_host_len(sys_flag, RS_BORNHOST_V6_FLAG);
+
+    rs_row_set(row, pos, size, sys_flag, v2, fixed, body_len, topic_off, rec + topic_off,
+               topic_len, props_off, rec + props_off, props_len, topic_hash, tags, tags_code,
+               rs_load_i64(rec + RS_POS_PHYSICALOFFSET), rs_load_i64(rec + RS_POS_QUEUEOFFSET),
+               rs_load_i64(rec + q), rs_load_i64(rec + RS_POS_BORNTIMESTAMP),
+               rs_load_i64(rec + fixed - 12), rs_load_i32(rec + RS_POS_QUEUEID),
+               rs_load_i32(rec + RS_POS_FLAG), rs_load_i32(rec + RS_POS_BODYCRC),
+               rs_load_i32(rec + fixed - 16));
+}
+
+/* rs_msg_encode_parts, and with `row` the record's row (rs_msg_encode_row). */
+static inline int rs_encode_parts(uint8_t *out, size_t out_len, int64_t pos,
+                                  const uint8_t *topic, size_t topic_len,
+                                  const uint8_t *body, size_t body_len,
+                                  const rs_part *props, size_t n_parts,
+                                  int32_t queue_id, int32_t flag, int64_t queue_offset,
+                                  int64_t phy_offset, int32_t sys_flag, int64_t born_timestamp,
+                                  const uint8_t *born_host, size_t born_host_len,
+                                  int64_t store_timestamp,
+                                  const uint8_t *store_host, size_t store_host_len,
+                                  int32_t reconsume_times, int64_t prepared_tx_offset, int v2,
+                                  rs_scan_rec *row, int32_t topic_hash, int tags,
+                                  int64_t tags_code)
+{
+    size_t bh = (size_t)rs_host_len(sys_flag, RS_BORNHOST_V6_FLAG);
+    size_t sh = (size_t)rs_host_len(sys_flag, RS_STOREHOSTADDRESS_V6_FLAG);
+    size_t props_len = 0, i;
+    uint32_t crc;
+    uint8_t *p;
+    int size;
+
+    if (born_host_len != bh || store_host_len != sh)
+        return RS_E_ARG;
+    for (i = 0; i < n_parts; i++) {
+        if (props[i].len > (size_t)INT32_MAX)
+            return RS_E_TOO_LONG;
+        props_len += props[i].len;
+    }
+    size = rs_record_size(sys_flag, (int64_t)(body_len > INT64_MAX ? INT64_MAX : body_len),
+                       (int64_t)(topic_len > INT64_MAX ? INT64_MAX : topic_len),
+                       (int64_t)(props_len > INT64_MAX ? INT64_MAX : props_len), v2);
+    if (size < 0)
+        return size;
+    if (!rs_in_bounds(pos, (uint64_t)size, out_len))
+        return RS_E_BOUNDS;
+
+    crc = rs_crc32(0, body, body_len) & RS_CRC_MASK;
+    p = out + pos;
+    rs_store_be32(p + 0, (uint32_t)size);
+    rs_store_be32(p + 4, (uint32_t)(v2 ? RS_MESSAGE_MAGIC_CODE_V2 : RS_MESSAGE_MAGIC_CODE));
+    rs_store_be32(p + 8, crc);
+    rs_store_be32(p + 12, (uint32_t)queue_id);
+    rs_store_be32(p + 16, (uint32_t)flag);
+    rs_store_be64(p + 20, (uint64_t)queue_offset);
+    rs_store_be64(p + 28, (uint64_t)phy_offset);
+    rs_store_be32(p + 36, (uint32_t)sys_flag);
+    rs_store_be64(p + 40, (uint64_t)born_timestamp);
+    p += RS_POS_BORNHOST;
+    rs_copy(p, born_host, bh);
+    p += bh;
+    rs_store_be64(p, (uint64_t)store_timestamp);
+    p += 8;
+    rs_copy(p, store_host, sh);
+    p += sh;
+    rs_store_be32(p, (uint32_t)reconsume_times);
+    rs_store_be64(p + 4, (uint64_t)prepared_tx_offset);
+    rs_store_be32(p + 12, (uint32_t)body_len);
+    p += 16;
+    if (body_len)
+        memmove(p, body, body_len);   /* memmove: the caller may encode from its own window */
+    p += body_len;
+    if (v2) {
+        rs_store_be16(p, (uint16_t)topic_len);
+        p += 2;
+    } else {
+        *p++ = (uint8_t)topic_len;
+    }
+    rs_copy(p, topic, topic_len);
+    p += topic_len;
+    rs_store_be16(p, (uint16_t)props_len);
+    p += 2;
+    for (i = 0; i < n_parts; i++) {
+        rs_copy(p, props[i].buf, props[i].len);
+        p += props[i].len;
+    }
+    assert(p == out + pos + size);   /* the layout agrees with calMsgLength */
+    if (row != NULL) {
+        int64_t fixed = RS_POS_BORNHOST + (int64_t)bh + 8 + (int64_t)sh + 4 + 8 + 4;
+        int64_t topic_off = fixed + (int64_t)body_len + (v2 ? 2 : 1);
+        int64_t props_off = topic_off + (int64_t)topic_len + 2;
+
+        rs_row_set(row, pos, size, sys_flag, v2, fixed, (int32_t)body_len, topic_off,
+                   out + pos + topic_off, (int32_t)topic_len, props_off, out + pos + props_off,
+                   (int32_t)props_len, topic_hash, tags, tags_code, phy_offset, queue_offset,
+                   store_timestamp, born_timestamp, prepared_tx_offset, queue_id, flag,
+                   (int32_t)crc, reconsume_times);
+    }
+    return size;
+}
+
+int rs_msg_encode_parts(uint8_t *out, size_t out_len, int64_t pos,
+                        const uint8_t *topic, size_t topic_len,
+                        const uint8_t *body, size_t body_len,
+                        const rs_part *props, size_t n_parts,
+                        int32_t queue_id, int32_t flag, int64_t queue_offset, int64_t phy_offset,
+                        int32_t sys_flag, int64_t born_timestamp,
+                        const uint8_t *born_host, size_t born_host_len,
+                        int64_t store_timestamp,
+                        const uint8_t *store_host, size_t store_host_len,
+                        int32_t reconsume_times, int64_t prepared_tx_offset, int v2)
+{
+    return rs_encode_parts(out, out_len, pos, topic, topic_len, body, body_len, props, n_parts,
+                           queue_id, flag, queue_offset, phy_offset, sys_flag, born_timestamp,
+                           born_host, born_host_len, store_timestamp, store_host,
+                           store_host_len, reconsume_times, prepared_tx_offset, v2, NULL, 0,
+                           RS_ROW_TAGS_NONE, 0);
+}
+
+int rs_msg_encode_row(uint8_t *out, size_t out_len, int64_t pos,
+                      const uint8_t *topic, size_t topic_len,
+                      const uint8_t *body, size_t body_len,
+                      const rs_part *props, size_t n_parts,
+                      int32_t queue_id, int32_t flag, int64_t queue_offset, int64_t phy_offset,
+                      int32_t sys_flag, int64_t born_timestamp,
+                      const uint8_t *born_host, size_t born_host_len,
+                      int64_t store_timestamp,
+                      const uint8_t *store_host, size_t store_host_len,
+                      int32_t reconsume_times, int64_t prepared_tx_offset,
+                      int32_t topic_hash, int tags, int64_t tags_code, rs_scan_rec *row)
+{
+    if (row == NULL ||
+        (tags != RS_ROW_TAGS_FIND && tags != RS_ROW_TAGS_NONE && tags != RS_ROW_TAGS_GIVEN))
+        return RS_E_ARG;
+    return rs_encode_parts(out, out_len, pos, topic, topic_len, body, body_len, props, n_parts,
+                           queue_id, flag, queue_offset, phy_offset, sys_flag, born_timestamp,
+                           born_host, born_host_len, store_timestamp, store_host,
+                           store_host_len, reconsume_times, prepared_tx_offset, 0, row,
+                           topic_hash, tags, tags_code);
 }
 
 int rs_msg_check(const uint8_t *buf, size_t len, int64_t pos, int check_crc,

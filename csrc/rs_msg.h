@@ -94,6 +94,26 @@ int rs_msg_encode_parts(uint8_t *out, size_t out_len, int64_t pos,
                         int32_t reconsume_times, int64_t prepared_tx_offset, int v2);
 
 /*
+ * rs_msg_encode_row - rs_msg_encode_parts of a v1 record (MESSAGE_MAGIC_CODE), then its row as
+ * rs_msg_row(out, out_len, pos, topic_hash, tags, tags_code, row) would make it, set from the
+ * values just encoded instead of read back: a put that hands its rows to the dispatch (doc/03
+ * §8) pays for the row a few stores.  Same returns as rs_msg_encode_parts; RS_E_ARG, with
+ * nothing written, when row is NULL or `tags` is none of the three RS_ROW_TAGS_*.
+ * GIL: callable without it.
+ */
+int rs_msg_encode_row(uint8_t *out, size_t out_len, int64_t pos,
+                      const uint8_t *topic, size_t topic_len,
+                      const uint8_t *body, size_t body_len,
+                      const rs_part *props, size_t n_parts,
+                      int32_t queue_id, int32_t flag, int64_t queue_offset, int64_t phy_offset,
+                      int32_t sys_flag, int64_t born_timestamp,
+                      const uint8_t *born_host, size_t born_host_len,
+                      int64_t store_timestamp,
+                      const uint8_t *store_host, size_t store_host_len,
+                      int32_t reconsume_times, int64_t prepared_tx_offset,
+                      int32_t topic_hash, int tags, int64_t tags_code, rs_scan_rec *row);
+
+/*
  * rs_msg_check - validate the record at buf[pos, len) and extract its dispatch fields.
  *
  * len is the end of readable data: a record running past it is RS_SCAN_PARTIAL.

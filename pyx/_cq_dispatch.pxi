@@ -103,6 +103,22 @@ cdef struct _CqTable:
     Py_ssize_t distinct, recur
 
 
+cdef inline void _prefetch_lines(const _CqState *st) noexcept nogil:
+    """Every cache line of a state. It lives inside its _CqSlot object, at no particular
+    alignment: its 216 bytes span four or five lines, and the last one holds the objects
+    loading and publishing read first (perf: prefetching three lines from its start left
+    the loads of st.file and st.mm missing)."""
+    cdef const char *p = <const char *>st
+    cdef const char *last
+    if p == NULL:
+        return
+    last = p + sizeof(_CqState) - 1
+    while p <= last:
+        rs_prefetch_w(p)
+        p += 64
+    rs_prefetch_w(last)
+
+
 cdef inline int64_t _cq_key(const rs_scan_rec *r) noexcept nogil:
     """A row's queue: (topic hash << 32) | queue id."""
     return (<int64_t>r.topic_hash << 32) | <int64_t><uint32_t>r.queue_id
@@ -123,6 +139,64 @@ cdef inline void _cq_insert(_CqTable *t, _CqState *st) noexcept nogil:
         i = (i + 1) & (t.cap - 1)
     t.e[i].key = st.key
     t.e[i].st = st
+
+
+DEF SEEN_KEYS = 16
+
+
+cdef struct _SeenKeys:
+    # A few queue keys, direct-mapped: load_run's queues already loaded in this call.
+    uint32_t mask               # bit h: key[h] holds a key
+    int64_t key[SEEN_KEYS]
+
+
+cdef inline size_t _seen_slot(int64_t key) noexcept nogil:
+    """A key's slot: its queue id plus a hash of its topic, so the queues of one topic (ids
+    0, 1, 2 ...) take slots of their own, where a mixed hash of 4 keys into 16 slots would
+    put two in one slot a third of the time."""
+    return (<uint32_t>key + ((<uint32_t>(key >> 32) * 0x9E3779B1u) >> 28)) & (SEEN_KEYS - 1)
+
+
+cdef struct _SeenStates:
+    # _SeenKeys with each key's state.
+    uint32_t mask
+    int64_t key[SEEN_KEYS]
+    _CqState *st[SEEN_KEYS]
+
+
+cdef extern from *:
+    """
+    /* Whether a[0:n] == b[0:n]: inline for the short strings topics are (two overlapping
+       word compares up to 16 bytes), memcmp past that. */
+    static inline int rs_bytes_eq(const void *a, const void *b, size_t n) {
+        const unsigned char *p = (const unsigned char *)a, *q = (const unsigned char *)b;
+        uint64_t x, y, u, v;
+        uint32_t x4, y4, u4, v4;
+        if (n >= 8 && n <= 16) {
+            memcpy(&x, p, 8); memcpy(&y, q, 8);
+            memcpy(&u, p + n - 8, 8); memcpy(&v, q + n - 8, 8);
+            return ((x ^ y) | (u ^ v)) == 0;
+        }
+        if (n >= 4 && n < 8) {
+            memcpy(&x4, p, 4); memcpy(&y4, q, 4);
+            memcpy(&u4, p + n - 4, 4); memcpy(&v4, q + n - 4, 4);
+            return ((x4 ^ y4) | (u4 ^ v4)) == 0;
+        }
+        return memcmp(p, q, n) == 0;
+    }
+    """
+    bint rs_bytes_eq(const void *a, const void *b, size_t n) noexcept nogil
+
+
+cdef inline bint _seen_has(const _SeenKeys *s, int64_t key) noexcept nogil:
+    cdef size_t h = _seen_slot(key)
+    return (s.mask >> h) & 1 and s.key[h] == key
+
+
+cdef inline void _seen_add(_SeenKeys *s, int64_t key) noexcept nogil:
+    cdef size_t h = _seen_slot(key)
+    s.key[h] = key
+    s.mask |= 1u << h
 
 
 cdef class _CqSlot:
@@ -330,31 +404,40 @@ cdef class CqSlots:
         cdef const rs_scan_rec *r
         cdef _CqState *st
         cdef int32_t tx
-        cdef int64_t key, last = 0
-        cdef bint have_last = False
+        cdef int64_t key
         cdef Py_ssize_t end = min(n, i + ahead), j
-        # A row to the queue of the row before it (a batch put's rows, most of a pass) needs
-        # nothing: that queue was loaded then, or the run ended there. Its own topic bytes
-        # are still compared by _cq_run, so a topic sharing the hash is caught there.
+        # The queues this call found loaded or loaded, by key: a batch put's rows go round a
+        # few queues (the round-robin producer of bench_put), so after the first row to each
+        # one, every row needs nothing -- not its table probe, nor the three prefetches, which
+        # cost ~150 instructions a row (callgrind) when each row's queue differs from the row
+        # before's. Direct-mapped and small: with many queues it only misses, as before. Its
+        # own topic bytes are still compared by _cq_run, so a topic sharing the hash is caught
+        # there.
+        cdef _SeenKeys seen
+        cdef Py_ssize_t streak = 0          # rows in a row whose queue was in `seen`
+        seen.mask = 0
         for j in range(i, min(end, i + PF_ENTRY)):
-            if j == i or _cq_key(rows + j) != _cq_key(rows + j - 1):
+            if not _seen_has(&seen, _cq_key(rows + j)):
                 self._prefetch_entry(rows + j)
         for j in range(i, min(end, i + PF_STATE)):
-            if j == i or _cq_key(rows + j) != _cq_key(rows + j - 1):
+            if not _seen_has(&seen, _cq_key(rows + j)):
                 self._prefetch_state(rows + j)
         for j in range(i, min(end, i + PF_OBJECTS)):
-            if j == i or _cq_key(rows + j) != _cq_key(rows + j - 1):
+            if not _seen_has(&seen, _cq_key(rows + j)):
                 self._prefetch_objects(rows + j)
         while i < end:
-            j = i + PF_ENTRY
-            if j < end and _cq_key(rows + j) != _cq_key(rows + j - 1):
-                self._prefetch_entry(rows + j)
-            j = i + PF_STATE
-            if j < end and _cq_key(rows + j) != _cq_key(rows + j - 1):
-                self._prefetch_state(rows + j)
-            j = i + PF_OBJECTS
-            if j < end and _cq_key(rows + j) != _cq_key(rows + j - 1):
-                self._prefetch_objects(rows + j)
+            # Once the last 2 * PF_ENTRY rows all went to queues already loaded, the rows
+            # ahead most likely do too: their prefetches (hints only) are not even tried.
+            if streak < 2 * PF_ENTRY:
+                j = i + PF_ENTRY
+                if j < end and not _seen_has(&seen, _cq_key(rows + j)):
+                    self._prefetch_entry(rows + j)
+                j = i + PF_STATE
+                if j < end and not _seen_has(&seen, _cq_key(rows + j)):
+                    self._prefetch_state(rows + j)
+                j = i + PF_OBJECTS
+                if j < end and not _seen_has(&seen, _cq_key(rows + j)):
+                    self._prefetch_objects(rows + j)
             r = rows + i
             i += 1
             tx = r.sys_flag & RS_TRANSACTION_TYPE_MASK
@@ -363,19 +446,20 @@ cdef class CqSlots:
             if r.info & RS_SCAN_INFO_SCHEDULE:
                 return i
             key = _cq_key(r)
-            if have_last and key == last:
+            if _seen_has(&seen, key):
+                streak += 1
                 continue
-            last = key
-            have_last = True
+            streak = 0
             st = _cq_find(&self.t, key)
             if st == NULL:
                 return i
-            if st.loaded and st.gen == self.t.gen:
-                continue
-            if (r.topic_len != st.topic_len or r.pos + r.topic_off + r.topic_len > buf_len
-                    or memcmp(buf + r.pos + r.topic_off, st.topic, <size_t>r.topic_len) != 0):
-                return i                    # a topic sharing the hash: Python takes it
-            self.load(st)
+            if not (st.loaded and st.gen == self.t.gen):
+                if (r.topic_len != st.topic_len or r.pos + r.topic_off + r.topic_len > buf_len
+                        or memcmp(buf + r.pos + r.topic_off, st.topic,
+                                  <size_t>r.topic_len) != 0):
+                    return i                    # a topic sharing the hash: Python takes it
+                self.load(st)
+            _seen_add(&seen, key)
         return end
 
     # The three stages of load_run's prefetching. Prefetches never fault, so a state whose
@@ -384,18 +468,15 @@ cdef class CqSlots:
         rs_prefetch_r(&self.t.e[rs_mix(<uint64_t>_cq_key(r), self.t.cap - 1)])
 
     cdef inline void _prefetch_state(self, const rs_scan_rec *r) noexcept nogil:
-        cdef const char *p = <const char *>_cq_find(&self.t, _cq_key(r))
-        if p != NULL:
-            rs_prefetch_w(p)
-            rs_prefetch_w(p + 64)
-            rs_prefetch_w(p + 128)
+        _prefetch_lines(_cq_find(&self.t, _cq_key(r)))
 
     cdef inline void _prefetch_objects(self, const rs_scan_rec *r) noexcept nogil:
         cdef _CqState *st = _cq_find(&self.t, _cq_key(r))
+        # What a kept state's load reads: the queue's `_version` member and the Mapping (its
+        # address and export count). Not the file: that load does not read it.
         if st != NULL and st.cached and not st.loaded:
-            rs_prefetch_w(<const char *>st.cq + self._cq[CQ_VERSION])
+            rs_prefetch_r(<const char *>st.cq + self._cq[CQ_VERSION])
             rs_prefetch_w(st.mm)
-            rs_prefetch_w(st.file)
 
     cdef int publish(self) except -1:
         """Positions back to the MappedFile and ConsumeQueue objects, pins released: readers
@@ -411,13 +492,21 @@ cdef class CqSlots:
         cdef Py_ssize_t k, n = self._n_touched
         cdef list written = []
         for k in range(n):
+            if k + PF_ENTRY < n:
+                # The state itself first: the call's load_run touched it thousands of queues
+                # ago, and with 40 000 queues it has left the cache since.
+                _prefetch_lines(self._touched[k + PF_ENTRY])
             if k + PF_STATE < n:
                 ahead = self._touched[k + PF_STATE]
                 if ahead.pinned:           # its pin is released below
                     rs_prefetch_w(ahead.mm)
                 if ahead.appendable:
-                    rs_prefetch_w(ahead.file)
+                    # The members written below, not the objects' heads: MappedFile's
+                    # positions lie a line or three past its start.
+                    rs_prefetch_w(<const char *>ahead.file + self._f[CF_WROTE])
+                    rs_prefetch_w(<const char *>ahead.file + self._f[CF_COMMITTED])
                     rs_prefetch_w(<const char *>ahead.cq + self._cq[CQ_MAX])
+                    rs_prefetch_r(<const char *>ahead.cq + self._cq[CQ_MARKED])
             if k + PF_OBJECTS < n:
                 ahead = self._touched[k + PF_OBJECTS]
                 if ahead.appendable:       # the values about to be replaced (and freed)
@@ -496,21 +585,30 @@ cdef Py_ssize_t _cq_run(_CqTable *t, const rs_scan_rec *rows, Py_ssize_t i, Py_s
     none did) with the reason in `need`."""
     cdef const rs_scan_rec *r
     cdef _CqState *st
-    cdef _CqState *last_st = NULL      # the state of the row before's queue, key last_key
+    # The states this run found, by key (the run adds nothing to the table): a batch put's
+    # rows go round a few queues, so most rows need no probe.
+    cdef _SeenStates found
+    cdef _SeenKeys pf_seen
+    cdef size_t h
     cdef int32_t tx
-    cdef int64_t pos, key, last_key = 0
+    cdef int64_t pos, key
     cdef Py_ssize_t j
     cdef Py_ssize_t to_unit = i, next_pf = i
     need[0] = NEED_NOTHING
-    # A row to the queue of the row before it (a batch put's rows) needs no probe of the
-    # table, nor a prefetch of its own: nothing is added to the table during the run. Its
-    # topic bytes are compared all the same.
+    found.mask = 0
+    # A row to a queue `found` holds needs no probe of the table: nothing is added to the
+    # table during the run. Its topic bytes are compared all the same.
     while i < n:
         if i >= next_pf:
             # Every PF_BLOCK rows, the units of the rows one to two blocks ahead, in one tight
             # loop (see PF_BLOCK).
+            # A queue's unit once per block: rows that go round a few queues (a round-robin
+            # producer's batch) would each fetch the line of the row before to their queue.
+            pf_seen.mask = 0
             for j in range(to_unit, min(n, i + 2 * PF_BLOCK)):
-                if j == 0 or _cq_key(rows + j) != _cq_key(rows + j - 1):
+                key = _cq_key(rows + j)
+                if not _seen_has(&pf_seen, key):
+                    _seen_add(&pf_seen, key)
                     _prefetch_unit(t, rows + j)
             to_unit = max(to_unit, min(n, i + 2 * PF_BLOCK))
             next_pf = i + PF_BLOCK
@@ -524,15 +622,18 @@ cdef Py_ssize_t _cq_run(_CqTable *t, const rs_scan_rec *rows, Py_ssize_t i, Py_s
             need[0] = NEED_SLOW
             return i
         key = _cq_key(r)
-        if last_st != NULL and key == last_key:
-            st = last_st
+        h = _seen_slot(key)
+        if (found.mask >> h) & 1 and found.key[h] == key:
+            st = found.st[h]
         else:
             st = _cq_find(t, key)
-            last_st = st
-            last_key = key
+            found.key[h] = key
+            found.st[h] = st
+            found.mask |= 1u << h
         if (st == NULL or r.topic_len != st.topic_len
                 or r.pos + r.topic_off + r.topic_len > buf_len
-                or memcmp(buf + r.pos + r.topic_off, st.topic, <size_t>r.topic_len) != 0):
+                or not rs_bytes_eq(buf + r.pos + r.topic_off, st.topic,
+                                   <size_t>r.topic_len)):
             need[0] = NEED_SLOW                        # new queue, or a topic sharing the hash
             return i
         if not st.loaded or st.gen != t.gen:

@@ -561,3 +561,28 @@ def test_a_commitlog_configured_outside_the_root_is_not_taken_for_an_escape(tmp_
     finally:
         store.shutdown()
     assert os.listdir(cl_dir) == ["0" * 20]
+
+
+def test_ensure_dir_of_an_existing_directory_makes_no_mkdir_call(tmp_path, monkeypatch):
+    # mkdir of an existing directory waits for its parent's lock (held by a create or rename
+    # there while the file system waits for its journal): a roll must not call it per file.
+    from rocketstore.fs import FileSystem
+    fs = FileSystem()
+    target = tmp_path / "store" / "commitlog"
+    made = []
+    real_mkdir = os.mkdir
+
+    def mkdir(path, *a, **kw):
+        made.append(os.fspath(path))
+        return real_mkdir(path, *a, **kw)
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    fs.ensure_dir(str(target), str(tmp_path / "store"))
+    assert target.is_dir() and made
+    made.clear()
+    fs.ensure_dir(str(target), str(tmp_path / "store"))
+    assert made == []
+    # A link out of the store is still refused when the directory exists.
+    (tmp_path / "out").mkdir()
+    os.symlink(tmp_path / "out", tmp_path / "store" / "linked")
+    with pytest.raises(UnsafePathError):
+        fs.ensure_dir(str(tmp_path / "store" / "linked"), str(tmp_path / "store"))

@@ -279,3 +279,43 @@ def test_a_put_s_rows_are_not_dispatched_over_the_records_a_cut_put_in_their_pla
         assert not given                # no put's rows were taken: each pass scanned
     finally:
         store.shutdown()
+
+
+@pytest.mark.parametrize("tags", ["FIND", "NONE", "GIVEN"])
+def test_encode_row_writes_the_bytes_of_encode_parts_and_the_row_rs_msg_row_reads_back(tags):
+    """rs_msg_encode_row (PutPath.put_list's encode when it hands rows) sets the row from
+    the values it encoded: the bytes are rs_msg_encode_parts', the row rs_msg_row's."""
+    testing.load_backend("cffi")            # fails, never skips, when cffi is not built
+    from rocketstore.kernels._cffi_lib import ffi, lib
+    rng = random.Random(11)
+    code = {"FIND": lib.RS_ROW_TAGS_FIND, "NONE": lib.RS_ROW_TAGS_NONE,
+            "GIVEN": lib.RS_ROW_TAGS_GIVEN}[tags]
+    for topic, born in [(b"T1", b"\x0a\x00\x00\x07\x00\x00\x9c\x41"),
+                        (b"SCHEDULE_TOPIC_XXXX", b"\x00" * 8),
+                        ("Tü-中".encode(), b"\x00" * 16 + b"\x00\x00\x26\x94")]:
+        sys_flag = lib.RS_BORNHOST_V6_FLAG if len(born) == 20 else 0
+        body = bytes(rng.randrange(256) for _ in range(rng.randrange(200)))
+        pieces = [b"KEYS", b"\x01", b"k1 k2", b"\x02", b"TAGS", b"\x01", b"TagA"]
+        keep = [ffi.from_buffer(p) for p in pieces]
+        parts = ffi.new("rs_part[]", len(pieces))
+        for i, p in enumerate(pieces):
+            parts[i].buf = keep[i]
+            parts[i].len = len(p)
+        store = b"\x7f\x00\x00\x01\x00\x00\x27\x74"
+        args = (topic, len(topic), body, len(body), parts, len(pieces), 3, 7, 42, 4096 + 16,
+                sys_flag, 1_700_000_000_123, born, len(born), 1_700_000_000_456, store,
+                len(store), 2, 99)
+        want, got = bytearray(600), bytearray(600)
+        size = lib.rs_msg_encode_parts(ffi.from_buffer(want), len(want), 16, *args, 0)
+        row = ffi.new("rs_scan_rec *")
+        assert lib.rs_msg_encode_row(ffi.from_buffer(got), len(got), 16, *args, -5, code,
+                                     1234, row) == size > 0
+        assert got == want
+        ref = ffi.new("rs_scan_rec *")
+        assert lib.rs_msg_row(ffi.from_buffer(want), len(want), 16, -5, code, 1234, ref) == size
+        assert bytes(ffi.buffer(row)) == bytes(ffi.buffer(ref))
+        # A `tags` none of the three: refused, with nothing written.
+        untouched = bytearray(600)
+        assert lib.rs_msg_encode_row(ffi.from_buffer(untouched), len(untouched), 16, *args, -5,
+                                     7, 0, row) == lib.RS_E_ARG
+        assert untouched == bytearray(600)
