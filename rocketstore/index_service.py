@@ -373,8 +373,11 @@ class IndexService(Dispatcher):
 
     def drop_past(self, offset):
         """Destroy the files (a suffix) that hold an entry at or past CommitLog `offset`,
-        which recovery truncated; returns their names. Recovery only, before the reput
-        thread starts."""
+        which recovery or reset_write_offset truncated; returns their names. The reput thread
+        is not dispatching (recovery runs before it starts; a cut holds its dispatch lock),
+        but the populate service may be populating a window of one of them: the destroy waits
+        for that, since a file left on disk would be loaded at the next start with entries
+        past the cut."""
         files = self.index_file_list
         keep = 0
         while keep < len(files) and files[keep].end_phy_offset < offset:
@@ -383,7 +386,9 @@ class IndexService(Dispatcher):
         for f in gone:
             log.info("index file %s has entries past the CommitLog's end %d: destroyed, to "
                      "be rebuilt", f.file_name, offset)
-            f.destroy(0)
+            if not f.destroy(3.0):
+                log.error("index file %s could not be unmapped (a view of it is still held): "
+                          "left on disk; remove it before the next start", f.file_name)
         with self._lock:
             self.index_file_list = files[:keep]
             self._pending_flush = [g for g in self._pending_flush if g not in gone]
