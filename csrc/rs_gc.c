@@ -157,16 +157,6 @@ static void gc_unlink(gc_state *s, gc_wait *w)
     s->waiting--;
 }
 
-static void gc_link(gc_state *s, gc_wait *w)
-{
-    w->prev = NULL;
-    w->next = s->head;
-    if (s->head != NULL)
-        s->head->prev = w;
-    s->head = w;
-    s->waiting++;
-}
-
 /* The calling thread waits in the current claim: remember it as a producer. */
 static void gc_seen(gc_state *s)
 {
@@ -248,7 +238,7 @@ int rs_gc_destroy(uint8_t *st, size_t len)
 int rs_gc_wait(uint8_t *st, size_t len, int64_t offset, int64_t deadline_ns, int gather)
 {
     gc_state *s = gc_get(st, len);
-    gc_wait w;
+    gc_wait w, *g = NULL;
     uint32_t r;
     int covered;
 
@@ -273,18 +263,20 @@ int rs_gc_wait(uint8_t *st, size_t len, int64_t offset, int64_t deadline_ns, int
         s->leader = 1;
         goto lead;
     }
-    /* The last producer a gathering leader waits for syncs now, itself: it is running
-     * already, where waking the gatherer to sync would put one more thread switch between
-     * the last write and its sync.  The gatherer, on the list since it began, follows: this
-     * sync covers it. */
+    /* The last producer a gathering leader waits for: it syncs now. */
     if (s->gatherer != NULL && s->unserved >= s->producers) {
+        g = s->gatherer;
         s->gatherer = NULL;
-        goto lead;
     }
-    gc_link(s, &w);
+    w.next = s->head;
+    if (s->head != NULL)
+        s->head->prev = &w;
+    s->head = &w;
+    s->waiting++;
     pthread_mutex_unlock(&s->mu);
+    if (g != NULL)
+        gc_wake(s, g, 1);
 
-follow:
     r = gc_sleep(s, &w, deadline_ns);
     if (r == 0) {
         pthread_mutex_lock(&s->mu);
@@ -310,23 +302,19 @@ lead:
         int64_t until = deadline_ns - now < s->gather_ns ? deadline_ns : now + s->gather_ns;
 
         if (until > now) {
-            /* It gathers on the list, as a follower would wait: the arrival that ends the
-             * gathering takes the lead over and its sync answers this wait. */
             w.word = 0;
             w.detached = 0;
             s->gatherer = &w;
-            gc_link(s, &w);
             pthread_mutex_unlock(&s->mu);
-            gc_sleep(s, &w, until);
+            r = gc_sleep(s, &w, until);
             pthread_mutex_lock(&s->mu);
-            if (s->gatherer != &w) {
-                /* Taken over (or closed): a follower now, answered by the sync that
-                 * covers it, by close, or by its own deadline. */
-                pthread_mutex_unlock(&s->mu);
-                goto follow;
+            if (s->gatherer == &w) {
+                s->gatherer = NULL;             /* the bound ended it */
+            } else if (r == 0) {
+                pthread_mutex_unlock(&s->mu);   /* an arrival is waking it */
+                gc_sleep(s, &w, GC_FOREVER);
+                pthread_mutex_lock(&s->mu);
             }
-            s->gatherer = NULL;                 /* the bound ended it: it syncs */
-            gc_unlink(s, &w);
         }
     }
     s->unserved--;
@@ -413,7 +401,7 @@ int64_t rs_gc_done(uint8_t *st, size_t len, int64_t flushed, int ok, int64_t syn
 int rs_gc_close(uint8_t *st, size_t len)
 {
     gc_state *s = gc_get(st, len);
-    gc_wait *w, *next, *all;
+    gc_wait *w, *next, *all, *g;
     int64_t flushed;
 
     if (s == NULL)
@@ -427,17 +415,16 @@ int rs_gc_close(uint8_t *st, size_t len)
     }
     s->head = NULL;
     s->waiting = 0;
-    if (s->gatherer != NULL) {
-        /* It is on the list, answered below like every wait, and will not sync. */
-        s->gatherer = NULL;
-        s->leader = 0;
-    }
+    g = s->gatherer;
+    s->gatherer = NULL;
     flushed = s->flushed;
     pthread_mutex_unlock(&s->mu);
     for (w = all; w != NULL; w = next) {
         next = w->next;
         gc_wake(s, w, w->offset <= flushed ? RS_GC_DONE : RS_GC_CLOSED);
     }
+    if (g != NULL)
+        gc_wake(s, g, 1);
     return RS_OK;
 }
 

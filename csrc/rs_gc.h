@@ -13,11 +13,8 @@
  * One sync at a time: a wait that finds no sync running becomes the leader, and the caller syncs
  * everything written, then calls rs_gc_done.  A sync that ends hands leadership to the waiting
  * put with the lowest offset, whose bytes it did not cover.  A new leader first gathers: while
- * fewer puts wait than producer threads waited in the last two syncs, it waits on the list like
- * a follower, for at most the recent mean sync time (MySQL's binlog group commit delay, bounded
- * by the disk); the put whose arrival completes the gathering leads the sync itself, with no
- * thread switch before it, and the gatherer follows (its sync covers it).  Only a bound that
- * runs out makes the gatherer sync.
+ * fewer puts wait than producer threads waited in the last two syncs, it sleeps until they do or
+ * for at most the recent mean sync time (MySQL's binlog group commit delay, bounded by the disk).
  * GIL: every function is callable without it; the wrappers release it for rs_gc_wait.
  */
 #ifndef RS_GC_H
@@ -54,8 +51,7 @@ int rs_gc_destroy(uint8_t *st, size_t len);
 /*
  * rs_gc_wait - block until the durable offset reaches `offset`, the monotonic clock passes
  * `deadline_ns` (CLOCK_MONOTONIC nanoseconds), or the caller is to lead the next sync; returns
- * one of RS_GC_DONE, LEAD, TIMEOUT, CLOSED, LATE.  A leader gathers first when `gather` is set
- * (a gathering taken over by the last producer ends as a follower's wait: DONE or LATE).
+ * one of RS_GC_DONE, LEAD, TIMEOUT, CLOSED, LATE.  A leader gathers first when `gather` is set.
  * RS_GC_LEAD is returned whatever the deadline: the caller then owns the sync and must call
  * rs_gc_done.  Blocks: wrappers release the GIL.
  */

@@ -150,8 +150,9 @@ def test_close_ends_every_wait_and_answers_the_covered_ones_done(group_commit):
     assert gc.wait(150, 0) == DONE
 
 
-def _two_producers_seen(gc):
-    """Two producer threads wait in one sync, so the next leader gathers both."""
+def test_a_leader_gathers_until_the_producers_seen_lately_wait(group_commit):
+    gc = group_commit(0)
+    # Two producer threads wait in one sync, so the next leader waits for both.
     assert gc.try_lead()
     ws = [_Wait(gc, 10), _Wait(gc, 20)]
     _asleep(gc, 2)
@@ -162,52 +163,17 @@ def _two_producers_seen(gc):
     assert gc.try_lead()     # a claim: the producers of the last two are counted
     gc.done(20, True)
     assert gc.producers == 2
-
-
-def test_the_producer_that_ends_a_gathering_syncs_and_the_gatherer_follows(group_commit):
-    gc = group_commit(0)
-    _two_producers_seen(gc)
     gc.gather_ns = FAR
-    gatherer = _Wait(gc, 30)
+    leader = _Wait(gc, 30)
     testing.wait_until(lambda: gc.gathering, what="the leader to gather")
-    # The last producer leads at once, with no thread switch to the gatherer first.
-    last = _Wait(gc, 40)
-    testing.wait_until(lambda: last.answer is not None, what="the last producer's answer")
-    assert last.answer == LEAD
-    assert not gc.gathering and gc.leading and gc.waiting == 1
-    assert gatherer.answer is None                # it waits on the sync now led for it
-    assert gc.done(40, True) == 1
-    gatherer.join()
-    assert gatherer.answer == DONE and not gc.leading and gc.waiting == 0
-
-
-def test_a_gatherer_taken_over_by_a_failing_sync_waits_for_the_retry(group_commit):
-    gc = group_commit(0)
-    _two_producers_seen(gc)
-    gc.gather_ns = FAR
-    gatherer = _Wait(gc, 30)
-    testing.wait_until(lambda: gc.gathering, what="the leader to gather")
-    last = _Wait(gc, 40)
-    testing.wait_until(lambda: last.answer is not None, what="the last producer's answer")
-    assert last.answer == LEAD
-    assert gc.done(40, False) == 0               # nothing moved: the gatherer sleeps on
-    assert gc.flushed == 20 and gatherer.answer is None and gc.waiting == 1
-    assert gc.try_lead()
-    assert gc.done(40, True) == 1
-    gatherer.join()
-    assert gatherer.answer == DONE
-
-
-def test_close_ends_a_gathering_and_frees_the_lead(group_commit):
-    gc = group_commit(0)
-    _two_producers_seen(gc)
-    gc.gather_ns = FAR
-    gatherer = _Wait(gc, 30)
-    testing.wait_until(lambda: gc.gathering, what="the leader to gather")
-    gc.close()
-    gatherer.join()
-    assert gatherer.answer == CLOSED
-    assert not gc.gathering and not gc.leading and gc.waiting == 0
+    assert leader.answer is None
+    follower = _Wait(gc, 40)                      # the second producer arrives: it syncs
+    leader.join()
+    assert leader.answer == LEAD and not gc.gathering
+    _asleep(gc, 1)
+    gc.done(40, True)
+    follower.join()
+    assert follower.answer == DONE
 
 
 def test_the_state_cannot_move_under_a_running_sync(group_commit):

@@ -430,12 +430,9 @@ class CompiledGroupCommitService(GroupCommitService):
     The protocol is the one above with one sync at a time: a put that finds no sync running
     leads (gathering first, as above), syncs everything written since the durable offset in
     its own thread, publishes it, and then wakes exactly the puts it covered, handing the lead
-    to the lowest put still waiting. A gathering ends without a thread switch: the producer
-    whose arrival completes it, running already, leads the sync, and the gatherer waits on as
-    one of the puts it covers (only a gathering bound that runs out makes the gatherer sync).
-    A failed sync hands nothing on and counts nothing: its leader retries after RETRY_MS, as
-    does any put that finds no sync running and the thread's 10 ms round. The final sync at
-    shutdown ends every wait (close)."""
+    to the lowest put still waiting. A failed sync hands nothing on and counts nothing: its
+    leader retries after RETRY_MS, as does any put that finds no sync running and the
+    thread's 10 ms round. The final sync at shutdown ends every wait (close)."""
 
     MAX_SYNCS = 1
 
