@@ -339,6 +339,20 @@ class MappedFileQueue:
             self.store_timestamp = ts
         return unchanged
 
+    def flush_through(self):
+        """Full flushes until nothing moves, one file per flush(0): every file written so
+        far is covered. Bounded by the file count (plus a margin for files added meanwhile),
+        so a writer that keeps rolling cannot hold the caller forever."""
+        for _ in range(len(self.files) + 10):
+            if self.flush(0):
+                return
+
+    def commit_through(self):
+        """commit(0) until nothing moves, as flush_through does for flushes."""
+        for _ in range(len(self.files) + 10):
+            if self.commit(0):
+                return
+
     def flush_plan(self, least_pages=0):
         """What flush(least_pages), called until nothing moves, would make durable now, as
         [(file, end, store time, file's truncation count)]: for a sync of the whole file

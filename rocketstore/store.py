@@ -1769,18 +1769,14 @@ class MessageStore:
         if self.commit_service is not None:
             self.commit_service.commit_now()
         elif self.commitlog.pool is not None:
-            for _ in range(len(mfq.files) + 10):
-                if mfq.commit(0):
-                    break
+            mfq.commit_through()
         service = self.flush_service
         if isinstance(service, GroupCommitService):
             service.wait_flushed(mfq.get_max_offset(), self.config.sync_flush_timeout)
         elif service is not None:
             service.flush_all()
         else:                               # loaded, not started: nothing else flushes
-            for _ in range(len(mfq.files) + 10):
-                if mfq.flush(0):
-                    break
+            mfq.flush_through()
         if mfq.store_timestamp > 0 and self.checkpoint is not None:
             self.checkpoint.physic_msg_timestamp = max(self.checkpoint.physic_msg_timestamp,
                                                        mfq.store_timestamp)
@@ -1836,9 +1832,7 @@ class MessageStore:
             with flush_lock:
                 if not isinstance(flusher, GroupCommitService):
                     try:
-                        for _ in range(len(mfq.files) + 10):
-                            if mfq.flush(0):
-                                break
+                        mfq.flush_through()
                     except OSError as exc:
                         raise StoreError(f"{unsynced} ({exc})") from exc
                     if mfq.flushed_where < end:

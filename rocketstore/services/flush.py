@@ -50,9 +50,7 @@ class FlushRealTimeService(ServiceThread):
         is covered; these do not refresh physicMsgTimestamp. Any thread."""
         mfq = self._mfq
         with self.flush_lock:
-            for _ in range(len(mfq.files) + 10):
-                if mfq.flush(0):
-                    break
+            mfq.flush_through()
 
     def on_shutdown(self):
         # The broker's thread ends on a last in-loop flush, so its checkpoint keeps the store
@@ -613,10 +611,7 @@ class CommitRealTimeService(ServiceThread):
         self.wait_for_running(cfg.commit_interval_commit_log)
 
     def _commit_all(self):
-        mfq = self._mfq
-        for _ in range(len(mfq.files) + 10):
-            if mfq.commit(0):
-                break
+        self._mfq.commit_through()
 
     def commit_now(self):
         """Commit every write buffer in the caller's thread, so a read sees each put that
