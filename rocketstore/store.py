@@ -610,6 +610,7 @@ class MessageStore:
         # iteration ends) instead of reading files about to close.
         self.arrivals.close()
         caught_up = True
+        suspect = ()            # files whose cached pages may not be on disk
         if self._running:
             self._running = False
             self.__dict__.pop("put_message", None)
@@ -665,9 +666,18 @@ class MessageStore:
             if latch.tripped:
                 log.error("shutdown: %s; keeping the abort file so the next open recovers "
                           "from what reached the disk", "; ".join(latch.failures.values()))
+                suspect = self._data_file_paths()
             elif caught_up and durable:
                 self.fs.remove(abort_path(self.root))
         self._close_files()
+        # Unmapped now: their cached pages can go, so that the next open's recovery reads
+        # what the disk holds, not pages a failed sync left cached but never wrote.
+        for path in suspect:
+            try:
+                self.fs.drop_cached(path)
+            except OSError as exc:
+                log.error("could not drop the cached pages of %s (%s): a reopen may recover "
+                          "records the disk does not hold", path, exc)
         if self._lock is not None:
             self._lock.release()
         self.loaded = False
@@ -698,6 +708,16 @@ class MessageStore:
             return ends
         finally:
             self._close_files()
+
+    def _data_file_paths(self):
+        """Every CommitLog, ConsumeQueue and index file open now, and the checkpoint."""
+        paths = [f.path for f in self.commitlog.mfq.files]
+        for cq in self.all_consume_queues():
+            paths += [f.path for f in cq.mfq.files]
+        paths += [f.mf.path for f in self.index_service.index_file_list]
+        if self.checkpoint is not None:
+            paths.append(self.checkpoint.path)
+        return paths
 
     def _close_files(self):
         self.commitlog.close()

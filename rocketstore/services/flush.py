@@ -29,6 +29,11 @@ class SyncLatch:
         "checkpoint"
     _HELD = {COMMITLOG: "physic_msg_timestamp", CONSUME_QUEUE: "logics_msg_timestamp",
              INDEX: "index_msg_timestamp"}
+    _STOPS = {COMMITLOG: "the flushed offset stays where the last good sync left it and "
+                         "waiting SYNC_FLUSH puts answer FLUSH_DISK_TIMEOUT",
+              CONSUME_QUEUE: "no ConsumeQueue is flushed again, logicsMsgTimestamp is held",
+              INDEX: "no index file is flushed again, indexMsgTimestamp is held",
+              CHECKPOINT: "the checkpoint file may keep an older version"}
 
     def __init__(self, running_flags, checkpoint):
         """Sets `running_flags` bits and holds `checkpoint`'s times back."""
@@ -63,11 +68,10 @@ class SyncLatch:
                 flags.make_index_file_error()
             else:
                 flags.make_sync_failed()
-        log.error("%s; fail-stop: nothing of it counts as durable any more in this process "
-                  "(a later sync could succeed with the bytes lost), waiting SYNC_FLUSH puts "
-                  "answer FLUSH_DISK_TIMEOUT, new puts are refused, and shutdown keeps the "
-                  "abort file: reopen the store to recover from what reached the disk",
-                  self.failures[kind])
+        log.error("%s; fail-stop, as a later sync could report success with the bytes lost: "
+                  "%s, new puts are refused, and shutdown keeps the abort file; reopen the "
+                  "store to recover from what reached the disk", self.failures[kind],
+                  self._STOPS[kind])
         return True
 
 
