@@ -253,6 +253,50 @@ def test_shutdown_while_puts_wait_acknowledges_every_put_the_final_sync_covers(t
         store.shutdown()
 
 
+class _GatedFailingSync(_GatedSync):
+    """A stalling disk whose next sync, once released, fails with EIO (`fail_next`), as a
+    write-back error is reported once; `failed` counts the failures."""
+
+    fail_next = False
+    failed = 0
+
+    def sync_range(self, *args):
+        self.gate.wait()
+        if self.fail_next:
+            self.fail_next = False
+            self.failed += 1
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return self._inner.sync_range(*args)
+
+
+def test_a_failed_sync_ends_every_put_waiting_on_it_and_acknowledges_none(tmp_path, backend):
+    # The leader's sync fails: the puts following it (asleep in the compiled wait, with
+    # cext and cffi) answer FLUSH_DISK_TIMEOUT, though a sync tried again would succeed.
+    kernels = _GatedFailingSync(backend)
+    store = testing.open_store(tmp_path / "s", kernels, sync_config(sync_flush_timeout=30_000))
+    svc = store.flush_service
+    results = [None] * 6
+    try:
+        kernels.gate.clear()
+        kernels.fail_next = True
+
+        def produce(i):
+            results[i] = _put(store, i, i)
+        threads = [threading.Thread(target=produce, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        _until(lambda: svc.waiting + svc.running >= 6, "the puts to wait")
+        kernels.gate.set()
+        for t in threads:
+            t.join()
+        assert kernels.failed == 1
+        assert all(r.status is PutMessageStatus.FLUSH_DISK_TIMEOUT for r in results)
+        assert store.commitlog.mfq.flushed_where == 0
+    finally:
+        kernels.gate.set()
+        store.shutdown()
+
+
 def test_shutdown_with_a_failing_disk_ends_every_wait_without_acknowledging(tmp_path,
                                                                              backend):
     fs = _FailingSync()
