@@ -379,8 +379,8 @@ int64_t rs_gc_done(uint8_t *st, size_t len, int64_t flushed, int ok, int64_t syn
             lead = w;
         }
     }
-    /* A failed sync hands nothing on: its leader backs off and retries (as may any wait
-     * that finds no sync running), before anything later can count as durable. */
+    /* A failed sync hands nothing on: its leader closes the state (rs_gc_close, before this
+     * call), so nothing later can count as durable. */
     if (lead != NULL && ok && !s->closed) {
         gc_unlink(s, lead);
         lead->detached = 1;

@@ -63,8 +63,9 @@ int rs_gc_try_lead(uint8_t *st, size_t len);
 /*
  * rs_gc_done - the leader's sync ended.  ok: [.., flushed) is durable; the waits it covers are
  * woken with RS_GC_DONE (or LATE) and the lowest waiting offset left is handed the lead.  Not ok:
- * nothing moves and no one is handed the lead (the leader backs off and retries).  sync_ns
- * feeds the gathering bound (0: no sample).  Returns the number of waits woken.
+ * nothing moves and no one is handed the lead (the caller closes the state: a failed sync is
+ * never retried, see rocketstore/services/flush.py SyncLatch).  sync_ns feeds the gathering
+ * bound (0: no sample).  Returns the number of waits woken.
  */
 int64_t rs_gc_done(uint8_t *st, size_t len, int64_t flushed, int ok, int64_t sync_ns);
 

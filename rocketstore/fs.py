@@ -382,6 +382,21 @@ class FileSystem:
             os.close(fd)
         return True
 
+    def drop_cached(self, path):
+        """Evict the file's clean cached pages (posix_fadvise DONTNEED) so the next reader
+        reads what the disk holds; nothing where there is no fadvise. After a failed sync: the
+        kernel marks the pages it could not write clean and may keep them, and a recovery
+        reading those would find records the disk does not hold. Pages a mapping still holds
+        (another process's) stay."""
+        advise = getattr(os, "posix_fadvise", None)
+        if advise is None:
+            return
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
     def sync_checkpoint(self, mm, path):
         """msync the small checkpoint mapping (4 KiB: holding the GIL is cheaper than a call)."""
         mm.flush()

@@ -11,14 +11,18 @@ NOT_WRITEABLE_BIT = 1 << 1
 WRITE_LOGICS_QUEUE_ERROR_BIT = 1 << 2
 WRITE_INDEX_FILE_ERROR_BIT = 1 << 3
 DISK_FULL_BIT = 1 << 4
+# Ours, no broker has it (5.x uses bits 5 and 6): a CommitLog or checkpoint sync failed, so
+# the disk may have lost writes that a later sync would report as durable (flush.SyncLatch).
+SYNC_FAILED_BIT = 1 << 16
 
 # isWriteable(): any of these refuses a put.
 NOT_WRITEABLE_MASK = (NOT_WRITEABLE_BIT | WRITE_LOGICS_QUEUE_ERROR_BIT | DISK_FULL_BIT
-                      | WRITE_INDEX_FILE_ERROR_BIT)
+                      | WRITE_INDEX_FILE_ERROR_BIT | SYNC_FAILED_BIT)
 
 _NAMES = ((NOT_READABLE_BIT, "not readable"), (NOT_WRITEABLE_BIT, "not writeable"),
           (WRITE_LOGICS_QUEUE_ERROR_BIT, "consume queue write error"),
-          (WRITE_INDEX_FILE_ERROR_BIT, "index file write error"), (DISK_FULL_BIT, "disk full"))
+          (WRITE_INDEX_FILE_ERROR_BIT, "index file write error"), (DISK_FULL_BIT, "disk full"),
+          (SYNC_FAILED_BIT, "a sync failed: the disk may have lost writes, reopen the store"))
 
 
 class RunningFlags:
@@ -84,6 +88,12 @@ class RunningFlags:
 
     def is_index_file_error(self):
         return bool(self.flag_bits & WRITE_INDEX_FILE_ERROR_BIT)
+
+    def make_sync_failed(self):
+        self._set(SYNC_FAILED_BIT)
+
+    def is_sync_failed(self):
+        return bool(self.flag_bits & SYNC_FAILED_BIT)
 
     def get_and_make_disk_full(self, reason=None):
         """Set DISK_FULL, saying why (`reason`, what refused puts answer); True if it was not

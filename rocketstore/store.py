@@ -42,7 +42,7 @@ from .services.clean import (CleanCommitLogService, CleanConsumeQueueService, Co
 from .services.scheduler import StoreScheduledService
 from .services.flush import (CommitRealTimeService, CompiledGroupCommitService,
                              FlushConsumeQueueService, FlushRealTimeService,
-                             GroupCommitService)
+                             GroupCommitService, SyncLatch)
 from .services.populate import PopulateAheadService
 from .services.reput import ReputMessageService, WrittenRows
 from .services.schedule import ScheduleMessageService
@@ -166,6 +166,8 @@ class MessageStore:
         self.flush_service = None
         self.commit_service = None
         self.flush_cq_service = None
+        # Shared by the flushers from start(): tripped by the first failed sync (fail-stop).
+        self.sync_latch = None
         self.ha_service = None             # HAService once started (doc/05)
         self._lock = None if read_only else StoreLock(self.root, self.fs)
         self.running_flags = RunningFlags()
@@ -521,26 +523,29 @@ class MessageStore:
         self.ha_service.start()
         self.reput_service.start()
         self.commitlog.start()
+        latch = self.sync_latch = SyncLatch(self.running_flags, self.checkpoint)
+        self.checkpoint.latch = latch
         self.flush_cq_service = FlushConsumeQueueService(
-            self.config, self.checkpoint, self.dirty_cqs, self.all_consume_queues(),
+            self.config, self.checkpoint, latch, self.dirty_cqs, self.all_consume_queues(),
             self.index_service.flush_pending, self.fs, os.path.join(self.root, "consumequeue"))
         self.flush_cq_service.start()
         cfg = self.config
         if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH:
             if hasattr(self.kernels, "GroupCommit"):
                 self.flush_service = CompiledGroupCommitService(
-                    self.commitlog.mfq, self.checkpoint, self.kernels)
+                    self.commitlog.mfq, self.checkpoint, self.kernels, latch)
                 # _after_put_sync, compiled where the backend has it: a put woken by its
                 # sync runs no Python.
                 self.commitlog.after_put = self.flush_service.after_put(
                     self.kernels, cfg, PutMessageStatus.PUT_OK,
                     PutMessageStatus.FLUSH_DISK_TIMEOUT, PROPERTY_WAIT) or self._after_put_sync
             else:
-                self.flush_service = GroupCommitService(self.commitlog.mfq, self.checkpoint)
+                self.flush_service = GroupCommitService(self.commitlog.mfq, self.checkpoint,
+                                                        latch)
                 self.commitlog.after_put = self._after_put_sync
         else:
             self.flush_service = FlushRealTimeService(self.config, self.commitlog.mfq,
-                                                      self.checkpoint)
+                                                      self.checkpoint, latch)
             if not cfg.flush_commit_log_timed:
                 self.commitlog.wake_on_put = self.flush_service
         self.flush_service.start()
@@ -605,6 +610,7 @@ class MessageStore:
         # iteration ends) instead of reading files about to close.
         self.arrivals.close()
         caught_up = True
+        suspect = ()            # files whose cached pages may not be on disk
         if self._running:
             self._running = False
             self.__dict__.pop("put_message", None)
@@ -633,7 +639,12 @@ class MessageStore:
             self.populate_service.shutdown()
             self.flush_service.shutdown()
             self.flush_cq_service.shutdown()
-            self.index_service.flush()
+            latch = self.sync_latch
+            if not latch.failed(latch.INDEX):
+                try:
+                    self.index_service.flush()
+                except OSError as exc:
+                    latch.trip(latch.INDEX, exc)
             self.commitlog.shutdown()
             # Closed, not just persisted: a change racing shutdown is either in this persist
             # or refused, never acknowledged after it and lost.
@@ -652,9 +663,21 @@ class MessageStore:
                 log.error("shutdown: the CommitLog is flushed to %d of %d; keeping the abort "
                           "file so the next open recovers", mfq.flushed_where,
                           mfq.get_max_wrote_position())
-            if caught_up and durable:
+            if latch.tripped:
+                log.error("shutdown: %s; keeping the abort file so the next open recovers "
+                          "from what reached the disk", "; ".join(latch.failures.values()))
+                suspect = self._data_file_paths()
+            elif caught_up and durable:
                 self.fs.remove(abort_path(self.root))
         self._close_files()
+        # Unmapped now: their cached pages can go, so that the next open's recovery reads
+        # what the disk holds, not pages a failed sync left cached but never wrote.
+        for path in suspect:
+            try:
+                self.fs.drop_cached(path)
+            except OSError as exc:
+                log.error("could not drop the cached pages of %s (%s): a reopen may recover "
+                          "records the disk does not hold", path, exc)
         if self._lock is not None:
             self._lock.release()
         self.loaded = False
@@ -685,6 +708,16 @@ class MessageStore:
             return ends
         finally:
             self._close_files()
+
+    def _data_file_paths(self):
+        """Every CommitLog, ConsumeQueue and index file open now, and the checkpoint."""
+        paths = [f.path for f in self.commitlog.mfq.files]
+        for cq in self.all_consume_queues():
+            paths += [f.path for f in cq.mfq.files]
+        paths += [f.mf.path for f in self.index_service.index_file_list]
+        if self.checkpoint is not None:
+            paths.append(self.checkpoint.path)
+        return paths
 
     def _close_files(self):
         self.commitlog.close()
@@ -1831,10 +1864,8 @@ class MessageStore:
                                      "sync_flush_timeout)")
             with flush_lock:
                 if not isinstance(flusher, GroupCommitService):
-                    try:
-                        mfq.flush_through()
-                    except OSError as exc:
-                        raise StoreError(f"{unsynced} ({exc})") from exc
+                    if not flusher.run_flush(mfq.flush_through):
+                        raise StoreError(unsynced + " (a sync failed)")
                     if mfq.flushed_where < end:
                         raise StoreError(unsynced)
                 report = recovery.RecoveryReport(normal=True)

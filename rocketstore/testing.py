@@ -284,6 +284,13 @@ class FaultInjectingFileSystem(FileSystem):
       `drop_unsynced()` rewrites every such file as the cut left it, removes the files made
       after it and restores those removed after it: what a reopen after a power cut finds.
 
+    - A failed sync loses what it was to write, as Linux does ("fsyncgate"): the kernel
+      reports a write-back error once and marks the pages clean, so a later sync of them
+      succeeds with the bytes never on disk. The pages a failed sync_mapped covered (the
+      whole file for sync_checkpoint; for sync_filesystem, every page of a tracked file below
+      its path that differs from the durable image) keep their durable bytes at the cut,
+      whatever later syncs cover them (`lost` lists them).
+
     Data only: a file created (or renamed, removed) before the cut is taken to exist (be
     renamed, be gone) after it, as ext4's ordered mode mostly gives; its bytes are what its
     syncs covered, zeros elsewhere, and a write_bytes without sync leaves nothing durable.
@@ -299,6 +306,7 @@ class FaultInjectingFileSystem(FileSystem):
         self._made_after_cut = set()
         self._cut = False
         self._mutex = threading.Lock()
+        self.lost = {}                  # path -> [(start, end)]: pages a failed sync lost
 
     # ---- faults ----------------------------------------------------------------------------
     def fail(self, op, err=errno.ENOSPC, match=None, times=None):
@@ -326,6 +334,22 @@ class FaultInjectingFileSystem(FileSystem):
                         fault[3] -= 1
                     self.injected[op] = self.injected.get(op, 0) + 1
                     raise OSError(err, os.strerror(err), path)
+
+    def _check_sync(self, path, start, end):
+        """_check("sync", path); a failed sync loses the pages of [start, end)."""
+        try:
+            self._check("sync", path)
+        except OSError:
+            self._lose(path, start, end)
+            raise
+
+    def _lose(self, path, start, end):
+        page = mmap.PAGESIZE
+        start -= start % page
+        end += -end % page
+        with self._mutex:
+            if not self._cut and end > start:
+                self.lost.setdefault(path, []).append((start, end))
 
     # ---- the durable image -----------------------------------------------------------------
     def _seen(self, path):
@@ -356,7 +380,12 @@ class FaultInjectingFileSystem(FileSystem):
             end = start + len(data)
             if len(image) < end:
                 image.extend(bytes(end - len(image)))
+            old = bytes(image[start:end])
             image[start:end] = data
+            for lo, hi in self.lost.get(path, ()):
+                lo, hi = max(lo, start), min(hi, end)
+                if lo < hi:             # lost: the disk keeps what it had
+                    image[lo:hi] = old[lo - start:hi - start]
 
     def crash(self):
         with self._mutex:
@@ -383,6 +412,7 @@ class FaultInjectingFileSystem(FileSystem):
                     f.truncate(size)
             self._durable.clear()
             self._made_after_cut.clear()
+            self.lost.clear()
             self._cut = False
 
     # ---- the FileSystem operations ---------------------------------------------------------
@@ -408,12 +438,12 @@ class FaultInjectingFileSystem(FileSystem):
         return super().reserve(path, offset, length)
 
     def sync_mapped(self, kernels, mm, path, start, length):
-        self._check("sync", path)
+        self._check_sync(path, start, start + length)
         super().sync_mapped(kernels, mm, path, start, length)
         self._synced(path, mm[start:start + length], start)
 
     def sync_checkpoint(self, mm, path):
-        self._check("sync", path)
+        self._check_sync(path, 0, len(mm))
         super().sync_checkpoint(mm, path)
         self._synced(path, mm[:], 0)
 
@@ -424,7 +454,11 @@ class FaultInjectingFileSystem(FileSystem):
     def sync_filesystem(self, path):
         # The whole file system: every file tracked so far is durable as it reads now
         # (mapped writes included: read() sees the page cache).
-        self._check("sync", path)
+        try:
+            self._check("sync", path)
+        except OSError:
+            self._lose_dirty_below(path)
+            raise
         if not super().sync_filesystem(path):
             return False
         with self._mutex:
@@ -436,6 +470,25 @@ class FaultInjectingFileSystem(FileSystem):
             except FileNotFoundError:
                 pass
         return True
+
+    def _lose_dirty_below(self, root):
+        """A failed syncfs of `root`: the pages of the tracked files below it that differ
+        from their durable image are lost."""
+        root = os.path.join(str(root), "")
+        page = mmap.PAGESIZE
+        with self._mutex:
+            images = [(p, image) for p, image in self._durable.items()
+                      if image is not self._GONE and p.startswith(root)]
+        for p, image in images:
+            try:
+                with open(p, "rb") as f:
+                    now = f.read()
+            except FileNotFoundError:
+                continue
+            for pos in range(0, len(now), page):
+                if now[pos:pos + page] != bytes(image[pos:pos + page]).ljust(
+                        min(page, len(now) - pos), b"\0"):
+                    self._lose(p, pos, pos + page)
 
     def pwrite(self, fd, data, pos, path):
         self._check("write", path)

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from rocketstore import FlushDiskType, Message, PutMessageStatus, testing
+from rocketstore.checkpoint import StoreCheckpoint
 from rocketstore.consume_queue import ConsumeQueue
 from rocketstore.errors import StoreError
 from rocketstore.format import CQ_UNIT
@@ -252,6 +253,50 @@ def test_shutdown_while_puts_wait_acknowledges_every_put_the_final_sync_covers(t
         store.shutdown()
 
 
+class _GatedFailingSync(_GatedSync):
+    """A stalling disk whose next sync, once released, fails with EIO (`fail_next`), as a
+    write-back error is reported once; `failed` counts the failures."""
+
+    fail_next = False
+    failed = 0
+
+    def sync_range(self, *args):
+        self.gate.wait()
+        if self.fail_next:
+            self.fail_next = False
+            self.failed += 1
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return self._inner.sync_range(*args)
+
+
+def test_a_failed_sync_ends_every_put_waiting_on_it_and_acknowledges_none(tmp_path, backend):
+    # The leader's sync fails: the puts following it (asleep in the compiled wait, with
+    # cext and cffi) answer FLUSH_DISK_TIMEOUT, though a sync tried again would succeed.
+    kernels = _GatedFailingSync(backend)
+    store = testing.open_store(tmp_path / "s", kernels, sync_config(sync_flush_timeout=30_000))
+    svc = store.flush_service
+    results = [None] * 6
+    try:
+        kernels.gate.clear()
+        kernels.fail_next = True
+
+        def produce(i):
+            results[i] = _put(store, i, i)
+        threads = [threading.Thread(target=produce, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        _until(lambda: svc.waiting + svc.running >= 6, "the puts to wait")
+        kernels.gate.set()
+        for t in threads:
+            t.join()
+        assert kernels.failed == 1
+        assert all(r.status is PutMessageStatus.FLUSH_DISK_TIMEOUT for r in results)
+        assert store.commitlog.mfq.flushed_where == 0
+    finally:
+        kernels.gate.set()
+        store.shutdown()
+
+
 def test_shutdown_with_a_failing_disk_ends_every_wait_without_acknowledging(tmp_path,
                                                                              backend):
     fs = _FailingSync()
@@ -267,38 +312,114 @@ def test_shutdown_with_a_failing_disk_ends_every_wait_without_acknowledging(tmp_
         threads = [threading.Thread(target=produce, args=(i,)) for i in range(6)]
         for t in threads:
             t.start()
-        time.sleep(0.1)                         # syncs fail and are retried meanwhile
+        time.sleep(0.1)                         # the first sync fails meanwhile
         t0 = time.monotonic()
         store.shutdown()
         for t in threads:
             t.join(30)
         assert time.monotonic() - t0 < 20       # not each put's 30 s timeout
-        assert all(r.status is PutMessageStatus.FLUSH_DISK_TIMEOUT for r in results)
+        # Waiting when the sync failed, or refused after it (or by the shutdown).
+        assert all(r.status in (PutMessageStatus.FLUSH_DISK_TIMEOUT,
+                                PutMessageStatus.SERVICE_NOT_AVAILABLE) for r in results)
     finally:
         fs.failing = False
         store.shutdown()
     assert (tmp_path / "s" / "abort").exists()  # the next open recovers
 
 
-def test_a_failed_sync_is_retried_before_later_puts_count_as_flushed(tmp_path, backend):
-    fs = _FailingSync()
-    store = testing.open_store(tmp_path / "s", backend, sync_config(sync_flush_timeout=100),
-                               fs=fs)
+def _fail_commitlog_sync_once(fs):
+    """The kernel's way: a failed write-back is reported to one sync, and the next sync of
+    the same pages succeeds (the double keeps them lost: fsyncgate)."""
+    fs.fail("sync", errno.EIO, match=os.sep + "commitlog" + os.sep, times=1)
+
+
+def _bodies(store, topic="T"):
+    return [m.body for m in store.get_message("g", topic, 0, 0).messages]
+
+
+class _RecordingDrops(testing.FaultInjectingFileSystem):
+    """Records the files whose cached pages the store dropped."""
+
+    def __init__(self):
+        super().__init__()
+        self.dropped = []
+
+    def drop_cached(self, path):
+        self.dropped.append(path)
+        super().drop_cached(path)
+
+
+def test_a_failed_sync_is_never_retried_into_an_acknowledgement(tmp_path, backend):
+    root = tmp_path / "s"
+    fs = _RecordingDrops()
+    # Long enough for the 10 ms retry of a put's own sync that a retrying store would make.
+    store = testing.open_store(root, backend, sync_config(sync_flush_timeout=2000), fs=fs)
     try:
-        fs.failing = True
-        r = store.put_message(Message("T", b"not yet"))
-        assert r.status is PutMessageStatus.FLUSH_DISK_TIMEOUT
-        assert store.commitlog.mfq.flushed_where < _end(r)
-        fs.failing = False
-        r2 = store.put_message(Message("T", b"after"))
-        # The retry comes 10 ms after the failure; on a loaded machine the 100 ms wait can
-        # still run out first. Either way nothing counts as flushed before it is.
-        if r2.status is PutMessageStatus.PUT_OK:
-            assert store.commitlog.mfq.flushed_where >= _end(r2) > _end(r)
-        else:
-            assert r2.status is PutMessageStatus.FLUSH_DISK_TIMEOUT
-        testing.wait_until(lambda: store.commitlog.mfq.flushed_where >= _end(r2),
-                           what="the retried sync")
+        before = store.put_message(Message("T", b"before"))
+        assert before.status is PutMessageStatus.PUT_OK
+        _fail_commitlog_sync_once(fs)
+        lost = store.put_message(Message("T", b"lost"))
+        assert lost.status is PutMessageStatus.FLUSH_DISK_TIMEOUT
+        later = store.put_message(Message("T", b"refused"))
+        assert later.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+        assert "reopen the store" in later.reason and store.running_flags.is_sync_failed()
+        assert store.put_messages([Message("T", b"refused")]).status is \
+            PutMessageStatus.SERVICE_NOT_AVAILABLE
+        # A sync now would succeed (the fault is spent): the flushed offset does not move.
+        assert store.flush() == store.commitlog.mfq.flushed_where == _end(before)
+        assert store.sync_latch.failed(store.sync_latch.COMMITLOG)
+        fs.crash()
+    finally:
+        store.shutdown()
+    assert (root / "abort").exists()
+    # Unmapped, the CommitLog's cached pages were dropped: a reopen without a power cut reads
+    # the disk too, not the pages the failed sync left cached but unwritten.
+    assert str(root / "commitlog" / ("0" * 20)) in fs.dropped
+    fs.drop_unsynced()
+    store = testing.open_store(root, backend, sync_config())
+    try:
+        assert not store.recovery_report.normal
+        assert store.get_max_phy_offset() == _end(before)
+        testing.wait_dispatched(store)
+        assert _bodies(store) == [b"before"]
+        # Reopened, the store takes puts again.
+        assert store.put_message(Message("T", b"again")).status is PutMessageStatus.PUT_OK
+    finally:
+        store.shutdown()
+
+
+def test_an_async_flush_never_moves_past_a_failed_sync_and_reopen_recovers_the_synced_bytes(
+        tmp_path, backend):
+    root = tmp_path / "s"
+    fs = testing.FaultInjectingFileSystem()
+    clock = testing.StepClock(step=60_000)     # store times a minute apart
+    store = testing.open_store(root, backend, testing.small_config(), clock=clock, fs=fs)
+    try:
+        a = store.put_message(Message("T", b"a" * 100))
+        assert store.flush() == _end(a)
+        a_ts = store.look_message_by_offset(a.commit_log_offset).store_timestamp
+        _fail_commitlog_sync_once(fs)
+        b = store.put_message(Message("T", b"b" * 100))
+        assert b.status is PutMessageStatus.PUT_OK          # ASYNC_FLUSH: not a durability claim
+        store.flush()                                       # the flusher's, or this one, fails
+        assert fs.injected["sync"] == 1
+        assert store.flush() == _end(a)                     # a retry would succeed: none is made
+        assert store.put_message(Message("T", b"c")).status is \
+            PutMessageStatus.SERVICE_NOT_AVAILABLE
+    finally:
+        store.shutdown()
+    # Shut down with the disk healthy again: still no checkpoint past the failure, and no
+    # clean exit.
+    assert (root / "abort").exists()
+    cp = StoreCheckpoint(str(root / "checkpoint"), FileSystem(), read_only=True)
+    assert 0 < cp.physic_msg_timestamp <= a_ts
+    fs.drop_unsynced()                                      # and then a power cut
+    store = testing.open_store(root, backend)
+    try:
+        assert not store.recovery_report.normal
+        assert store.get_max_phy_offset() == _end(a)
+        testing.wait_dispatched(store)
+        assert _bodies(store) == [b"a" * 100]
     finally:
         store.shutdown()
 
@@ -319,20 +440,19 @@ def test_a_cut_is_refused_while_its_sync_fails_so_no_acknowledged_put_is_lost(
         assert store.put_message(Message("T", b"a" * 100)).status is PutMessageStatus.PUT_OK
         assert store.flush() == store.get_max_phy_offset()
         fs.fail("sync", errno.EIO, match=os.sep + "commitlog" + os.sep)
-        store.put_message(Message("T", b"b" * 100))
-        cut = store.put_message(Message("T", b"c" * 100)).commit_log_offset
+        # One put, so that both are written whatever the first sync does.
+        bc = store.put_messages([Message("T", b"b" * 100), Message("T", b"c" * 100)])
+        cut = int(bc.commit_log_offsets[1])
         end = store.get_max_phy_offset()
         with pytest.raises(StoreError, match="nothing was cut"):
             store.reset_write_offset(cut)
         assert store.get_max_phy_offset() == end
         assert store.get_max_offset_in_queue("T", 0) == 3
+        # Healed, a sync would succeed, but could do so without the bytes the failed one
+        # lost: the cut stays refused until the store is reopened.
         fs.heal()
-        assert store.reset_write_offset(cut) is True
-        d = store.put_message(Message("T", b"d" * 100))
-        if flush is FlushDiskType.ASYNC_FLUSH:
-            assert store.flush() == _end(d)
-        else:
-            assert d.status is PutMessageStatus.PUT_OK
+        with pytest.raises(StoreError, match="nothing was cut"):
+            store.reset_write_offset(cut)
         fs.crash()
     finally:
         store.shutdown()
@@ -340,7 +460,8 @@ def test_a_cut_is_refused_while_its_sync_fails_so_no_acknowledged_put_is_lost(
     store = testing.open_store(root, backend, config())
     try:
         got = store.get_message("g", "T", 0, 0)
-        assert [m.body[:1] for m in got.messages] == [b"a", b"b", b"d"]
+        assert [m.body[:1] for m in got.messages] == [b"a"]
+        assert store.reset_write_offset(store.get_max_phy_offset()) is True
     finally:
         store.shutdown()
 
@@ -551,16 +672,109 @@ def test_a_round_of_many_queues_syncs_their_file_system_once_and_no_file(
         store.shutdown()
 
 
-def test_a_failed_file_system_sync_falls_back_to_a_sync_per_queue(tmp_path, backend,
-                                                                   monkeypatch):
-    fs = _CountingSyncs()
+class _NoSyncfs(_CountingSyncs):
+    def sync_filesystem(self, path):
+        self.fs_syncs += 1
+        return False
+
+
+def test_without_syncfs_a_round_of_many_queues_syncs_each_queue(tmp_path, backend,
+                                                                monkeypatch):
+    fs = _NoSyncfs()
     store = _many_queues_written(tmp_path / "s", backend, fs, monkeypatch)
     try:
+        store.flush_cq_service.do_flush(1, force=True)
+        assert (fs.fs_syncs, fs.cq_file_syncs) == (1, _MANY)
+        cqs = _queues(store, "M").values()
+        assert all(cq.mfq.flushed_where == cq.mfq.get_max_offset() == 3 * 20 for cq in cqs)
+        assert not store.sync_latch.tripped
+    finally:
+        store.shutdown()
+
+
+@pytest.mark.skipif(not FileSystem().sync_filesystem(os.getcwd()),
+                    reason="no syncfs on this platform")
+def test_a_failed_file_system_sync_marks_no_queue_flushed_and_the_next_open_rebuilds_them(
+        tmp_path, backend, monkeypatch):
+    root = tmp_path / "s"
+    fs = _CountingSyncs()
+    store = _many_queues_written(root, backend, fs, monkeypatch)
+    try:
+        # Reported once: a sync of each file after it would succeed without the lost pages.
         fs.fail("sync", errno.EIO, match=lambda p: p.endswith("consumequeue"), times=1)
         store.flush_cq_service.do_flush(1, force=True)
+        store.flush_cq_service.do_flush(1, force=True)      # and no later round syncs them
         cqs = _queues(store, "M").values()
-        assert fs.cq_file_syncs == _MANY
-        assert all(cq.mfq.flushed_where == cq.mfq.get_max_offset() == 3 * 20 for cq in cqs)
+        assert fs.cq_file_syncs == 0
+        assert all(cq.mfq.flushed_where == 0 for cq in cqs)
+        assert store.running_flags.is_logics_queue_error()
+        assert store.put_message(Message("M", b"refused")).status is \
+            PutMessageStatus.SERVICE_NOT_AVAILABLE
+        assert store.flush() == store.get_max_phy_offset()  # the CommitLog is fine
+    finally:
+        store.shutdown()
+    assert (root / "abort").exists()
+    cp = StoreCheckpoint(str(root / "checkpoint"), FileSystem(), read_only=True)
+    assert cp.logics_msg_timestamp == 0                     # nothing vouched for
+    fs.drop_unsynced()                                      # a power cut: the queues are lost
+    assert all(open(root / "consumequeue" / "M" / str(q) / ("0" * 20), "rb").read(60)
+               == bytes(60) for q in range(_MANY))
+    store = testing.open_store(root, backend, _cq_config())
+    try:
+        assert not store.recovery_report.normal
+        testing.wait_dispatched(store)
+        for q in range(_MANY):
+            got = store.get_message("g", "M", q, 0).messages
+            assert [m.body for m in got] == [b"m%d-%d" % (q, i) for i in range(3)]
+    finally:
+        store.shutdown()
+
+
+def test_a_failed_checkpoint_sync_keeps_the_abort_file_and_refuses_puts(tmp_path, backend):
+    root = tmp_path / "s"
+    fs = testing.FaultInjectingFileSystem()
+    store = testing.open_store(root, backend, fs=fs)
+    try:
+        assert store.put_message(Message("T", b"x")).ok
+        fs.fail("sync", errno.EIO, match=lambda p: p.endswith("checkpoint"), times=1)
+        store.flush_cq_service.do_flush(1, force=True)      # writes the checkpoint
+        assert store.sync_latch.failed(store.sync_latch.CHECKPOINT)
+        assert store.put_message(Message("T", b"y")).status is \
+            PutMessageStatus.SERVICE_NOT_AVAILABLE
+    finally:
+        store.shutdown()
+    assert (root / "abort").exists()
+    store = testing.open_store(root, backend)
+    try:
+        assert not store.recovery_report.normal
+        testing.wait_dispatched(store)
+        assert _bodies(store) == [b"x"]
+    finally:
+        store.shutdown()
+
+
+def test_a_failed_index_sync_keeps_the_abort_file_and_the_next_open_rebuilds_the_index(
+        tmp_path, backend):
+    root = tmp_path / "s"
+    fs = testing.FaultInjectingFileSystem()
+    store = testing.open_store(root, backend, fs=fs)
+    try:
+        assert store.put_message(Message("T", b"x", keys="k1")).ok
+        testing.wait_dispatched(store)
+        index_ts = store.checkpoint.index_msg_timestamp
+        fs.fail("sync", errno.EIO, match=os.sep + "index" + os.sep)
+    finally:
+        store.shutdown()                                    # its index flush fails
+    assert (root / "abort").exists()
+    cp = StoreCheckpoint(str(root / "checkpoint"), FileSystem(), read_only=True)
+    assert cp.index_msg_timestamp == index_ts
+    fs.drop_unsynced()
+    store = testing.open_store(root, backend)
+    try:
+        assert not store.recovery_report.normal
+        testing.wait_dispatched(store)
+        assert [m.body for m in store.query_message("T", "k1", 10, 0, 1 << 62).messages] \
+            == [b"x"]
     finally:
         store.shutdown()
 

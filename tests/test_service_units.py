@@ -12,7 +12,7 @@ from rocketstore.config import BrokerRole
 from rocketstore.fs import FileSystem
 from rocketstore.message import Message
 from rocketstore.running_flags import RunningFlags
-from rocketstore.services.flush import CommitRealTimeService, FlushRealTimeService
+from rocketstore.services.flush import CommitRealTimeService, FlushRealTimeService, SyncLatch
 from rocketstore.services.reput import ReputMessageService
 
 
@@ -115,7 +115,8 @@ def test_async_flush_syncs_what_was_put_and_moves_the_checkpoint_timestamp(tmp_p
     closing(log)
     log.put_message(Message(topic="T", queue_id=0, body=b"x"), StepClock(start=1234))
     checkpoint = Checkpoint()
-    flusher = FlushRealTimeService(config, log.mfq, checkpoint)
+    flusher = FlushRealTimeService(config, log.mfq, checkpoint,
+                                   SyncLatch(RunningFlags(), checkpoint))
     flusher.run_once()
     assert log.mfq.flushed_where == log.max_offset
     assert checkpoint.physic_msg_timestamp == 1234

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Flush services (doc/03 §2): CommitLog async flush and ConsumeQueue flush + checkpoint."""
+"""Flush services (doc/03 §2): CommitLog async flush and ConsumeQueue flush + checkpoint,
+and the latch that stops them all at the first failed sync."""
 import logging
 import threading
 import time
@@ -10,18 +11,84 @@ from .base import ServiceThread
 log = logging.getLogger(__name__)
 
 
+class SyncLatch:
+    """Fail-stop at the first failed sync of a kind of file (our policy; the broker logs and
+    counts the range flushed). Linux reports a failed write-back once, to the next
+    msync/fsync/syncfs, and marks the pages clean (some file systems drop them): a second
+    sync of the same range succeeds with the bytes never on disk ("fsyncgate"; PostgreSQL
+    12+ panics). So nothing is synced again to count as durable in this process: the
+    flushers stop at what synced, puts are refused by a running-flags bit, the checkpoint
+    never vouches past the failure, and shutdown keeps the abort file, so the next open
+    recovers abnormally and CRC-checks (and truncates) what never reached the disk.
+
+    Kinds: COMMITLOG (the flushers; SYNC_FAILED_BIT), CONSUME_QUEUE (WRITE_LOGICS_QUEUE_ERROR,
+    logicsMsgTimestamp held), INDEX (WRITE_INDEX_FILE_ERROR, indexMsgTimestamp held) and
+    CHECKPOINT (SYNC_FAILED_BIT). Any thread; `tripped` is read without a lock."""
+
+    COMMITLOG, CONSUME_QUEUE, INDEX, CHECKPOINT = "CommitLog", "ConsumeQueue", "index", \
+        "checkpoint"
+    _HELD = {COMMITLOG: "physic_msg_timestamp", CONSUME_QUEUE: "logics_msg_timestamp",
+             INDEX: "index_msg_timestamp"}
+    _STOPS = {COMMITLOG: "the flushed offset stays where the last good sync left it and "
+                         "waiting SYNC_FLUSH puts answer FLUSH_DISK_TIMEOUT",
+              CONSUME_QUEUE: "no ConsumeQueue is flushed again, logicsMsgTimestamp is held",
+              INDEX: "no index file is flushed again, indexMsgTimestamp is held",
+              CHECKPOINT: "the checkpoint file may keep an older version"}
+
+    def __init__(self, running_flags, checkpoint):
+        """Sets `running_flags` bits and holds `checkpoint`'s times back."""
+        self._flags = running_flags
+        self._checkpoint = checkpoint
+        self._lock = threading.Lock()
+        self.failures = {}              # kind -> what failed first (logs, stat, tests)
+
+    @property
+    def tripped(self):
+        """Whether any sync failed: the store must be reopened (abnormal recovery)."""
+        return bool(self.failures)
+
+    def failed(self, kind):
+        return kind in self.failures
+
+    def trip(self, kind, exc, what="", held_ts=None):
+        """A sync of `kind`'s files failed with `exc` (`what`: the range, for the log). Its
+        checkpoint time stays at `held_ts` (default: its value now, which only successful
+        flushes moved) for the rest of the process. True the first time for `kind`."""
+        with self._lock:
+            if kind in self.failures:
+                return False
+            self.failures[kind] = f"{kind} sync {what}failed: {exc}"
+            field = self._HELD.get(kind)
+            if field is not None:
+                self._checkpoint.hold(field, held_ts)
+            flags = self._flags
+            if kind == self.CONSUME_QUEUE:
+                flags.make_logics_queue_error()
+            elif kind == self.INDEX:
+                flags.make_index_file_error()
+            else:
+                flags.make_sync_failed()
+        log.error("%s; fail-stop, as a later sync could report success with the bytes lost: "
+                  "%s, new puts are refused, and shutdown keeps the abort file; reopen the "
+                  "store to recover from what reached the disk", self.failures[kind],
+                  self._STOPS[kind])
+        return True
+
+
 class FlushRealTimeService(ServiceThread):
     """ASYNC_FLUSH: every flush_interval_commit_log ms, flush if at least
     flush_commit_log_least_pages pages are dirty; everything every thorough interval."""
 
     name = "FlushRealTimeService"
 
-    def __init__(self, config, mfq, checkpoint):
-        """Flushes the CommitLog's files (`mfq`); the checkpoint's physicMsgTimestamp follows."""
+    def __init__(self, config, mfq, checkpoint, latch):
+        """Flushes the CommitLog's files (`mfq`); the checkpoint's physicMsgTimestamp follows.
+        A failed sync trips `latch` (SyncLatch), and nothing is flushed after it."""
         super().__init__()
         self._config = config
         self._mfq = mfq
         self._checkpoint = checkpoint
+        self._latch = latch
         self._last_flush = 0
         # One flusher at a time: this thread, or MessageStore.flush / reset_write_offset.
         self.flush_lock = threading.Lock()
@@ -41,28 +108,42 @@ class FlushRealTimeService(ServiceThread):
             return
         mfq = self._mfq
         with self.flush_lock:
-            mfq.flush(least)
+            if not self.run_flush(mfq.flush, least):
+                return
         if mfq.store_timestamp > 0:
             self._checkpoint.physic_msg_timestamp = mfq.store_timestamp
 
+    def run_flush(self, flush, *args):
+        """Under flush_lock: run `flush(*args)` unless a CommitLog sync failed before; True
+        if it ran and succeeded. A failure trips the latch: the flushed offset stays where
+        the last good sync left it."""
+        latch = self._latch
+        if latch.failed(latch.COMMITLOG):
+            return False
+        try:
+            flush(*args)
+        except OSError as exc:
+            latch.trip(latch.COMMITLOG, exc, f"from {self._mfq.flushed_where} ")
+            return False
+        return True
+
     def flush_all(self):
         """Full flushes until nothing moves, one file per call, so every file written so far
-        is covered; these do not refresh physicMsgTimestamp. Any thread."""
-        mfq = self._mfq
+        is covered; these do not refresh physicMsgTimestamp. Any thread. False if a sync
+        failed (now or before): the flushed offset says what is durable."""
         with self.flush_lock:
-            mfq.flush_through()
+            return self.run_flush(self._mfq.flush_through)
 
     def on_shutdown(self):
         # The broker's thread ends on a last in-loop flush, so its checkpoint keeps the store
         # time of whichever thorough flush ran last: 0 when shutdown came before the first,
         # which sends the next abnormal recovery back to the first file. Everything is flushed
         # here, so the last record's store time is exact, and the same on every run.
-        self.flush_all()
-        if self._mfq.store_timestamp > 0:
+        if self.flush_all() and self._mfq.store_timestamp > 0:
             self._checkpoint.physic_msg_timestamp = self._mfq.store_timestamp
 
 
-_RUNNING, _DONE, _FAILED = 0, 1, 2
+_RUNNING, _DONE = 0, 1
 
 
 class GroupCommitService(ServiceThread):
@@ -98,8 +179,9 @@ class GroupCommitService(ServiceThread):
 
     The thread starts a sync every 10 ms, or on wakeup(), when something is unflushed: for
     puts that do not wait (WAIT=false) and a slave's appends, as 4.9.x's GroupCommitService
-    flushes with no request pending. A failed sync is retried, by a waiting put or the thread,
-    before any later range counts as flushed. Its final sync at shutdown ends every wait.
+    flushes with no request pending. A failed sync is never retried (SyncLatch): the flushed
+    offset stays before its range for good, every wait ends (FLUSH_DISK_TIMEOUT) and no sync
+    starts again. Its final sync at shutdown ends every wait.
 
     A put answers PUT_OK only if its bytes were flushed within its timeout: a put whose own
     sync outlasted the timeout answers FLUSH_DISK_TIMEOUT like its followers, once the sync
@@ -107,20 +189,21 @@ class GroupCommitService(ServiceThread):
 
     name = "GroupCommitService"
     MAX_SYNCS = 1
-    RETRY_MS = 10           # pause before retrying a failed sync
 
-    def __init__(self, mfq, checkpoint):
-        """Syncs the CommitLog's files (`mfq`); the checkpoint's physicMsgTimestamp follows."""
+    def __init__(self, mfq, checkpoint, latch):
+        """Syncs the CommitLog's files (`mfq`); the checkpoint's physicMsgTimestamp follows.
+        A failed sync trips `latch` (SyncLatch)."""
         super().__init__()
         self._mfq = mfq
         self._checkpoint = checkpoint
+        self._latch = latch
         self._lock = threading.Lock()
         # All under _lock; _flushed is also read without it (a stale value only delays).
         self._flushed = self._mfq.flushed_where     # durable: end of the finished prefix
         self._started = self._flushed               # end of the last range claimed
         self._ranges = []         # claimed, in offset order: [start, end, store ts, state]
         self._running = 0         # syncs running
-        self._failed = 0          # ranges whose sync failed, waiting for a retry
+        self._broken = False      # a sync failed: nothing counts as durable any more
         self._waiters = []        # waits (see wait_flushed) sleeping until woken
         self._final_flush_done = False
         self.syncs = 0            # ranges synced (benchmarks report puts per sync)
@@ -161,7 +244,6 @@ class GroupCommitService(ServiceThread):
     def _wait(self, me, deadline):
         offset = me[0]
         lock = self._lock
-        backoff = 0             # after a sync of ours failed: no new attempt before this
         gathered = False
         while True:
             with lock:
@@ -171,16 +253,16 @@ class GroupCommitService(ServiceThread):
                     me[1] = None
                 if self._flushed >= offset:
                     return monotonic_ns() <= deadline
-                if self._final_flush_done:
+                if self._final_flush_done or self._broken:
                     # Not is_stopped: the final sync still serves a put written before
                     # shutdown, so only its completion ends the wait early.
                     return False
                 now = monotonic_ns()
                 r = None
-                if self._gatherer is not None and not self._failed:
+                if self._gatherer is not None:
                     pass                # a put gathers: its sync covers this one; follow it
-                elif (self._started < offset or self._failed) and now >= backoff:
-                    if (not gathered and not self._failed and self._running < self.MAX_SYNCS
+                elif self._started < offset:
+                    if (not gathered and self._running < self.MAX_SYNCS
                             and self._unserved < self._producers):
                         gathered = True
                         r = self._gatherer = threading.Lock()
@@ -191,8 +273,6 @@ class GroupCommitService(ServiceThread):
                     remaining = deadline - now
                     if remaining <= 0:
                         return False
-                    if backoff > now:
-                        remaining = min(remaining, backoff - now)
                     me[1] = threading.Lock()
                     me[1].acquire()
                     self._waiters.append(me)
@@ -211,8 +291,7 @@ class GroupCommitService(ServiceThread):
                     if self._gatherer is r:
                         self._gatherer = None
                 continue
-            if not self._sync_claimed(r):
-                backoff = monotonic_ns() + self.RETRY_MS * 1_000_000
+            self._sync_claimed(r)
 
     def _served(self, me):
         """Under _lock: the wait `me` is served (or ends): it no longer counts as a producer
@@ -231,17 +310,10 @@ class GroupCommitService(ServiceThread):
 
     # ---- syncs --------------------------------------------------------------------------
     def _claim(self):
-        """Under _lock: a range to sync now, or None (MAX_SYNCS running, nothing new). A
-        failed range comes first; else everything written since the last claim."""
-        if self._running >= self.MAX_SYNCS:
+        """Under _lock: a range to sync now, everything written since the last claim, or None
+        (MAX_SYNCS running, nothing new, a sync failed)."""
+        if self._running >= self.MAX_SYNCS or self._broken:
             return None
-        if self._failed:
-            for r in self._ranges:
-                if r[3] == _FAILED:
-                    r[3] = _RUNNING
-                    self._failed -= 1
-                    self._running += 1
-                    return r
         mfq = self._mfq
         if not self._ranges and mfq.flushed_where != self._flushed:
             # Something else moved the CommitLog's flushed offset (it was emptied): start over
@@ -277,8 +349,9 @@ class GroupCommitService(ServiceThread):
             # The gathering bound: the mean sync time, most weight on the last eight.
             self._sync_ns += (monotonic_ns() - t0 - self._sync_ns) // 8
             ok = True
-        except Exception:       # EIO and the like: the range is retried, its puts wait
-            log.exception("%s: sync of [%d, %d) failed", self.name, r[0], r[1])
+        except Exception as exc:    # EIO and the like: fail-stop, the puts waiting give up
+            latch = self._latch
+            latch.trip(latch.COMMITLOG, exc, f"of [{r[0]}, {r[1]}) ")
         finally:
             with self._lock:
                 woken = self._finish(r, ok)
@@ -309,8 +382,13 @@ class GroupCommitService(ServiceThread):
         put nothing covers, which gets the free slot."""
         self._running -= 1
         if not ok:
-            r[3] = _FAILED
-            self._failed += 1
+            # No range counts from now on, and every wait ends: each woken put finds
+            # _broken and answers FLUSH_DISK_TIMEOUT.
+            self._broken = True
+            waiters, self._waiters = self._waiters, []
+            for w in waiters:
+                self._served(w)
+            return [w[1] for w in waiters]
         else:
             r[3] = _DONE
             self.syncs += 1
@@ -327,7 +405,6 @@ class GroupCommitService(ServiceThread):
             return ()
         flushed = self._flushed
         started = self._started
-        failed = self._failed
         rest = []
         woken = []
         lead = None
@@ -337,7 +414,7 @@ class GroupCommitService(ServiceThread):
                 self._served(w)
                 continue
             rest.append(w)
-            if (w[0] > started or failed) and (lead is None or w[0] < lead[0]):
+            if w[0] > started and (lead is None or w[0] < lead[0]):
                 lead = w
         if lead is not None and self._running < self.MAX_SYNCS:
             rest.remove(lead)
@@ -387,7 +464,7 @@ class GroupCommitService(ServiceThread):
     def run_once(self):
         self.wait_for_running(10)
         mfq = self._mfq
-        if self._started >= mfq.get_max_offset() and not self._failed:
+        if self._started >= mfq.get_max_offset() or self._broken:
             return
         if self._gatherer is not None:
             return              # a put gathers: it syncs within its bound, and more at once
@@ -405,7 +482,7 @@ class GroupCommitService(ServiceThread):
             if r is not None:
                 if not self._sync_claimed(r):
                     break                       # the disk refuses: the store keeps its abort file
-            elif idle:
+            elif idle or self._broken:
                 break
             else:
                 time.sleep(0.001)               # a put's sync is still running
@@ -428,17 +505,20 @@ class CompiledGroupCommitService(GroupCommitService):
     The protocol is the one above with one sync at a time: a put that finds no sync running
     leads (gathering first, as above), syncs everything written since the durable offset in
     its own thread, publishes it, and then wakes exactly the puts it covered, handing the lead
-    to the lowest put still waiting. A failed sync hands nothing on and counts nothing: its
-    leader retries after RETRY_MS, as does any put that finds no sync running and the
-    thread's 10 ms round. The final sync at shutdown ends every wait (close)."""
+    to the lowest put still waiting. A failed sync counts nothing and closes the waits
+    (SyncLatch): every wait ends, and no sync is led again. The final sync at shutdown ends
+    every wait (close)."""
 
     MAX_SYNCS = 1
+    IDLE_MS = 10            # a leader that found nothing to sync waits this long to lead again
 
-    def __init__(self, mfq, checkpoint, kernels):
-        """Syncs the CommitLog's files (`mfq`) with `kernels.GroupCommit` keeping the waits."""
+    def __init__(self, mfq, checkpoint, kernels, latch):
+        """Syncs the CommitLog's files (`mfq`) with `kernels.GroupCommit` keeping the waits;
+        a failed sync trips `latch` (SyncLatch)."""
         ServiceThread.__init__(self)
         self._mfq = mfq
         self._checkpoint = checkpoint
+        self._latch = latch
         self._gc = kernels.GroupCommit(mfq.flushed_where)
         self._final_flush_done = False
         self.syncs = 0
@@ -451,25 +531,25 @@ class CompiledGroupCommitService(GroupCommitService):
 
     def resume(self, offset, deadline, answer):
         """Go on with a wait for `offset` until `deadline` (monotonic ns) from GroupCommit.wait's
-        `answer`: lead the sync it asks for, retry a failed one. True if `offset` was durable
-        in time."""
+        `answer`: lead the sync it asks for. True if `offset` was durable in time."""
         gc = self._gc
         r = answer
         while True:
             if r == _GC_DONE:
                 return True
             if r != _GC_LEAD:
-                return False            # timed out, covered too late, or shut down
+                return False            # timed out, covered too late, shut down or failed
             moved = self._lead()
-            if moved >= 0 and gc.flushed >= offset:
+            if moved < 0:
+                return False            # its sync failed: the waits are closed
+            if gc.flushed >= offset:
                 return monotonic_ns() <= deadline
-            if moved <= 0:
-                # Its sync failed (retried after a pause, by this put, another or the
-                # thread), or found nothing to sync (the CommitLog was emptied): no spinning.
+            if moved == 0:
+                # It found nothing to sync (the CommitLog was emptied): no spinning.
                 left = deadline - monotonic_ns()
                 if left <= 0:
                     return False
-                time.sleep(min(left, self.RETRY_MS * 1_000_000) / 1e9)
+                time.sleep(min(left, self.IDLE_MS * 1_000_000) / 1e9)
             r = gc.wait(offset, deadline)
 
     def after_put(self, kernels, config, ok, timed_out, wait_key):
@@ -519,8 +599,12 @@ class CompiledGroupCommitService(GroupCommitService):
                     self.syncs += 1
                     flushed = end
             ok = True
-        except Exception:       # EIO and the like: nothing counts, the range is retried
-            log.exception("%s: sync of [%d, ..) failed", self.name, start)
+        except Exception as exc:    # EIO and the like: fail-stop
+            latch = self._latch
+            latch.trip(latch.COMMITLOG, exc, f"from {start} ")
+            # Closed while this leader still holds the lead, so no put can lead a sync that
+            # would count the lost range: every wait ends, later ones too.
+            gc.close()
         finally:
             gc.done(flushed, ok, took)
         return flushed - start if ok else -1
@@ -559,7 +643,7 @@ class CompiledGroupCommitService(GroupCommitService):
     def run_once(self):
         self.wait_for_running(10)
         gc = self._gc
-        if gc.flushed >= self._mfq.get_max_offset():
+        if gc.flushed >= self._mfq.get_max_offset() or gc.closed:
             return
         if gc.try_lead():       # else a put leads (or gathers): its sync covers this
             self._lead()
@@ -572,6 +656,8 @@ class CompiledGroupCommitService(GroupCommitService):
                 moved = self._lead()
                 if moved <= 0:
                     break       # all synced, or the disk refuses: the store keeps its abort file
+            elif gc.closed:
+                break           # a sync failed: nothing is synced again
             else:
                 time.sleep(0.001)               # a put's sync is still running
         self._final_flush_done = True
@@ -645,14 +731,22 @@ class FlushConsumeQueueService(ServiceThread):
     # the queues' would cost more than it saves.
     SYNC_TOGETHER_MIN = 64
 
-    def __init__(self, config, checkpoint, dirty_cqs, queues, flush_index=None, fs=None,
+    def __init__(self, config, checkpoint, latch, dirty_cqs, queues, flush_index=None, fs=None,
                  cq_root=None):
         """`queues`: every ConsumeQueue now; `flush_index()` flushes the index files that
         filled up (IndexService.flush_pending); `fs` and `cq_root`, the ConsumeQueues' file
-        system and directory, let a round of many queues sync them together."""
+        system and directory, let a round of many queues sync them together. A failed sync
+        of a queue (or of the index) trips `latch` (SyncLatch): no queue (index file) is
+        flushed after it, and logicsMsgTimestamp (indexMsgTimestamp) stays where the last
+        good round left it."""
         super().__init__()
         self._config = config
         self._checkpoint = checkpoint
+        self._latch = latch
+        # What logicsMsgTimestamp may say: every queue was durable up to it (the snapshot of
+        # the last thorough round that synced them all; at first what the file said when
+        # the store opened, as the units recovery and reput's catch-up wrote since are not).
+        self._logics_durable = checkpoint.opened_with("logics_msg_timestamp")
         self._dirty = dirty_cqs
         self._flush_index = flush_index
         self._fs = fs
@@ -663,10 +757,14 @@ class FlushConsumeQueueService(ServiceThread):
         dirty_cqs.mark_all(cq for cq in queues if _unflushed(cq))
 
     def do_flush(self, retry_times, force=False):
+        latch = self._latch
         # Index files that filled up are flushed here, each advancing the checkpoint's
         # indexMsgTimestamp (the broker starts a thread per full file for the same job).
-        if self._flush_index is not None:
-            self._flush_index()
+        if self._flush_index is not None and not latch.failed(latch.INDEX):
+            try:
+                self._flush_index()
+            except OSError as exc:
+                latch.trip(latch.INDEX, exc)
         cfg = self._config
         least = cfg.flush_consume_queue_least_pages
         now = monotonic_ms()
@@ -675,38 +773,47 @@ class FlushConsumeQueueService(ServiceThread):
             self._last_thorough = now
             least = 0
             snapshot = self._checkpoint.logics_msg_timestamp
+        if not latch.failed(latch.CONSUME_QUEUE):
+            failure = self._flush_queues(retry_times, least)
+            if failure is not None:
+                latch.trip(latch.CONSUME_QUEUE, failure, held_ts=self._logics_durable)
+        if least == 0:
+            if snapshot > 0 and not latch.failed(latch.CONSUME_QUEUE):
+                self._checkpoint.logics_msg_timestamp = self._logics_durable = snapshot
+            self._checkpoint.flush()
+
+    def _flush_queues(self, retry_times, least):
+        """Flush the queues written since the last round; the OSError of a sync that failed
+        (the queues then stay marked), else None."""
         dirty = self._dirty
         left = []
         queues = dirty.take()
-        if len(queues) >= self.SYNC_TOGETHER_MIN and self._cq_root is not None:
-            self._sync_together(queues, least)
-        for cq in queues:
-            for _ in range(retry_times):
-                if cq.flush(least):
-                    break
-            if _unflushed(cq):
-                left.append(cq)
+        try:
+            if len(queues) >= self.SYNC_TOGETHER_MIN and self._cq_root is not None:
+                self._sync_together(queues, least)
+            for cq in queues:
+                for _ in range(retry_times):
+                    if cq.flush(least):
+                        break
+                if _unflushed(cq):
+                    left.append(cq)
+        except OSError as exc:
+            dirty.mark_all(queues)
+            return exc
         if left:
             dirty.mark_all(left)
-        if least == 0:
-            if snapshot > 0:
-                self._checkpoint.logics_msg_timestamp = snapshot
-            self._checkpoint.flush()
+        return None
 
     def _sync_together(self, queues, least):
         """Make what this round would flush of `queues` durable with one sync of their file
-        system. Nothing changes if it cannot (no syncfs, or it failed): the round then syncs
-        file by file, as always, and a failing file reports itself there."""
+        system. Nothing changes where there is no syncfs: the round then syncs file by file.
+        A failed syncfs raises: the kernel may have dropped any of the pages it reported
+        lost, and a sync of each file after it could succeed without them."""
         plans = [(cq.mfq, cq.mfq.flush_plan(least)) for cq in queues]
         plans = [(mfq, plan) for mfq, plan in plans if plan]
         if len(plans) < self.SYNC_TOGETHER_MIN:
             return
-        try:
-            if not self._fs.sync_filesystem(self._cq_root):
-                return
-        except OSError as exc:
-            log.warning("%s: syncing the file system failed (%s); syncing each queue",
-                        self.name, exc)
+        if not self._fs.sync_filesystem(self._cq_root):
             return
         for mfq, plan in plans:
             mfq.settle(plan, least)
