@@ -476,3 +476,52 @@ def test_queue_offsets_run_on_when_the_compiled_and_python_paths_alternate(tmp_p
             assert [bytes(m.body) for m in got] == [b for q, b in want if q == qid]
     finally:
         store.shutdown()
+
+
+# Property names and values of these lengths, with one byte of interest at every position:
+# short ones (read a word or two at a time by the compiled path), and around 64 bytes (past
+# 64 it asks memchr).
+_SEPARATOR_LENGTHS = list(range(1, 25)) + [63, 64, 65, 66]
+
+
+def _with_byte_at(char, n, at):
+    return "".join(char if i == at else "abcdefgh"[i % 8] for i in range(n))
+
+
+def test_a_separator_at_any_position_of_a_property_name_or_value_is_refused(tmp_path, backend):
+    store = testing.open_store(tmp_path / "s", backend)
+    try:
+        assert store.put_messages([Message("Sep", b"first", tags="t")]).status \
+            is PutMessageStatus.PUT_OK                      # the topic is known from here on
+        end = store.commitlog.max_offset
+        for n in _SEPARATOR_LENGTHS:
+            for at in range(n):
+                for sep in "\x01\x02":
+                    text = _with_byte_at(sep, n, at)
+                    for props in ({"name": text}, {text: "value"}):
+                        with pytest.raises(MessageIllegalError):
+                            store.put_messages([Message("Sep", b"x", keys="k",
+                                                        properties=props)])
+        assert store.commitlog.max_offset == end
+    finally:
+        store.shutdown()
+
+
+def test_bytes_beside_the_separators_at_any_position_are_stored_and_read_back(tmp_path,
+                                                                              backend):
+    store = testing.open_store(tmp_path / "s", backend)
+    try:
+        assert store.put_messages([Message("Near", b"first")]).status is PutMessageStatus.PUT_OK
+        path = store.put_message.__self__               # the compiled path with cext
+        fast = getattr(path, "fast", None)
+        sent = [{"v": _with_byte_at(char, n, at), _with_byte_at(char, n, at) + "k": "w"}
+                for n in _SEPARATOR_LENGTHS for at in range(n) for char in "\x00\x03\x7f\x81"]
+        r = store.put_messages([Message("Near", b"m%d" % i, properties=p)
+                                for i, p in enumerate(sent)])
+        assert r.status is PutMessageStatus.PUT_OK and r.count == len(sent)
+        if fast is not None:
+            assert path.fast == fast + len(sent)            # taken by the compiled path
+        got = store.get_message("g", "Near", 0, 1, len(sent))
+        assert [dict(m.properties) for m in got.messages] == sent
+    finally:
+        store.shutdown()
