@@ -328,12 +328,13 @@ class FileSystem:
         mmap.madvise holds the GIL (a Mapping's does not), so go a chunk at a time and let
         other threads run in between. Without MADV_POPULATE_WRITE (Linux < 5.14) nothing is
         done: writing a zero per page instead would race a writer catching up with the range."""
-        end = len(mm) if length is None else min(len(mm), start + length)
         # Between chunks of an mmap.mmap, time.sleep(0) lets other threads have the GIL. Not
         # after the last chunk, nor for a Mapping, whose madvise released it: taking the GIL
         # back from a busy thread costs up to a switch interval (5 ms).
         yields = type(mm) is mmap.mmap
         try:
+            # In the try: a mapping closed meanwhile (its file destroyed) has no length either.
+            end = len(mm) if length is None else min(len(mm), start + length)
             for pos in range(start, end, chunk):
                 mm.madvise(MADV_POPULATE_WRITE, pos, min(chunk, end - pos))
                 if yields and pos + chunk < end:
