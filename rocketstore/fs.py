@@ -202,7 +202,12 @@ class FileSystem:
         return os.path.getsize(path)
 
     def mtime_ms(self, path):
-        return int(os.stat(path).st_mtime * 1000)
+        """The file's last-modified time in ms; 0 when it is gone, as Java's
+        File.lastModified() answers (a file cleaning or a cut deleted while a caller looked)."""
+        try:
+            return int(os.stat(path).st_mtime * 1000)
+        except FileNotFoundError:
+            return 0
 
     def allocated(self, path):
         """Bytes the file takes on disk (st_blocks * 512): below its size while sparse."""
