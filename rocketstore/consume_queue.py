@@ -320,13 +320,19 @@ class ConsumeQueue:
         end = min(start + count, self.max_offset_in_queue) * UNIT
         while pos < end:
             f = self.mfq.find_by_offset(pos)
-            if f is None:
+            # Held while viewed: cleaning (or a cut) may destroy a file found here meanwhile,
+            # and its units are then gone.
+            if f is None or not f.hold():
                 break
-            rel = pos - f.file_from_offset
-            stop = min(end - f.file_from_offset, f.read_position)
-            if stop <= rel:
-                break
-            arr = np.frombuffer(f.mm, dtype=CQ_DTYPE, count=(stop - rel) // UNIT, offset=rel)
+            try:
+                rel = pos - f.file_from_offset
+                stop = min(end - f.file_from_offset, f.read_position)
+                if stop <= rel:
+                    break
+                arr = np.frombuffer(f.mm, dtype=CQ_DTYPE, count=(stop - rel) // UNIT,
+                                    offset=rel)
+            finally:
+                f.release()
             arr.flags.writeable = False
             parts.append(arr)
             pos = f.file_from_offset + stop

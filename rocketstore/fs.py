@@ -202,7 +202,12 @@ class FileSystem:
         return os.path.getsize(path)
 
     def mtime_ms(self, path):
-        return int(os.stat(path).st_mtime * 1000)
+        """The file's last-modified time in ms; 0 when it is gone, as Java's
+        File.lastModified() answers (a file cleaning or a cut deleted while a caller looked)."""
+        try:
+            return int(os.stat(path).st_mtime * 1000)
+        except FileNotFoundError:
+            return 0
 
     def allocated(self, path):
         """Bytes the file takes on disk (st_blocks * 512): below its size while sparse."""
@@ -328,12 +333,13 @@ class FileSystem:
         mmap.madvise holds the GIL (a Mapping's does not), so go a chunk at a time and let
         other threads run in between. Without MADV_POPULATE_WRITE (Linux < 5.14) nothing is
         done: writing a zero per page instead would race a writer catching up with the range."""
-        end = len(mm) if length is None else min(len(mm), start + length)
         # Between chunks of an mmap.mmap, time.sleep(0) lets other threads have the GIL. Not
         # after the last chunk, nor for a Mapping, whose madvise released it: taking the GIL
         # back from a busy thread costs up to a switch interval (5 ms).
         yields = type(mm) is mmap.mmap
         try:
+            # In the try: a mapping closed meanwhile (its file destroyed) has no length either.
+            end = len(mm) if length is None else min(len(mm), start + length)
             for pos in range(start, end, chunk):
                 mm.madvise(MADV_POPULATE_WRITE, pos, min(chunk, end - pos))
                 if yields and pos + chunk < end:

@@ -357,10 +357,16 @@ class IndexService(Dispatcher):
             pending, self._pending_flush = self._pending_flush, []
         checkpoint = self.checkpoint
         for f in pending:
-            if not f.is_write_full:
-                continue
-            end_ts = f.end_timestamp
-            f.flush()
+            # Held while read: a cut (drop_past) may destroy a file taken here meanwhile.
+            if not f.mf.hold():
+                continue                    # destroyed: nothing left to flush
+            try:
+                if not f.is_write_full:
+                    continue
+                end_ts = f.end_timestamp
+                f.flush()
+            finally:
+                f.mf.release()
             if checkpoint is not None:
                 checkpoint.index_msg_timestamp = end_ts
                 checkpoint.flush()

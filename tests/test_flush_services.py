@@ -835,3 +835,47 @@ def test_units_rewritten_after_a_truncation_during_a_round_s_syncfs_are_flushed(
     with open(root / "consumequeue" / "M" / "0" / ("0" * 20), "rb") as fh:
         fh.seek(20)
         assert CQ_UNIT.struct.unpack(fh.read(20)) == new_unit
+
+
+class _CutDuringIndexSync(testing.FaultInjectingFileSystem):
+    """Runs `during()` once, as the sync of the index file at `path` begins."""
+
+    during = None
+    path = None
+
+    def sync_mapped(self, kernels, mm, path, start, length):
+        if self.during is not None and path == self.path:
+            during, self.during = self.during, None
+            during()
+        return super().sync_mapped(kernels, mm, path, start, length)
+
+
+def test_a_full_index_file_a_cut_destroys_while_it_waits_for_its_flush_is_skipped(
+        tmp_path, backend):
+    # The flush round took the full index files [first, second] to flush; while it synced the
+    # first, reset_write_offset cut into the second's records and destroyed it. The round
+    # then read the second's header from a file no longer mapped: ValueError out of the
+    # flush-cq service's loop, the round's queues and checkpoint left for the next one.
+    fs = _CutDuringIndexSync()
+    cfg = testing.small_config(max_index_num=40, max_hash_slot_num=8,
+                               flush_interval_consume_queue=3_600_000)
+    store = testing.open_store(tmp_path / "s", backend, cfg, fs=fs)
+    try:
+        rs = [store.put_message(Message("T", b"m%d" % i, keys=f"k{i}")) for i in range(100)]
+        assert all(r.status is PutMessageStatus.PUT_OK for r in rs)
+        testing.wait_dispatched(store)
+        index = store.index_service
+        first, second = index.index_file_list[:2]
+        assert index._pending_flush == [first, second]      # the hour-long round has not run
+        cut = next(r.commit_log_offset for r in rs
+                   if r.commit_log_offset > second.begin_phy_offset)
+        stamp = store.checkpoint.index_msg_timestamp
+        fs.path = first.mf.path
+        fs.during = lambda: store.reset_write_offset(cut)
+        index.flush_pending()
+        assert fs.during is None and not second.mf.is_available
+        assert index.index_file_list[0] is first and second not in index.index_file_list
+        assert store.checkpoint.index_msg_timestamp == first.end_timestamp > stamp
+        assert [m.body for m in store.query_message("T", "k3").messages] == [b"m3"]
+    finally:
+        store.shutdown()

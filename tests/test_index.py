@@ -822,6 +822,26 @@ def test_offset_by_time_finds_exact_nearest_and_edge_entries(tmp_path, backend):
         store.shutdown()
 
 
+def test_offset_by_time_skips_a_file_deleted_while_it_looks(tmp_path, backend):
+    # Cleaning (or a cut) deletes a file before it drops it from the queue's list: reading
+    # its mtime raised FileNotFoundError out of get_offset_in_queue_by_time. 4.9.8's
+    # File.lastModified() reads 0 for a missing file, which passes it over.
+    store = _store(tmp_path, backend)
+    try:
+        rs = [store.put_message(Message("T", b"x")) for _ in range(250)]   # 3 CQ files
+        testing.wait_dispatched(store)
+        cq = store.consume_queue_table["T"][0]
+        for f in cq.mfq.files:
+            last = (f.file_from_offset + f.read_position) // 20 - 1
+            t = rs[last].store_timestamp / 1000
+            os.utime(f.path, (t, t))
+        first = cq.mfq.files[0]
+        assert first.destroy() and not os.path.exists(first.path)
+        assert store.get_offset_in_queue_by_time("T", 0, rs[137].store_timestamp) == 137
+    finally:
+        store.shutdown()
+
+
 def test_offset_by_time_on_the_broker_store_with_broker_like_mtimes(broker_store, backend):
     msgs = [m for m in broker_messages() if m["topic"] == "LogTopic" and m["queueId"] == 1]
     qdir = broker_store / "consumequeue" / "LogTopic" / "1"

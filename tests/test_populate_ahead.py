@@ -402,3 +402,34 @@ def test_an_index_file_cut_away_while_its_window_is_populated_is_deleted(tmp_pat
     finally:
         fs.go.set()
         store.shutdown()
+
+
+class _BeforeFirstPopulate(FileSystem):
+    """Runs `during()` once, as the first populate begins."""
+
+    during = None
+
+    def prefault(self, mm, start=0, length=None, chunk=1 << 20):
+        if self.during is not None:
+            during, self.during = self.during, None
+            during()
+        return super().prefault(mm, start, length, chunk)
+
+
+def test_a_file_made_ahead_and_deleted_before_its_populate_is_not_populated(tmp_path, backend):
+    # The service made the next file ahead (prepare_next); before it populated that file's
+    # first window, a truncation deleted it unused (drop_prepared). prefault means to ignore
+    # a closed mapping but read its length first: ValueError out of the service's round,
+    # whose other requests were then never served (nor counted off `pending`).
+    from rocketstore.mapped_file_queue import MappedFileQueue
+    size = 64 * 1024
+    fs = _BeforeFirstPopulate()
+    service = PopulateAheadService()            # not running: it serves in the caller
+    mfq = MappedFileQueue(str(tmp_path / "q"), size, backend, fs, reserve_window=16 * 1024,
+                          populator=service)
+    mf = mfq.get_last_mapped_file(0)
+    mf.reserve(size)                            # reserved to its end: the next is made ahead
+    fs.during = mfq.drop_prepared
+    service.ask(mf, 0, mfq=mfq)
+    assert fs.during is None and service.prepared == 0
+    assert os.listdir(tmp_path / "q") == ["%020d" % 0]

@@ -289,3 +289,24 @@ def test_a_store_built_with_a_bad_collaborator_refuses_at_once(tmp_path, kwargs,
     with pytest.raises(TypeError, match=text):
         MessageStore(tmp_path / "s", **kwargs)
     assert not (tmp_path / "s").exists()
+
+
+def test_a_unit_whose_file_cleaning_deletes_during_the_read_is_answered_as_gone(store,
+                                                                                  monkeypatch):
+    # The clean service (or a cut) destroyed the ConsumeQueue file after the read found it
+    # and before it viewed the unit: ConsumeQueue.units read the closed mapping and the
+    # caller got ValueError instead of "no such message".
+    r = store.put_message(Message("T", b"m", queue_id=1))
+    assert r.status.ok
+    assert store.get_message_store_timestamp("T", 1, 0) > 0
+    mfq = store.get_consume_queue("T", 1).mfq
+    find = mfq.find_by_offset
+
+    def find_then_cleaned(*args):
+        f = find(*args)
+        if f is not None:
+            assert f.destroy()
+        return f
+    monkeypatch.setattr(mfq, "find_by_offset", find_then_cleaned)
+    assert store.get_message_store_timestamp("T", 1, 0) == -1
+    assert store.get_commit_log_offset_in_queue("T", 1, 0) == 0
