@@ -393,8 +393,8 @@ class IndexService(Dispatcher):
             log.info("index file %s has entries past the CommitLog's end %d: destroyed, to "
                      "be rebuilt", f.file_name, offset)
             if not f.destroy(3.0):
-                log.error("index file %s could not be unmapped (a view of it is still held): "
-                          "left on disk; remove it before the next start", f.file_name)
+                log.warning("index file %s is deleted but stays mapped while a view of it is "
+                            "held", f.file_name)
         with self._lock:
             self.index_file_list = files[:keep]
             self._pending_flush = [g for g in self._pending_flush if g not in gone]

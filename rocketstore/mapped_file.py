@@ -406,10 +406,13 @@ class MappedFile:
             time.sleep(0.001)
 
     def destroy(self, wait_s=1.0):
-        """Unmap and delete the file."""
+        """Unmap and delete the file; True if it was unmapped too. A view still held past
+        `wait_s` keeps the mapping, but the file is deleted all the same (the pages stay
+        valid for the view and go with it): left on disk, it would be taken up again, stale
+        bytes and all, by the next file made at its offset (create_sized keeps an existing
+        file) or loaded at the next start."""
         closed = self.close(wait_s, unmap_wait_s=wait_s)
-        if closed:
-            self._fs.remove(self.path)
+        self._fs.remove(self.path)
         return closed
 
     @property

@@ -217,3 +217,24 @@ def test_a_full_disk_fails_the_new_file_and_leaves_no_segment_behind(tmp_path, b
         MappedFile(q.path_to_create(0), SIZE, backend, fs)
     assert os.listdir(tmp_path / "log") == []
     q.close()
+
+
+def test_a_file_destroyed_while_a_view_pins_its_mapping_is_deleted_and_its_offset_starts_empty(
+        tmp_path, backend):
+    # The view outlives the destroy's wait, so the mapping stays; the file must still go, or
+    # the next file made at its offset takes up its stale bytes.
+    q = _fill(_queue(tmp_path / "q", backend), 2)
+    second = q.files[1]
+    view = memoryview(second.mm)
+    try:
+        assert second.destroy(0) is False           # not unmapped: the view holds it
+        assert not os.path.exists(second.path)
+        assert view[0] == 2                         # the view still reads its pages
+    finally:
+        view.release()
+    q.files = q.files[:1]
+    again = q.get_last_mapped_file(SIZE)
+    assert again.file_from_offset == SIZE
+    with open(again.path, "rb") as f:
+        assert f.read() == bytes(SIZE)
+    q.destroy()
