@@ -15,6 +15,7 @@
 # PyMember_GetOne/SetOne do, without the attribute lookup: measured, the lookups were a third
 # of the call.
 from cpython.dict cimport PyDict_Next
+from cpython.long cimport PyLong_Check
 from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyTypeObject
 from cpython.ref cimport Py_XDECREF
@@ -871,7 +872,12 @@ cdef class PutPath:
     cdef bint _read_ints(self, object msg, _Rec *r) except -1:
         """_prepare's ints when one is not a small int: converted as Cython converts them
         (an int subclass, __index__); False when one does not convert or fit, so the Python
-        path takes the message and raises what the store documents."""
+        path takes the message and raises what the store documents. Ints only (bool is
+        one): Cython would truncate a float, which the other backends refuse."""
+        cdef int i
+        for i in (M_QID, M_FLAG, M_SYS_FLAG, M_BORN_TS, M_RECONSUME, M_PREPARED):
+            if not PyLong_Check(<object>_member(msg, self._m[i])):
+                return False
         try:
             r.queue_id = <object>_member(msg, self._m[M_QID])
             r.flag = <object>_member(msg, self._m[M_FLAG])

@@ -9,6 +9,7 @@ import threading
 import numpy as np
 
 from . import format as F
+from .arguments import message_problem
 from .batch import max_len_check
 from .config import BrokerRole
 from .errors import KernelBoundsError, MessageIllegalError, StoreClosedError
@@ -235,6 +236,12 @@ class CommitLog:
             # The broker's SendMessageProcessor rule: "request queueId[..] is illegal".
             raise MessageIllegalError(
                 f"queue id {queue_id} is illegal: topic {topic} has {limit} write queues")
+        if not (isinstance(msg.flag, int) and isinstance(msg.sys_flag, int)
+                and isinstance(msg.born_timestamp, int) and isinstance(msg.reconsume_times, int)
+                and isinstance(msg.prepared_transaction_offset, int)):
+            # Here, not at the kernel: Cython's conversion truncates a float and struct's
+            # takes any __index__, where cffi refuses both; every backend refuses alike.
+            raise MessageIllegalError(message_problem(msg))
         sys_flag = msg.sys_flag & ~(F.BORNHOST_V6_FLAG | F.STOREHOSTADDRESS_V6_FLAG)
         tx = sys_flag & F.TRANSACTION_TYPE_MASK
         props = msg.properties

@@ -214,6 +214,33 @@ def test_a_body_that_is_not_a_buffer_is_refused(store_root_backend, body):
     assert store.get_max_phy_offset() == 0
 
 
+class _Index:
+    """An int-like object that is not an int: struct would take it through __index__."""
+
+    def __index__(self):
+        return 2
+
+
+INT_FIELDS = ["flag", "sys_flag", "born_timestamp", "reconsume_times",
+              "prepared_transaction_offset"]
+
+
+@pytest.mark.parametrize("value", [2.7, "2", _Index()], ids=["float", "str", "index"])
+@pytest.mark.parametrize("field", INT_FIELDS)
+def test_an_int_field_that_is_not_an_int_is_refused_alike_by_every_backend(
+        store_root_backend, field, value):
+    # cext's compiled put truncated a float (2.7 stored as 2) and the pure backend took an
+    # __index__ object where cffi refused both: one contract, whatever the backend.
+    store = store_root_backend
+    bad = Message("Ints", b"x")
+    setattr(bad, field, value)
+    with pytest.raises(MessageIllegalError, match=f"{field} must be an int"):
+        store.put_message(bad)
+    with pytest.raises(MessageIllegalError, match=f"{field} must be an int"):
+        store.put_messages([Message("Ints", b"ok"), bad])
+    assert store.get_max_phy_offset() == 0
+
+
 @pytest.fixture
 def store_root_backend(tmp_path, backend):
     s = testing.open_store(tmp_path / "store", backend)
