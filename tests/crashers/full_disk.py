@@ -6,10 +6,13 @@ process, so that a SIGBUS kills this process and not pytest. Prints one JSON obj
         filler file) once --fill-after messages are acknowledged; stops a few puts after the
         first refusal; shuts down (or, with --kill, dies by SIGKILL, leaving the store to
         abnormal recovery). Lines: {"ack": i}, {"refused": status, "reason": ...}.
+        With --sync the store flushes SYNC_FLUSH and only PUT_OK acknowledges a put: a
+        FLUSH_DISK_TIMEOUT (the put's sync failed) counts as a refusal.
 `check` opens the store writable (or reports the clear load error), tries one put, then
         reads every message: through the ConsumeQueues when writable, and through a
-        read-only open's CommitLog walk. Lines: {"load_error"}, {"put"}, {"queues"},
-        {"walk"}.
+        read-only open's CommitLog walk (ids, and their store times). Lines:
+        {"checkpoint_physic"} (as found), {"load_error"}, {"recovered"}, {"put"}, {"queues"},
+        {"walk", "stored"}.
 """
 import argparse
 import errno
@@ -21,16 +24,19 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
-from rocketstore import Message, MessageStore, StoreConfig, testing  # noqa: E402
+from rocketstore import (FlushDiskType, Message, MessageStore, PutMessageStatus,  # noqa: E402
+                         StoreConfig, testing)
 from rocketstore.errors import StoreLoadError  # noqa: E402
 
 TOPICS = ("FullA", "FullB")
 REFUSALS = 3        # puts tried after the first refusal: all must be refused too
 
 
-def config():
+def config(sync=False):
     # Small files and windows, so a 16-24 MiB file system holds many of each.
-    return StoreConfig(mapped_file_size_commit_log=1 << 20,
+    return StoreConfig(flush_disk_type=FlushDiskType.SYNC_FLUSH if sync else
+                       FlushDiskType.ASYNC_FLUSH,
+                       mapped_file_size_commit_log=1 << 20,
                        mapped_file_size_consume_queue=20 * 2000,
                        commit_log_reserve_window=256 * 1024, consume_queue_reserve_window=4096,
                        max_hash_slot_num=256, max_index_num=2000)
@@ -67,7 +73,7 @@ def fill(path):
 
 
 def put(args):
-    store = MessageStore(args.root, config(), kernels=args.backend)
+    store = MessageStore(args.root, config(args.sync), kernels=args.backend)
     store.load()
     store.start()
     refused = 0
@@ -76,7 +82,7 @@ def put(args):
         if args.fill and i - args.start == args.fill_after:
             fill(args.fill)
         r = store.put_message(message(i))
-        if r.ok:
+        if r.status == PutMessageStatus.PUT_OK if args.sync else r.ok:
             if refused:
                 say(error=f"message {i} acknowledged after a refusal")
             say(ack=i)
@@ -105,12 +111,17 @@ def read_queues(store):
 
 
 def check(args):
-    store = MessageStore(args.root, config(), kernels=args.backend)
+    checkpoint = os.path.join(args.root, "checkpoint")
+    if os.path.exists(checkpoint):
+        with open(checkpoint, "rb") as f:       # as the last run left it
+            say(checkpoint_physic=int.from_bytes(f.read(8), "big"))
+    store = MessageStore(args.root, config(args.sync), kernels=args.backend)
     try:
-        store.load()
+        report = store.load()
     except StoreLoadError as exc:
         say(load_error=str(exc))
     else:
+        say(recovered={"normal": report.normal, "truncated_bytes": report.truncated_bytes})
         store.start()
         try:
             r = store.put_message(message(args.start))
@@ -125,7 +136,13 @@ def check(args):
             store.shutdown()
     ro = MessageStore.open_read_only(args.root, config(), kernels=args.backend)
     try:
-        say(walk=[msg_id(m) for m in ro.iter_messages()])
+        walk, stored = [], []
+        for m in ro.iter_messages():
+            walk.append(msg_id(m))
+            stored.append(m.store_timestamp)
+            if m.body != message(walk[-1]).body:
+                say(error=f"message {walk[-1]} read back with another body")
+        say(walk=walk, stored=stored)
     finally:
         ro.shutdown()
 
@@ -141,6 +158,7 @@ def main():
     ap.add_argument("--fill-after", type=int, default=0)
     ap.add_argument("--room", action="store_true", help="the disk has room again")
     ap.add_argument("--kill", action="store_true", help="die by SIGKILL instead of shutdown")
+    ap.add_argument("--sync", action="store_true", help="SYNC_FLUSH; only PUT_OK acknowledges")
     args = ap.parse_args()
     put(args) if args.action == "put" else check(args)
 
