@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """SYNC_FLUSH group commit (puts do the syncs, several at once, each woken by the sync that
 covered it) and the ConsumeQueue flusher (a round flushes the queues written, and only them)."""
+import contextlib
 import errno
 import os
 import threading
@@ -337,6 +338,18 @@ def _bodies(store, topic="T"):
     return [m.body for m in store.get_message("g", topic, 0, 0).messages]
 
 
+@contextlib.contextmanager
+def _reopened_after_a_crash(root, backend, config=None):
+    """The store on `root` opened again: it recovered abnormally and dispatched what it kept."""
+    store = testing.open_store(root, backend, config)
+    try:
+        assert not store.recovery_report.normal
+        testing.wait_dispatched(store)
+        yield store
+    finally:
+        store.shutdown()
+
+
 class _RecordingDrops(testing.FaultInjectingFileSystem):
     """Records the files whose cached pages the store dropped."""
 
@@ -376,16 +389,11 @@ def test_a_failed_sync_is_never_retried_into_an_acknowledgement(tmp_path, backen
     # the disk too, not the pages the failed sync left cached but unwritten.
     assert str(root / "commitlog" / ("0" * 20)) in fs.dropped
     fs.drop_unsynced()
-    store = testing.open_store(root, backend, sync_config())
-    try:
-        assert not store.recovery_report.normal
+    with _reopened_after_a_crash(root, backend, sync_config()) as store:
         assert store.get_max_phy_offset() == _end(before)
-        testing.wait_dispatched(store)
         assert _bodies(store) == [b"before"]
         # Reopened, the store takes puts again.
         assert store.put_message(Message("T", b"again")).status is PutMessageStatus.PUT_OK
-    finally:
-        store.shutdown()
 
 
 def test_an_async_flush_never_moves_past_a_failed_sync_and_reopen_recovers_the_synced_bytes(
@@ -414,14 +422,9 @@ def test_an_async_flush_never_moves_past_a_failed_sync_and_reopen_recovers_the_s
     cp = StoreCheckpoint(str(root / "checkpoint"), FileSystem(), read_only=True)
     assert 0 < cp.physic_msg_timestamp <= a_ts
     fs.drop_unsynced()                                      # and then a power cut
-    store = testing.open_store(root, backend)
-    try:
-        assert not store.recovery_report.normal
+    with _reopened_after_a_crash(root, backend) as store:
         assert store.get_max_phy_offset() == _end(a)
-        testing.wait_dispatched(store)
         assert _bodies(store) == [b"a" * 100]
-    finally:
-        store.shutdown()
 
 
 @pytest.mark.parametrize("flush", [FlushDiskType.ASYNC_FLUSH, FlushDiskType.SYNC_FLUSH])
@@ -719,15 +722,10 @@ def test_a_failed_file_system_sync_marks_no_queue_flushed_and_the_next_open_rebu
     fs.drop_unsynced()                                      # a power cut: the queues are lost
     assert all(open(root / "consumequeue" / "M" / str(q) / ("0" * 20), "rb").read(60)
                == bytes(60) for q in range(_MANY))
-    store = testing.open_store(root, backend, _cq_config())
-    try:
-        assert not store.recovery_report.normal
-        testing.wait_dispatched(store)
+    with _reopened_after_a_crash(root, backend, _cq_config()) as store:
         for q in range(_MANY):
             got = store.get_message("g", "M", q, 0).messages
             assert [m.body for m in got] == [b"m%d-%d" % (q, i) for i in range(3)]
-    finally:
-        store.shutdown()
 
 
 def test_a_failed_checkpoint_sync_keeps_the_abort_file_and_refuses_puts(tmp_path, backend):
@@ -744,13 +742,8 @@ def test_a_failed_checkpoint_sync_keeps_the_abort_file_and_refuses_puts(tmp_path
     finally:
         store.shutdown()
     assert (root / "abort").exists()
-    store = testing.open_store(root, backend)
-    try:
-        assert not store.recovery_report.normal
-        testing.wait_dispatched(store)
+    with _reopened_after_a_crash(root, backend) as store:
         assert _bodies(store) == [b"x"]
-    finally:
-        store.shutdown()
 
 
 def test_a_failed_index_sync_keeps_the_abort_file_and_the_next_open_rebuilds_the_index(
@@ -769,14 +762,9 @@ def test_a_failed_index_sync_keeps_the_abort_file_and_the_next_open_rebuilds_the
     cp = StoreCheckpoint(str(root / "checkpoint"), FileSystem(), read_only=True)
     assert cp.index_msg_timestamp == index_ts
     fs.drop_unsynced()
-    store = testing.open_store(root, backend)
-    try:
-        assert not store.recovery_report.normal
-        testing.wait_dispatched(store)
+    with _reopened_after_a_crash(root, backend) as store:
         assert [m.body for m in store.query_message("T", "k1", 10, 0, 1 << 62).messages] \
             == [b"x"]
-    finally:
-        store.shutdown()
 
 
 def test_queues_synced_together_are_durable_at_a_power_cut(tmp_path, backend, monkeypatch):

@@ -798,17 +798,23 @@ def test_a_time_window_holds_exactly_the_messages_stored_inside_it(tmp_path, bac
         store.shutdown()
 
 
+def _queue_written_in_real_time(store):
+    """250 puts to T/0 (3 ConsumeQueue files), dispatched, each file's mtime set to the store
+    time of its last unit, as if written in real time; the put results and the queue."""
+    rs = [store.put_message(Message("T", b"x")) for _ in range(250)]
+    testing.wait_dispatched(store)
+    cq = store.consume_queue_table["T"][0]
+    for f in cq.mfq.files:
+        last = (f.file_from_offset + f.read_position) // 20 - 1
+        t = rs[last].store_timestamp / 1000
+        os.utime(f.path, (t, t))
+    return rs, cq
+
+
 def test_offset_by_time_finds_exact_nearest_and_edge_entries(tmp_path, backend):
     store = _store(tmp_path, backend)
     try:
-        rs = [store.put_message(Message("T", b"x")) for _ in range(250)]   # 3 CQ files
-        testing.wait_dispatched(store)
-        cq = store.consume_queue_table["T"][0]
-        # mtime = store time of each file's last unit, as if written in real time.
-        for f in cq.mfq.files:
-            last = (f.file_from_offset + f.read_position) // 20 - 1
-            t = rs[last].store_timestamp / 1000
-            os.utime(f.path, (t, t))
+        rs, cq = _queue_written_in_real_time(store)
         ts = [r.store_timestamp for r in rs]                # 7 ms apart
         q = store.get_offset_in_queue_by_time
         assert q("T", 0, ts[0]) == 0
@@ -828,13 +834,7 @@ def test_offset_by_time_skips_a_file_deleted_while_it_looks(tmp_path, backend):
     # File.lastModified() reads 0 for a missing file, which passes it over.
     store = _store(tmp_path, backend)
     try:
-        rs = [store.put_message(Message("T", b"x")) for _ in range(250)]   # 3 CQ files
-        testing.wait_dispatched(store)
-        cq = store.consume_queue_table["T"][0]
-        for f in cq.mfq.files:
-            last = (f.file_from_offset + f.read_position) // 20 - 1
-            t = rs[last].store_timestamp / 1000
-            os.utime(f.path, (t, t))
+        rs, cq = _queue_written_in_real_time(store)
         first = cq.mfq.files[0]
         assert first.destroy() and not os.path.exists(first.path)
         assert store.get_offset_in_queue_by_time("T", 0, rs[137].store_timestamp) == 137
