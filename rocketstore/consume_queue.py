@@ -129,6 +129,12 @@ class ConsumeQueue:
         if not files:
             return
         index = max(0, len(files) - 3)
+        # 4.9.8 starts at the third-last file. If that one begins with no valid unit (files
+        # made but never written back before a power cut read as zeros), step back to the
+        # last file that does: otherwise max_physic_offset stays unknown, and the units
+        # before those files that point past the recovered CommitLog are never cut.
+        while index > 0 and not self._starts_valid(files[index]):
+            index -= 1
         f = files[index]
         process = f.file_from_offset
         while True:
@@ -149,6 +155,16 @@ class ConsumeQueue:
             break
         self.mfq.flushed_where = self.mfq.committed_where = process
         self.mfq.truncate_dirty_files(process)
+
+    @staticmethod
+    def _starts_valid(f):
+        """Whether the file's first unit is valid (offset >= 0, size > 0)."""
+        if f.data_end() < UNIT:
+            return False
+        first = np.frombuffer(f.mm, dtype=CQ_DTYPE, count=1)
+        ok = int(first["offset"][0]) >= 0 and int(first["size"][0]) > 0
+        del first
+        return ok
 
     def truncate_dirty_logic_files(self, phy_offset):
         """Drop units pointing at or past `phy_offset` (ConsumeQueue#truncateDirtyLogicFiles)."""

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """ConsumeQueue below the facade: units written and read back across files, the filler of a
 queue that starts late, redispatch, truncation, recovery and expiry (doc/02 §1)."""
+import os
 import struct
 
 import numpy as np
@@ -158,3 +159,47 @@ def test_reading_past_the_written_end_returns_what_is_there(tmp_path, backend, s
     _put(cq, 0, 20)
     assert len(cq.units(start, count)) == max(0, min(start + count, 20) - start)
     cq.close()
+
+
+def test_queue_files_lost_to_zeros_past_the_last_three_still_get_the_queue_cut_to_the_log(
+        tmp_path, backend):
+    # A power cut after the ConsumeQueue flusher synced units whose records the CommitLog
+    # lost, with the queue's last three files never written back (zeros): recovery scans
+    # only those three (as 4.9.8 does), found no valid unit, so it did not know how far the
+    # queue points and never cut the units past the CommitLog's end. The queue kept offsets
+    # for records that no longer exist, and new records came to lie where they point.
+    from rocketstore import Message, testing
+    root = tmp_path / "s"
+    store = testing.open_store(root, backend)
+    try:
+        rs = [store.put_message(Message("T", b"m%03d" % i + bytes(100))) for i in range(800)]
+        testing.wait_dispatched(store)
+        keep_end = rs[300].commit_log_offset          # the log keeps records 0..299
+        log_files = [f.path for f in store.commitlog.mfq.files]
+        queue_files = [f.path for f in store.consume_queue_table["T"][0].mfq.files]
+    finally:
+        store.shutdown()
+    size = testing.small_config().mapped_file_size_commit_log
+    for path in log_files:                            # the lost CommitLog tail reads zeros
+        start = int(os.path.basename(path))
+        if start + size > keep_end:
+            with open(path, "r+b") as f:
+                f.seek(max(0, keep_end - start))
+                f.write(bytes(start + size - max(start, keep_end)))
+    assert len(queue_files) >= 6
+    for path in queue_files[5:]:                      # units 500.. never written back
+        with open(path, "r+b") as f:
+            f.write(bytes(os.path.getsize(path)))
+    open(root / "abort", "wb").close()
+    store = testing.open_store(root, backend)
+    try:
+        testing.wait_dispatched(store)
+        cq = store.consume_queue_table["T"][0]
+        assert cq.max_offset_in_queue == 300
+        got = store.get_message("g", "T", 0, 290, 32).messages
+        assert [bytes(m.body[:4]) for m in got] == [b"m%03d" % i for i in range(290, 300)]
+        r = store.put_message(Message("T", b"new"))
+        assert r.queue_offset == 300                  # no gap, no offset reused
+        assert [m.body for m in store.get_message("g", "T", 0, 300, 32).messages] == [b"new"]
+    finally:
+        store.shutdown()
