@@ -142,8 +142,8 @@ def put_until_refused(backend, root, kill, sync=True):
 def reopen_after_power_cut(backend, disk, root, sync=True):
     """The power cut, then a reopen on a disk with room: abnormal recovery ran, the store
     takes a new put, every record reads back with its exact body, the checkpoint (as the
-    cut left it) vouches for no record that was lost, and (SYNC_FLUSH) the queues hold
-    exactly what the CommitLog holds. Returns the ids the CommitLog holds before the new
+    cut left it) vouches for no record that was lost, and the queues hold exactly what the
+    CommitLog holds. Returns the ids the CommitLog holds before the new
     put, in order."""
     disk.power_cut_then_room(128)
     lines = child(backend, "check", root, "--start", 900_000, "--room",
@@ -156,8 +156,7 @@ def reopen_after_power_cut(backend, disk, root, sync=True):
     # The walk reads the records in order, CRC-checked, and the child compares each body
     # with the one put under its id: messages 0..k, then the reopened store's own put.
     assert walk[:-1] == list(range(len(walk) - 1)) and walk[-1] == 900_000
-    if sync:
-        assert field(lines, "queues")["queues"] == sorted(walk)
+    assert field(lines, "queues")["queues"] == sorted(walk)
     # physicMsgTimestamp is the store time of the last record a successful sync covered:
     # never later than the last record that survived (recovery would trust lost bytes).
     last_kept = stored[-2] if len(walk) > 1 else 0
