@@ -16,6 +16,11 @@ from rocketstore.errors import StoreError
 from rocketstore.format import CQ_UNIT
 from rocketstore.fs import FileSystem
 
+# The file-system-wide sync that a round of many queues uses (where there is none, rounds
+# sync file by file, which the other tests cover).
+needs_syncfs = pytest.mark.skipif(not FileSystem().sync_filesystem(os.getcwd()),
+                                  reason="no syncfs on this platform")
+
 
 def sync_config(**kw):
     return testing.small_config(flush_disk_type=FlushDiskType.SYNC_FLUSH, **kw)
@@ -653,8 +658,7 @@ def _many_queues_written(root, backend, fs, monkeypatch):
     return store
 
 
-@pytest.mark.skipif(not FileSystem().sync_filesystem(os.getcwd()),
-                    reason="no syncfs on this platform")
+@needs_syncfs
 def test_a_round_of_many_queues_syncs_their_file_system_once_and_no_file(
         tmp_path, backend, monkeypatch):
     fs = _CountingSyncs()
@@ -695,8 +699,7 @@ def test_without_syncfs_a_round_of_many_queues_syncs_each_queue(tmp_path, backen
         store.shutdown()
 
 
-@pytest.mark.skipif(not FileSystem().sync_filesystem(os.getcwd()),
-                    reason="no syncfs on this platform")
+@needs_syncfs
 def test_a_failed_file_system_sync_marks_no_queue_flushed_and_the_next_open_rebuilds_them(
         tmp_path, backend, monkeypatch):
     root = tmp_path / "s"
@@ -795,8 +798,7 @@ class _TruncateDuringSyncfs(testing.FaultInjectingFileSystem):
         return super().sync_filesystem(path)
 
 
-@pytest.mark.skipif(not FileSystem().sync_filesystem(os.getcwd()),
-                    reason="no syncfs on this platform")
+@needs_syncfs
 def test_units_rewritten_after_a_truncation_during_a_round_s_syncfs_are_flushed(
         tmp_path, backend, monkeypatch):
     # The round read queue 0's end (3 units) before its sync; the truncation then cut the
