@@ -5,7 +5,9 @@ It ships in the wheel (the installed suite uses it) but imports pytest only when
 reports through pytest runs, so importing it never needs pytest.
 
 ROCKETSTORE_EXPECT_BACKENDS=cext,cffi,pure (set by .ci/run) turns a backend that fails to
-import into a test failure instead of a silently shorter matrix.
+import into a test failure instead of a silently shorter matrix. ROCKETSTORE_TEST_BACKENDS
+narrows the matrix to the backends it names; ROCKETSTORE_SOAK=1 runs the long fault tests on
+every backend (fault_backends).
 """
 import contextlib
 import ctypes
@@ -26,15 +28,34 @@ from .workload import wait_dispatched  # noqa: F401  (shared with bench/ and roc
 ALL_BACKENDS = ("cext", "cffi", "pure")
 
 
+def _names(var):
+    return [b.strip() for b in os.environ.get(var, "").split(",") if b.strip()]
+
+
 def expected_backends():
-    raw = os.environ.get("ROCKETSTORE_EXPECT_BACKENDS", "")
-    return [b.strip() for b in raw.split(",") if b.strip()]
+    return _names("ROCKETSTORE_EXPECT_BACKENDS")
 
 
 def backend_params():
-    """Every backend that should be tested: those expected plus those that import."""
-    names = set(kernels.available()) | set(expected_backends())
+    """Every backend that should be tested: those expected plus those that import; or exactly
+    ROCKETSTORE_TEST_BACKENDS when it is set (scripts/check-wheel tests the wheel's compiled
+    backends: its pure backend is the Python the source tree's run already tested)."""
+    only = _names("ROCKETSTORE_TEST_BACKENDS")
+    unknown = sorted(set(only) - set(ALL_BACKENDS))
+    if unknown:
+        raise ValueError(f"ROCKETSTORE_TEST_BACKENDS names unknown backends {unknown}; "
+                         f"known: {', '.join(ALL_BACKENDS)}")
+    names = set(only) or set(kernels.available()) | set(expected_backends())
     return [b for b in ALL_BACKENDS if b in names]
+
+
+def fault_backends():
+    """The backends a long fault test (a real write-back error, a filling disk) runs on: the
+    first of backend_params(), or all of them with ROCKETSTORE_SOAK=1. Such a test proves the
+    services (flush, fail-stop, recovery), which every backend shares; the backends differ in
+    their kernels, which the rest of the suite holds to the same bytes."""
+    names = backend_params()
+    return names if os.environ.get("ROCKETSTORE_SOAK", "") not in ("", "0") else names[:1]
 
 
 def load_backend(name):

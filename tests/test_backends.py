@@ -52,3 +52,19 @@ def test_store_uses_the_backend_it_was_given(tmp_path):
     for name in testing.backend_params():
         store = rocketstore.MessageStore(tmp_path / name, testing.small_config(), kernels=name)
         assert store.kernels.NAME == name
+
+
+def test_test_backends_env_var_narrows_the_matrix_and_refuses_unknown_names(monkeypatch):
+    monkeypatch.setenv("ROCKETSTORE_TEST_BACKENDS", "cffi, cext")
+    assert testing.backend_params() == ["cext", "cffi"]
+    monkeypatch.setenv("ROCKETSTORE_TEST_BACKENDS", "cext,rust")
+    with pytest.raises(ValueError, match="rust"):
+        testing.backend_params()
+
+
+def test_long_fault_tests_run_on_the_first_backend_unless_soaking(monkeypatch):
+    monkeypatch.delenv("ROCKETSTORE_TEST_BACKENDS", raising=False)
+    monkeypatch.delenv("ROCKETSTORE_SOAK", raising=False)
+    assert testing.fault_backends() == testing.backend_params()[:1]
+    monkeypatch.setenv("ROCKETSTORE_SOAK", "1")
+    assert testing.fault_backends() == testing.backend_params()

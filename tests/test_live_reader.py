@@ -5,7 +5,7 @@ The process tests run tests/live_worker.py: one writer and several reader proces
 CommitLog files of 64 KiB and queue files of 100 units, so files roll every few hundred
 messages, and a store_size_budget with clean_protect_unconsumed, so cleaning deletes files
 during the run (only those every reader has read). ROCKETSTORE_SOAK_S sets the long run's
-length (default 30 s)."""
+length (default 15 s)."""
 import json
 import os
 import signal
@@ -26,7 +26,7 @@ from rocketstore.message import tags_code_of
 import live_worker
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "live_worker.py")
-SOAK_S = float(os.environ.get("ROCKETSTORE_SOAK_S", "30"))
+SOAK_S = float(os.environ.get("ROCKETSTORE_SOAK_S", "15"))
 HANG_S = 300        # hang guards only: a loaded machine may be slow, never this slow
 TOPIC = live_worker.TOPIC
 
@@ -143,7 +143,7 @@ def test_four_reader_processes_follow_a_writer_through_rolls_and_cleaning(tmp_pa
 
 @pytest.mark.slow
 def test_four_reader_processes_follow_a_writer_for_a_soak(tmp_path):
-    _soak(tmp_path, max(30.0, SOAK_S))
+    _soak(tmp_path, SOAK_S)
 
 
 def test_readers_following_a_writer_killed_by_sigkill(tmp_path):

@@ -9,6 +9,8 @@ msync/fdatasync (ENOSPC or EIO, by kernel). Linux reports it once and marks the 
 cuts the power: it unmounts the ext4 and detaches the loop device (the pages that failed are
 gone with the mount), grows the tmpfs, checks the file system and mounts it again; the store
 reopens with abnormal recovery and holds every acknowledged message, exactly.
+
+CI runs these on the default backend; ROCKETSTORE_SOAK=1 runs them on every backend.
 """
 import contextlib
 import os
@@ -177,7 +179,7 @@ def refused_for_a_failed_sync(refusals):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kill", [True, False], ids=["killed", "shut_down"])
-@pytest.mark.parametrize("name", testing.backend_params())
+@pytest.mark.parametrize("name", testing.fault_backends())
 def test_write_back_error_stops_puts_and_a_power_cut_loses_nothing_acknowledged(
         failing_disk, name, kill):
     """SYNC_FLUSH: a put is acknowledged (PUT_OK) only once a sync covered it."""
@@ -194,7 +196,7 @@ def test_write_back_error_stops_puts_and_a_power_cut_loses_nothing_acknowledged(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", testing.backend_params())
+@pytest.mark.parametrize("name", testing.fault_backends())
 def test_write_back_error_with_async_flush_recovers_what_synced_and_no_more(
         failing_disk, name):
     """ASYNC_FLUSH: puts are acknowledged before any sync, so a power cut may take the
