@@ -332,9 +332,9 @@ class MappedFileQueue:
         if f is None:
             return True
         ts = f.store_timestamp
-        where = f.file_from_offset + f.flush(least_pages)
-        unchanged = where == self.flushed_where
-        self.flushed_where = where
+        old = self.flushed_where
+        f.flush(least_pages, self)
+        unchanged = self.flushed_where == old
         if least_pages == 0:
             self.store_timestamp = ts
         return unchanged
@@ -376,11 +376,8 @@ class MappedFileQueue:
         """The bytes of `plan` (flush_plan, same least_pages) are durable. A file truncated
         meanwhile ends it: its end, and those after it, no longer say what was written."""
         for f, end, ts, truncations in plan:
-            if not f.mark_flushed(end, truncations):
+            if not f.mark_flushed(end, truncations, self):
                 break
-            where = f.file_from_offset + end
-            if where > self.flushed_where:
-                self.flushed_where = where
             if least_pages == 0:
                 self.store_timestamp = ts
 

@@ -869,3 +869,52 @@ def test_a_full_index_file_a_cut_destroys_while_it_waits_for_its_flush_is_skippe
         assert [m.body for m in store.query_message("T", "k3").messages] == [b"m3"]
     finally:
         store.shutdown()
+
+
+class _CutAfterSync(testing.FaultInjectingFileSystem):
+    """Runs `during()` once, right after the sync of a file whose path holds `match`: a cut
+    that lands between a flush's sync and its marking the file (and queue) flushed."""
+
+    during = None
+    match = None
+
+    def sync_mapped(self, kernels, mm, path, start, length):
+        super().sync_mapped(kernels, mm, path, start, length)
+        if self.during is not None and self.match in path:
+            during, self.during = self.during, None
+            during()
+
+
+def test_units_written_after_a_cut_during_a_flush_s_sync_are_flushed(tmp_path, backend):
+    # Queue 0 spans two files (100 units each): the first flushed whole, the second to 50
+    # units and now written to 60. Its flush syncs [50, 60) of the second file; before it
+    # marks that flushed, a cut to unit 80 deletes the second file. Marked flushed to
+    # 100 + 60 units after the cut, the queue would look for its next flush past its end,
+    # and the units written next at [80, ..) of the first file would never be synced.
+    root = tmp_path / "s"
+    fs = _CutAfterSync()
+    store = testing.open_store(root, backend, _cq_config(), fs=fs)
+    rs = store.put_messages([Message("T", b"t%d" % i) for i in range(150)])
+    testing.wait_dispatched(store)
+    store.flush_cq_service.do_flush(3, force=True)
+    cq = _queues(store, "T")[0]
+    assert len(cq.mfq.files) == 2 and cq.mfq.flushed_where == 150 * 20
+    store.put_messages([Message("T", b"u%d" % i) for i in range(10)])
+    testing.wait_dispatched(store)
+    second = cq.mfq.files[1]
+    fs.match = second.file_name
+    fs.during = lambda: cq.truncate_dirty_logic_files(int(rs.commit_log_offsets[80]))
+    store.flush_cq_service.do_flush(1, force=True)
+    assert fs.during is None and not store.sync_latch.tripped
+    assert len(cq.mfq.files) == 1 and cq.max_offset_in_queue == 80
+    assert cq.mfq.flushed_where <= 80 * 20
+    new_unit = (store.commitlog.max_offset, 100, 0)
+    cq.put_unit(*new_unit, 80)
+    store.flush_cq_service.do_flush(1, force=True)
+    assert cq.mfq.flushed_where == cq.mfq.files[0].flushed_position == 81 * 20
+    fs.crash()
+    store.shutdown()
+    fs.drop_unsynced()
+    with open(root / "consumequeue" / "T" / "0" / ("0" * 20), "rb") as fh:
+        fh.seek(80 * 20)
+        assert CQ_UNIT.struct.unpack(fh.read(20)) == new_unit
