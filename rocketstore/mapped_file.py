@@ -235,7 +235,10 @@ class MappedFile:
 
         The zeros are synced: no flush covers bytes past the write position, and zeros lost
         at a power cut would bring the stale records back, in line behind the new ones when
-        they have the same sizes (recovery then reads on into them)."""
+        they have the same sizes (recovery then reads on into them). A failed sync raises
+        OSError (naming this file) once the zeros are written: the caller finishes its cut
+        and fails stop (SyncLatch), since a later sync of these pages could succeed with the
+        zeros never on disk."""
         zeros = bytes(min(chunk, self.file_size))
         end = self.data_end()
         first = last = None
@@ -250,8 +253,8 @@ class MappedFile:
             try:
                 self._fs.sync_mapped(self._k, self.mm, self.path, first, last - first)
             except OSError as exc:
-                log.warning("%s: the zeroed tail [%d, %d) could not be synced (%s); a power "
-                            "cut may bring back what was cut", self.path, first, last, exc)
+                raise OSError(exc.errno, f"the zeroed tail [{first}, {last}) could not be "
+                              f"synced ({exc.strerror or exc})", self.path) from exc
 
     # ---- writes ----------------------------------------------------------------------
     def append_bytes(self, data):

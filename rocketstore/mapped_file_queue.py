@@ -384,14 +384,20 @@ class MappedFileQueue:
     # ---- truncation and deletion ---------------------------------------------------------
     def truncate_dirty_files(self, offset):
         """Drop everything at or after `offset`: later files are deleted, the containing one
-        gets its three positions set to offset % size (MappedFileQueue#truncateDirtyFiles)."""
+        gets its three positions set to offset % size (MappedFileQueue#truncateDirtyFiles).
+        The OSError of a failed sync of the zeroed tail (MappedFile.zero_tail) is raised once
+        the cut is done."""
         keep = []
+        failed = None
         for f in self.files:
             if f.file_from_offset + self.file_size > offset:
                 if offset >= f.file_from_offset:
                     f.set_positions(offset % self.file_size)
                     if self.writable:
-                        f.zero_tail(offset % self.file_size)
+                        try:
+                            f.zero_tail(offset % self.file_size)
+                        except OSError as exc:
+                            failed = exc
                     keep.append(f)
                 else:
                     if self.writable:
@@ -402,6 +408,8 @@ class MappedFileQueue:
                 keep.append(f)
         self.files = keep
         self.drop_prepared()
+        if failed is not None:
+            raise failed
 
     def mark_flushed(self, flushed, store_timestamp):
         """[.., flushed) was synced by a caller (the group commit's own syncs): the queue's and

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from rocketstore import FlushDiskType, Message, PutMessageStatus, testing
+from rocketstore import FlushDiskType, Message, MessageStore, PutMessageStatus, testing
 from rocketstore.checkpoint import StoreCheckpoint
 from rocketstore.consume_queue import ConsumeQueue
 from rocketstore.errors import StoreError
@@ -505,6 +505,93 @@ def test_records_a_cut_removed_do_not_come_back_after_a_power_cut(tmp_path, back
         assert store.get_max_phy_offset() == rs[7].commit_log_offset
     finally:
         store.shutdown()
+
+
+@pytest.mark.parametrize("part", ["commitlog", "consumequeue"])
+def test_a_cut_whose_zeroed_tail_fails_to_sync_trips_the_latch_so_no_put_lands_on_it(
+        tmp_path, backend, part):
+    # The zeros past a cut failed to reach the disk, which still holds the records the cut
+    # removed. A put taken after it would lie on pages a later sync reports durable though
+    # the failed one lost them (fsyncgate): at a power cut the old bytes would be back under
+    # it. So the store stops as at any failed sync, and says the cut is not durable.
+    root = tmp_path / "s"
+    fs = _RecordingDrops()
+    store = testing.open_store(root, backend, sync_config(), fs=fs)
+    try:
+        rs = [store.put_message(Message("T", b"old-%d" % i)) for i in range(10)]
+        testing.wait_dispatched(store)
+        store.flush_cq_service.do_flush(1, force=True)
+        assert store.flush() == store.get_max_phy_offset()
+        fs.fail("sync", errno.EIO, match=os.sep + part + os.sep, times=1)
+        with pytest.raises(StoreError, match="zeroed tail"):
+            store.reset_write_offset(rs[5].commit_log_offset)
+        assert fs.injected["sync"] == 1
+        # Cut all the same, in this process: nothing reads past it.
+        assert store.get_max_phy_offset() == rs[5].commit_log_offset
+        assert store.get_max_offset_in_queue("T", 0) == 5
+        latch = store.sync_latch
+        assert latch.failed(latch.COMMITLOG if part == "commitlog" else latch.CONSUME_QUEUE)
+        assert store.put_message(Message("T", b"new")).status is \
+            PutMessageStatus.SERVICE_NOT_AVAILABLE
+        fs.crash()
+    finally:
+        store.shutdown()
+    assert (root / "abort").exists()
+    zeroed = root / part / ("0" * 20) if part == "commitlog" else \
+        root / part / "T" / "0" / ("0" * 20)
+    assert str(zeroed) in fs.dropped
+    fs.drop_unsynced()
+    with _reopened_after_a_crash(root, backend, sync_config()) as store:
+        # The CommitLog's cut never reached its disk: the store is whole as before it.
+        kept = 10 if part == "commitlog" else 5
+        assert _bodies(store) == [b"old-%d" % i for i in range(kept)]
+
+
+def test_a_recovery_cut_whose_zeroed_tail_fails_to_sync_fails_the_open_and_keeps_it_abnormal(
+        tmp_path, backend):
+    # Recovery cuts a torn record off the CommitLog's tail; the sync of the zeros fails. The
+    # open fails (no latch exists yet), and the abort file makes the next open abnormal: it
+    # then drops the cached pages (the zeros the failed sync left clean in memory) and
+    # recovers from what the disk holds, cutting again.
+    root = tmp_path / "s"
+    store = testing.open_store(root, backend)
+    rs = [store.put_message(Message("T", b"r-%d" % i)) for i in range(4)]
+    store.shutdown()
+    assert not (root / "abort").exists()
+    last = rs[-1].commit_log_offset
+    with open(root / "commitlog" / ("0" * 20), "r+b") as fh:
+        fh.seek(last + 4)                           # the last record's magic: torn
+        fh.write(b"\xff" * 4)
+    fs = testing.FaultInjectingFileSystem()
+    fs.fail("sync", errno.EIO, match=os.sep + "commitlog" + os.sep, times=1)
+    store = MessageStore(root, testing.small_config(), kernels=backend, fs=fs)
+    with pytest.raises(OSError):
+        store.load()
+    assert (root / "abort").exists()
+    with _reopened_after_a_crash(root, backend) as store:
+        assert store.get_max_phy_offset() == last
+        assert _bodies(store) == [b"r-%d" % i for i in range(3)]
+
+
+def test_a_shutdown_called_again_after_raising_past_a_failed_sync_drops_the_pages(
+        tmp_path, backend, monkeypatch):
+    root = tmp_path / "s"
+    fs = _RecordingDrops()
+    store = testing.open_store(root, backend, sync_config(sync_flush_timeout=2000), fs=fs)
+    assert store.put_message(Message("T", b"before")).status is PutMessageStatus.PUT_OK
+    _fail_commitlog_sync_once(fs)
+    assert store.put_message(Message("T", b"lost")).status is \
+        PutMessageStatus.FLUSH_DISK_TIMEOUT
+
+    def broken():
+        raise RuntimeError("a service failed to stop")
+    monkeypatch.setattr(store.commitlog, "shutdown", broken)
+    with pytest.raises(RuntimeError):
+        store.shutdown()
+    assert (root / "abort").exists() and fs.dropped == []
+    store.shutdown()                    # again: the files close, and their pages go
+    assert not store.loaded and (root / "abort").exists()
+    assert str(root / "commitlog" / ("0" * 20)) in fs.dropped
 
 
 # ---- ConsumeQueue flush -------------------------------------------------------------------
