@@ -308,8 +308,12 @@ class MessageStore:
                 rebuilding = repair.begin_pending_rebuild(self.fs, self.root)
                 if rebuilding is not None:
                     self._adopt_geometry(repair.pending_geometry(rebuilding))
-            last_exit_ok = (not force_recovery and rebuilding is None and
-                            not self.fs.exists(abort_path(self.root)))
+            killed = self.fs.exists(abort_path(self.root))
+            last_exit_ok = not force_recovery and rebuilding is None and not killed
+            if killed and not self.read_only:
+                # Killed (no shutdown) after a failed sync, the process left the pages the
+                # kernel could not write cached and clean: recovery must not read those.
+                self._drop_cached_data()
             # Before the queues and recovery: a deleted topic's leftovers are not loaded, and
             # its records are not dispatched again.
             if not self.deleted_topics.load():

@@ -594,6 +594,64 @@ def test_a_shutdown_called_again_after_raising_past_a_failed_sync_drops_the_page
     assert str(root / "commitlog" / ("0" * 20)) in fs.dropped
 
 
+class _DropsAndReads(FileSystem):
+    """Records, in order, the files whose cached pages are dropped and the files read (mapped,
+    or read whole)."""
+
+    def __init__(self):
+        self.events = []
+
+    def drop_cached(self, path):
+        self.events.append(("drop", path))
+        super().drop_cached(path)
+
+    def map(self, path, size, writable=True, kernels=None):
+        self.events.append(("read", path))
+        return super().map(path, size, writable, kernels)
+
+    def read_bytes(self, path):
+        self.events.append(("read", path))
+        return super().read_bytes(path)
+
+
+@pytest.mark.parametrize("killed", [True, False])
+def test_an_open_after_a_kill_drops_the_cached_pages_of_every_data_file_before_reading_it(
+        tmp_path, backend, killed):
+    # Killed after a failed sync (no shutdown to drop them), a process leaves the pages the
+    # kernel could not write cached and marked clean: recovery would read them as durable.
+    # The abort file says the last process did not shut down.
+    root = tmp_path / "s"
+    store = testing.open_store(root, backend)
+    for i in range(30):
+        assert store.put_message(Message("T%d" % (i % 3), b"m%d" % i, keys="k%d" % i,
+                                         queue_id=i % 2)).ok
+    testing.wait_dispatched(store)
+    store.shutdown()
+    data = [p for p in root.rglob("*") if p.is_file() and p.parent.name != "config"
+            and p.name not in ("lock", "abort")]
+    parts = {p.relative_to(root).parts[0] for p in data}
+    assert parts == {"commitlog", "consumequeue", "index", "checkpoint"}
+    if killed:
+        (root / "abort").write_bytes(b"")
+    fs = _DropsAndReads()
+    store = MessageStore(root, testing.small_config(), kernels=backend, fs=fs)
+    try:
+        assert store.load().normal is not killed
+    finally:
+        store.shutdown()
+    dropped = {path for op, path in fs.events if op == "drop"}
+    if not killed:
+        assert dropped == set()
+        return
+    assert dropped == {str(p) for p in data}
+    first_read = {}
+    for i, (op, path) in enumerate(fs.events):
+        if op == "read":
+            first_read.setdefault(path, i)
+    last_drop = max(i for i, (op, _) in enumerate(fs.events) if op == "drop")
+    assert all(first_read.get(str(p), last_drop + 1) > last_drop for p in data)
+
+
 # ---- ConsumeQueue flush -------------------------------------------------------------------
 def _cq_config(**kw):
     # The flusher's own rounds never come (an hour apart): the test calls do_flush.
