@@ -647,14 +647,17 @@ class MessageStore:
             self.ha_service.shutdown()              # HA first: doc/03 §7 reversed
             self.commitlog.after_put = None
             self.commitlog.wake_on_put = None
+            # Whether every service whose last work makes data durable (or vouches for it)
+            # ended: one still running (a sync outlasting its join time) may yet fail.
+            ended = True
             if self.commit_service is not None:
-                self.commit_service.shutdown()      # commit write buffers before the drain
+                ended = self.commit_service.shutdown()  # commit write buffers before the drain
             self.reput_service.shutdown()
             caught_up = self.reput_service.behind() <= 0
             # After the last dispatch: no writer asks it for a window any more.
             self.populate_service.shutdown()
-            self.flush_service.shutdown()
-            self.flush_cq_service.shutdown()
+            ended = self.flush_service.shutdown() and ended
+            ended = self.flush_cq_service.shutdown() and ended
             latch = self.sync_latch
             if not latch.failed(latch.INDEX):
                 try:
@@ -679,10 +682,13 @@ class MessageStore:
                 log.error("shutdown: the CommitLog is flushed to %d of %d; keeping the abort "
                           "file so the next open recovers", mfq.flushed_where,
                           mfq.get_max_wrote_position())
+            if not ended:
+                log.error("shutdown: a flush service did not stop in time; keeping the abort "
+                          "file so the next open recovers")
             if latch.tripped:
                 log.error("shutdown: %s; keeping the abort file so the next open recovers "
                           "from what reached the disk", "; ".join(latch.failures.values()))
-            elif caught_up and durable:
+            elif caught_up and durable and ended:
                 self.fs.remove(abort_path(self.root))
         self._close_files()
         # Unmapped now: their cached pages can go, so that the next open's recovery reads

@@ -594,6 +594,43 @@ def test_a_shutdown_called_again_after_raising_past_a_failed_sync_drops_the_page
     assert str(root / "commitlog" / ("0" * 20)) in fs.dropped
 
 
+class _StallingQueueSyncs(FileSystem):
+    """Once `stall` is set, a ConsumeQueue file's sync waits until `go` is set."""
+
+    def __init__(self):
+        self.stall = threading.Event()
+        self.go = threading.Event()
+
+    def sync_mapped(self, kernels, mm, path, start, length):
+        if self.stall.is_set() and "consumequeue" in path:
+            self.go.wait()
+        super().sync_mapped(kernels, mm, path, start, length)
+
+
+def test_a_shutdown_whose_queue_flusher_outlasts_its_join_keeps_the_abort_file(
+        tmp_path, backend):
+    # The ConsumeQueue flusher's last round is still syncing when shutdown stops waiting for
+    # it: that sync may yet fail (and trip the latch) after shutdown decided the exit was
+    # clean, and the next open would trust queues that never reached the disk.
+    root = tmp_path / "s"
+    fs = _StallingQueueSyncs()
+    store = testing.open_store(root, backend, _cq_config(), fs=fs)
+    flusher = store.flush_cq_service
+    thread = flusher._thread
+    try:
+        assert store.put_message(Message("T", b"x")).ok
+        testing.wait_dispatched(store)
+        assert store.flush() == store.get_max_phy_offset()
+        flusher.join_time_s = 0.05
+        fs.stall.set()
+        store.shutdown()
+        assert thread.is_alive()            # still in its last round's sync
+        assert (root / "abort").exists()
+    finally:
+        fs.go.set()
+        thread.join()
+
+
 class _DropsAndReads(FileSystem):
     """Records, in order, the files whose cached pages are dropped and the files read (mapped,
     or read whole)."""
