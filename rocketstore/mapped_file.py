@@ -325,6 +325,7 @@ class MappedFile:
             end = self.flushed_position
         self.mark_flushed(end, truncations, queue, advance_only=False)
         return self.flushed_position
+
     def flush_end(self, least_pages=0):
         """Where flush(least_pages) would make the file durable to now; None if it would not
         flush."""
