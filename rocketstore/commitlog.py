@@ -127,7 +127,8 @@ class CommitLog:
     # ---- recovery (doc/03 §5) -------------------------------------------------------------
     def truncate_to(self, offset):
         """The log ends at `offset`: everything after it is dropped (later files deleted, the
-        holding file's tail zeroed), and the log counts as committed and flushed up to it."""
+        holding file's tail zeroed), and the log counts as committed and flushed up to it.
+        OSError when the zeroed tail could not be synced, once the cut is done."""
         mfq = self.mfq
         mfq.flushed_where = mfq.committed_where = offset
         mfq.truncate_dirty_files(offset)

@@ -167,7 +167,8 @@ class ConsumeQueue:
         return ok
 
     def truncate_dirty_logic_files(self, phy_offset):
-        """Drop units pointing at or past `phy_offset` (ConsumeQueue#truncateDirtyLogicFiles)."""
+        """Drop units pointing at or past `phy_offset` (ConsumeQueue#truncateDirtyLogicFiles).
+        OSError when the zeroed tail could not be synced, once the cut is done."""
         self._changed()
         self.max_physic_offset = phy_offset
         while True:
@@ -190,7 +191,11 @@ class ConsumeQueue:
             del units, offs, sizes, ok
             f.set_positions(n * UNIT)
             if self.mfq.writable:
-                f.zero_tail(n * UNIT)
+                try:
+                    f.zero_tail(n * UNIT)
+                finally:
+                    self._after_truncate()
+                return
             break
         self._after_truncate()
 

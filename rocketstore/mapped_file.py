@@ -120,9 +120,10 @@ class MappedFile:
     def set_positions(self, pos):
         """Positions of a loaded or truncated file: its bytes below `pos` were written, so
         their blocks exist; nothing is known to be reserved past them."""
-        self.wrote_position = self.committed_position = self.flushed_position = pos
-        self.reserved_position = self.refill_position = pos
-        self.truncations += 1
+        with self._lock:            # against a flush marking what it synced (mark_flushed)
+            self.wrote_position = self.committed_position = self.flushed_position = pos
+            self.reserved_position = self.refill_position = pos
+            self.truncations += 1
 
     def data_end(self):
         """Where the file's written data ends (zeros after it); see FileSystem.data_end."""
@@ -234,7 +235,10 @@ class MappedFile:
 
         The zeros are synced: no flush covers bytes past the write position, and zeros lost
         at a power cut would bring the stale records back, in line behind the new ones when
-        they have the same sizes (recovery then reads on into them)."""
+        they have the same sizes (recovery then reads on into them). A failed sync raises
+        OSError (naming this file) once the zeros are written: the caller finishes its cut
+        and fails stop (SyncLatch), since a later sync of these pages could succeed with the
+        zeros never on disk."""
         zeros = bytes(min(chunk, self.file_size))
         end = self.data_end()
         first = last = None
@@ -249,8 +253,8 @@ class MappedFile:
             try:
                 self._fs.sync_mapped(self._k, self.mm, self.path, first, last - first)
             except OSError as exc:
-                log.warning("%s: the zeroed tail [%d, %d) could not be synced (%s); a power "
-                            "cut may bring back what was cut", self.path, first, last, exc)
+                raise OSError(exc.errno, f"the zeroed tail [{first}, {last}) could not be "
+                              f"synced ({exc.strerror or exc})", self.path) from exc
 
     # ---- writes ----------------------------------------------------------------------
     def append_bytes(self, data):
@@ -298,24 +302,28 @@ class MappedFile:
             return write // OS_PAGE_SIZE - flush // OS_PAGE_SIZE >= least_pages
         return write > flush
 
-    def flush(self, least_pages=0):
+    def flush(self, least_pages=0, queue=None):
         """Make [flushed_position, read_position) durable if at least `least_pages` are dirty.
         A periodic flush (least_pages > 0) of a file still being written stops at the page
         boundary below read_position: the partial page the writer is filling is left for the
         next flush (a thorough one, least_pages == 0, takes everything). Writing a page back
         write-protects it and locks it while the I/O is submitted, so the writer's next
-        append to that page would fault and could wait for a busy disk (doc/03 §2.3)."""
+        append to that page would fault and could wait for a busy disk (doc/03 §2.3).
+
+        With `queue` (the MappedFileQueue holding this file), its flushed_where follows: this
+        file's start plus its flushed position, flushed or not. Neither moves when the file
+        was truncated or destroyed since the end was read (see mark_flushed)."""
         truncations = self.truncations
         end = self.flush_end(least_pages)
-        if end is None or not self.hold():
-            return self.flushed_position
-        try:
-            start = self.flushed_position
-            self._fs.sync_mapped(self._k, self.mm, self.path, start, end - start)
-            if self.truncations == truncations:
-                self.flushed_position = end
-        finally:
-            self.release()
+        if end is not None and self.hold():
+            try:
+                start = self.flushed_position
+                self._fs.sync_mapped(self._k, self.mm, self.path, start, end - start)
+            finally:
+                self.release()
+        else:
+            end = self.flushed_position
+        self.mark_flushed(end, truncations, queue, advance_only=False)
         return self.flushed_position
 
     def flush_end(self, least_pages=0):
@@ -328,16 +336,29 @@ class MappedFile:
             end -= end % OS_PAGE_SIZE
         return end
 
-    def mark_flushed(self, end, truncations=None):
-        """A sync of the whole file system made [0, end) durable (MappedFileQueue.settle);
-        `truncations`: the file's count when `end` was read. False (nothing marked) when the
-        file was truncated (or destroyed) since: the bytes now below `end` were not all
-        written then."""
-        if truncations is not None and (truncations != self.truncations or not self._available):
-            return False
-        if end > self.flushed_position:
-            self.flushed_position = end
-        return True
+    def mark_flushed(self, end, truncations=None, queue=None, advance_only=True):
+        """[0, end) is durable (a sync of the whole file system: MappedFileQueue.settle; or
+        flush's own); `truncations`: the file's count when `end` was read. False (nothing
+        marked) when the file was truncated (or destroyed) since: the bytes now below `end`
+        were not all written then. With `queue`, its flushed_where follows (only forward
+        with `advance_only`).
+
+        Check and set under the file's lock, which set_positions and destroy take too: a
+        truncation lands before (nothing is marked) or after (and its clamp of the queue's
+        flushed offset, which follows its set_positions, has the last word). Checked without
+        it, a cut landing between the check and the set left the queue flushed past its end,
+        and the units written next were never synced."""
+        with self._lock:
+            if truncations is not None and (truncations != self.truncations
+                                            or not self._available):
+                return False
+            if end > self.flushed_position or not advance_only:
+                self.flushed_position = end
+            if queue is not None:
+                where = self.file_from_offset + end
+                if where > queue.flushed_where or not advance_only:
+                    queue.flushed_where = where
+            return True
 
     def sync(self, start, end):
         """Make [start, end) durable, leaving flushed_position to the caller: SYNC_FLUSH's group

@@ -332,9 +332,9 @@ class MappedFileQueue:
         if f is None:
             return True
         ts = f.store_timestamp
-        where = f.file_from_offset + f.flush(least_pages)
-        unchanged = where == self.flushed_where
-        self.flushed_where = where
+        old = self.flushed_where
+        f.flush(least_pages, self)
+        unchanged = self.flushed_where == old
         if least_pages == 0:
             self.store_timestamp = ts
         return unchanged
@@ -376,25 +376,28 @@ class MappedFileQueue:
         """The bytes of `plan` (flush_plan, same least_pages) are durable. A file truncated
         meanwhile ends it: its end, and those after it, no longer say what was written."""
         for f, end, ts, truncations in plan:
-            if not f.mark_flushed(end, truncations):
+            if not f.mark_flushed(end, truncations, self):
                 break
-            where = f.file_from_offset + end
-            if where > self.flushed_where:
-                self.flushed_where = where
             if least_pages == 0:
                 self.store_timestamp = ts
 
     # ---- truncation and deletion ---------------------------------------------------------
     def truncate_dirty_files(self, offset):
         """Drop everything at or after `offset`: later files are deleted, the containing one
-        gets its three positions set to offset % size (MappedFileQueue#truncateDirtyFiles)."""
+        gets its three positions set to offset % size (MappedFileQueue#truncateDirtyFiles).
+        The OSError of a failed sync of the zeroed tail (MappedFile.zero_tail) is raised once
+        the cut is done."""
         keep = []
+        failed = None
         for f in self.files:
             if f.file_from_offset + self.file_size > offset:
                 if offset >= f.file_from_offset:
                     f.set_positions(offset % self.file_size)
                     if self.writable:
-                        f.zero_tail(offset % self.file_size)
+                        try:
+                            f.zero_tail(offset % self.file_size)
+                        except OSError as exc:
+                            failed = exc
                     keep.append(f)
                 else:
                     if self.writable:
@@ -405,6 +408,8 @@ class MappedFileQueue:
                 keep.append(f)
         self.files = keep
         self.drop_prepared()
+        if failed is not None:
+            raise failed
 
     def mark_flushed(self, flushed, store_timestamp):
         """[.., flushed) was synced by a caller (the group commit's own syncs): the queue's and

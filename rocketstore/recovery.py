@@ -174,12 +174,23 @@ def dirty_tail_bytes(mfq, offset, chunk=1 << 20):
 
 def truncate(commitlog, queues, process_offset, max_phy_of_cq, report):
     """Cut the CommitLog at `process_offset` and every ConsumeQueue unit past it (recovery,
-    and MessageStore.reset_write_offset); `queues` the loaded ConsumeQueues."""
+    and MessageStore.reset_write_offset); `queues` the loaded ConsumeQueues. A zeroed tail
+    that could not be synced raises its OSError once everything is cut (the CommitLog's
+    first), so no queue is left pointing past the log."""
     report.truncated_bytes = dirty_tail_bytes(commitlog.mfq, process_offset)
-    commitlog.truncate_to(process_offset)
+    failed = None
+    try:
+        commitlog.truncate_to(process_offset)
+    except OSError as exc:
+        failed = exc
     if max_phy_of_cq >= process_offset:
         for cq in queues:
-            cq.truncate_dirty_logic_files(process_offset)
+            try:
+                cq.truncate_dirty_logic_files(process_offset)
+            except OSError as exc:
+                failed = failed or exc
+    if failed is not None:
+        raise failed
 
 
 def _recover_empty(parts):

@@ -299,6 +299,7 @@ class MessageStore:
             self._lock.acquire()
         elif not self.fs.is_dir(self.root):
             raise StoreLoadError(f"{self.root} is not a store directory")
+        unsynced_cut = False
         try:
             self._check_links()
             rebuilding = None
@@ -307,8 +308,12 @@ class MessageStore:
                 rebuilding = repair.begin_pending_rebuild(self.fs, self.root)
                 if rebuilding is not None:
                     self._adopt_geometry(repair.pending_geometry(rebuilding))
-            last_exit_ok = (not force_recovery and rebuilding is None and
-                            not self.fs.exists(abort_path(self.root)))
+            killed = self.fs.exists(abort_path(self.root))
+            last_exit_ok = not force_recovery and rebuilding is None and not killed
+            if killed and not self.read_only:
+                # Killed (no shutdown) after a failed sync, the process left the pages the
+                # kernel could not write cached and clean: recovery must not read those.
+                self._drop_cached_data()
             # Before the queues and recovery: a deleted topic's leftovers are not loaded, and
             # its records are not dispatched again.
             if not self.deleted_topics.load():
@@ -322,8 +327,12 @@ class MessageStore:
             # Before recovery: an abnormal exit drops index files past the checkpoint, and
             # recovery's re-dispatch rebuilds them.
             self.index_service.load(last_exit_ok, self.checkpoint)
-            self.recovery_report = recovery.recover(self._recovery_parts(), last_exit_ok,
-                                                    self.index_service)
+            try:
+                self.recovery_report = recovery.recover(self._recovery_parts(), last_exit_ok,
+                                                        self.index_service)
+            except OSError:
+                unsynced_cut = True     # a cut's zeros failed to sync (or a file to open)
+                raise
             if rebuilding is not None:
                 repair.end_pending_rebuild(self.fs, self.root, self.all_consume_queues(),
                                            self.index_service, self.checkpoint)
@@ -331,6 +340,14 @@ class MessageStore:
             self._finish_pending_deletions()
         except BaseException as exc:
             self._close_files()
+            if unsynced_cut:
+                # The zeros a cut wrote may sit cached and clean, never written: the next
+                # open must recover abnormally, and read what the disk holds.
+                try:
+                    self.fs.write_bytes(abort_path(self.root), b"", sync=True)
+                except OSError as abort_exc:
+                    log.error("could not keep %s (%s)", abort_path(self.root), abort_exc)
+                self._drop_cached_data()
             if self._lock is not None:
                 self._lock.release()
             if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
@@ -610,7 +627,6 @@ class MessageStore:
         # iteration ends) instead of reading files about to close.
         self.arrivals.close()
         caught_up = True
-        suspect = ()            # files whose cached pages may not be on disk
         if self._running:
             self._running = False
             self.__dict__.pop("put_message", None)
@@ -631,14 +647,17 @@ class MessageStore:
             self.ha_service.shutdown()              # HA first: doc/03 §7 reversed
             self.commitlog.after_put = None
             self.commitlog.wake_on_put = None
+            # Whether every service whose last work makes data durable (or vouches for it)
+            # ended: one still running (a sync outlasting its join time) may yet fail.
+            ended = True
             if self.commit_service is not None:
-                self.commit_service.shutdown()      # commit write buffers before the drain
+                ended = self.commit_service.shutdown()  # commit write buffers before the drain
             self.reput_service.shutdown()
             caught_up = self.reput_service.behind() <= 0
             # After the last dispatch: no writer asks it for a window any more.
             self.populate_service.shutdown()
-            self.flush_service.shutdown()
-            self.flush_cq_service.shutdown()
+            ended = self.flush_service.shutdown() and ended
+            ended = self.flush_cq_service.shutdown() and ended
             latch = self.sync_latch
             if not latch.failed(latch.INDEX):
                 try:
@@ -663,21 +682,21 @@ class MessageStore:
                 log.error("shutdown: the CommitLog is flushed to %d of %d; keeping the abort "
                           "file so the next open recovers", mfq.flushed_where,
                           mfq.get_max_wrote_position())
+            if not ended:
+                log.error("shutdown: a flush service did not stop in time; keeping the abort "
+                          "file so the next open recovers")
             if latch.tripped:
                 log.error("shutdown: %s; keeping the abort file so the next open recovers "
                           "from what reached the disk", "; ".join(latch.failures.values()))
-                suspect = self._data_file_paths()
-            elif caught_up and durable:
+            elif caught_up and durable and ended:
                 self.fs.remove(abort_path(self.root))
         self._close_files()
         # Unmapped now: their cached pages can go, so that the next open's recovery reads
-        # what the disk holds, not pages a failed sync left cached but never wrote.
-        for path in suspect:
-            try:
-                self.fs.drop_cached(path)
-            except OSError as exc:
-                log.error("could not drop the cached pages of %s (%s): a reopen may recover "
-                          "records the disk does not hold", path, exc)
+        # what the disk holds, not pages a failed sync left cached but never wrote. Read
+        # here, not in the block above: a shutdown that raised part way and is called again
+        # skips that block, and still drops them.
+        if self.sync_latch is not None and self.sync_latch.tripped:
+            self._drop_cached_data()
         if self._lock is not None:
             self._lock.release()
         self.loaded = False
@@ -709,15 +728,30 @@ class MessageStore:
         finally:
             self._close_files()
 
-    def _data_file_paths(self):
-        """Every CommitLog, ConsumeQueue and index file open now, and the checkpoint."""
-        paths = [f.path for f in self.commitlog.mfq.files]
-        for cq in self.all_consume_queues():
-            paths += [f.path for f in cq.mfq.files]
-        paths += [f.mf.path for f in self.index_service.index_file_list]
-        if self.checkpoint is not None:
-            paths.append(self.checkpoint.path)
-        return paths
+    def _drop_cached_data(self):
+        """Drop the clean cached pages of every CommitLog, ConsumeQueue and index file on disk,
+        and the checkpoint's (FileSystem.drop_cached), so the next reader reads what the disk
+        holds. Pages a mapping holds, and dirty pages, stay (the kernel skips them): call it
+        with none of those files mapped here."""
+        fs = self.fs
+        dirs = [self.commitlog.mfq.store_path, os.path.join(self.root, "index")]
+        base = os.path.join(self.root, "consumequeue")
+        for topic in fs.list_dir(base):
+            tdir = os.path.join(base, topic)
+            if fs.is_dir(tdir):
+                dirs += [os.path.join(tdir, qid) for qid in fs.list_dir(tdir)]
+        paths = [os.path.join(self.root, "checkpoint")]
+        for d in dirs:
+            if fs.is_dir(d):
+                paths += [os.path.join(d, name) for name in fs.list_dir(d)]
+        for path in paths:
+            if not fs.exists(path) or fs.is_dir(path):
+                continue
+            try:
+                fs.drop_cached(path)
+            except OSError as exc:
+                log.error("could not drop the cached pages of %s (%s): recovery may read "
+                          "records the disk does not hold", path, exc)
 
     def _close_files(self):
         self.commitlog.close()
@@ -1828,7 +1862,9 @@ class MessageStore:
         append on a slave); what was written before it is dispatched and synced first. A
         slave whose master is ahead fetches the cut bytes again; slaves of this store are
         not told. An `offset` past the written end or before the first file raises
-        InvalidArgumentError."""
+        InvalidArgumentError. A failed sync of the zeros written past the cut trips the
+        SyncLatch (puts are refused from then on) and raises StoreError, the cut done in
+        this process but not known durable."""
         self._check_running()
         check_int(offset, "offset", 0)
         cl = self.commitlog
@@ -1836,6 +1872,7 @@ class MessageStore:
         reput = self.reput_service
         flusher = self.flush_service
         flush_lock = getattr(flusher, "flush_lock", _NO_LOCK)
+        unsynced_cut = None
         with reput.dispatch_lock, cl.put_lock:
             if cl.closed:
                 cl.refuse_closed()
@@ -1872,7 +1909,10 @@ class MessageStore:
                 max_phy = max((cq.max_physic_offset for cq in self.all_consume_queues()),
                               default=-1)
                 queues = self.all_consume_queues()
-                recovery.truncate(self.commitlog, queues, offset, max_phy, report)
+                try:
+                    recovery.truncate(self.commitlog, queues, offset, max_phy, report)
+                except OSError as exc:
+                    unsynced_cut = exc          # cut all the same: see below
                 recovery.drop_index_past(self._recovery_parts(), self.index_service, offset,
                                          report)
                 recovery.recover_topic_queue_table(self.commitlog, queues)
@@ -1886,6 +1926,17 @@ class MessageStore:
                     flusher.restart_from(offset)
         log.warning("CommitLog reset to offset %d: %d bytes dropped", offset,
                     report.truncated_bytes)
+        if unsynced_cut is not None:
+            # The disk may still hold what was cut, under zeros a later sync could report
+            # durable without writing them: fail stop, as at any failed sync, so no put
+            # lands on them; the next open recovers from the disk (and cuts again).
+            latch = self.sync_latch
+            path = unsynced_cut.filename or ""
+            kind = latch.COMMITLOG if path.startswith(mfq.store_path) else \
+                latch.CONSUME_QUEUE
+            latch.trip(kind, unsynced_cut, f"of the cut to {offset} ")
+            raise StoreError(f"the CommitLog was cut to {offset}, but {unsynced_cut}: the "
+                             "cut may not be durable; puts are refused, reopen the store")
         return True
 
     def get_runtime_info(self):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from rocketstore import FlushDiskType, Message, PutMessageStatus, testing
+from rocketstore import FlushDiskType, Message, MessageStore, PutMessageStatus, testing
 from rocketstore.checkpoint import StoreCheckpoint
 from rocketstore.consume_queue import ConsumeQueue
 from rocketstore.errors import StoreError
@@ -507,6 +507,188 @@ def test_records_a_cut_removed_do_not_come_back_after_a_power_cut(tmp_path, back
         store.shutdown()
 
 
+@pytest.mark.parametrize("part", ["commitlog", "consumequeue"])
+def test_a_cut_whose_zeroed_tail_fails_to_sync_trips_the_latch_so_no_put_lands_on_it(
+        tmp_path, backend, part):
+    # The zeros past a cut failed to reach the disk, which still holds the records the cut
+    # removed. A put taken after it would lie on pages a later sync reports durable though
+    # the failed one lost them (fsyncgate): at a power cut the old bytes would be back under
+    # it. So the store stops as at any failed sync, and says the cut is not durable.
+    root = tmp_path / "s"
+    fs = _RecordingDrops()
+    store = testing.open_store(root, backend, sync_config(), fs=fs)
+    try:
+        rs = [store.put_message(Message("T", b"old-%d" % i)) for i in range(10)]
+        testing.wait_dispatched(store)
+        store.flush_cq_service.do_flush(1, force=True)
+        assert store.flush() == store.get_max_phy_offset()
+        fs.fail("sync", errno.EIO, match=os.sep + part + os.sep, times=1)
+        with pytest.raises(StoreError, match="zeroed tail"):
+            store.reset_write_offset(rs[5].commit_log_offset)
+        assert fs.injected["sync"] == 1
+        # Cut all the same, in this process: nothing reads past it.
+        assert store.get_max_phy_offset() == rs[5].commit_log_offset
+        assert store.get_max_offset_in_queue("T", 0) == 5
+        latch = store.sync_latch
+        assert latch.failed(latch.COMMITLOG if part == "commitlog" else latch.CONSUME_QUEUE)
+        assert store.put_message(Message("T", b"new")).status is \
+            PutMessageStatus.SERVICE_NOT_AVAILABLE
+        fs.crash()
+    finally:
+        store.shutdown()
+    assert (root / "abort").exists()
+    zeroed = root / part / ("0" * 20) if part == "commitlog" else \
+        root / part / "T" / "0" / ("0" * 20)
+    assert str(zeroed) in fs.dropped
+    fs.drop_unsynced()
+    with _reopened_after_a_crash(root, backend, sync_config()) as store:
+        # The CommitLog's cut never reached its disk: the store is whole as before it.
+        kept = 10 if part == "commitlog" else 5
+        assert _bodies(store) == [b"old-%d" % i for i in range(kept)]
+
+
+def test_a_recovery_cut_whose_zeroed_tail_fails_to_sync_fails_the_open_and_keeps_it_abnormal(
+        tmp_path, backend):
+    # Recovery cuts a torn record off the CommitLog's tail; the sync of the zeros fails. The
+    # open fails (no latch exists yet), and the abort file makes the next open abnormal: it
+    # then drops the cached pages (the zeros the failed sync left clean in memory) and
+    # recovers from what the disk holds, cutting again.
+    root = tmp_path / "s"
+    store = testing.open_store(root, backend)
+    rs = [store.put_message(Message("T", b"r-%d" % i)) for i in range(4)]
+    store.shutdown()
+    assert not (root / "abort").exists()
+    last = rs[-1].commit_log_offset
+    with open(root / "commitlog" / ("0" * 20), "r+b") as fh:
+        fh.seek(last + 4)                           # the last record's magic: torn
+        fh.write(b"\xff" * 4)
+    fs = testing.FaultInjectingFileSystem()
+    fs.fail("sync", errno.EIO, match=os.sep + "commitlog" + os.sep, times=1)
+    store = MessageStore(root, testing.small_config(), kernels=backend, fs=fs)
+    with pytest.raises(OSError):
+        store.load()
+    assert (root / "abort").exists()
+    with _reopened_after_a_crash(root, backend) as store:
+        assert store.get_max_phy_offset() == last
+        assert _bodies(store) == [b"r-%d" % i for i in range(3)]
+
+
+def test_a_shutdown_called_again_after_raising_past_a_failed_sync_drops_the_pages(
+        tmp_path, backend, monkeypatch):
+    root = tmp_path / "s"
+    fs = _RecordingDrops()
+    store = testing.open_store(root, backend, sync_config(sync_flush_timeout=2000), fs=fs)
+    assert store.put_message(Message("T", b"before")).status is PutMessageStatus.PUT_OK
+    _fail_commitlog_sync_once(fs)
+    assert store.put_message(Message("T", b"lost")).status is \
+        PutMessageStatus.FLUSH_DISK_TIMEOUT
+
+    def broken():
+        raise RuntimeError("a service failed to stop")
+    monkeypatch.setattr(store.commitlog, "shutdown", broken)
+    with pytest.raises(RuntimeError):
+        store.shutdown()
+    assert (root / "abort").exists() and fs.dropped == []
+    store.shutdown()                    # again: the files close, and their pages go
+    assert not store.loaded and (root / "abort").exists()
+    assert str(root / "commitlog" / ("0" * 20)) in fs.dropped
+
+
+class _StallingQueueSyncs(FileSystem):
+    """Once `stall` is set, a ConsumeQueue file's sync waits until `go` is set."""
+
+    def __init__(self):
+        self.stall = threading.Event()
+        self.go = threading.Event()
+
+    def sync_mapped(self, kernels, mm, path, start, length):
+        if self.stall.is_set() and "consumequeue" in path:
+            self.go.wait()
+        super().sync_mapped(kernels, mm, path, start, length)
+
+
+def test_a_shutdown_whose_queue_flusher_outlasts_its_join_keeps_the_abort_file(
+        tmp_path, backend):
+    # The ConsumeQueue flusher's last round is still syncing when shutdown stops waiting for
+    # it: that sync may yet fail (and trip the latch) after shutdown decided the exit was
+    # clean, and the next open would trust queues that never reached the disk.
+    root = tmp_path / "s"
+    fs = _StallingQueueSyncs()
+    store = testing.open_store(root, backend, _cq_config(), fs=fs)
+    flusher = store.flush_cq_service
+    thread = flusher._thread
+    try:
+        assert store.put_message(Message("T", b"x")).ok
+        testing.wait_dispatched(store)
+        assert store.flush() == store.get_max_phy_offset()
+        flusher.join_time_s = 0.05
+        fs.stall.set()
+        store.shutdown()
+        assert thread.is_alive()            # still in its last round's sync
+        assert (root / "abort").exists()
+    finally:
+        fs.go.set()
+        thread.join()
+
+
+class _DropsAndReads(FileSystem):
+    """Records, in order, the files whose cached pages are dropped and the files read (mapped,
+    or read whole)."""
+
+    def __init__(self):
+        self.events = []
+
+    def drop_cached(self, path):
+        self.events.append(("drop", path))
+        super().drop_cached(path)
+
+    def map(self, path, size, writable=True, kernels=None):
+        self.events.append(("read", path))
+        return super().map(path, size, writable, kernels)
+
+    def read_bytes(self, path):
+        self.events.append(("read", path))
+        return super().read_bytes(path)
+
+
+@pytest.mark.parametrize("killed", [True, False])
+def test_an_open_after_a_kill_drops_the_cached_pages_of_every_data_file_before_reading_it(
+        tmp_path, backend, killed):
+    # Killed after a failed sync (no shutdown to drop them), a process leaves the pages the
+    # kernel could not write cached and marked clean: recovery would read them as durable.
+    # The abort file says the last process did not shut down.
+    root = tmp_path / "s"
+    store = testing.open_store(root, backend)
+    for i in range(30):
+        assert store.put_message(Message("T%d" % (i % 3), b"m%d" % i, keys="k%d" % i,
+                                         queue_id=i % 2)).ok
+    testing.wait_dispatched(store)
+    store.shutdown()
+    data = [p for p in root.rglob("*") if p.is_file() and p.parent.name != "config"
+            and p.name not in ("lock", "abort")]
+    parts = {p.relative_to(root).parts[0] for p in data}
+    assert parts == {"commitlog", "consumequeue", "index", "checkpoint"}
+    if killed:
+        (root / "abort").write_bytes(b"")
+    fs = _DropsAndReads()
+    store = MessageStore(root, testing.small_config(), kernels=backend, fs=fs)
+    try:
+        assert store.load().normal is not killed
+    finally:
+        store.shutdown()
+    dropped = {path for op, path in fs.events if op == "drop"}
+    if not killed:
+        assert dropped == set()
+        return
+    assert dropped == {str(p) for p in data}
+    first_read = {}
+    for i, (op, path) in enumerate(fs.events):
+        if op == "read":
+            first_read.setdefault(path, i)
+    last_drop = max(i for i, (op, _) in enumerate(fs.events) if op == "drop")
+    assert all(first_read.get(str(p), last_drop + 1) > last_drop for p in data)
+
+
 # ---- ConsumeQueue flush -------------------------------------------------------------------
 def _cq_config(**kw):
     # The flusher's own rounds never come (an hour apart): the test calls do_flush.
@@ -869,3 +1051,52 @@ def test_a_full_index_file_a_cut_destroys_while_it_waits_for_its_flush_is_skippe
         assert [m.body for m in store.query_message("T", "k3").messages] == [b"m3"]
     finally:
         store.shutdown()
+
+
+class _CutAfterSync(testing.FaultInjectingFileSystem):
+    """Runs `during()` once, right after the sync of a file whose path holds `match`: a cut
+    that lands between a flush's sync and its marking the file (and queue) flushed."""
+
+    during = None
+    match = None
+
+    def sync_mapped(self, kernels, mm, path, start, length):
+        super().sync_mapped(kernels, mm, path, start, length)
+        if self.during is not None and self.match in path:
+            during, self.during = self.during, None
+            during()
+
+
+def test_units_written_after_a_cut_during_a_flush_s_sync_are_flushed(tmp_path, backend):
+    # Queue 0 spans two files (100 units each): the first flushed whole, the second to 50
+    # units and now written to 60. Its flush syncs [50, 60) of the second file; before it
+    # marks that flushed, a cut to unit 80 deletes the second file. Marked flushed to
+    # 100 + 60 units after the cut, the queue would look for its next flush past its end,
+    # and the units written next at [80, ..) of the first file would never be synced.
+    root = tmp_path / "s"
+    fs = _CutAfterSync()
+    store = testing.open_store(root, backend, _cq_config(), fs=fs)
+    rs = store.put_messages([Message("T", b"t%d" % i) for i in range(150)])
+    testing.wait_dispatched(store)
+    store.flush_cq_service.do_flush(3, force=True)
+    cq = _queues(store, "T")[0]
+    assert len(cq.mfq.files) == 2 and cq.mfq.flushed_where == 150 * 20
+    store.put_messages([Message("T", b"u%d" % i) for i in range(10)])
+    testing.wait_dispatched(store)
+    second = cq.mfq.files[1]
+    fs.match = second.file_name
+    fs.during = lambda: cq.truncate_dirty_logic_files(int(rs.commit_log_offsets[80]))
+    store.flush_cq_service.do_flush(1, force=True)
+    assert fs.during is None and not store.sync_latch.tripped
+    assert len(cq.mfq.files) == 1 and cq.max_offset_in_queue == 80
+    assert cq.mfq.flushed_where <= 80 * 20
+    new_unit = (store.commitlog.max_offset, 100, 0)
+    cq.put_unit(*new_unit, 80)
+    store.flush_cq_service.do_flush(1, force=True)
+    assert cq.mfq.flushed_where == cq.mfq.files[0].flushed_position == 81 * 20
+    fs.crash()
+    store.shutdown()
+    fs.drop_unsynced()
+    with open(root / "consumequeue" / "T" / "0" / ("0" * 20), "rb") as fh:
+        fh.seek(80 * 20)
+        assert CQ_UNIT.struct.unpack(fh.read(20)) == new_unit

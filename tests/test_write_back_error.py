@@ -208,3 +208,30 @@ def test_write_back_error_with_async_flush_recovers_what_synced_and_no_more(
     refused_for_a_failed_sync(refusals)
     kept = reopen_after_power_cut(name, failing_disk, root, sync=False)
     assert kept == acks[:len(kept)] and len(kept) > 100
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", testing.fault_backends())
+def test_killed_after_a_write_back_error_a_reopen_reads_the_disk_not_the_cached_pages(
+        failing_disk, name):
+    """Killed after a failed sync, the store leaves the pages the kernel could not write
+    cached and marked clean. A reopen on the same boot (the disk given room, no power cut)
+    must recover from what the disk holds: recovering from those pages, it would take
+    records the disk does not hold and write its next acknowledged put behind them, and
+    that put would be lost at the next power cut."""
+    root = failing_disk.mnt / "store"
+    acks, refusals = put_until_refused(name, root, kill=True)
+    refused_for_a_failed_sync(refusals)
+    run("mount", "-o", "remount,size=128m", failing_disk.tmpfs)
+    lines = child(name, "check", root, "--start", 900_000, "--room", "--sync")
+    assert field(lines, "load_error") is None, lines
+    assert field(lines, "recovered")["recovered"]["normal"] is False
+    assert field(lines, "put")["put"] == "PUT_OK", lines
+    reopened = field(lines, "walk")["walk"]
+    assert reopened[:len(acks)] == acks and reopened[-1] == 900_000
+    failing_disk.power_cut_then_room(128)
+    lines = child(name, "check", root, "--start", 900_001, "--room", "--sync")
+    assert field(lines, "put")["put"] == "PUT_OK", lines
+    # What the reopen recovered was on the disk: its acknowledged put is still there, right
+    # after it, and the next open's put follows.
+    assert field(lines, "walk")["walk"] == reopened + [900_001]

@@ -124,7 +124,10 @@ class ServiceThread:
         return True
 
     def shutdown(self):
-        """stop() and join(): the loop has ended when this returns (or join_time_s passed)."""
+        """stop() and join(): the loop has ended when this returns (or join_time_s passed).
+        True if it ended (or never ran); False if it may still be running (its on_shutdown
+        included), which a caller counting on its last work must not take as done."""
         self.stop()
-        self.join()
+        ended = self.join()
         self._thread = None
+        return ended
