@@ -101,24 +101,36 @@ def test_sync_flush_put_messages(benchmark, backend, store_factory, producers):
     results = []
     syncs = []
 
-    def produce(share):
+    def produce(share, go=None):
+        if go is not None:
+            go.wait()
         results.extend([store.put_messages(b) for b in share])
 
-    def run():
-        before = _syncs(store)
+    def setup():
+        # The producers are started here, outside the timed region, and wait at a barrier
+        # the timed run opens: starting a thread takes milliseconds on a loaded machine,
+        # and the peer starts none.
         if producers == 1:
+            return (None,), {}
+        go = threading.Barrier(producers + 1)
+        ts = [threading.Thread(target=produce, args=(s, go)) for s in shares]
+        for t in ts:
+            t.start()
+        return (ts, go), {}
+
+    def run(ts, go=None):
+        before = _syncs(store)
+        if ts is None:
             produce(batches)
         else:
-            ts = [threading.Thread(target=produce, args=(s,)) for s in shares]
-            for t in ts:
-                t.start()
+            go.wait()
             for t in ts:
                 t.join()
         syncs.append(_syncs(store) - before)
     benchmark.group = BATCH_GROUP
     benchmark.extra_info["messages"] = N
     benchmark.extra_info["producers"] = producers
-    benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
+    benchmark.pedantic(run, setup=setup, rounds=3, iterations=1, warmup_rounds=1)
     runs = len(results) // len(batches)
     check_puts(results, runs * N)
     check_read_back(store, msgs, runs, ordered=producers == 1)
