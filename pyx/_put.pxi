@@ -1019,6 +1019,7 @@ cdef class PutPath:
         """Store one message (MessageStore.put_message)."""
         cdef _Rec r
         cdef rs_part parts[4 * MAX_FAST_PROPS]
+        cdef uint8_t pbuf[PROPS_INLINE]     # the properties string, copied before the lock
         cdef dict cl = self._cld
         cdef object files, mf, mm, after, wake, table, qoff_obj, res, status
         cdef _QueueKey *qk
@@ -1035,7 +1036,7 @@ cdef class PutPath:
         self._sync_state()
         if (self._not_writeable()
                 or (self._cells[C_LOCK_BEGIN] != 0 and self._busy())
-                or not self._prepare(msg, &r, parts, self._c_limits, NULL, 0)):
+                or not self._prepare(msg, &r, parts, self._c_limits, pbuf, PROPS_INLINE)):
             return self._slow(msg)
         try:
             t0 = _mono_ns()

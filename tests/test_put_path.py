@@ -8,6 +8,7 @@ import pytest
 
 from rocketstore import Message, PutMessageStatus, testing
 from rocketstore.clock import StepClock
+from rocketstore.message import tags_code_of
 from rocketstore.errors import MessageIllegalError, StoreClosedError
 from rocketstore.workload import make_messages
 
@@ -546,19 +547,21 @@ class _ChangingClock:
             m.body = bytes(bytearray(b"N" * n))
             m.properties = {"KEYS": "n" * 300}
             self.junk += [bytes(bytearray(b"Z" * n)) for _ in range(64)]
-            self.junk += ["".join(["z"] * k) for k in (200, 300) for _ in range(64)]
+            self.junk += ["".join(["z"] * k) for k in (5, 6, 7, 10, 200, 300) for _ in range(64)]
         return self._inner()
 
 
-def _changeable_message(i):
+def _changeable_message(i, keys_len):
     # Objects made at run time, held by the message alone: replacing them frees them.
     return Message("Changed", bytes(bytearray(b"O" * (299 + i) + b"!")), queue_id=0,
-                   properties={"KEYS": "".join(["k"] * 200), "TAGS": "".join(["t"] * 5)})
+                   properties={"KEYS": "".join(["k"] * keys_len),
+                               "TAGS": "".join(["t"] * (5 + i))})
 
 
 @pytest.mark.parametrize("as_list", [False, True])
+@pytest.mark.parametrize("keys_len", [200, 10])        # properties pointed to, or copied
 def test_a_message_changed_while_its_put_holds_the_lock_is_stored_as_it_was_read(
-        tmp_path, backend, as_list):
+        tmp_path, backend, as_list, keys_len):
     # The compiled path read the message's body and properties in place before the lock and
     # encoded them after it: an object replaced meanwhile was freed, and the record (CRC
     # and all, acknowledged PUT_OK) held whatever reused its memory.
@@ -566,7 +569,7 @@ def test_a_message_changed_while_its_put_holds_the_lock_is_stored_as_it_was_read
     store = testing.open_store(tmp_path / "s", backend, clock=clock)
     try:
         store.put_message(Message("Changed", b"warm"))     # the file is ready: no roll
-        msgs = [_changeable_message(i) for i in range(3)]
+        msgs = [_changeable_message(i, keys_len) for i in range(3)]
         # Equal copies, not the objects themselves: the messages must be their only holders.
         want = [(bytes(bytearray(m.body)), {k: "".join(list(v)) for k, v in m.properties.items()})
                 for m in msgs]
@@ -586,5 +589,9 @@ def test_a_message_changed_while_its_put_holds_the_lock_is_stored_as_it_was_read
         for (body, props), m in zip(want, got):
             assert m.body == body
             assert {k: m.properties[k] for k in props} == props
+        # The queue units' tagsCode, which a put's inline dispatch takes from its TAGS.
+        testing.wait_dispatched(store)
+        units = store.find_consume_queue("Changed", 0).units(1, 3)
+        assert list(units["tags_code"]) == [tags_code_of(p["TAGS"]) for _, p in want]
     finally:
         store.shutdown()
