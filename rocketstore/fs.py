@@ -100,6 +100,15 @@ def _plainly_below(root, path):
 _held: dict = {}
 _held_mutex = threading.Lock()
 
+
+def _held_key(path):
+    """`path`'s key in _held, or None when it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
 class _Flock(ctypes.Structure):
     """struct flock, with the field order of this platform's <fcntl.h> (ctypes lays out the
     padding): Linux puts l_type and l_whence first, the BSDs and macOS last."""
@@ -528,6 +537,8 @@ class FileSystem:
         # Under the mutex: no lock() of this process takes the file between the open and the
         # close, which would drop it (see _held).
         with _held_mutex:
+            if _held_key(path) in _held:
+                return True, os.getpid()        # locked here: no descriptor opened at all
             try:
                 fd = os.open(path, os.O_RDONLY)
             except OSError:
@@ -535,8 +546,8 @@ class FileSystem:
             try:
                 st = os.fstat(fd)
                 if (st.st_dev, st.st_ino) in _held:
-                    # Locked by this process, which F_GETLK does not report; and the
-                    # descriptor stays open until unlock().
+                    # Locked by this process (the file was replaced since the check above),
+                    # which F_GETLK does not report; the descriptor stays open until unlock().
                     _held[(st.st_dev, st.st_ino)].append(fd)
                     fd = -1
                     return True, os.getpid()

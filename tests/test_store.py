@@ -386,3 +386,25 @@ def test_a_broker_batch_breaking_its_rules_is_refused(store, items, props):
     with pytest.raises(MessageIllegalError):
         store.put_messages(items, batch_properties=props)
     assert store.get_max_phy_offset() == 0
+
+
+def test_asking_who_holds_the_lock_in_the_writers_process_opens_no_descriptor(store):
+    # The answer comes from this process's own record: a monitoring loop calling it must not
+    # leave a descriptor behind per call (one kept open until unlock would be a leak).
+    path = os.path.join(store.root, "lock")
+
+    def open_on_lock():
+        if not os.path.isdir("/proc/self/fd"):
+            return None
+        n = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                n += os.path.realpath(os.readlink(f"/proc/self/fd/{fd}")) == \
+                    os.path.realpath(path)
+            except OSError:
+                pass
+        return n
+    before = open_on_lock()
+    for _ in range(20):
+        assert store.fs.lock_holder(path) == (True, os.getpid())
+    assert open_on_lock() == before
