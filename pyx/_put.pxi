@@ -18,7 +18,7 @@ from cpython.dict cimport PyDict_Next
 from cpython.long cimport PyLong_Check
 from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyTypeObject
-from cpython.ref cimport Py_XDECREF
+from cpython.ref cimport Py_XDECREF, Py_XINCREF
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
 import numpy as _np
@@ -416,7 +416,10 @@ from _thread import LockType as _LockType
 
 
 cdef struct _Rec:
-    # One message's record, as _prepare read it; pointers are borrowed from the message.
+    # One message's record, as _prepare read it. The objects it points into are held (strong
+    # references, dropped by _rec_release): between _prepare and the encode, waiting for the
+    # put lock or calling the clock lets other threads run, and a message changed meanwhile
+    # must not free what the record is encoded from.
     PyObject *topic             # str, and the queue id int: the queue table's key
     PyObject *qid
     PyObject *topic_b           # bytes
@@ -440,6 +443,21 @@ cdef struct _Rec:
     int32_t sys_flag
     int32_t reconsume
     int32_t size
+    PyObject *held[2 * MAX_FAST_PROPS]  # property names and values `parts` point into
+    Py_ssize_t n_held
+
+
+cdef inline void _rec_release(_Rec *r) noexcept:
+    """Drop the references a _prepare that returned True took."""
+    cdef Py_ssize_t i
+    Py_XDECREF(r.topic)
+    Py_XDECREF(r.qid)
+    Py_XDECREF(r.topic_b)
+    Py_XDECREF(r.body)
+    Py_XDECREF(r.born)
+    for i in range(r.n_held):
+        Py_XDECREF(r.held[i])
+    r.n_held = 0
 
 
 cdef struct _QueueKey:
@@ -684,7 +702,8 @@ cdef class PutPath:
         when the Python path must take the message (and then raises whatever it raises).
         Properties of at most `pcap` bytes are copied to `pbuf` as one part instead (r.pbuf_used
         says how many bytes): the encode then copies one piece, not a name, a value and a
-        separator each (measured: ~220 instructions a record for two properties)."""
+        separator each (measured: ~220 instructions a record for two properties). True: `r`
+        holds references to what it points into, which the caller drops (_rec_release)."""
         cdef PyObject *pk
         cdef PyObject *pv
         cdef object topic, body, qid_obj, props, born, lim, packed
@@ -698,6 +717,8 @@ cdef class PutPath:
         cdef int bucket[MAX_FAST_PROPS]
         cdef int order[MAX_FAST_PROPS]
         cdef rs_part kv[2 * MAX_FAST_PROPS]
+        cdef PyObject *kv_obj[2 * MAX_FAST_PROPS]
+        cdef Py_ssize_t tags_i = -1
         cdef int64_t v_qid, v_flag, v_sys, v_rec
         cdef uint8_t *q
         if type(msg) is not self._message_type:
@@ -806,9 +827,12 @@ cdef class PutPath:
                 kv[2 * i].len = <size_t>klen
                 kv[2 * i + 1].buf = vb
                 kv[2 * i + 1].len = <size_t>vlen
+                kv_obj[2 * i] = pk
+                kv_obj[2 * i + 1] = pv
                 if klen == 4 and memcmp(kb, b"TAGS", 4) == 0:
                     r.tags_p = vb               # the scan row's tagsCode, if one is made
                     r.tags_len = vlen
+                    tags_i = i
                 props_len += klen + vlen + 2
                 # insertion sort on bucket, stable: equal buckets keep insertion order
                 j = i
@@ -830,6 +854,8 @@ cdef class PutPath:
                 q += kv[2 * j].len
                 q[0] = 1
                 rs_small_copy(q + 1, kv[2 * j + 1].buf, kv[2 * j + 1].len)
+                if j == tags_i:
+                    r.tags_p = q + 1            # the copy: the value is not held
                 q += 1 + kv[2 * j + 1].len
                 if i + 1 < n_props:
                     q[0] = 2
@@ -867,6 +893,20 @@ cdef class PutPath:
         r.born_len = <size_t>PyBytes_GET_SIZE(born_raw)
         r.parts = parts
         r.n_parts = n_parts
+        # Held until _rec_release (see _Rec): taken last, after every check, so a False return
+        # holds nothing; no allocation since the pointers above were read, so no other code
+        # ran in between. Properties copied to pbuf need nothing held.
+        Py_XINCREF(r.topic)
+        Py_XINCREF(r.qid)
+        Py_XINCREF(r.topic_b)
+        Py_XINCREF(r.body)
+        Py_XINCREF(r.born)
+        r.n_held = 0
+        if n_props and not r.pbuf_used:
+            for i in range(2 * n_props):
+                Py_XINCREF(kv_obj[i])
+                r.held[i] = kv_obj[i]
+            r.n_held = 2 * n_props
         return True
 
     cdef bint _read_ints(self, object msg, _Rec *r) except -1:
@@ -979,6 +1019,7 @@ cdef class PutPath:
         """Store one message (MessageStore.put_message)."""
         cdef _Rec r
         cdef rs_part parts[4 * MAX_FAST_PROPS]
+        cdef uint8_t pbuf[PROPS_INLINE]     # the properties string, copied before the lock
         cdef dict cl = self._cld
         cdef object files, mf, mm, after, wake, table, qoff_obj, res, status
         cdef _QueueKey *qk
@@ -995,102 +1036,105 @@ cdef class PutPath:
         self._sync_state()
         if (self._not_writeable()
                 or (self._cells[C_LOCK_BEGIN] != 0 and self._busy())
-                or not self._prepare(msg, &r, parts, self._c_limits, NULL, 0)):
+                or not self._prepare(msg, &r, parts, self._c_limits, pbuf, PROPS_INLINE)):
             return self._slow(msg)
-        t0 = _mono_ns()
-
-        # Under the put lock: the final offsets, and the record written once. The state
-        # copied before the lock still holds unless another thread changed the CommitLog's
-        # attributes while this one waited for the lock (shutdown, a new hook): then the
-        # Python path takes this put and reads them itself.
-        self._lock_take()
         try:
-            if not self._state_current() or self._c_closed:
-                return self._slow_unlocked(msg)
-            files = self._files()
-            if type(files) is not list or not files:
-                return self._slow_unlocked(msg)
-            mf = (<list>files)[len(<list>files) - 1]
-            if type(mf) is not self._file_type:
-                return self._slow_unlocked(msg)
-            for i in range(7):
-                if _member(mf, self._f[i]) == NULL:
-                    return self._slow_unlocked(msg)
-            pos = <object>_member(mf, self._f[F_WROTE])
-            mm = <object>_member(mf, self._f[F_MM])
-            # A roll or a reservation (the disk may refuse it): Python's path.
-            if (pos + r.size + _BLANK > <int64_t><object>_member(mf, self._f[F_REFILL])
-                    or pos + r.size + _BLANK > self._file_size
-                    or type(mm) is not Mapping):
-                return self._slow_unlocked(msg)
-            m = <Mapping>mm
-            if m._addr == NULL or not m.writable:
-                return self._slow_unlocked(msg)
-            # The TransientStorePool's write buffer takes the record instead of the mapping,
-            # and only wrote_position moves: readers wait for the commit (doc/03 §2.4).
-            buffered = _member(mf, self._f[F_WBUF]) != <PyObject *>None
-            after = self._c_after
-            wake = self._c_wake
-            table = self._c_table
-            # The put is taken here: a clock that waits keeps the lock, as the Python path
-            # does. Only unmapping could change what was read above, and that needs the lock.
-            ts = self._now()
-            self._cells[C_LOCK_BEGIN] = ts
-            if m._addr == NULL:
-                raise _StoreClosedError("the CommitLog file was unmapped during a put")
-            qk = self._queue_key(&r, table)
-            p = _PyDict_GetItem_KnownHash(table, <object>qk.key, qk.hash)
-            qoff_obj = 0 if p == NULL else <object>p
-            qoff = qoff_obj
-            phy = <int64_t><object>_member(mf, self._f[F_FROM]) + pos
-            if buffered:
-                PyObject_GetBuffer(<object>_member(mf, self._f[F_WBUF]), &out, PyBUF_WRITABLE)
-                dst = <char *>out.buf
-                dst_len = <size_t>out.len
-            else:
-                dst = m._addr
-                dst_len = <size_t>m._size
+            t0 = _mono_ns()
+
+            # Under the put lock: the final offsets, and the record written once. The state
+            # copied before the lock still holds unless another thread changed the CommitLog's
+            # attributes while this one waited for the lock (shutdown, a new hook): then the
+            # Python path takes this put and reads them itself.
+            self._lock_take()
             try:
-                _encoded(_rec_encode(&r, dst, dst_len, pos, qoff, phy, ts,
-                                     <const uint8_t *>PyBytes_AS_STRING(self._store_raw),
-                                     <size_t>PyBytes_GET_SIZE(self._store_raw)), r.size)
-            finally:
+                if not self._state_current() or self._c_closed:
+                    return self._slow_unlocked(msg)
+                files = self._files()
+                if type(files) is not list or not files:
+                    return self._slow_unlocked(msg)
+                mf = (<list>files)[len(<list>files) - 1]
+                if type(mf) is not self._file_type:
+                    return self._slow_unlocked(msg)
+                for i in range(7):
+                    if _member(mf, self._f[i]) == NULL:
+                        return self._slow_unlocked(msg)
+                pos = <object>_member(mf, self._f[F_WROTE])
+                mm = <object>_member(mf, self._f[F_MM])
+                # A roll or a reservation (the disk may refuse it): Python's path.
+                if (pos + r.size + _BLANK > <int64_t><object>_member(mf, self._f[F_REFILL])
+                        or pos + r.size + _BLANK > self._file_size
+                        or type(mm) is not Mapping):
+                    return self._slow_unlocked(msg)
+                m = <Mapping>mm
+                if m._addr == NULL or not m.writable:
+                    return self._slow_unlocked(msg)
+                # The TransientStorePool's write buffer takes the record instead of the mapping,
+                # and only wrote_position moves: readers wait for the commit (doc/03 §2.4).
+                buffered = _member(mf, self._f[F_WBUF]) != <PyObject *>None
+                after = self._c_after
+                wake = self._c_wake
+                table = self._c_table
+                # The put is taken here: a clock that waits keeps the lock, as the Python path
+                # does. Only unmapping could change what was read above, and that needs the lock.
+                ts = self._now()
+                self._cells[C_LOCK_BEGIN] = ts
+                if m._addr == NULL:
+                    raise _StoreClosedError("the CommitLog file was unmapped during a put")
+                qk = self._queue_key(&r, table)
+                p = _PyDict_GetItem_KnownHash(table, <object>qk.key, qk.hash)
+                qoff_obj = 0 if p == NULL else <object>p
+                qoff = qoff_obj
+                phy = <int64_t><object>_member(mf, self._f[F_FROM]) + pos
                 if buffered:
-                    PyBuffer_Release(&out)
-            end_obj = pos + r.size
-            if self._ts_obj is None or self._ts != ts:
-                self._ts_obj = ts
-                self._ts = ts
-            ts_obj = self._ts_obj
-            _set_member(mf, self._f[F_WROTE], end_obj)
-            if not buffered:
-                _set_member(mf, self._f[F_COMMITTED], end_obj)
-            _set_member(mf, self._f[F_STORE_TS], ts_obj)
-            _PyDict_SetItem_KnownHash(table, <object>qk.key, qoff_obj + 1, qk.hash)
-            self._cells[C_PUT_TIMES] += 1
-            self._cells[C_PUT_BYTES] += r.size
+                    PyObject_GetBuffer(<object>_member(mf, self._f[F_WBUF]), &out, PyBUF_WRITABLE)
+                    dst = <char *>out.buf
+                    dst_len = <size_t>out.len
+                else:
+                    dst = m._addr
+                    dst_len = <size_t>m._size
+                try:
+                    _encoded(_rec_encode(&r, dst, dst_len, pos, qoff, phy, ts,
+                                         <const uint8_t *>PyBytes_AS_STRING(self._store_raw),
+                                         <size_t>PyBytes_GET_SIZE(self._store_raw)), r.size)
+                finally:
+                    if buffered:
+                        PyBuffer_Release(&out)
+                end_obj = pos + r.size
+                if self._ts_obj is None or self._ts != ts:
+                    self._ts_obj = ts
+                    self._ts = ts
+                ts_obj = self._ts_obj
+                _set_member(mf, self._f[F_WROTE], end_obj)
+                if not buffered:
+                    _set_member(mf, self._f[F_COMMITTED], end_obj)
+                _set_member(mf, self._f[F_STORE_TS], ts_obj)
+                _PyDict_SetItem_KnownHash(table, <object>qk.key, qoff_obj + 1, qk.hash)
+                self._cells[C_PUT_TIMES] += 1
+                self._cells[C_PUT_BYTES] += r.size
+            finally:
+                self._cells[C_LOCK_BEGIN] = 0
+                self._lock_give()
+            self.fast += 1
+            # CommitLog.finish_put, inline: the attribute read spares a method call per put.
+            if wake is not None and not wake.has_notified:
+                wake.wakeup()
+            status = self._put_ok if after is None else after(phy + r.size, msg)
+            self._record(t0, status is self._put_ok)
+            res = PyType_GenericAlloc(<PyTypeObject *>self._result_type, 0)
+            _set_member(res, self._r[0], status)
+            _set_member(res, self._r[1], None)
+            _set_member(res, self._r[2], phy)
+            _set_member(res, self._r[3], qoff_obj)
+            _set_member(res, self._r[4], ts_obj)
+            _set_member(res, self._r[5], r.size)
+            _set_member(res, self._r[6], self._store_raw)
+            # Not tracked by the garbage collector: it refers to an enum member, ints and bytes
+            # only, so it can be in no cycle, and a program keeping a million results would
+            # otherwise make every collection walk them all (measured: ~30 % of a put).
+            PyObject_GC_UnTrack(res)
+            return res
         finally:
-            self._cells[C_LOCK_BEGIN] = 0
-            self._lock_give()
-        self.fast += 1
-        # CommitLog.finish_put, inline: the attribute read spares a method call per put.
-        if wake is not None and not wake.has_notified:
-            wake.wakeup()
-        status = self._put_ok if after is None else after(phy + r.size, msg)
-        self._record(t0, status is self._put_ok)
-        res = PyType_GenericAlloc(<PyTypeObject *>self._result_type, 0)
-        _set_member(res, self._r[0], status)
-        _set_member(res, self._r[1], None)
-        _set_member(res, self._r[2], phy)
-        _set_member(res, self._r[3], qoff_obj)
-        _set_member(res, self._r[4], ts_obj)
-        _set_member(res, self._r[5], r.size)
-        _set_member(res, self._r[6], self._store_raw)
-        # Not tracked by the garbage collector: it refers to an enum member, ints and bytes
-        # only, so it can be in no cycle, and a program keeping a million results would
-        # otherwise make every collection walk them all (measured: ~30 % of a put).
-        PyObject_GC_UnTrack(res)
-        return res
+            _rec_release(&r)     # what the record pointed into (see _Rec)
 
     def put_list(self, msgs, batch_properties=None, written_rows=None):
         """Store a list of messages (MessageStore.put_messages): every record is checked
@@ -1104,6 +1148,7 @@ cdef class PutPath:
         encoded), so the put's inline dispatch need not scan them (doc/03 §8); its `n` is
         left as the caller set it (0) when the Python path takes the list."""
         cdef Py_ssize_t n, i, k, done = 0, nparts_cap, nparts_used = 0, n_keys = 0
+        cdef Py_ssize_t n_prepared = 0     # records whose references are held
         cdef _Rec *recs = NULL
         cdef rs_part *parts = NULL
         cdef rs_part *grown
@@ -1218,6 +1263,7 @@ cdef class PutPath:
                 if not self._prepare((<list>msgs)[i], &recs[i], parts + nparts_used, limits,
                                      pnext, pend - pnext):
                     return self._slow_list(msgs, None)
+                n_prepared = i + 1
                 pnext += recs[i].pbuf_used
                 nparts_used += recs[i].n_parts
                 sizes[i] = recs[i].size
@@ -1340,6 +1386,8 @@ cdef class PutPath:
                 self._cells[C_LOCK_BEGIN] = 0
                 self._lock_give()
         finally:
+            for i in range(n_prepared):
+                _rec_release(&recs[i])      # what the records pointed into (see _Rec)
             PyBuffer_Release(&rb)
             if cached:
                 self._parts = parts             # grown, perhaps

@@ -753,12 +753,18 @@ class CommitLog:
             return start_offset == last.end_offset
         return start_offset == last.file_from_offset + last.wrote_position
 
-    def publish_replica(self, mf, pos):
-        """Replicated bytes were written into `mf` up to `pos` (past its wrote_position, by the
-        HA client, through replica_target's file): make them readable. False, with nothing
-        published, once the store is shutting down."""
+    def publish_replica(self, mf, start, pos):
+        """Replicated bytes were written into `mf` at [start, pos) (by the HA client, through
+        replica_target's file, at the wrote_position it had): make them readable. False, with
+        nothing published, once the store is shutting down, or when the CommitLog no longer
+        ends there: a reset_write_offset cut it (or destroyed `mf`) while the bytes arrived.
+        What they left past the write position is zeroed again, as the cut left it."""
         with self.put_lock:
-            if self.closed or pos > self.file_size or pos < mf.wrote_position:
+            if self.closed or pos > self.file_size or not mf.is_available:
+                return False
+            if mf.wrote_position != start:
+                if mf.wrote_position < pos:
+                    mf.zero_tail(mf.wrote_position)
                 return False
             mf.wrote_position = mf.committed_position = pos
         return True
@@ -776,7 +782,7 @@ class CommitLog:
             return False
         pos = mf.wrote_position
         mf.write_target[pos:pos + n] = data
-        return self.publish_replica(mf, pos + n)
+        return self.publish_replica(mf, pos, pos + n)
 
     # ---- reads ------------------------------------------------------------------------------
     def get_data(self, offset, size):

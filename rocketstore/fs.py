@@ -95,8 +95,19 @@ def _plainly_below(root, path):
 
 # POSIX record locks belong to the process, so a second store in this process would get the
 # lock again: FileSystem.lock keeps its own registry of locked files, keyed by (device, inode).
-_held: set = set()
+# And closing any descriptor of a locked file in this process drops the lock: a descriptor
+# opened on a file locked here is kept open until unlock() (the list), not closed.
+_held: dict = {}
 _held_mutex = threading.Lock()
+
+
+def _held_key(path):
+    """`path`'s key in _held, or None when it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 class _Flock(ctypes.Structure):
     """struct flock, with the field order of this platform's <fcntl.h> (ctypes lays out the
@@ -490,7 +501,7 @@ class FileSystem:
         key = (st.st_dev, st.st_ino)
         with _held_mutex:
             if key in _held:
-                os.close(fd)
+                _held[key].append(fd)       # closed by the holder's unlock (see _held)
                 raise StoreLockedError(f"{path} is locked by another MessageStore in this "
                                        "process")
             try:
@@ -499,7 +510,7 @@ class FileSystem:
                 os.close(fd)
                 raise StoreLockedError(f"{path} is locked by another process: the store is "
                                        "already open") from None
-            _held.add(key)
+            _held[key] = []
         try:
             os.pwrite(fd, b"lock", 0)
             os.fsync(fd)
@@ -515,25 +526,39 @@ class FileSystem:
                 fcntl.lockf(fd, fcntl.LOCK_UN, 1, 0)
             finally:
                 os.close(fd)
-                _held.discard(key)
+                for other in _held.pop(key, ()):
+                    os.close(other)
 
     def lock_holder(self, path):
         """(the file exists, the pid holding its lock or 0, or None when it cannot tell).
         F_GETLK only asks: taking the lock, even briefly, could fail a broker starting then."""
         if not os.path.exists(path):
             return False, None
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            return True, None
-        try:
-            query = _Flock(l_type=fcntl.F_WRLCK, l_whence=os.SEEK_SET, l_start=0, l_len=1)
-            answer = _Flock.from_buffer_copy(fcntl.fcntl(fd, fcntl.F_GETLK, bytes(query)))
-            return True, (0 if answer.l_type == fcntl.F_UNLCK else answer.l_pid)
-        except (OSError, ValueError):
-            return True, None
-        finally:
-            os.close(fd)
+        # Under the mutex: no lock() of this process takes the file between the open and the
+        # close, which would drop it (see _held).
+        with _held_mutex:
+            if _held_key(path) in _held:
+                return True, os.getpid()        # locked here: no descriptor opened at all
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                return True, None
+            try:
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) in _held:
+                    # Locked by this process (the file was replaced since the check above),
+                    # which F_GETLK does not report; the descriptor stays open until unlock().
+                    _held[(st.st_dev, st.st_ino)].append(fd)
+                    fd = -1
+                    return True, os.getpid()
+                query = _Flock(l_type=fcntl.F_WRLCK, l_whence=os.SEEK_SET, l_start=0, l_len=1)
+                answer = _Flock.from_buffer_copy(fcntl.fcntl(fd, fcntl.F_GETLK, bytes(query)))
+                return True, (0 if answer.l_type == fcntl.F_UNLCK else answer.l_pid)
+            except (OSError, ValueError):
+                return True, None
+            finally:
+                if fd >= 0:
+                    os.close(fd)
 
     def disk_usage_ratio(self, path):
         """UtilAll#getDiskPartitionSpaceUsedPercent: used / (used + usable), rounded up to a

@@ -150,6 +150,8 @@ class MessageStore:
         self.consume_queue_table = {}      # topic -> {queue_id: ConsumeQueue}
         self._cq_raw = {}                  # (topic bytes, queue_id) -> ConsumeQueue, for reput
         self._cq_lock = threading.Lock()
+        # One cleaning round at a time: the clean thread's and clean_files_periodically's.
+        self._clean_lock = threading.Lock()
         # Queues written since FlushConsumeQueueService last took them (ConsumeQueue.dirty).
         self.dirty_cqs = DirtyQueues()
         # Consumers waiting for their queue (get_message(wait_ms=...), consume, aconsume),
@@ -1358,10 +1360,11 @@ class MessageStore:
         return self._clean_files(check_optional_int(now_ms, "now_ms", INT64_MIN, INT64_MAX))
 
     def _clean_files(self, now_ms=None):
-        if now_ms is None:
-            now_ms = self.clock()
-        deleted = self.clean_commitlog_service.run_once(now_ms)
-        self.clean_consume_queue_service.run_once(now_ms)
+        with self._clean_lock:
+            if now_ms is None:
+                now_ms = self.clock()
+            deleted = self.clean_commitlog_service.run_once(now_ms)
+            self.clean_consume_queue_service.run_once(now_ms)
         return deleted
 
     def clean_plan(self, now_ms=None):

@@ -392,3 +392,52 @@ def test_enospc_in_the_middle_of_a_batch_stores_the_head_and_leaves_no_offset_ga
         assert store.get_max_offset_in_queue("TopicA", 0) == rs.count + 1
     finally:
         store.shutdown()
+
+
+def test_a_cleaning_round_called_while_the_clean_thread_runs_one_waits_for_it(make, clock,
+                                                                               monkeypatch):
+    # clean_files_periodically and the clean thread run the same round. Two at once: one
+    # destroyed the first index file and, before it took the file out of the list, the other
+    # read that file's header (delete_expired_file) and raised ValueError (mmap closed).
+    import threading
+    from rocketstore.index_file import IndexFile
+    store = make(delete_file_batch_max=1, max_index_num=5, max_hash_slot_num=4)
+    results = [store.put_message(Message("TopicA", b"b" * 200, keys=f"k{i}")) for i in range(60)]
+    assert all(r.ok for r in results)
+    testing.wait_dispatched(store)
+    testing.wait_flushed(store.commitlog)
+    assert len(store.index_service.index_file_list) > 3
+    clock.now = NOW + HOUR
+    store.execute_delete_files_manually()
+    first = threading.Thread(target=lambda: None)       # replaced below
+    in_destroy, go_on = threading.Event(), threading.Event()
+    destroy = IndexFile.destroy
+
+    def paused_destroy(self, *args):
+        done = destroy(self, *args)
+        if threading.current_thread() is first and not in_destroy.is_set():
+            in_destroy.set()                # destroyed, still listed: the other round runs
+            go_on.wait(10)
+        return done
+    monkeypatch.setattr(IndexFile, "destroy", paused_destroy)
+    errors = []
+
+    def clean():
+        try:
+            store.clean_files_periodically()
+        except Exception as exc:            # noqa: BLE001 - the test reports it
+            errors.append(exc)
+    first = threading.Thread(target=clean)
+    second = threading.Thread(target=clean)
+    first.start()
+    assert in_destroy.wait(10)
+    second.start()
+    second.join(2)                          # fails at once without the fix; waits with it
+    go_on.set()
+    first.join()
+    second.join()
+    assert errors == []
+    # Both rounds ran: two CommitLog files went, and the index files below them.
+    assert store.commitlog.min_offset == 2 * FILE
+    assert all(f.end_phy_offset >= 2 * FILE
+               for f in store.index_service.index_file_list[:-1])

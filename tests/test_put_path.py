@@ -7,6 +7,8 @@ import random
 import pytest
 
 from rocketstore import Message, PutMessageStatus, testing
+from rocketstore.clock import StepClock
+from rocketstore.message import tags_code_of
 from rocketstore.errors import MessageIllegalError, StoreClosedError
 from rocketstore.workload import make_messages
 
@@ -523,5 +525,73 @@ def test_bytes_beside_the_separators_at_any_position_are_stored_and_read_back(tm
             assert path.fast == fast + len(sent)            # taken by the compiled path
         got = store.get_message("g", "Near", 0, 1, len(sent))
         assert [dict(m.properties) for m in got.messages] == sent
+    finally:
+        store.shutdown()
+
+
+class _ChangingClock:
+    """A clock that, on the call a put makes under the put lock, replaces what the messages
+    in `victims` hold (body and properties, freeing the old objects) and fills the freed
+    memory with other objects: what another thread may do while a put waits for a
+    contended put lock (acquire() lets other threads run). The store time is StepClock's."""
+
+    def __init__(self):
+        self._inner = StepClock()
+        self.victims = []
+        self.junk = []
+
+    def __call__(self):
+        victims, self.victims = self.victims, []
+        for m in victims:
+            n = len(m.body)
+            m.body = bytes(bytearray(b"N" * n))
+            m.properties = {"KEYS": "n" * 300}
+            self.junk += [bytes(bytearray(b"Z" * n)) for _ in range(64)]
+            self.junk += ["".join(["z"] * k) for k in (5, 6, 7, 10, 200, 300) for _ in range(64)]
+        return self._inner()
+
+
+def _changeable_message(i, keys_len):
+    # Objects made at run time, held by the message alone: replacing them frees them.
+    return Message("Changed", bytes(bytearray(b"O" * (299 + i) + b"!")), queue_id=0,
+                   properties={"KEYS": "".join(["k"] * keys_len),
+                               "TAGS": "".join(["t"] * (5 + i))})
+
+
+@pytest.mark.parametrize("as_list", [False, True])
+@pytest.mark.parametrize("keys_len", [200, 10])        # properties pointed to, or copied
+def test_a_message_changed_while_its_put_holds_the_lock_is_stored_as_it_was_read(
+        tmp_path, backend, as_list, keys_len):
+    # The compiled path read the message's body and properties in place before the lock and
+    # encoded them after it: an object replaced meanwhile was freed, and the record (CRC
+    # and all, acknowledged PUT_OK) held whatever reused its memory.
+    clock = _ChangingClock()
+    store = testing.open_store(tmp_path / "s", backend, clock=clock)
+    try:
+        store.put_message(Message("Changed", b"warm"))     # the file is ready: no roll
+        msgs = [_changeable_message(i, keys_len) for i in range(3)]
+        # Equal copies, not the objects themselves: the messages must be their only holders.
+        want = [(bytes(bytearray(m.body)), {k: "".join(list(v)) for k, v in m.properties.items()})
+                for m in msgs]
+        if as_list:
+            clock.victims = list(msgs)
+            res = store.put_messages(msgs)
+            assert res.status is PutMessageStatus.PUT_OK
+            offsets = list(res.commit_log_offsets)
+        else:
+            offsets = []
+            for m in msgs:
+                clock.victims = [m]
+                r = store.put_message(m)
+                assert r.status is PutMessageStatus.PUT_OK
+                offsets.append(r.commit_log_offset)
+        got = [store.look_message_by_offset(off) for off in offsets]
+        for (body, props), m in zip(want, got):
+            assert m.body == body
+            assert {k: m.properties[k] for k in props} == props
+        # The queue units' tagsCode, which a put's inline dispatch takes from its TAGS.
+        testing.wait_dispatched(store)
+        units = store.find_consume_queue("Changed", 0).units(1, 3)
+        assert list(units["tags_code"]) == [tags_code_of(p["TAGS"]) for _, p in want]
     finally:
         store.shutdown()

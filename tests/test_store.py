@@ -188,6 +188,38 @@ def test_second_process_gets_store_locked_error(store):
     assert parent.recv() == "locked"
 
 
+def _other_process_opens(root):
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=_try_open, args=(root, child))
+    p.start()
+    p.join(60)
+    return parent.recv()
+
+
+def test_a_refused_second_open_in_this_process_keeps_the_lock_against_other_processes(store,
+                                                                                       backend):
+    # The lock is a POSIX record lock, which closing any descriptor of the file in this
+    # process drops: the refused open closed its own, and a second process could then open
+    # the store as a second writer.
+    with pytest.raises(StoreLockedError):
+        MessageStore(store.root, store.config, kernels=backend).load()
+    assert _other_process_opens(store.root) == "locked"
+
+
+def test_verifying_the_store_read_only_in_its_writers_process_keeps_the_lock(store, backend):
+    # verify asks who holds the lock (F_GETLK) on a descriptor of its own, and closed it.
+    store.put_message(Message("Verified", b"x"))
+    reader = MessageStore.open_read_only(store.root, store.config, kernels=backend)
+    try:
+        problems = reader.verify().problems
+    finally:
+        reader.shutdown()
+    # The running store's abort file is no sign of a crash: it is in use.
+    assert not [p for p in problems if p.kind == "abort"]
+    assert _other_process_opens(store.root) == "locked"
+
+
 def test_reopen_recovers_offsets_and_keeps_appending(tmp_path, backend):
     root = tmp_path / "s"
     s = testing.open_store(root, backend)
@@ -354,3 +386,25 @@ def test_a_broker_batch_breaking_its_rules_is_refused(store, items, props):
     with pytest.raises(MessageIllegalError):
         store.put_messages(items, batch_properties=props)
     assert store.get_max_phy_offset() == 0
+
+
+def test_asking_who_holds_the_lock_in_the_writers_process_opens_no_descriptor(store):
+    # The answer comes from this process's own record: a monitoring loop calling it must not
+    # leave a descriptor behind per call (one kept open until unlock would be a leak).
+    path = os.path.join(store.root, "lock")
+
+    def open_on_lock():
+        if not os.path.isdir("/proc/self/fd"):
+            return None
+        n = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                n += os.path.realpath(os.readlink(f"/proc/self/fd/{fd}")) == \
+                    os.path.realpath(path)
+            except OSError:
+                pass
+        return n
+    before = open_on_lock()
+    for _ in range(20):
+        assert store.fs.lock_holder(path) == (True, os.getpid())
+    assert open_on_lock() == before

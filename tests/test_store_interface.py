@@ -280,3 +280,38 @@ def test_commit_log_data_is_a_view_to_the_files_written_end_that_holds_the_file(
     assert store.get_commit_log_data(10 ** 9) is None
     with pytest.raises(ValueError):
         store.get_commit_log_data(-1)
+
+
+def test_a_replicated_frame_whose_place_was_cut_meanwhile_is_not_published(tmp_path, backend):
+    # The HA client reserves a frame's place (replica_target), receives the body into the
+    # file, then publishes it (publish_replica), taking the put lock for each step only. A
+    # reset_write_offset in between cut the CommitLog below the frame: the publish still
+    # moved the write position to the frame's end, past a run of zeros, so the slave took
+    # the frame for appended (and reported it to the master) while its reput and a
+    # recovery stop at the zeros.
+    master = testing.open_store(tmp_path / "m", backend)
+    try:
+        rs = [master.put_message(Message("T", b"%d" % i)) for i in range(6)]
+        end = rs[-1].commit_log_offset + rs[-1].wrote_bytes
+        raw = bytes(master.commitlog.mfq.files[0].mm[:end])
+    finally:
+        master.shutdown()
+    cut, frame = rs[2].commit_log_offset, rs[4].commit_log_offset
+    slave = testing.open_store(tmp_path / "s", backend,
+                               testing.small_config(broker_role=BrokerRole.SLAVE))
+    try:
+        cl = slave.commitlog
+        assert slave.append_to_commit_log(0, raw[:frame]) is True
+        mf = cl.replica_target(frame, end - frame)
+        assert slave.reset_write_offset(cut) is True            # while the body arrives
+        mf.write_target[frame:end] = raw[frame:end]
+        assert cl.publish_replica(mf, frame, end) is False
+        assert slave.get_max_phy_offset() == cut
+        # Nothing of the frame is left past the write position to be taken for records.
+        assert bytes(mf.mm[cut:end]) == bytes(end - cut)
+        # The master sends from the slave's offset again: everything lands.
+        assert slave.append_to_commit_log(cut, raw[cut:]) is True
+        testing.wait_until(lambda: slave.dispatch_behind_bytes() == 0, what="reput")
+        assert slave.get_max_offset_in_queue("T", 0) == 6
+    finally:
+        slave.shutdown()

@@ -56,9 +56,9 @@ class _CommitLog:
         self.open = (self.mf, self.mf.wrote_position, size)
         return self.mf
 
-    def publish_replica(self, mf, pos):
+    def publish_replica(self, mf, begin, pos):
         f, start, size = self.open
-        assert mf is f and pos == start + size, "published a partial frame"
+        assert mf is f and begin == start and pos == start + size, "published a partial frame"
         self.open = None
         mf.wrote_position = pos
         self.max_offset = mf.file_from_offset + pos

@@ -517,10 +517,12 @@ class HAClient(ServiceThread):
         self._frame_got += n
         if self._frame_got < self._frame_size:
             return True
-        mf, end = self._frame_mf, self._frame_rel + self._frame_size
+        mf, start = self._frame_mf, self._frame_rel
+        end = start + self._frame_size
         self._drop_frame()
-        if not self.commitlog.publish_replica(mf, end):
-            self._close("the store is shutting down")
+        if not self.commitlog.publish_replica(mf, start, end):
+            self._close("the frame was not published: the store is shutting down, or its "
+                        "CommitLog was cut meanwhile")
             return False
         self.frames_received += 1
         if self._wake_reput is not None:
