@@ -303,19 +303,21 @@ cdef extern from *:
     """
     /* The value of an exact int of at most two 30-bit digits (|v| < 2**60), read in place as
        CPython's own compact-int fast paths do; 0 for anything else (another type, an int
-       subclass, a bigger int, a layout this does not know), which the caller converts the
-       general way. Always inline: left to the compiler, it was a call per field. */
+       subclass, a bigger int, a layout this does not know) and for NULL (a deleted member),
+       which the caller converts the general way. Always inline: left to the compiler, it was
+       a call per field. */
     #if defined(__GNUC__)
     __attribute__((always_inline))
     #endif
     static inline int rs_small_int(PyObject *o, int64_t *v) {
     #if !defined(Py_LIMITED_API) && PY_VERSION_HEX >= 0x030C0000
-        if (Py_IS_TYPE(o, &PyLong_Type) && PyUnstable_Long_IsCompact((PyLongObject *)o)) {
+        if (o != NULL && Py_IS_TYPE(o, &PyLong_Type)
+                && PyUnstable_Long_IsCompact((PyLongObject *)o)) {
             *v = (int64_t)PyUnstable_Long_CompactValue((PyLongObject *)o);
             return 1;
         }
     #elif !defined(Py_LIMITED_API) && PYLONG_BITS_IN_DIGIT == 30
-        if (Py_IS_TYPE(o, &PyLong_Type)) {
+        if (o != NULL && Py_IS_TYPE(o, &PyLong_Type)) {
             const digit *d = ((PyLongObject *)o)->ob_digit;
             switch (Py_SIZE(o)) {
             case 0: *v = 0; return 1;
@@ -687,6 +689,10 @@ cdef class PutPath:
         separator each (measured: ~220 instructions a record for two properties)."""
         cdef PyObject *pk
         cdef PyObject *pv
+        cdef PyObject *pm
+        cdef PyObject *pb
+        cdef PyObject *pq
+        cdef PyObject *pp
         cdef object topic, body, qid_obj, props, born, lim, packed
         cdef bytes topic_b, born_raw
         cdef int32_t born_v6, tx, h, spread
@@ -702,13 +708,19 @@ cdef class PutPath:
         cdef uint8_t *q
         if type(msg) is not self._message_type:
             return False
-        for i in range(11):
-            if _member(msg, self._m[i]) == NULL:       # a deleted attribute: Python raises
-                return False
-        topic = <object>_member(msg, self._m[M_TOPIC])
-        body = <object>_member(msg, self._m[M_BODY])
-        qid_obj = <object>_member(msg, self._m[M_QID])
-        props = <object>_member(msg, self._m[M_PROPS])
+        # A deleted attribute (NULL) sends the message to the Python path, which raises: each
+        # member is checked where it is read (rs_small_int and _read_ints check the ints),
+        # not all eleven first (measured under callgrind: ~40 instructions a message).
+        pm = _member(msg, self._m[M_TOPIC])
+        pb = _member(msg, self._m[M_BODY])
+        pq = _member(msg, self._m[M_QID])
+        pp = _member(msg, self._m[M_PROPS])
+        if pm == NULL or pb == NULL or pq == NULL or pp == NULL:
+            return False
+        topic = <object>pm
+        body = <object>pb
+        qid_obj = <object>pq
+        props = <object>pp
         if (topic is self._last_topic and rs_dict_versioned()
                 and rs_dict_version(self._topics) == self._topics_ver):
             topic_b = self._last_topic_b
@@ -749,7 +761,10 @@ cdef class PutPath:
             lim = limits.get(topic)
             if lim is not None and qid_obj >= lim:
                 return False
-        born = <object>_member(msg, self._m[M_BORN_HOST])
+        pm = _member(msg, self._m[M_BORN_HOST])
+        if pm == NULL:
+            return False
+        born = <object>pm
         if born is self._last_born:
             born_raw = self._last_born_raw
             born_v6 = self._last_born_v6
@@ -875,8 +890,10 @@ cdef class PutPath:
         path takes the message and raises what the store documents. Ints only (bool is
         one): Cython would truncate a float, which the other backends refuse."""
         cdef int i
+        cdef PyObject *p
         for i in (M_QID, M_FLAG, M_SYS_FLAG, M_BORN_TS, M_RECONSUME, M_PREPARED):
-            if not PyLong_Check(<object>_member(msg, self._m[i])):
+            p = _member(msg, self._m[i])
+            if p == NULL or not PyLong_Check(<object>p):
                 return False
         try:
             r.queue_id = <object>_member(msg, self._m[M_QID])
