@@ -480,6 +480,20 @@ cdef inline int _encoded(int rc, int size) except -1:
     return 0
 
 
+cdef void _requeue(Py_ssize_t *qslot, size_t qcap, const _Rec *recs,
+                   const Py_ssize_t *first_of, Py_ssize_t n_keys) noexcept:
+    """put_list's distinct-queue table of `qcap` slots, rebuilt from its `n_keys` queues."""
+    cdef Py_ssize_t k
+    cdef size_t h
+    memset(qslot, 0xFF, qcap * sizeof(Py_ssize_t))
+    for k in range(n_keys):
+        h = rs_mix(_queue_hash_key(recs[first_of[k]].topic_b, recs[first_of[k]].queue_id),
+                   qcap - 1)
+        while qslot[h] >= 0:
+            h = (h + 1) & (qcap - 1)
+        qslot[h] = k
+
+
 cdef class PutPath:
     """PutPath(store_put, store_put_list, commitlog, running_flags, not_writeable_mask, clock,
     message_type, mapped_file_type, result_type, batch_result_type, put_ok, host_cache)
@@ -1134,7 +1148,7 @@ cdef class PutPath:
         cdef dict cl = self._cld
         cdef Py_ssize_t *qslot = NULL      # the distinct-queue table: slot -> queue, or -1
         cdef Py_ssize_t *first_of = NULL   # per distinct queue: its first record
-        cdef size_t qcap, h, store_len, need
+        cdef size_t qcap, qmax, h, store_len, need
         cdef char *block = NULL
         cdef uint8_t *pnext
         cdef uint8_t *pend
@@ -1171,10 +1185,10 @@ cdef class PutPath:
         # Working memory, one block reused call after call (a fresh quarter megabyte per call
         # was freed back to the OS and faulted in again each time): the records, then the
         # distinct-queue table and per-queue arrays; the properties' pieces grow apart.
-        qcap = 16
-        while qcap < 2 * n:
-            qcap *= 2
-        need = (n * sizeof(_Rec) + 2 * n * sizeof(Py_ssize_t) + qcap * sizeof(Py_ssize_t)
+        qmax = 16
+        while qmax < 2 * n:
+            qmax *= 2
+        need = (n * sizeof(_Rec) + 2 * n * sizeof(Py_ssize_t) + qmax * sizeof(Py_ssize_t)
                 + 2 * n * sizeof(int64_t) + n * sizeof(PyObject *) + n * sizeof(Py_hash_t)
                 + n * PROPS_INLINE)
         nparts_cap = n * 8 + 4 * MAX_FAST_PROPS
@@ -1209,16 +1223,18 @@ cdef class PutPath:
             slot_of = <Py_ssize_t *>(recs + n)
             first_of = slot_of + n
             qslot = first_of + n
-            base = <int64_t *>(qslot + qcap)
+            base = <int64_t *>(qslot + qmax)
             count = base + n
             kobj = <PyObject **>(count + n)
             khash = <Py_hash_t *>(kobj + n)
             pnext = <uint8_t *>(khash + n)      # the properties strings _prepare copies
             pend = pnext + n * PROPS_INLINE
             # Distinct queues by (validated topic bytes, queue id): the topic cache hands out
-            # one bytes object per topic, so equal topics share it.
+            # one bytes object per topic, so equal topics share it. The table has room for
+            # 2n (qmax) and starts at 64 slots, doubled as queues come: a list goes to a few
+            # queues, and clearing the whole table was ~16 instructions a message (callgrind).
+            qcap = min(qmax, <size_t>64)
             memset(qslot, 0xFF, qcap * sizeof(Py_ssize_t))       # -1: empty
-            memset(first_of, 0xFF, n * sizeof(Py_ssize_t))
             limits = cl["write_queue_limits"]     # rebound on change: one per call
             if type(limits) is dict and not len(<dict>limits):
                 limits = None                       # no limit: nothing to look up per message
@@ -1249,13 +1265,15 @@ cdef class PutPath:
                         k = n_keys
                         n_keys += 1
                         qslot[h] = k
+                        first_of[k] = i
+                        if 2 * <size_t>n_keys > qcap:      # at most half full: double it
+                            qcap *= 2                       # (n_keys <= n, qmax >= 2n)
+                            _requeue(qslot, qcap, recs, first_of, n_keys)
                         break
                     if recs[first_of[k]].topic_b == recs[i].topic_b and \
                             recs[first_of[k]].queue_id == recs[i].queue_id:
                         break
                     h = (h + 1) & (qcap - 1)
-                if k == n_keys - 1 and first_of[k] < 0:
-                    first_of[k] = i
                 slot_of[i] = k
             store_p = <const uint8_t *>PyBytes_AS_STRING(self._store_raw)
             store_len = <size_t>PyBytes_GET_SIZE(self._store_raw)
