@@ -1387,7 +1387,9 @@ cdef class PutPath:
             written_rows.n = n_rows
             written_rows.offset = phys[0]
             written_rows.nbytes = rows_bytes
-        stored = [self._store_raw] * done
+        # The store host of every message: one bytes object, not a list of `done` references
+        # to it (PutMessagesResult.msg_ids reads either; ~10 instructions a message).
+        stored = self._store_raw
         if done < n:
             self._record(t0, False)
             return self._batch_result_type(status, done, phys_a[:done], qoffs_a[:done].copy(),
