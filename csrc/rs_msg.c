@@ -21,8 +21,15 @@ static inline int32_t rs_host_len(int32_t sys_flag, int32_t v6_bit)
  */
 static inline void rs_copy(uint8_t *dst, const uint8_t *src, size_t n)
 {
-    if (n > 16) {
+    if (n > 32) {
         memmove(dst, src, n);
+    } else if (n > 16) {
+        /* A properties string of a key and a tag: two overlapping 16-byte moves. */
+        uint8_t a[16], b[16];
+        memcpy(a, src, 16);
+        memcpy(b, src + n - 16, 16);
+        memcpy(dst, a, 16);
+        memcpy(dst + n - 16, b, 16);
     } else if (n >= 8) {
         uint64_t a, b;
         memcpy(&a, src, 8);

@@ -105,8 +105,10 @@ class PutMessagesResult:
     def msg_ids(self):
         """Offset msgIds of every stored message, in order."""
         from .message import make_msg_id
-        return [make_msg_id(h, int(o))
-                for h, o in zip(self._store_host_raws, self.commit_log_offsets)]
+        hosts = self._store_host_raws
+        if type(hosts) is bytes:        # one store host for every message (compiled paths)
+            return [make_msg_id(hosts, int(o)) for o in self.commit_log_offsets]
+        return [make_msg_id(h, int(o)) for h, o in zip(hosts, self.commit_log_offsets)]
 
     @property
     def msg_id(self):

@@ -151,3 +151,51 @@ def test_index_dispatch_refuses_rows_outside_the_buffer_before_writing(tmp_path,
 def _fs():
     from rocketstore.fs import FileSystem
     return FileSystem()
+
+
+def _props_of_every_length(rng, count):
+    """Properties strings of 0 to ~90 bytes (the compiled dispatch reads 16 to 64 bytes with
+    bit masks, others with memchr): KEYS values with spaces anywhere, UNIQ_KEY, repeated and
+    empty KEYS segments (the last valid one wins), names without a value, empty segments."""
+    def word():
+        return "".join(rng.choice("ab  c") for _ in range(rng.randrange(0, 14)))
+    pieces = [lambda: "KEYS\x01" + word(), lambda: "UNIQ_KEY\x01" + word(),
+              lambda: "TAGS\x01" + word(), lambda: "KEYS", lambda: "KEYS\x01",
+              lambda: "", lambda: "X\x01" + word(), lambda: " KEYS\x01" + word()]
+    out = []
+    while len(out) < count:
+        props = "\x02".join(rng.choice(pieces)() for _ in range(rng.randrange(1, 6)))
+        if len(props) <= 90:
+            out.append(props.encode())
+    return out
+
+
+def test_index_dispatch_finds_keys_as_index_keys_does_in_properties_of_every_length(tmp_path,
+                                                                                    cext):
+    import random
+    pure = testing.load_backend("pure")
+    host = b"\x7f\x00\x00\x01\x00\x00\x00\x01"
+    buf = bytearray(1 << 20)
+    pos = 0
+    all_props = _props_of_every_length(random.Random(11), 3000)
+    assert {len(p) for p in all_props} >= set(range(0, 70))
+    for i, props in enumerate(all_props):
+        pos += cext.msg_encode(buf, pos, b"T%d" % (i % 3), b"x", props, 0, 0, i, pos, 0,
+                               1_700_000_000_000, host, 1_700_000_000_000 + i, host, 0, 0)
+    data = bytes(buf[:pos])
+    rows = np.zeros(len(all_props), dtype=F.SCAN_DTYPE)
+    assert pure.commitlog_scan(data, 0, pos, True, rows)[0] == len(all_props)
+    # The reference: index_keys (every backend's path) then index_put_batch, in pure Python.
+    hashes = np.zeros(20_000, dtype=np.int32)
+    of_row = np.zeros(20_000, dtype=np.int32)
+    n, done = pure.index_keys(data, rows, hashes, of_row)
+    assert done == len(rows) and n > 2000
+    f = IndexFile(str(tmp_path / "20260101000000000"), 4099, 20_000, cext, _fs(), writable=True)
+    want = bytearray(len(f.mm))
+    pure.index_put_batch(want, 4099, 20_000, hashes[:n], rows["phy_offset"][of_row[:n]],
+                         rows["store_timestamp"][of_row[:n]])
+    cext.index_dispatch(rows, data, f, 0, None)
+    assert f.index_count == n + 1
+    table = F.INDEX_HEADER_SIZE
+    assert bytes(f.mm)[table:] == bytes(want)[table:]
+    f.close()

@@ -595,3 +595,57 @@ def test_a_message_changed_while_its_put_holds_the_lock_is_stored_as_it_was_read
         assert list(units["tags_code"]) == [tags_code_of(p["TAGS"]) for _, p in want]
     finally:
         store.shutdown()
+@pytest.mark.parametrize("member", ["topic", "body", "queue_id", "flag", "properties",
+                                    "born_timestamp", "born_host", "store_host", "sys_flag",
+                                    "reconsume_times", "prepared_transaction_offset"])
+def test_a_message_missing_any_member_is_refused_alike_and_writes_nothing(tmp_path, member):
+    """A deleted slot reads as NULL in the compiled path, which checks each member where it
+    reads it: the message goes to the Python path, alone or in a list, whose error every
+    backend raises alike."""
+    seen = set()
+    for name in BACKENDS:
+        store = testing.open_store(tmp_path / name, testing.load_backend(name))
+        try:
+            ok, bad = make_messages(2)
+            delattr(bad, member)
+            errors = []
+            for put in (store.put_message, lambda m: store.put_messages([ok, m])):
+                with pytest.raises(Exception) as exc:
+                    put(bad)
+                errors.append((type(exc.value), str(exc.value)))
+            seen.add(tuple(errors))
+            assert store.get_max_offset_in_queue("BenchTopic0", 0) == 0
+        finally:
+            store.shutdown()
+    assert len(seen) == 1
+
+
+def test_a_list_to_hundreds_of_queues_takes_each_queue_offset_in_turn(tmp_path):
+    """put_list's table of a list's distinct queues starts small and grows as queues come:
+    a list going to 40 topics x 10 queues in a shuffled order stores every message at the
+    next offset of its own queue, the same bytes in every backend."""
+    import random
+    msgs = make_messages(2000, topics=40, queues=10)
+    random.Random(3).shuffle(msgs)
+    written = {}
+    for name in BACKENDS:
+        store = testing.open_store(tmp_path / name, testing.load_backend(name),
+                                   testing.small_config(mapped_file_size_commit_log=1 << 22))
+        try:
+            store.put_messages(msgs[:1000])         # first sight of the topics: Python's path
+            path = getattr(store.put_message, "__self__", None)    # cext: its PutPath
+            fast = path.fast if hasattr(path, "fast") else None
+            r = store.put_messages(msgs[1000:])
+            assert r.status is PutMessageStatus.PUT_OK and r.count == 1000
+            if fast is not None:
+                assert path.fast == fast + 1000     # the compiled path took the list
+            nxt = {}
+            for m, q in zip(msgs[1000:], r.queue_offsets.tolist()):
+                key = (m.topic, m.queue_id)
+                want = nxt.get(key, sum(1 for x in msgs[:1000] if (x.topic, x.queue_id) == key))
+                assert q == want
+                nxt[key] = q + 1
+        finally:
+            store.shutdown()
+        written[name] = _commitlog_bytes(tmp_path / name)
+    assert len(set(written.values())) == 1, written.keys()
