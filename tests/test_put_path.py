@@ -595,6 +595,8 @@ def test_a_message_changed_while_its_put_holds_the_lock_is_stored_as_it_was_read
         assert list(units["tags_code"]) == [tags_code_of(p["TAGS"]) for _, p in want]
     finally:
         store.shutdown()
+
+
 @pytest.mark.parametrize("member", ["topic", "body", "queue_id", "flag", "properties",
                                     "born_timestamp", "born_host", "store_host", "sys_flag",
                                     "reconsume_times", "prepared_transaction_offset"])
