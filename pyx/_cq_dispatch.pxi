@@ -4,7 +4,9 @@
 # The row loop runs without the GIL: each queue's append state is a C struct found through a
 # C hash table, and the mapping it writes to is pinned (a buffer export, so close() refuses
 # to unmap it) from the moment the state is loaded from the Python objects until it is
-# published back to them. Before each GIL-free run, one pass with the GIL loads the state of
+# published: the positions go into int64 cells that readers read them from (the file's and
+# the queue's `_cell`, see mapped_file.CqMappedFile), with plain stores and no Python int.
+# Before each GIL-free run, one pass with the GIL loads the state of
 # every queue the rows touch, so the run does not leave and retake the GIL per queue (with
 # 40 000 queues, nearly one per row; each retake can wait for the writer's switch interval).
 # The GIL is taken inside a run only for the rare rows (a queue seen for the first time, a
@@ -80,6 +82,11 @@ cdef struct _CqState:
     bint cached
     bint pinned                 # mm's export taken for the current call
     int64_t pub_wrote, pub_max
+    # The cells readers read the positions from (CqMappedFile._cell: wrote, committed;
+    # ConsumeQueue._cell: max_physic_offset), exported by the _CqSlot so they cannot be
+    # resized: publishing is a plain store into them. pos_cell is set while `cached`.
+    int64_t *pos_cell
+    int64_t *max_cell
     PyObject *owner             # its _CqSlot (kept alive by CqSlots)
     PyObject *cq
     PyObject *file
@@ -105,7 +112,7 @@ cdef struct _CqTable:
 
 cdef inline void _prefetch_lines(const _CqState *st) noexcept nogil:
     """Every cache line of a state. It lives inside its _CqSlot object, at no particular
-    alignment: its 216 bytes span four or five lines, and the last one holds the objects
+    alignment: its 232 bytes span four or five lines, and the last one holds the objects
     loading and publishing read first (perf: prefetching three lines from its start left
     the loads of st.file and st.mm missing)."""
     cdef const char *p = <const char *>st
@@ -212,18 +219,41 @@ cdef class _CqSlot:
     cdef object file            # its last file
     cdef object mm              # that file's Mapping
     cdef object version         # held, so `is` means the same value
+    # Exports of the cells st.pos_cell and st.max_cell point into (see _CqState).
+    cdef Py_buffer pos_view
+    cdef Py_buffer max_view
+
+    def __cinit__(self):
+        memset(&self.pos_view, 0, sizeof(Py_buffer))
+        memset(&self.max_view, 0, sizeof(Py_buffer))
+
+    def __dealloc__(self):
+        PyBuffer_Release(&self.pos_view)
+        PyBuffer_Release(&self.max_view)
 
 
-_CQ_FILE_SLOTS = ("wrote_position", "committed_position", "refill_position",
-                  "file_from_offset", "file_size", "mm")
-DEF CF_WROTE = 0
-DEF CF_COMMITTED = 1
-DEF CF_REFILL = 2
-DEF CF_FROM = 3
-DEF CF_SIZE = 4
-DEF CF_MM = 5
-_CQ_SLOTS = ("max_physic_offset", "dirty", "_marked", "_version")
-DEF CQ_MAX = 0
+cdef int64_t *_cell(object cell, Py_buffer *view, Py_ssize_t n) except NULL:
+    """Export `cell` (an int64 array of at least `n` items: a position cell) into `view`, and
+    the address of its first item: while exported it cannot be resized, so the address
+    stays valid."""
+    PyBuffer_Release(view)
+    PyObject_GetBuffer(cell, view, PyBUF_WRITABLE | PyBUF_FORMAT)
+    if (view.itemsize != 8 or view.format == NULL or view.format[0] != b'q'
+            or view.format[1] != 0 or view.len < n * 8):
+        PyBuffer_Release(view)
+        raise TypeError(f"a position cell is an int64 array of {n} items, not {cell!r}")
+    return <int64_t *>view.buf
+
+
+_CQ_FILE_SLOTS = ("_cell", "refill_position", "file_from_offset", "file_size", "mm")
+DEF CF_CELL = 0
+DEF CF_REFILL = 1
+DEF CF_FROM = 2
+DEF CF_SIZE = 3
+DEF CF_MM = 4
+DEF N_CF = 5
+_CQ_SLOTS = ("_cell", "dirty", "_marked", "_version")
+DEF CQ_CELL = 0
 DEF CQ_DIRTY = 1
 DEF CQ_MARKED = 2
 DEF CQ_VERSION = 3
@@ -238,15 +268,16 @@ cdef class CqSlots:
     cdef _CqState **_touched    # states loaded (and pinned) in the current call
     cdef Py_ssize_t _n_touched, _touched_cap
     cdef type _file_type
-    cdef Py_ssize_t _f[6]
-    cdef Py_ssize_t _cq[4]         # ConsumeQueue's max_physic_offset, dirty, _marked, _version
+    cdef Py_ssize_t _f[N_CF]
+    cdef Py_ssize_t _cq[4]         # ConsumeQueue's _cell, dirty, _marked, _version
     # Whether reput_dispatch loads the last pass's queues before its GIL-free section: only
     # while passes keep returning to the same queues (see reput_dispatch).
     cdef bint preload
 
     def __cinit__(self, type mapped_file_type, type consume_queue_type):
-        # Positions are read and written at the members' offsets, as PutPath does: with
-        # 40 000 queues a batch loads and publishes a queue per row or two.
+        # Members are read at their offsets, as PutPath does, and positions are published into
+        # the cells (CqMappedFile, ConsumeQueue._cell): with 40 000 queues a batch loads and
+        # publishes a queue per row or two.
         _member_offsets(mapped_file_type, _CQ_FILE_SLOTS, self._f)
         _member_offsets(consume_queue_type, _CQ_SLOTS, self._cq)
         self._file_type = mapped_file_type
@@ -306,6 +337,10 @@ cdef class CqSlots:
         s.st.owner = <PyObject *>s
         s.st.cq = <PyObject *>cq
         s.st.file = s.st.mm = s.st.version = NULL
+        s.st.pos_cell = NULL
+        if _member(cq, self._cq[CQ_CELL]) == NULL:
+            raise TypeError("a ConsumeQueue without its max_physic_offset cell")
+        s.st.max_cell = _cell(<object>_member(cq, self._cq[CQ_CELL]), &s.max_view, 1)
         self._owners.append(s)
         _cq_insert(&self.t, &s.st)
         self._n += 1
@@ -349,19 +384,18 @@ cdef class CqSlots:
         f = (<list>files)[len(<list>files) - 1]
         if type(f) is not self._file_type:
             return 0
-        for i in range(6):
+        for i in range(N_CF):
             if _member(f, self._f[i]) == NULL:
                 return 0
-        if _member(s.cq, self._cq[CQ_MAX]) == NULL:
-            return 0
         mm = <object>_member(f, self._f[CF_MM])
         if type(mm) is not Mapping or not (<Mapping>mm).writable or (<Mapping>mm)._addr == NULL:
             return 0
         st.size = <object>_member(f, self._f[CF_SIZE])
         st.base = <object>_member(f, self._f[CF_FROM])
-        st.wrote = <object>_member(f, self._f[CF_WROTE])
+        st.pos_cell = _cell(<object>_member(f, self._f[CF_CELL]), &s.pos_view, 2)
+        st.wrote = st.pos_cell[0]
         st.refill = <object>_member(f, self._f[CF_REFILL])
-        st.max_phy = <object>_member(s.cq, self._cq[CQ_MAX])
+        st.max_phy = st.max_cell[0]
         # What the objects hold now: publish writes only what the loop moved past these.
         st.pub_wrote = st.wrote
         st.pub_max = st.max_phy
@@ -383,6 +417,8 @@ cdef class CqSlots:
         """Drop what the slot kept from earlier calls: the next load reads the objects."""
         s.st.cached = False
         s.st.file = s.st.mm = s.st.version = NULL
+        s.st.pos_cell = NULL
+        PyBuffer_Release(&s.pos_view)
         s.file = s.mm = s.version = None
 
     cdef int forget(self, int64_t key) except -1:
@@ -479,8 +515,11 @@ cdef class CqSlots:
             rs_prefetch_w(st.mm)
 
     cdef int publish(self) except -1:
-        """Positions back to the MappedFile and ConsumeQueue objects, pins released: readers
-        see the units, and any Python code may run (and change the queues) after this. Each
+        """Positions into the cells of the queues' files and of the queues (CqMappedFile and
+        ConsumeQueue `_cell`), pins released: readers see the units, and any Python code may
+        run (and change the queues) after this. The units' bytes were written before, by this
+        thread; every reader reads the cells with the GIL, which this holds, so a reader that
+        sees a position sees the units below it (the GIL's release and acquire order them). Each
         queue keeps its state, with the objects just published, for the next call. The queues
         written to are then marked in their DirtyQueues as ConsumeQueue's own writes mark
         them (ConsumeQueue._mark): the epoch read after the positions moved, once per epoch;
@@ -488,7 +527,6 @@ cdef class CqSlots:
         every dispatched row's queue."""
         cdef _CqState *st
         cdef _CqState *ahead
-        cdef PyObject *p
         cdef Py_ssize_t k, n = self._n_touched
         cdef list written = []
         for k in range(n):
@@ -500,32 +538,20 @@ cdef class CqSlots:
                 ahead = self._touched[k + PF_STATE]
                 if ahead.pinned:           # its pin is released below
                     rs_prefetch_w(ahead.mm)
-                if ahead.appendable:
-                    # The members written below, not the objects' heads: MappedFile's
-                    # positions lie a line or three past its start.
-                    rs_prefetch_w(<const char *>ahead.file + self._f[CF_WROTE])
-                    rs_prefetch_w(<const char *>ahead.file + self._f[CF_COMMITTED])
-                    rs_prefetch_w(<const char *>ahead.cq + self._cq[CQ_MAX])
+                if ahead.appendable and ahead.wrote != ahead.pub_wrote:
+                    # The cells written below, and the member _mark reads.
+                    rs_prefetch_w(ahead.pos_cell)
+                    rs_prefetch_w(ahead.max_cell)
                     rs_prefetch_r(<const char *>ahead.cq + self._cq[CQ_MARKED])
-            if k + PF_OBJECTS < n:
-                ahead = self._touched[k + PF_OBJECTS]
-                if ahead.appendable:       # the values about to be replaced (and freed)
-                    p = _member(<object>ahead.file, self._f[CF_WROTE])
-                    if p != NULL:
-                        rs_prefetch_w(p)
-                    p = _member(<object>ahead.cq, self._cq[CQ_MAX])
-                    if p != NULL:
-                        rs_prefetch_w(p)
             st = self._touched[k]
             if st.appendable:
                 if st.wrote != st.pub_wrote:
-                    wrote = st.wrote
-                    _set_member(<object>st.file, self._f[CF_WROTE], wrote)
-                    _set_member(<object>st.file, self._f[CF_COMMITTED], wrote)
+                    st.pos_cell[0] = st.wrote
+                    st.pos_cell[1] = st.wrote
                     st.pub_wrote = st.wrote
                     written.append(<object>st.cq)
                 if st.max_phy != st.pub_max:
-                    _set_member(<object>st.cq, self._cq[CQ_MAX], st.max_phy)
+                    st.max_cell[0] = st.max_phy
                     st.pub_max = st.max_phy
             if st.pinned:
                 (<Mapping>st.mm)._exports -= 1
@@ -672,8 +698,9 @@ def cq_dispatch(rows, buf, CqSlots slots, slow):
     else (a queue not in `slots` yet, a topic hash shared by two topics, a roll, a gap, a unit
     already present, a reservation, a SCHEDULE_TOPIC_XXXX row) is `slow(i)`, which dispatches
     row i by ConsumeQueue.put_unit's rules and returns its queue, then remembered in `slots`.
-    Positions reach the MappedFile and ConsumeQueue objects before every slow call and at the
-    end, so readers see a unit only after the batch's records, which are already readable.
+    Positions reach the queues' cells (CqMappedFile and ConsumeQueue `_cell`) before every
+    slow call and at the end, so readers see a unit only after the batch's records, which are
+    already readable.
     Returns the store timestamp of the last dispatched row, or 0."""
     cdef Py_buffer rv, b
     cdef const rs_scan_rec *r

@@ -97,11 +97,17 @@ _RESULT_SLOTS = ("status", "reason", "commit_log_offset", "queue_offset", "store
 
 
 cdef int _member_offsets(type cls, tuple names, Py_ssize_t *out) except -1:
-    """The offsets of `names`, members of __slots__ class `cls`, for _member/_set_member. A
-    private member is read only when its class lends it (LENT_SLOTS): the class then knows
-    the compiled layer takes part in what that member holds."""
+    """The offsets of `names`, members of __slots__ class `cls` or a class it derives from,
+    for _member/_set_member. A name that `cls` (or a class between it and the member's) turns
+    into a property is refused: the member no longer holds the value. A private member is
+    read only when its class lends it (LENT_SLOTS): the class then knows the compiled layer
+    takes part in what that member holds."""
     for i, name in enumerate(names):
-        d = cls.__dict__.get(name)
+        d = None
+        for c in cls.__mro__:
+            if name in c.__dict__:
+                d = c.__dict__[name]
+                break
         if type(d).__name__ != "member_descriptor":
             raise TypeError(f"{cls.__name__}.{name} is not a __slots__ member")
         if name.startswith("_") and name not in getattr(cls, "LENT_SLOTS", ()):

@@ -16,7 +16,7 @@
 # unit, and a pull of 32 costs less than releasing it twice; a get_batch of tens of thousands
 # holds it for milliseconds.
 from cpython.bytearray cimport PyByteArray_FromStringAndSize
-from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from libc.limits cimport LLONG_MAX
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
@@ -186,6 +186,10 @@ cdef class ReadPath:
     # attribute).
     cdef type _cq_type
     cdef Py_ssize_t _cq[3]
+    # A ConsumeQueue file's type (mapped_file.CqMappedFile, taken from the first one read) and
+    # the offset of its `_cell`, where its positions are (_read_pos).
+    cdef type _cell_type
+    cdef Py_ssize_t _cell_off
 
     def __init__(self, message_type, mapped_file_type, on_corrupt, result_type=None,
                  statuses=None, batch_result_type=None, limits=None, query_result_type=None):
@@ -400,6 +404,23 @@ cdef class ReadPath:
                 return f
         return None
 
+    cdef int64_t _read_pos(self, object f) except? -1:
+        """f.read_position: a CommitLog file's committed_position member, read in place; a
+        ConsumeQueue file's (CqMappedFile) is the second item of its cell (the class leaves
+        the member None), read in place too. The cell is written with the GIL, which this
+        holds: the units below the position read are written."""
+        cdef PyObject *p = _member(f, self._f[R_READ])
+        if p != NULL and PyLong_CheckExact(<object>p):
+            return <object>p
+        if self._cell_type is None and "_cell" in getattr(type(f), "LENT_SLOTS", ()):
+            _member_offsets(type(f), ("_cell",), &self._cell_off)
+            self._cell_type = type(f)
+        if type(f) is self._cell_type:
+            p = _member(f, self._cell_off)
+            if p != NULL and type(<object>p) is _array:
+                return (<object>p)[1]
+        return f.read_position
+
     cdef bint _hold(self, object f) except -1:
         """MappedFile.hold with its slots read in place (a get_batch holds each file it reads
         from, and the Python method's frame cost as much as a dozen records' checks): under the
@@ -437,7 +458,7 @@ cdef class ReadPath:
         except (ValueError, BufferError):
             return 0                    # unmapped by cleaning meanwhile
         w.start = <object>_member(f, self._f[R_FROM])
-        w.end = w.start + <int64_t>(<object>_member(f, self._f[R_READ]))
+        w.end = w.start + self._read_pos(f)
         if w.end - w.start > view.len:
             w.end = w.start + view.len
         w.buf = <const uint8_t *>view.buf
@@ -462,11 +483,9 @@ cdef class ReadPath:
         if not log_files or not cq_files:
             return 0
         last = log_files[len(log_files) - 1]
-        max_py[0] = <int64_t>(<object>_member(last, self._f[R_FROM])) \
-            + <int64_t>(<object>_member(last, self._f[R_READ]))
+        max_py[0] = <int64_t>(<object>_member(last, self._f[R_FROM])) + self._read_pos(last)
         last = cq_files[len(cq_files) - 1]
-        max_off[0] = (<int64_t>(<object>_member(last, self._f[R_FROM]))
-                      + <int64_t>(<object>_member(last, self._f[R_READ]))) \
+        max_off[0] = (<int64_t>(<object>_member(last, self._f[R_FROM])) + self._read_pos(last)) \
             // RS_CQ_STORE_UNIT_SIZE
         return 1
 
@@ -549,8 +568,7 @@ cdef class ReadPath:
         log_files = self._log_queue(store).files
         if log_files:
             last = log_files[len(log_files) - 1]
-            max_py = <int64_t>(<object>_member(last, self._f[R_FROM])) \
-                + <int64_t>(<object>_member(last, self._f[R_READ]))
+            max_py = <int64_t>(<object>_member(last, self._f[R_FROM])) + self._read_pos(last)
         if reput.reput_from_offset < max_py:
             reput.catch_up()
         return 0

@@ -28,7 +28,7 @@ def reput_dispatch(buf, int64_t start, int64_t end, rows, Py_ssize_t prev_n, CqS
     thousands of queues would be pure cost. When the run stops at a row whose queue is not
     loaded, the queues of the rows from there are loaded with the GIL and a second GIL-free
     section goes on from that row (the index's keys are put in the last section). The units
-    written are published (positions back to the MappedFile and ConsumeQueue objects)
+    written are published (positions into the cells of the queues and their files)
     before this returns, however it returns.
 
     Returns (count, stop_pos, reason, stop_size) as commitlog_scan, then (cq_row, last_ts):

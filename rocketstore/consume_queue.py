@@ -3,10 +3,12 @@
 import logging
 import os
 import threading
+from array import array
 
 import numpy as np
 
 from .format import CQ_DTYPE, CQ_UNIT, CQ_STORE_UNIT_SIZE as UNIT
+from .mapped_file import CqMappedFile
 from .mapped_file_queue import MappedFileQueue
 
 log = logging.getLogger(__name__)
@@ -78,7 +80,7 @@ class DirtyQueues:
 class ConsumeQueue:
     """Units are written by the reput thread only; readers take `self.mfq.files` once."""
 
-    __slots__ = ("topic", "queue_id", "mfq", "file_size", "max_physic_offset",
+    __slots__ = ("topic", "queue_id", "mfq", "file_size", "_cell",
                  "min_logic_offset", "_k", "_commit_log_min", "dirty", "_marked", "_version",
                  "populator")
     # The compiled dispatcher (pyx/_cq_dispatch.pxi) marks the queues it wrote as put_unit's
@@ -86,7 +88,9 @@ class ConsumeQueue:
     # queue's append state (last file, positions) from call to call while `_version` is the
     # object it read it with: every method here that changes the queue's files or positions
     # from Python bumps it first (_changed), so the loop reads them again.
-    LENT_SLOTS = ("_marked", "_version")
+    # `_cell` holds max_physic_offset as a one-element int64 array, which the dispatcher
+    # publishes into with a plain C store, as CqMappedFile's positions (see there).
+    LENT_SLOTS = ("_marked", "_version", "_cell")
 
     def __init__(self, root, topic, queue_id, file_size, kernels, fs, writable=True,
                  reserve_window=0, populator=None):
@@ -100,9 +104,10 @@ class ConsumeQueue:
                                    reserve_window_max=(RESERVE_WINDOW_MAX if populator is None
                                                        else POPULATED_WINDOW_MAX),
                                    no_readahead_while_written=True,
-                                   populator=populator)
+                                   populator=populator, file_type=CqMappedFile)
         # A PopulateAheadService populating this queue's windows off the writer's thread.
         self.populator = populator
+        self._cell = array("q", (-1,))
         self.max_physic_offset = -1     # end (offset + size) of the last unit's record
         self.min_logic_offset = 0       # byte offset of the first valid unit
         self._k = kernels
@@ -111,6 +116,15 @@ class ConsumeQueue:
         self.dirty = None
         self._marked = -1
         self._version = 0
+
+    @property
+    def max_physic_offset(self):
+        """End (offset + size) of the last unit's record; -1 with no unit."""
+        return self._cell[0]
+
+    @max_physic_offset.setter
+    def max_physic_offset(self, offset):
+        self._cell[0] = offset
 
     def _changed(self):
         """Python is about to change the queue's files or positions: a compiled dispatcher's

@@ -102,8 +102,8 @@ class ConsumeQueueDispatcher(Dispatcher):
         the reput lock, or no dispatch can run."""
         if self._k_dispatch is not None:
             from .consume_queue import ConsumeQueue
-            from .mapped_file import MappedFile
-            self._slots = self._kernels.CqSlots(MappedFile, ConsumeQueue)
+            from .mapped_file import CqMappedFile
+            self._slots = self._kernels.CqSlots(CqMappedFile, ConsumeQueue)
 
     def _deleted(self, row, buf):
         """True for a record of a deleted topic put before its deletion: it stays in the

@@ -5,6 +5,7 @@ import logging
 import os
 import threading
 import time
+from array import array
 
 from .format import OS_PAGE_SIZE
 
@@ -47,7 +48,7 @@ class MappedFile:
                  "truncations")
     # Private slots the compiled read path (pyx/_read.pxi) reads and writes itself: it holds
     # and releases files inline, by hold() and release()'s protocol on these.
-    LENT_SLOTS = ("_lock", "_available", "_refs", "_cond")
+    LENT_SLOTS = ("_lock", "_available", "_refs", "_cond")  # type: tuple[str, ...]
 
     def __init__(self, path, file_size, kernels, fs, writable=True, create=True, pool=None,
                  reserve_window=0, reserve_window_max=None):
@@ -475,3 +476,47 @@ class MappedFile:
     def __repr__(self):
         return (f"MappedFile({self.file_name}, wrote={self.wrote_position}, "
                 f"committed={self.committed_position}, flushed={self.flushed_position})")
+
+
+class CqMappedFile(MappedFile):
+    """A ConsumeQueue file. Its wrote and committed positions live in `_cell`, a two-element
+    int64 array (wrote, committed) that the compiled dispatcher (pyx/_cq_dispatch.pxi)
+    publishes into with plain C stores, so that publishing a queue's units makes no Python
+    ints; every backend and every reader goes through these properties (the compiled read
+    path reads the cell too). The array is never resized: the dispatcher keeps a buffer
+    export of it, and the address of its data, while it keeps the queue's state.
+
+    The cell is written only with the GIL held (the dispatcher publishes after its GIL-free
+    row loop, after the units' bytes), and every reader reads it with the GIL held, so a
+    reader that sees a position also sees the units below it."""
+
+    __slots__ = ("_cell",)
+    LENT_SLOTS = ("_lock", "_available", "_refs", "_cond", "_cell")
+
+    def __init__(self, *args, **kwargs):
+        self._cell = array("q", (0, 0))
+        super().__init__(*args, **kwargs)
+        # MappedFile's own members for these stay None: code reading them at their member
+        # offsets instead of through the cell fails at once rather than reading a stale int.
+        _WROTE_MEMBER.__set__(self, None)
+        _COMMITTED_MEMBER.__set__(self, None)
+
+    @property
+    def wrote_position(self):
+        return self._cell[0]
+
+    @wrote_position.setter
+    def wrote_position(self, pos):
+        self._cell[0] = pos
+
+    @property
+    def committed_position(self):
+        return self._cell[1]
+
+    @committed_position.setter
+    def committed_position(self, pos):
+        self._cell[1] = pos
+
+
+_WROTE_MEMBER = MappedFile.__dict__["wrote_position"]
+_COMMITTED_MEMBER = MappedFile.__dict__["committed_position"]

@@ -92,7 +92,7 @@ class MappedFileQueue:
 
     def __init__(self, store_path, file_size, kernels, fs, writable=True, allocator=None,
                  reserve_window=0, reserve_window_max=None, no_readahead_while_written=False,
-                 populator=None):
+                 populator=None, file_type=MappedFile):
         self.store_path = store_path
         self.file_size = file_size
         self.files = []
@@ -103,6 +103,7 @@ class MappedFileQueue:
         self._fs = fs
         self.writable = writable
         self._allocator = allocator  # optional: creates files ahead of time (CommitLog only)
+        self.file_type = file_type   # MappedFile, or a subclass (CqMappedFile) for every file
         self.reserve_window = reserve_window   # MappedFile.reserve's window for every file
         self.reserve_window_max = reserve_window_max
         # The file being written has no readahead (MADV_RANDOM) when set: its writer's first
@@ -178,9 +179,9 @@ class MappedFileQueue:
                 raise StoreLoadError(
                     f"{path} is {size} bytes but segments here are {self.file_size} bytes: "
                     "the configured file size does not match the store")
-            mf = MappedFile(path, self.file_size, self._k, self._fs, self.writable, create=False,
-                            reserve_window=self.reserve_window,
-                            reserve_window_max=self.reserve_window_max)
+            mf = self.file_type(path, self.file_size, self._k, self._fs, self.writable,
+                                create=False, reserve_window=self.reserve_window,
+                                reserve_window_max=self.reserve_window_max)
             mf.set_positions(self.file_size)
             files.append(mf)
         files.sort(key=lambda f: f.file_from_offset)
@@ -287,8 +288,8 @@ class MappedFileQueue:
         window = self.reserve_window
         if self.populator is not None and last is not None:
             window = max(window, last.reserve_window)
-        mf = MappedFile(self.path_to_create(offset), self.file_size, self._k, self._fs,
-                        reserve_window=window, reserve_window_max=self.reserve_window_max)
+        mf = self.file_type(self.path_to_create(offset), self.file_size, self._k, self._fs,
+                            reserve_window=window, reserve_window_max=self.reserve_window_max)
         if self.no_readahead_while_written:
             self._fs.advise_random(mf.mm, True)
         return mf
