@@ -9,6 +9,7 @@ import pytest
 from rocketstore import (ConfigError, GetMessageStatus as G, InvalidArgumentError, Message,
                          MessageIllegalError, MessageStore, StoreClosedError, testing)
 from rocketstore import read_path
+from rocketstore.format import SCHEDULE_TOPIC
 
 
 @pytest.fixture
@@ -199,7 +200,9 @@ def test_a_bad_argument_raises_a_clear_error_and_stores_nothing(store, call, exc
     assert store.get_max_phy_offset() == kept.commit_log_offset + kept.wrote_bytes
     g = store.get_message("g", "T", 0, 0)
     assert [m.body for m in g.messages] == [b"kept"]
-    assert sorted(store.consume_queue_table) == ["T"]
+    # The schedule service looks up its delay levels' queues in its own time: they are the
+    # store's, not something the bad call stored.
+    assert sorted(t for t in store.consume_queue_table if t != SCHEDULE_TOPIC) == ["T"]
 
 
 EVERY_CALL = [
