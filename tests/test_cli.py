@@ -69,8 +69,21 @@ def test_an_unexpected_failure_is_one_line_without_debug(tmp_path):
     assert out.stderr.startswith("rocketstore dump: error: ")
 
 
-def test_ctrl_c_ends_a_command_with_one_line_and_status_130(tmp_path):
+def interrupt(proc, what):
+    """Ctrl-C to a command under test, and its output; a command that does not stop within
+    120 s is killed (it must not outlive the test) and fails it."""
     import signal
+    import subprocess
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"{what} did not stop on SIGINT within 120 s: {err}") from None
+
+
+def test_ctrl_c_ends_a_command_with_one_line_and_status_130(tmp_path):
     import subprocess
     import sys
     proc = subprocess.Popen([sys.executable, "-m", "rocketstore", "bench", "--backend", "pure",
@@ -79,8 +92,7 @@ def test_ctrl_c_ends_a_command_with_one_line_and_status_130(tmp_path):
     try:
         first = proc.stderr.readline()       # the command is under way
     finally:
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        out, err = interrupt(proc, "bench")
     assert first.startswith("rocketstore bench: building"), first + err
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == "rocketstore bench: interrupted"
@@ -88,7 +100,6 @@ def test_ctrl_c_ends_a_command_with_one_line_and_status_130(tmp_path):
 
 
 def test_serve_on_a_fresh_store_does_not_log_missing_config_files(tmp_path):
-    import signal
     import subprocess
     import sys
     proc = subprocess.Popen([sys.executable, "-m", "rocketstore", "serve", str(tmp_path / "s"),
@@ -98,13 +109,7 @@ def test_serve_on_a_fresh_store_does_not_log_missing_config_files(tmp_path):
     try:
         first = proc.stdout.readline()
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            out, err = proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()             # a hung server must not outlive the test
-            out, err = proc.communicate()
-            raise AssertionError(f"serve did not stop on SIGINT within 120 s: {err}") from None
+        out, err = interrupt(proc, "serve")
     assert first.startswith("listening"), err
     assert proc.returncode == 0 and "missing or empty" not in err and "Traceback" not in err
 
