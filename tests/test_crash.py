@@ -7,7 +7,7 @@ acknowledged message survives in every mode except the transient store pool, whi
 clean prefix. `power` mode also throws away every byte not synced before the kill (each page
 after the last sync is dropped or kept at random, as a power cut leaves them): SYNC_FLUSH loses
 nothing acknowledged, ASYNC_FLUSH keeps a clean prefix. ROCKETSTORE_CRASH_CYCLES sets the number
-of kills per mode (default 30; the soak is 1000).
+of kills per mode (default 20; the soak is 1000).
 """
 import os
 import random
@@ -23,7 +23,7 @@ from rocketstore import MessageStore, testing
 from crashers.writer import crash_config, message
 
 WRITER = os.path.join(os.path.dirname(__file__), "crashers", "writer.py")
-CYCLES = int(os.environ.get("ROCKETSTORE_CRASH_CYCLES", "30"))
+CYCLES = int(os.environ.get("ROCKETSTORE_CRASH_CYCLES", "20"))
 PAGE = 4096
 
 
