@@ -45,13 +45,19 @@ def is_queue_dir_name(name):
 def drop_creating_leftovers(fs, directory, strays, is_name, writable):
     """The strays that are not a store file's own `<name>.creating` temporary: a crash between
     creating and renaming leaves one, all zeros since nothing was written to it. A writable
-    queue removes it; one holding data is not ours, and stays."""
+    queue removes it; one holding data is not ours, and stays. One gone by the time it is
+    read was a live writer's, renamed into place meanwhile (a read-only open of a running
+    store lists the directory while the writer creates files)."""
     kept = []
     for name in strays:
         base, dot, suffix = name.rpartition(".")
         path = os.path.join(directory, name)
-        if dot and "." + suffix == CREATING_SUFFIX and is_name(base) and \
-                not fs.is_dir(path) and fs.holds_only_zeros(path):
+        creating = dot and "." + suffix == CREATING_SUFFIX and is_name(base)
+        try:
+            leftover = creating and not fs.is_dir(path) and fs.holds_only_zeros(path)
+        except FileNotFoundError:
+            continue
+        if leftover:
             log.info("removing %s: a file a crash left half-created", name)
             if writable:
                 fs.remove(path)

@@ -10,9 +10,9 @@ import pytest
 
 from rocketstore import testing
 from rocketstore.errors import StoreLoadError
-from rocketstore.fs import DEFAULT
+from rocketstore.fs import DEFAULT, FileSystem
 from rocketstore.mapped_file import MappedFile, offset_to_file_name
-from rocketstore.mapped_file_queue import MappedFileQueue
+from rocketstore.mapped_file_queue import MappedFileQueue, drop_creating_leftovers
 
 SIZE = 4096
 
@@ -238,3 +238,20 @@ def test_a_file_destroyed_while_a_view_pins_its_mapping_is_deleted_and_its_offse
     with open(again.path, "rb") as f:
         assert f.read() == bytes(SIZE)
     q.destroy()
+
+
+def test_a_creating_file_renamed_by_a_live_writer_while_listed_is_passed_over(tmp_path):
+    """A read-only open of a running store lists the directory while the writer creates a
+    file: its `.creating` name may be gone (renamed into place) by the time it is read."""
+    class RenamedMeanwhile(FileSystem):
+        def holds_only_zeros(self, path, chunk=1 << 20):
+            os.rename(path, path[:-len(".creating")])
+            return super().holds_only_zeros(path, chunk)
+
+    name = "20231114221320000.creating"
+    (tmp_path / name).write_bytes(bytes(4096))
+    (tmp_path / "notes.txt").write_bytes(b"x")
+    kept = drop_creating_leftovers(RenamedMeanwhile(), str(tmp_path), [name, "notes.txt"],
+                                   lambda base: base.isdigit(), writable=False)
+    assert kept == ["notes.txt"]
+    assert (tmp_path / "20231114221320000").exists()
