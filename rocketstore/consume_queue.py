@@ -8,7 +8,7 @@ from array import array
 import numpy as np
 
 from .format import CQ_DTYPE, CQ_UNIT, CQ_STORE_UNIT_SIZE as UNIT
-from .mapped_file import CqMappedFile
+from .mapped_file import CqMappedFile, cell_property
 from .mapped_file_queue import MappedFileQueue
 
 log = logging.getLogger(__name__)
@@ -117,14 +117,8 @@ class ConsumeQueue:
         self._marked = -1
         self._version = 0
 
-    @property
-    def max_physic_offset(self):
-        """End (offset + size) of the last unit's record; -1 with no unit."""
-        return self._cell[0]
-
-    @max_physic_offset.setter
-    def max_physic_offset(self, offset):
-        self._cell[0] = offset
+    max_physic_offset = cell_property(0, "End (offset + size) of the last unit's record; -1 "
+                                         "with no unit.")
 
     def _changed(self):
         """Python is about to change the queue's files or positions: a compiled dispatcher's

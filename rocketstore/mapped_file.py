@@ -478,6 +478,17 @@ class MappedFile:
                 f"committed={self.committed_position}, flushed={self.flushed_position})")
 
 
+def cell_property(index, doc):
+    """A position read and written as item `index` of the owner's `_cell` array, the place the
+    compiled dispatcher publishes it to with plain stores (no Python int is made)."""
+    def get(self):
+        return self._cell[index]
+
+    def set(self, value):
+        self._cell[index] = value
+    return property(get, set, doc=doc)
+
+
 class CqMappedFile(MappedFile):
     """A ConsumeQueue file. Its wrote and committed positions live in `_cell`, a two-element
     int64 array (wrote, committed) that the compiled dispatcher (pyx/_cq_dispatch.pxi)
@@ -501,21 +512,8 @@ class CqMappedFile(MappedFile):
         _WROTE_MEMBER.__set__(self, None)
         _COMMITTED_MEMBER.__set__(self, None)
 
-    @property
-    def wrote_position(self):
-        return self._cell[0]
-
-    @wrote_position.setter
-    def wrote_position(self, pos):
-        self._cell[0] = pos
-
-    @property
-    def committed_position(self):
-        return self._cell[1]
-
-    @committed_position.setter
-    def committed_position(self, pos):
-        self._cell[1] = pos
+    wrote_position = cell_property(0, "Where the next unit is written.")
+    committed_position = cell_property(1, "What readers may read up to.")
 
 
 _WROTE_MEMBER = MappedFile.__dict__["wrote_position"]
