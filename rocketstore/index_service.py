@@ -338,14 +338,23 @@ class IndexService(Dispatcher):
         key_hash = self._k.index_hash((topic + "#" + key).encode("utf-8"))
         out = np.empty(max_num, dtype=np.int64)
         found = []
-        last = files[-1]
-        last_ts, last_phy = last.end_timestamp, last.end_phy_offset
-        for f in reversed(files):
-            if f.is_time_matched(begin, end):
-                found += f.select_phy_offsets(key_hash, max_num - len(found), begin, end,
-                                              out[:max_num - len(found)])
-            if f.begin_timestamp < begin or len(found) >= max_num:
-                break
+        last_ts = last_phy = 0
+        for i in range(len(files) - 1, -1, -1):
+            f = files[i]
+            # Held while its header is read: cleaning may destroy a file of this snapshot
+            # meanwhile, and a destroyed file holds nothing (as index_query passes over it).
+            if not f.mf.hold():
+                continue
+            try:
+                if i == len(files) - 1:
+                    last_ts, last_phy = f.end_timestamp, f.end_phy_offset
+                if f.is_time_matched(begin, end):
+                    found += f.select_phy_offsets(key_hash, max_num - len(found), begin, end,
+                                                  out[:max_num - len(found)])
+                if f.begin_timestamp < begin or len(found) >= max_num:
+                    break
+            finally:
+                f.mf.release()
         return found, last_ts, last_phy
 
     # ---- flush, delete, close --------------------------------------------------------------------

@@ -828,6 +828,28 @@ def test_offset_by_time_finds_exact_nearest_and_edge_entries(tmp_path, backend):
         store.shutdown()
 
 
+def test_index_query_offset_passes_over_a_file_cleaning_destroyed_while_it_looks(tmp_path,
+                                                                                backend):
+    # Cleaning destroys an index file before it drops it from the list a query took: reading
+    # its header raised ValueError (a closed mapping) out of IndexService.query_offset.
+    store = _store(tmp_path, backend)
+    try:
+        store.put_messages([Message("T", b"x", keys="k") for _ in range(1200)])
+        testing.wait_dispatched(store)
+        files = store.index_service.index_file_list
+        look = store.index_service.lookup_offsets      # query_offset without its batch cap
+        assert len(files) >= 3
+        every = look("T", "k", 5000, 0, LONG_MAX)[0]
+        oldest = files[0].index_count - 1           # entries (the first is a blank)
+        assert files[0].destroy(0)
+        kept = look("T", "k", 5000, 0, LONG_MAX)[0]
+        assert kept and set(kept) < set(every) and len(kept) == len(every) - oldest
+        files[-1].destroy(0)            # the newest: no last-update figures, no error
+        assert look("T", "k", 5000, 0, LONG_MAX)[1:] == (0, 0)
+    finally:
+        store.shutdown()
+
+
 def test_offset_by_time_skips_a_file_deleted_while_it_looks(tmp_path, backend):
     # Cleaning (or a cut) deletes a file before it drops it from the queue's list: reading
     # its mtime raised FileNotFoundError out of get_offset_in_queue_by_time. 4.9.8's
