@@ -447,12 +447,16 @@ class MappedFile:
         """Views currently lent out by hold()."""
         return self._refs
 
-    def try_destroy(self, now_ms, interval_forcibly_ms):
+    def try_destroy(self, now_ms, interval_forcibly_ms, truncations=None):
         """MappedFile#destroy(intervalForcibly) without blocking: the first call marks the file
         unavailable (no new hold()); it is unmapped and deleted once no borrower remains, or
         once `interval_forcibly_ms` has passed since that first call. Returns True when the
-        file is gone, False if it must be retried (the "hanged file")."""
+        file is gone, False if it must be retried (the "hanged file"). With `truncations`
+        (the file's count when the caller read what made it expired): False, nothing done,
+        when the file was truncated since (set_positions takes this lock too)."""
         with self._cond:
+            if truncations is not None and truncations != self.truncations:
+                return False
             if self._available:
                 self._available = False
                 self._first_shutdown_ms = now_ms

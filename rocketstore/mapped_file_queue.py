@@ -469,10 +469,20 @@ class MappedFileQueue:
     def delete_expired_file_by_offset(self, offset, unit_size, now_ms,
                                       interval_forcibly_ms=60_000):
         """deleteExpiredFileByOffset: destroy leading files whose last unit's physical offset is
-        below `offset`; never the last file. Returns the number deleted."""
+        below `offset`; never the last file. Returns the number deleted.
+
+        A cut (ConsumeQueue.truncate_dirty_logic_files, under the dispatch lock cleaning does
+        not take) may delete the last files and zero the tail of the file before them while
+        this runs: a file it made the last, or deleted, since the list was taken ends the
+        round, and one it truncated since its count was read is not destroyed (its last
+        unit, zeroed, reads as offset 0)."""
         files = self.files[:-1]
         deleted = []
         for f in files:
+            truncations = f.truncations
+            current = self.files
+            if not current or f is current[-1] or f not in current:
+                break
             if not f.is_available:      # a hanged file from an earlier round
                 destroy = True
             else:
@@ -482,7 +492,7 @@ class MappedFileQueue:
                 except ValueError:      # unmapped meanwhile
                     break
                 destroy = last_phy < offset
-            if destroy and f.try_destroy(now_ms, interval_forcibly_ms):
+            if destroy and f.try_destroy(now_ms, interval_forcibly_ms, truncations):
                 deleted.append(f)
             else:
                 break

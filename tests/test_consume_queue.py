@@ -10,6 +10,7 @@ import pytest
 from rocketstore.consume_queue import ConsumeQueue, DirtyQueues
 from rocketstore.format import CQ_STORE_UNIT_SIZE as UNIT
 from rocketstore.fs import DEFAULT
+from rocketstore.mapped_file import CqMappedFile
 
 PER_FILE = 8                     # units per file: small, so files roll
 
@@ -203,3 +204,29 @@ def test_queue_files_lost_to_zeros_past_the_last_three_still_get_the_queue_cut_t
         assert [m.body for m in store.get_message("g", "T", 0, 300, 32).messages] == [b"new"]
     finally:
         store.shutdown()
+
+
+def test_expiry_keeps_a_file_a_cut_made_the_last_while_the_round_ran(tmp_path, backend,
+                                                                    monkeypatch):
+    """Cleaning lists the queue's files without the dispatch lock a cut (reset_write_offset)
+    holds: a cut landing after the list was taken deletes the last file and zeroes the tail
+    of the one before, whose last unit then reads as offset 0, below any minimum. That file,
+    now the last, still holds units the CommitLog keeps, and stays."""
+    cq = _queue(tmp_path, backend)
+    _put(cq, 0, 12)                     # file 0: records 0..700; file 1: 800..1100
+    first = cq.mfq.files[0]
+    cut = []
+    original = CqMappedFile.is_available
+
+    def is_available(self):
+        if self is first and not cut:
+            cut.append(True)
+            cq.truncate_dirty_logic_files(500)      # the cut, while the round runs
+        return original.fget(self)
+
+    monkeypatch.setattr(CqMappedFile, "is_available", property(is_available))
+    assert cq.delete_expired_file(300, now_ms=0) == 0
+    monkeypatch.undo()
+    assert cut and cq.mfq.files == [first]
+    assert list(cq.units(0, 10)["offset"]) == [0, 100, 200, 300, 400]
+    cq.close()
