@@ -333,7 +333,9 @@ class MessageStore:
                 self.recovery_report = recovery.recover(self._recovery_parts(), last_exit_ok,
                                                         self.index_service)
             except OSError:
-                unsynced_cut = True     # a cut's zeros failed to sync (or a file to open)
+                # A cut's zeros failed to sync (or a file to open). A read-only open cuts
+                # nothing on disk, and writes nothing into the store.
+                unsynced_cut = not self.read_only
                 raise
             if rebuilding is not None:
                 repair.end_pending_rebuild(self.fs, self.root, self.all_consume_queues(),

@@ -9,6 +9,7 @@ import pytest
 from rocketstore import (GetMessageStatus as G, Message, MessageIllegalError, MessageStore,
                          PutMessageStatus, StoreLockedError, testing)
 from rocketstore import format as F
+from rocketstore.fs import FileSystem
 from rocketstore.message import properties_to_string, string_to_properties
 
 
@@ -408,3 +409,27 @@ def test_asking_who_holds_the_lock_in_the_writers_process_opens_no_descriptor(st
     for _ in range(20):
         assert store.fs.lock_holder(path) == (True, os.getpid())
     assert open_on_lock() == before
+
+
+def test_a_read_only_open_that_fails_in_recovery_writes_nothing_into_the_store(tmp_path,
+                                                                               backend):
+    # A read-only open of a store whose writer's cleaning deletes a ConsumeQueue file while
+    # recovery reads it fails; the store was shut down cleanly, and an open that writes
+    # nothing must not leave it an abort file (its writer's next open would recover it as
+    # if killed).
+    root = tmp_path / "s"
+    s = testing.open_store(root, backend)
+    for i in range(10):
+        assert s.put_message(Message("R", b"%d" % i)).status.ok
+    s.shutdown()
+    assert not os.path.exists(root / "abort")
+
+    class Deleted(FileSystem):
+        def data_end(self, path):
+            if os.sep + "consumequeue" + os.sep in path:
+                raise FileNotFoundError(2, "No such file or directory", path)
+            return super().data_end(path)
+
+    with pytest.raises(OSError):
+        MessageStore.open_read_only(root, s.config, kernels=backend, fs=Deleted())
+    assert not os.path.exists(root / "abort")
