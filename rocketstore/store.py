@@ -150,7 +150,8 @@ class MessageStore:
         self.consume_queue_table = {}      # topic -> {queue_id: ConsumeQueue}
         self._cq_raw = {}                  # (topic bytes, queue_id) -> ConsumeQueue, for reput
         self._cq_lock = threading.Lock()
-        # One cleaning round at a time: the clean thread's and clean_files_periodically's.
+        # One cleaning round at a time (the clean thread's and clean_files_periodically's), and
+        # none while reset_write_offset cuts.
         self._clean_lock = threading.Lock()
         # Queues written since FlushConsumeQueueService last took them (ConsumeQueue.dirty).
         self.dirty_cqs = DirtyQueues()
@@ -1864,7 +1865,9 @@ class MessageStore:
         offsets follow. Returns True.
 
         It holds the put lock throughout, so no put runs meanwhile (and no replicated
-        append on a slave); what was written before it is dispatched and synced first. A
+        append on a slave); what was written before it is dispatched and synced first. No
+        cleaning round runs meanwhile either: the cut reads the CommitLog from its first file
+        when it rebuilds the index, and a round destroying files under it left it half done. A
         slave whose master is ahead fetches the cut bytes again; slaves of this store are
         not told. An `offset` past the written end or before the first file raises
         InvalidArgumentError. A failed sync of the zeros written past the cut trips the
@@ -1878,7 +1881,7 @@ class MessageStore:
         flusher = self.flush_service
         flush_lock = getattr(flusher, "flush_lock", _NO_LOCK)
         unsynced_cut = None
-        with reput.dispatch_lock, cl.put_lock:
+        with self._clean_lock, reput.dispatch_lock, cl.put_lock:
             if cl.closed:
                 cl.refuse_closed()
             if self.commit_service is not None:

@@ -441,3 +441,49 @@ def test_a_cleaning_round_called_while_the_clean_thread_runs_one_waits_for_it(ma
     assert store.commitlog.min_offset == 2 * FILE
     assert all(f.end_phy_offset >= 2 * FILE
                for f in store.index_service.index_file_list[:-1])
+
+
+def test_a_cut_waits_for_a_cleaning_round_so_its_index_rebuild_reads_no_destroyed_file(
+        make, clock, monkeypatch):
+    # reset_write_offset drops the index files past the cut and rebuilds the index from the
+    # CommitLog, here from its first file. A cleaning round destroying that file meanwhile
+    # closed the mapping the rebuild was reading: ValueError (mmap closed) came out of
+    # reset_write_offset with the cut half done -- the queues cut, but neither the next
+    # queue offsets nor the reput offset moved back, so later puts got no units.
+    import threading
+    from rocketstore.index_service import IndexService
+    store = make(delete_when=hour_of(NOW + HOUR), delete_file_batch_max=1)
+    results = [store.put_message(Message("TopicA", b"b" * 200, keys=f"k{i}")) for i in range(40)]
+    assert all(r.ok for r in results)
+    testing.wait_dispatched(store)
+    testing.wait_flushed(store.commitlog)
+    assert len(testing.commitlog_names(store.commitlog)) >= 3
+    assert len(store.index_service.index_file_list) == 1
+    cut = results[-3]
+    assert cut.commit_log_offset >= 2 * FILE
+    clock.now = NOW + HOUR
+    rebuild = IndexService.dispatch_array
+    errors = []
+
+    def clean():
+        try:
+            store.clean_files_periodically()
+        except Exception as exc:            # noqa: BLE001 - the test reports it
+            errors.append(exc)
+    cleaner = threading.Thread(target=clean)
+
+    def dispatch_array(self, arr, buf):
+        if not cleaner.is_alive() and cleaner.ident is None:
+            cleaner.start()                 # a cleaning round, while the rebuild reads
+            cleaner.join(1)                 # done at once without the fix; waits with it
+        return rebuild(self, arr, buf)
+    monkeypatch.setattr(IndexService, "dispatch_array", dispatch_array)
+    assert store.reset_write_offset(cut.commit_log_offset)
+    monkeypatch.undo()
+    cleaner.join()
+    assert errors == [] and store.commitlog.min_offset == FILE
+    r = store.put_message(Message("TopicA", b"after the cut"))
+    assert r.ok and r.queue_offset == cut.queue_offset
+    testing.wait_dispatched(store)
+    got = store.get_message("g", "TopicA", 0, cut.queue_offset, 1).messages
+    assert [m.body for m in got] == [b"after the cut"]
