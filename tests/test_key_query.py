@@ -242,6 +242,35 @@ def test_a_damaged_record_at_an_indexed_offset_is_passed_over(tmp_path, backend,
         store.shutdown()
 
 
+
+def test_a_record_cut_between_its_check_and_its_copy_is_passed_over(tmp_path, backend,
+                                                                    monkeypatch):
+    # The backends without a compiled index_query check a record (index_match, which cffi
+    # calls without the GIL) and copy it in separate steps: a reset_write_offset zeroing it
+    # in between left zeros to decode, and query_message raised CorruptRecordError. The cext
+    # checks and copies with the GIL held, which the cut needs.
+    if backend.NAME == "cext":
+        pytest.skip("the compiled index_query checks and copies a record in one step")
+    store = testing.open_store(tmp_path / "s", backend)
+    try:
+        puts = [store.put_message(Message("T", b"%d" % i, keys="k")) for i in range(6)]
+        testing.wait_dispatched(store)
+        offsets = [r.commit_log_offset for r in puts]
+        match = backend.index_match
+        cut = []
+
+        def index_match(buf, limit, pos, phy_offset, topic, key, begin, end):
+            size = match(buf, limit, pos, phy_offset, topic, key, begin, end)
+            if size and not cut:
+                cut.append(phy_offset)          # checked; the cut lands before the copy
+                assert store.reset_write_offset(phy_offset)
+            return size
+        monkeypatch.setattr(backend, "index_match", index_match)
+        assert _answer(store, "T", "k")[0] == offsets[:5]
+        assert cut == [offsets[5]]
+    finally:
+        store.shutdown()
+
 def test_view_message_by_id_answers_only_at_a_record_start(tmp_path, backend):
     config, puts, _ = _build(tmp_path, [Message("T", b"abc", keys="k") for _ in range(3)])
     store = _open(tmp_path, config, backend.NAME)

@@ -33,6 +33,12 @@ def _judge(k, mfq, offset, topic, key, begin, end, decode):
         if not size:
             return None, 0
         rec = bytes(view[rel:rel + size])
+    # Checked again in the copy: the check above may have let other threads run (cffi calls
+    # without the GIL), and a cut (reset_write_offset) zeroing the record, or a put writing
+    # another there after it, would otherwise be decoded (the compiled index_query checks
+    # and copies with the GIL held).
+    if k.index_match(rec, size, 0, offset, topic, key, begin, end) != size:
+        return None, 0
     return decode(rec), size
 
 
