@@ -1881,7 +1881,9 @@ class MessageStore:
         flusher = self.flush_service
         flush_lock = getattr(flusher, "flush_lock", _NO_LOCK)
         unsynced_cut = None
-        with self._clean_lock, reput.dispatch_lock, cl.put_lock:
+        # The put lock before the dispatch lock, as delete_topic takes them: taken the other
+        # way round, a cut and a deletion at once each waited for the other's.
+        with self._clean_lock, cl.put_lock, reput.dispatch_lock:
             if cl.closed:
                 cl.refuse_closed()
             if self.commit_service is not None:
