@@ -225,12 +225,17 @@ class ConsumeQueue:
                 self._marked = epoch
 
     def correct_min_offset(self, min_commit_log_offset):
-        """The first unit whose record is still in the CommitLog sets min_logic_offset."""
+        """The first unit whose record is still in the CommitLog sets min_logic_offset. The
+        file is held while it is searched: the clean thread calls this, and a deletion of the
+        topic (or cleaning) may close the file meanwhile, which then holds nothing."""
         f = self.mfq.first_file
-        if f is None:
+        if f is None or not f.hold():
             return
-        end = f.read_position
-        i = self._k.cq_search(f.mm, 0, end, min_commit_log_offset)
+        try:
+            end = f.read_position
+            i = self._k.cq_search(f.mm, 0, end, min_commit_log_offset)
+        finally:
+            f.release()
         if i * UNIT < end:
             self.min_logic_offset = f.file_from_offset + i * UNIT
 

@@ -230,3 +230,24 @@ def test_expiry_keeps_a_file_a_cut_made_the_last_while_the_round_ran(tmp_path, b
     assert cut and cq.mfq.files == [first]
     assert list(cq.units(0, 10)["offset"]) == [0, 100, 200, 300, 400]
     cq.close()
+
+
+def test_correcting_the_minimum_of_a_queue_closed_meanwhile_raises_nothing(tmp_path, backend,
+                                                                          monkeypatch):
+    """A cleaning round corrects each queue's minimum without the locks delete_topic takes:
+    a deletion closing the queue between the round finding its first file and searching it
+    made the search raise ValueError (mmap closed) out of the round."""
+    cq = _queue(tmp_path, backend)
+    _put(cq, 0, 12)                     # records 0..1100
+    closed = []
+    original = CqMappedFile.read_position
+
+    def read_position(self):
+        if not closed:
+            closed.append(True)
+            cq.close()                  # delete_topic, while the round looks
+        return original.fget(self)
+
+    monkeypatch.setattr(CqMappedFile, "read_position", property(read_position))
+    cq.correct_min_offset(500)
+    assert closed
