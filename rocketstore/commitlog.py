@@ -72,6 +72,9 @@ class CommitLog:
         # write, since the files are about to be committed, flushed and closed.
         self.closed = False
         self.topic_queue_table = {}        # (topic, queue_id) -> next queue offset; put_lock
+        # The file replica_target last handed out and its truncation count then (put_lock):
+        # publish_replica refuses bytes a cut zeroed meanwhile, even one at their start.
+        self._replica_mark = None
         # beginTimeInLock, the put counters and the latency histogram (stats.py), shared
         # with the compiled put path.
         self.put_cells = new_put_cells()
@@ -741,6 +744,7 @@ class CommitLog:
                     self.allocator.refill(mf, end)
                 else:
                     self._reserve_ahead(mf, end)
+            self._replica_mark = (mf, mf.truncations)
             return mf
 
     def _replica_starts_at(self, start_offset):
@@ -758,11 +762,15 @@ class CommitLog:
         replica_target's file, at the wrote_position it had): make them readable. False, with
         nothing published, once the store is shutting down, or when the CommitLog no longer
         ends there: a reset_write_offset cut it (or destroyed `mf`) while the bytes arrived.
+        A cut at `start` itself moves no position but zeroes the bytes already written: it
+        is told by `mf`'s truncation count, changed since replica_target handed `mf` out.
         What they left past the write position is zeroed again, as the cut left it."""
         with self.put_lock:
             if self.closed or pos > self.file_size or not mf.is_available:
                 return False
-            if mf.wrote_position != start:
+            mark = self._replica_mark
+            cut = mark is not None and mark[0] is mf and mark[1] != mf.truncations
+            if mf.wrote_position != start or cut:
                 if mf.wrote_position < pos:
                     mf.zero_tail(mf.wrote_position)
                 return False

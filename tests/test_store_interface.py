@@ -313,6 +313,37 @@ def test_commit_log_data_is_a_view_to_the_files_written_end_that_holds_the_file(
         store.get_commit_log_data(-1)
 
 
+
+def test_a_replicated_frame_zeroed_by_a_cut_at_its_start_is_not_published(tmp_path, backend):
+    # A cut at the CommitLog's end (the frame's start) moves no position, but it zeroes the
+    # file's tail, where the frame's body already was: the publish, which compared only the
+    # write position with the frame's start, moved it to the frame's end over zeros, which
+    # reput and a recovery stop at.
+    master = testing.open_store(tmp_path / "m", backend)
+    try:
+        rs = [master.put_message(Message("T", b"%d" % i)) for i in range(6)]
+        end = rs[-1].commit_log_offset + rs[-1].wrote_bytes
+        raw = bytes(master.commitlog.mfq.files[0].mm[:end])
+    finally:
+        master.shutdown()
+    frame = rs[4].commit_log_offset
+    slave = testing.open_store(tmp_path / "s", backend,
+                               testing.small_config(broker_role=BrokerRole.SLAVE))
+    try:
+        cl = slave.commitlog
+        assert slave.append_to_commit_log(0, raw[:frame]) is True
+        mf = cl.replica_target(frame, end - frame)
+        mf.write_target[frame:end] = raw[frame:end]            # the body arrived
+        assert slave.reset_write_offset(frame) is True          # then the cut
+        assert cl.publish_replica(mf, frame, end) is False
+        assert slave.get_max_phy_offset() == frame
+        # The master sends from the slave's offset again: everything lands.
+        assert slave.append_to_commit_log(frame, raw[frame:]) is True
+        testing.wait_until(lambda: slave.dispatch_behind_bytes() == 0, what="reput")
+        assert slave.get_max_offset_in_queue("T", 0) == 6
+    finally:
+        slave.shutdown()
+
 def test_a_replicated_frame_whose_place_was_cut_meanwhile_is_not_published(tmp_path, backend):
     # The HA client reserves a frame's place (replica_target), receives the body into the
     # file, then publishes it (publish_replica), taking the put lock for each step only. A
