@@ -157,7 +157,18 @@ class MappedFileQueue:
                 raise StoreLoadError(
                     f"segments {a} and {b} in {self.store_path} are not adjacent: a segment "
                     "between them is missing, or one of them is not ours; move it away")
-        sizes = {n: self._fs.size(os.path.join(self.store_path, n)) for n in names}
+        sizes = {}
+        for n in names:
+            try:
+                sizes[n] = self._fs.size(os.path.join(self.store_path, n))
+            except FileNotFoundError:
+                if self.writable:
+                    raise
+                # A read-only open of a running store: its cleaning deleted the file since
+                # the directory was listed. Its records are gone from the store too.
+                log.info("%s was deleted while the store was opened; passed over",
+                         os.path.join(self.store_path, n))
+        names = [n for n in names if n in sizes]
         damaged_ok = self.file_size in sizes.values() or len(set(sizes.values())) > 1
         for name in names:
             path = os.path.join(self.store_path, name)
@@ -185,9 +196,15 @@ class MappedFileQueue:
                 raise StoreLoadError(
                     f"{path} is {size} bytes but segments here are {self.file_size} bytes: "
                     "the configured file size does not match the store")
-            mf = self.file_type(path, self.file_size, self._k, self._fs, self.writable,
-                                create=False, reserve_window=self.reserve_window,
-                                reserve_window_max=self.reserve_window_max)
+            try:
+                mf = self.file_type(path, self.file_size, self._k, self._fs, self.writable,
+                                    create=False, reserve_window=self.reserve_window,
+                                    reserve_window_max=self.reserve_window_max)
+            except FileNotFoundError:
+                if self.writable:
+                    raise
+                log.info("%s was deleted while the store was opened; passed over", path)
+                continue
             mf.set_positions(self.file_size)
             files.append(mf)
         files.sort(key=lambda f: f.file_from_offset)

@@ -255,3 +255,36 @@ def test_a_creating_file_renamed_by_a_live_writer_while_listed_is_passed_over(tm
                                    lambda base: base.isdigit(), writable=False)
     assert kept == ["notes.txt"]
     assert (tmp_path / "20231114221320000").exists()
+
+
+@pytest.mark.parametrize("when", ["size", "map"])
+def test_a_read_only_load_passes_over_a_file_cleaning_deleted_while_it_loads(tmp_path, backend,
+                                                                              when):
+    """A read-only open of a running store lists a queue's files while the writer's cleaning
+    deletes its oldest: the file may be gone by the time its size is read, or it is mapped.
+    The store then starts at the next file, as it does on disk; a writable load still fails."""
+    class CleanedMeanwhile(FileSystem):
+        def _clean(self, path):
+            if os.path.basename(path) == offset_to_file_name(0) and os.path.exists(path):
+                os.remove(path)
+
+        def size(self, path):
+            if when == "size":
+                self._clean(path)
+            return super().size(path)
+
+        def map(self, path, size, writable=True, kernels=None):
+            if when == "map":
+                self._clean(path)
+            return super().map(path, size, writable, kernels)
+
+    for start in range(0, 3 * SIZE, SIZE):
+        (tmp_path / offset_to_file_name(start)).write_bytes(bytes(SIZE))
+    q = MappedFileQueue(str(tmp_path), SIZE, backend, CleanedMeanwhile(), writable=False)
+    assert q.load()
+    assert [f.file_from_offset for f in q.files] == [SIZE, 2 * SIZE]
+    q.close()
+    (tmp_path / offset_to_file_name(0)).write_bytes(bytes(SIZE))
+    writer = MappedFileQueue(str(tmp_path), SIZE, backend, CleanedMeanwhile(), writable=True)
+    with pytest.raises(FileNotFoundError):
+        writer.load()
