@@ -3,6 +3,7 @@
 injected clock and disk-usage source: no thread, no sleeping."""
 import os
 import time
+import threading
 
 import pytest
 
@@ -394,12 +395,23 @@ def test_enospc_in_the_middle_of_a_batch_stores_the_head_and_leaves_no_offset_ga
         store.shutdown()
 
 
+def _cleaning_round(store, errors):
+    """A thread (not started) that runs one cleaning round, keeping what it raises in
+    `errors`."""
+
+    def clean():
+        try:
+            store.clean_files_periodically()
+        except Exception as exc:            # noqa: BLE001 - the test reports it
+            errors.append(exc)
+    return threading.Thread(target=clean)
+
+
 def test_a_cleaning_round_called_while_the_clean_thread_runs_one_waits_for_it(make, clock,
                                                                                monkeypatch):
     # clean_files_periodically and the clean thread run the same round. Two at once: one
     # destroyed the first index file and, before it took the file out of the list, the other
     # read that file's header (delete_expired_file) and raised ValueError (mmap closed).
-    import threading
     from rocketstore.index_file import IndexFile
     store = make(delete_file_batch_max=1, max_index_num=5, max_hash_slot_num=4)
     results = [store.put_message(Message("TopicA", b"b" * 200, keys=f"k{i}")) for i in range(60)]
@@ -421,14 +433,8 @@ def test_a_cleaning_round_called_while_the_clean_thread_runs_one_waits_for_it(ma
         return done
     monkeypatch.setattr(IndexFile, "destroy", paused_destroy)
     errors = []
-
-    def clean():
-        try:
-            store.clean_files_periodically()
-        except Exception as exc:            # noqa: BLE001 - the test reports it
-            errors.append(exc)
-    first = threading.Thread(target=clean)
-    second = threading.Thread(target=clean)
+    first = _cleaning_round(store, errors)
+    second = _cleaning_round(store, errors)
     first.start()
     assert in_destroy.wait(10)
     second.start()
@@ -450,7 +456,6 @@ def test_a_cut_waits_for_a_cleaning_round_so_its_index_rebuild_reads_no_destroye
     # closed the mapping the rebuild was reading: ValueError (mmap closed) came out of
     # reset_write_offset with the cut half done -- the queues cut, but neither the next
     # queue offsets nor the reput offset moved back, so later puts got no units.
-    import threading
     from rocketstore.index_service import IndexService
     store = make(delete_when=hour_of(NOW + HOUR), delete_file_batch_max=1)
     results = [store.put_message(Message("TopicA", b"b" * 200, keys=f"k{i}")) for i in range(40)]
@@ -464,13 +469,7 @@ def test_a_cut_waits_for_a_cleaning_round_so_its_index_rebuild_reads_no_destroye
     clock.now = NOW + HOUR
     rebuild = IndexService.dispatch_array
     errors = []
-
-    def clean():
-        try:
-            store.clean_files_periodically()
-        except Exception as exc:            # noqa: BLE001 - the test reports it
-            errors.append(exc)
-    cleaner = threading.Thread(target=clean)
+    cleaner = _cleaning_round(store, errors)
 
     def dispatch_array(self, arr, buf):
         if not cleaner.is_alive() and cleaner.ident is None:

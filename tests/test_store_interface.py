@@ -313,19 +313,25 @@ def test_commit_log_data_is_a_view_to_the_files_written_end_that_holds_the_file(
         store.get_commit_log_data(-1)
 
 
+def _six_master_records(tmp_path, backend):
+    """Six records a master wrote (its put results, and the CommitLog bytes they fill), for a
+    slave to receive by hand."""
+    master = testing.open_store(tmp_path / "m", backend)
+    try:
+        rs = [master.put_message(Message("T", b"%d" % i)) for i in range(6)]
+        end = rs[-1].commit_log_offset + rs[-1].wrote_bytes
+        return rs, bytes(master.commitlog.mfq.files[0].mm[:end])
+    finally:
+        master.shutdown()
+
 
 def test_a_replicated_frame_zeroed_by_a_cut_at_its_start_is_not_published(tmp_path, backend):
     # A cut at the CommitLog's end (the frame's start) moves no position, but it zeroes the
     # file's tail, where the frame's body already was: the publish, which compared only the
     # write position with the frame's start, moved it to the frame's end over zeros, which
     # reput and a recovery stop at.
-    master = testing.open_store(tmp_path / "m", backend)
-    try:
-        rs = [master.put_message(Message("T", b"%d" % i)) for i in range(6)]
-        end = rs[-1].commit_log_offset + rs[-1].wrote_bytes
-        raw = bytes(master.commitlog.mfq.files[0].mm[:end])
-    finally:
-        master.shutdown()
+    rs, raw = _six_master_records(tmp_path, backend)
+    end = len(raw)
     frame = rs[4].commit_log_offset
     slave = testing.open_store(tmp_path / "s", backend,
                                testing.small_config(broker_role=BrokerRole.SLAVE))
@@ -344,6 +350,7 @@ def test_a_replicated_frame_zeroed_by_a_cut_at_its_start_is_not_published(tmp_pa
     finally:
         slave.shutdown()
 
+
 def test_a_replicated_frame_whose_place_was_cut_meanwhile_is_not_published(tmp_path, backend):
     # The HA client reserves a frame's place (replica_target), receives the body into the
     # file, then publishes it (publish_replica), taking the put lock for each step only. A
@@ -351,13 +358,8 @@ def test_a_replicated_frame_whose_place_was_cut_meanwhile_is_not_published(tmp_p
     # moved the write position to the frame's end, past a run of zeros, so the slave took
     # the frame for appended (and reported it to the master) while its reput and a
     # recovery stop at the zeros.
-    master = testing.open_store(tmp_path / "m", backend)
-    try:
-        rs = [master.put_message(Message("T", b"%d" % i)) for i in range(6)]
-        end = rs[-1].commit_log_offset + rs[-1].wrote_bytes
-        raw = bytes(master.commitlog.mfq.files[0].mm[:end])
-    finally:
-        master.shutdown()
+    rs, raw = _six_master_records(tmp_path, backend)
+    end = len(raw)
     cut, frame = rs[2].commit_log_offset, rs[4].commit_log_offset
     slave = testing.open_store(tmp_path / "s", backend,
                                testing.small_config(broker_role=BrokerRole.SLAVE))
