@@ -649,6 +649,10 @@ class MessageStore:
                 # Started last, stopped first: no file deletion during the final flush.
                 self.scheduled_service.shutdown()
                 self.scheduled_service = None
+            # A round a caller of clean_files_periodically started ends before the final
+            # flush (it would destroy files under it, and raise on them once closed).
+            with self._clean_lock:
+                pass
             self.ha_service.shutdown()              # HA first: doc/03 §7 reversed
             self.commitlog.after_put = None
             self.commitlog.wake_on_put = None
@@ -1360,10 +1364,17 @@ class MessageStore:
         ConsumeQueue and index files below the new minimum. Returns the CommitLog files
         deleted."""
         self._check_running()
-        return self._clean_files(check_optional_int(now_ms, "now_ms", INT64_MIN, INT64_MAX))
+        deleted = self._clean_files(check_optional_int(now_ms, "now_ms", INT64_MIN, INT64_MAX))
+        if deleted is None:
+            raise StoreClosedError("the store shut down before the cleaning round could run")
+        return deleted
 
     def _clean_files(self, now_ms=None):
+        """One cleaning round; None, with nothing done, once shutdown has begun: shutdown
+        waits for a round under way before its final flush, and none starts after."""
         with self._clean_lock:
+            if not self._running:
+                return None
             if now_ms is None:
                 now_ms = self.clock()
             deleted = self.clean_commitlog_service.run_once(now_ms)

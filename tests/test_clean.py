@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from rocketstore import GetMessageStatus as G, Message, MessageStore, PutMessageStatus, testing
+from rocketstore import (GetMessageStatus as G, Message, MessageStore, PutMessageStatus,
+                         StoreClosedError, testing)
 from rocketstore.running_flags import DISK_FULL_BIT
 from rocketstore.clock import ManualClock
 
@@ -486,3 +487,36 @@ def test_a_cut_waits_for_a_cleaning_round_so_its_index_rebuild_reads_no_destroye
     testing.wait_dispatched(store)
     got = store.get_message("g", "TopicA", 0, cut.queue_offset, 1).messages
     assert [m.body for m in got] == [b"after the cut"]
+
+
+def test_shutdown_waits_for_a_cleaning_round_a_caller_started(make, clock, monkeypatch):
+    # shutdown stops the clean thread, but a round clean_files_periodically runs went on
+    # beside the final flush and the closing of the files: it raised ValueError on the closed
+    # files, and could destroy files the flush was covering.
+    from rocketstore.services.clean import CleanCommitLogService
+    store = make(delete_when=hour_of(NOW + HOUR), delete_file_batch_max=1)
+    fill(store)
+    clock.now = NOW + HOUR
+    run_once = CleanCommitLogService.run_once
+    in_round, go_on = threading.Event(), threading.Event()
+
+    def paused_run_once(self, *args):
+        in_round.set()
+        go_on.wait(10)
+        return run_once(self, *args)
+    monkeypatch.setattr(CleanCommitLogService, "run_once", paused_run_once)
+    errors = []
+    cleaner = _cleaning_round(store, errors)
+    cleaner.start()
+    assert in_round.wait(10)
+    closer = threading.Thread(target=store.shutdown)
+    closer.start()
+    closer.join(1)
+    assert closer.is_alive()                # it waits for the round under way
+    go_on.set()
+    cleaner.join(10)
+    closer.join(10)
+    assert not closer.is_alive() and errors == []
+    assert not os.path.exists(os.path.join(store.root, "abort"))     # a clean shutdown
+    with pytest.raises(StoreClosedError):
+        store.clean_files_periodically()
