@@ -22,6 +22,8 @@ O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 # Linux 5.14+: fault every page of a range in, writable, in one call (no per-page first touch).
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+# FileSystem.unmap_written: where MADV_DONTNEED on a shared file mapping keeps its data.
+_DROP_PTES = sys.platform.startswith("linux") and hasattr(mmap, "MADV_DONTNEED")
 
 
 def _libc_syncfs():
@@ -366,6 +368,27 @@ class FileSystem:
             mm.madvise(mmap.MADV_RANDOM if random else mmap.MADV_NORMAL)
         except (OSError, ValueError, AttributeError):
             pass
+
+    def unmap_written(self, mm, start, length):
+        """Drop the page-table entries of mm[start:start+length) (whole pages, written for
+        good) before they are synced. The pages stay in the page cache, dirty, and the sync
+        writes them as before; a reader's next touch maps them back (a minor fault).
+
+        Why: writing back a page mapped writable write-protects it, one TLB flush per page,
+        and each flush interrupts every other core running a thread of this process (an
+        inter-processor interrupt, which a VM turns into exits on both sides). The store
+        always has such threads (producers, reput, the allocator). Dropping the range first
+        costs one flush for all of it. Measured on the 2-core VM, 253 KB written through a
+        mapping and then msync'ed while another thread of the process ran: 0.9-1.3 ms,
+        against 0.42-0.48 ms with the range dropped first and 0.32-0.40 ms for pwrite +
+        fdatasync of the same bytes. Linux only: MADV_DONTNEED keeps a shared file mapping's
+        data there (the dirty bits move to the page cache); elsewhere it is not relied on."""
+        if not _DROP_PTES or length <= 0:
+            return
+        try:
+            mm.madvise(mmap.MADV_DONTNEED, start, length)
+        except (OSError, ValueError, AttributeError):
+            pass                # a hint: the sync that follows is what counts
 
     def sync_mapped(self, kernels, mm, path, start, length):
         """Make mm[start:start+length] of the file at `path` durable (the kernel's msync, or

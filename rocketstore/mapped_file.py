@@ -319,6 +319,8 @@ class MappedFile:
         if end is not None and self.hold():
             try:
                 start = self.flushed_position
+                lo = start - start % OS_PAGE_SIZE
+                self._fs.unmap_written(self.mm, lo, end - end % OS_PAGE_SIZE - lo)
                 self._fs.sync_mapped(self._k, self.mm, self.path, start, end - start)
             finally:
                 self.release()
@@ -368,6 +370,11 @@ class MappedFile:
         if end <= start or not self.hold():
             return
         try:
+            # The whole pages below `end` are written for good (the CommitLog only appends;
+            # the page holding `end` may take more records): off the page tables first, so
+            # their write-back flushes no TLB entry page by page (FileSystem.unmap_written).
+            lo = start - start % OS_PAGE_SIZE
+            self._fs.unmap_written(self.mm, lo, end - end % OS_PAGE_SIZE - lo)
             self._fs.sync_mapped(self._k, self.mm, self.path, start, end - start)
         finally:
             self.release()

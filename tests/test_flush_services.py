@@ -4,6 +4,7 @@ covered it) and the ConsumeQueue flusher (a round flushes the queues written, an
 import contextlib
 import errno
 import os
+import sys
 import threading
 import time
 
@@ -106,6 +107,54 @@ def test_every_put_acknowledged_under_sync_flush_is_flushed_when_it_returns(tmp_
     finally:
         store.shutdown()
     assert not (tmp_path / "s" / "abort").exists()
+
+
+class _ResidentAtSync(FileSystem):
+    """Records, right after each CommitLog sync, the bytes of that file still mapped (Rss)."""
+
+    def __init__(self):
+        self.resident = []
+
+    def sync_mapped(self, kernels, mm, path, start, length):
+        super().sync_mapped(kernels, mm, path, start, length)
+        if os.sep + "commitlog" + os.sep in path:
+            self.resident.append(testing.resident_bytes(path))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's /proc/self/smaps")
+@pytest.mark.parametrize("flush", [FlushDiskType.ASYNC_FLUSH, FlushDiskType.SYNC_FLUSH])
+def test_a_sync_takes_the_whole_pages_it_made_durable_off_the_page_tables_and_keeps_them(
+        tmp_path, backend, flush):
+    # Nothing populated ahead (prefault off) and no periodic flush: the CommitLog's mapped
+    # pages are those the put touched until the sync under test. Writing back a page still
+    # mapped writable costs a TLB flush on every core (FileSystem.unmap_written).
+    cfg = testing.small_config(mapped_file_size_commit_log=256 * 1024, flush_disk_type=flush,
+                               prefault_next_file=False, flush_interval_commit_log=600_000)
+    fs = _ResidentAtSync()
+    store = testing.open_store(tmp_path / "s", backend, cfg, fs=fs)
+    msgs = [Message("T", bytes([65 + i % 26]) * 1000, queue_id=0) for i in range(40)]
+    try:
+        r = store.put_messages(msgs)
+        assert r.ok and _end(r) > 9 * 4096
+        if flush is FlushDiskType.ASYNC_FLUSH:
+            assert fs.resident == []
+            assert testing.resident_bytes(str(store.commitlog.mfq.files[0].path)) > 9 * 4096
+            assert store.flush() == _end(r)
+        else:
+            assert store.commitlog.mfq.flushed_where == _end(r)         # synced by the put
+        # Only the page holding the end stays mapped: the next put writes on into it.
+        assert fs.resident and fs.resident[-1] <= 4096
+        got = store.get_message("g", "T", 0, 0, 64)
+        assert [m.body for m in got.messages] == [m.body for m in msgs]
+        assert store.put_message(Message("T", b"after", queue_id=0)).ok
+    finally:
+        store.shutdown()
+    reopened = testing.open_store(tmp_path / "s", backend, cfg)
+    try:
+        got = reopened.get_message("g", "T", 0, 0, 64)
+        assert [m.body for m in got.messages] == [m.body for m in msgs] + [b"after"]
+    finally:
+        reopened.shutdown()
 
 
 def test_puts_and_batches_written_while_syncs_run_share_the_next_sync(tmp_path, backend):
