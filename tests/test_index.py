@@ -970,3 +970,23 @@ def test_a_redispatched_record_whose_keys_straddle_two_files_gets_only_its_missi
         assert len(store.query_message("T", "c1").messages) == 1
     finally:
         store.shutdown()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux's /proc/self/smaps")
+def test_flushing_an_index_file_takes_its_pages_off_the_page_tables_and_keeps_its_entries(
+        tmp_path, backend):
+    # An index file is flushed once full, when nothing writes to it again: its pages need not
+    # stay mapped through their write-back (FileSystem.unmap_written).
+    store = testing.open_store(tmp_path / "s", backend)
+    try:
+        for i in range(100):
+            assert store.put_message(Message("T", b"x", keys=f"k{i}")).ok
+        testing.wait_until(lambda: store.query_message("T", "k99", 1, 0, 1 << 62).messages)
+        f = store.index_service.index_file_list[0]
+        assert testing.resident_bytes(f.mf.path) > 0
+        f.flush()
+        assert testing.resident_bytes(f.mf.path) == 0
+        hits = store.query_message("T", "k42", 10, 0, 1 << 62)
+        assert [m.keys for m in hits.messages] == ["k42"]
+    finally:
+        store.shutdown()
