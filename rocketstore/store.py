@@ -169,7 +169,8 @@ class MessageStore:
         self.flush_service = None
         self.commit_service = None
         self.flush_cq_service = None
-        # Shared by the flushers from start(): tripped by the first failed sync (fail-stop).
+        # Made by load(), shared by the flushers from start(): tripped by the first failed
+        # sync (fail-stop).
         self.sync_latch = None
         self.ha_service = None             # HAService once started (doc/05)
         self._lock = None if read_only else StoreLock(self.root, self.fs)
@@ -327,6 +328,8 @@ class MessageStore:
             self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"), self.fs,
                                               self.read_only)
             self._cq_dispatcher.checkpoint = self.checkpoint
+            # From the load, not the start: a store loaded and not started syncs too (flush).
+            self.sync_latch = SyncLatch(self.running_flags, self.checkpoint)
             # Before recovery: an abnormal exit drops index files past the checkpoint, and
             # recovery's re-dispatch rebuilds them.
             self.index_service.load(last_exit_ok, self.checkpoint)
@@ -348,10 +351,7 @@ class MessageStore:
             if unsynced_cut:
                 # The zeros a cut wrote may sit cached and clean, never written: the next
                 # open must recover abnormally, and read what the disk holds.
-                try:
-                    self.fs.write_bytes(abort_path(self.root), b"", sync=True)
-                except OSError as abort_exc:
-                    log.error("could not keep %s (%s)", abort_path(self.root), abort_exc)
+                self._keep_abort_file()
                 self._drop_cached_data()
             if self._lock is not None:
                 self._lock.release()
@@ -364,6 +364,14 @@ class MessageStore:
         self.loaded = True
         self.arrivals.open()
         return self.recovery_report
+
+    def _keep_abort_file(self):
+        """Make the next open recover abnormally, whatever becomes of this process: a sync
+        failed while no started store keeps the abort file."""
+        try:
+            self.fs.write_bytes(abort_path(self.root), b"", sync=True)
+        except OSError as exc:
+            log.error("could not keep %s (%s)", abort_path(self.root), exc)
 
     def _adopt_geometry(self, geometry):
         """Size the files an interrupted rebuild wiped as they were, whatever this open's
@@ -545,8 +553,7 @@ class MessageStore:
         self.ha_service.start()
         self.reput_service.start()
         self.commitlog.start()
-        latch = self.sync_latch = SyncLatch(self.running_flags, self.checkpoint)
-        self.checkpoint.latch = latch
+        latch = self.checkpoint.latch = self.sync_latch
         self.flush_cq_service = FlushConsumeQueueService(
             self.config, self.checkpoint, latch, self.dirty_cqs, self.all_consume_queues(),
             self.index_service.flush_pending, self.fs, os.path.join(self.root, "consumequeue"))
@@ -1845,7 +1852,9 @@ class MessageStore:
         group commit syncs it, as a put's leader does (GroupCommitService.wait_flushed): one
         path, so a flush never races the puts' syncs; it waits up to sync_flush_timeout ms
         and then returns what is flushed. With ASYNC_FLUSH the flusher's full flush runs in
-        the caller's thread, excluding the flusher's own round."""
+        the caller's thread, excluding the flusher's own round. Once a CommitLog sync failed
+        it syncs nothing and returns the flushed offset the last good sync left (SyncLatch);
+        on a store loaded and not started, the sync that fails raises StoreError."""
         self.check_open()
         mfq = self.commitlog.mfq
         if self.read_only:
@@ -1860,7 +1869,12 @@ class MessageStore:
         elif service is not None:
             service.flush_all()
         else:                               # loaded, not started: nothing else flushes
-            mfq.flush_through()
+            latch = self.sync_latch
+            if not latch.failed(latch.COMMITLOG) and \
+                    not latch.flush_commitlog(mfq, mfq.flush_through):
+                self._keep_abort_file()
+                raise StoreError(f"{latch.failures[latch.COMMITLOG]}: the CommitLog is durable "
+                                 f"up to {mfq.flushed_where} only; reopen the store")
         if mfq.store_timestamp > 0 and self.checkpoint is not None:
             self.checkpoint.physic_msg_timestamp = max(self.checkpoint.physic_msg_timestamp,
                                                        mfq.store_timestamp)

@@ -9,12 +9,15 @@ import time
 
 import pytest
 
-from rocketstore import FlushDiskType, Message, MessageStore, PutMessageStatus, testing
+from rocketstore import (BrokerRole, FlushDiskType, Message, MessageStore, PutMessageStatus,
+                         testing)
 from rocketstore.checkpoint import StoreCheckpoint
 from rocketstore.consume_queue import ConsumeQueue
 from rocketstore.errors import StoreError
 from rocketstore.format import CQ_UNIT
 from rocketstore.fs import FileSystem
+
+from test_store_interface import _six_master_records
 
 # The file-system-wide sync that a round of many queues uses (where there is none, rounds
 # sync file by file, which the other tests cover).
@@ -545,6 +548,47 @@ def test_a_cut_whose_zeroed_tail_fails_to_sync_trips_the_latch_so_no_put_lands_o
         # The CommitLog's cut never reached its disk: the store is whole as before it.
         kept = 10 if part == "commitlog" else 5
         assert _bodies(store) == [b"old-%d" % i for i in range(kept)]
+
+
+def test_a_failed_flush_of_a_loaded_store_trips_the_latch_so_no_later_flush_claims_its_bytes(
+        tmp_path, backend):
+    # Loaded and not started, a store has no flusher: flush() syncs in the caller's thread.
+    # Its failed sync stops the store as a flusher's does, since a retry would succeed with
+    # the bytes lost; and the abort file is written at once, as nothing else would make
+    # the next open recover from the disk.
+    rs, raw = _six_master_records(tmp_path, backend)
+    half = rs[3].commit_log_offset
+    root = tmp_path / "s"
+
+    def config():
+        return testing.small_config(broker_role=BrokerRole.SLAVE)
+    fs = _RecordingDrops()
+    store = MessageStore(root, config(), clock=testing.StepClock(), kernels=backend, fs=fs)
+    store.load()
+    try:
+        assert store.append_to_commit_log(0, raw[:half]) is True
+        assert store.flush() == half
+        assert store.append_to_commit_log(half, raw[half:]) is True
+        _fail_commitlog_sync_once(fs)
+        with pytest.raises(StoreError, match="reopen the store"):
+            store.flush()
+        assert fs.injected["sync"] == 1
+        # The fault is spent: a sync would succeed now, and is not made.
+        assert store.flush() == half
+        latch = store.sync_latch
+        assert latch.failed(latch.COMMITLOG)
+        assert (root / "abort").exists()
+        store.start()                       # the same latch: still stopped
+        assert store.flush() == half
+        fs.crash()
+    finally:
+        store.shutdown()
+    assert (root / "abort").exists()
+    assert str(root / "commitlog" / ("0" * 20)) in fs.dropped
+    fs.drop_unsynced()
+    with _reopened_after_a_crash(root, backend, config()) as store:
+        assert store.get_max_phy_offset() == half
+        assert _bodies(store) == [b"%d" % i for i in range(3)]
 
 
 def test_a_recovery_cut_whose_zeroed_tail_fails_to_sync_fails_the_open_and_keeps_it_abnormal(
