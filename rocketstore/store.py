@@ -328,8 +328,10 @@ class MessageStore:
             self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"), self.fs,
                                               self.read_only)
             self._cq_dispatcher.checkpoint = self.checkpoint
-            # From the load, not the start: a store loaded and not started syncs too (flush).
-            self.sync_latch = SyncLatch(self.running_flags, self.checkpoint)
+            # From the load, not the start: a store loaded and not started syncs too (flush,
+            # and a replicated frame's publish on a slave).
+            self.sync_latch = self.commitlog.sync_latch = SyncLatch(self.running_flags,
+                                                                    self.checkpoint)
             # Before recovery: an abnormal exit drops index files past the checkpoint, and
             # recovery's re-dispatch rebuilds them.
             self.index_service.load(last_exit_ok, self.checkpoint)

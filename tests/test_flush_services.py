@@ -550,6 +550,39 @@ def test_a_cut_whose_zeroed_tail_fails_to_sync_trips_the_latch_so_no_put_lands_o
         assert _bodies(store) == [b"old-%d" % i for i in range(kept)]
 
 
+def test_a_replicated_frame_a_cut_raced_whose_zeroes_fail_to_sync_trips_the_latch(
+        tmp_path, backend):
+    # A cut raced a frame the HA client was receiving: its publish is refused, and the
+    # frame's bytes past the cut are zeroed again and synced. When that sync fails the disk
+    # may hold the frame under zeros a later sync reports durable, as after a failed cut:
+    # the store stops the same way. The publish answers False, as for any frame a cut
+    # refused, so the HA client closes its connection instead of meeting an OSError.
+    rs, raw = _six_master_records(tmp_path, backend)
+    end = len(raw)
+    cut, frame = rs[2].commit_log_offset, rs[4].commit_log_offset
+    root = tmp_path / "s"
+    fs = _RecordingDrops()
+    slave = testing.open_store(root, backend, testing.small_config(
+        broker_role=BrokerRole.SLAVE), fs=fs)
+    try:
+        cl = slave.commitlog
+        assert slave.append_to_commit_log(0, raw[:frame]) is True
+        mf = cl.replica_target(frame, end - frame)
+        assert slave.reset_write_offset(cut) is True
+        mf.write_target[frame:end] = raw[frame:end]
+        _fail_commitlog_sync_once(fs)
+        assert cl.publish_replica(mf, frame, end) is False
+        assert fs.injected["sync"] == 1
+        assert bytes(mf.mm[cut:end]) == bytes(end - cut)
+        latch = slave.sync_latch
+        assert latch.failed(latch.COMMITLOG)
+        assert slave.flush() == cut
+    finally:
+        slave.shutdown()
+    assert (root / "abort").exists()
+    assert str(root / "commitlog" / ("0" * 20)) in fs.dropped
+
+
 def test_a_failed_flush_of_a_loaded_store_trips_the_latch_so_no_later_flush_claims_its_bytes(
         tmp_path, backend):
     # Loaded and not started, a store has no flusher: flush() syncs in the caller's thread.
