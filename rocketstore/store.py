@@ -670,8 +670,10 @@ class MessageStore:
             ended = True
             if self.commit_service is not None:
                 ended = self.commit_service.shutdown()  # commit write buffers before the drain
-            self.reput_service.shutdown()
-            caught_up = self.reput_service.behind() <= 0
+            # A reput still running may yet dispatch, past the final flushes and into files
+            # closing: not caught up, however far it got.
+            reput_ended = self.reput_service.shutdown()
+            caught_up = reput_ended and self.reput_service.behind() <= 0
             # After the last dispatch: no writer asks it for a window any more.
             self.populate_service.shutdown()
             ended = self.flush_service.shutdown() and ended
@@ -703,6 +705,10 @@ class MessageStore:
             if not ended:
                 log.error("shutdown: a flush service did not stop in time; keeping the abort "
                           "file so the next open recovers")
+            if not caught_up:
+                log.error("shutdown: %s; keeping the abort file so the next open recovers",
+                          "dispatch is behind the CommitLog" if reput_ended else
+                          "the reput service did not stop in time")
             if latch.tripped:
                 log.error("shutdown: %s; keeping the abort file so the next open recovers "
                           "from what reached the disk", "; ".join(latch.failures.values()))

@@ -708,6 +708,27 @@ def test_a_shutdown_whose_queue_flusher_outlasts_its_join_keeps_the_abort_file(
         thread.join()
 
 
+def test_a_shutdown_whose_reput_outlasts_its_join_keeps_the_abort_file(tmp_path, backend,
+                                                                         caplog):
+    # Shutdown stops waiting for the reput service, whose drain still waits for the dispatch
+    # lock (a cut or a reader's catch-up holds it): it may yet dispatch, after the final
+    # queue flush and while the files close, so the store has not caught up, however far
+    # dispatch got.
+    root = tmp_path / "s"
+    store = testing.open_store(root, backend)
+    reput = store.reput_service
+    thread = reput._thread
+    assert store.put_message(Message("T", b"x")).ok
+    testing.wait_dispatched(store)
+    reput.join_time_s = 0.05
+    with reput.dispatch_lock:
+        store.shutdown()
+        assert thread.is_alive()
+        assert (root / "abort").exists()
+        assert "the reput service did not stop in time" in caplog.text
+    thread.join()
+
+
 class _DropsAndReads(FileSystem):
     """Records, in order, the files whose cached pages are dropped and the files read (mapped,
     or read whole)."""
