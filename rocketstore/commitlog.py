@@ -64,6 +64,9 @@ class CommitLog:
         # Called with the reason when a reservation finds the disk full; set by the store
         # (the disk-full running flag, so later puts are refused before the lock).
         self.on_disk_full = None
+        # The store's SyncLatch once it loaded: a failed sync of zeros publish_replica wrote
+        # trips it.
+        self.sync_latch = None
         self.mfq = MappedFileQueue(config.commitlog_dir(root), self.file_size, kernels, fs,
                                    writable=not read_only, allocator=self.allocator,
                                    reserve_window=config.commit_log_reserve_window)
@@ -764,7 +767,8 @@ class CommitLog:
         ends there: a reset_write_offset cut it (or destroyed `mf`) while the bytes arrived.
         A cut at `start` itself moves no position but zeroes the bytes already written: it
         is told by `mf`'s truncation count, changed since replica_target handed `mf` out.
-        What they left past the write position is zeroed again, as the cut left it."""
+        What they left past the write position is zeroed again, as the cut left it; when
+        those zeros fail to sync, the store fails stop as at the cut's own (SyncLatch)."""
         with self.put_lock:
             if self.closed or pos > self.file_size or not mf.is_available:
                 return False
@@ -772,7 +776,14 @@ class CommitLog:
             cut = mark is not None and mark[0] is mf and mark[1] != mf.truncations
             if mf.wrote_position != start or cut:
                 if mf.wrote_position < pos:
-                    mf.zero_tail(mf.wrote_position)
+                    try:
+                        mf.zero_tail(mf.wrote_position)
+                    except OSError as exc:
+                        latch = self.sync_latch
+                        if latch is None:
+                            raise
+                        latch.trip(latch.COMMITLOG, exc, "of the cut under a replicated "
+                                   f"frame at {mf.file_from_offset + start} ")
                 return False
             mf.wrote_position = mf.committed_position = pos
         return True

@@ -169,7 +169,8 @@ class MessageStore:
         self.flush_service = None
         self.commit_service = None
         self.flush_cq_service = None
-        # Shared by the flushers from start(): tripped by the first failed sync (fail-stop).
+        # Made by load(), shared by the flushers from start(): tripped by the first failed
+        # sync (fail-stop).
         self.sync_latch = None
         self.ha_service = None             # HAService once started (doc/05)
         self._lock = None if read_only else StoreLock(self.root, self.fs)
@@ -327,6 +328,10 @@ class MessageStore:
             self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"), self.fs,
                                               self.read_only)
             self._cq_dispatcher.checkpoint = self.checkpoint
+            # From the load, not the start: a store loaded and not started syncs too (flush,
+            # and a replicated frame's publish on a slave).
+            self.sync_latch = self.commitlog.sync_latch = SyncLatch(self.running_flags,
+                                                                    self.checkpoint)
             # Before recovery: an abnormal exit drops index files past the checkpoint, and
             # recovery's re-dispatch rebuilds them.
             self.index_service.load(last_exit_ok, self.checkpoint)
@@ -348,10 +353,7 @@ class MessageStore:
             if unsynced_cut:
                 # The zeros a cut wrote may sit cached and clean, never written: the next
                 # open must recover abnormally, and read what the disk holds.
-                try:
-                    self.fs.write_bytes(abort_path(self.root), b"", sync=True)
-                except OSError as abort_exc:
-                    log.error("could not keep %s (%s)", abort_path(self.root), abort_exc)
+                self._keep_abort_file()
                 self._drop_cached_data()
             if self._lock is not None:
                 self._lock.release()
@@ -364,6 +366,14 @@ class MessageStore:
         self.loaded = True
         self.arrivals.open()
         return self.recovery_report
+
+    def _keep_abort_file(self):
+        """Make the next open recover abnormally, whatever becomes of this process: a sync
+        failed while no started store keeps the abort file."""
+        try:
+            self.fs.write_bytes(abort_path(self.root), b"", sync=True)
+        except OSError as exc:
+            log.error("could not keep %s (%s)", abort_path(self.root), exc)
 
     def _adopt_geometry(self, geometry):
         """Size the files an interrupted rebuild wiped as they were, whatever this open's
@@ -545,8 +555,7 @@ class MessageStore:
         self.ha_service.start()
         self.reput_service.start()
         self.commitlog.start()
-        latch = self.sync_latch = SyncLatch(self.running_flags, self.checkpoint)
-        self.checkpoint.latch = latch
+        latch = self.checkpoint.latch = self.sync_latch
         self.flush_cq_service = FlushConsumeQueueService(
             self.config, self.checkpoint, latch, self.dirty_cqs, self.all_consume_queues(),
             self.index_service.flush_pending, self.fs, os.path.join(self.root, "consumequeue"))
@@ -661,8 +670,10 @@ class MessageStore:
             ended = True
             if self.commit_service is not None:
                 ended = self.commit_service.shutdown()  # commit write buffers before the drain
-            self.reput_service.shutdown()
-            caught_up = self.reput_service.behind() <= 0
+            # A reput still running may yet dispatch, past the final flushes and into files
+            # closing: not caught up, however far it got.
+            reput_ended = self.reput_service.shutdown()
+            caught_up = reput_ended and self.reput_service.behind() <= 0
             # After the last dispatch: no writer asks it for a window any more.
             self.populate_service.shutdown()
             ended = self.flush_service.shutdown() and ended
@@ -694,6 +705,10 @@ class MessageStore:
             if not ended:
                 log.error("shutdown: a flush service did not stop in time; keeping the abort "
                           "file so the next open recovers")
+            if not caught_up:
+                log.error("shutdown: %s; keeping the abort file so the next open recovers",
+                          "dispatch is behind the CommitLog" if reput_ended else
+                          "the reput service did not stop in time")
             if latch.tripped:
                 log.error("shutdown: %s; keeping the abort file so the next open recovers "
                           "from what reached the disk", "; ".join(latch.failures.values()))
@@ -1845,7 +1860,9 @@ class MessageStore:
         group commit syncs it, as a put's leader does (GroupCommitService.wait_flushed): one
         path, so a flush never races the puts' syncs; it waits up to sync_flush_timeout ms
         and then returns what is flushed. With ASYNC_FLUSH the flusher's full flush runs in
-        the caller's thread, excluding the flusher's own round."""
+        the caller's thread, excluding the flusher's own round. Once a CommitLog sync failed
+        it syncs nothing and returns the flushed offset the last good sync left (SyncLatch);
+        on a store loaded and not started, the sync that fails raises StoreError."""
         self.check_open()
         mfq = self.commitlog.mfq
         if self.read_only:
@@ -1860,7 +1877,12 @@ class MessageStore:
         elif service is not None:
             service.flush_all()
         else:                               # loaded, not started: nothing else flushes
-            mfq.flush_through()
+            latch = self.sync_latch
+            if not latch.failed(latch.COMMITLOG) and \
+                    not latch.flush_commitlog(mfq, mfq.flush_through):
+                self._keep_abort_file()
+                raise StoreError(f"{latch.failures[latch.COMMITLOG]}: the CommitLog is durable "
+                                 f"up to {mfq.flushed_where} only; reopen the store")
         if mfq.store_timestamp > 0 and self.checkpoint is not None:
             self.checkpoint.physic_msg_timestamp = max(self.checkpoint.physic_msg_timestamp,
                                                        mfq.store_timestamp)

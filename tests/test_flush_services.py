@@ -10,12 +10,15 @@ import time
 
 import pytest
 
-from rocketstore import FlushDiskType, Message, MessageStore, PutMessageStatus, testing
+from rocketstore import (BrokerRole, FlushDiskType, Message, MessageStore, PutMessageStatus,
+                         testing)
 from rocketstore.checkpoint import StoreCheckpoint
 from rocketstore.consume_queue import ConsumeQueue
 from rocketstore.errors import StoreError
 from rocketstore.format import CQ_UNIT
 from rocketstore.fs import FileSystem
+
+from test_store_interface import _six_master_records
 
 # The file-system-wide sync that a round of many queues uses (where there is none, rounds
 # sync file by file, which the other tests cover).
@@ -596,6 +599,80 @@ def test_a_cut_whose_zeroed_tail_fails_to_sync_trips_the_latch_so_no_put_lands_o
         assert _bodies(store) == [b"old-%d" % i for i in range(kept)]
 
 
+def test_a_replicated_frame_a_cut_raced_whose_zeroes_fail_to_sync_trips_the_latch(
+        tmp_path, backend):
+    # A cut raced a frame the HA client was receiving: its publish is refused, and the
+    # frame's bytes past the cut are zeroed again and synced. When that sync fails the disk
+    # may hold the frame under zeros a later sync reports durable, as after a failed cut:
+    # the store stops the same way. The publish answers False, as for any frame a cut
+    # refused, so the HA client closes its connection instead of meeting an OSError.
+    rs, raw = _six_master_records(tmp_path, backend)
+    end = len(raw)
+    cut, frame = rs[2].commit_log_offset, rs[4].commit_log_offset
+    root = tmp_path / "s"
+    fs = _RecordingDrops()
+    slave = testing.open_store(root, backend, testing.small_config(
+        broker_role=BrokerRole.SLAVE), fs=fs)
+    try:
+        cl = slave.commitlog
+        assert slave.append_to_commit_log(0, raw[:frame]) is True
+        mf = cl.replica_target(frame, end - frame)
+        assert slave.reset_write_offset(cut) is True
+        mf.write_target[frame:end] = raw[frame:end]
+        _fail_commitlog_sync_once(fs)
+        assert cl.publish_replica(mf, frame, end) is False
+        assert fs.injected["sync"] == 1
+        assert bytes(mf.mm[cut:end]) == bytes(end - cut)
+        latch = slave.sync_latch
+        assert latch.failed(latch.COMMITLOG)
+        assert slave.flush() == cut
+    finally:
+        slave.shutdown()
+    assert (root / "abort").exists()
+    assert str(root / "commitlog" / ("0" * 20)) in fs.dropped
+
+
+def test_a_failed_flush_of_a_loaded_store_trips_the_latch_so_no_later_flush_claims_its_bytes(
+        tmp_path, backend):
+    # Loaded and not started, a store has no flusher: flush() syncs in the caller's thread.
+    # Its failed sync stops the store as a flusher's does, since a retry would succeed with
+    # the bytes lost; and the abort file is written at once, as nothing else would make
+    # the next open recover from the disk.
+    rs, raw = _six_master_records(tmp_path, backend)
+    half = rs[3].commit_log_offset
+    root = tmp_path / "s"
+
+    def config():
+        return testing.small_config(broker_role=BrokerRole.SLAVE)
+    fs = _RecordingDrops()
+    store = MessageStore(root, config(), clock=testing.StepClock(), kernels=backend, fs=fs)
+    store.load()
+    try:
+        assert store.append_to_commit_log(0, raw[:half]) is True
+        assert store.flush() == half
+        assert store.append_to_commit_log(half, raw[half:]) is True
+        _fail_commitlog_sync_once(fs)
+        with pytest.raises(StoreError, match="reopen the store"):
+            store.flush()
+        assert fs.injected["sync"] == 1
+        # The fault is spent: a sync would succeed now, and is not made.
+        assert store.flush() == half
+        latch = store.sync_latch
+        assert latch.failed(latch.COMMITLOG)
+        assert (root / "abort").exists()
+        store.start()                       # the same latch: still stopped
+        assert store.flush() == half
+        fs.crash()
+    finally:
+        store.shutdown()
+    assert (root / "abort").exists()
+    assert str(root / "commitlog" / ("0" * 20)) in fs.dropped
+    fs.drop_unsynced()
+    with _reopened_after_a_crash(root, backend, config()) as store:
+        assert store.get_max_phy_offset() == half
+        assert _bodies(store) == [b"%d" % i for i in range(3)]
+
+
 def test_a_recovery_cut_whose_zeroed_tail_fails_to_sync_fails_the_open_and_keeps_it_abnormal(
         tmp_path, backend):
     # Recovery cuts a torn record off the CommitLog's tail; the sync of the zeros fails. The
@@ -678,6 +755,27 @@ def test_a_shutdown_whose_queue_flusher_outlasts_its_join_keeps_the_abort_file(
     finally:
         fs.go.set()
         thread.join()
+
+
+def test_a_shutdown_whose_reput_outlasts_its_join_keeps_the_abort_file(tmp_path, backend,
+                                                                         caplog):
+    # Shutdown stops waiting for the reput service, whose drain still waits for the dispatch
+    # lock (a cut or a reader's catch-up holds it): it may yet dispatch, after the final
+    # queue flush and while the files close, so the store has not caught up, however far
+    # dispatch got.
+    root = tmp_path / "s"
+    store = testing.open_store(root, backend)
+    reput = store.reput_service
+    thread = reput._thread
+    assert store.put_message(Message("T", b"x")).ok
+    testing.wait_dispatched(store)
+    reput.join_time_s = 0.05
+    with reput.dispatch_lock:
+        store.shutdown()
+        assert thread.is_alive()
+        assert (root / "abort").exists()
+        assert "the reput service did not stop in time" in caplog.text
+    thread.join()
 
 
 class _DropsAndReads(FileSystem):

@@ -74,6 +74,19 @@ class SyncLatch:
                   self._STOPS[kind])
         return True
 
+    def flush_commitlog(self, mfq, flush, *args):
+        """Run `flush(*args)`, a flush of the CommitLog's files (`mfq`), unless a CommitLog
+        sync failed before; True if it ran and succeeded. A failure trips COMMITLOG: the
+        flushed offset stays where the last good sync left it."""
+        if self.failed(self.COMMITLOG):
+            return False
+        try:
+            flush(*args)
+        except OSError as exc:
+            self.trip(self.COMMITLOG, exc, f"from {mfq.flushed_where} ")
+            return False
+        return True
+
 
 class FlushRealTimeService(ServiceThread):
     """ASYNC_FLUSH: every flush_interval_commit_log ms, flush if at least
@@ -114,18 +127,8 @@ class FlushRealTimeService(ServiceThread):
             self._checkpoint.physic_msg_timestamp = mfq.store_timestamp
 
     def run_flush(self, flush, *args):
-        """Under flush_lock: run `flush(*args)` unless a CommitLog sync failed before; True
-        if it ran and succeeded. A failure trips the latch: the flushed offset stays where
-        the last good sync left it."""
-        latch = self._latch
-        if latch.failed(latch.COMMITLOG):
-            return False
-        try:
-            flush(*args)
-        except OSError as exc:
-            latch.trip(latch.COMMITLOG, exc, f"from {self._mfq.flushed_where} ")
-            return False
-        return True
+        """Under flush_lock: SyncLatch.flush_commitlog of `flush(*args)`."""
+        return self._latch.flush_commitlog(self._mfq, flush, *args)
 
     def flush_all(self):
         """Full flushes until nothing moves, one file per call, so every file written so far
