@@ -262,6 +262,10 @@ def test_cleaning_keeps_the_files_past_a_failed_sync_for_the_next_open_to_recove
                 break                       # the thread's sync failed: puts are refused
             assert r.status.ok
             written += 1
+        # The premise: a sync failed while the puts were unflushed (the group commit's thread
+        # syncs every 10 ms; on a loaded machine the loop can end before it ran).
+        latch = store.sync_latch
+        testing.wait_until(lambda: latch.failed(latch.COMMITLOG), what="a failed sync")
         testing.wait_dispatched(store)
         store.execute_delete_files_manually()
         store.clean_files_periodically()
