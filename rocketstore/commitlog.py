@@ -11,7 +11,7 @@ import numpy as np
 from . import format as F
 from .arguments import message_problem
 from .batch import max_len_check
-from .config import BrokerRole
+from .config import BrokerRole, FlushDiskType
 from .errors import KernelBoundsError, MessageIllegalError, StoreClosedError
 from .mapped_file_queue import MappedFileQueue
 from .message import (PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, PROPERTY_WAIT,
@@ -51,9 +51,11 @@ class CommitLog:
             # are still created and reserved ahead.
             prefault = ((config.prefault_next_file or config.warm_maped_file_enable)
                         and config.broker_role is not BrokerRole.SLAVE)
+            # Through readahead only where syncs are large (ASYNC_FLUSH): see the service.
+            readahead = config.flush_disk_type is FlushDiskType.ASYNC_FLUSH
             self.allocator = AllocateMappedFileService(
                 self.file_size, kernels, fs,
-                prefault=prefault,
+                prefault=prefault, readahead=readahead,
                 pool=self.pool, reserve_window=config.commit_log_reserve_window)
         # Decides what a put waits for after the lock (sync flush, replication); set by the
         # store when its services start. None: return at once (ASYNC_FLUSH).

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from rocketstore import Message, PutMessageStatus, testing
+from rocketstore import FlushDiskType, Message, PutMessageStatus, testing
 from rocketstore.config import BrokerRole
 from rocketstore.fs import FileSystem
 from rocketstore.services.allocate import LEAD_WINDOWS
@@ -163,7 +163,9 @@ def test_the_file_being_written_has_no_readahead_and_the_file_it_leaves_gets_it_
         first, second = store.commitlog.mfq.files[:2]
         # "rr": MADV_RANDOM. A page the writer reaches before the allocator populated it
         # costs the writer that page alone, not a readahead window zero-filled in the put.
-        assert [("rr" in f) for f in vm_flags(second.path)] == [True]
+        # Waited for: while the allocator populates, it maps the file a second time, with
+        # readahead, for the populate alone.
+        testing.wait_until(lambda: [("rr" in f) for f in vm_flags(second.path)] == [True])
         # Given back on the allocator's thread (a madvise waits for the mmap lock).
         testing.wait_until(lambda: [("rr" in f) for f in vm_flags(first.path)] == [False])
     finally:
@@ -410,5 +412,43 @@ def test_the_queue_file_being_written_has_no_readahead_and_the_file_it_leaves_ge
         assert [("rr" in f) for f in vm_flags(second.path)] == [True]
         # Given back on the populate service's thread when it made the next file ahead.
         testing.wait_until(lambda: [("rr" in f) for f in vm_flags(first.path)] == [False])
+    finally:
+        store.shutdown()
+
+
+class PopulatedThrough(Recording):
+    """Records every mapping the CommitLog's allocator populates, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.mappings = []
+
+    def prefault(self, mm, start=0, length=None, chunk=1 << 20):
+        if threading.current_thread().name == ALLOCATOR:
+            self.mappings.append(mm)
+        return super().prefault(mm, start, length, chunk)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux's /proc/self/smaps")
+@pytest.mark.parametrize("flush", [FlushDiskType.ASYNC_FLUSH, FlushDiskType.SYNC_FLUSH])
+def test_an_async_flush_store_populates_through_a_readahead_mapping_closed_after(
+        tmp_path, backend, flush):
+    fs = PopulatedThrough()
+    store = testing.open_store(tmp_path / "s", backend, config=config(flush_disk_type=flush),
+                               fs=fs)
+    try:
+        while len(store.commitlog.mfq.files) < 2:
+            assert store.put_message(Message("TopicA", b"r" * 30000)).ok
+        files = store.commitlog.mfq.files
+        testing.wait_until(lambda: all(len(vm_flags(f.path)) == 1 for f in files))
+        writers = [f.mm for f in files]
+        others = [mm for mm in fs.mappings if not any(mm is w for w in writers)]
+        if flush is FlushDiskType.ASYNC_FLUSH:
+            # Each populate went through a second mapping first (the page cache filled by
+            # readahead), then the writer's; the second ones are closed.
+            assert others and all(mm.closed for mm in others)
+            assert len(others) * 2 >= len(fs.mappings) - 1
+        else:
+            assert others == []         # a sync would write back whole large folios
     finally:
         store.shutdown()
