@@ -627,13 +627,13 @@ def index_dispatch(rows, buf, f, int64_t skip, slow):
 
     The rows' keys are found, hashed and put by rs_index_dispatch without the GIL, straight
     into the file's mapping. Where a row cannot go on in the file (it is full, or its next
-    entry lies past the blocks reserved for it), `slow(f, row)` returns the file to go on in:
-    a new one, or `f` with more room; then the loop resumes at that row and key. The mapping
-    is borrowed as a buffer for each GIL-free run, so it cannot be closed under it."""
+    entry lies past its refill_position), `slow(f, row)` returns the file to go on in: a new
+    one, or `f` with its next entry reserved; then the loop resumes at that row and key. The
+    mapping is borrowed as a buffer for each GIL-free run, so it cannot be closed under it."""
     cdef Py_buffer rv, b, iv
     cdef size_t row = 0, nrows, sk
     cdef int32_t stop = RS_INDEX_STOP_NONE
-    cdef int64_t limit
+    cdef int64_t limit, asked = -1
     cdef int32_t slot_num, index_num
     cdef int r
     if skip < 0:
@@ -652,8 +652,13 @@ def index_dispatch(rows, buf, f, int64_t skip, slow):
             slot_num = f.slot_num
             index_num = f.index_num
             # Entries go below refill_position (the reserved end, or a lead before it when
-            # a populator fills windows ahead); past it `slow` asks for more.
+            # a populator fills windows ahead); past it `slow` asks for more. Having asked
+            # at `asked`, the loop writes on up to reserved_position if refill_position is
+            # not past that: a populator serving an older request late sets it a lead
+            # before that request's window, which may lie below where this writer stands.
             limit = f.mf.refill_position
+            if limit <= asked:
+                limit = f.mf.reserved_position
             memset(&iv, 0, sizeof(iv))
             _rw(f.mm, &iv)
             try:
@@ -668,8 +673,11 @@ def index_dispatch(rows, buf, f, int64_t skip, slow):
             if stop == RS_INDEX_STOP_NONE:
                 return
             g = slow(f, row)
-            if g is f and f.mf.refill_position <= limit:
+            # reserved_position only grows (under the file's reserve lock): `slow` has
+            # reserved the next entry, or it failed.
+            if g is f and f.mf.reserved_position <= limit:
                 raise RuntimeError(f"index_dispatch: no room made in {f!r} for row {row}")
+            asked = limit if g is f else -1
             f = g
     finally:
         PyBuffer_Release(&b)

@@ -4,6 +4,7 @@ store's PopulateAheadService: a put that dispatches inline (the default) never p
 queue or index window in its own thread, windows stay bounded, and the writer still reserves
 what it writes itself when the service lags, so a full disk refuses cleanly."""
 import errno
+import logging
 import os
 import threading
 
@@ -13,6 +14,7 @@ from rocketstore import testing
 from rocketstore.consume_queue import POPULATED_WINDOW_MAX, RESERVE_WINDOW_MAX, ConsumeQueue
 from rocketstore.fs import FileSystem
 from rocketstore.index_file import ENTRY_RESERVE_WINDOW_MAX
+from rocketstore.mapped_file import MappedFile
 from rocketstore.services.populate import PopulateAheadService
 
 SERVICE = PopulateAheadService.name
@@ -129,6 +131,79 @@ def test_queue_and_index_windows_populated_ahead_stay_bounded(tmp_path, backend)
             assert testing.cached_bytes(cq.path) <= _page_up(cq.reserved_position)
         sizes = [p[3] for p in fs.populates if p[1] in ("consumequeue", "index")]
         assert sizes and max(sizes) <= POPULATED_WINDOW_MAX
+    finally:
+        store.shutdown()
+
+
+class _Lagging(PopulateAheadService):
+    """A service starved of CPU: it holds what it is asked (`held`) until `serve_oldest`
+    serves the oldest request still held that reserves a window."""
+
+    def __init__(self):
+        super().__init__()
+        self.held = []
+
+    def _queue(self, request):
+        self.held.append(request)
+        return True
+
+    def serve_oldest(self):
+        request = next(r for r in self.held if r[3])
+        self.held.remove(request)
+        self._fill(*request)
+
+
+def test_a_stale_window_reserved_just_before_the_index_writer_s_own_leaves_it_room(
+        tmp_path, backend, monkeypatch, caplog):
+    # The service, lagging two requests behind, reserves the window ahead of an old writer
+    # end just before the writer, past reserved_position, takes the reserve lock itself.
+    # The window ends past the writer's end, so the writer's reserve finds nothing to do;
+    # and half a window (the lead the writer just asked with) before its end lies below
+    # what the writer had already been let write. Without room made, the compiled index
+    # loop raised RuntimeError in the putting thread ("no room made"), count=24202 in a
+    # benchmark of 20 000 keyed messages a put.
+    service = _Lagging()
+    store = testing.open_store(tmp_path / "s", backend, config=config())
+    try:
+        assert not store.index_service.index_file_list
+        store.index_service.populator = service
+        real_reserve = MappedFile.reserve
+        armed = []
+        met = []
+
+        def reserve(mf, end, required=True):
+            if armed and required and mf is armed[0].mf:
+                index = armed.pop()
+                service.serve_oldest()
+                written = index.file_size - (index.index_num - index.index_count) * 20
+                met.append((mf.refill_position < written, end <= mf.reserved_position))
+            return real_reserve(mf, end, required)
+        monkeypatch.setattr(MappedFile, "reserve", reserve)
+        batches = 0
+        while not armed and batches < 100:
+            _put_keyed_batches(store, 1, start=batches)
+            batches += 1
+            if sum(1 for r in service.held if r[3]) == 2:
+                armed.append(store.index_service.index_file_list[-1])
+        assert armed and batches < 100
+        while armed and batches < 100:
+            _put_keyed_batches(store, 1, start=batches)
+            batches += 1
+        # The interleaving was met: the stale window left refill_position below what the
+        # writer had written, and reaching past the end it asked for.
+        assert met == [(True, True)]
+        hooked = batches - 1
+        assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        _put_keyed_batches(store, 2, start=batches)
+        batches += 2
+        testing.wait_dispatched(store)
+        # Every key indexed once.
+        index = store.index_service.index_file_list[-1]
+        assert index.index_count == 1000 * batches + 1
+        keys = [f"k-{b * 1000 + 999}" for b in range(batches)]
+        keys += [f"k-{hooked * 1000 + i}" for i in range(1000)]
+        for key in keys:
+            assert len(store.query_message("TopicA", key, 8, 0, 2 ** 62).messages) == 1, key
     finally:
         store.shutdown()
 
