@@ -360,6 +360,27 @@ class FileSystem:
         except (OSError, ValueError, AttributeError):
             pass
 
+    def cache_range(self, path, start, length):
+        """Bring [start, start+length) of the file at `path` into the page cache now
+        (POSIX_FADV_WILLNEED), so a populate of a mapping there only maps the pages. Exactly
+        that range: unlike a fault through a mapping with readahead, whose read-around
+        reaches past it and may cache a large folio straddling its end (see
+        AllocateMappedFileService). A hint: nothing where fadvise is missing or refused
+        (tmpfs ignores it)."""
+        advise = getattr(os, "posix_fadvise", None)
+        if advise is None or length <= 0:
+            return
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            advise(fd, start, length, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
     def advise_random(self, mm, random=True):
         """MADV_RANDOM on the whole mapping (MADV_NORMAL with random=False): a first touch of
         a page then brings in that page alone, not a readahead window around it. Ignored

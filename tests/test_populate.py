@@ -431,8 +431,9 @@ class PopulatedThrough(Recording):
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux's /proc/self/smaps")
 @pytest.mark.parametrize("flush", [FlushDiskType.ASYNC_FLUSH, FlushDiskType.SYNC_FLUSH])
-def test_an_async_flush_store_populates_through_a_readahead_mapping_closed_after(
-        tmp_path, backend, flush):
+def test_the_allocator_populates_the_writers_mapping_and_maps_no_other(tmp_path, backend, flush):
+    # No second mapping with readahead (whose read-around reaches past the reserved end):
+    # see the test below.
     fs = PopulatedThrough()
     store = testing.open_store(tmp_path / "s", backend, config=config(flush_disk_type=flush),
                                fs=fs)
@@ -442,13 +443,28 @@ def test_an_async_flush_store_populates_through_a_readahead_mapping_closed_after
         files = store.commitlog.mfq.files
         testing.wait_until(lambda: all(len(vm_flags(f.path)) == 1 for f in files))
         writers = [f.mm for f in files]
-        others = [mm for mm in fs.mappings if not any(mm is w for w in writers)]
-        if flush is FlushDiskType.ASYNC_FLUSH:
-            # Each populate went through a second mapping first (the page cache filled by
-            # readahead), then the writer's; the second ones are closed.
-            assert others and all(mm.closed for mm in others)
-            assert len(others) * 2 >= len(fs.mappings) - 1
-        else:
-            assert others == []         # a sync would write back whole large folios
+        assert fs.mappings
+        assert [mm for mm in fs.mappings if not any(mm is w for w in writers)] == []
+    finally:
+        store.shutdown()
+
+
+def test_an_async_flush_store_brings_no_page_past_the_reserved_end_into_the_page_cache(
+        tmp_path, backend):
+    # A page cached past reserved_position can be part of a large folio that also holds
+    # reserved pages (XFS; read-around readahead makes them): the writer's first write to
+    # the folio then makes the file system allocate all of it, past the reserved end, and
+    # on a full disk that fault is SIGBUS instead of ENOSPC at reserve. So the allocator's
+    # populate may fill the page cache only inside the reserved range.
+    store = testing.open_store(tmp_path / "s", backend,
+                               config=config(mapped_file_size_commit_log=64 << 20,
+                                             flush_disk_type=FlushDiskType.ASYNC_FLUSH))
+    try:
+        for _ in range(8):
+            assert store.put_message(Message("TopicA", b"r" * 30000)).ok
+        mf = store.commitlog.mfq.files[-1]
+        testing.wait_until(lambda: settled(mf))
+        assert mf.reserved_position < mf.file_size
+        assert testing.cached_bytes(mf.path) <= mf.reserved_position
     finally:
         store.shutdown()

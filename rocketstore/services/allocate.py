@@ -41,8 +41,12 @@ class AllocateMappedFileService(ServiceThread):
 
     def __init__(self, file_size, kernels, fs, prefault=True, pool=None, reserve_window=0,
                  readahead=False):
-        """`readahead`: populate through a second mapping of the file, with readahead (see
-        _fill); for stores whose syncs cover many pages at once (ASYNC_FLUSH)."""
+        """`readahead`: fill the page cache for each reserved range before populating the
+        writer's mapping (FileSystem.cache_range); for stores whose syncs cover many pages
+        at once (ASYNC_FLUSH). Never through a mapping with readahead: its read-around
+        reads past the reserved end, and where that makes a large folio (XFS) straddling
+        reserved_position, the writer's first write to the folio allocates all of it: past
+        the reservation, and on a full disk SIGBUS instead of ENOSPC at reserve."""
         super().__init__()
         self._readahead = readahead
         self.pool = pool
@@ -177,18 +181,15 @@ class AllocateMappedFileService(ServiceThread):
         # which prefault ignores.
         nogil = isinstance(mf.mm, getattr(self._k, "Mapping", ()))
         chunk = end if urgent and nogil else 1 << 20
-        shadow = self._shadow(mf) if pos < end else None
-        try:
-            while pos < end and mf.is_available and not self.is_stopped:
-                if not urgent:
-                    self._refill_pending()
-                if shadow is not None:
-                    self._fs.prefault(shadow, pos, min(chunk, end - pos))
-                self._fs.prefault(mf.mm, pos, min(chunk, end - pos))
-                pos = max(pos + chunk, mf.wrote_position - mf.wrote_position % OS_PAGE_SIZE)
-        finally:
-            if shadow is not None:
-                shadow.close()
+        while pos < end and mf.is_available and not self.is_stopped:
+            if not urgent:
+                self._refill_pending()
+            if self._readahead:
+                # The page cache filled for exactly this reserved range first (see
+                # FileSystem.cache_range), then the writer's populate only maps the pages.
+                self._fs.cache_range(mf.path, pos, min(chunk, end - pos))
+            self._fs.prefault(mf.mm, pos, min(chunk, end - pos))
+            pos = max(pos + chunk, mf.wrote_position - mf.wrote_position % OS_PAGE_SIZE)
         if urgent:
             self._writing = mf
         if asked is not None:
@@ -197,25 +198,6 @@ class AllocateMappedFileService(ServiceThread):
             took = (time.monotonic_ns() - asked) / 1e9
             self._latency_s = (took if took > self._latency_s
                                else DECAY * self._latency_s + (1 - DECAY) * took)
-
-    def _shadow(self, mf):
-        """A second mapping of `mf`'s file, with readahead, to populate through first; None
-        where not wanted or not to be had.
-
-        The writer's mapping has no readahead (MADV_RANDOM: see adopt), so a populate of it
-        takes a fault per page, about 1 GB/s on the 2-core VM, and a writer at 0.6-0.9 GB/s
-        caught up with it and took the faults itself. Through a mapping with readahead the
-        page cache fills in large folios; the writer's own populate then only maps them.
-        Measured: requests served in 6.5-11 ms instead of 22-81, and the putting thread's CPU
-        202-237 ns a message in every round instead of 219-349. Not for SYNC_FLUSH, whose
-        small syncs would write back whole large folios. Readahead reads up to read_ahead_kb
-        past the range into the page cache: clean zeros, nothing allocated on disk."""
-        if not self._readahead:
-            return None
-        try:
-            return self._fs.map(mf.path, mf.file_size, kernels=self._k)
-        except (OSError, ValueError):
-            return None
 
     def _fill_ready(self):
         """Reserve and populate the first window of the files prepared ahead, once the file
