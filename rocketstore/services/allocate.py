@@ -186,7 +186,10 @@ class AllocateMappedFileService(ServiceThread):
                 self._refill_pending()
             if self._readahead:
                 # The page cache filled for exactly this reserved range first (see
-                # FileSystem.cache_range), then the writer's populate only maps the pages.
+                # FileSystem.cache_range), then the writer's populate only maps the pages:
+                # a populate a page per fault (~1 GB/s here) fell behind a putter at
+                # 0.6-0.9 GB/s, which then took 180-325 major faults a round itself; with
+                # this, 1-23 (README, "Where `put_messages` loses its rounds").
                 self._fs.cache_range(mf.path, pos, min(chunk, end - pos))
             self._fs.prefault(mf.mm, pos, min(chunk, end - pos))
             pos = max(pos + chunk, mf.wrote_position - mf.wrote_position % OS_PAGE_SIZE)
