@@ -51,11 +51,12 @@ class CommitLog:
             # are still created and reserved ahead.
             prefault = ((config.prefault_next_file or config.warm_maped_file_enable)
                         and config.broker_role is not BrokerRole.SLAVE)
-            # Through readahead only where syncs are large (ASYNC_FLUSH): see the service.
-            readahead = config.flush_disk_type is FlushDiskType.ASYNC_FLUSH
+            # The page cache filled ahead of the populate only for ASYNC_FLUSH: SYNC_FLUSH's
+            # batch rounds measured no faster with it (README).
+            fill_cache = config.flush_disk_type is FlushDiskType.ASYNC_FLUSH
             self.allocator = AllocateMappedFileService(
                 self.file_size, kernels, fs,
-                prefault=prefault, readahead=readahead,
+                prefault=prefault, fill_cache=fill_cache,
                 pool=self.pool, reserve_window=config.commit_log_reserve_window)
         # Decides what a put waits for after the lock (sync flush, replication); set by the
         # store when its services start. None: return at once (ASYNC_FLUSH).

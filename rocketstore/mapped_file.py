@@ -318,10 +318,7 @@ class MappedFile:
         end = self.flush_end(least_pages)
         if end is not None and self.hold():
             try:
-                start = self.flushed_position
-                lo = start - start % OS_PAGE_SIZE
-                self._fs.unmap_written(self.mm, lo, end - end % OS_PAGE_SIZE - lo)
-                self._fs.sync_mapped(self._k, self.mm, self.path, start, end - start)
+                self._sync_written(self.flushed_position, end)
             finally:
                 self.release()
         else:
@@ -370,14 +367,18 @@ class MappedFile:
         if end <= start or not self.hold():
             return
         try:
-            # The whole pages below `end` are written for good (the CommitLog only appends;
-            # the page holding `end` may take more records): off the page tables first, so
-            # their write-back flushes no TLB entry page by page (FileSystem.unmap_written).
-            lo = start - start % OS_PAGE_SIZE
-            self._fs.unmap_written(self.mm, lo, end - end % OS_PAGE_SIZE - lo)
-            self._fs.sync_mapped(self._k, self.mm, self.path, start, end - start)
+            self._sync_written(start, end)
         finally:
             self.release()
+
+    def _sync_written(self, start, end):
+        """sync_mapped of [start, end), held by the caller. The whole pages below `end` are
+        written for good (these files are only appended to; the page holding `end` may take
+        more): off the page tables first, so their write-back flushes no TLB entry page by
+        page (FileSystem.unmap_written)."""
+        lo = start - start % OS_PAGE_SIZE
+        self._fs.unmap_written(self.mm, lo, end - end % OS_PAGE_SIZE - lo)
+        self._fs.sync_mapped(self._k, self.mm, self.path, start, end - start)
 
     # ---- reference counting (ReferenceResource) ---------------------------------------
     # The compiled ReadPath (pyx/_read.pxi _hold, _release) follows this protocol on these

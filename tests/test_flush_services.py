@@ -407,6 +407,20 @@ def _reopened_after_a_crash(root, backend, config=None):
         store.shutdown()
 
 
+@contextlib.contextmanager
+def _power_cut_after_a_failed_sync(root, backend, config, fs, end, bodies):
+    """After a failed CommitLog sync and shutdown: the abort file stays and the CommitLog's
+    cached pages were dropped; then a power cut (fs's unsynced bytes lost), and the reopened
+    store holds exactly `bodies`, to CommitLog offset `end`."""
+    assert (root / "abort").exists()
+    assert str(root / "commitlog" / ("0" * 20)) in fs.dropped
+    fs.drop_unsynced()
+    with _reopened_after_a_crash(root, backend, config) as store:
+        assert store.get_max_phy_offset() == end
+        assert _bodies(store) == bodies
+        yield store
+
+
 class _RecordingDrops(testing.FaultInjectingFileSystem):
     """Records the files whose cached pages the store dropped."""
 
@@ -441,14 +455,10 @@ def test_a_failed_sync_is_never_retried_into_an_acknowledgement(tmp_path, backen
         fs.crash()
     finally:
         store.shutdown()
-    assert (root / "abort").exists()
     # Unmapped, the CommitLog's cached pages were dropped: a reopen without a power cut reads
     # the disk too, not the pages the failed sync left cached but unwritten.
-    assert str(root / "commitlog" / ("0" * 20)) in fs.dropped
-    fs.drop_unsynced()
-    with _reopened_after_a_crash(root, backend, sync_config()) as store:
-        assert store.get_max_phy_offset() == _end(before)
-        assert _bodies(store) == [b"before"]
+    with _power_cut_after_a_failed_sync(root, backend, sync_config(), fs, _end(before),
+                                        [b"before"]) as store:
         # Reopened, the store takes puts again.
         assert store.put_message(Message("T", b"again")).status is PutMessageStatus.PUT_OK
 
@@ -665,12 +675,9 @@ def test_a_failed_flush_of_a_loaded_store_trips_the_latch_so_no_later_flush_clai
         fs.crash()
     finally:
         store.shutdown()
-    assert (root / "abort").exists()
-    assert str(root / "commitlog" / ("0" * 20)) in fs.dropped
-    fs.drop_unsynced()
-    with _reopened_after_a_crash(root, backend, config()) as store:
-        assert store.get_max_phy_offset() == half
-        assert _bodies(store) == [b"%d" % i for i in range(3)]
+    with _power_cut_after_a_failed_sync(root, backend, config(), fs, half,
+                                        [b"%d" % i for i in range(3)]):
+        pass
 
 
 def test_a_recovery_cut_whose_zeroed_tail_fails_to_sync_fails_the_open_and_keeps_it_abnormal(

@@ -40,15 +40,15 @@ class AllocateMappedFileService(ServiceThread):
     name = "AllocateMappedFileService"
 
     def __init__(self, file_size, kernels, fs, prefault=True, pool=None, reserve_window=0,
-                 readahead=False):
-        """`readahead`: fill the page cache for each reserved range before populating the
+                 fill_cache=False):
+        """`fill_cache`: fill the page cache for each reserved range before populating the
         writer's mapping (FileSystem.cache_range); for stores whose syncs cover many pages
         at once (ASYNC_FLUSH). Never through a mapping with readahead: its read-around
         reads past the reserved end, and where that makes a large folio (XFS) straddling
         reserved_position, the writer's first write to the folio allocates all of it: past
         the reservation, and on a full disk SIGBUS instead of ENOSPC at reserve."""
         super().__init__()
-        self._readahead = readahead
+        self._fill_cache = fill_cache
         self.pool = pool
         self.file_size = file_size
         self._k = kernels
@@ -184,7 +184,7 @@ class AllocateMappedFileService(ServiceThread):
         while pos < end and mf.is_available and not self.is_stopped:
             if not urgent:
                 self._refill_pending()
-            if self._readahead:
+            if self._fill_cache:
                 # The page cache filled for exactly this reserved range first (see
                 # FileSystem.cache_range), then the writer's populate only maps the pages:
                 # a populate a page per fault (~1 GB/s here) fell behind a putter at
