@@ -377,6 +377,20 @@ class MappedFileQueue:
             if self.commit(0):
                 return
 
+    def flush_due(self, least_pages):
+        """Whether flush(least_pages) would sync anything now: a file before the last one is
+        not flushed to its end, or the last one is able to flush. A periodic round of many
+        queues asks this first, because a queue written a unit at a time keeps one partial
+        page dirty for many rounds, and the whole flush path found that out at ~10 µs of GIL
+        a queue (40 000 such queues held the GIL 0.3-0.4 s of every second)."""
+        files = self.files
+        if not files:
+            return False
+        last = files[-1]
+        if self.flushed_where < last.file_from_offset:
+            return True
+        return last.is_able_to_flush(least_pages)
+
     def flush_plan(self, least_pages=0):
         """What flush(least_pages), called until nothing moves, would make durable now, as
         [(file, end, store time, file's truncation count)]: for a sync of the whole file

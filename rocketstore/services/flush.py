@@ -759,7 +759,10 @@ class FlushConsumeQueueService(ServiceThread):
         # What loading, recovery and reput's catch-up left unflushed: once, every queue.
         dirty_cqs.mark_all(cq for cq in queues if _unflushed(cq))
 
-    def do_flush(self, retry_times, force=False):
+    def do_flush(self, retry_times, force=False, final=False):
+        """One round: thorough (every page) when `force` or the thorough interval is due.
+        `final`: the shutdown's round, after the last write, which syncs every queue left
+        unflushed, one by one if need be."""
         latch = self._latch
         # Index files that filled up are flushed here, each advancing the checkpoint's
         # indexMsgTimestamp (the broker starts a thread per full file for the same job).
@@ -777,7 +780,7 @@ class FlushConsumeQueueService(ServiceThread):
             least = 0
             snapshot = self._checkpoint.logics_msg_timestamp
         if not latch.failed(latch.CONSUME_QUEUE):
-            failure = self._flush_queues(retry_times, least)
+            failure = self._flush_queues(retry_times, least, final)
             if failure is not None:
                 latch.trip(latch.CONSUME_QUEUE, failure, held_ts=self._logics_durable)
         if least == 0:
@@ -785,23 +788,37 @@ class FlushConsumeQueueService(ServiceThread):
                 self._checkpoint.logics_msg_timestamp = self._logics_durable = snapshot
             self._checkpoint.flush()
 
-    def _flush_queues(self, retry_times, least):
+    def _flush_queues(self, retry_times, least, final=False):
         """Flush the queues written since the last round; the OSError of a sync that failed
-        (the queues then stay marked), else None."""
+        (the queues then stay marked), else None. Queues a file-system sync covered are not
+        flushed again one by one (but for the `final` round): what was written to them
+        after their plan stays marked for the next round. Syncing each of those files now
+        cost a sync per queue written meanwhile, which with many busy queues is all of them
+        (~1 ms each), and undid the one sync of their file system."""
         dirty = self._dirty
         left = []
         queues = dirty.take()
-        try:
-            if len(queues) >= self.SYNC_TOGETHER_MIN and self._cq_root is not None:
-                self._sync_together(queues, least)
+        if least > 0:
+            # Queues with fewer than `least` dirty pages wait, marked, for a later round (or
+            # the thorough one), as flush(least) would leave them: only the test is paid.
+            due = []
             for cq in queues:
-                for _ in range(retry_times):
-                    if cq.flush(least):
-                        break
+                (due if cq.mfq.flush_due(least) else left).append(cq)
+            queues = due
+        try:
+            settled = ()
+            if len(queues) >= self.SYNC_TOGETHER_MIN and self._cq_root is not None:
+                settled = self._sync_together(queues, least)
+            for cq in queues:
+                if final or cq not in settled:
+                    for _ in range(retry_times):
+                        if cq.flush(least):
+                            break
                 if _unflushed(cq):
                     left.append(cq)
         except OSError as exc:
             dirty.mark_all(queues)
+            dirty.mark_all(left)
             return exc
         if left:
             dirty.mark_all(left)
@@ -811,16 +828,18 @@ class FlushConsumeQueueService(ServiceThread):
         """Make what this round would flush of `queues` durable with one sync of their file
         system. Nothing changes where there is no syncfs: the round then syncs file by file.
         A failed syncfs raises: the kernel may have dropped any of the pages it reported
-        lost, and a sync of each file after it could succeed without them."""
-        plans = [(cq.mfq, cq.mfq.flush_plan(least)) for cq in queues]
-        plans = [(mfq, plan) for mfq, plan in plans if plan]
+        lost, and a sync of each file after it could succeed without them. Returns the
+        queues it settled (none when it synced nothing)."""
+        plans = [(cq, cq.mfq.flush_plan(least)) for cq in queues]
+        plans = [(cq, plan) for cq, plan in plans if plan]
         if len(plans) < self.SYNC_TOGETHER_MIN:
-            return
+            return ()
         if not self._fs.sync_filesystem(self._cq_root):
-            return
-        for mfq, plan in plans:
-            mfq.settle(plan, least)
+            return ()
+        for cq, plan in plans:
+            cq.mfq.settle(plan, least)
         self.synced_together += 1
+        return {cq for cq, _ in plans}
 
     def run_once(self):
         self.wait_for_running(self._config.flush_interval_consume_queue)
@@ -828,7 +847,7 @@ class FlushConsumeQueueService(ServiceThread):
             self.do_flush(1)
 
     def on_shutdown(self):
-        self.do_flush(3, force=True)
+        self.do_flush(3, force=True, final=True)
 
 
 def _unflushed(cq):
