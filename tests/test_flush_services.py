@@ -14,6 +14,7 @@ from rocketstore import (BrokerRole, FlushDiskType, Message, MessageStore, PutMe
                          testing)
 from rocketstore.checkpoint import StoreCheckpoint
 from rocketstore.consume_queue import ConsumeQueue
+from rocketstore.mapped_file_queue import MappedFileQueue
 from rocketstore.errors import StoreError
 from rocketstore.format import CQ_UNIT
 from rocketstore.fs import FileSystem
@@ -896,8 +897,15 @@ def test_a_flush_round_flushes_every_queue_written_since_the_last_and_no_other(
         store.shutdown()
 
 
-def test_a_queue_below_the_least_pages_stays_marked_until_a_thorough_round(
-        tmp_path, backend, flushed_cqs):
+def test_a_queue_below_the_least_pages_waits_untested_for_a_thorough_round(
+        tmp_path, backend, flushed_cqs, monkeypatch):
+    tested = []
+    real_due = MappedFileQueue.flush_due
+
+    def spy(mfq, least_pages):
+        tested.append(mfq)
+        return real_due(mfq, least_pages)
+    monkeypatch.setattr(MappedFileQueue, "flush_due", spy)
     store = testing.open_store(tmp_path / "s", backend,
                                _cq_config(flush_consume_queue_least_pages=2,
                                           flush_consume_queue_thorough_interval=3_600_000))
@@ -908,9 +916,17 @@ def test_a_queue_below_the_least_pages_stays_marked_until_a_thorough_round(
         svc._last_thorough = time.monotonic_ns() // 1_000_000      # a thorough round just ran
         cq = _queues(store, "L")[0]
         svc.do_flush(1)
+        assert tested == [cq.mfq]
         assert flushed_cqs == []                # one dirty page of two: tested, not flushed
-        assert cq.mfq.flushed_where < cq.mfq.get_max_offset() and cq in store.dirty_cqs
+        assert cq.mfq.flushed_where < cq.mfq.get_max_offset()
+        svc.do_flush(1)
+        assert tested == [cq.mfq]               # not written since: not tested again
+        store.put_message(Message("L", b"y"))
+        testing.wait_dispatched(store)
+        svc.do_flush(1)
+        assert tested == [cq.mfq, cq.mfq] and flushed_cqs == []
         svc.do_flush(1, force=True)
+        assert flushed_cqs == [cq]
         assert cq.mfq.flushed_where == cq.mfq.get_max_offset()
         assert cq not in store.dirty_cqs
     finally:

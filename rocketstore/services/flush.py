@@ -755,6 +755,9 @@ class FlushConsumeQueueService(ServiceThread):
         self._fs = fs
         self._cq_root = cq_root
         self.synced_together = 0        # rounds that took one file-system sync (tests, stats)
+        # Queues a periodic round left with fewer than the least dirty pages, for the next
+        # thorough round: a periodic round looks at a queue again only once it is written.
+        self._below = set()
         self._last_thorough = 0
         # What loading, recovery and reput's catch-up left unflushed: once, every queue.
         dirty_cqs.mark_all(cq for cq in queues if _unflushed(cq))
@@ -798,13 +801,21 @@ class FlushConsumeQueueService(ServiceThread):
         dirty = self._dirty
         left = []
         queues = dirty.take()
+        below = self._below
         if least > 0:
-            # Queues with fewer than `least` dirty pages wait, marked, for a later round (or
-            # the thorough one), as flush(least) would leave them: only the test is paid.
+            # Queues with fewer than `least` dirty pages wait for the thorough round, as
+            # flush(least) would leave them, and are not looked at again until then unless
+            # written (the writer marks them again): only the test is paid, once.
             due = []
             for cq in queues:
-                (due if cq.mfq.flush_due(least) else left).append(cq)
+                if cq.mfq.flush_due(least):
+                    due.append(cq)
+                else:
+                    below.add(cq)
             queues = due
+        else:
+            queues |= below
+            below.clear()
         try:
             settled = ()
             if len(queues) >= self.SYNC_TOGETHER_MIN and self._cq_root is not None:
@@ -815,10 +826,9 @@ class FlushConsumeQueueService(ServiceThread):
                         if cq.flush(least):
                             break
                 if _unflushed(cq):
-                    left.append(cq)
+                    (below.add if least > 0 else left.append)(cq)
         except OSError as exc:
             dirty.mark_all(queues)
-            dirty.mark_all(left)
             return exc
         if left:
             dirty.mark_all(left)
