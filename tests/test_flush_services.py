@@ -933,6 +933,27 @@ def test_a_queue_below_the_least_pages_waits_untested_for_a_thorough_round(
         store.shutdown()
 
 
+def test_a_queue_still_due_after_a_round_is_flushed_on_by_the_next(tmp_path, backend):
+    # A flush takes one file a call: a full first file, then 2.4 pages of the second.
+    store = testing.open_store(tmp_path / "s", backend,
+                               _cq_config(flush_consume_queue_least_pages=2,
+                                          flush_consume_queue_thorough_interval=3_600_000,
+                                          mapped_file_size_consume_queue=1000 * 20))
+    try:
+        for _ in range(3):
+            assert store.put_messages([Message("D", b"d")] * 500).status.ok
+        testing.wait_dispatched(store)
+        svc = store.flush_cq_service
+        svc._last_thorough = time.monotonic_ns() // 1_000_000      # a thorough round just ran
+        cq = _queues(store, "D")[0]
+        svc.do_flush(1)
+        assert cq.mfq.flushed_where == 1000 * 20
+        svc.do_flush(1)                          # nothing written meanwhile
+        assert cq.mfq.flushed_where == 1000 * 20 + 2 * 4096
+    finally:
+        store.shutdown()
+
+
 def test_queues_rebuilt_at_start_are_flushed_by_the_first_round(tmp_path, backend,
                                                                 flushed_cqs):
     root = tmp_path / "s"

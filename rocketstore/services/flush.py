@@ -826,7 +826,11 @@ class FlushConsumeQueueService(ServiceThread):
                         if cq.flush(least):
                             break
                 if _unflushed(cq):
-                    (below.add if least > 0 else left.append)(cq)
+                    # Still due (a flush takes one file a call): marked for the next round.
+                    if least > 0 and not cq.mfq.flush_due(least):
+                        below.add(cq)
+                    else:
+                        left.append(cq)
         except OSError as exc:
             dirty.mark_all(queues)
             return exc
