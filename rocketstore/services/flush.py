@@ -723,8 +723,9 @@ class FlushConsumeQueueService(ServiceThread):
     ms, if at least flush_consume_queue_least_pages pages are dirty (every page on thorough
     rounds, and at shutdown, which also write the checkpoint file). A round costs the queues
     written, not every queue of the store: the dispatcher marks what it writes
-    (`dirty_cqs`), and a queue the round leaves with unflushed units (fewer pages than the
-    least, a second file) stays marked for the next."""
+    (`dirty_cqs`). A queue a periodic round leaves with units still due (a second file)
+    stays marked for the next round; one with fewer dirty pages than the least waits for
+    the thorough round, tested again before it only if written again."""
 
     name = "FlushConsumeQueueService"
     # A round with at least this many queues to sync syncs their file system once instead
