@@ -1066,13 +1066,23 @@ class _WritesDuringSync(_CountingSyncs):
         return super().sync_filesystem(path)
 
 
+@contextlib.contextmanager
+def _writes_during_the_next_sync(tmp_path, backend, monkeypatch):
+    """(file system, store) with _MANY queues written, whose next file-system sync meets a
+    unit written to each (_WritesDuringSync); the store is shut down after."""
+    fs = _WritesDuringSync()
+    store = _many_queues_written(tmp_path / "s", backend, fs, monkeypatch)
+    fs.store = store
+    try:
+        yield fs, store
+    finally:
+        store.shutdown()
+
+
 @needs_syncfs
 def test_units_written_while_the_file_system_syncs_wait_for_the_next_round(
         tmp_path, backend, monkeypatch):
-    fs = _WritesDuringSync()
-    store = _many_queues_written(tmp_path / "s", backend, fs, monkeypatch)
-    try:
-        fs.store = store
+    with _writes_during_the_next_sync(tmp_path, backend, monkeypatch) as (fs, store):
         store.flush_cq_service.do_flush(1, force=True)
         cqs = _queues(store, "M").values()
         # Not a sync of each file for them: with many busy queues that is all of them.
@@ -1084,23 +1094,16 @@ def test_units_written_while_the_file_system_syncs_wait_for_the_next_round(
         assert (fs.fs_syncs, fs.cq_file_syncs) == (2, 0)
         assert all(cq.mfq.flushed_where == 4 * 20 for cq in cqs)
         assert len(store.dirty_cqs) == 0
-    finally:
-        store.shutdown()
 
 
 @needs_syncfs
 def test_the_final_round_syncs_units_written_while_the_file_system_synced(
         tmp_path, backend, monkeypatch):
-    fs = _WritesDuringSync()
-    store = _many_queues_written(tmp_path / "s", backend, fs, monkeypatch)
-    try:
-        fs.store = store
+    with _writes_during_the_next_sync(tmp_path, backend, monkeypatch) as (fs, store):
         store.flush_cq_service.do_flush(3, force=True, final=True)
         assert (fs.fs_syncs, fs.cq_file_syncs) == (1, _MANY)
         assert all(cq.mfq.flushed_where == cq.mfq.get_max_offset() == 4 * 20
                    for cq in _queues(store, "M").values())
-    finally:
-        store.shutdown()
 
 
 class _NoSyncfs(_CountingSyncs):
