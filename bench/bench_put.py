@@ -136,7 +136,8 @@ def _open_fds():
 
 # Timed rounds of test_put_many_topics. Three by default; its first round carries the write
 # faults of pages the kernel wrote back during the long warm-up that creates 40 000 queues,
-# so a mean over more rounds (ROCKETSTORE_MANY_TOPICS_ROUNDS=14) says more about the rest.
+# so a mean over more rounds (ROCKETSTORE_MANY_TOPICS_ROUNDS=40, which also takes in the
+# ConsumeQueue flusher's once-a-second rounds) says more about the rest.
 MANY_TOPICS_ROUNDS = int(os.environ.get("ROCKETSTORE_MANY_TOPICS_ROUNDS", "3"))
 
 
