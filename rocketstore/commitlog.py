@@ -674,7 +674,7 @@ class CommitLog:
                     return PutMessagesResult(
                         status, done, phys[:done],
                         np.arange(qbase, qbase + done, dtype=np.int64), sizes[:done], ts,
-                        rd, [self.store_host_raw] * done, reason=reason)
+                        rd, self.store_host_raw, reason=reason)
                 wpos = mf.wrote_position
                 base = mf.file_from_offset + wpos
                 count, nbytes = self._k.batch_encode(
@@ -706,8 +706,9 @@ class CommitLog:
                                      None if after_put is None else
                                      Message(topic, queue_id=queue_id,
                                              properties=cols.properties))
+        # One store host for the batch: its bytes, not a list of n references to them.
         return PutMessagesResult(status, n, phys, np.arange(qbase, qbase + n, dtype=np.int64),
-                                 sizes, ts, total, [self.store_host_raw] * n)
+                                 sizes, ts, total, self.store_host_raw)
 
     def _count_puts(self, n, nbytes):
         """Under the put lock: `n` records of `nbytes` in all were written."""

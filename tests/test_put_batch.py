@@ -260,7 +260,7 @@ def test_put_batch_stopped_by_a_full_disk_keeps_what_it_wrote_and_refuses_the_re
                             PutMessageStatus.CREATE_MAPEDFILE_FAILED)
         assert "disk full" in r.reason
         assert 0 < r.count < N and r.queue_offsets.tolist() == list(range(r.count))
-        assert len(r.commit_log_offsets) == len(r.sizes) == r.count
+        assert len(r.commit_log_offsets) == len(r.sizes) == len(r.msg_ids) == r.count
         assert int(r.commit_log_offsets[-1] + r.sizes[-1]) <= 64 * 1024 - 8
         got, offset = [], 0
         while True:
@@ -308,7 +308,7 @@ def test_put_batch_after_puts_stopped_raises_store_closed_and_writes_nothing(tmp
         store.shutdown()
 
 
-def test_put_batch_across_file_rolls_returns_the_offsets_and_sizes_put_messages_returns(
+def test_put_batch_across_file_rolls_returns_the_offsets_sizes_and_ids_put_messages_returns(
         tmp_path, backend):
     """The records' offsets are computed, not read back: across two rolls they must still be
     where put_messages puts the same messages."""
@@ -329,7 +329,7 @@ def test_put_batch_across_file_rolls_returns_the_offsets_and_sizes_put_messages_
                                         for b, t, k in zip(bodies, tags, keys)])
             assert r.ok and r.count == N
             results[name] = (r.commit_log_offsets.tolist(), r.sizes.tolist(),
-                             r.queue_offsets.tolist(), r.wrote_bytes)
+                             r.queue_offsets.tolist(), r.wrote_bytes, r.msg_ids)
         finally:
             store.shutdown()
     offsets = results["batch"][0]
