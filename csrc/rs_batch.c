@@ -32,8 +32,8 @@ int rs_batch_encode(uint8_t *out, size_t out_len, int64_t pos, int64_t limit,
                     int32_t flag, int32_t sys_flag, const int32_t *flags_or,
                     int64_t born_timestamp, const uint8_t *born_host, size_t born_host_len,
                     int64_t store_timestamp, const uint8_t *store_host, size_t store_host_len,
-                    int64_t queue_offset, int64_t phy_base, rs_scan_rec *rows,
-                    int32_t tags_col, int64_t *count, int64_t *nbytes)
+                    int64_t queue_offset, int64_t phy_base, int64_t *phys, int64_t *sizes,
+                    rs_scan_rec *rows, int32_t tags_col, int64_t *count, int64_t *nbytes)
 {
     rs_part parts[5];
     int64_t i, wr = pos;
@@ -94,6 +94,10 @@ int rs_batch_encode(uint8_t *out, size_t out_len, int64_t pos, int64_t limit,
                                    store_host, store_host_len, 0, 0, 0);
         if (size < 0)
             return size;
+        if (phys != NULL)
+            phys[i - first] = phy_base + (wr - pos);
+        if (sizes != NULL)
+            sizes[i - first] = size;
         if (rows != NULL) {
             rs_scan_rec *row = &rows[i - first];
             int tags = RS_ROW_TAGS_FIND;

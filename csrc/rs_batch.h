@@ -27,6 +27,10 @@
  * holding a host bit, which would change the record's length); everything else is shared by the
  * batch.
  *
+ * When phys (sizes) is not NULL, phys[i - first] (sizes[i - first]) gets record i's PHYSICALOFFSET
+ * (its length) as it is written (room for n - first each), so the caller needs no arithmetic over
+ * the batch to return them.
+ *
  * When rows is not NULL, rows[i - first] gets record i's row as rs_commitlog_scan would make it
  * (rs_msg_row; room for n - first rows), so the put can hand its dispatch the rows of what it
  * wrote instead of a scan of them.  tags_col says where the caller laid out TAGS, so that its
@@ -55,7 +59,7 @@ int rs_batch_encode(uint8_t *out, size_t out_len, int64_t pos, int64_t limit,
                     int32_t flag, int32_t sys_flag, const int32_t *flags_or,
                     int64_t born_timestamp, const uint8_t *born_host, size_t born_host_len,
                     int64_t store_timestamp, const uint8_t *store_host, size_t store_host_len,
-                    int64_t queue_offset, int64_t phy_base, rs_scan_rec *rows,
-                    int32_t tags_col, int64_t *count, int64_t *nbytes);
+                    int64_t queue_offset, int64_t phy_base, int64_t *phys, int64_t *sizes,
+                    rs_scan_rec *rows, int32_t tags_col, int64_t *count, int64_t *nbytes);
 
 #endif /* RS_BATCH_H */

@@ -482,17 +482,35 @@ cdef const int64_t[::1] _offsets(object off, int64_t need):
     return m
 
 
+cdef int64_t[::1] _out64(object arr, Py_ssize_t need, str what):
+    """An output column of batch_encode: a writable, contiguous int64 array of `need` items
+    at least."""
+    cdef int64_t[::1] v
+    try:
+        v = arr
+    except (TypeError, ValueError, BufferError):
+        raise TypeError(f"batch_encode: {what} must be a writable, contiguous int64 array") \
+            from None
+    if v.shape[0] < need:
+        _raise_for_status(RS_E_ARG, f"batch_encode: too little room in {what}")
+    return v
+
+
 def batch_encode(out, int64_t pos, int64_t limit, topic, int32_t queue_id, bodies, body_off,
                  a, a_off, b, b_off, frags, frag_off, int64_t first, int64_t n, int32_t flag,
                  int32_t sys_flag, int64_t born_timestamp, born_host, int64_t store_timestamp,
                  store_host, int64_t queue_offset, int64_t phy_base, flags_or=None,
-                 rows=None, int32_t tags_col=-1):
+                 rows=None, int32_t tags_col=-1, phys=None, sizes=None):
     """Encode records first..n-1 of a column batch at out[pos:limit] while each leaves 8
     bytes for the blank (rs_batch_encode); returns (count, bytes).  The loop runs without
     the GIL: the columns are plain buffers, borrowed for the call.  `rows` (SCAN_DTYPE, room
     for n - first): each record's scan row, made as it is written, with `tags_col` saying
-    where TAGS lies (rs_batch_encode)."""
+    where TAGS lies (rs_batch_encode).  `phys`, `sizes` (int64, room for n - first): each
+    record's physical offset and length, as it is written."""
     cdef Py_buffer v[9]
+    cdef int64_t[::1] kp, ks
+    cdef int64_t *pp = NULL
+    cdef int64_t *ps = NULL
     cdef rs_scan_rec *pr = NULL
     cdef const int32_t[::1] kx
     cdef const int32_t *px = NULL
@@ -524,6 +542,12 @@ def batch_encode(out, int64_t pos, int64_t limit, topic, int32_t queue_id, bodie
             _raise_for_status(RS_E_ARG, "batch_encode: too few per-record flags")
         if n > 0:
             px = &kx[0]
+    if phys is not None:
+        kp = _out64(phys, n - first, "phys")
+        pp = &kp[0] if n > first else NULL
+    if sizes is not None:
+        ks = _out64(sizes, n - first, "sizes")
+        ps = &ks[0] if n > first else NULL
     memset(v, 0, sizeof(v))
     try:
         if rows is not None:
@@ -552,7 +576,8 @@ def batch_encode(out, int64_t pos, int64_t limit, topic, int32_t queue_id, bodie
                                 first, n, flag, sys_flag, px, born_timestamp,
                                 <const uint8_t *>v[6].buf, <size_t>v[6].len, store_timestamp,
                                 <const uint8_t *>v[7].buf, <size_t>v[7].len,
-                                queue_offset, phy_base, pr, tags_col, &count, &nbytes)
+                                queue_offset, phy_base, pp, ps, pr, tags_col, &count,
+                                &nbytes)
     finally:
         for i in range(9):
             PyBuffer_Release(&v[i])

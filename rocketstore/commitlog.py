@@ -641,21 +641,19 @@ class CommitLog:
         sys_flag = self._store_host_v6 | (F.BORNHOST_V6_FLAG if born_v6 else 0)
         empty_size = self._k.msg_size(sys_flag, 0, len(topic_b), 0)
         fixed = empty_size + shared
-        sizes = var + fixed
         if n and empty_size + var_max > self.file_size - F.END_FILE_MIN_BLANK_LENGTH:
-            max_len_check(sizes, self.file_size - F.END_FILE_MIN_BLANK_LENGTH, "the record")
+            max_len_check(var + fixed, self.file_size - F.END_FILE_MIN_BLANK_LENGTH,
+                          "the record")
         total = fixed * n + int(prefix[n])
-        # Record i starts starts[i] bytes after record 0 (arange and adds: a cumsum of the
-        # sizes costs ~5 ns a message).
-        starts = np.arange(n, dtype=np.int64)
-        starts *= fixed
-        starts += prefix[:n]
         a, b = cols.a, cols.b
         args = (topic_b, queue_id, cols.bodies.data, cols.bodies.off,
                 None if a is None else a.data, None if a is None else a.off,
                 None if b is None else b.data, None if b is None else b.off,
                 cols.frags, cols.frag_off)
+        # Each record's offset and length, set by the encode as it writes it: no arithmetic
+        # over the batch here (numpy's would also release the GIL for every large batch).
         phys = np.empty(n, dtype=np.int64)
+        sizes = np.empty(n, dtype=np.int64)
         rows = None
         if written is not None and n:
             rows = written.rows
@@ -680,13 +678,12 @@ class CommitLog:
                 count, nbytes = self._k.batch_encode(
                     mf.write_target, wpos, self.file_size, *args, done, n, flag, sys_flag,
                     born_timestamp, born_raw, ts, self.store_host_raw, qbase + done, base,
-                    flags_or=cols.flags_or, rows=rows, tags_col=cols.tags_col)
+                    flags_or=cols.flags_or, rows=rows, tags_col=cols.tags_col,
+                    phys=phys[done:], sizes=sizes[done:])
                 if count and rows is not None:
                     written.n, written.offset, written.nbytes = count, base, nbytes
                     rows = None             # rows describe one file only
                 if count:
-                    np.add(starts[done:done + count], base - int(starts[done]),
-                           out=phys[done:done + count])
                     mf.wrote_position = wpos + nbytes
                     if mf.wbuf is None:
                         mf.committed_position = wpos + nbytes

@@ -106,7 +106,7 @@ class PutMessagesResult:
         """Offset msgIds of every stored message, in order."""
         from .message import make_msg_id
         hosts = self._store_host_raws
-        if type(hosts) is bytes:        # one store host for every message (put_batch, compiled paths)
+        if type(hosts) is bytes:        # one store host for all (put_batch, compiled paths)
             return [make_msg_id(hosts, int(o)) for o in self.commit_log_offsets]
         return [make_msg_id(h, int(o)) for h, o in zip(hosts, self.commit_log_offsets)]
 

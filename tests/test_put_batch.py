@@ -9,7 +9,7 @@ import pytest
 
 from rocketstore import Message, MessageIllegalError, PutMessageStatus, testing
 from rocketstore.config import BrokerRole
-from rocketstore.errors import KernelBoundsError, StoreClosedError
+from rocketstore.errors import KernelArgumentError, KernelBoundsError, StoreClosedError
 
 N = 600          # ~130 KiB of records: two rolls of small_config's 64 KiB CommitLog files
 BORN = dict(born_timestamp=1_700_000_000_123, born_host=("10.0.0.7", 40001))
@@ -239,6 +239,34 @@ def test_batch_encode_kernel_equals_msg_encode_and_checks_its_offsets(backend):
         k.batch_encode(bytearray(2000), 0, 2000, topic, 4, b"".join(bodies),
                        np.array([0, 5, 5, 306], dtype=np.int64), None, None, None, None, frags,
                        foff, 0, 3, 7, 0, 11, host, 12, host, 100, 5000)
+
+
+def test_batch_encode_kernel_reports_each_written_record_offset_and_length(backend):
+    """phys and sizes receive, for exactly the records written, what put_batch returns: each
+    record's PHYSICALOFFSET and length (from record `first`, stopping where the limit does)."""
+    k = backend
+    topic, host = b"Kt", bytes([10, 0, 0, 1, 0, 0, 0x1f, 0x90])
+    bodies = [b"hello", b"", b"w" * 300, b"zz"]
+    boff = np.array([0, 5, 5, 305, 307], dtype=np.int64)
+    frags, foff = b"x\x01y", np.array([0, 3, 3, 3], dtype=np.int64)
+    sizes_all = [k.msg_size(0, len(b), len(topic), 3) for b in bodies]
+    args = (topic, 4, b"".join(bodies), boff, None, None, None, None, frags, foff)
+    phys = np.full(4, -1, dtype=np.int64)
+    sizes = np.full(4, -1, dtype=np.int64)
+    # From record 1, with room for records 1 and 2 only (and the blank's 8 bytes).
+    limit = 10 + sizes_all[1] + sizes_all[2] + 8
+    count, nbytes = k.batch_encode(bytearray(2000), 10, limit, *args, 1, 4, 7, 0, 11, host, 12,
+                                   host, 100, 5000, phys=phys, sizes=sizes)
+    assert (count, nbytes) == (2, sizes_all[1] + sizes_all[2])
+    assert phys.tolist() == [5000, 5000 + sizes_all[1], -1, -1]
+    assert sizes.tolist() == [sizes_all[1], sizes_all[2], -1, -1]
+    with pytest.raises(KernelArgumentError):    # room for fewer records than asked for
+        k.batch_encode(bytearray(2000), 0, 2000, *args, 0, 4, 7, 0, 11, host, 12, host, 100,
+                       5000, phys=np.empty(3, dtype=np.int64))
+    for wrong in (np.empty(4, dtype=np.int32), bytes(32), np.empty(4, dtype=np.int64)[::-1]):
+        with pytest.raises(TypeError):
+            k.batch_encode(bytearray(2000), 0, 2000, *args, 0, 4, 7, 0, 11, host, 12, host,
+                           100, 5000, sizes=wrong)
 
 
 def no_space_for(where):

@@ -364,9 +364,11 @@ def _offsets(off, need, what):
 def batch_encode(out, pos, limit, topic, queue_id, bodies, body_off, a, a_off, b, b_off, frags,
                  frag_off, first, n, flag, sys_flag, born_timestamp, born_host,
                  store_timestamp, store_host, queue_offset, phy_base, flags_or=None, rows=None,
-                 tags_col=-1):
+                 tags_col=-1, phys=None, sizes=None):
     if n < 0 or first < 0 or first > n:
         _raise_for_status(_RS_E_ARG, "batch_encode: bad record range")
+    phys = _pure._out_column(phys, n - first, "phys")
+    sizes = _pure._out_column(sizes, n - first, "sizes")
     if rows is not None and getattr(rows, "dtype", None) not in (None, _SCAN_DTYPE):
         _raise_for_status(_RS_E_ARG, "batch_encode: rows must be a SCAN_DTYPE array")
     px = _ffi.NULL
@@ -393,11 +395,13 @@ def batch_encode(out, pos, limit, topic, queue_id, bodies, body_off, a, a_off, b
             views.append(ro)
             if len(ro) < n - first:
                 _raise_for_status(_RS_E_ARG, "batch_encode: too few rows")
+        outs = [_ffi.NULL if x is None else _rw(x, "int64_t[]") for x in (phys, sizes)]
+        views.extend(x for x in outs if x != _ffi.NULL)
         r = _lib.rs_batch_encode(o, len(o), pos, limit, t, len(t), queue_id, bo, len(bo),
                                  offs[0], av, len(av), offs[1], bv, len(bv), offs[2], fr,
                                  len(fr), offs[3], first, n, flag, sys_flag, px, born_timestamp,
                                  bh, len(bh), store_timestamp, sh, len(sh), queue_offset,
-                                 phy_base, ro, tags_col, res, res + 1)
+                                 phy_base, outs[0], outs[1], ro, tags_col, res, res + 1)
     finally:
         _release(*views)
     _check(r, "batch_encode")

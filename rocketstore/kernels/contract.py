@@ -284,7 +284,8 @@ class Kernels(Protocol):
                      a, a_off, b, b_off, frags, frag_off, first: int, n: int, flag: int,
                      sys_flag: int, born_timestamp: int, born_host, store_timestamp: int,
                      store_host, queue_offset: int, phy_base: int,
-                     flags_or=None, rows=None, tags_col: int = -1) -> Tuple[int, int]:
+                     flags_or=None, rows=None, tags_col: int = -1, phys=None,
+                     sizes=None) -> Tuple[int, int]:
         """Encode records first..n-1 of a columnar batch of one topic and queue straight into
         out[pos:limit], each only if it leaves 8 bytes before `limit` for the blank record
         (as commitlog_append_batch). Columns are Arrow-style (data, int64 offsets of n + 1):
@@ -302,7 +303,10 @@ class Kernels(Protocol):
         where the caller laid out TAGS (batch.Columns.tags_col): 1 or 2, column a's or b's
         item (empty: none); 0, no column's (every record has record `first`'s); -1, unknown
         (searched for in each record). It only spares the search; a wrong claim gives wrong
-        rows."""
+        rows. `phys`, `sizes`: writable int64 arrays with room for n - first, or None;
+        phys[k] and sizes[k] then get record first + k's PHYSICALOFFSET and length, so the
+        put returns them without arithmetic over the batch (TypeError for another kind of
+        array)."""
 
     def column_join(self, items, text: bool):
         """A list of bytes, None (empty) and, if `text`, str (encoded UTF-8) as one bytes

@@ -138,12 +138,27 @@ def _column(data, off, first, n, what):
     return off
 
 
+def _out_column(arr, need, what):
+    """batch_encode's optional output `arr` as a writable int64 array of at least `need`
+    items (None stays None), refused as the compiled backends refuse it."""
+    if arr is None:
+        return None
+    if not isinstance(arr, np.ndarray) or arr.dtype != np.int64 or arr.ndim != 1 \
+            or not arr.flags.writeable or not arr.flags.c_contiguous:
+        raise TypeError(f"batch_encode: {what} must be a writable, contiguous int64 array")
+    if len(arr) < need:
+        raise_for_status(RS_E_ARG, f"batch_encode: too little room in {what}")
+    return arr
+
+
 def batch_encode(out, pos, limit, topic, queue_id, bodies, body_off, a, a_off, b, b_off, frags,
                  frag_off, first, n, flag, sys_flag, born_timestamp, born_host,
                  store_timestamp, store_host, queue_offset, phy_base, flags_or=None, rows=None,
-                 tags_col=-1):
+                 tags_col=-1, phys=None, sizes=None):
     if n < 0 or first < 0 or first > n:
         raise_for_status(RS_E_ARG, "batch_encode: bad record range")
+    phys = _out_column(phys, n - first, "phys")
+    sizes = _out_column(sizes, n - first, "sizes")
     if rows is not None and (tags_col not in (-1, 0, 1, 2) or (tags_col == 1 and a_off is None)
                              or (tags_col == 2 and b_off is None)):
         raise_for_status(RS_E_ARG, "batch_encode: tags_col")
@@ -185,6 +200,10 @@ def batch_encode(out, pos, limit, topic, queue_id, bodies, body_off, a, a_off, b
         msg_encode(out, wr, topic, body, props, queue_id, flag, queue_offset + (i - first),
                    phy_base + (wr - pos), flags, born_timestamp, born_host, store_timestamp,
                    store_host, 0, 0)
+        if phys is not None:
+            phys[i - first] = phy_base + (wr - pos)
+        if sizes is not None:
+            sizes[i - first] = size
         wr += size
     else:
         i = n
