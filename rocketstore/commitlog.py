@@ -34,6 +34,38 @@ class _Encoded:
     __slots__ = ("size", "key", "dispatched", "store_raw")
 
 
+class _PutLocked:
+    """CommitLog._put_locked's context: a class, not a generator, because a batch put enters
+    it on every call (the generator's context manager cost ~2 us of the ~25 a one-message
+    put_batch took)."""
+
+    __slots__ = ("_cl", "_clock", "_lock")
+
+    def __init__(self, cl, clock):
+        self._cl = cl
+        self._clock = clock
+
+    def __enter__(self):
+        cl = self._cl
+        self._lock = lock = cl.put_lock
+        lock.acquire()
+        try:
+            if cl.closed:
+                cl.refuse_closed()
+            after_put = cl.after_put
+            ts = self._clock()
+            cl.put_cells[LOCK_BEGIN] = ts
+        except BaseException:
+            lock.release()
+            raise
+        return after_put, ts, cl.topic_queue_table
+
+    def __exit__(self, *exc):
+        self._cl.put_cells[LOCK_BEGIN] = 0
+        self._lock.release()
+        return False
+
+
 class CommitLog:
     def __init__(self, root, config, kernels, fs, read_only=False):
         self.config = config
@@ -401,22 +433,12 @@ class CommitLog:
             reason = f"cannot reserve CommitLog space: {exc}"
         return reason
 
-    @contextlib.contextmanager
     def _put_locked(self, clock):
         """The put lock held for a batch put, with its preamble: the log still open, the
         after_put hook read as this put uses it, the store time taken and the lock-begin cell
-        set to it (cleared on the way out, however the put ends). Yields (after_put, store
-        time, topic_queue_table)."""
-        with self.put_lock:
-            if self.closed:
-                self.refuse_closed()
-            after_put = self.after_put
-            ts = clock()
-            self.put_cells[LOCK_BEGIN] = ts
-            try:
-                yield after_put, ts, self.topic_queue_table
-            finally:
-                self.put_cells[LOCK_BEGIN] = 0
+        set to it (cleared on the way out, however the put ends). Entered, it gives
+        (after_put, store time, topic_queue_table)."""
+        return _PutLocked(self, clock)
 
     def _append_run(self, mf, records, qoffs, ts):
         """Append to `mf` at its write position what fits of `records` (encoded, qoffs[i]
