@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """MessageStore.put_batch: a columnar batch writes exactly the bytes put_messages writes for the
 same messages, on every backend; bad input is refused before anything is written."""
+import array
 import errno
 import random
 
@@ -263,6 +264,11 @@ def test_batch_encode_kernel_reports_each_written_record_offset_and_length(backe
     with pytest.raises(KernelArgumentError):    # room for fewer records than asked for
         k.batch_encode(bytearray(2000), 0, 2000, *args, 0, 4, 7, 0, 11, host, 12, host, 100,
                        5000, phys=np.empty(3, dtype=np.int64))
+    # Any writable, contiguous buffer of int64s will do, on every backend.
+    room = array.array("q", [-1] * 4)
+    k.batch_encode(bytearray(2000), 10, limit, *args, 1, 4, 7, 0, 11, host, 12, host, 100,
+                   5000, sizes=room)
+    assert room.tolist() == [sizes_all[1], sizes_all[2], -1, -1]
     for wrong in (np.empty(4, dtype=np.int32), bytes(32), np.empty(4, dtype=np.int64)[::-1]):
         with pytest.raises(TypeError):
             k.batch_encode(bytearray(2000), 0, 2000, *args, 0, 4, 7, 0, 11, host, 12, host,

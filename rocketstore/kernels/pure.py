@@ -139,16 +139,21 @@ def _column(data, off, first, n, what):
 
 
 def _out_column(arr, need, what):
-    """batch_encode's optional output `arr` as a writable int64 array of at least `need`
-    items (None stays None), refused as the compiled backends refuse it."""
+    """batch_encode's optional output `arr` as a writable view of native int64s, at least
+    `need` of them (None stays None), refused as the compiled backends refuse it: any
+    writable, contiguous buffer of int64s (a numpy array, an array('q'))."""
     if arr is None:
         return None
-    if not isinstance(arr, np.ndarray) or arr.dtype != np.int64 or arr.ndim != 1 \
-            or not arr.flags.writeable or not arr.flags.c_contiguous:
+    try:
+        mv = memoryview(arr)
+    except TypeError:
+        mv = None
+    if (mv is None or mv.readonly or mv.ndim != 1 or mv.itemsize != 8
+            or mv.format.lstrip("@=<>!") not in ("q", "l") or not mv.c_contiguous):
         raise TypeError(f"batch_encode: {what} must be a writable, contiguous int64 array")
-    if len(arr) < need:
+    if len(mv) < need:
         raise_for_status(RS_E_ARG, f"batch_encode: too little room in {what}")
-    return arr
+    return mv
 
 
 def batch_encode(out, pos, limit, topic, queue_id, bodies, body_off, a, a_off, b, b_off, frags,
