@@ -17,6 +17,7 @@ from ._cffi_lib import ffi as _ffi
 from ._cffi_lib import lib as _lib
 from . import pure as _pure
 from . import _query_loop
+from .contract import int64_output as _int64_output
 
 NAME = "cffi"
 
@@ -367,8 +368,8 @@ def batch_encode(out, pos, limit, topic, queue_id, bodies, body_off, a, a_off, b
                  tags_col=-1, phys=None, sizes=None):
     if n < 0 or first < 0 or first > n:
         _raise_for_status(_RS_E_ARG, "batch_encode: bad record range")
-    phys = _pure._out_column(phys, n - first, "phys")
-    sizes = _pure._out_column(sizes, n - first, "sizes")
+    phys = _int64_output(phys, n - first, "phys")
+    sizes = _int64_output(sizes, n - first, "sizes")
     if rows is not None and getattr(rows, "dtype", None) not in (None, _SCAN_DTYPE):
         _raise_for_status(_RS_E_ARG, "batch_encode: rows must be a SCAN_DTYPE array")
     px = _ffi.NULL

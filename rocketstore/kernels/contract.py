@@ -11,6 +11,8 @@ Bad arguments raise through rocketstore.errors.raise_for_status, identically in 
 """
 from typing import Protocol, Tuple
 
+from ..errors import RS_E_ARG, raise_for_status
+
 KERNEL_NAMES = (
     "crc32",
     "java_hash",
@@ -313,3 +315,22 @@ class Kernels(Protocol):
         object and its len(items) + 1 int64 offsets (a buffer): (data, offsets), so item i is
         data[offsets[i]:offsets[i + 1]]. None when `items` is not a list or holds any other
         type, for the caller's general path."""
+
+
+def int64_output(arr, need, what):
+    """How the Python backends take an optional int64 output column (batch_encode's `phys`
+    and `sizes`), as the compiled one does: None stays None; anything but a writable,
+    contiguous buffer of native int64s raises TypeError; fewer than `need` of them raises
+    RS_E_ARG. Returns a writable memoryview of it."""
+    if arr is None:
+        return None
+    try:
+        mv = memoryview(arr)
+    except TypeError:
+        mv = None
+    if (mv is None or mv.readonly or mv.ndim != 1 or mv.itemsize != 8
+            or mv.format.lstrip("@=") not in ("q", "l") or not mv.c_contiguous):
+        raise TypeError(f"batch_encode: {what} must be a writable, contiguous int64 array")
+    if len(mv) < need:
+        raise_for_status(RS_E_ARG, f"batch_encode: too little room in {what}")
+    return mv

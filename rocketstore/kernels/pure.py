@@ -12,6 +12,7 @@ from .. import format as F
 from ..errors import (RS_E_ARG, RS_E_BOUNDS, RS_E_TOO_LONG, raise_for_status)
 from ..message import valid_topic_bytes
 from . import _query_loop
+from .contract import int64_output as _int64_output
 
 NAME = "pure"
 
@@ -138,32 +139,14 @@ def _column(data, off, first, n, what):
     return off
 
 
-def _out_column(arr, need, what):
-    """batch_encode's optional output `arr` as a writable view of native int64s, at least
-    `need` of them (None stays None), refused as the compiled backends refuse it: any
-    writable, contiguous buffer of int64s (a numpy array, an array('q'))."""
-    if arr is None:
-        return None
-    try:
-        mv = memoryview(arr)
-    except TypeError:
-        mv = None
-    if (mv is None or mv.readonly or mv.ndim != 1 or mv.itemsize != 8
-            or mv.format.lstrip("@=<>!") not in ("q", "l") or not mv.c_contiguous):
-        raise TypeError(f"batch_encode: {what} must be a writable, contiguous int64 array")
-    if len(mv) < need:
-        raise_for_status(RS_E_ARG, f"batch_encode: too little room in {what}")
-    return mv
-
-
 def batch_encode(out, pos, limit, topic, queue_id, bodies, body_off, a, a_off, b, b_off, frags,
                  frag_off, first, n, flag, sys_flag, born_timestamp, born_host,
                  store_timestamp, store_host, queue_offset, phy_base, flags_or=None, rows=None,
                  tags_col=-1, phys=None, sizes=None):
     if n < 0 or first < 0 or first > n:
         raise_for_status(RS_E_ARG, "batch_encode: bad record range")
-    phys = _out_column(phys, n - first, "phys")
-    sizes = _out_column(sizes, n - first, "sizes")
+    phys = _int64_output(phys, n - first, "phys")
+    sizes = _int64_output(sizes, n - first, "sizes")
     if rows is not None and (tags_col not in (-1, 0, 1, 2) or (tags_col == 1 and a_off is None)
                              or (tags_col == 2 and b_off is None)):
         raise_for_status(RS_E_ARG, "batch_encode: tags_col")
