@@ -423,3 +423,94 @@ def test_compiled_batch_columns_hands_every_other_case_to_the_python_path(bodies
     """Each of these is laid out or refused by batch.columns in Python, with its messages."""
     k = testing.load_backend("cext")
     assert k.batch_columns(bodies, tags, keys) is None
+
+
+def _compiled_path(store):
+    """The cext backend's PutPath (put_batch's compiled path), or None on other backends."""
+    path = getattr(store.put_message, "__self__", None)
+    return path if type(path).__name__ == "PutPath" else None
+
+
+@pytest.mark.parametrize("pool", [False, True], ids=["mapped", "transient-pool"])
+def test_put_batch_in_small_calls_writes_and_returns_what_put_messages_does_across_rolls(
+        tmp_path, backend, pool):
+    """Calls of a few messages: on the compiled backend most fit their file and take its one
+    compiled call, the ones that roll or reserve take the Python path; the two must leave the
+    same files and give the same results as put_messages of the same messages."""
+    config = dict(transient_store_pool_enable=True, transient_store_pool_size=4) if pool else {}
+    bodies = _bodies()
+    keys = [f"k{i}" for i in range(N)]
+    tags = [f"t{i % 5}" for i in range(N)]
+    props = {"p": "v", "region": "eu"}
+    step = 7
+    trees, results, counts = {}, {}, {}
+    for name in ("batch", "list"):
+        root = tmp_path / name
+        store = testing.open_store(root, backend, testing.small_config(**config))
+        got = []
+        try:
+            for i in range(0, N, step):
+                if name == "batch":
+                    r = store.put_batch("R", 3, bodies[i:i + step], tags=tags[i:i + step],
+                                        keys=keys[i:i + step], properties=props, **BORN)
+                else:
+                    r = store.put_messages([
+                        Message("R", b, tags=t, keys=k, queue_id=3, properties=props, **BORN)
+                        for b, t, k in zip(bodies[i:i + step], tags[i:i + step],
+                                           keys[i:i + step])])
+                assert r.ok and r.count == len(bodies[i:i + step])
+                got.append((r.commit_log_offsets.tolist(), r.sizes.tolist(),
+                            r.queue_offsets.tolist(), r.wrote_bytes, r.msg_ids,
+                            r.store_timestamp))
+            path = _compiled_path(store)
+            counts[name] = None if path is None else (path.fast, path.slow)
+            testing.wait_until(lambda: store.dispatch_behind_bytes() == 0, what="dispatch")
+        finally:
+            store.shutdown()
+        results[name] = got
+        trees[name] = testing.tree_digest(root, ignore=("lock", "abort"))
+    assert results["batch"] == results["list"]
+    assert sum(k.startswith("commitlog") for k in trees["list"]) >= 3
+    assert trees["batch"] == trees["list"]
+    if counts["batch"] is not None:
+        fast, slow = counts["batch"]
+        # Most calls compiled; the first (a topic not seen yet) and each roll or reservation
+        # went to Python.
+        assert fast >= N // 2 and 3 <= slow < N // step // 2
+
+
+@CEXT_ONLY
+def test_a_batch_that_fits_its_file_is_stored_by_one_compiled_call_and_the_rest_fall_back(
+        tmp_path):
+    store = testing.open_store(tmp_path / "s", testing.load_backend("cext"),
+                               testing.small_config(mapped_file_size_commit_log=4 << 20))
+    try:
+        path = _compiled_path(store)
+        bodies = _bodies(50)
+        r = store.put_batch("C", 0, bodies, tags="a", **BORN)    # the topic is new: Python
+        assert r.ok and (path.fast, path.slow) == (0, 1)
+        r = store.put_batch("C", 0, bodies, tags="a", keys=[f"k{i}" for i in range(50)],
+                            **BORN)
+        assert r.ok and (path.fast, path.slow) == (50, 1)
+        assert r.queue_offsets.tolist() == list(range(50, 100))
+        # A born host not seen yet, an empty batch and a body over the limit: Python's path,
+        # which validates, caches or refuses.
+        r = store.put_batch("C", 0, bodies[:2], born_host=("10.9.9.9", 1))
+        assert r.ok and (path.fast, path.slow) == (50, 2)
+        assert store.put_batch("C", 0, []).count == 0
+        with pytest.raises(MessageIllegalError):
+            store.put_batch("C", 0, [b"x" * (store.config.max_message_size + 1)], **BORN)
+        assert path.fast == 50
+        # A batch over 64 KiB: compiled, its encode without the GIL.
+        big = [bytes([97 + i % 26]) * 600 for i in range(400)]
+        r = store.put_batch("C", 1, big, tags="big", **BORN)
+        assert r.ok and r.count == 400 and path.fast == 450
+        testing.wait_until(lambda: store.dispatch_behind_bytes() == 0, what="dispatch")
+        got = store.get_message("g", "C", 1, 0, 400)
+        assert [bytes(m.body) for m in got.messages] == big
+        assert [m.tags for m in got.messages] == ["big"] * 400
+        assert [bytes(m.body) for m in store.get_message("g", "C", 0, 50, 50).messages] == \
+            bodies
+        assert store.query_message("C", "k7", 10).messages[0].body == bodies[7]
+    finally:
+        store.shutdown()

@@ -55,9 +55,13 @@ KERNEL_NAMES = (
 #   `.put_list(msgs, batch_properties=None, written_rows=None)`, which fills `written_rows`, a
 #   services.reput.WrittenRows, with the scan rows of what it wrote into its first file),
 #   writing each record once at its final offset; every other case goes
-#   to store_put / store_put_list, the Python paths. It keeps the CommitLog's `put_cells`
-#   (stats.py: beginTimeInLock, put counts and latencies) as the Python paths do, and hands a
-#   put to them while another has held the lock too long (they answer OS_PAGECACHE_BUSY).
+#   to store_put / store_put_list, the Python paths. `.put_columns(topic, queue_id, cols,
+#   flag, born_timestamp, born_host, written_rows=None)` is MessageStore.put_batch's common
+#   case (a batch.Columns that fits its file below the refill position) as one call, or None
+#   with nothing written: the caller then takes CommitLog.put_batch. It keeps the
+#   CommitLog's `put_cells` (stats.py: beginTimeInLock, put counts and latencies) as the Python
+#   paths do, and hands a put to them while another has held the lock too long (they answer
+#   OS_PAGECACHE_BUSY).
 #   Without it, those are the methods.
 #   index_dispatch(rows, buf, f, skip, slow): the index dispatcher's row loop, finding, hashing
 #   and putting each row's keys into IndexFile f in compiled code and asking slow(f, row) for
