@@ -36,6 +36,47 @@ LEAD_WINDOWS = 4
 DECAY = 0.75
 
 
+class ReserveAheadService(ServiceThread):
+    """Reserves (fallocate) each window a writer asks for as soon as it asks, on its own
+    thread, for the allocator (which still populates, and reserves what this thread has not
+    yet). Past the page cache's dirty budget one populate can take a second or more, during
+    which the allocator serves nothing: a writer at disk speed then reached reserved_position
+    first and reserved inside its put, where a fallocate that had to read a block bitmap
+    behind gigabytes of writeback took 50-130 ms (README, "Sustained writes"). A reservation
+    is a short call, so this thread keeps the reserved end ahead of the writer while the
+    populates lag; a disk that refuses one costs a log line here, and the writer meets the
+    error when it gets there, with a put to refuse."""
+    name = "ReserveAheadService"
+
+    def __init__(self, after=None):
+        """`after()`: called after each round of requests (the allocator's first windows of
+        the files it prepared ahead)."""
+        super().__init__()
+        self._lock = threading.Lock()
+        self._todo = []            # (MappedFile, writer's end)
+        self._after = after
+
+    def ask(self, mf, end):
+        with self._lock:
+            self._todo.append((mf, end))
+        self.wakeup()
+
+    def run_once(self):
+        self.wait_for_running(1000)
+        with self._lock:
+            todo, self._todo = self._todo, []
+        for mf, end in todo:
+            if self.is_stopped:
+                return
+            mf.reserve_ahead(end)
+        if todo and self._after is not None:
+            self._after()
+
+    def on_shutdown(self):
+        with self._lock:
+            self._todo = []
+
+
 class AllocateMappedFileService(ServiceThread):
     name = "AllocateMappedFileService"
 
@@ -61,6 +102,7 @@ class AllocateMappedFileService(ServiceThread):
         self._making = None        # path being created right now
         self._taking = set()       # paths take() is creating itself, on a writer's thread
         self._ready = {}           # path -> MappedFile prepared in the background
+        self._primed = set()       # paths of those whose first window _fill_ready populated
         self._writing = None       # the file whose writer this thread refilled last
         self._adopted = None       # the file adopt() took last (without readahead)
         self._readahead_back = []  # files adopt() left, to get readahead back here
@@ -72,6 +114,18 @@ class AllocateMappedFileService(ServiceThread):
         self._last_request = None
         self._rate = 0.0
         self._latency_s = 0.0
+        self._reserver = ReserveAheadService(self._reserve_ready) if prefault else None
+
+    def start(self):
+        if self._reserver is not None:
+            self._reserver.start()
+        super().start()
+
+    def shutdown(self):
+        ended = super().shutdown()
+        if self._reserver is not None:
+            ended = self._reserver.shutdown() and ended
+        return ended
 
     def _make(self, path):
         # A sparse file; its blocks are reserved a window at a time (MappedFile.reserve).
@@ -103,7 +157,10 @@ class AllocateMappedFileService(ServiceThread):
             if not advised:
                 mf.advise_random(True)
             self._size_window(mf)
-            self.populate(mf, mf.wrote_position if end is None else end)
+            # From the writer on: a window the reserving thread or _fill_ready took already
+            # may not be populated yet (populating pages already in costs a page-table walk).
+            pos = mf.wrote_position if end is None else end
+            self.populate(mf, pos, pos)
 
     @property
     def lead(self):
@@ -141,11 +198,15 @@ class AllocateMappedFileService(ServiceThread):
         self.populate(mf, end)
 
     def populate(self, mf, end, start=None):
-        """Reserve the window ahead of `end` in `mf` if it is not yet, and populate what is
-        reserved from `start` (default: what this call reserves) on, on this thread."""
+        """Reserve the window ahead of `end` in `mf` if it is not yet (at once, on the
+        reserving thread), and populate what is reserved from `start` (default: the reserved
+        end now, where the new window begins) on, on this thread."""
         if self._prefault:
+            if start is None:
+                start = mf.reserved_position
             with self._lock:
                 self._refill.append((mf, end, start, time.monotonic_ns()))
+            self._reserver.ask(mf, end)
             self.wakeup()
 
     def _refill_pending(self):
@@ -213,7 +274,25 @@ class AllocateMappedFileService(ServiceThread):
         with self._lock:
             ready = list(self._ready.values())
         for mf in ready:
-            self._fill(mf, 0, urgent=False)
+            # Its first window may be reserved already (ReserveAheadService): populated
+            # from 0, once.
+            if mf.path not in self._primed:
+                self._fill(mf, 0, 0, urgent=False)
+                self._primed.add(mf.path)
+
+    def _reserve_ready(self):
+        """On the reserving thread: the first window of each file prepared ahead, once the
+        writer's file is reserved to its end (when _fill_ready would populate it), so a
+        writer rolling into it while this thread is stuck in a populate finds it reserved."""
+        writing = self._adopted
+        if writing is None or writing.reserved_position < writing.file_size:
+            return
+        with self._lock:
+            ready = list(self._ready.values())
+        for mf in ready:
+            if mf.reserved_position == 0:
+                self._size_window(mf)       # its lead, as _fill gives it: refill before the end
+                mf.reserve_ahead(0)
 
     def take(self, path, next_offset):
         """The file at `path` (prepared, or created now), and queue the one after it."""
@@ -223,6 +302,7 @@ class AllocateMappedFileService(ServiceThread):
             # for: the window of a prepared file may still be populating.
             self._lock.wait_for(lambda: self._making != path)
             mf = self._ready.pop(path, None)
+            self._primed.discard(path)
             if self._wanted == path:
                 self._wanted = None
             if mf is None:
@@ -288,6 +368,7 @@ class AllocateMappedFileService(ServiceThread):
         # later load see a longer queue than was written.
         with self._lock:
             ready, self._ready = self._ready, {}
+            self._primed = set()
             self._refill = []
         self._writing = self._adopted = None
         self._readahead_back = []
