@@ -305,8 +305,9 @@ def test_puts_go_on_while_every_populate_is_stuck(tmp_path, backend):
         assert not t.is_alive()
         assert all(r.ok for r in done) and len(done) == 1500
         assert len(store.commitlog.mfq.files) >= 2
-        # The allocator being stuck, its reserving thread still reserved windows ahead.
-        assert RESERVER in fs.reservers
+        # The allocator being stuck, reservations went on without it: by its reserving
+        # thread, or by the writer when it got there first (this one puts back to back).
+        assert set(fs.reservers) - {ALLOCATOR}
         fs.hold.set()
         # The file the writer made itself meanwhile gets a window populated ahead of its
         # writer too, once the allocator runs again.
