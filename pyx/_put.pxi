@@ -1056,18 +1056,57 @@ cdef class PutPath:
             return _now_ms()
         return self._clock()
 
+    cdef object _fitting_file(self, int64_t size):
+        """Under the put lock: the CommitLog's last file when `size` more bytes, and the blank
+        that may follow them, fit it below its refill position, in a writable compiled
+        mapping; else None, for the Python path (a roll or a reservation, where the disk may
+        refuse, or a file this path does not know)."""
+        cdef Py_ssize_t i
+        cdef int64_t end
+        cdef Mapping m
+        files = self._files()
+        if type(files) is not list or not files:
+            return None
+        mf = (<list>files)[len(<list>files) - 1]
+        if type(mf) is not self._file_type:
+            return None
+        for i in range(7):
+            if _member(mf, self._f[i]) == NULL:
+                return None
+        end = <int64_t><object>_member(mf, self._f[F_WROTE]) + size + _BLANK
+        mm = <object>_member(mf, self._f[F_MM])
+        if (end > <int64_t><object>_member(mf, self._f[F_REFILL]) or end > self._file_size
+                or type(mm) is not Mapping):
+            return None
+        m = <Mapping>mm
+        if m._addr == NULL or not m.writable:
+            return None
+        return mf
+
+    cdef object _moved(self, object mf, object end, bint buffered, int64_t ts):
+        """Under the put lock: `mf`'s positions moved to `end` after a write stamped `ts`
+        (with a write buffer only wrote_position: readers wait for the commit). Returns the
+        store time's int, shared by the puts of one millisecond."""
+        if self._ts_obj is None or self._ts != ts:
+            self._ts_obj = ts
+            self._ts = ts
+        _set_member(mf, self._f[F_WROTE], end)
+        if not buffered:
+            _set_member(mf, self._f[F_COMMITTED], end)
+        _set_member(mf, self._f[F_STORE_TS], self._ts_obj)
+        return self._ts_obj
+
     def put(self, msg):
         """Store one message (MessageStore.put_message)."""
         cdef _Rec r
         cdef rs_part parts[4 * MAX_FAST_PROPS]
         cdef uint8_t pbuf[PROPS_INLINE]     # the properties string, copied before the lock
         cdef dict cl = self._cld
-        cdef object files, mf, mm, after, wake, table, qoff_obj, res, status
+        cdef object mf, after, wake, table, qoff_obj, res, status
         cdef _QueueKey *qk
         cdef PyObject *p
-        cdef object ts_obj, end_obj
+        cdef object ts_obj
         cdef int64_t ts, pos, qoff, phy, t0
-        cdef Py_ssize_t i
         cdef Mapping m
         cdef Py_buffer out
         cdef char *dst
@@ -1090,25 +1129,11 @@ cdef class PutPath:
             try:
                 if not self._state_current() or self._c_closed:
                     return self._slow_unlocked(msg)
-                files = self._files()
-                if type(files) is not list or not files:
+                mf = self._fitting_file(r.size)
+                if mf is None:
                     return self._slow_unlocked(msg)
-                mf = (<list>files)[len(<list>files) - 1]
-                if type(mf) is not self._file_type:
-                    return self._slow_unlocked(msg)
-                for i in range(7):
-                    if _member(mf, self._f[i]) == NULL:
-                        return self._slow_unlocked(msg)
                 pos = <object>_member(mf, self._f[F_WROTE])
-                mm = <object>_member(mf, self._f[F_MM])
-                # A roll or a reservation (the disk may refuse it): Python's path.
-                if (pos + r.size + _BLANK > <int64_t><object>_member(mf, self._f[F_REFILL])
-                        or pos + r.size + _BLANK > self._file_size
-                        or type(mm) is not Mapping):
-                    return self._slow_unlocked(msg)
-                m = <Mapping>mm
-                if m._addr == NULL or not m.writable:
-                    return self._slow_unlocked(msg)
+                m = <Mapping><object>_member(mf, self._f[F_MM])
                 # The TransientStorePool's write buffer takes the record instead of the mapping,
                 # and only wrote_position moves: readers wait for the commit (doc/03 §2.4).
                 buffered = _member(mf, self._f[F_WBUF]) != <PyObject *>None
@@ -1140,15 +1165,7 @@ cdef class PutPath:
                 finally:
                     if buffered:
                         PyBuffer_Release(&out)
-                end_obj = pos + r.size
-                if self._ts_obj is None or self._ts != ts:
-                    self._ts_obj = ts
-                    self._ts = ts
-                ts_obj = self._ts_obj
-                _set_member(mf, self._f[F_WROTE], end_obj)
-                if not buffered:
-                    _set_member(mf, self._f[F_COMMITTED], end_obj)
-                _set_member(mf, self._f[F_STORE_TS], ts_obj)
+                ts_obj = self._moved(mf, pos + r.size, buffered, ts)
                 _PyDict_SetItem_KnownHash(table, <object>qk.key, qoff_obj + 1, qk.hash)
                 self._cells[C_PUT_TIMES] += 1
                 self._cells[C_PUT_BYTES] += r.size
@@ -1480,13 +1497,13 @@ cdef class PutPath:
         path: a one-message put_batch spent 9 us in CommitLog.put_batch, against 2.7 us for
         put_list's whole call."""
         cdef Py_ssize_t n, i
-        cdef int64_t qbase, pos, refill, phy_base, total, empty_size, shared, var_max, ts, t0
+        cdef int64_t qbase, pos, phy_base, total, empty_size, shared, var_max, ts, t0
         cdef int64_t count = 0, nbytes = 0, born_ts
         cdef int32_t qid, v_flag, sys_flag, born_v6, tags_col
         cdef int rc
         cdef bytes topic_b, born_raw
-        cdef object lim, lens, files, mf, mm, table, after, wake, qoff_obj, status, ts_obj
-        cdef object end_obj, target, rows_obj = None, flags_or, a, b
+        cdef object lim, lens, mf, mm, table, after, wake, qoff_obj, status, ts_obj
+        cdef object target, rows_obj = None, flags_or, a, b
         cdef const int64_t[::1] ko, kf, kpre
         cdef const int64_t[::1] ka, kb
         cdef const int32_t[::1] kx
@@ -1498,7 +1515,6 @@ cdef class PutPath:
         cdef _Rec r
         cdef _QueueKey *qk
         cdef PyObject *p
-        cdef Mapping m
         cdef bint buffered
         cdef void *save
         cdef const uint8_t *topic_p
@@ -1603,25 +1619,11 @@ cdef class PutPath:
                 # thread changed the CommitLog's attributes meanwhile (shutdown, a new hook).
                 if not self._state_current() or self._c_closed:
                     return None
-                files = self._files()
-                if type(files) is not list or not files:
+                mf = self._fitting_file(total)
+                if mf is None:
                     return None
-                mf = (<list>files)[len(<list>files) - 1]
-                if type(mf) is not self._file_type:
-                    return None
-                for i in range(7):
-                    if _member(mf, self._f[i]) == NULL:
-                        return None
                 pos = <object>_member(mf, self._f[F_WROTE])
-                refill = <object>_member(mf, self._f[F_REFILL])
                 mm = <object>_member(mf, self._f[F_MM])
-                # A roll or a reservation: Python's path, which may find the disk full.
-                if (pos + total + _BLANK > refill or pos + total + _BLANK > self._file_size
-                        or type(mm) is not Mapping):
-                    return None
-                m = <Mapping>mm
-                if m._addr == NULL or not m.writable:
-                    return None
                 buffered = _member(mf, self._f[F_WBUF]) != <PyObject *>None
                 target = <object>_member(mf, self._f[F_WBUF]) if buffered else mm
                 after = self._c_after
@@ -1657,15 +1659,7 @@ cdef class PutPath:
                     # Nothing moved: what was written lies past the write position, unread.
                     raise RuntimeError(f"[BUG] put_columns: {count} records of {nbytes} "
                                        f"bytes encoded, {n} of {total} expected")
-                end_obj = pos + total
-                if self._ts_obj is None or self._ts != ts:
-                    self._ts_obj = ts
-                    self._ts = ts
-                ts_obj = self._ts_obj
-                _set_member(mf, self._f[F_WROTE], end_obj)
-                if not buffered:
-                    _set_member(mf, self._f[F_COMMITTED], end_obj)
-                _set_member(mf, self._f[F_STORE_TS], ts_obj)
+                ts_obj = self._moved(mf, pos + total, buffered, ts)
                 _PyDict_SetItem_KnownHash(table, <object>qk.key, qoff_obj + n, qk.hash)
                 self._cells[C_PUT_TIMES] += n
                 self._cells[C_PUT_BYTES] += total
