@@ -235,7 +235,8 @@ int rs_gc_destroy(uint8_t *st, size_t len)
     return RS_OK;
 }
 
-int rs_gc_wait(uint8_t *st, size_t len, int64_t offset, int64_t deadline_ns, int gather)
+int rs_gc_wait(uint8_t *st, size_t len, int64_t offset, int64_t deadline_ns,
+               int64_t gather_bytes)
 {
     gc_state *s = gc_get(st, len);
     gc_wait w, *g = NULL;
@@ -296,8 +297,10 @@ int rs_gc_wait(uint8_t *st, size_t len, int64_t offset, int64_t deadline_ns, int
     pthread_mutex_lock(&s->mu);
 
 lead:
-    /* Under mu, leading.  Gather while fewer threads wait than the producers seen lately. */
-    if (gather && !s->closed && s->gather_ns > 0 && s->unserved < s->producers) {
+    /* Under mu, leading.  Gather while fewer threads wait than the producers seen lately, and
+     * while the sync would cover fewer than gather_bytes (its fixed cost then dominates). */
+    if (offset - s->flushed < gather_bytes && !s->closed && s->gather_ns > 0
+            && s->unserved < s->producers) {
         int64_t now = gc_now();
         int64_t until = deadline_ns - now < s->gather_ns ? deadline_ns : now + s->gather_ns;
 

@@ -14,7 +14,9 @@
  * everything written, then calls rs_gc_done.  A sync that ends hands leadership to the waiting
  * put with the lowest offset, whose bytes it did not cover.  A new leader first gathers: while
  * fewer puts wait than producer threads waited in the last two syncs, it sleeps until they do or
- * for at most the recent mean sync time (MySQL's binlog group commit delay, bounded by the disk).
+ * for at most the recent mean sync time (MySQL's binlog group commit delay, bounded by the disk),
+ * unless the bytes its sync would already cover reach the caller's bound: past it a sync's time
+ * grows with its bytes, and gathering more only keeps the producers from putting meanwhile.
  * GIL: every function is callable without it; the wrappers release it for rs_gc_wait.
  */
 #ifndef RS_GC_H
@@ -51,11 +53,13 @@ int rs_gc_destroy(uint8_t *st, size_t len);
 /*
  * rs_gc_wait - block until the durable offset reaches `offset`, the monotonic clock passes
  * `deadline_ns` (CLOCK_MONOTONIC nanoseconds), or the caller is to lead the next sync; returns
- * one of RS_GC_DONE, LEAD, TIMEOUT, CLOSED, LATE.  A leader gathers first when `gather` is set.
+ * one of RS_GC_DONE, LEAD, TIMEOUT, CLOSED, LATE.  A leader gathers first while fewer than
+ * `gather_bytes` bytes up to its own `offset` are not yet durable (0: it never gathers).
  * RS_GC_LEAD is returned whatever the deadline: the caller then owns the sync and must call
  * rs_gc_done.  Blocks: wrappers release the GIL.
  */
-int rs_gc_wait(uint8_t *st, size_t len, int64_t offset, int64_t deadline_ns, int gather);
+int rs_gc_wait(uint8_t *st, size_t len, int64_t offset, int64_t deadline_ns,
+               int64_t gather_bytes);
 
 /* rs_gc_try_lead - 1 if the caller now leads (no sync was running and the state is open), else 0. */
 int rs_gc_try_lead(uint8_t *st, size_t len);

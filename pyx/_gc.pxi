@@ -21,11 +21,12 @@ cdef class GroupCommit:
     sync covers `offset` (RS_GC_DONE, or RS_GC_LATE past the deadline), the deadline passes
     (RS_GC_TIMEOUT), close() ends it (RS_GC_CLOSED), or the caller is to lead the next sync
     (RS_GC_LEAD: it syncs, then calls done()); the values of csrc/rs_gc.h. Deadlines are
-    time.monotonic_ns() values."""
+    time.monotonic_ns() values. A leader gathers only while its sync would cover fewer than
+    `gather_bytes` bytes (0: never)."""
 
     cdef uint8_t *_st
     cdef size_t _len
-    cdef public bint gather
+    cdef public int64_t gather_bytes
 
     def __cinit__(self, int64_t flushed):
         self._len = RS_GC_STATE_BYTES
@@ -33,7 +34,7 @@ cdef class GroupCommit:
         if self._st == NULL:
             raise MemoryError()
         _check(rs_gc_init(self._st, self._len, flushed), "GroupCommit")
-        self.gather = True
+        self.gather_bytes = INT64_MAX     # gather at any size, until the owner bounds it
 
     def __dealloc__(self):
         if self._st != NULL:
@@ -44,9 +45,9 @@ cdef class GroupCommit:
 
     cdef inline int c_wait(self, int64_t offset, int64_t deadline_ns) except -1:
         cdef int r
-        cdef int gather = self.gather
+        cdef int64_t gather_bytes = self.gather_bytes
         with nogil:
-            r = rs_gc_wait(self._st, self._len, offset, deadline_ns, gather)
+            r = rs_gc_wait(self._st, self._len, offset, deadline_ns, gather_bytes)
         if r < 0:
             _check(r, "GroupCommit.wait")
         return r

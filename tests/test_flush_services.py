@@ -245,6 +245,25 @@ def test_a_gathering_leader_syncs_alone_when_the_other_producer_stays_away(tmp_p
         store.shutdown()
 
 
+def test_a_leader_whose_sync_would_cover_gather_bytes_syncs_without_gathering(tmp_path, backend):
+    # Gathering until the deadline would answer FLUSH_DISK_TIMEOUT after 5 s.
+    store = testing.open_store(tmp_path / "s", backend, sync_config(sync_flush_timeout=5_000))
+    svc = store.flush_service
+    try:
+        _two_producers(store)
+        svc.gather_ns = 60 * 10**9              # only the other producer would end a gathering
+        svc.gather_bytes = 1024
+        before = svc.syncs
+        t0 = time.monotonic()
+        r = store.put_message(Message("T", b"x" * 2048))   # the other producer never comes
+        assert r.status is PutMessageStatus.PUT_OK
+        assert time.monotonic() - t0 < 4.0
+        assert store.commitlog.mfq.flushed_where >= _end(r)
+        assert svc.syncs - before == 1 and not svc.gathering
+    finally:
+        store.shutdown()
+
+
 def test_a_put_waiting_behind_a_stalled_sync_answers_flush_disk_timeout_in_time(tmp_path,
                                                                                   backend):
     kernels = _GatedSync(backend)

@@ -91,7 +91,7 @@ def _asleep(gc, n):
 
 def test_a_sync_wakes_the_waits_it_covers_and_hands_the_lead_to_the_lowest_left(group_commit):
     gc = group_commit(0)
-    gc.gather = False
+    gc.gather_bytes = 0
     assert gc.wait(100, time.monotonic_ns() + FAR) == LEAD      # no sync running: it leads
     covered, lowest, higher = _Wait(gc, 150), _Wait(gc, 300), _Wait(gc, 400)
     _asleep(gc, 3)
@@ -111,7 +111,7 @@ def test_a_sync_wakes_the_waits_it_covers_and_hands_the_lead_to_the_lowest_left(
 
 def test_a_failed_sync_counts_nothing_and_hands_nothing_on(group_commit):
     gc = group_commit(0)
-    gc.gather = False
+    gc.gather_bytes = 0
     assert gc.try_lead()
     w = _Wait(gc, 50)
     _asleep(gc, 1)
@@ -174,6 +174,38 @@ def test_a_leader_gathers_until_the_producers_seen_lately_wait(group_commit):
     gc.done(40, True)
     follower.join()
     assert follower.answer == DONE
+
+
+def test_a_leader_whose_sync_would_cover_gather_bytes_leads_at_once(group_commit):
+    gc = group_commit(0)
+    # Two producers waited in the last claims, as in the test above: a leader would gather.
+    assert gc.try_lead()
+    ws = [_Wait(gc, 10), _Wait(gc, 20)]
+    _asleep(gc, 2)
+    gc.done(5, True)
+    ws[0].join()
+    gc.done(20, True)
+    ws[1].join()
+    assert gc.try_lead()
+    gc.done(20, True)
+    assert gc.producers == 2
+    gc.gather_ns = FAR
+    gc.gather_bytes = 11
+    # 10 bytes up to its record wait to be synced, under the bound: it gathers.
+    leader = _Wait(gc, 30)
+    testing.wait_until(lambda: gc.gathering, what="the leader to gather")
+    follower = _Wait(gc, 31)
+    leader.join()
+    assert leader.answer == LEAD
+    _asleep(gc, 1)
+    gc.done(31, True)
+    follower.join()
+    # 11 bytes reach the bound: it leads at once, with the other producer away (gathering
+    # would last until the deadline, 3 s).
+    t0 = time.monotonic()
+    assert gc.wait(42, time.monotonic_ns() + 3 * 10**9) == LEAD
+    assert time.monotonic() - t0 < 2.0 and not gc.gathering
+    gc.done(42, True)
 
 
 def test_the_state_cannot_move_under_a_running_sync(group_commit):

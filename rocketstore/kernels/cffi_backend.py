@@ -422,7 +422,7 @@ class GroupCommit:
     attributes so that the tests can run this wrapper over another build of csrc/rs_gc.c (its
     condition-variable branch)."""
 
-    __slots__ = ("_cells", "_st", "_n", "gather")
+    __slots__ = ("_cells", "_st", "_n", "gather_bytes")
     _ffi = _ffi
     _lib = _lib
 
@@ -433,14 +433,14 @@ class GroupCommit:
         self._st = self._ffi.cast("uint8_t *", self._cells)
         self._n = n
         _check(self._lib.rs_gc_init(self._st, n, flushed), "GroupCommit")
-        self.gather = True
+        self.gather_bytes = (1 << 63) - 1     # gather at any size, until the owner bounds it
 
     def __del__(self):
         # No wait can be running: each holds a reference to this object.
         self._lib.rs_gc_destroy(self._st, self._n)
 
     def wait(self, offset, deadline_ns):
-        r = self._lib.rs_gc_wait(self._st, self._n, offset, deadline_ns, self.gather)
+        r = self._lib.rs_gc_wait(self._st, self._n, offset, deadline_ns, self.gather_bytes)
         if r < 0:
             _check(r, "GroupCommit.wait")
         return r
