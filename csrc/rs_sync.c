@@ -2,6 +2,9 @@
 /*
  * rs_sync.c - msync of a byte range: the one kernel that does I/O.
  */
+#if defined(__linux__)
+#define _DEFAULT_SOURCE           /* madvise, MADV_DONTNEED under -std=c99 */
+#endif
 #if !defined(_WIN32)
 #define _POSIX_C_SOURCE 200809L   /* msync, sysconf under -std=c99 */
 #include <errno.h>
@@ -34,4 +37,27 @@ int rs_sync_range(const uint8_t *buf, size_t len, int64_t start, int64_t length)
         return RS_OK;
     }
 #endif
+}
+
+int rs_sync_written(const uint8_t *buf, size_t len, int64_t start, int64_t length, int drop)
+{
+    if (length < 0 || !rs_in_bounds(start, (uint64_t)length, len))
+        return RS_E_BOUNDS;
+#if defined(__linux__)
+    if (drop && length > 0) {
+        long page = sysconf(_SC_PAGESIZE);
+        uintptr_t lo, hi;
+
+        if (page <= 0)
+            page = 4096;
+        /* Mappings begin on a page boundary, so both ends stay inside buf's mapping. */
+        lo = (uintptr_t)(buf + start) & ~((uintptr_t)page - 1);
+        hi = (uintptr_t)(buf + start + length) & ~((uintptr_t)page - 1);
+        if (hi > lo)
+            (void)madvise((void *)lo, (size_t)(hi - lo), MADV_DONTNEED);
+    }
+#else
+    (void)drop;
+#endif
+    return rs_sync_range(buf, len, start, length);
 }

@@ -20,4 +20,19 @@
  */
 int rs_sync_range(const uint8_t *buf, size_t len, int64_t start, int64_t length);
 
+/*
+ * rs_sync_written - rs_sync_range of buf[start, start + length), after (with `drop`, on Linux)
+ * taking the range's whole pages below the one holding its end off the page tables
+ * (MADV_DONTNEED, which keeps a shared file mapping's data: the dirty bits move to the page
+ * cache and the msync writes them as before).  Those pages must be written for good (the
+ * files are only appended to).  Why: write-back of a page mapped writable write-protects it
+ * with one TLB flush per page, each interrupting every other core running a thread of the
+ * process; dropped first, the range costs one flush (FileSystem.unmap_written).  The drop is
+ * a hint: its failure is not reported.  One call, so a wrapper releases the GIL once for both
+ * system calls: a thread taking the GIL back between them waits for whichever producer holds
+ * it, on the path of every put the sync serves.
+ * Returns as rs_sync_range.
+ */
+int rs_sync_written(const uint8_t *buf, size_t len, int64_t start, int64_t length, int drop);
+
 #endif /* RS_SYNC_H */

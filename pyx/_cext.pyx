@@ -37,8 +37,8 @@ NAME = "cext"
 __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_append",
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
            "cq_encode_batch", "cq_search", "tags_match", "index_hash", "index_put",
-           "index_put_batch", "index_keys", "index_lookup", "sync_range", "batch_encode",
-           "column_join", "batch_columns", "timeup_encode", "SYNC_RANGE_FD_UNUSED")
+           "index_put_batch", "index_keys", "index_lookup", "sync_range", "sync_written",
+           "batch_encode", "column_join", "batch_columns", "timeup_encode", "SYNC_RANGE_FD_UNUSED")
 
 # GIL release thresholds.  Releasing and re-taking an uncontended GIL costs ~50-100 ns: it pays
 # once the kernel runs for microseconds.  CRC-32 runs at >10 GB/s here, so 4 KiB of CRC is
@@ -458,16 +458,29 @@ SYNC_RANGE_FD_UNUSED = True
 def sync_range(buf, int fd, int64_t start, int64_t length):
     """msync(MS_SYNC) buf[start:start+length] of a writable mmap, without the GIL.  `fd` is
     part of the contract for the pure backend's fdatasync; a mapping needs only its address."""
+    _sync_mapping(buf, start, length, False, "sync_range")
+
+
+def sync_written(buf, int64_t start, int64_t length, bint drop):
+    """msync(MS_SYNC) buf[start:start+length] of a writable mmap, with `drop` first taking the
+    range's whole pages below the one holding its end off the page tables (rs_sync_written):
+    one release of the GIL for both."""
+    _sync_mapping(buf, start, length, drop, "sync_written")
+
+
+cdef int _sync_mapping(buf, int64_t start, int64_t length, bint drop, str what) except -1:
+    # rs_sync_written without `drop` is rs_sync_range.
     cdef Py_buffer b
     cdef int r
     memset(&b, 0, sizeof(b))
     _ro(buf, &b)
     try:
         with nogil:
-            r = rs_sync_range(<const uint8_t *>b.buf, <size_t>b.len, start, length)
+            r = rs_sync_written(<const uint8_t *>b.buf, <size_t>b.len, start, length, drop)
     finally:
         PyBuffer_Release(&b)
-    _check(r, "sync_range")
+    _check(r, what)
+    return 0
 
 
 # ---- columnar batch (MessageStore.put_batch) -----------------------------------------------

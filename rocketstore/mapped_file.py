@@ -372,13 +372,11 @@ class MappedFile:
             self.release()
 
     def _sync_written(self, start, end):
-        """sync_mapped of [start, end), held by the caller. The whole pages below `end` are
-        written for good (these files are only appended to; the page holding `end` may take
-        more): off the page tables first, so their write-back flushes no TLB entry page by
-        page (FileSystem.unmap_written)."""
-        lo = start - start % OS_PAGE_SIZE
-        self._fs.unmap_written(self.mm, lo, end - end % OS_PAGE_SIZE - lo)
-        self._fs.sync_mapped(self._k, self.mm, self.path, start, end - start)
+        """Sync [start, end), held by the caller. The whole pages below `end` are written for
+        good (these files are only appended to; the page holding `end` may take more): off
+        the page tables first, so their write-back flushes no TLB entry page by page
+        (FileSystem.sync_written)."""
+        self._fs.sync_written(self._k, self.mm, self.path, start, end)
 
     # ---- reference counting (ReferenceResource) ---------------------------------------
     # The compiled ReadPath (pyx/_read.pxi _hold, _release) follows this protocol on these

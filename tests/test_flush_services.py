@@ -32,7 +32,8 @@ def sync_config(**kw):
 
 
 class _GatedSync:
-    """A kernel module whose msync waits until `gate` is set: a disk that stalls on demand."""
+    """A kernel module whose msync waits until `gate` is set: a disk that stalls on demand.
+    Both sync kernels stall (sync_written is the one the CommitLog's syncs take)."""
 
     def __init__(self, inner):
         self._inner = inner
@@ -42,9 +43,16 @@ class _GatedSync:
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
-    def sync_range(self, *args):
+    def _stall(self):
         self.gate.wait()
+
+    def sync_range(self, *args):
+        self._stall()
         return self._inner.sync_range(*args)
+
+    def sync_written(self, *args):
+        self._stall()
+        return self._inner.sync_written(*args)
 
 
 class _FailingSync(FileSystem):
@@ -338,13 +346,12 @@ class _GatedFailingSync(_GatedSync):
     fail_next = False
     failed = 0
 
-    def sync_range(self, *args):
+    def _stall(self):
         self.gate.wait()
         if self.fail_next:
             self.fail_next = False
             self.failed += 1
             raise OSError(errno.EIO, os.strerror(errno.EIO))
-        return self._inner.sync_range(*args)
 
 
 def test_a_failed_sync_ends_every_put_waiting_on_it_and_acknowledges_none(tmp_path, backend):

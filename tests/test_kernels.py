@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from rocketstore import format as F
 from rocketstore import testing
 from rocketstore.errors import KernelArgumentError, KernelBoundsError, MessageIllegalError
+from rocketstore.fs import FileSystem
 
 BACKENDS = testing.backend_params()
 DATA = os.path.join(os.path.dirname(__file__), "data", "rmq-4.9.8-basic", "store")
@@ -745,6 +746,49 @@ def test_sync_mapped_opens_the_file_only_for_a_backend_that_needs_its_descriptor
     assert path.read_bytes()[100:600] == b"x" * 500
 
 
+class _HookedSync(FileSystem):
+    """A FileSystem whose two sync steps are hooked, as fault-injecting doubles hook them."""
+
+    def __init__(self):
+        self.calls = []
+
+    def unmap_written(self, mm, start, length):
+        self.calls.append(("unmap_written", start, length))
+        super().unmap_written(mm, start, length)
+
+    def sync_mapped(self, kernels, mm, path, start, length):
+        self.calls.append(("sync_mapped", start, length))
+        super().sync_mapped(kernels, mm, path, start, length)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's /proc/self/smaps")
+@pytest.mark.parametrize("hooked", [False, True], ids=["plain", "hooked"])
+def test_sync_written_syncs_the_range_and_takes_its_whole_pages_off_the_page_tables(
+        backend, tmp_path, hooked):
+    # One call releasing the GIL once where the backend msyncs (sync_written); a FileSystem
+    # whose steps are hooked still sees both, with the same pages.
+    page = 4096
+    path = tmp_path / "00000000000000000000"
+    path.write_bytes(bytes(8 * page))
+    fs = _HookedSync() if hooked else FileSystem()
+    with open(path, "r+b") as f:
+        mm = mmap.mmap(f.fileno(), 8 * page)
+        try:
+            mm[100:5 * page + 10] = b"y" * (5 * page - 90)
+            before = testing.resident_bytes(str(path))
+            assert before >= 6 * page
+            fs.sync_written(backend, mm, str(path), 100, 5 * page + 10)
+            # Pages 0-4 are written for good and dropped; page 5 holds the end and stays (and
+            # so do pages 6-7 if the write's fault mapped them around it).
+            assert testing.resident_bytes(str(path)) == before - 5 * page
+            assert mm[100:5 * page + 10] == b"y" * (5 * page - 90)     # mapped back on touch
+        finally:
+            mm.close()
+    if hooked:
+        assert fs.calls == [("unmap_written", 0, 5 * page), ("sync_mapped", 100, 5 * page - 90)]
+    assert path.read_bytes()[100:5 * page + 10] == b"y" * (5 * page - 90)
+
+
 COMPILED = [b for b in BACKENDS if b != "pure"]
 
 
@@ -765,6 +809,8 @@ def test_sync_range_outside_the_mapping_raises_in_compiled_backends(compiled, tm
         try:
             with pytest.raises(KernelBoundsError):
                 backend.sync_range(mm, f.fileno(), start, length)
+            with pytest.raises(KernelBoundsError):
+                backend.sync_written(mm, start, length, True)
         finally:
             mm.close()
 

@@ -48,7 +48,8 @@ def test_group_commit_serves_concurrent_producers(tmp_path, backend):
 
 
 class _SlowSync:
-    """A kernel module whose msync takes `delay` seconds: a disk that stalls."""
+    """A kernel module whose msync takes `delay` seconds: a disk that stalls. Both sync
+    kernels stall (sync_written is the one the CommitLog's syncs take)."""
 
     def __init__(self, inner, delay):
         self._inner = inner
@@ -57,9 +58,16 @@ class _SlowSync:
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
-    def sync_range(self, *args):
+    def _stall(self):
         time.sleep(self._delay)
+
+    def sync_range(self, *args):
+        self._stall()
         return self._inner.sync_range(*args)
+
+    def sync_written(self, *args):
+        self._stall()
+        return self._inner.sync_written(*args)
 
 
 def test_sync_flush_answers_flush_disk_timeout_when_the_disk_stalls(tmp_path, backend):
@@ -82,9 +90,8 @@ class _HeldSync(_SlowSync):
         super().__init__(inner, 0)
         self.release = threading.Event()
 
-    def sync_range(self, *args):
+    def _stall(self):
         self.release.wait(30)
-        return self._inner.sync_range(*args)
 
 
 def test_wait_false_does_not_wait_for_the_flush(tmp_path, backend):

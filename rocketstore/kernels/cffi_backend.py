@@ -25,8 +25,8 @@ __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_ap
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
            "cq_encode_batch", "cq_search", "tags_match", "index_hash", "index_put",
            "index_put_batch", "index_keys", "index_lookup", "index_walk", "index_match",
-           "index_query", "sync_range", "batch_encode", "column_join", "SYNC_RANGE_FD_UNUSED",
-           "GroupCommit")
+           "index_query", "sync_range", "sync_written", "batch_encode", "column_join",
+           "SYNC_RANGE_FD_UNUSED", "GroupCommit")
 
 _from_buffer = _ffi.from_buffer
 _release_cdata = _ffi.release
@@ -348,6 +348,16 @@ def sync_range(buf, fd, start, length):
     finally:
         _release(b)
     _check(r, "sync_range")
+
+
+def sync_written(buf, start, length, drop):
+    # One C call: cffi releases the GIL once for its madvise and msync.
+    b = _ro(buf)
+    try:
+        r = _lib.rs_sync_written(b, len(b), start, length, 1 if drop else 0)
+    finally:
+        _release(b)
+    _check(r, "sync_written")
 
 
 def _offsets(off, need, what):

@@ -112,6 +112,10 @@ KERNEL_NAMES = (
 #   FileSystem.sync_mapped passes -1 and opens no descriptor for it: an open and a close per
 #   sync were a sixth of SYNC_FLUSH's CPU per message with 16 threads putting. Without it,
 #   the file is opened for each sync (the pure backend's fdatasync needs it).
+#   sync_written(buf, start, length, drop): with SYNC_RANGE_FD_UNUSED, sync_range's msync of
+#   buf[start:start+length] preceded (drop true, on Linux) by FileSystem.unmap_written's
+#   MADV_DONTNEED of the range's whole pages below the one holding its end, in one call that
+#   releases the GIL once: FileSystem.sync_written. Without it, the two calls.
 #   GroupCommit(flushed): SYNC_FLUSH's group commit waits (csrc/rs_gc.h) as a compiled object:
 #   wait(offset, deadline_ns) sleeps without the GIL and answers RS_GC_DONE / LEAD / TIMEOUT /
 #   CLOSED / LATE; try_lead(), done(flushed, ok, sync_ns), close(), reset(flushed), and the
@@ -136,6 +140,7 @@ OPTIONAL_NAMES = (
     "timeup_encode",
     "batch_columns",
     "SYNC_RANGE_FD_UNUSED",
+    "sync_written",
 )
 
 
