@@ -14,6 +14,19 @@
 
 #include "rs_sync.h"
 
+#if !defined(_WIN32)
+/* The address of the page holding p: msync and madvise want page-aligned addresses, and a
+ * mapping begins on a page boundary, so the page stays inside it. */
+static uintptr_t page_of(const uint8_t *p)
+{
+    long page = sysconf(_SC_PAGESIZE);
+
+    if (page <= 0)
+        page = 4096;
+    return (uintptr_t)p & ~((uintptr_t)page - 1);
+}
+#endif
+
 int rs_sync_range(const uint8_t *buf, size_t len, int64_t start, int64_t length)
 {
     if (length < 0 || !rs_in_bounds(start, (uint64_t)length, len))
@@ -25,13 +38,8 @@ int rs_sync_range(const uint8_t *buf, size_t len, int64_t start, int64_t length)
     return RS_E_ERRNO_BASE - 40;   /* ENOSYS: Windows flush semantics are not under test yet */
 #else
     {
-        long page = sysconf(_SC_PAGESIZE);
-        uintptr_t addr, base;
+        uintptr_t addr = (uintptr_t)(buf + start), base = page_of(buf + start);
 
-        if (page <= 0)
-            page = 4096;
-        addr = (uintptr_t)(buf + start);
-        base = addr & ~((uintptr_t)page - 1);   /* msync wants a page-aligned address */
         if (msync((void *)base, (size_t)(addr - base) + (size_t)length, MS_SYNC) != 0)
             return RS_E_ERRNO_BASE - errno;
         return RS_OK;
@@ -45,14 +53,8 @@ int rs_sync_written(const uint8_t *buf, size_t len, int64_t start, int64_t lengt
         return RS_E_BOUNDS;
 #if defined(__linux__)
     if (drop && length > 0) {
-        long page = sysconf(_SC_PAGESIZE);
-        uintptr_t lo, hi;
+        uintptr_t lo = page_of(buf + start), hi = page_of(buf + start + length);
 
-        if (page <= 0)
-            page = 4096;
-        /* Mappings begin on a page boundary, so both ends stay inside buf's mapping. */
-        lo = (uintptr_t)(buf + start) & ~((uintptr_t)page - 1);
-        hi = (uintptr_t)(buf + start + length) & ~((uintptr_t)page - 1);
         if (hi > lo)
             (void)madvise((void *)lo, (size_t)(hi - lo), MADV_DONTNEED);
     }

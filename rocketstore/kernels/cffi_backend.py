@@ -342,22 +342,22 @@ SYNC_RANGE_FD_UNUSED = True
 
 def sync_range(buf, fd, start, length):
     # `fd` serves the pure backend's fdatasync; msync needs only the mapping's address.
-    b = _ro(buf)
-    try:
-        r = _lib.rs_sync_range(b, len(b), start, length)
-    finally:
-        _release(b)
-    _check(r, "sync_range")
+    _sync_mapping(buf, start, length, False, "sync_range")
 
 
 def sync_written(buf, start, length, drop):
     # One C call: cffi releases the GIL once for its madvise and msync.
+    _sync_mapping(buf, start, length, drop, "sync_written")
+
+
+def _sync_mapping(buf, start, length, drop, what):
+    # rs_sync_written without `drop` is rs_sync_range (as the cext backend calls it).
     b = _ro(buf)
     try:
         r = _lib.rs_sync_written(b, len(b), start, length, 1 if drop else 0)
     finally:
         _release(b)
-    _check(r, "sync_written")
+    _check(r, what)
 
 
 def _offsets(off, need, what):
