@@ -6,11 +6,20 @@
 # while a writer runs Python, each retake can wait for the 5 ms switch interval, so a pass
 # of a few thousand rows waited up to 15 ms, and reput fell behind the writer. Here the three
 # run back to back in one GIL-free section; the GIL is taken before it (to pin the buffers
-# and load the queues the previous pass wrote to) and after it (to publish). Whatever the
+# and load the queues the previous pass wrote to) and after it (to publish). A put's own few
+# rows keep the GIL throughout (NOGIL_DISPATCH_ROWS). Whatever the
 # common rows do not cover -- a queue not loaded, a roll, a full index file -- goes back to
 # the dispatchers' own paths, from the row where each loop stopped.
 
 __all__ += ("reput_dispatch",)
+
+# A put's own rows (`given`) are dispatched without the GIL from this many on. Fewer are
+# dispatched with the GIL held, in one piece: a release that short only wakes a service thread
+# waiting for the GIL (reput, populate-ahead), which finds it taken back and sleeps again, and
+# that wake-up costs the putter more than the rows (the README's "Small batches": put_messages
+# of 1 and of 10 took a fifth less thread CPU a call this way; from about 200 rows, holding
+# the GIL through the rows was the slower).
+DEF NOGIL_DISPATCH_ROWS = 32
 
 
 def reput_dispatch(buf, int64_t start, int64_t end, rows, Py_ssize_t prev_n, CqSlots slots,
@@ -18,7 +27,8 @@ def reput_dispatch(buf, int64_t start, int64_t end, rows, Py_ssize_t prev_n, CqS
     """Scan the records of buf[start:end] into `rows` (format.SCAN_DTYPE, as commitlog_scan
     does, CRC unchecked), then append the ConsumeQueue units of the rows (as cq_dispatch's
     common case, with `slots`) and put their keys into `index_file` (as index_dispatch, from
-    its first key; None: no index), without the GIL from the scan to the last key.
+    its first key; None: no index), without the GIL from the scan to the last key (with it
+    for fewer than NOGIL_DISPATCH_ROWS `given` rows).
 
     Before the section, the queues of rows[:prev_n] -- the previous pass's rows, still in
     `rows` -- are loaded from their Python objects, so a steady stream of rows to the same
@@ -50,6 +60,8 @@ def reput_dispatch(buf, int64_t start, int64_t end, rows, Py_ssize_t prev_n, CqS
     cdef int32_t slot_num = 0, index_num = 0
     cdef int64_t limit = 0
     cdef bint indexing = index_file is not None
+    cdef bint release = given == 0 or given >= NOGIL_DISPATCH_ROWS
+    cdef void *save = NULL
     memset(&b, 0, sizeof(b))
     memset(&rv, 0, sizeof(rv))
     memset(&iv, 0, sizeof(iv))
@@ -81,37 +93,48 @@ def reput_dispatch(buf, int64_t start, int64_t end, rows, Py_ssize_t prev_n, CqS
             slots.load_run(base, 0, prev_n, prev_n, <const char *>b.buf, start)
         slots.t.pass_no += 1
         slots.t.distinct = slots.t.recur = 0
-        with nogil:
-            if given:
-                # The put's rows: what the scan would make of buf[start:end] (the caller
-                # checked they span it), so only the dispatch is left to do.
-                count = given
-                stop_pos = end
-            else:
-                r = rs_commitlog_scan(<const uint8_t *>b.buf, <size_t>b.len, start, end, 0,
-                                      <rs_scan_rec *>rv.buf, cap, &count, &stop_pos, &reason,
-                                      &stop_size)
-            if r == RS_OK and count:
-                i_cq = _cq_run(&slots.t, base, 0, count, <const char *>b.buf, b.len,
-                               &last_ts, &need)
-                if indexing and need != NEED_LOAD:
-                    ri = rs_index_dispatch(<uint8_t *>iv.buf, <size_t>iv.len, slot_num,
-                                           index_num, limit, <const uint8_t *>b.buf,
-                                           <size_t>b.len, base, <size_t>count, &irow, &iskip,
-                                           &istop)
+        if given:
+            # The put's rows' queues, loaded first: every pass unloads the queues it touched
+            # (publish), so a section run before this would stop at the first row for them.
+            slots.load_run(base, 0, given, given, <const char *>b.buf, b.len)
+        # Only C from here to the restore: no Python object is touched without the GIL.
+        save = PyEval_SaveThread() if release else NULL
+        if given:
+            # The put's rows: what the scan would make of buf[start:end] (the caller
+            # checked they span it), so only the dispatch is left to do.
+            count = given
+            stop_pos = end
+        else:
+            r = rs_commitlog_scan(<const uint8_t *>b.buf, <size_t>b.len, start, end, 0,
+                                  <rs_scan_rec *>rv.buf, cap, &count, &stop_pos, &reason,
+                                  &stop_size)
+        if r == RS_OK and count:
+            i_cq = _cq_run(&slots.t, base, 0, count, <const char *>b.buf, b.len,
+                           &last_ts, &need)
+            if indexing and need != NEED_LOAD:
+                ri = rs_index_dispatch(<uint8_t *>iv.buf, <size_t>iv.len, slot_num,
+                                       index_num, limit, <const uint8_t *>b.buf,
+                                       <size_t>b.len, base, <size_t>count, &irow, &iskip,
+                                       &istop)
+        if save != NULL:
+            PyEval_RestoreThread(save)
+            save = NULL
         if r == RS_OK and count and need == NEED_LOAD:
             # The rows' own queues, loaded now: their topic bytes lie in records just scanned.
             # A row load_run cannot foresee (a queue Python must take first) ends the second
             # run; the caller's dispatcher takes the rows from where it stopped.
             loaded_to = slots.load_run(base, i_cq, count, count, <const char *>b.buf, b.len)
-            with nogil:
-                i_cq = _cq_run(&slots.t, base, i_cq, loaded_to, <const char *>b.buf, b.len,
-                               &last_ts, &need)
-                if indexing:
-                    ri = rs_index_dispatch(<uint8_t *>iv.buf, <size_t>iv.len, slot_num,
-                                           index_num, limit, <const uint8_t *>b.buf,
-                                           <size_t>b.len, base, <size_t>count, &irow, &iskip,
-                                           &istop)
+            save = PyEval_SaveThread() if release else NULL
+            i_cq = _cq_run(&slots.t, base, i_cq, loaded_to, <const char *>b.buf, b.len,
+                           &last_ts, &need)
+            if indexing:
+                ri = rs_index_dispatch(<uint8_t *>iv.buf, <size_t>iv.len, slot_num,
+                                       index_num, limit, <const uint8_t *>b.buf,
+                                       <size_t>b.len, base, <size_t>count, &irow, &iskip,
+                                       &istop)
+            if save != NULL:
+                PyEval_RestoreThread(save)
+                save = NULL
         if slots.t.distinct:
             # Load this pass's queues before the next one only if most queues of this pass
             # were those of the pass before.
