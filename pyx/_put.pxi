@@ -98,6 +98,9 @@ DEF F_WBUF = 5
 DEF F_STORE_TS = 6
 _RESULT_SLOTS = ("status", "reason", "commit_log_offset", "queue_offset", "store_timestamp",
                  "wrote_bytes", "_store_host_raw")
+# status.PutMessagesResult's members, set in place by put_list's stored-whole result.
+_PUTS_RESULT_SLOTS = ("status", "reason", "count", "commit_log_offsets", "queue_offsets", "sizes",
+                      "store_timestamp", "wrote_bytes", "_store_host_raws")
 
 
 cdef int _member_offsets(type cls, tuple names, Py_ssize_t *out) except -1:
@@ -533,7 +536,7 @@ cdef class PutPath:
     what misses the compiled path)."""
     cdef object _store_put
     cdef object _store_put_list
-    cdef object _batch_result_type
+    cdef type _batch_result_type
     cdef object _cl
     cdef dict _cld                  # the CommitLog's instance __dict__: its put state
     cdef object _lock               # the put lock last seen, and its bound methods
@@ -561,6 +564,7 @@ cdef class PutPath:
     cdef Py_ssize_t _m[11]
     cdef Py_ssize_t _f[7]
     cdef Py_ssize_t _r[7]
+    cdef Py_ssize_t _b[9]            # _PUTS_RESULT_SLOTS
     cdef char *_scratch             # put_list's working memory, reused (see there)
     cdef size_t _scratch_cap
     cdef rs_part *_parts
@@ -665,6 +669,7 @@ cdef class PutPath:
         _member_offsets(message_type, _MESSAGE_SLOTS, self._m)
         _member_offsets(mapped_file_type, _FILE_SLOTS, self._f)
         _member_offsets(result_type, _RESULT_SLOTS, self._r)
+        _member_offsets(batch_result_type, _PUTS_RESULT_SLOTS, self._b)
         self._store_put = store_put
         self._store_put_list = store_put_list
         self._batch_result_type = batch_result_type
@@ -1247,13 +1252,16 @@ cdef class PutPath:
         n = len(<list>msgs)
         memset(&out, 0, sizeof(out))
         memset(&rb, 0, sizeof(rb))
-        phys_a = _np.empty(n, dtype=_np.int64)
-        qoffs_a = _np.empty(n, dtype=_np.int64)
-        sizes_a = _np.empty(n, dtype=_np.int64)
-        cdef int64_t[::1] pv = phys_a, qv = qoffs_a, sv = sizes_a
-        phys = &pv[0]
-        qoffs = &qv[0]
-        sizes = &sv[0]
+        # The result's three columns, one array cut in three at the end: one allocation and
+        # one buffer lookup a call instead of three of each and their memoryviews (callgrind:
+        # a put_messages of one took 7 600 instructions fewer, of 61 000). The data does not
+        # move while `cols` is referenced, so the pointer outlives the buffer view.
+        cols = _np.empty(3 * n, _np.int64)
+        PyObject_GetBuffer(cols, &out, PyBUF_WRITABLE)
+        phys = <int64_t *>out.buf
+        PyBuffer_Release(&out)
+        qoffs = phys + n
+        sizes = qoffs + n
         # Working memory, one block reused call after call (a fresh quarter megabyte per call
         # was freed back to the OS and faulted in again each time): the records, then the
         # distinct-queue table and per-queue arrays; the properties' pieces grow apart.
@@ -1378,10 +1386,14 @@ cdef class PutPath:
                 status = None
                 try:
                     while done < n:
-                        # Python picks the file, creates or reserves it; None when it cannot.
-                        mf, status, reason = self._cl._batch_file(total - written)
+                        # The last file when the rest fits below its refill position (as
+                        # put() finds it); else Python picks the file, creates or reserves
+                        # it, and says why not when it cannot.
+                        mf = self._fitting_file(total - written)
                         if mf is None:
-                            break
+                            mf, status, reason = self._cl._batch_file(total - written)
+                            if mf is None:
+                                break
                         target = mf.write_target
                         PyObject_GetBuffer(target, &out, PyBUF_WRITABLE)
                         try:
@@ -1467,13 +1479,30 @@ cdef class PutPath:
         stored = self._store_raw
         if done < n:
             self._record(t0, False)
-            return self._batch_result_type(status, done, phys_a[:done], qoffs_a[:done].copy(),
-                                           sizes_a[:done], ts, written, stored, reason=reason)
+            return self._batch_result_type(status, done, cols[:done], cols[n:n + done].copy(),
+                                           cols[2 * n:2 * n + done], ts, written, stored,
+                                           reason=reason)
         self.fast += n
-        status_obj = self._cl.finish_put(after, phys[n - 1] + sizes[n - 1], (<list>msgs)[n - 1])
+        # CommitLog.finish_put, inline, as put() does.
+        if wake is not None and not wake.has_notified:
+            wake.wakeup()
+        status_obj = (self._put_ok if after is None
+                      else after(phys[n - 1] + sizes[n - 1], (<list>msgs)[n - 1]))
         self._record(t0, status_obj is self._put_ok)
-        return self._batch_result_type(status_obj, n, phys_a, qoffs_a, sizes_a, ts, total,
-                                       stored)
+        # PutMessagesResult's members set in place: its __init__ was a Python frame a call.
+        res = PyType_GenericAlloc(<PyTypeObject *>self._batch_result_type, 0)
+        _set_member(res, self._b[0], status_obj)
+        _set_member(res, self._b[1], None)
+        _set_member(res, self._b[2], n)
+        _set_member(res, self._b[3], cols[:n])
+        _set_member(res, self._b[4], cols[n:2 * n])
+        _set_member(res, self._b[5], cols[2 * n:])
+        _set_member(res, self._b[6], ts)
+        _set_member(res, self._b[7], total)
+        _set_member(res, self._b[8], stored)
+        # Untracked, as put()'s result: it refers to arrays, ints, bytes and an enum member.
+        PyObject_GC_UnTrack(res)
+        return res
 
     def put_columns(self, topic, queue_id, cols, flag, born_timestamp, born_host,
                     written_rows=None):

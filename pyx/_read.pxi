@@ -62,6 +62,61 @@ DEF R_AVAILABLE = 4
 DEF R_REFS = 5
 DEF R_COND = 6
 
+
+# A MappedFile's slots (_MF_SLOTS offsets `off`) read in place: ReadPath's unit walk and
+# PutDispatch (_reput.pxi) find, hold and release files with them.
+cdef object _mf_find(list files, int64_t offset, int64_t file_size, const Py_ssize_t *off):
+    """MappedFileQueue.find_by_offset over a snapshot of its list (None if not found)."""
+    cdef Py_ssize_t n = len(files), idx
+    cdef int64_t first, last, start
+    if n == 0:
+        return None
+    first = <object>_member(files[0], off[R_FROM])
+    last = <object>_member(files[n - 1], off[R_FROM])
+    if offset < first or offset >= last + file_size:
+        return None
+    idx = <Py_ssize_t>(offset // file_size - first // file_size)
+    if 0 <= idx < n:
+        f = files[idx]
+        start = <object>_member(f, off[R_FROM])
+        if start <= offset < start + file_size:
+            return f
+    for f in files:
+        start = <object>_member(f, off[R_FROM])
+        if start <= offset < start + file_size:
+            return f
+    return None
+
+
+cdef bint _mf_hold(object f, const Py_ssize_t *off) except -1:
+    """MappedFile.hold with its slots read in place (the Python method's frame cost as much
+    as a dozen records' checks): under the file's lock, False once it is being destroyed,
+    else one more borrower."""
+    lock = <object>_member(f, off[R_LOCK])
+    lock.acquire()
+    try:
+        if not <object>_member(f, off[R_AVAILABLE]):
+            return False
+        _set_member(f, off[R_REFS], <object>_member(f, off[R_REFS]) + 1)
+        return True
+    finally:
+        lock.release()
+
+
+cdef int _mf_release(object f, const Py_ssize_t *off) except -1:
+    """MappedFile.release with its slots read in place, as _mf_hold: one borrower fewer, and a
+    close() waiting for the last one is woken."""
+    lock = <object>_member(f, off[R_LOCK])
+    lock.acquire()
+    try:
+        refs = <object>_member(f, off[R_REFS]) - 1
+        _set_member(f, off[R_REFS], refs)
+        if refs <= 0 and not <object>_member(f, off[R_AVAILABLE]):
+            (<object>_member(f, off[R_COND])).notify_all()
+    finally:
+        lock.release()
+    return 0
+
 # live_walk's answers: why it stopped (ReadPath.LIVE_* for live.py).
 DEF W_DONE = 0
 DEF W_ZERO = 1
@@ -382,27 +437,8 @@ cdef class ReadPath:
         return i, why, nbytes
 
     # ---- the unit walk ---------------------------------------------------------------------
-    cdef object _find(self, list files, int64_t offset, int64_t file_size):
-        """MappedFileQueue.find_by_offset over a snapshot of its list (None if not found)."""
-        cdef Py_ssize_t n = len(files), idx
-        cdef int64_t first, last, start
-        if n == 0:
-            return None
-        first = <object>_member(files[0], self._f[R_FROM])
-        last = <object>_member(files[n - 1], self._f[R_FROM])
-        if offset < first or offset >= last + file_size:
-            return None
-        idx = <Py_ssize_t>(offset // file_size - first // file_size)
-        if 0 <= idx < n:
-            f = files[idx]
-            start = <object>_member(f, self._f[R_FROM])
-            if start <= offset < start + file_size:
-                return f
-        for f in files:
-            start = <object>_member(f, self._f[R_FROM])
-            if start <= offset < start + file_size:
-                return f
-        return None
+    cdef inline object _find(self, list files, int64_t offset, int64_t file_size):
+        return _mf_find(files, offset, file_size, self._f)
 
     cdef int64_t _read_pos(self, object f) except? -1:
         """f.read_position: a CommitLog file's committed_position member, read in place; a
@@ -421,33 +457,11 @@ cdef class ReadPath:
                 return (<object>p)[1]
         return f.read_position
 
-    cdef bint _hold(self, object f) except -1:
-        """MappedFile.hold with its slots read in place (a get_batch holds each file it reads
-        from, and the Python method's frame cost as much as a dozen records' checks): under the
-        file's lock, False once it is being destroyed, else one more borrower."""
-        lock = <object>_member(f, self._f[R_LOCK])
-        lock.acquire()
-        try:
-            if not <object>_member(f, self._f[R_AVAILABLE]):
-                return False
-            _set_member(f, self._f[R_REFS], <object>_member(f, self._f[R_REFS]) + 1)
-            return True
-        finally:
-            lock.release()
+    cdef inline bint _hold(self, object f) except -1:
+        return _mf_hold(f, self._f)
 
-    cdef int _release(self, object f) except -1:
-        """MappedFile.release with its slots read in place, as _hold: one borrower fewer, and
-        a close() waiting for the last one is woken."""
-        lock = <object>_member(f, self._f[R_LOCK])
-        lock.acquire()
-        try:
-            refs = <object>_member(f, self._f[R_REFS]) - 1
-            _set_member(f, self._f[R_REFS], refs)
-            if refs <= 0 and not <object>_member(f, self._f[R_AVAILABLE]):
-                (<object>_member(f, self._f[R_COND])).notify_all()
-        finally:
-            lock.release()
-        return 0
+    cdef inline int _release(self, object f) except -1:
+        return _mf_release(f, self._f)
 
     cdef int _open(self, object f, Py_buffer *view, _Window *w) except -1:
         """Borrow file `f`'s mapping into `view` (released first); 0 when it is closed."""

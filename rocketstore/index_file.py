@@ -132,6 +132,14 @@ class IndexFile:
     def is_write_full(self):
         return self.index_count >= self.index_num
 
+    def open_after(self, phy_offset):
+        """Not full, and every record indexed so far lies before CommitLog offset `phy_offset`
+        (not is_write_full and end_phy_offset < phy_offset, in one call: a put's inline
+        dispatch asks this once a put)."""
+        mm = self.mf.mm
+        return (max(_I32.unpack_from(mm, F.INDEX_POS_INDEX_COUNT)[0], 1) < self.index_num
+                and _I64.unpack_from(mm, F.INDEX_POS_END_PHY_OFFSET)[0] < phy_offset)
+
     def is_time_matched(self, begin, end):
         """IndexFile#isTimeMatched: [begin, end] overlaps [beginTimestamp, endTimestamp]."""
         fb = self.begin_timestamp

@@ -289,9 +289,7 @@ class IndexService(Dispatcher):
         if not files or self._k_dispatch is None:
             return False
         f = files[-1]
-        if f.is_write_full or f.end_phy_offset >= start_phy:
-            return False
-        return f
+        return f if f.open_after(start_phy) else False
 
     def dispatch_from(self, arr, buf, f, row, skip):
         """The keys of rows arr[row:] (the first `skip` of row `row` in already) into `f` and

@@ -230,8 +230,11 @@ class MappedFileQueue:
         return f.file_from_offset if f else -1
 
     def get_max_offset(self):
-        f = self.last_file
-        return f.file_from_offset + f.read_position if f else 0
+        files = self.files          # not last_file: a put's inline dispatch asks twice a put
+        if not files:
+            return 0
+        f = files[-1]
+        return f.file_from_offset + f.read_position
 
     def get_max_wrote_position(self):
         f = self.last_file

@@ -88,6 +88,8 @@ class PutMessagesResult:
 
     __slots__ = ("status", "count", "commit_log_offsets", "queue_offsets", "sizes",
                  "store_timestamp", "wrote_bytes", "_store_host_raws", "reason")
+    # The private slot the compiled put_list (pyx/_put.pxi) fills when it builds a result.
+    LENT_SLOTS = ("_store_host_raws",)
 
     def __init__(self, status, count, commit_log_offsets, queue_offsets, sizes,
                  store_timestamp, wrote_bytes, store_host_raws=(), reason=None):

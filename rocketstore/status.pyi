@@ -58,6 +58,7 @@ class PutMessageResult:
     def ok(self) -> bool: ...
 
 class PutMessagesResult:
+    LENT_SLOTS: tuple[str, ...]
     status: PutMessageStatus
     reason: Optional[str]
     count: int

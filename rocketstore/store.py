@@ -1069,8 +1069,7 @@ class MessageStore:
         else:
             # Every batch put dispatches what it wrote: the reput thread stands aside meanwhile.
             begins, ends = reput.put_begins, reput.put_ends
-            if (getattr(self.kernels, "reput_dispatch", None) is not None
-                    and not self.config.effective_transient_store_pool_enable):
+            if reput.takes_put_rows and not self.config.effective_transient_store_pool_enable:
                 # The compiled put paths hand the dispatch the rows of what they wrote, so
                 # it does not scan those records again; one WrittenRows per putting thread.
                 # (Not with write buffers: their records become readable at a later commit,

@@ -230,6 +230,21 @@ def test_compiled_put_results_are_not_tracked_by_the_garbage_collector(tmp_path)
         assert not gc.is_tracked(r)
         assert r.ok and r.queue_offset == 1 and r.msg_id
         assert repr(r).startswith("PutMessageResult(PUT_OK")
+
+        # put_messages' result, its members set in place by the compiled put_list: the same
+        # columns and message ids as the records stored.
+        rs = store.put_messages([Message("T", b"third"), Message("T", b"fourth", keys="k4")])
+        assert not gc.is_tracked(rs)
+        assert rs.ok and rs.count == 2 and rs.reason is None
+        assert rs.queue_offsets.tolist() == [2, 3]
+        assert rs.commit_log_offsets[0] == r.commit_log_offset + r.wrote_bytes
+        assert (rs.commit_log_offsets[1] - rs.commit_log_offsets[0]) == rs.sizes[0]
+        assert rs.wrote_bytes == int(rs.sizes.sum())
+        assert rs.store_timestamp > 0
+        got = store.get_message("g", "T", 0, 2, 2).messages
+        assert [m.body for m in got] == [b"third", b"fourth"]
+        assert rs.msg_ids == [m.msg_id for m in got]
+        assert repr(rs) == "PutMessagesResult(PUT_OK, count=2)"
     finally:
         store.shutdown()
 

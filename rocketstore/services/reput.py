@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """ReputMessageService: tails the CommitLog and feeds every dispatcher (doc/03 §8)."""
+import functools
 import logging
 import threading
 
@@ -8,6 +9,7 @@ import numpy as np
 from .. import format as F
 from ..dispatch import ConsumeQueueDispatcher, dispatch_all
 from ..index_service import IndexService
+from ..mapped_file import MappedFile
 from .base import ServiceThread
 
 log = logging.getLogger(__name__)
@@ -54,15 +56,31 @@ class ReputMessageService(ServiceThread):
         self.cuts = 0
         self._rows = np.empty(self.BATCH, dtype=F.SCAN_DTYPE)
         self._k_fused = getattr(kernels, "reput_dispatch", None)
+        # A put's own rows (WrittenRows) dispatched in one compiled call (the backend's
+        # PutDispatch, with reput_dispatch); None: puts make no rows (takes_put_rows).
+        make = getattr(kernels, "PutDispatch", None)
+        self._put_dispatch = (None if make is None or self._k_fused is None or is_slave else
+                              make(commitlog.mfq, dispatchers, arrivals, MappedFile,
+                                   ConsumeQueueDispatcher, IndexService, commitlog.file_size))
         self._prev_rows = 0         # rows of the last fused pass, still in _rows
         self._failures = 0
         self.last_error = None
         self._halted = None         # why a slave stopped dispatching replicated bytes
-        self._putting = 0           # batch puts under way that dispatch all they write
-        self._putting_lock = threading.Lock()
+        # Batch puts under way that dispatch all they write: one item each. put_begins and
+        # put_ends are the list's own append and pop, each one call under the GIL, so no
+        # lock and no Python frame (with a lock and two methods, the pair was a tenth of a
+        # put_messages of one message).
+        self._putting = []
+        self.put_begins = functools.partial(self._putting.append, True)
+        self.put_ends = self._putting.pop
         # One dispatcher at a time: the service thread, or a reader catching up; the store
         # also holds it while it removes a topic or truncates, so reput sees all or none.
         self.dispatch_lock = threading.Lock()
+
+    @property
+    def takes_put_rows(self):
+        """Whether dispatch_if_behind takes a put's WrittenRows instead of scanning them."""
+        return self._put_dispatch is not None
 
     def behind(self):
         return self._commitlog.max_offset - self.reput_from_offset
@@ -84,32 +102,29 @@ class ReputMessageService(ServiceThread):
         with self.dispatch_lock:
             self.do_reput()
 
-    def put_begins(self):
-        """A batch put that calls dispatch_if_behind(0) when done is starting."""
-        with self._putting_lock:
-            self._putting += 1
-
-    def put_ends(self):
-        with self._putting_lock:
-            self._putting -= 1
-
     def dispatch_if_behind(self, lag, written=None):
         """Called by a batch put in its own thread, after its records became readable: when
         this service is more than `lag` bytes behind the CommitLog, dispatch up to its end
         here, before the put returns (doc/03 §8). A starved service thread (the GIL, a
         loaded machine) so never lets the queues and index fall far behind the writer.
         `written` (WrittenRows, or None): the rows the put made of what it wrote; when
-        dispatch stands exactly where they begin, they are dispatched without a scan, then
-        whatever follows them is scanned as usual. Nothing while dispatch is failing (the
+        dispatch stands exactly where they begin, they are dispatched without a scan (the
+        backend's PutDispatch, which says when it cannot), then whatever follows them is
+        scanned as usual. Nothing while dispatch is failing (the
         service thread retries at its pace) or once the service stopped. The put itself
         succeeded, so nothing is raised."""
-        if self._failures or self._commitlog.max_offset - self.reput_from_offset <= lag:
+        if self._failures:
+            return
+        # A put's rows that begin where dispatch stands are behind it by themselves: the
+        # CommitLog's end need not be read for them.
+        if (written is None or not written.n or written.offset != self.reput_from_offset) \
+                and self._commitlog.max_offset - self.reput_from_offset <= lag:
             return
         with self.dispatch_lock:
-            if self.is_stopped:
+            if self._stopped.is_set():      # is_stopped, without the property's frame
                 return
             try:
-                if (written is None or not written.n or not self._dispatch_written(written)
+                if (not self._take_put_rows(written)
                         or self.reput_from_offset < self._commitlog.max_offset):
                     self.do_reput(retry_wait=False)
             except Exception as exc:
@@ -118,6 +133,28 @@ class ReputMessageService(ServiceThread):
                 log.exception("reput: dispatch in the putting thread failed")
                 self._failures += 1
                 self.last_error = exc
+
+    def _take_put_rows(self, written):
+        """Dispatch a put's rows `written` (dispatch_lock held) without a scan when they are
+        exactly what a pass would scan next (PutDispatch says when): True then. Anything
+        else -- another writer's records before them, a slave, an index pass that needs its
+        own path, rows made before a CommitLog cut (the records they describe may be gone,
+        others written in their place) -- is left to the scan of do_reput."""
+        if written is None or not written.n or self._put_dispatch is None:
+            return False
+        try:
+            end = self._put_dispatch(written, self.reput_from_offset, self.cuts, self._k_fused)
+        except OSError as exc:
+            self._prev_rows = 0
+            self._failed(exc, False)
+            return False
+        if end < 0:
+            return False
+        self._prev_rows = 0     # this pass published other queues than self._rows' pass
+        self._failures = 0
+        self.last_error = None
+        self.reput_from_offset = end
+        return True
 
     def catch_up(self):
         """Dispatch, in the caller's thread, what is readable in the CommitLog but not yet
@@ -128,41 +165,6 @@ class ReputMessageService(ServiceThread):
         with self.dispatch_lock:
             if not self.is_stopped:
                 self.do_reput()
-
-    def _dispatch_written(self, written):
-        """Dispatch the put's rows `written` (dispatch_lock held) when they are exactly what
-        a pass would scan next: they begin at reput_from_offset, in the file that holds it,
-        and end within its readable area (with a write buffer, what is committed: a reader
-        never sees a unit before its record, doc/02). Anything else -- another writer's
-        records before them, a slave, an index pass that needs its own path -- is left to
-        the scan of do_reput, which follows. So are rows made before a CommitLog cut: the
-        records they describe may be gone, others written in their place, from the very
-        offset dispatch now stands at. True when the rows were dispatched."""
-        offset, nbytes = written.offset, written.nbytes
-        if offset != self.reput_from_offset or written.cuts != self.cuts or self._is_slave:
-            return False
-        parts = self._fused_parts(self._dispatchers)
-        if parts is None:
-            return False
-        mf = self._commitlog.mfq.find_by_offset(offset, offset == 0)
-        if mf is None or not mf.hold():
-            return False
-        try:
-            start = offset - mf.file_from_offset
-            if start < 0 or start + nbytes > mf.read_position:
-                return False
-            rows = written.rows
-            scanned = self._fused_pass(parts, mf, start, start + nbytes, False,
-                                       rows, written.n)
-            if not scanned:             # None: the index needs the scan's path; False: failed
-                return False
-            self.reput_from_offset = offset + nbytes
-            if self._arrivals.waiting:
-                self._arrivals.notify(rows[:written.n])
-            return True
-        finally:
-            mf.release()
-            written.n = 0
 
     def do_reput(self, retry_wait=True):
         """Dispatch every complete record between reput_from_offset and the read position.
@@ -268,30 +270,24 @@ class ReputMessageService(ServiceThread):
             return None
         return cqd, idx
 
-    def _fused_pass(self, parts, mf, start, end, retry_wait, given_rows=None, given=0):
+    def _fused_pass(self, parts, mf, start, end, retry_wait):
         """Scan mf's bytes [start, end) and dispatch them with reput_dispatch: one GIL-free
         section for the common rows, and each dispatcher's own path for the rows after
         where its loop stopped. Returns the scan's (count, stop, reason, stop_size); None
         when the index needs its own path for this pass (no compiled loop, no file yet, a
         full file, a re-dispatch): the caller scans and dispatches apart; False when
-        dispatch failed. `given_rows[:given]`: a put's rows of exactly [start, end), taken
-        instead of the scan (_dispatch_written)."""
+        dispatch failed. (A put's own rows take the same steps in PutDispatch, without the
+        scan.)"""
         cqd, idx = parts
         target = idx.fused_target(mf.file_from_offset + start)
         if target is False:
             return None
         buf = mf.mm
+        rows = self._rows
         try:
-            if given:
-                rows = given_rows
-                (n, stop, reason, stop_size, cq_row, last_ts, index_row, index_skip,
-                 _) = self._k_fused(buf, start, end, rows, 0, cqd.slots, target, given)
-                self._prev_rows = 0     # self._rows no longer holds the last pass's rows
-            else:
-                rows = self._rows
-                (n, stop, reason, stop_size, cq_row, last_ts, index_row, index_skip,
-                 _) = self._k_fused(buf, start, end, rows, self._prev_rows, cqd.slots, target)
-                self._prev_rows = n
+            (n, stop, reason, stop_size, cq_row, last_ts, index_row, index_skip,
+             _) = self._k_fused(buf, start, end, rows, self._prev_rows, cqd.slots, target)
+            self._prev_rows = n
             if n:
                 if last_ts:
                     cqd.dispatched_until(last_ts)
