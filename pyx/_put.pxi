@@ -726,6 +726,25 @@ cdef class PutPath:
         if not ok:
             self._cells[C_PUT_FAILED] += 1
 
+    cdef object _stored_all(self, object status, Py_ssize_t n, object cols, object ts,
+                            int64_t total):
+        """The PutMessagesResult of a batch stored whole: `cols` holds its n commit log
+        offsets, n queue offsets and n sizes back to back (one array, one allocation), its
+        members set in place (its __init__ was a Python frame a call) and the object left
+        untracked, as put()'s result: it refers to arrays, ints, bytes and an enum member."""
+        res = PyType_GenericAlloc(<PyTypeObject *>self._batch_result_type, 0)
+        _set_member(res, self._b[0], status)
+        _set_member(res, self._b[1], None)
+        _set_member(res, self._b[2], n)
+        _set_member(res, self._b[3], cols[:n])
+        _set_member(res, self._b[4], cols[n:2 * n])
+        _set_member(res, self._b[5], cols[2 * n:])
+        _set_member(res, self._b[6], ts)
+        _set_member(res, self._b[7], total)
+        _set_member(res, self._b[8], self._store_raw)
+        PyObject_GC_UnTrack(res)
+        return res
+
     cdef bint _prepare(self, object msg, _Rec *r, rs_part *parts, object limits,
                        uint8_t *pbuf, Py_ssize_t pcap) except -1:
         """Read and check everything `msg`'s record needs, before any lock: its fields, its
@@ -1489,20 +1508,7 @@ cdef class PutPath:
         status_obj = (self._put_ok if after is None
                       else after(phys[n - 1] + sizes[n - 1], (<list>msgs)[n - 1]))
         self._record(t0, status_obj is self._put_ok)
-        # PutMessagesResult's members set in place: its __init__ was a Python frame a call.
-        res = PyType_GenericAlloc(<PyTypeObject *>self._batch_result_type, 0)
-        _set_member(res, self._b[0], status_obj)
-        _set_member(res, self._b[1], None)
-        _set_member(res, self._b[2], n)
-        _set_member(res, self._b[3], cols[:n])
-        _set_member(res, self._b[4], cols[n:2 * n])
-        _set_member(res, self._b[5], cols[2 * n:])
-        _set_member(res, self._b[6], ts)
-        _set_member(res, self._b[7], total)
-        _set_member(res, self._b[8], stored)
-        # Untracked, as put()'s result: it refers to arrays, ints, bytes and an enum member.
-        PyObject_GC_UnTrack(res)
-        return res
+        return self._stored_all(status_obj, n, cols, ts, total)
 
     def put_columns(self, topic, queue_id, cols, flag, born_timestamp, born_host,
                     written_rows=None):
@@ -1540,6 +1546,9 @@ cdef class PutPath:
         cdef const int64_t *pb = NULL
         cdef const int32_t *px = NULL
         cdef rs_scan_rec *pr = NULL
+        cdef int64_t *phys
+        cdef int64_t *qoffs
+        cdef int64_t *sizes
         cdef Py_buffer v[6]             # bodies, a, b, frags, rows, and the file's buffer
         cdef _Rec r
         cdef _QueueKey *qk
@@ -1616,9 +1625,14 @@ cdef class PutPath:
                 return None
             px = &kx[0]
         tags_col = cols.tags_col
-        phys_a = _np.empty(n, dtype=_np.int64)
-        sizes_a = _np.empty(n, dtype=_np.int64)
-        cdef int64_t[::1] pv = phys_a, sv = sizes_a
+        # The result's columns, one array (as put_list's): the commit log offsets, the queue
+        # offsets (set below, once the base is known) and the sizes.
+        cols_a = _np.empty(3 * n, _np.int64)
+        _rw(cols_a, &v[0])
+        phys = <int64_t *>v[0].buf
+        PyBuffer_Release(&v[0])         # the data stays put while cols_a is referenced
+        qoffs = phys + n
+        sizes = qoffs + n
         if written_rows is not None:
             rows_obj = written_rows.rows
             if rows_obj is None or len(rows_obj) < n:
@@ -1678,7 +1692,7 @@ cdef class PutPath:
                                      <const uint8_t *>v[2].buf, <size_t>v[2].len, pb,
                                      <const uint8_t *>v[3].buf, <size_t>v[3].len, &kf[0],
                                      0, n, v_flag, sys_flag, px, born_ts, born_p, born_len,
-                                     ts, store_p, store_len, qbase, phy_base, &pv[0], &sv[0],
+                                     ts, store_p, store_len, qbase, phy_base, phys, sizes,
                                      pr, tags_col, &count, &nbytes)
                 if save != NULL:
                     PyEval_RestoreThread(save)
@@ -1712,9 +1726,9 @@ cdef class PutPath:
             status = after(phy_base + total, self._message_type(
                 topic, queue_id=queue_id, properties=cols.properties))
         self._record(t0, status is self._put_ok)
-        return self._batch_result_type(status, n, phys_a,
-                                       _np.arange(qbase, qbase + n, dtype=_np.int64), sizes_a,
-                                       ts_obj, total, self._store_raw)
+        for i in range(n):
+            qoffs[i] = qbase + i
+        return self._stored_all(status, n, cols_a, ts_obj, total)
 
 
     cdef object _slow_list(self, msgs, batch_properties):

@@ -245,6 +245,16 @@ def test_compiled_put_results_are_not_tracked_by_the_garbage_collector(tmp_path)
         assert [m.body for m in got] == [b"third", b"fourth"]
         assert rs.msg_ids == [m.msg_id for m in got]
         assert repr(rs) == "PutMessagesResult(PUT_OK, count=2)"
+
+        # put_batch's result, from the compiled put_columns, likewise.
+        rb = store.put_batch("T", 0, [b"fifth", b"sixth", b"seventh"])
+        assert not gc.is_tracked(rb)
+        assert rb.ok and rb.count == 3 and rb.queue_offsets.tolist() == [4, 5, 6]
+        assert rb.commit_log_offsets[0] == rs.commit_log_offsets[1] + rs.sizes[1]
+        assert rb.wrote_bytes == int(rb.sizes.sum())
+        got = store.get_message("g", "T", 0, 4, 3).messages
+        assert [m.body for m in got] == [b"fifth", b"sixth", b"seventh"]
+        assert rb.msg_ids == [m.msg_id for m in got]
     finally:
         store.shutdown()
 
