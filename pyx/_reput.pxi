@@ -70,7 +70,9 @@ def reput_dispatch(buf, int64_t start, int64_t end, rows, Py_ssize_t prev_n, CqS
         if start < 0 or end > b.len or start > end:
             _raise_for_status(RS_E_BOUNDS, "reput_dispatch")
         dtype = getattr(rows, "dtype", None)
-        if dtype is not None and dtype != _SCAN_DTYPE:
+        # Identity first: the rows' arrays are made with SCAN_DTYPE itself, and the equality
+        # of two structured dtypes is a comparison of their fields (~150 instructions).
+        if dtype is not None and dtype is not _SCAN_DTYPE and dtype != _SCAN_DTYPE:
             _raise_for_status(RS_E_ARG, "reput_dispatch: rows must be a SCAN_DTYPE array")
         _rw(rows, &rv)
         cap = rv.len // SCAN_REC_SIZE
@@ -82,8 +84,10 @@ def reput_dispatch(buf, int64_t start, int64_t end, rows, Py_ssize_t prev_n, CqS
         if indexing:
             slot_num = index_file.slot_num
             index_num = index_file.index_num
-            limit = index_file.mf.refill_position     # see index_dispatch
-            _rw(index_file.mm, &iv)     # pinned: the file cannot unmap under the loop
+            imf = index_file.mf
+            limit = imf.refill_position     # see index_dispatch
+            _rw(imf.mm, &iv)    # pinned: the file cannot unmap under the loop (IndexFile.mm,
+                                # without the property's Python frame)
         # The last pass's queues, loaded (and pinned) with the GIL held now rather than by a
         # retake in the middle. Their rows' topic bytes are compared in buf[:start] only,
         # bytes already read as records: past them lie unwritten pages, and reading a hole
