@@ -160,60 +160,46 @@ __all__ += ("PutDispatch",)
 
 
 cdef class PutDispatch:
-    """PutDispatch(mfq, dispatchers, arrivals, mapped_file_type, cq_dispatcher_type,
-    index_service_type, file_size)
+    """PutDispatch(mfq, arrivals, mapped_file_type, file_size)
 
     A put's dispatch of its own rows as one compiled call, for
     ReputMessageService.dispatch_if_behind (with its dispatch_lock held):
-    `(written, reput_from_offset, cuts, run)`, with the put's services.reput.WrittenRows,
-    where dispatch stands, the service's count of CommitLog cuts and its reput_dispatch.
+    `(written, reput_from_offset, cuts, run, cqd, idx)`, with the put's
+    services.reput.WrittenRows, where dispatch stands, the service's count of CommitLog cuts,
+    its reput_dispatch and the two dispatchers it runs (the service's _fused_parts: the
+    ConsumeQueue dispatcher and the IndexService, with the compiled loops).
 
     When the rows are exactly what a pass would scan next -- they begin at
     `reput_from_offset`, in the CommitLog file (of `mfq`) that holds it, and end within its
-    readable area, no cut came since the put began (WrittenRows.cuts), and `dispatchers` (the
-    store's list) are the ConsumeQueue dispatcher and the IndexService alone, with the
-    compiled loops -- they are dispatched by `run` without a scan, each dispatcher's own path
-    taking the rows after where its loop stopped, and the waiting consumers of `arrivals` are
-    woken. Returns where dispatch then stands; -1, with nothing done, leaves the rows to the
-    service's scan. A dispatcher's OS error is raised (the service counts it). The rows are
-    spent (written.n = 0) once a file was held for them.
+    readable area, and no cut came since the put began (WrittenRows.cuts) -- they are
+    dispatched by `run` without a scan, each dispatcher's own path taking the rows after
+    where its loop stopped, and the waiting consumers of `arrivals` are woken. Returns where
+    dispatch then stands; -1, with nothing done, leaves the rows to the service's scan. A
+    dispatcher's OS error is raised (the service counts it). The rows are spent
+    (written.n = 0) once a file was held for them.
 
     The service's methods did this in Python, a score of calls a put: for a put_messages of
     one message they were a third of its instructions (the README's "Small batches")."""
     cdef object _mfq
-    cdef list _dispatchers
     cdef object _arrivals
     cdef type _file_type
-    cdef type _cqd_type
-    cdef type _idx_type
     cdef int64_t _file_size
     cdef Py_ssize_t _f[7]           # _MF_SLOTS
 
-    def __init__(self, mfq, list dispatchers, arrivals, type mapped_file_type,
-                 type cq_dispatcher_type, type index_service_type, int64_t file_size):
+    def __init__(self, mfq, arrivals, type mapped_file_type, int64_t file_size):
         _member_offsets(mapped_file_type, _MF_SLOTS, self._f)
         self._mfq = mfq
-        self._dispatchers = dispatchers
         self._arrivals = arrivals
         self._file_type = mapped_file_type
-        self._cqd_type = cq_dispatcher_type
-        self._idx_type = index_service_type
         self._file_size = file_size
 
-    def __call__(self, written, int64_t reput_from_offset, cuts, run):
+    def __call__(self, written, int64_t reput_from_offset, cuts, run, cqd, idx):
         cdef int64_t offset = written.offset, nbytes = written.nbytes, start, end
         cdef Py_ssize_t n = written.n
-        cdef list dispatchers = self._dispatchers
-        if offset != reput_from_offset or written.cuts != cuts or run is None:
-            return -1
-        if len(dispatchers) != 2:
-            return -1
-        cqd = dispatchers[0]
-        idx = dispatchers[1]
-        if type(cqd) is not self._cqd_type or type(idx) is not self._idx_type:
+        if offset != reput_from_offset or written.cuts != cuts:
             return -1
         slots = cqd.slots
-        if slots is None:
+        if slots is None:               # reput_dispatch would take None for its CqSlots
             return -1
         files = self._mfq.files
         if type(files) is not list:

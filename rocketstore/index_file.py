@@ -24,6 +24,12 @@ ENTRY_RESERVE_WINDOW = 64 * 1024
 ENTRY_RESERVE_WINDOW_MAX = 4 << 20        # doubling up to this while a file fills
 
 
+def _index_count(mm):
+    """The header's indexCount, read as 1 when not above 0 (IndexHeader#load)."""
+    n = _I32.unpack_from(mm, F.INDEX_POS_INDEX_COUNT)[0]
+    return n if n > 0 else 1
+
+
 def index_file_size(slot_num, index_num):
     """Bytes of an index file: 40 + slot_num * 4 + index_num * 20."""
     return F.INDEX_HEADER_SIZE + slot_num * F.INDEX_SLOT_SIZE + index_num * F.INDEX_ENTRY_SIZE
@@ -125,8 +131,7 @@ class IndexFile:
 
     @property
     def index_count(self):
-        n = _I32.unpack_from(self.mf.mm, F.INDEX_POS_INDEX_COUNT)[0]
-        return n if n > 0 else 1
+        return _index_count(self.mf.mm)
 
     @property
     def is_write_full(self):
@@ -137,7 +142,7 @@ class IndexFile:
         (not is_write_full and end_phy_offset < phy_offset, in one call: a put's inline
         dispatch asks this once a put)."""
         mm = self.mf.mm
-        return (max(_I32.unpack_from(mm, F.INDEX_POS_INDEX_COUNT)[0], 1) < self.index_num
+        return (_index_count(mm) < self.index_num
                 and _I64.unpack_from(mm, F.INDEX_POS_END_PHY_OFFSET)[0] < phy_offset)
 
     def is_time_matched(self, begin, end):
@@ -246,7 +251,7 @@ def valid_geometry(path, fs, slot_num, index_num):
 
 
 def _consistent(mm, slot_num, index_num):
-    count = max(1, _I32.unpack_from(mm, F.INDEX_POS_INDEX_COUNT)[0])
+    count = _index_count(mm)
     if count > index_num:
         return False
     base = F.INDEX_HEADER_SIZE + slot_num * F.INDEX_SLOT_SIZE

@@ -230,7 +230,7 @@ class MappedFileQueue:
         return f.file_from_offset if f else -1
 
     def get_max_offset(self):
-        files = self.files          # not last_file: a put's inline dispatch asks twice a put
+        files = self.files          # not last_file: a put's inline dispatch asks once a put
         if not files:
             return 0
         f = files[-1]

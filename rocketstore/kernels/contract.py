@@ -76,9 +76,8 @@ KERNEL_NAMES = (
 #   dispatched store time, and where the index loop stopped. See
 #   services/reput.ReputMessageService._fused_pass. Without it, the scan and each
 #   dispatcher run apart, and puts make no rows.
-#   PutDispatch(service, mfq, arrivals, mapped_file_type, cq_dispatcher_type,
-#   index_service_type, file_size): with reput_dispatch, a put's own rows (WrittenRows)
-#   dispatched without a scan as one compiled call; see
+#   PutDispatch(mfq, arrivals, mapped_file_type, file_size): with reput_dispatch, a put's
+#   own rows (WrittenRows) dispatched without a scan as one compiled call; see
 #   services/reput.ReputMessageService.dispatch_if_behind. Without it, puts make no rows.
 #   ReadPath(message_type, mapped_file_type, on_corrupt, result_type, statuses,
 #   batch_result_type): get_message's and get_batch's unit walk as one compiled call

@@ -60,8 +60,7 @@ class ReputMessageService(ServiceThread):
         # PutDispatch, with reput_dispatch); None: puts make no rows (takes_put_rows).
         make = getattr(kernels, "PutDispatch", None)
         self._put_dispatch = (None if make is None or self._k_fused is None or is_slave else
-                              make(commitlog.mfq, dispatchers, arrivals, MappedFile,
-                                   ConsumeQueueDispatcher, IndexService, commitlog.file_size))
+                              make(commitlog.mfq, arrivals, MappedFile, commitlog.file_size))
         self._prev_rows = 0         # rows of the last fused pass, still in _rows
         self._failures = 0
         self.last_error = None
@@ -142,8 +141,12 @@ class ReputMessageService(ServiceThread):
         others written in their place) -- is left to the scan of do_reput."""
         if written is None or not written.n or self._put_dispatch is None:
             return False
+        parts = self._fused_parts(self._dispatchers)
+        if parts is None:
+            return False
         try:
-            end = self._put_dispatch(written, self.reput_from_offset, self.cuts, self._k_fused)
+            end = self._put_dispatch(written, self.reput_from_offset, self.cuts, self._k_fused,
+                                     *parts)
         except OSError as exc:
             self._prev_rows = 0
             self._failed(exc, False)
