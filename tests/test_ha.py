@@ -1245,3 +1245,18 @@ def test_cli_serve_shuts_down_cleanly_however_many_sigints_arrive(tmp_path):
     assert [x.decode().rstrip() for x in lines] == ["stopped"], err.decode()[-2000:]
     assert "already shutting down" in err.decode()
     assert not os.path.exists(tmp_path / "m" / "abort")
+
+
+def test_a_master_node_waiting_for_its_slave_stops_cleanly_on_sigterm(tmp_path):
+    # The README's recipe with a Java peer stops its nodes with SIGTERM, the master possibly
+    # still waiting for a slave that never came.
+    m = Node(tmp_path / "m", "ASYNC_MASTER", tmp_path, produce=10, wait_slave=True)
+    try:
+        m.proc.send_signal(signal.SIGTERM)
+        assert m.wait_done() == 0           # nothing put: no slave reported
+        assert m.next_line() == "stopped"
+        assert m.proc.wait(20) == 0
+        assert m.acks == []
+    finally:
+        if m.proc.poll() is None:
+            m.kill()
