@@ -445,6 +445,32 @@ cdef extern from *:
 from _thread import LockType as _LockType
 
 
+cdef struct _Batch:
+    # A columnar batch as rs_batch_encode reads it, pointers valid for the call: column c
+    # (bodies, a, b) item i is data[off[i]:off[i + 1]], a and b NULL when absent; the
+    # properties fragments with their 4 offsets; flags_or per record or NULL. prefix[i] is
+    # the sum of the bodies' and columns' lengths before record i (n + 1 of them), `shared`
+    # what every record's properties add to that (the fragments), and the maxima are what
+    # PutPath._put_batch validates (batch.Columns.record_lens).
+    Py_ssize_t n
+    const uint8_t *body
+    size_t body_len
+    const int64_t *body_off
+    const uint8_t *a
+    size_t a_len
+    const int64_t *a_off
+    const uint8_t *b
+    size_t b_len
+    const int64_t *b_off
+    const uint8_t *frags
+    size_t frags_len
+    const int64_t *frag_off
+    const int32_t *flags_or
+    const int64_t *prefix
+    int64_t shared, body_max, props_max, var_max
+    int32_t tags_col
+
+
 cdef struct _Rec:
     # One message's record, as _prepare read it. The objects it points into are held (strong
     # references, dropped by _rec_release): between _prepare and the encode, waiting for the
@@ -617,6 +643,13 @@ cdef class PutPath:
     cdef int64_t _ts
     cdef type _flags_type
     cdef Py_ssize_t _flag_bits_off
+    # put_lists' working memory (the laid-out columns' offsets, and their bytes), reused
+    # while no other put_lists call holds it (_put_lists, _columns.pxi).
+    cdef char *_lists_ints
+    cdef size_t _lists_ints_cap
+    cdef char *_lists_data
+    cdef size_t _lists_data_cap
+    cdef bint _lists_busy
 
     def __dealloc__(self):
         cdef size_t i
@@ -624,6 +657,8 @@ cdef class PutPath:
             Py_XDECREF(self._kc_obj[i])
         PyMem_Free(self._scratch)
         PyMem_Free(self._parts)
+        PyMem_Free(self._lists_ints)
+        PyMem_Free(self._lists_data)
         if self._qkeys != NULL:
             for i in range(self._qcap):
                 Py_XDECREF(self._qkeys[i].topic_b)
@@ -1520,44 +1555,117 @@ cdef class PutPath:
 
     def put_columns(self, topic, queue_id, cols, flag, born_timestamp, born_host,
                     written_rows=None):
-        """MessageStore.put_batch's common case (_columns); None, counted in `slow`, when
-        the Python path must take the batch."""
+        """MessageStore.put_batch's common case from batch.columns' layout (_columns); None,
+        counted in `slow`, when the Python path must take the batch."""
         r = self._columns(topic, queue_id, cols, flag, born_timestamp, born_host, written_rows)
         if r is None:
             self.slow += 1
         return r
 
+    def put_lists(self, topic, queue_id, bodies, tags, keys, properties, flag,
+                  born_timestamp, born_host, template, written_rows=None):
+        """MessageStore.put_batch's common case straight from its arguments, laid out in this
+        object's working memory (_put_lists, _columns.pxi): no Columns, no numpy column and
+        no bytes object per call. `template` is batch.batch_template. None, with nothing
+        written, when the caller must lay the batch out with batch.columns (which raises for
+        bad input) and put it through put_columns, which counts in `slow` what it hands to
+        the Python path."""
+        return _put_lists(self, topic, queue_id, bodies, tags, keys, properties, flag,
+                          born_timestamp, born_host, template, written_rows)
+
     cdef object _columns(self, topic, queue_id, cols, flag, born_timestamp, born_host,
                          written_rows):
+        """put_columns: the columnar batch `cols` (batch.Columns) read into a _Batch and put by
+        _put_batch. Measured before this path: a one-message put_batch spent 9 us in
+        CommitLog.put_batch, against 2.7 us for put_list's whole call."""
+        cdef Py_ssize_t n, i
+        cdef _Batch c
+        cdef object lens, a, b, flags_or
+        cdef const int64_t[::1] ko, kf, kpre
+        cdef const int64_t[::1] ka, kb
+        cdef const int32_t[::1] kx
+        cdef Py_buffer v[4]             # bodies, a, b, frags
+        n = cols.n
+        if n <= 0:
+            return None
+        lens = cols.record_lens()
+        if type(lens) is not tuple or len(<tuple>lens) != 6:
+            return None
+        memset(&c, 0, sizeof(c))
+        c.n = n
+        kpre = _offsets(lens[1], n + 1)
+        c.prefix = &kpre[0]
+        c.shared = lens[2]
+        c.body_max = lens[3]
+        c.props_max = lens[4]
+        c.var_max = lens[5]
+        bodies = cols.bodies
+        a = cols.a
+        b = cols.b
+        ko = _offsets(bodies.off, n + 1)
+        c.body_off = &ko[0]
+        kf = _offsets(cols.frag_off, 4)
+        c.frag_off = &kf[0]
+        if a is not None:
+            ka = _offsets(a.off, n + 1)
+            c.a_off = &ka[0]
+        if b is not None:
+            kb = _offsets(b.off, n + 1)
+            c.b_off = &kb[0]
+        flags_or = cols.flags_or
+        if flags_or is not None:
+            try:
+                kx = flags_or
+            except (TypeError, ValueError, BufferError):
+                return None
+            if kx.shape[0] < n:
+                return None
+            c.flags_or = &kx[0]
+        c.tags_col = cols.tags_col
+        memset(v, 0, sizeof(v))
+        try:
+            _ro(bodies.data, &v[0])
+            _ro(b"" if a is None else a.data, &v[1])
+            _ro(b"" if b is None else b.data, &v[2])
+            _ro(cols.frags, &v[3])
+            c.body = <const uint8_t *>v[0].buf
+            c.body_len = <size_t>v[0].len
+            c.a = <const uint8_t *>v[1].buf
+            c.a_len = <size_t>v[1].len
+            c.b = <const uint8_t *>v[2].buf
+            c.b_len = <size_t>v[2].len
+            c.frags = <const uint8_t *>v[3].buf
+            c.frags_len = <size_t>v[3].len
+            return self._put_batch(topic, queue_id, &c, flag, born_timestamp, born_host,
+                                   written_rows, cols.properties)
+        finally:
+            for i in range(4):
+                PyBuffer_Release(&v[i])
+
+    cdef object _put_batch(self, topic, queue_id, const _Batch *c, flag, born_timestamp,
+                           born_host, written_rows, properties):
         """MessageStore.put_batch's common case as one call, CommitLog.put_batch being the
-        reference: the columnar batch `cols` (batch.Columns) to one topic and queue, encoded
-        by rs_batch_encode at the current file's write position. `written_rows` as put_list's.
+        reference: the laid-out batch `c` to one topic and queue, encoded by rs_batch_encode
+        at the current file's write position. `written_rows` as put_list's; `properties` the
+        batch's (what after_put reads).
 
         None, with nothing written and the lock not held, when the Python path must take
         the batch: an empty batch, a topic or born host not seen yet, a value of another
         type, a record over a limit, or a batch that does not fit below its file's refill
-        position (a roll or a reservation, where the disk may refuse). Measured before this
-        path: a one-message put_batch spent 9 us in CommitLog.put_batch, against 2.7 us for
-        put_list's whole call."""
-        cdef Py_ssize_t n, i
-        cdef int64_t qbase, pos, phy_base, total, empty_size, shared, var_max, ts, t0
+        position (a roll or a reservation, where the disk may refuse)."""
+        cdef Py_ssize_t n = c.n, i
+        cdef int64_t qbase, pos, phy_base, total, empty_size, ts, t0
         cdef int64_t count = 0, nbytes = 0, born_ts
-        cdef int32_t qid, v_flag, sys_flag, born_v6, tags_col
+        cdef int32_t qid, v_flag, sys_flag, born_v6
         cdef int rc
         cdef bytes topic_b, born_raw
-        cdef object lim, lens, mf, mm, table, after, wake, qoff_obj, status, ts_obj
-        cdef object target, rows_obj = None, flags_or, a, b
-        cdef const int64_t[::1] ko, kf, kpre
-        cdef const int64_t[::1] ka, kb
-        cdef const int32_t[::1] kx
-        cdef const int64_t *pa = NULL
-        cdef const int64_t *pb = NULL
-        cdef const int32_t *px = NULL
+        cdef object lim, mf, mm, table, after, wake, qoff_obj, status, ts_obj
+        cdef object target, rows_obj = None
         cdef rs_scan_rec *pr = NULL
         cdef int64_t *phys
         cdef int64_t *qoffs
         cdef int64_t *sizes
-        cdef Py_buffer v[6]             # bodies, a, b, frags, rows, and the file's buffer
+        cdef Py_buffer v[2]             # rows, and the file's buffer
         cdef _Rec r
         cdef _QueueKey *qk
         cdef PyObject *p
@@ -1586,12 +1694,7 @@ cdef class PutPath:
             lim = (<dict>lim).get(topic)
             if lim is not None and queue_id >= lim:
                 return None
-        n = cols.n
-        if n <= 0:
-            return None
-        lens = cols.record_lens()
-        if (type(lens) is not tuple or len(<tuple>lens) != 6
-                or lens[3] > self._max_body or lens[4] > RS_MAX_PROPERTIES_LENGTH):
+        if n <= 0 or c.body_max > self._max_body or c.props_max > RS_MAX_PROPERTIES_LENGTH:
             return None
         packed = self._hosts.get(born_host)
         if packed is None:
@@ -1605,34 +1708,10 @@ cdef class PutPath:
         born_len = <size_t>PyBytes_GET_SIZE(born_raw)
         store_p = <const uint8_t *>PyBytes_AS_STRING(self._store_raw)
         store_len = <size_t>PyBytes_GET_SIZE(self._store_raw)
-        shared = lens[2]
-        var_max = lens[5]
-        kpre = _offsets(lens[1], n + 1)
         empty_size = rs_record_size(sys_flag, 0, len(topic_b), 0, 0)
-        if empty_size <= 0 or empty_size + var_max > self._file_size - _BLANK:
+        if empty_size <= 0 or empty_size + c.var_max > self._file_size - _BLANK:
             return None
-        total = (empty_size + shared) * n + kpre[n]
-        bodies = cols.bodies
-        a = cols.a
-        b = cols.b
-        ko = _offsets(bodies.off, n + 1)
-        kf = _offsets(cols.frag_off, 4)
-        if a is not None:
-            ka = _offsets(a.off, n + 1)
-            pa = &ka[0]
-        if b is not None:
-            kb = _offsets(b.off, n + 1)
-            pb = &kb[0]
-        flags_or = cols.flags_or
-        if flags_or is not None:
-            try:
-                kx = flags_or
-            except (TypeError, ValueError, BufferError):
-                return None
-            if kx.shape[0] < n:
-                return None
-            px = &kx[0]
-        tags_col = cols.tags_col
+        total = (empty_size + c.shared) * n + c.prefix[n]
         cols_a = _result_columns(n, &phys)     # the queue offsets are set below
         qoffs = phys + n
         sizes = qoffs + n
@@ -1648,17 +1727,13 @@ cdef class PutPath:
         memset(v, 0, sizeof(v))
         t0 = _mono_ns()
         try:
-            _ro(bodies.data, &v[0])
-            _ro(b"" if a is None else a.data, &v[1])
-            _ro(b"" if b is None else b.data, &v[2])
-            _ro(cols.frags, &v[3])
             if rows_obj is not None:
                 if getattr(rows_obj, "dtype", None) != _SCAN_DTYPE:
                     return None
-                _rw(rows_obj, &v[4])
-                if v[4].len < n * <Py_ssize_t>sizeof(rs_scan_rec):
+                _rw(rows_obj, &v[0])
+                if v[0].len < n * <Py_ssize_t>sizeof(rs_scan_rec):
                     return None
-                pr = <rs_scan_rec *>v[4].buf
+                pr = <rs_scan_rec *>v[0].buf
             self._lock_take()
             try:
                 # As put(): the state copied before the lock still holds unless another
@@ -1683,27 +1758,26 @@ cdef class PutPath:
                 qbase = qoff_obj
                 phy_base = <int64_t><object>_member(mf, self._f[F_FROM]) + pos
                 # The file stays mapped while its buffer is held (Mapping counts exports).
-                _rw(target, &v[5])
+                _rw(target, &v[1])
                 # Only a large batch lets go of the GIL for its encode: for a few records the
                 # hand-off costs more than the loop, and each release lets a waiting service
                 # thread take the putter's core (README, "what a put_batch call costs").
                 save = PyEval_SaveThread() if total >= NOGIL_BATCH_BYTES else NULL
-                rc = rs_batch_encode(<uint8_t *>v[5].buf, <size_t>v[5].len, pos,
+                rc = rs_batch_encode(<uint8_t *>v[1].buf, <size_t>v[1].len, pos,
                                      pos + total + _BLANK, topic_p, topic_len, qid,
-                                     <const uint8_t *>v[0].buf, <size_t>v[0].len, &ko[0],
-                                     <const uint8_t *>v[1].buf, <size_t>v[1].len, pa,
-                                     <const uint8_t *>v[2].buf, <size_t>v[2].len, pb,
-                                     <const uint8_t *>v[3].buf, <size_t>v[3].len, &kf[0],
-                                     0, n, v_flag, sys_flag, px, born_ts, born_p, born_len,
-                                     ts, store_p, store_len, qbase, phy_base, phys, sizes,
-                                     pr, tags_col, &count, &nbytes)
+                                     c.body, c.body_len, c.body_off,
+                                     c.a, c.a_len, c.a_off, c.b, c.b_len, c.b_off,
+                                     c.frags, c.frags_len, c.frag_off,
+                                     0, n, v_flag, sys_flag, c.flags_or, born_ts, born_p,
+                                     born_len, ts, store_p, store_len, qbase, phy_base, phys,
+                                     sizes, pr, c.tags_col, &count, &nbytes)
                 if save != NULL:
                     PyEval_RestoreThread(save)
-                PyBuffer_Release(&v[5])
+                PyBuffer_Release(&v[1])
                 _check(rc, "batch_encode")
                 if count != n or nbytes != total:
                     # Nothing moved: what was written lies past the write position, unread.
-                    raise RuntimeError(f"[BUG] put_columns: {count} records of {nbytes} "
+                    raise RuntimeError(f"[BUG] put_batch: {count} records of {nbytes} "
                                        f"bytes encoded, {n} of {total} expected")
                 ts_obj = self._moved(mf, pos + total, buffered, ts)
                 _PyDict_SetItem_KnownHash(table, <object>qk.key, qoff_obj + n, qk.hash)
@@ -1713,7 +1787,7 @@ cdef class PutPath:
                 self._cells[C_LOCK_BEGIN] = 0
                 self._lock_give()
         finally:
-            for i in range(6):
+            for i in range(2):
                 PyBuffer_Release(&v[i])
         if pr != NULL:
             written_rows.n = n
@@ -1727,7 +1801,7 @@ cdef class PutPath:
         else:
             # after_put reads the WAIT property, which the batch shares.
             status = after(phy_base + total, self._message_type(
-                topic, queue_id=queue_id, properties=cols.properties))
+                topic, queue_id=queue_id, properties=properties))
         self._record(t0, status is self._put_ok)
         for i in range(n):
             qoffs[i] = qbase + i

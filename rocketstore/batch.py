@@ -256,31 +256,46 @@ def _template(tags, keys, properties):
     return t
 
 
+def batch_template(tags, keys, tags_column, keys_column, properties):
+    """The properties template of a batch whose TAGS (KEYS) are a per-message column when
+    `tags_column` (`keys_column`), else `tags` (`keys`) when it is a non-empty str, else
+    absent; the DELAY check first. (frags, frag_off, tags_slot, keys_slot): the fragments and
+    their offsets as properties_template makes them, and the slot each of TAGS and KEYS
+    fills (1 for the first, 2 for the second, 0 for none). None when `properties` replaces
+    a per-message TAGS or KEYS: the messages' lengths then differ from their columns'."""
+    check_delay(dict(properties or {}))
+    frags, frag_off, names = _template(
+        PER_MESSAGE if tags_column else (tags if type(tags) is str and tags else None),
+        PER_MESSAGE if keys_column else (keys if type(keys) is str and keys else None),
+        properties)
+    if len(names) != bool(tags_column) + bool(keys_column):
+        return None
+    slot = {name: k + 1 for k, name in enumerate(names)}
+    return frags, frag_off, slot.get(PROPERTY_TAGS, 0), slot.get(PROPERTY_KEYS, 0)
+
+
 def _fast_columns(bodies, tags, keys, properties, fast):
     """columns() through the backend's compiled batch_columns; None when it declines."""
     r = fast(bodies, tags, keys)
     if r is None:
         return None
     bdata, boff, tdata, toff, kdata, koff, var, prefix, body_max, tk_max, var_max = r
-    check_delay(dict(properties or {}))
-    tcol = None if tdata is None else Column(tdata, toff)
-    kcol = None if kdata is None else Column(kdata, koff)
-    # As _values: a shared str (none when empty), or no value when the list is all empty.
-    frags, frag_off, names = _template(
-        PER_MESSAGE if tcol is not None else (tags if type(tags) is str and tags else None),
-        PER_MESSAGE if kcol is not None else (keys if type(keys) is str and keys else None),
-        properties)
-    if len(names) != (tcol is not None) + (kcol is not None):
-        return None     # `properties` replaces a per-message TAGS or KEYS: var counted it
+    t = batch_template(tags, keys, tdata is not None, kdata is not None, properties)
+    if t is None:
+        return None
+    frags, frag_off, tags_slot, keys_slot = t
     c = Columns()
     c.properties = properties
     c.flags_or = None
     c.bodies = Column(bdata, boff)
     c.n = len(var)
-    varying = {PROPERTY_TAGS: tcol, PROPERTY_KEYS: kcol}
-    picked = [varying[name] for name in names]
-    c.a, c.b = (picked + [None, None])[:2]
-    c.tags_col = names.index(PROPERTY_TAGS) + 1 if PROPERTY_TAGS in names else 0
+    slots = [None, None, None]
+    if tags_slot:
+        slots[tags_slot] = Column(tdata, toff)
+    if keys_slot:
+        slots[keys_slot] = Column(kdata, koff)
+    c.a, c.b = slots[1], slots[2]
+    c.tags_col = tags_slot
     c.frags = frags
     c.frag_off = frag_off
     flen = len(frags)       # every message's properties hold the fragments

@@ -16,7 +16,7 @@ from . import query, read_path, recovery
 from .arguments import (INT64_MAX, INT64_MIN, check_callable, check_int, check_offset_commit,
                         check_offset_query, check_optional_int, check_queue, check_str,
                         explain_put_failure)
-from .batch import columns, compress_bodies
+from .batch import batch_template, columns, compress_bodies
 from .checkpoint import StoreCheckpoint
 from .clock import system_clock
 from .commitlog import CommitLog
@@ -167,6 +167,7 @@ class MessageStore:
         self._written = None
         self._compiled_put_list = None
         self._put_columns = None        # the compiled put_batch (PutPath.put_columns), if any
+        self._put_lists = None          # ... and from its lists (PutPath.put_lists)
         self.flush_service = None
         self.commit_service = None
         self.flush_cq_service = None
@@ -1027,6 +1028,7 @@ class MessageStore:
         self.put_messages = path.put_list
         self._compiled_put_list = self.put_messages     # takes `written` (inline dispatch)
         self._put_columns = path.put_columns
+        self._put_lists = path.put_lists
 
     def _install_compression(self):
         """compress_msg_body: put_message and put_messages compress each body as a 4.9
@@ -1193,6 +1195,17 @@ class MessageStore:
         PutMessagesResult (numpy columns). With compress_msg_body, bodies are compressed
         as put_message compresses them."""
         self._check_running()
+        put_lists = self._put_lists
+        if (put_lists is not None and not self.config.compress_msg_body
+                and self._refused_batch() is None):
+            # The compiled path lays out and puts the common batch in one call. None: it
+            # wrote nothing, and the general path below lays the batch out (raising for bad
+            # input) and puts it.
+            r = self._put_dispatched(put_lists, topic, queue_id, bodies, tags, keys,
+                                     properties, flag, born_timestamp, born_host,
+                                     batch_template)
+            if r is not None:
+                return r
         cols = columns(bodies, tags, keys, properties, self.kernels.column_join,
                        getattr(self.kernels, "batch_columns", None))
         refused = self._refused_batch()
@@ -1201,6 +1214,14 @@ class MessageStore:
         cfg = self.config
         if cfg.compress_msg_body:
             compress_bodies(cols, cfg.compress_msg_body_over_howmuch, cfg.compress_level)
+        return self._put_dispatched(self._put_columns_or_python, topic, queue_id, cols, flag,
+                                    born_timestamp, born_host)
+
+    def _put_dispatched(self, put, *args):
+        """put(*args, written): a batch put between the reput service's put_begins and
+        put_ends, with the dispatch of what it wrote after it, as put_messages does (the
+        hooks of _install_dispatch_in_put). `written` is the putting thread's WrittenRows,
+        or None. Returns what `put` returns; nothing is dispatched when that is None."""
         help_dispatch, begins, ends = self._help_dispatch, self._put_begins, self._put_ends
         written = self._written
         if begins is not None:
@@ -1208,23 +1229,28 @@ class MessageStore:
         try:
             if written is not None:
                 written = written()
-            # The compiled path takes the common batch whole (and records its latency);
-            # None: the Python path, the reference, takes it.
-            put_columns = self._put_columns
-            r = None if put_columns is None else put_columns(
-                topic, queue_id, cols, flag, born_timestamp, born_host, written)
-            if r is None:
-                t0 = time.monotonic_ns()
-                r = self.commitlog.put_batch(topic, queue_id, cols, self.clock, flag=flag,
-                                             born_timestamp=born_timestamp,
-                                             born_host=born_host, written=written)
-                record_put(self.commitlog.put_cells, time.monotonic_ns() - t0,
-                           r.status is PutMessageStatus.PUT_OK)
-            if help_dispatch is not None:
+            r = put(*args, written)
+            if help_dispatch is not None and r is not None:
                 help_dispatch(written)
         finally:
             if begins is not None:
                 ends()
+        return r
+
+    def _put_columns_or_python(self, topic, queue_id, cols, flag, born_timestamp, born_host,
+                               written):
+        """The laid-out batch `cols` through the compiled put_columns, or through
+        CommitLog.put_batch, the reference, when that declines (or the backend has none)."""
+        put_columns = self._put_columns
+        r = None if put_columns is None else put_columns(
+            topic, queue_id, cols, flag, born_timestamp, born_host, written)
+        if r is None:
+            t0 = time.monotonic_ns()
+            r = self.commitlog.put_batch(topic, queue_id, cols, self.clock, flag=flag,
+                                         born_timestamp=born_timestamp,
+                                         born_host=born_host, written=written)
+            record_put(self.commitlog.put_cells, time.monotonic_ns() - t0,
+                       r.status is PutMessageStatus.PUT_OK)
         return r
 
     def _refused_batch(self):

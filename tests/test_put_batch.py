@@ -97,6 +97,13 @@ def test_put_batch_with_keys_as_offsets_and_data_and_an_ipv6_born_host_writes_th
     assert batch == _tree_after(tmp_path / "list", backend, lambda s: s.put_messages(msgs))
 
 
+class PutMessagesResultOf:
+    """The status and count _tree_after checks, for a put made of several calls."""
+
+    def __init__(self, status, count):
+        self.status, self.count = status, count
+
+
 def _random_column(rng, n, pool):
     kind = rng.randrange(4)
     if kind == 0:
@@ -131,16 +138,34 @@ def test_put_batch_matches_put_messages_for_random_tags_keys_and_properties(
         batch_keys = keys
     else:       # Message joins a list of keys with spaces; the batch takes the joined str too
         batch_keys = [k if not isinstance(k, list) else " ".join(k) for k in keys]
-    got = {}
+    got = {"batch": [], "list": []}
 
     def kept(name, result):
-        got[name] = (result.commit_log_offsets.tolist(), result.sizes.tolist(),
-                     result.wrote_bytes)
+        assert result.ok, result
+        got[name].append((result.commit_log_offsets.tolist(), result.sizes.tolist(),
+                          result.wrote_bytes))
         return result
-    batch = _tree_after(tmp_path / "batch", backend, lambda s: kept("batch", s.put_batch(
-        "R", 1, bodies, tags=tags, keys=batch_keys, properties=props, **BORN)), config, n)
-    listed = _tree_after(tmp_path / "list", backend,
-                         lambda s: kept("list", s.put_messages(msgs)), config, n)
+
+    def part(col, cut):
+        return col[cut] if isinstance(col, list) else col
+
+    def put_batch(s):
+        # The first message alone, then the rest: the topic is known by then, so on a
+        # compiled backend the second call takes the compiled path (put_lists, or
+        # put_columns after batch.columns' layout).
+        kept("batch", s.put_batch("R", 1, bodies[:1], tags=part(tags, slice(1)),
+                                  keys=part(batch_keys, slice(1)), properties=props, **BORN))
+        r = kept("batch", s.put_batch("R", 1, bodies[1:], tags=part(tags, slice(1, None)),
+                                      keys=part(batch_keys, slice(1, None)), properties=props,
+                                      **BORN))
+        return PutMessagesResultOf(r.status, n)
+
+    def put_messages(s):
+        kept("list", s.put_messages(msgs[:1]))
+        r = kept("list", s.put_messages(msgs[1:]))
+        return PutMessagesResultOf(r.status, n)
+    batch = _tree_after(tmp_path / "batch", backend, put_batch, config, n)
+    listed = _tree_after(tmp_path / "list", backend, put_messages, config, n)
     assert batch == listed
     assert got["batch"] == got["list"]      # the offsets and sizes are computed, not read
 
@@ -512,5 +537,84 @@ def test_a_batch_that_fits_its_file_is_stored_by_one_compiled_call_and_the_rest_
         assert [bytes(m.body) for m in store.get_message("g", "C", 0, 50, 50).messages] == \
             bodies
         assert store.query_message("C", "k7", 10).messages[0].body == bodies[7]
+    finally:
+        store.shutdown()
+
+
+def test_put_batch_calls_that_vary_their_columns_write_what_put_messages_writes(
+        tmp_path, backend):
+    """One store, one call after another, each with other columns: per-message TAGS and
+    KEYS, either alone, neither, shared ones, properties beside them or replacing them, and
+    some messages without TAGS. On the compiled backend these take put_lists with a kept
+    template, or decline to batch.columns; every backend writes put_messages' bytes."""
+    n = 40
+    bodies = [bytes([48 + i % 10]) * (20 + i) for i in range(n)]
+    tags = [f"t{i % 3}" for i in range(n)]
+    keys = [f"key-{i}" for i in range(n)]
+    calls = [dict(tags=tags, keys=keys), dict(tags=tags), dict(keys=keys), dict(),
+             dict(tags="shared", keys=keys), dict(tags=tags, keys="k1 k2"),
+             dict(tags=tags, keys=keys, properties={"p": "1", "TAGS": "over"}),
+             dict(tags=tags, keys=keys, properties={"a": "x", "zz": "y"}),
+             dict(tags=[None] + tags[1:], keys=keys), dict(tags=tags, keys=keys)]
+
+    def message(i, tags=None, keys=None, properties=None):
+        def per(col):
+            return col[i] if isinstance(col, list) else col
+        return Message("Vary", bodies[i], tags=per(tags), keys=per(keys), queue_id=0,
+                       properties=properties, **BORN)
+
+    def put(store, as_batch):
+        for kw in calls:
+            if as_batch:
+                r = store.put_batch("Vary", 0, bodies, **kw, **BORN)
+            else:
+                r = store.put_messages([message(i, **kw) for i in range(n)])
+            assert r.ok and r.count == n
+        return PutMessagesResultOf(r.status, n)
+    batch = _tree_after(tmp_path / "batch", backend, lambda s: put(s, True), n=n)
+    listed = _tree_after(tmp_path / "list", backend, lambda s: put(s, False), n=n)
+    assert batch == listed
+
+
+@CEXT_ONLY
+def test_a_batch_of_lists_is_laid_out_and_put_in_one_compiled_call(tmp_path, monkeypatch):
+    """put_batch's common case never reaches batch.columns (the Python layout) on the cext
+    backend: the lists are laid out by put_lists itself. Cases it does not take -- some
+    messages without TAGS, properties replacing the KEYS column, a tuple of bodies -- are laid
+    out by batch.columns, and still stored by the compiled put_columns."""
+    import rocketstore.store as store_module
+    laid_out = []
+    real_columns = store_module.columns
+
+    def columns(*args):
+        laid_out.append(args[0])
+        return real_columns(*args)
+    monkeypatch.setattr(store_module, "columns", columns)
+    store = testing.open_store(tmp_path / "s", testing.load_backend("cext"),
+                               testing.small_config(mapped_file_size_commit_log=4 << 20))
+    try:
+        path = _compiled_path(store)
+        bodies = _bodies(30)
+        keys = [f"k{i}" for i in range(30)]
+        assert store.put_batch("L", 0, bodies[:1], **BORN).ok     # a new topic: Python
+        assert len(laid_out) == 1 and (path.fast, path.slow) == (0, 1)
+        for kw in (dict(tags="a", keys=keys), dict(tags=["x"] * 30), dict(keys=keys),
+                   dict(keys=keys, properties={"region": "eu"}), dict()):
+            r = store.put_batch("L", 0, bodies, **kw, **BORN)
+            assert r.ok and r.count == 30
+        assert len(laid_out) == 1 and (path.fast, path.slow) == (150, 1)
+        r = store.put_batch("L", 0, bodies, tags=[None] + ["x"] * 29, **BORN)
+        assert r.ok and len(laid_out) == 2
+        r = store.put_batch("L", 0, bodies, keys=keys, properties={"KEYS": "over"}, **BORN)
+        assert r.ok and len(laid_out) == 3
+        r = store.put_batch("L", 0, tuple(bodies), **BORN)
+        assert r.ok and len(laid_out) == 4
+        assert (path.fast, path.slow) == (240, 1)
+        testing.wait_until(lambda: store.dispatch_behind_bytes() == 0, what="dispatch")
+        got = store.get_message("g", "L", 0, 1, 30).messages
+        assert [bytes(m.body) for m in got] == bodies and {m.tags for m in got} == {"a"}
+        assert len(store.query_message("L", "k7", 10).messages) == 3
+        found = store.query_message("L", "over", 64).messages
+        assert sorted(bytes(m.body) for m in found) == sorted(bodies)
     finally:
         store.shutdown()

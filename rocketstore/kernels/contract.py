@@ -58,10 +58,13 @@ KERNEL_NAMES = (
 #   to store_put / store_put_list, the Python paths. `.put_columns(topic, queue_id, cols,
 #   flag, born_timestamp, born_host, written_rows=None)` is MessageStore.put_batch's common
 #   case (a batch.Columns that fits its file below the refill position) as one call, or None
-#   with nothing written: the caller then takes CommitLog.put_batch. It keeps the
-#   CommitLog's `put_cells` (stats.py: beginTimeInLock, put counts and latencies) as the Python
-#   paths do, and hands a put to them while another has held the lock too long (they answer
-#   OS_PAGECACHE_BUSY).
+#   with nothing written: the caller then takes CommitLog.put_batch. `.put_lists(topic,
+#   queue_id, bodies, tags, keys, properties, flag, born_timestamp, born_host, template,
+#   written_rows=None)` takes that case straight from put_batch's arguments (template:
+#   batch.batch_template), or returns None with nothing written for batch.columns to lay
+#   out. They keep the CommitLog's `put_cells` (stats.py: beginTimeInLock, put counts and
+#   latencies) as the Python paths do, and hand a put to them while another has held the
+#   lock too long (they answer OS_PAGECACHE_BUSY).
 #   Without it, those are the methods.
 #   index_dispatch(rows, buf, f, skip, slow): the index dispatcher's row loop, finding, hashing
 #   and putting each row's keys into IndexFile f in compiled code and asking slow(f, row) for
