@@ -37,7 +37,8 @@ Stores and their durability settings; every peer commits once per 1000 messages:
 Peers store each message as one record (born timestamp, queue id, topic, keys, tags, body) and
 decode it back to a tuple; rocketstore stores RocketMQ's CommitLog record and decodes a
 MessageExt. Ratios against LMDB (>1: faster than LMDB) go into extra_info and, at the end, a
-table on the terminal; scripts/bench-table turns --benchmark-json output into README's tables.
+table on the terminal; scripts/bench-table turns --benchmark-json output into
+doc/performance.md's tables.
 LMDB runs first so every later variant can be compared with it.
 """
 import dataclasses

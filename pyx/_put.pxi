@@ -1761,7 +1761,8 @@ cdef class PutPath:
                 _rw(target, &v[1])
                 # Only a large batch lets go of the GIL for its encode: for a few records the
                 # hand-off costs more than the loop, and each release lets a waiting service
-                # thread take the putter's core (README, "what a put_batch call costs").
+                # thread take the putter's core (doc/performance.md,
+                # "What a `put_batch` call costs beside its messages").
                 save = PyEval_SaveThread() if total >= NOGIL_BATCH_BYTES else NULL
                 rc = rs_batch_encode(<uint8_t *>v[1].buf, <size_t>v[1].len, pos,
                                      pos + total + _BLANK, topic_p, topic_len, qid,

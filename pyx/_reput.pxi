@@ -16,9 +16,9 @@ __all__ += ("reput_dispatch",)
 # A put's own rows (`given`) are dispatched without the GIL from this many on. Fewer are
 # dispatched with the GIL held, in one piece: a release that short only wakes a service thread
 # waiting for the GIL (reput, populate-ahead), which finds it taken back and sleeps again, and
-# that wake-up costs the putter more than the rows (the README's "Small batches": put_messages
-# of 1 and of 10 took a fifth less thread CPU a call this way; from about 200 rows, holding
-# the GIL through the rows was the slower).
+# that wake-up costs the putter more than the rows (doc/performance.md, "A put's few rows
+# dispatched with the GIL held": put_messages of 1 and of 10 took a fifth less thread CPU a
+# call this way; from about 200 rows, holding the GIL through the rows was the slower).
 DEF NOGIL_DISPATCH_ROWS = 32
 
 
@@ -179,7 +179,8 @@ cdef class PutDispatch:
     (written.n = 0) once a file was held for them.
 
     The service's methods did this in Python, a score of calls a put: for a put_messages of
-    one message they were a third of its instructions (the README's "Small batches")."""
+    one message they were a third of its instructions (doc/performance.md, "A small put's
+    fixed cost")."""
     cdef object _mfq
     cdef object _arrivals
     cdef type _file_type

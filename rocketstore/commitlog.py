@@ -84,7 +84,7 @@ class CommitLog:
             prefault = ((config.prefault_next_file or config.warm_maped_file_enable)
                         and config.broker_role is not BrokerRole.SLAVE)
             # The page cache filled ahead of the populate only for ASYNC_FLUSH: SYNC_FLUSH's
-            # batch rounds measured no faster with it (README).
+            # batch rounds measured no faster with it (doc/performance.md).
             fill_cache = config.flush_disk_type is FlushDiskType.ASYNC_FLUSH
             self.allocator = AllocateMappedFileService(
                 self.file_size, kernels, fs,

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Read throughput of Apache RocketMQ 4.9.8's own DefaultMessageStore.getMessage, to compare with
 // bench/bench_read.py's get_message in the same run. A development tool: nothing in the project,
-// its tests or CI builds or runs it; README "Reading a queue" has the commands (it compiles
-// against the store classes built from the 4.9.8 source tag, outside this repository).
+// its tests or CI builds or runs it; doc/performance.md "Reading a queue" has the commands (it
+// compiles against the store classes built from the 4.9.8 source tag, outside this repository).
 //
 //   java ... GetBench STORE_DIR --commitlog-size B --cq-size B [--pull P] [--seconds S]
 //

@@ -42,10 +42,10 @@ class ReserveAheadService(ServiceThread):
     yet). Past the page cache's dirty budget one populate can take a second or more, during
     which the allocator serves nothing: a writer at disk speed then reached reserved_position
     first and reserved inside its put, where a fallocate that had to read a block bitmap
-    behind gigabytes of writeback took 50-130 ms (README, "Sustained writes"). A reservation
-    is a short call, so this thread keeps the reserved end ahead of the writer while the
-    populates lag; a disk that refuses one costs a log line here, and the writer meets the
-    error when it gets there, with a put to refuse."""
+    behind gigabytes of writeback took 50-130 ms (doc/performance.md, "Sustained writes").
+    A reservation is a short call, so this thread keeps the reserved end ahead of the writer
+    while the populates lag; a disk that refuses one costs a log line here, and the writer
+    meets the error when it gets there, with a put to refuse."""
     name = "ReserveAheadService"
 
     def __init__(self, after=None):
@@ -250,7 +250,7 @@ class AllocateMappedFileService(ServiceThread):
                 # FileSystem.cache_range), then the writer's populate only maps the pages:
                 # a populate a page per fault (~1 GB/s here) fell behind a putter at
                 # 0.6-0.9 GB/s, which then took 180-325 major faults a round itself; with
-                # this, 1-23 (README, "Where `put_messages` loses its rounds").
+                # this, 1-23 (doc/performance.md, "Where `put_messages` loses its rounds").
                 self._fs.cache_range(mf.path, pos, min(chunk, end - pos))
             self._fs.prefault(mf.mm, pos, min(chunk, end - pos))
             pos = max(pos + chunk, mf.wrote_position - mf.wrote_position % OS_PAGE_SIZE)
