@@ -49,8 +49,20 @@ cdef struct _Lists:
     int64_t body_max, tk_max, var_max
 
 
-cdef inline bint _is_column(object arg):
-    return type(arg) is list
+cdef inline size_t _lists_ints(Py_ssize_t n) noexcept:
+    """How many int64s _lists_carve lays n messages' arrays out in."""
+    return <size_t>(5 * n + 4)
+
+
+cdef inline void _lists_carve(_Lists *L, Py_ssize_t n, int64_t *ints) noexcept:
+    """L's arrays for n messages in `ints` (_lists_ints(n) of them): the three offset
+    columns, then prefix, then var."""
+    cdef int c
+    L.n = n
+    for c in range(3):
+        L.off[c] = ints + c * (n + 1)
+    L.prefix = ints + 3 * (n + 1)
+    L.var = L.prefix + n + 1
 
 
 cdef bint _lists_taken(object bodies, object tags, object keys) except -1:
@@ -157,17 +169,15 @@ def batch_columns(bodies, tags, keys):
     cdef _Lists L
     cdef Py_buffer view
     cdef char *dst[3]
+    cdef Py_ssize_t n
     cdef int c
     if not _lists_taken(bodies, tags, keys):
         return None
-    L.n = PyList_GET_SIZE(bodies)
+    n = PyList_GET_SIZE(bodies)
     # One int64 array for every offset column, var and prefix; the columns are views of it.
-    ints = _np.empty(5 * L.n + 4, dtype=_np.int64)
+    ints = _np.empty(_lists_ints(n), dtype=_np.int64)
     PyObject_GetBuffer(ints, &view, PyBUF_WRITABLE)
-    for c in range(3):
-        L.off[c] = <int64_t *>view.buf + c * (L.n + 1)
-    L.prefix = <int64_t *>view.buf + 3 * (L.n + 1)
-    L.var = L.prefix + L.n + 1
+    _lists_carve(&L, n, <int64_t *>view.buf)
     PyBuffer_Release(&view)             # the array, held, keeps its data where it is
     if not _list_lengths(<list>bodies, tags, keys, &L):
         return None
@@ -180,10 +190,10 @@ def batch_columns(bodies, tags, keys):
             dst[c] = NULL
     if not _list_copy(<list>bodies, tags, keys, &L, dst[0], dst[1], dst[2]):
         return None
-    step = L.n + 1
+    step = n + 1                        # the views of _lists_carve's arrays
     offs = [ints[c * step:(c + 1) * step] if L.has[c] else None for c in range(3)]
     return (data[0], offs[0], data[1], offs[1], data[2], offs[2],
-            ints[3 * step + step:3 * step + step + L.n], ints[3 * step:4 * step],
+            ints[4 * step:4 * step + n], ints[3 * step:4 * step],
             L.body_max, L.tk_max, L.var_max)
 
 
@@ -240,7 +250,7 @@ cdef object _put_lists(PutPath path, topic, queue_id, bodies, tags, keys, proper
     cdef _Batch c
     cdef _Tpl tmp
     cdef _Tpl *t
-    cdef char *ints
+    cdef char *ints = NULL
     cdef char *data = NULL
     cdef const uint8_t *col[3]
     cdef size_t need_ints, need_data
@@ -255,21 +265,19 @@ cdef object _put_lists(PutPath path, topic, queue_id, bodies, tags, keys, proper
     n = PyList_GET_SIZE(bodies)
     if n == 0:
         return None
-    need_ints = (5 * n + 4) * sizeof(int64_t)
+    need_ints = _lists_ints(n) * sizeof(int64_t)
     cached = not path._lists_busy and need_ints <= LIST_SCRATCH_MAX
     if cached:
         path._lists_busy = True
-        ints = _grown(&path._lists_ints, &path._lists_ints_cap, need_ints)
-    else:
-        ints = <char *>PyMem_Malloc(need_ints)
-        if ints == NULL:
-            raise MemoryError()
     try:
-        L.n = n
-        for k in range(3):
-            L.off[k] = <int64_t *>ints + k * (n + 1)
-        L.prefix = <int64_t *>ints + 3 * (n + 1)
-        L.var = L.prefix + n + 1
+        # Inside the try: a MemoryError leaves the working memory free for the next call.
+        if cached:
+            ints = _grown(&path._lists_ints, &path._lists_ints_cap, need_ints)
+        else:
+            ints = <char *>PyMem_Malloc(need_ints)
+            if ints == NULL:
+                raise MemoryError()
+        _lists_carve(&L, n, <int64_t *>ints)
         if not _list_lengths(<list>bodies, tags, keys, &L):
             return None
         need_data = <size_t>(L.total[0] + L.total[1] + L.total[2]) + 1
