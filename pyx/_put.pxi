@@ -1247,8 +1247,9 @@ cdef class PutPath:
                 self._cells[C_LOCK_BEGIN] = 0
                 self._lock_give()
             self.fast += 1
-            # CommitLog.finish_put, inline: the attribute read spares a method call per put.
-            if wake is not None and not wake.has_notified:
+            # CommitLog.finish_put, inline: the attribute reads spare a method call per put.
+            if (wake is not None and not wake.has_notified
+                    and phy + r.size >= <int64_t>wake.wake_from):
                 wake.wakeup()
             status = self._put_ok if after is None else after(phy + r.size, msg)
             self._record(t0, status is self._put_ok)
@@ -1546,7 +1547,8 @@ cdef class PutPath:
                                            reason=reason)
         self.fast += n
         # CommitLog.finish_put, inline, as put() does.
-        if wake is not None and not wake.has_notified:
+        if (wake is not None and not wake.has_notified
+                and phys[n - 1] + sizes[n - 1] >= <int64_t>wake.wake_from):
             wake.wakeup()
         status_obj = (self._put_ok if after is None
                       else after(phys[n - 1] + sizes[n - 1], (<list>msgs)[n - 1]))
@@ -1795,7 +1797,8 @@ cdef class PutPath:
             written_rows.offset = phy_base
             written_rows.nbytes = total
         self.fast += n
-        if wake is not None and not wake.has_notified:
+        if (wake is not None and not wake.has_notified
+                and phy_base + total >= <int64_t>wake.wake_from):
             wake.wakeup()
         if after is None:
             status = self._put_ok

@@ -94,7 +94,9 @@ class CommitLog:
         # store when its services start. None: return at once (ASYNC_FLUSH).
         self.after_put = None
         # The service a put wakes (the flusher, or the committer of write buffers); set by
-        # the store for ASYNC_FLUSH, where nothing waits.
+        # the store for ASYNC_FLUSH, where nothing waits. A put whose records end at or past
+        # its `wake_from` calls its wakeup() unless its `has_notified` says one is pending
+        # (ServiceThread has both).
         self.wake_on_put = None
         # Called with the reason when a reservation finds the disk full; set by the store
         # (the disk-full running flag, so later puts are refused before the lock).
@@ -738,7 +740,7 @@ class CommitLog:
         """What follows the lock (handleDiskFlush, handleHA): wake the flusher, then wait for
         what `after_put` waits for (sync flush, replicas). Returns the put's status."""
         wake = self.wake_on_put
-        if wake is not None:
+        if wake is not None and end_offset >= wake.wake_from:
             wake.wakeup()
         return PutMessageStatus.PUT_OK if after_put is None else after_put(end_offset, msg)
 

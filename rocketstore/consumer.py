@@ -127,6 +127,8 @@ class PutWake:
     # Read by the compiled put path before each wakeup(): never set, so every put calls it;
     # wakeup() itself skips the services already notified.
     has_notified = False
+    # Every put wakes reput, whatever the flusher's own mark (`inner.wake_from`).
+    wake_from = 0
 
     def __init__(self, inner, reput):
         self.inner = inner

@@ -33,6 +33,7 @@ class Arrivals:
 
 class PutWake:
     has_notified: bool
+    wake_from: int
     inner: Any
     reput: Any
     def __init__(self, inner: Any, reput: Any) -> None: ...

@@ -1371,3 +1371,50 @@ def test_units_written_after_a_cut_during_a_flush_s_sync_are_flushed(tmp_path, b
     with open(root / "consumequeue" / "T" / "0" / ("0" * 20), "rb") as fh:
         fh.seek(80 * 20)
         assert CQ_UNIT.struct.unpack(fh.read(20)) == new_unit
+
+
+def test_an_async_put_wakes_the_flusher_only_once_it_has_least_pages_to_flush(tmp_path,
+                                                                              backend):
+    """Without flush_commit_log_timed, RocketMQ's FlushRealTimeService is woken by every put
+    and flushes only when flush_commit_log_least_pages pages are unflushed: a put that
+    leaves fewer need not wake it (each wake-up cost the putter a Python call and the
+    flusher the GIL), one that reaches them must, and the flush follows at once, not at the
+    interval. Every put path: put_message, put_messages and put_batch."""
+    store = testing.open_store(tmp_path / "s", backend, testing.small_config(
+        flush_disk_type=FlushDiskType.ASYNC_FLUSH, flush_commit_log_timed=False,
+        flush_interval_commit_log=60_000, flush_commit_log_least_pages=4))
+    try:
+        flusher = store.flush_service
+        assert store.commitlog.wake_on_put is flusher
+        woken = []
+        real = flusher.wakeup
+
+        def counting():
+            woken.append(store.commitlog.mfq.get_max_offset())
+            real()
+        flusher.wakeup = counting
+        flushed = store.commitlog.mfq.flushed_where
+        assert flusher.wake_from == flushed - flushed % 4096 + 4 * 4096
+        # Well under 4 pages by each path: nothing to flush, nobody woken.
+        assert store.put_message(Message("T", b"a" * 100)).status is PutMessageStatus.PUT_OK
+        assert store.put_messages([Message("T", b"b" * 100)] * 3).count == 3
+        assert store.put_batch("T", 0, [b"c" * 100] * 3).count == 3
+        assert woken == []
+        assert store.commitlog.mfq.flushed_where == flushed
+        # The put whose record reaches the 4th page past the flushed one wakes the flusher,
+        # which flushes it (its whole pages, least pages > 0 leaving a partial one dirty)
+        # without waiting for its 60 s interval; its next mark is 4 pages further.
+        mfq = store.commitlog.mfq
+        big = Message("T", b"d" * (4 * 4096))
+        for put in (lambda: store.put_message(big), lambda: store.put_messages([big]),
+                    lambda: store.put_batch("T", 0, [big.body])):
+            before = len(woken)
+            assert put().status is PutMessageStatus.PUT_OK
+            end = mfq.get_max_offset()
+            assert len(woken) == before + 1 and woken[-1] == end
+            testing.wait_until(lambda: mfq.flushed_where >= end - end % 4096,
+                               what="the flush")
+            testing.wait_until(lambda: flusher.wake_from == mfq.flushed_where
+                               - mfq.flushed_where % 4096 + 4 * 4096, what="the next mark")
+    finally:
+        store.shutdown()

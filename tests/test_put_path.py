@@ -178,7 +178,7 @@ def test_the_compiled_put_follows_commitlog_state_changed_between_puts(tmp_path)
         assert counting.taken == 1 and path.fast == fast + 2
 
         class Waker:
-            has_notified, woken = False, 0
+            has_notified, wake_from, woken = False, 0, 0
 
             def wakeup(self):
                 self.woken += 1

@@ -20,6 +20,9 @@ class ServiceThread:
 
     name = "ServiceThread"
     join_time_s = 90.0
+    # As CommitLog.wake_on_put: a put whose records end before this CommitLog offset does not
+    # wake the service (the store's put paths read it before wakeup()). 0: every put does.
+    wake_from = 0
 
     def __init__(self, name=None):
         if name is not None:
