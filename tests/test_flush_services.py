@@ -1385,26 +1385,26 @@ def test_an_async_put_wakes_the_flusher_only_once_it_has_least_pages_to_flush(tm
         flush_interval_commit_log=60_000, flush_commit_log_least_pages=4))
     try:
         flusher = store.flush_service
+        mfq = store.commitlog.mfq
         assert store.commitlog.wake_on_put is flusher
         woken = []
         real = flusher.wakeup
 
         def counting():
-            woken.append(store.commitlog.mfq.get_max_offset())
+            woken.append(mfq.get_max_offset())
             real()
         flusher.wakeup = counting
-        flushed = store.commitlog.mfq.flushed_where
+        flushed = mfq.flushed_where
         assert flusher.wake_from == flushed - flushed % 4096 + 4 * 4096
         # Well under 4 pages by each path: nothing to flush, nobody woken.
         assert store.put_message(Message("T", b"a" * 100)).status is PutMessageStatus.PUT_OK
         assert store.put_messages([Message("T", b"b" * 100)] * 3).count == 3
         assert store.put_batch("T", 0, [b"c" * 100] * 3).count == 3
         assert woken == []
-        assert store.commitlog.mfq.flushed_where == flushed
+        assert mfq.flushed_where == flushed
         # The put whose record reaches the 4th page past the flushed one wakes the flusher,
         # which flushes it (its whole pages, least pages > 0 leaving a partial one dirty)
         # without waiting for its 60 s interval; its next mark is 4 pages further.
-        mfq = store.commitlog.mfq
         big = Message("T", b"d" * (4 * 4096))
         for put in (lambda: store.put_message(big), lambda: store.put_messages([big]),
                     lambda: store.put_batch("T", 0, [big.body])):

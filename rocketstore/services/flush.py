@@ -109,16 +109,12 @@ class FlushRealTimeService(ServiceThread):
         self._note_flushed()
 
     def _note_flushed(self):
-        """Without flush_commit_log_timed, puts wake this thread (CommitLog.wake_on_put), but
-        only once the CommitLog's end reaches flush_commit_log_least_pages pages past the
-        flushed offset, where MappedFile's isAbleToFlush lets a flush write: RocketMQ's
-        FlushRealTimeService, woken by every put, checks that and sleeps again. Here each
-        such round costs a thread switch and the GIL. 2 000 puts of 128 B, one every 0.5 ms
-        (cext): 60 rounds against 1 997, 3 240 voluntary switches against 5 620, and 42-54
-        against 74-80 us of process CPU a put. (A busy putter holding the GIL wakes it
-        rarely either way: has_notified stays set until the thread gets the GIL.) The
-        thorough flush (least pages 0), and whatever a stale mark misses (another flusher
-        moved the offset, a cut CommitLog), wait for the interval, as when timed."""
+        """Without flush_commit_log_timed, puts wake this thread (CommitLog.wake_on_put) only
+        once the CommitLog's end reaches flush_commit_log_least_pages pages past the flushed
+        offset, where a round can write (MappedFile's isAbleToFlush): 4.9.8 wakes it on every
+        put, and each round that finds less costs a thread switch and the GIL here (doc/03
+        §2.3). The thorough flush, and whatever a stale mark misses (another flusher moved
+        the offset, a cut CommitLog), wait for the interval, as when timed."""
         least = max(0, self._config.flush_commit_log_least_pages)
         flushed = self._mfq.flushed_where
         self.wake_from = (flushed // OS_PAGE_SIZE + least) * OS_PAGE_SIZE
