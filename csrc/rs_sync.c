@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * rs_sync.c - msync of a byte range: the one kernel that does I/O.
+ * rs_sync.c - msync of a byte range (with rs_space.c, the kernels that do I/O).
  */
 #if defined(__linux__)
 #define _DEFAULT_SOURCE           /* madvise, MADV_DONTNEED under -std=c99 */

@@ -14,6 +14,7 @@ from cpython.buffer cimport (PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release,
                              PyObject_GetBuffer)
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.mem cimport PyMem_Calloc, PyMem_Free
 from cpython.ref cimport PyObject
 cimport cython
 from libc.stdint cimport INT64_MAX, int32_t, int64_t, uint8_t, uint32_t, uint64_t
@@ -28,6 +29,7 @@ cdef extern from "Python.h":
     Py_ssize_t PyUnicode_GET_LENGTH(object o)
 
 from array import array as _array
+from os import fsencode as _os_fsencode
 
 from rocketstore.errors import raise_for_status as _raise_for_status
 from rocketstore.format import SCAN_DTYPE as _SCAN_DTYPE
@@ -38,7 +40,8 @@ __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_ap
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
            "cq_encode_batch", "cq_search", "tags_match", "index_hash", "index_put",
            "index_put_batch", "index_keys", "index_lookup", "sync_range", "sync_written",
-           "batch_encode", "column_join", "batch_columns", "timeup_encode", "SYNC_RANGE_FD_UNUSED")
+           "space_prepare", "batch_encode", "column_join", "batch_columns", "timeup_encode",
+           "SYNC_RANGE_FD_UNUSED")
 
 # GIL release thresholds.  Releasing and re-taking an uncontended GIL costs ~50-100 ns: it pays
 # once the kernel runs for microseconds.  CRC-32 runs at >10 GB/s here, so 4 KiB of CRC is
@@ -481,6 +484,67 @@ cdef int _sync_mapping(buf, int64_t start, int64_t length, bint drop, str what) 
         PyBuffer_Release(&b)
     _check(r, what)
     return 0
+
+
+def space_prepare(requests):
+    """Reserve and populate for many files in one release of the GIL (rs_space_prepare).
+    `requests`: a list of (path, offset, length, map, pop_start, pop_length); path None or
+    length 0 reserves nothing, map None or pop_length 0 populates nothing, and the populate
+    range is clipped to the mapping. A map that cannot be borrowed writable (closed
+    meanwhile) is not populated. Returns a list of errno values, 0 where the reservation (if
+    any) succeeded; each populate is a hint and reports nothing."""
+    cdef Py_ssize_t n = len(requests), i
+    cdef rs_space_req *reqs
+    cdef Py_buffer *views
+    cdef int64_t offset, length, pop_start, pop_length
+    paths = [None] * n
+    reqs = <rs_space_req *>PyMem_Calloc(n or 1, sizeof(rs_space_req))
+    views = <Py_buffer *>PyMem_Calloc(n or 1, sizeof(Py_buffer))
+    if reqs == NULL or views == NULL:
+        PyMem_Free(reqs)
+        PyMem_Free(views)
+        raise MemoryError()
+    try:
+        for i in range(n):
+            path, offset, length, mm, pop_start, pop_length = requests[i]
+            if offset < 0 or length < 0 or pop_start < 0 or pop_length < 0:
+                _raise_for_status(RS_E_ARG, "space_prepare")
+            if path is not None and length > 0:
+                p = _os_fsencode(path)
+                if b"\0" in p:
+                    raise ValueError("space_prepare: embedded null byte in a path")
+                paths[i] = p
+                reqs[i].path = PyBytes_AS_STRING(p)
+                reqs[i].offset = offset
+                reqs[i].length = length
+            if mm is not None and pop_length > 0:
+                try:
+                    PyObject_GetBuffer(mm, &views[i], PyBUF_WRITABLE)
+                except (ValueError, BufferError, TypeError):
+                    continue                    # closed meanwhile: nothing to populate
+                if pop_start < views[i].len:
+                    reqs[i].map = <uint8_t *>views[i].buf
+                    reqs[i].map_len = <size_t>views[i].len
+                    reqs[i].pop_start = pop_start
+                    reqs[i].pop_length = min(pop_length, views[i].len - pop_start)
+        with nogil:
+            rs_space_prepare(reqs, <size_t>n)
+        return [_space_errno(reqs[i].result) for i in range(n)]
+    finally:
+        for i in range(n):
+            if views[i].buf != NULL:          # borrowed above (a failed borrow sets none)
+                PyBuffer_Release(&views[i])
+        PyMem_Free(reqs)
+        PyMem_Free(views)
+
+
+cdef int _space_errno(int32_t result) except -1:
+    if result == RS_OK:
+        return 0
+    if result <= RS_E_ERRNO_BASE:
+        return RS_E_ERRNO_BASE - result
+    _raise_for_status(result, "space_prepare")    # an argument C refused: checked above
+    return -1
 
 
 # ---- columnar batch (MessageStore.put_batch) -----------------------------------------------

@@ -59,6 +59,15 @@ def open_nofollow(path, flags, mode=0o644):
         raise
 
 
+def _reserve_answer(err, path, offset, length):
+    """What FileSystem.reserve answers for a posix_fallocate that failed with `err`: False
+    when the file system cannot reserve at all, else the OSError to raise, naming the file
+    and how much was asked (posix_fallocate names neither)."""
+    if err in (errno.EOPNOTSUPP, errno.EINVAL):
+        return False
+    return OSError(err, f"{os.strerror(err)} (reserving {length} bytes at {offset})", path)
+
+
 def is_inside(root, path):
     """True when `path`, symlinks resolved, is `root` or below it (root resolved too)."""
     if _plainly_below(root, path):
@@ -291,18 +300,39 @@ class FileSystem:
         later write through a mapping there cannot fault for want of space: a full disk
         then raises OSError(ENOSPC) here instead of SIGBUS in the writer. False when the
         file system cannot reserve at all (writes there stay unprotected)."""
-        fd = os.open(path, os.O_RDWR)
         try:
-            os.posix_fallocate(fd, offset, length)
+            # Never through a link (as map): a link's target may lie outside the store.
+            fd = os.open(path, os.O_RDWR | O_NOFOLLOW)
+            try:
+                os.posix_fallocate(fd, offset, length)
+            finally:
+                os.close(fd)
         except OSError as exc:
-            if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+            answer = _reserve_answer(exc.errno, path, offset, length)
+            if answer is False:
                 return False
-            # posix_fallocate names no file: say which one, and how much was asked.
-            raise OSError(exc.errno, f"{exc.strerror} (reserving {length} bytes at "
-                                     f"{offset})", path) from None
-        finally:
-            os.close(fd)
+            raise answer from None
         return True
+
+    def reserve_many(self, kernels, requests):
+        """reserve() of each (path, offset, length) of `requests`, answered in order: True,
+        False, or the OSError that reserve() would raise. A kernel backend with space_prepare
+        makes them all in one call that releases the GIL once: PopulateAheadService, serving
+        hundreds of queues at once, otherwise waited to take the GIL back four times a file
+        behind a dispatcher running long compiled calls (doc/performance.md, "The populating
+        thread starved of the GIL"). A file system whose reserve() differs (a test's) keeps it."""
+        prepare = getattr(kernels, "space_prepare", None)
+        if prepare is None or type(self).reserve is not FileSystem.reserve:
+            answers = []
+            for path, offset, length in requests:
+                try:
+                    answers.append(self.reserve(path, offset, length))
+                except OSError as exc:
+                    answers.append(exc)
+            return answers
+        errs = prepare([(path, offset, length, None, 0, 0) for path, offset, length in requests])
+        return [True if err == 0 else _reserve_answer(err, path, offset, length)
+                for err, (path, offset, length) in zip(errs, requests)]
 
     def data_end(self, path):
         """The end of the last written extent of `path`: everything past it reads as zeros.
@@ -360,6 +390,29 @@ class FileSystem:
                     time.sleep(0)
         except (OSError, ValueError, AttributeError):
             pass
+
+    def populate_many(self, kernels, requests, call_bytes=16 << 20):
+        """prefault() of the pages holding [start, end) for each (mm, start, end) of
+        `requests` (the range clipped to the mapping; a closed mapping passed over). With a
+        kernel backend's space_prepare, one call that releases the GIL once per `call_bytes`
+        populated (reserve_many says why). Each call borrows its mappings, so a destroy waits
+        for it (MappedFile._unmap): the bound keeps that wait to one call's populate."""
+        prepare = getattr(kernels, "space_prepare", None)
+        if prepare is None or type(self).prefault is not FileSystem.prefault:
+            for mm, start, end in requests:
+                start -= start % OS_PAGE_SIZE
+                self.prefault(mm, start, end - start)
+            return
+        call, size = [], 0
+        for mm, start, end in requests:
+            start -= start % OS_PAGE_SIZE   # madvise wants the page holding `start`
+            call.append((None, 0, 0, mm, start, end - start))
+            size += end - start
+            if size >= call_bytes:
+                prepare(call)
+                call, size = [], 0
+        if call:
+            prepare(call)
 
     def cache_range(self, path, start, length):
         """Bring [start, start+length) of the file at `path` into the page cache now

@@ -21,6 +21,64 @@ def offset_to_file_name(offset):
     return "%020d" % offset
 
 
+def reserve_ahead_many(requests):
+    """MappedFile.reserve_ahead(end, start, reserve) of each (mf, end, start, reserve) of
+    `requests`, answered in order, with one FileSystem.reserve_many call per file system, so
+    a thread serving hundreds of files releases the GIL once, not four times a file. The
+    reserve locks of the files reserving are held across that call (a writer reserving in
+    one of them waits for it, as for a single reserve): each file once in `requests`."""
+    answers = [None] * len(requests)
+    held = []                       # (index, mf, end, start, old, want), its lock held
+    try:
+        for i, (mf, end, start, reserve) in enumerate(requests):
+            if not mf.is_available:
+                continue
+            if not reserve:
+                answers[i] = mf._populate_start(mf.reserved_position, start)
+                continue
+            if any(h[1] is mf for h in held):
+                raise ValueError(f"{mf.path}: asked twice in one reserve_ahead_many")
+            mf._reserve_lock.acquire()
+            old = mf.reserved_position
+            try:
+                want, _ = mf._reserve_plan(end, False)
+            except BaseException:
+                mf._reserve_lock.release()
+                raise
+            if want <= old:
+                mf._reserve_lock.release()
+                answers[i] = mf._populate_start(old, start)
+                continue
+            held.append((i, mf, end, start, old, want))
+        groups = {}
+        for h in held:
+            groups.setdefault((h[1]._fs, h[1]._k), []).append(h)
+        for (fs, kernels), group in groups.items():
+            oks = fs.reserve_many(kernels, [(mf.path, old, want - old)
+                                            for _, mf, _, _, old, want in group])
+            for (i, mf, end, start, old, want), ok in zip(group, oks):
+                if isinstance(ok, OSError):
+                    mf._not_reserved_ahead(ok)
+                    continue
+                mf._reserved(end, want, ok)
+                answers[i] = mf._populate_start(old, start)
+    finally:
+        for h in held:
+            h[1]._reserve_lock.release()
+    return answers
+
+
+def populate_many(requests):
+    """MappedFile.populate(start, end) of each (mf, start, end) of `requests`, with one
+    FileSystem.populate_many call per file system (reserve_ahead_many says why)."""
+    groups = {}
+    for mf, start, end in requests:
+        if end > start:
+            groups.setdefault((mf._fs, mf._k), []).append((mf.mm, start, end))
+    for (fs, kernels), group in groups.items():
+        fs.populate_many(kernels, group)
+
+
 class MappedFile:
     """One segment. Positions are ints relative to the file start:
 
@@ -142,12 +200,8 @@ class MappedFile:
         reserved positions."""
         with self._reserve_lock:
             old = self.reserved_position
-            # A writer filling the file asks for its end plus the blank record's 8 bytes:
-            # nothing exists past the file to reserve, and a zero-length fallocate is EINVAL.
-            end = min(end, self.file_size)
-            want = min(self.file_size, _page_up(end + self.reserve_window))
-            need = min(self.file_size, _page_up(end)) if required else old
-            if end <= old if required else want <= old:
+            want, need = self._reserve_plan(end, required)
+            if want <= old:
                 return old, old
             try:
                 ok = self._fs.reserve(self.path, old, want - old)
@@ -156,20 +210,41 @@ class MappedFile:
                     raise
                 ok = self._fs.reserve(self.path, old, need - old)
                 want = need
-            if not ok:
-                log.warning("%s: the file system cannot reserve blocks; a full disk will "
-                            "fault writes to this file", self.path)
-                want = self.file_size
-            # Past refill_position the writer asks for more: a lead below a whole window
-            # leaves populated pages ahead of it meanwhile; a shrunk window has no lead,
-            # the disk having nothing more to give.
-            whole = want == _page_up(end + self.reserve_window)
-            lead = self.refill_lead if whole else 0
-            if whole and self.reserve_window < self.reserve_window_max:
-                self.reserve_window = min(2 * self.reserve_window, self.reserve_window_max)
-            self.reserved_position = want
-            self.refill_position = want - lead if want < self.file_size else want
-            return old, want
+            return old, self._reserved(end, want, ok)
+
+    def _reserve_plan(self, end, required):
+        """Under _reserve_lock: (want, need) for reserve(end, required), the positions to
+        reserve up to (want) and, on a disk too full for that, at least (need). want <=
+        reserved_position: nothing to do."""
+        old = self.reserved_position
+        # A writer filling the file asks for its end plus the blank record's 8 bytes:
+        # nothing exists past the file to reserve, and a zero-length fallocate is EINVAL.
+        end = min(end, self.file_size)
+        want = min(self.file_size, _page_up(end + self.reserve_window))
+        need = min(self.file_size, _page_up(end)) if required else old
+        if end <= old if required else want <= old:
+            return old, old
+        return want, need
+
+    def _reserved(self, end, want, ok):
+        """Under _reserve_lock: blocks up to `want` were reserved for a writer at `end` (ok
+        False: the file system cannot reserve). Publish the positions; returns the new
+        reserved_position."""
+        end = min(end, self.file_size)
+        if not ok:
+            log.warning("%s: the file system cannot reserve blocks; a full disk will "
+                        "fault writes to this file", self.path)
+            want = self.file_size
+        # Past refill_position the writer asks for more: a lead below a whole window
+        # leaves populated pages ahead of it meanwhile; a shrunk window has no lead,
+        # the disk having nothing more to give.
+        whole = want == _page_up(end + self.reserve_window)
+        lead = self.refill_lead if whole else 0
+        if whole and self.reserve_window < self.reserve_window_max:
+            self.reserve_window = min(2 * self.reserve_window, self.reserve_window_max)
+        self.reserved_position = want
+        self.refill_position = want - lead if want < self.file_size else want
+        return want
 
     def reserve_ahead(self, end, start=None, reserve=True):
         """For a service populating ahead of this file's writer, which is at `end`: reserve
@@ -185,10 +260,16 @@ class MappedFile:
             try:
                 old, _ = self.reserve(end, required=False)
             except OSError as exc:
-                log.info("%s: could not reserve ahead of the writer: %s", self.path, exc)
+                self._not_reserved_ahead(exc)
                 return None
+        return self._populate_start(old, start)
+
+    def _populate_start(self, old, start):
         pos = max(old if start is None else start, self.wrote_position)
         return pos - pos % OS_PAGE_SIZE
+
+    def _not_reserved_ahead(self, exc):
+        log.info("%s: could not reserve ahead of the writer: %s", self.path, exc)
 
     def populate(self, start, end):
         """Fault in [start, end) now (the page holding `start` included), so that writes

@@ -934,3 +934,116 @@ def test_batch_encode_agrees_across_backends(backends, batch, pos):
             r = type(exc)
         results.append((r, bytes(out) if not isinstance(r, type) else None))
     assert all(x == results[0] for x in results[1:]), results
+
+
+# ---- reserving and populating many files at once (FileSystem.reserve_many, space_prepare) ----
+
+def _answers(answers):
+    """reserve answers comparable across calls: True, False, or (errno, what it names)."""
+    return [(a.errno, a.filename, a.strerror) if isinstance(a, OSError) else a for a in answers]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="tmpfs, Linux's fallocate")
+def test_reserve_many_answers_each_file_as_reserve_does(backend, tmp_path):
+    # One call (one release of the GIL where the backend has space_prepare); each file's
+    # answer is reserve()'s: blocks taken, or the OSError naming the file, a full disk too.
+    with testing.tmpfs(tmp_path / "disk", "1m") as disk:
+        ok = os.path.join(disk, "ok")
+        link = os.path.join(disk, "link")
+        outside = tmp_path / "outside"
+        outside.write_bytes(b"")
+        os.truncate(outside, 1 << 20)
+        os.symlink(outside, link)
+        open(ok, "wb").truncate(4 << 20)
+        requests = [(ok, 0, 64 << 10), (os.path.join(disk, "missing"), 0, 4096),
+                    (link, 0, 4096), (ok, 64 << 10, 2 << 20)]
+        fs = FileSystem()
+        answers = fs.reserve_many(backend, requests)
+        # reserve() of each, on what the first call left (the first already holds its blocks).
+        one_by_one = []
+        for request in requests:
+            try:
+                one_by_one.append(fs.reserve(*request))
+            except OSError as exc:
+                one_by_one.append(exc)
+        assert _answers(answers) == _answers(one_by_one)
+        assert answers[0] is True
+        assert [answers[1].errno, answers[2].errno, answers[3].errno] == [
+            errno.ENOENT, errno.ELOOP, errno.ENOSPC]
+        assert "reserving 2097152 bytes at 65536" in str(answers[3])
+        assert os.stat(ok).st_blocks * 512 >= 64 << 10
+        assert os.stat(outside).st_blocks == 0          # never through the link
+
+
+def test_populate_many_brings_each_range_in_and_passes_over_a_closed_mapping(backend, tmp_path):
+    page = 4096
+    fs = FileSystem()
+    maps = []
+    for name in ("a", "b", "c"):
+        path = tmp_path / name
+        path.write_bytes(b"")
+        os.truncate(path, 16 * page)      # no page cache yet: only what is populated comes in
+        maps.append((str(path), fs.map(str(path), 16 * page, True, kernels=backend)))
+    try:
+        assert fs.reserve_many(backend, [(p, 0, 16 * page) for p, _ in maps]) == [True] * 3
+        maps[2][1].close()
+        before = testing.resident_bytes(str(tmp_path))
+        fs.populate_many(backend, [(maps[0][1], 0, 4 * page), (maps[1][1], 100, 3 * page),
+                                   (maps[2][1], 0, 16 * page), (maps[0][1], 12 * page, 20 * page)],
+                         call_bytes=5 * page)
+        # a: 4 pages, and its last 4 (the range clipped to the mapping); b: the 3 pages
+        # holding [100, 3 pages); c: closed, nothing.
+        assert testing.resident_bytes(str(tmp_path)) - before == 11 * page
+    finally:
+        for _, mm in maps[:2]:
+            mm.close()
+
+
+@pytest.fixture(params=COMPILED)
+def preparing(request):
+    """The compiled backends, which must offer space_prepare (no skip when one lacks it)."""
+    kernels = testing.load_backend(request.param)
+    assert hasattr(kernels, "space_prepare")
+    return kernels
+
+
+def test_space_prepare_populates_nothing_where_its_reservation_failed(preparing, tmp_path):
+    # Populating a hole would allocate it with no ENOSPC check: a file whose reservation
+    # failed is left as it was.
+    page = 4096
+    path = tmp_path / "f"
+    path.write_bytes(b"")
+    os.truncate(path, 16 * page)
+    with open(path, "r+b") as f:
+        mm = mmap.mmap(f.fileno(), 16 * page)
+    try:
+        os.chmod(tmp_path, 0o700)
+        gone = str(tmp_path / "gone")
+        assert preparing.space_prepare([(gone, 0, 4 * page, mm, 0, 4 * page),
+                                        (None, 0, 0, mm, 8 * page, 2 * page)]) == [errno.ENOENT, 0]
+        # Only the second request's two pages were populated (allocated on the way).
+        assert os.stat(path).st_blocks * 512 == 2 * page
+    finally:
+        mm.close()
+
+
+@pytest.mark.parametrize("request_", [("f", -1, 1, None, 0, 0), ("f", 0, -1, None, 0, 0),
+                                      (None, 0, 0, "map", -1, 1), (None, 0, 0, "map", 0, -1),
+                                      ("f\0x", 0, 1, None, 0, 0)],
+                         ids=["offset", "length", "pop_start", "pop_length", "nul"])
+def test_space_prepare_refuses_a_bad_request_before_touching_any_file(preparing, tmp_path,
+                                                                      request_):
+    path = tmp_path / "f"
+    path.write_bytes(b"")
+    os.truncate(path, 4096)
+    with open(path, "r+b") as f:
+        mm = mmap.mmap(f.fileno(), 4096)
+    try:
+        name, offset, length, m, pop_start, pop_length = request_
+        bad = (str(tmp_path / name) if name else None, offset, length,
+               mm if m else None, pop_start, pop_length)
+        with pytest.raises(ValueError):
+            preparing.space_prepare([(str(path), 0, 4096, None, 0, 0), bad])
+        assert os.stat(path).st_blocks == 0
+    finally:
+        mm.close()

@@ -15,6 +15,7 @@ from rocketstore.consume_queue import POPULATED_WINDOW_MAX, RESERVE_WINDOW_MAX, 
 from rocketstore.fs import FileSystem
 from rocketstore.index_file import ENTRY_RESERVE_WINDOW_MAX
 from rocketstore.mapped_file import MappedFile
+from rocketstore.mapped_file_queue import MappedFileQueue
 from rocketstore.services.populate import PopulateAheadService
 
 SERVICE = PopulateAheadService.name
@@ -508,3 +509,99 @@ def test_a_file_made_ahead_and_deleted_before_its_populate_is_not_populated(tmp_
     service.ask(mf, 0, mfq=mfq)
     assert fs.during is None and service.prepared == 0
     assert os.listdir(tmp_path / "q") == ["%020d" % 0]
+
+
+class _Gated(FileSystem):
+    """Keeps the service's first reservation call waiting until `gate` is set, and records
+    each reserve_many and populate_many call (how many files, in which order), and each file
+    made. reserve() and prefault() are FileSystem's own, so a backend with space_prepare
+    serves a call in one compiled call."""
+
+    def __init__(self):
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.calls = []
+
+    def reserve_many(self, kernels, requests):
+        self.calls.append(("reserve", len(requests)))
+        self.entered.set()
+        assert self.gate.wait(30)
+        return super().reserve_many(kernels, requests)
+
+    def populate_many(self, kernels, requests, call_bytes=16 << 20):
+        self.calls.append(("populate", len(requests)))
+        return super().populate_many(kernels, requests, call_bytes)
+
+    def create_sized(self, path, size, preallocate=False):
+        self.calls.append(("create", path))
+        return super().create_sized(path, size, preallocate)
+
+
+def _queue_file(tmp_path, name, backend, fs, populator=None, size=64 << 10):
+    """The first file of a queue of `size`-byte files with 16 KiB first windows."""
+    mfq = MappedFileQueue(str(tmp_path / name), size, backend, fs, reserve_window=16 << 10,
+                          reserve_window_max=size, populator=populator)
+    return mfq, mfq.get_last_mapped_file(0)
+
+
+def _blocks(mf):
+    return os.stat(mf.path).st_blocks * 512
+
+
+def test_files_asking_at_once_are_served_in_batches_of_one_call_each(tmp_path, backend):
+    fs = _Gated()
+    service = PopulateAheadService()
+    service.start()
+    try:
+        first = _queue_file(tmp_path, "first", backend, fs)[1]
+        files = [_queue_file(tmp_path, f"q{i}", backend, fs)[1] for i in range(150)]
+        fs.calls.clear()
+        service.ask(first, 0)
+        assert fs.entered.wait(30)            # the service is in its first call
+        for mf in files:                      # 150 writers ask meanwhile
+            service.ask(mf, 0)
+        fs.gate.set()
+        testing.wait_until(lambda: service.pending == 0, what="the service idle")
+        reserves = [n for call, n in fs.calls if call == "reserve"]
+        populates = [n for call, n in fs.calls if call == "populate"]
+        # One call for the first request, then one per batch of up to BATCH files: not one
+        # (and with it four releases of the GIL) per file.
+        assert reserves == [1, 64, 64, 22] == populates
+        for mf in [first] + files:
+            assert mf.reserved_position == 16 << 10
+            assert _blocks(mf) >= 16 << 10    # reserved (and populated: written pages)
+        assert service.served == 151 and service.served_inline == 0
+    finally:
+        service.shutdown()
+
+
+def test_windows_asked_for_are_served_before_the_next_files_are_made(tmp_path, backend):
+    fs = _Gated()
+    service = PopulateAheadService()
+    service.start()
+    try:
+        # A file of 16 KiB: its first window reaches its end, so the service makes the
+        # queue's next file; the others are 64 KiB files still short of theirs.
+        mfq, ending = _queue_file(tmp_path, "ending", backend, fs, populator=service,
+                                  size=16 << 10)
+        first = _queue_file(tmp_path, "first", backend, fs)[1]
+        files = [_queue_file(tmp_path, f"q{i}", backend, fs)[1] for i in range(100)]
+        fs.calls.clear()
+        service.ask(first, 0)
+        assert fs.entered.wait(30)
+        service.ask(ending, 0, mfq=mfq)
+        for mf in files:
+            service.ask(mf, 0)
+        fs.gate.set()
+        testing.wait_until(lambda: service.pending == 0, what="the service idle")
+        assert len(mfq.files) == 1 and mfq._prepared is not None
+        creates = [i for i, call in enumerate(fs.calls) if call[0] == "create"]
+        reserves = [i for i, call in enumerate(fs.calls) if call[0] == "reserve"]
+        # The next file (a dozen system calls) waited for every window asked for; its own
+        # first window is reserved with reserve() (FileSystem's, not recorded here).
+        assert len(creates) == 1 and creates[0] > max(reserves)
+        assert [fs.calls[i][1] for i in reserves] == [1, 64, 37]
+        assert all(mf.reserved_position == 16 << 10 for mf in files)
+    finally:
+        service.shutdown()
+        mfq.drop_prepared()

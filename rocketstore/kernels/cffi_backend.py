@@ -6,6 +6,7 @@ cffi drops the GIL on every call, so nothing here decides about it. `bytes` argu
 as they are; other buffers through `ffi.from_buffer`, released in `finally` so that no view
 outlives the call (an mmap with a live export cannot close, and PyPy frees cdata late).
 """
+import os as _os
 import sys as _sys
 from array import array as _array
 
@@ -25,8 +26,8 @@ __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_ap
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
            "cq_encode_batch", "cq_search", "tags_match", "index_hash", "index_put",
            "index_put_batch", "index_keys", "index_lookup", "index_walk", "index_match",
-           "index_query", "sync_range", "sync_written", "batch_encode", "column_join",
-           "SYNC_RANGE_FD_UNUSED", "GroupCommit")
+           "index_query", "sync_range", "sync_written", "space_prepare", "batch_encode",
+           "column_join", "SYNC_RANGE_FD_UNUSED", "GroupCommit")
 
 _from_buffer = _ffi.from_buffer
 _release_cdata = _ffi.release
@@ -358,6 +359,47 @@ def _sync_mapping(buf, start, length, drop, what):
     finally:
         _release(b)
     _check(r, what)
+
+
+def space_prepare(requests):
+    """Reserve and populate for many files in one C call, so one release of the GIL (see the
+    cext backend's space_prepare for the arguments and the answer)."""
+    n = len(requests)
+    reqs = _new("rs_space_req[]", max(n, 1))
+    keep, views = [], []
+    try:
+        for i, (path, offset, length, mm, pop_start, pop_length) in enumerate(requests):
+            if offset < 0 or length < 0 or pop_start < 0 or pop_length < 0:
+                _raise_for_status(_RS_E_ARG, "space_prepare")
+            r = reqs[i]
+            if path is not None and length > 0:
+                p = _os.fsencode(path)
+                if b"\0" in p:
+                    raise ValueError("space_prepare: embedded null byte in a path")
+                c = _new("char[]", p)
+                keep.append(c)
+                r.path, r.offset, r.length = c, offset, length
+            if mm is not None and pop_length > 0:
+                try:
+                    v = _rw(mm)
+                except (ValueError, BufferError, TypeError):
+                    continue                    # closed meanwhile: nothing to populate
+                views.append(v)
+                if pop_start < len(v):
+                    r.map, r.map_len, r.pop_start = v, len(v), pop_start
+                    r.pop_length = min(pop_length, len(v) - pop_start)
+        _lib.rs_space_prepare(reqs, n)
+    finally:
+        _release(*views)
+    return [_space_errno(reqs[i].result) for i in range(n)]
+
+
+def _space_errno(result):
+    if result == 0:
+        return 0
+    if result <= _lib.RS_E_ERRNO_BASE:
+        return _lib.RS_E_ERRNO_BASE - result
+    return _check(result, "space_prepare")      # an argument C refused: checked above
 
 
 def _offsets(off, need, what):

@@ -122,6 +122,14 @@ KERNEL_NAMES = (
 #   buf[start:start+length] preceded (drop true, on Linux) by FileSystem.unmap_written's
 #   MADV_DONTNEED of the range's whole pages below the one holding its end, in one call that
 #   releases the GIL once: FileSystem.sync_written. Without it, the two calls.
+#   space_prepare(requests): for each (path, offset, length, map, pop_start, pop_length),
+#   posix_fallocate [offset, offset+length) of the file at `path` (never through a link) and,
+#   if that succeeded, MADV_POPULATE_WRITE map[pop_start:pop_start+pop_length] (clipped to
+#   the mapping; a map closed meanwhile is passed over), all in one call that releases the
+#   GIL once (csrc/rs_space.h); returns each request's errno, 0 for success. Either part may
+#   be empty (path None or length 0; map None or pop_length 0). Used by
+#   FileSystem.reserve_many and populate_many for PopulateAheadService. Without it, one
+#   FileSystem.reserve and prefault per file.
 #   GroupCommit(flushed): SYNC_FLUSH's group commit waits (csrc/rs_gc.h) as a compiled object:
 #   wait(offset, deadline_ns) sleeps without the GIL and answers RS_GC_DONE / LEAD / TIMEOUT /
 #   CLOSED / LATE; try_lead(), done(flushed, ok, sync_ns), close(), reset(flushed), and the
@@ -148,6 +156,7 @@ OPTIONAL_NAMES = (
     "batch_columns",
     "SYNC_RANGE_FD_UNUSED",
     "sync_written",
+    "space_prepare",
 )
 
 

@@ -23,6 +23,7 @@ import logging
 import threading
 
 from ..format import OS_PAGE_SIZE
+from ..mapped_file import populate_many, reserve_ahead_many
 from .base import ServiceThread
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,12 @@ class PopulateAheadService(ServiceThread):
     # has vm.max_map_count of them (65 530 by default): 40 000 queues each with a next file
     # made ahead failed their mmaps with ENOMEM. A queue past the bound rolls as before.
     MAX_PREPARED = 1024
+    # Requests served with one release of the GIL for their reservations and one for their
+    # populates (mapped_file.reserve_ahead_many): 400 queues asking at once were served 5-20
+    # a dispatch round when each file took four, each retake waiting up to a switch interval
+    # behind a dispatcher in long compiled calls. Bounded so that a writer waiting for one of
+    # the batch's reserve locks waits for a few dozen fallocates at most.
+    BATCH = 64
 
     def __init__(self):
         super().__init__()
@@ -41,6 +48,9 @@ class PopulateAheadService(ServiceThread):
         # (MappedFile, writer's end (None: give its readahead back), populate from or None,
         #  reserve, its MappedFileQueue or None)
         self._todo = []
+        # (MappedFileQueue, its last file) whose next file is to be made once no window is
+        # asked for; each still counted in `pending`.
+        self._next_files = []
         # Bytes populated, and requests served on this thread / in the asking thread (the
         # service not running: before start, after shutdown). Read by stats and tests.
         self.populated_bytes = 0
@@ -106,35 +116,88 @@ class PopulateAheadService(ServiceThread):
         while True:
             with self._lock:
                 todo, self._todo = self._todo, []
-            if not todo:
-                return
-            for mf, end, start, reserve, mfq in todo:
-                try:
-                    if self.is_stopped:
-                        pass                # dropped: the writers reserve for themselves
-                    elif end is None:
-                        self._advise_normal(mf)
-                    else:
-                        self.served += 1
-                        self._fill(mf, end, start, reserve, mfq)
-                finally:
-                    with self._lock:
-                        self.pending -= 1
+            if todo:
+                while todo:
+                    batch, todo = self._next_batch(todo)
+                    self._serve(batch)
+                continue
+            # Windows first, files after: a window is asked for half a window before its
+            # writer needs it; a file is made ahead a whole window before the roll, and takes
+            # a dozen system calls (1-3 ms here). When 400 queues filled their files at once,
+            # making their next files between their windows left the windows late.
+            with self._lock:
+                if not self._next_files:
+                    return
+                mfq, mf = self._next_files.pop(0)
+            try:
+                if not self.is_stopped:
+                    self._prepare_next(mfq, mf)
+            finally:
+                with self._lock:
+                    self.pending -= 1
+
+    def _next_batch(self, todo):
+        """Up to BATCH requests of `todo`, each file once (a file's reserve lock is held
+        across the batch's reservations), and the rest."""
+        batch, rest, files = [], [], set()
+        for request in todo:
+            if len(batch) < self.BATCH and id(request[0]) not in files:
+                files.add(id(request[0]))
+                batch.append(request)
+            else:
+                rest.append(request)
+        return batch, rest
+
+    def _serve(self, batch):
+        """Serve `batch`; a request whose file is now reserved to its end stays pending until
+        the file after it is made (run_once)."""
+        later = 0
+        try:
+            if self.is_stopped:
+                return                  # dropped: the writers reserve for themselves
+            fills = []
+            for mf, end, start, reserve, mfq in batch:
+                if end is None:
+                    self._advise_normal(mf)
+                else:
+                    self.served += 1
+                    fills.append((mf, end, start, reserve, mfq))
+            later = len(self._fill_many(fills))
+        finally:
+            with self._lock:
+                self.pending -= len(batch) - later
 
     def _fill(self, mf, end, start, reserve, mfq):
-        pos = mf.reserve_ahead(end, start, reserve)
-        if pos is None:
-            return
-        # One window past the writer at most, even where the file system reserves nothing
-        # (the whole file counts as reserved then).
-        stop = min(mf.reserved_position, end + mf.reserve_window)
-        if stop > pos:
-            # A closed mapping raises ValueError, which prefault ignores; the cext Mapping
-            # cannot close during its madvise (close() raises BufferError meanwhile).
-            mf.populate(pos, stop)
-            self.populated_bytes += stop - pos
-        if mfq is not None and mf.reserved_position >= mf.file_size:
+        # In the asking thread (the service not running): the next file is made at once.
+        for mfq, mf in self._fill_many([(mf, end, start, reserve, mfq)], defer=False):
             self._prepare_next(mfq, mf)
+
+    def _fill_many(self, fills, defer=True):
+        """Reserve each file's window ahead of its writer and populate it: the batch's
+        reservations in one call, then its populates in one (mapped_file.reserve_ahead_many).
+        Returns the (mfq, mf) whose next file is to be made, which with `defer` are queued
+        for run_once, each still counted pending."""
+        starts = reserve_ahead_many([(mf, end, start, reserve)
+                                     for mf, end, start, reserve, _ in fills])
+        populates = []
+        for (mf, end, _, _, _), pos in zip(fills, starts):
+            if pos is None:
+                continue
+            # One window past the writer at most, even where the file system reserves
+            # nothing (the whole file counts as reserved then).
+            stop = min(mf.reserved_position, end + mf.reserve_window)
+            if stop > pos:
+                populates.append((mf, pos, stop))
+                self.populated_bytes += stop - pos
+        # A closed mapping is passed over; one being populated cannot close meanwhile
+        # (close() raises BufferError while it is borrowed: MappedFile._unmap waits).
+        populate_many(populates)
+        files = [(mfq, mf) for (mf, _, _, _, mfq), pos in zip(fills, starts)
+                 if pos is not None and mfq is not None and mf.reserved_position >= mf.file_size]
+        if defer and files:
+            with self._lock:
+                self._next_files.extend(files)
+        return files
 
     def _prepare_next(self, mfq, mf):
         """The file after `mf`, made with its first window reserved and populated."""
@@ -168,5 +231,6 @@ class PopulateAheadService(ServiceThread):
 
     def on_shutdown(self):
         with self._lock:
-            self.pending -= len(self._todo)
+            self.pending -= len(self._todo) + len(self._next_files)
             self._todo = []
+            self._next_files = []
