@@ -334,6 +334,14 @@ class ConsumeQueue:
         if dirty is not None and dirty.epoch != self._marked:
             self._mark()
 
+    def refill_written(self):
+        """The compiled dispatcher (cq_dispatch) wrote units past the last file's
+        refill_position, below its reserved end, and asks for the next window now, as
+        put_unit asks before its first unit there."""
+        f = self.mfq.last_file
+        if f is not None and f.wrote_position > f.refill_position:
+            _reserve(f, f.wrote_position, self.populator, self.mfq)
+
     def _fill_pre_blank(self, f, expect):
         """A queue whose first unit is not 0 starts with filler units (fillPreBlank)."""
         self.min_logic_offset = expect

@@ -228,3 +228,47 @@ def test_the_dispatcher_list_reput_holds_cannot_be_rebound(tmp_path):
         assert store.dispatchers is every and len(every) >= 1
     finally:
         store.shutdown()
+
+
+def test_a_queue_passing_its_refill_position_stays_in_the_compiled_loop(tmp_path):
+    # Half a window before a queue file's reserved end the writer asks PopulateAheadService
+    # for the next window. The compiled loop writes on to the reserved end and asks when it
+    # publishes: a row handed to Python there cost a publish and a reload of every queue
+    # the call had loaded, for each queue passing its refill position.
+    store = testing.open_store(tmp_path / "s", testing.load_backend("cext"),
+                               testing.small_config(mapped_file_size_consume_queue=300_000 * 20))
+    cqd = store.dispatchers[0]
+    slow = []
+    row = cqd._dispatch_row
+    cqd._dispatch_row = lambda r, buf: slow.append(r) or row(r, buf)
+    queues, per_round, rounds = 8, 300, 8
+    try:
+        store.reput_service.shutdown()
+        first_windows = None
+        for r in range(rounds):
+            msgs = [Message("T", b"m%d" % i, queue_id=i % queues)
+                    for i in range(per_round * queues)]
+            for b in range(0, len(msgs), 400):
+                assert store.put_messages(msgs[b:b + 400]).ok
+            del slow[:]
+            store.reput_service.do_reput()
+            # Each round (300 units a queue) stays within the lead of half a window (16 KiB
+            # windows, 409 units, doubling): with the service idle between rounds, the loop
+            # never reaches a reserved end. The first round meets each queue once.
+            assert len(slow) == (queues if r == 0 else 0)
+            testing.wait_until(lambda: store.populate_service.pending == 0)
+            if r == 0:
+                first_windows = store.populate_service.served
+        files = [store.find_consume_queue("T", q).mfq.last_file for q in range(queues)]
+        # Every queue asked for windows past its first and got them reserved ahead.
+        assert store.populate_service.served >= first_windows + 2 * queues
+        for f in files:
+            assert f.wrote_position == per_round * rounds * 20
+            assert f.reserved_position > f.wrote_position
+            assert f.refill_position > 16 << 10
+        for q in range(queues):
+            got = store.get_message("g", "T", q, per_round * rounds - 1, 1).messages
+            assert [m.body for m in got] == [b"m%d" % ((per_round - 1) * queues + q)]
+    finally:
+        store.reput_service.start()
+        store.shutdown()

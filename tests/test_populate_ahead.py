@@ -242,7 +242,10 @@ def test_a_disk_too_full_for_the_next_queue_window_fails_the_dispatch_without_si
         assert testing.cached_bytes(f.path) <= _page_up(f.reserved_position)
         assert cq.max_offset_in_queue < 305_000
         fs.full_parts.clear()
-        testing.wait_until(lambda: cq.max_offset_in_queue == 305_000)
+        # Reput retries once a second, then dispatches up to 300 000 units: with the pure
+        # backend on a loaded machine, more than ten seconds.
+        testing.wait_until(lambda: cq.max_offset_in_queue == 305_000, timeout=120,
+                           what="the queue dispatched after the disk freed up")
     finally:
         store.shutdown()
 
