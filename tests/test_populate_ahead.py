@@ -608,3 +608,35 @@ def test_windows_asked_for_are_served_before_the_next_files_are_made(tmp_path, b
     finally:
         service.shutdown()
         mfq.drop_prepared()
+
+
+def test_a_writer_reserving_in_a_file_of_a_batch_does_not_wait_for_the_batch(tmp_path, backend):
+    # The batch's fallocates run with no reserve lock held (each can wait behind writeback):
+    # the writer reserves for itself at once, and the service's window, planned before,
+    # is published only where it reaches past the writer's.
+    fs = _Gated()
+    service = PopulateAheadService()
+    service.start()
+    try:
+        mf = _queue_file(tmp_path, "q", backend, fs)[1]
+        fs.calls.clear()
+        service.ask(mf, 0)                    # plans [0, 16 KiB) and waits in its call
+        assert fs.entered.wait(30)
+        done = threading.Event()
+        mine = []
+
+        def writer():
+            mine.append(mf.reserve(40 << 10))
+            done.set()
+        threading.Thread(target=writer, daemon=True).start()
+        assert done.wait(10), "the writer waited for the service's reservations"
+        old, new = mine[0]
+        assert old == 0 and new > 40 << 10
+        fs.gate.set()
+        testing.wait_until(lambda: service.pending == 0, what="the service idle")
+        # The writer's window stands: the service's smaller one was not published over it.
+        assert mf.reserved_position == new
+        assert mf.refill_position <= mf.reserved_position
+    finally:
+        fs.gate.set()
+        service.shutdown()

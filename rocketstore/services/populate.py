@@ -38,8 +38,8 @@ class PopulateAheadService(ServiceThread):
     # Requests served with one release of the GIL for their reservations and one for their
     # populates (mapped_file.reserve_ahead_many): 400 queues asking at once were served 5-20
     # a dispatch round when each file took four, each retake waiting up to a switch interval
-    # behind a dispatcher in long compiled calls. Bounded so that a writer waiting for one of
-    # the batch's reserve locks waits for a few dozen fallocates at most.
+    # behind a dispatcher in long compiled calls. Bounded so that a call borrows a few dozen
+    # mappings at most (a file being destroyed waits for the populate call that borrows it).
     BATCH = 64
 
     def __init__(self):
@@ -137,8 +137,8 @@ class PopulateAheadService(ServiceThread):
                     self.pending -= 1
 
     def _next_batch(self, todo):
-        """Up to BATCH requests of `todo`, each file once (a file's reserve lock is held
-        across the batch's reservations), and the rest."""
+        """Up to BATCH requests of `todo`, each file once (a second request for a file would
+        plan the same window again), and the rest."""
         batch, rest, files = [], [], set()
         for request in todo:
             if len(batch) < self.BATCH and id(request[0]) not in files:
