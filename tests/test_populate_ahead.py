@@ -551,47 +551,54 @@ def _blocks(mf):
     return os.stat(mf.path).st_blocks * 512
 
 
-def test_files_asking_at_once_are_served_in_batches_of_one_call_each(tmp_path, backend):
+@pytest.fixture
+def gated():
+    """A started PopulateAheadService and a _Gated file system; afterwards the gate is opened
+    and the service stopped."""
     fs = _Gated()
     service = PopulateAheadService()
     service.start()
-    try:
-        first = _queue_file(tmp_path, "first", backend, fs)[1]
-        files = [_queue_file(tmp_path, f"q{i}", backend, fs)[1] for i in range(150)]
-        fs.calls.clear()
-        service.ask(first, 0)
-        assert fs.entered.wait(30)            # the service is in its first call
-        for mf in files:                      # 150 writers ask meanwhile
-            service.ask(mf, 0)
-        fs.gate.set()
-        testing.wait_until(lambda: service.pending == 0, what="the service idle")
-        reserves = [n for call, n in fs.calls if call == "reserve"]
-        populates = [n for call, n in fs.calls if call == "populate"]
-        # One call for the first request, then one per batch of up to BATCH files: not one
-        # (and with it four releases of the GIL) per file.
-        assert reserves == [1, 64, 64, 22] == populates
-        for mf in [first] + files:
-            assert mf.reserved_position == 16 << 10
-            assert _blocks(mf) >= 16 << 10    # reserved (and populated: written pages)
-        assert service.served == 151 and service.served_inline == 0
-    finally:
-        service.shutdown()
+    yield fs, service
+    fs.gate.set()
+    service.shutdown()
 
 
-def test_windows_asked_for_are_served_before_the_next_files_are_made(tmp_path, backend):
-    fs = _Gated()
-    service = PopulateAheadService()
-    service.start()
+def _hold(fs, service, mf):
+    """Ask for mf's first window and return once the service waits in that call."""
+    fs.calls.clear()
+    service.ask(mf, 0)
+    assert fs.entered.wait(30)
+
+
+def test_files_asking_at_once_are_served_in_batches_of_one_call_each(tmp_path, backend, gated):
+    fs, service = gated
+    first = _queue_file(tmp_path, "first", backend, fs)[1]
+    files = [_queue_file(tmp_path, f"q{i}", backend, fs)[1] for i in range(150)]
+    _hold(fs, service, first)
+    for mf in files:                          # 150 writers ask meanwhile
+        service.ask(mf, 0)
+    fs.gate.set()
+    testing.wait_until(lambda: service.pending == 0, what="the service idle")
+    reserves = [n for call, n in fs.calls if call == "reserve"]
+    populates = [n for call, n in fs.calls if call == "populate"]
+    # One call for the first request, then one per batch of up to BATCH files: not one (and
+    # with it four releases of the GIL) per file.
+    assert reserves == [1, 64, 64, 22] == populates
+    for mf in [first] + files:
+        assert mf.reserved_position == 16 << 10
+        assert _blocks(mf) >= 16 << 10        # reserved (and populated: written pages)
+    assert service.served == 151 and service.served_inline == 0
+
+
+def test_windows_asked_for_are_served_before_the_next_files_are_made(tmp_path, backend, gated):
+    fs, service = gated
+    # A file of 16 KiB: its first window reaches its end, so the service makes the queue's
+    # next file; the others are 64 KiB files still short of theirs.
+    mfq, ending = _queue_file(tmp_path, "ending", backend, fs, populator=service, size=16 << 10)
+    first = _queue_file(tmp_path, "first", backend, fs)[1]
+    files = [_queue_file(tmp_path, f"q{i}", backend, fs)[1] for i in range(100)]
     try:
-        # A file of 16 KiB: its first window reaches its end, so the service makes the
-        # queue's next file; the others are 64 KiB files still short of theirs.
-        mfq, ending = _queue_file(tmp_path, "ending", backend, fs, populator=service,
-                                  size=16 << 10)
-        first = _queue_file(tmp_path, "first", backend, fs)[1]
-        files = [_queue_file(tmp_path, f"q{i}", backend, fs)[1] for i in range(100)]
-        fs.calls.clear()
-        service.ask(first, 0)
-        assert fs.entered.wait(30)
+        _hold(fs, service, first)
         service.ask(ending, 0, mfq=mfq)
         for mf in files:
             service.ask(mf, 0)
@@ -606,37 +613,29 @@ def test_windows_asked_for_are_served_before_the_next_files_are_made(tmp_path, b
         assert [fs.calls[i][1] for i in reserves] == [1, 64, 37]
         assert all(mf.reserved_position == 16 << 10 for mf in files)
     finally:
-        service.shutdown()
         mfq.drop_prepared()
 
 
-def test_a_writer_reserving_in_a_file_of_a_batch_does_not_wait_for_the_batch(tmp_path, backend):
+def test_a_writer_reserving_in_a_file_of_a_batch_does_not_wait_for_the_batch(tmp_path, backend,
+                                                                               gated):
     # The batch's fallocates run with no reserve lock held (each can wait behind writeback):
     # the writer reserves for itself at once, and the service's window, planned before,
     # is published only where it reaches past the writer's.
-    fs = _Gated()
-    service = PopulateAheadService()
-    service.start()
-    try:
-        mf = _queue_file(tmp_path, "q", backend, fs)[1]
-        fs.calls.clear()
-        service.ask(mf, 0)                    # plans [0, 16 KiB) and waits in its call
-        assert fs.entered.wait(30)
-        done = threading.Event()
-        mine = []
+    fs, service = gated
+    mf = _queue_file(tmp_path, "q", backend, fs)[1]
+    _hold(fs, service, mf)                    # plans [0, 16 KiB) and waits in its call
+    done = threading.Event()
+    mine = []
 
-        def writer():
-            mine.append(mf.reserve(40 << 10))
-            done.set()
-        threading.Thread(target=writer, daemon=True).start()
-        assert done.wait(10), "the writer waited for the service's reservations"
-        old, new = mine[0]
-        assert old == 0 and new > 40 << 10
-        fs.gate.set()
-        testing.wait_until(lambda: service.pending == 0, what="the service idle")
-        # The writer's window stands: the service's smaller one was not published over it.
-        assert mf.reserved_position == new
-        assert mf.refill_position <= mf.reserved_position
-    finally:
-        fs.gate.set()
-        service.shutdown()
+    def writer():
+        mine.append(mf.reserve(40 << 10))
+        done.set()
+    threading.Thread(target=writer, daemon=True).start()
+    assert done.wait(10), "the writer waited for the service's reservations"
+    old, new = mine[0]
+    assert old == 0 and new > 40 << 10
+    fs.gate.set()
+    testing.wait_until(lambda: service.pending == 0, what="the service idle")
+    # The writer's window stands: the service's smaller one was not published over it.
+    assert mf.reserved_position == new
+    assert mf.refill_position <= mf.reserved_position
