@@ -599,7 +599,6 @@ cdef class CqSlots:
         cdef _CqSlot s
         for s in due:
             s.st.refill_due = False
-        for s in due:
             s.cq.refill_written()
             if s.st.cached:
                 s.st.refill = <object>_member(s.file, self._f[CF_REFILL])

@@ -397,15 +397,15 @@ class FileSystem:
         kernel backend's space_prepare, one call that releases the GIL once per `call_bytes`
         populated (reserve_many says why). Each call borrows its mappings, so a destroy waits
         for it (MappedFile._unmap): the bound keeps that wait to one call's populate."""
+        # madvise wants the page holding `start`.
+        requests = [(mm, start - start % OS_PAGE_SIZE, end) for mm, start, end in requests]
         prepare = getattr(kernels, "space_prepare", None)
         if prepare is None or type(self).prefault is not FileSystem.prefault:
             for mm, start, end in requests:
-                start -= start % OS_PAGE_SIZE
                 self.prefault(mm, start, end - start)
             return
         call, size = [], 0
         for mm, start, end in requests:
-            start -= start % OS_PAGE_SIZE   # madvise wants the page holding `start`
             call.append((None, 0, 0, mm, start, end - start))
             size += end - start
             if size >= call_bytes:
