@@ -143,6 +143,19 @@ CREATING_SUFFIX = ".creating"
 class FileSystem:
     """Real file-system access. Subclass and override to inject faults."""
 
+    # A sync of mapped bytes (sync_written) goes to the disk at most this many bytes per
+    # msync. One msync put a whole flush in the device's queue at once: every 500 ms
+    # hundreds of MiB under sustained writes, a 1 GiB CommitLog file at its roll, 400 MiB for
+    # a full index file. Every synchronous read the store needed meanwhile waited behind it:
+    # the block bitmaps posix_fallocate reads to reserve the CommitLog's next window (4 MiB
+    # reservations took up to 1 s, and the putter that reached its reserved end stalled as
+    # long), a page a reader faults in. 60 s of sustained writes (bench_sustained.py), whole
+    # msyncs against chunks of 16 MiB: 20-32 puts over 50 ms against 2-5, the longest put
+    # 840-916 ms against 59-179, the CommitLog's bandwidth no lower (310-328 MB/s against
+    # 314-367). Chunks of 8, 32 and 64 MiB: 2-5, 2-5 and 10 such puts, and 8 MiB wrote a
+    # little slower (doc/performance.md, "Syncs in chunks").
+    SYNC_CHUNK = 16 << 20
+
     def exists(self, path):
         return os.path.exists(path)
 
@@ -467,23 +480,32 @@ class FileSystem:
 
     def sync_written(self, kernels, mm, path, start, end):
         """Make mm[start:end) durable, the bytes of a file only appended to: unmap_written of
-        the range's whole pages below the one holding `end`, then sync_mapped of the range.
+        the range's whole pages below the one holding `end`, then sync_mapped of the range,
+        SYNC_CHUNK bytes at a time where the backend syncs a range (see SYNC_CHUNK).
 
-        With a backend exporting sync_written (an msync of the mapping), both are one call that
-        releases the GIL once. Between two calls the syncing thread takes the GIL back, and
-        waits for whichever producer holds it (a put_messages of 1 000 holds it for a quarter
-        of a millisecond and more): with SYNC_FLUSH that wait lies on the path of every put
-        the sync serves. A subclass that hooks either step (fault injection) gets both calls."""
+        With a backend exporting sync_written (an msync of the mapping), both are one call per
+        chunk that releases the GIL once. Between two calls the syncing thread takes the GIL
+        back, and waits for whichever producer holds it (a put_messages of 1 000 holds it for
+        a quarter of a millisecond and more): with SYNC_FLUSH that wait lies on the path of
+        every put the sync serves, and its syncs are far below a chunk. A subclass that hooks
+        either step (fault injection) gets both calls, chunk by chunk."""
         fused = getattr(kernels, "sync_written", None)
+        ranged = getattr(kernels, "SYNC_RANGE_FD_UNUSED", False)
         cls = type(self)
-        if (fused is not None and getattr(kernels, "SYNC_RANGE_FD_UNUSED", False)
-                and cls.unmap_written is FileSystem.unmap_written
-                and cls.sync_mapped is FileSystem.sync_mapped):
-            fused(mm, start, end - start, _DROP_PTES)
-            return
-        lo = start - start % OS_PAGE_SIZE
-        self.unmap_written(mm, lo, end - end % OS_PAGE_SIZE - lo)
-        self.sync_mapped(kernels, mm, path, start, end - start)
+        fuse = (fused is not None and ranged and cls.unmap_written is FileSystem.unmap_written
+                and cls.sync_mapped is FileSystem.sync_mapped)
+        lo = start
+        while lo < end:
+            # Chunks end on multiples of SYNC_CHUNK, so on page boundaries. Without a ranged
+            # sync (the pure backend's fdatasync), any call syncs the whole file: one call.
+            hi = min(end, lo - lo % self.SYNC_CHUNK + self.SYNC_CHUNK) if ranged else end
+            if fuse:
+                fused(mm, lo, hi - lo, _DROP_PTES)
+            else:
+                page = lo - lo % OS_PAGE_SIZE
+                self.unmap_written(mm, page, hi - hi % OS_PAGE_SIZE - page)
+                self.sync_mapped(kernels, mm, path, lo, hi - lo)
+            lo = hi
 
     def sync_mapped(self, kernels, mm, path, start, length):
         """Make mm[start:start+length] of the file at `path` durable (the kernel's msync, or

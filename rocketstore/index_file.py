@@ -214,13 +214,12 @@ class IndexFile:
     def flush(self):
         """Make the whole file durable (IndexFile#flush: the header is already written through).
         Called once the file is full (no entry is written to it again) and at shutdown, so its
-        pages go off the page tables first (FileSystem.unmap_written): up to 100 000 pages
+        pages go off the page tables first (FileSystem.sync_written): up to 100 000 pages
         otherwise each cost a TLB flush on every core as they are written back."""
         if not self.mf.writable or not self.mf.hold():
             return
         try:
-            self._fs.unmap_written(self.mf.mm, 0, self.file_size)
-            self._fs.sync_mapped(self._k, self.mf.mm, self.mf.path, 0, self.file_size)
+            self._fs.sync_written(self._k, self.mf.mm, self.mf.path, 0, self.file_size)
         finally:
             self.mf.release()
 

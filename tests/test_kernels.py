@@ -789,6 +789,69 @@ def test_sync_written_syncs_the_range_and_takes_its_whole_pages_off_the_page_tab
     assert path.read_bytes()[100:5 * page + 10] == b"y" * (5 * page - 90)
 
 
+class _RecordingKernels:
+    """A backend whose two sync kernels record the ranges they are given."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.calls = []
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def sync_range(self, mm, fd, start, length):
+        self.calls.append(("sync_range", start, length))
+        return self._inner.sync_range(mm, fd, start, length)
+
+    def __dir__(self):
+        return dir(self._inner)
+
+
+def _recording_kernels(backend):
+    k = _RecordingKernels(backend)
+    if hasattr(backend, "sync_written"):
+        def sync_written(mm, start, length, drop):
+            k.calls.append(("sync_written", start, length))
+            return backend.sync_written(mm, start, length, drop)
+        k.sync_written = sync_written
+    return k
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's /proc/self/smaps")
+@pytest.mark.parametrize("hooked", [False, True], ids=["plain", "hooked"])
+def test_sync_written_goes_to_the_disk_a_chunk_at_a_time(backend, tmp_path, hooked):
+    # One msync of a whole flush put all of it in the device's queue, ahead of every read
+    # the store needed meanwhile. Chunks end on multiples of SYNC_CHUNK; the pure backend's
+    # fdatasync syncs the whole file whatever the range, so it makes one call.
+    page = 4096
+    base = _HookedSync if hooked else FileSystem
+    fs = type("ChunkedSync", (base,), {"SYNC_CHUNK": 2 * page})()
+    kernels = _recording_kernels(backend)
+    path = tmp_path / "00000000000000000000"
+    path.write_bytes(bytes(8 * page))
+    with open(path, "r+b") as f:
+        mm = mmap.mmap(f.fileno(), 8 * page)
+        try:
+            mm[100:5 * page + 10] = b"y" * (5 * page - 90)
+            before = testing.resident_bytes(str(path))
+            fs.sync_written(kernels, mm, str(path), 100, 5 * page + 10)
+            assert testing.resident_bytes(str(path)) == before - 5 * page
+        finally:
+            mm.close()
+    chunks = [(100, 2 * page - 100), (2 * page, 2 * page), (4 * page, page + 10)]
+    if not getattr(backend, "SYNC_RANGE_FD_UNUSED", False):
+        chunks = [(100, 5 * page - 90)]
+    kernel = "sync_range" if hooked or not hasattr(backend, "sync_written") else "sync_written"
+    assert kernels.calls == [(kernel, start, length) for start, length in chunks]
+    if hooked:
+        pages = [(start - start % page, (start + length) // page * page - start + start % page)
+                 for start, length in chunks]
+        assert fs.calls == [call for (lo, n), (start, length) in zip(pages, chunks)
+                            for call in (("unmap_written", lo, n),
+                                         ("sync_mapped", start, length))]
+    assert path.read_bytes()[100:5 * page + 10] == b"y" * (5 * page - 90)
+
+
 COMPILED = [b for b in BACKENDS if b != "pure"]
 
 
