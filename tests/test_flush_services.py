@@ -521,6 +521,55 @@ def test_an_async_flush_never_moves_past_a_failed_sync_and_reopen_recovers_the_s
         assert _bodies(store) == [b"a" * 100]
 
 
+class _PageChunkedSyncs(testing.FaultInjectingFileSystem):
+    SYNC_CHUNK = 4096          # a flush of a few KiB goes to the disk in several syncs
+
+
+# The compiled backends: pure's fdatasync syncs the whole file, so its flush is one sync.
+@pytest.mark.parametrize("name", [b for b in testing.backend_params() if b != "pure"])
+def test_a_flush_whose_later_chunk_fails_moves_nothing_and_reopen_keeps_a_prefix(tmp_path,
+                                                                                 name):
+    # A flush is synced a chunk at a time (FileSystem.SYNC_CHUNK): the chunks before a failed
+    # one are on the disk, but the flushed position stays where it was, the store takes no
+    # more puts, and after a power cut the reopened store holds a prefix of what was put.
+    backend = testing.load_backend(name)
+    root = tmp_path / "s"
+    fs = _PageChunkedSyncs()
+    # No periodic flush during the test: the one flush below covers every chunk.
+    config = testing.small_config(flush_interval_commit_log=3_600_000)
+    store = testing.open_store(root, backend, config, fs=fs)
+    puts = [b"a" * 100] + [bytes([c]) * 1500 for c in b"bcdefghijk"]
+    try:
+        a = store.put_message(Message("T", puts[0]))
+        assert store.flush() == _end(a)
+        results = [store.put_message(Message("T", body)) for body in puts[1:]]
+        assert all(r.status is PutMessageStatus.PUT_OK for r in results)
+        assert _end(results[-1]) - _end(a) > 3 * 4096            # four chunks or more
+        commitlog_syncs = []
+
+        def second_commitlog_sync(path):
+            if os.sep + "commitlog" + os.sep not in path:
+                return False
+            commitlog_syncs.append(path)
+            return len(commitlog_syncs) == 2
+
+        fs.fail("sync", errno.EIO, match=second_commitlog_sync, times=1)
+        store.flush()
+        assert fs.injected["sync"] == 1 and len(commitlog_syncs) == 2
+        assert store.flush() == _end(a)
+        assert store.put_message(Message("T", b"refused")).status is \
+            PutMessageStatus.SERVICE_NOT_AVAILABLE
+    finally:
+        store.shutdown()
+    fs.drop_unsynced()                                      # and then a power cut
+    with _reopened_after_a_crash(root, backend) as store:
+        kept = _bodies(store)
+        # The first chunk (from a's end to the next page) was synced: the message it holds
+        # whole survives; what the failed chunk and the ones after held does not.
+        assert kept == puts[:len(kept)] and 2 <= len(kept) < len(puts)
+        assert store.get_max_phy_offset() <= _end(a) - _end(a) % 4096 + 4096
+
+
 @pytest.mark.parametrize("flush", [FlushDiskType.ASYNC_FLUSH, FlushDiskType.SYNC_FLUSH])
 def test_a_cut_is_refused_while_its_sync_fails_so_no_acknowledged_put_is_lost(
         tmp_path, backend, flush):
