@@ -48,10 +48,7 @@ def reserve_ahead_many(requests):
             answers[i] = mf._populate_start(old, start)
         else:
             planned.append((i, mf, end, start, old, want, truncations))
-    groups = {}
-    for p in planned:
-        groups.setdefault((p[1]._fs, p[1]._k), []).append(p)
-    for (fs, kernels), group in groups.items():
+    for (fs, kernels), group in _by_file_system((p[1], p) for p in planned).items():
         oks = fs.reserve_many(kernels, [(mf.path, old, want - old)
                                         for _, mf, _, _, old, want, _ in group])
         for (i, mf, end, start, old, want, truncations), ok in zip(group, oks):
@@ -70,12 +67,18 @@ def reserve_ahead_many(requests):
 def populate_many(requests):
     """MappedFile.populate(start, end) of each (mf, start, end) of `requests`, with one
     FileSystem.populate_many call per file system (reserve_ahead_many says why)."""
-    groups = {}
-    for mf, start, end in requests:
-        if end > start:
-            groups.setdefault((mf._fs, mf._k), []).append((mf.mm, start, end))
-    for (fs, kernels), group in groups.items():
+    ranges = ((mf, (mf.mm, start, end)) for mf, start, end in requests if end > start)
+    for (fs, kernels), group in _by_file_system(ranges).items():
         fs.populate_many(kernels, group)
+
+
+def _by_file_system(pairs):
+    """{(FileSystem, kernels): [item, ...]} of the (MappedFile, item) `pairs`, in order: each
+    file system answers the calls for its own files."""
+    groups = {}
+    for mf, item in pairs:
+        groups.setdefault((mf._fs, mf._k), []).append(item)
+    return groups
 
 
 class MappedFile:

@@ -19,6 +19,7 @@ reserve_window_max (a few MiB), and this thread populates one window past the wr
 
 Separate from AllocateMappedFileService, which populates the CommitLog ahead in steps of up
 to tens of MB: a queue's request must not wait behind one of those."""
+import collections
 import logging
 import threading
 
@@ -49,8 +50,9 @@ class PopulateAheadService(ServiceThread):
         #  reserve, its MappedFileQueue or None)
         self._todo = []
         # (MappedFileQueue, its last file) whose next file is to be made once no window is
-        # asked for; each still counted in `pending`.
-        self._next_files = []
+        # asked for; each still counted in `pending`. Taken from the front: with 40 000
+        # queues filling their files at once it is thousands long.
+        self._next_files = collections.deque()
         # Bytes populated, and requests served on this thread / in the asking thread (the
         # service not running: before start, after shutdown). Read by stats and tests.
         self.populated_bytes = 0
@@ -128,7 +130,7 @@ class PopulateAheadService(ServiceThread):
             with self._lock:
                 if not self._next_files:
                     return
-                mfq, mf = self._next_files.pop(0)
+                mfq, mf = self._next_files.popleft()
             try:
                 if not self.is_stopped:
                     self._prepare_next(mfq, mf)
@@ -233,4 +235,4 @@ class PopulateAheadService(ServiceThread):
         with self._lock:
             self.pending -= len(self._todo) + len(self._next_files)
             self._todo = []
-            self._next_files = []
+            self._next_files.clear()
