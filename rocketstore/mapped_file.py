@@ -106,6 +106,9 @@ class MappedFile:
                  "first_create_in_queue", "writable", "wbuf", "_pool", "_k", "_fs", "_refs",
                  "_available", "_lock", "_cond", "_reserve_lock", "_first_shutdown_ms",
                  "truncations")
+    # The most one fallocate reserves ahead of a writer with the reserve lock held
+    # (_reserve_in_steps).
+    RESERVE_STEP = 4 << 20
     # Private slots the compiled read path (pyx/_read.pxi) reads and writes itself: it holds
     # and releases files inline, by hold() and release()'s protocol on these.
     LENT_SLOTS = ("_lock", "_available", "_refs", "_cond")  # type: tuple[str, ...]
@@ -196,10 +199,12 @@ class MappedFile:
         what `end` needs is taken; OSError(ENOSPC) when not even that fits.
 
         `required=False` is the allocator reserving ahead of a writer at `end`: the window
-        past `end` is taken whole (ENOSPC if it does not fit), and nothing when it is
-        already there. The writer and the allocator may call this at once: the lock makes
-        one wait for the other's fallocate, never for a populate. Returns (old, new)
-        reserved positions."""
+        past `end` is taken whole, in steps (_reserve_in_steps; ENOSPC at the step that does
+        not fit), and nothing when it is already there. The writer and the allocator may
+        call this at once: the lock makes one wait for the other's fallocate (one step of
+        it), never for a populate. Returns (old, new) reserved positions."""
+        if not required:
+            return self._reserve_in_steps(end)
         with self._reserve_lock:
             old = self.reserved_position
             want, need = self._reserve_plan(end, required)
@@ -213,6 +218,35 @@ class MappedFile:
                 ok = self._fs.reserve(self.path, old, need - old)
                 want = need
             return old, self._reserved(end, want, ok)
+
+    def _reserve_in_steps(self, end):
+        """reserve(end, required=False): the window a RESERVE_STEP at a time, each step
+        under the lock and published (reserved_position) before the next. A window reserved
+        ahead can be 64 MiB, the next CommitLog file's first one at a roll, and a fallocate
+        that reads block bitmaps behind writeback took up to 150 ms for 4 MiB; a writer
+        rolling into the file, or reaching the end of what is reserved, then waited on the
+        lock for all of it (doc/performance.md, "Sustained writes"). Now it waits for one
+        step at most, and writes below what the steps before published without calling
+        (refill_position moves only with the last step, as reserve() moves it). A step the
+        disk refuses raises, the steps before it kept."""
+        with self._reserve_lock:
+            first = self.reserved_position
+            want, _ = self._reserve_plan(end, False)
+            truncations = self.truncations
+        while True:
+            with self._reserve_lock:
+                old = self.reserved_position
+                if want <= old or self.truncations != truncations or not self.is_available:
+                    # Reserved past it meanwhile (its writer, or another thread reserving
+                    # ahead), or cut back (recovery, truncation): that write plans again.
+                    return first, old
+                stop = min(want, _page_up(old + self.RESERVE_STEP))
+                ok = self._fs.reserve(self.path, old, stop - old)
+                if self.truncations != truncations:
+                    return first, self.reserved_position
+                if stop == want or not ok:
+                    return first, self._reserved(end, want, ok)
+                self.reserved_position = stop
 
     def _reserve_plan(self, end, required):
         """Under _reserve_lock: (want, need) for reserve(end, required), the positions to

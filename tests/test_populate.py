@@ -14,6 +14,7 @@ import pytest
 from rocketstore import FlushDiskType, Message, PutMessageStatus, testing
 from rocketstore.config import BrokerRole
 from rocketstore.fs import FileSystem
+from rocketstore.mapped_file import MappedFile
 from rocketstore.services.allocate import LEAD_WINDOWS
 
 KiB = 1 << 10
@@ -355,6 +356,111 @@ def test_a_writer_gets_its_windows_reserved_ahead_while_the_allocator_is_stuck_p
     finally:
         fs.hold.set()
         store.shutdown()
+
+
+class StuckPastFirstStep(Recording):
+    """Holds, until `release` is set, any reservation in the CommitLog's second file that
+    reaches past its first `step` bytes (`stuck` is set meanwhile)."""
+
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+        self.stuck = threading.Event()
+        self.release = threading.Event()
+
+    def reserve(self, path, offset, length):
+        if path.endswith(f"{2 << 20:020d}") and offset + length > self.step:
+            self.stuck.set()
+            self.release.wait(60)
+        return super().reserve(path, offset, length)
+
+
+def test_a_writer_rolling_into_a_file_being_reserved_ahead_waits_for_one_step_not_the_window(
+        tmp_path, backend, monkeypatch):
+    """The next file's first window is reserved ahead a step at a time, each published before
+    the next, so a writer rolling into the file while a step is stuck on the disk (a
+    fallocate behind writeback) writes below what the steps before reserved, without
+    waiting on the file's reserve lock."""
+    step = 64 * KiB
+    monkeypatch.setattr(MappedFile, "RESERVE_STEP", step)
+    fs = StuckPastFirstStep(step)
+    store = testing.open_store(tmp_path / "s", backend, config=config(), fs=fs)
+    try:
+        first = store.commitlog.mfq
+        acks = []
+        while not fs.stuck.is_set():
+            assert len(first.files) <= 1, "the next file's window was not reserved ahead"
+            r = store.put_message(Message("TopicA", b"%06d" % len(acks) + b"r" * 2000))
+            assert r.ok
+            acks.append(r)
+            if first.files[-1].wrote_position > (2 << 20) - 64 * KiB:
+                testing.wait_until(fs.stuck.is_set, what="the next file's second step")
+        nxt = os.path.join(first.store_path, f"{2 << 20:020d}")
+
+        def roll():
+            while len(first.files) < 2 or first.files[-1].wrote_position < step // 2:
+                r = store.put_message(Message("TopicA", b"%06d" % len(acks) + b"r" * 2000))
+                assert r.ok
+                acks.append(r)
+        writer = threading.Thread(target=roll, name="writer")
+        writer.start()
+        writer.join(20)
+        # Done in the new file while the step ahead was still stuck.
+        done_while_stuck = not writer.is_alive()
+        fs.release.set()
+        writer.join(60)
+        assert done_while_stuck and not writer.is_alive()
+        assert first.files[-1].path == nxt
+    finally:
+        fs.release.set()
+        store.shutdown()
+    again = testing.open_store(tmp_path / "s", backend, config=config())
+    try:
+        got = [m.body[:6] for m in again.iter_messages()]
+        assert got == [b"%06d" % i for i in range(len(acks))]
+    finally:
+        again.shutdown()
+
+
+class FullAfter(FileSystem):
+    """Reserves `steps` times, then answers ENOSPC."""
+
+    def __init__(self, steps):
+        self.steps = steps
+        self.calls = []
+
+    def reserve(self, path, offset, length):
+        self.calls.append((offset, length))
+        if len(self.calls) > self.steps:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return super().reserve(path, offset, length)
+
+
+def test_a_window_reserved_ahead_that_the_disk_refuses_partway_keeps_the_steps_before(
+        tmp_path, backend, monkeypatch):
+    step = 64 * KiB
+    monkeypatch.setattr(MappedFile, "RESERVE_STEP", step)
+    fs = FullAfter(2)
+    mf = MappedFile(str(tmp_path / f"{0:020d}"), 1 << 20, backend, fs,
+                    reserve_window=5 * step)
+    try:
+        mf.refill_lead = step
+        assert mf.reserve_ahead(0) is None          # a log line; the writer meets it later
+        assert fs.calls == [(0, step), (step, step), (2 * step, step)]
+        # The two steps the disk gave stay reserved, and the writer writes below them
+        # without reserving; it asks again at refill_position, which did not move.
+        assert (mf.reserved_position, mf.refill_position) == (2 * step, 0)
+        fs.steps = len(fs.calls) + 10
+        assert mf.reserve(2 * step) == (2 * step, 2 * step)
+        assert len(fs.calls) == 3
+        # Once there is room again, the window is taken a step at a time and published
+        # as one window, its lead below its end.
+        assert mf.reserve_ahead(step) == 2 * step
+        assert fs.calls[3:] == [(2 * step, step), (3 * step, step), (4 * step, step),
+                                (5 * step, step)]
+        assert (mf.reserved_position, mf.refill_position) == (6 * step, 5 * step)
+    finally:
+        mf.close()
 
 
 def test_a_disk_full_for_the_background_refill_refuses_only_the_put_past_the_reserved_end(
