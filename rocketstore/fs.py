@@ -264,7 +264,9 @@ class FileSystem:
             finally:
                 os.close(fd)
             return
-        tmp = path + CREATING_SUFFIX
+        # A path that is itself a temporary name (a file made ahead of its name, renamed
+        # when taken) is sized in place: a crash leaves zeros under it either way.
+        tmp = path if path.endswith(CREATING_SUFFIX) else path + CREATING_SUFFIX
         fd = open_nofollow(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
         try:
             if preallocate:
@@ -281,7 +283,8 @@ class FileSystem:
             os.remove(tmp)
             raise
         os.close(fd)
-        os.replace(tmp, path)
+        if tmp != path:
+            os.replace(tmp, path)
 
     def map(self, path, size, writable=True, kernels=None):
         """Map the first `size` bytes of an existing file, and close the descriptor at once:

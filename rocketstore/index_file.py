@@ -54,7 +54,10 @@ class IndexFile:
     __slots__ = ("mf", "slot_num", "index_num", "file_size", "_k", "_fs", "populator")
 
     def __init__(self, path, slot_num, index_num, kernels, fs, writable=True,
-                 end_phy_offset=0, end_timestamp=0, populator=None):
+                 end_phy_offset=0, end_timestamp=0, populator=None, reserve=True):
+        """`reserve=False`: a new file is only sized and mapped; its maker reserves the
+        header, the slot table and the first entries (reserve_entries) before any write
+        (IndexService makes the next file ahead so, a step at a time)."""
         self.slot_num = slot_num
         self.index_num = index_num
         self.file_size = index_file_size(slot_num, index_num)
@@ -75,20 +78,25 @@ class IndexFile:
         # thread; None: the writer reserves, and faults pages. The slot table is not
         # populated: its pages are written at random, and only those keys reach.
         self.populator = populator
-        if fresh:
+        if fresh and reserve:
             try:
                 self.reserve_entries(1)
             except OSError:
                 # A full disk: leave no file behind, so the next attempt starts afresh.
                 self.mf.destroy(0)
                 raise
-            mm = self.mf.mm
-            if end_phy_offset > 0:
-                _I64.pack_into(mm, F.INDEX_POS_BEGIN_PHY_OFFSET, end_phy_offset)
-                _I64.pack_into(mm, F.INDEX_POS_END_PHY_OFFSET, end_phy_offset)
-            if end_timestamp > 0:
-                _I64.pack_into(mm, F.INDEX_POS_BEGIN_TIMESTAMP, end_timestamp)
-                _I64.pack_into(mm, F.INDEX_POS_END_TIMESTAMP, end_timestamp)
+            self.begin_after(end_phy_offset, end_timestamp)
+
+    def begin_after(self, end_phy_offset, end_timestamp):
+        """Pre-seed a new file's header with the previous file's end values (IndexFile's
+        constructor), as the broker does on roll; 0 leaves a field zero."""
+        mm = self.mf.mm
+        if end_phy_offset > 0:
+            _I64.pack_into(mm, F.INDEX_POS_BEGIN_PHY_OFFSET, end_phy_offset)
+            _I64.pack_into(mm, F.INDEX_POS_END_PHY_OFFSET, end_phy_offset)
+        if end_timestamp > 0:
+            _I64.pack_into(mm, F.INDEX_POS_BEGIN_TIMESTAMP, end_timestamp)
+            _I64.pack_into(mm, F.INDEX_POS_END_TIMESTAMP, end_timestamp)
 
     # ---- header (read back from the mapping, where every put writes it) ----------------------
     @property
@@ -157,7 +165,7 @@ class IndexFile:
         there (OSError(ENOSPC) on a full disk, never SIGBUS). Writers write entries below
         the file's refill_position; past it a populator is asked for the next window."""
         mf = self.mf
-        table = F.INDEX_HEADER_SIZE + self.slot_num * F.INDEX_SLOT_SIZE
+        table = self.table_end
         if table > mf.reserved_position:
             # Before the header is read: on tmpfs even a read through the mapping allocates
             # the page, so a full disk would raise SIGBUS at index_count.
@@ -168,6 +176,11 @@ class IndexFile:
                 self.populator.refill(mf, end)
             elif end > mf.reserved_position:
                 mf.reserve(end)
+
+    @property
+    def table_end(self):
+        """Where the header and the slot table end and the entries begin."""
+        return F.INDEX_HEADER_SIZE + self.slot_num * F.INDEX_SLOT_SIZE
 
     def put_key(self, key, phy_offset, store_timestamp):
         """IndexFile#putKey of the UTF-8 key (`topic#key`, str or bytes); False when full."""

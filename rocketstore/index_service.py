@@ -14,6 +14,7 @@ import numpy as np
 from . import format as F
 from .dispatch import Dispatcher
 from .errors import StoreLoadError
+from .fs import CREATING_SUFFIX
 from .index_file import (IndexFile, human_string_to_time_millis, index_file_size,
                          infer_geometry, time_millis_to_human_string)
 from .mapped_file_queue import drop_creating_leftovers, is_index_name, split_segment_names
@@ -100,6 +101,16 @@ class IndexService(Dispatcher):
         self._k_dispatch = getattr(self._k, "index_dispatch", None)
         # The store's PopulateAheadService, given to every file opened or made from now on.
         self.populator = None
+        # The next file, made ahead on the populator's thread under a temporary name
+        # (`<last file's name>.creating`) and renamed at the roll to the time of the record
+        # that needs it. Making a file reserves its 20 MB slot table: in the dispatching
+        # thread, which is the putting one when dispatch runs inline, a fallocate behind
+        # writeback stalled puts (doc/performance.md, "Sustained writes"). Its header is
+        # seeded at the roll, so it holds only zeros until then: a crash leaves a leftover
+        # that load removes. Guarded by _lock; None: a roll makes its file itself.
+        self._spare = None
+        self._making = None             # the next file while its table is being reserved
+        self._closed = False
 
     # ---- load ---------------------------------------------------------------------------------
     def load(self, last_exit_ok, checkpoint):
@@ -114,6 +125,7 @@ class IndexService(Dispatcher):
         flushed prefix and `end_phy_offset` says where recovery must rebuild from (doc/02
         §2.7). A read-only store destroys nothing."""
         self.checkpoint = checkpoint
+        self._closed = False
         paths = []
         names, strays = split_segment_names(self._fs, self.store_path, None, is_index_name)
         strays = drop_creating_leftovers(self._fs, self.store_path, strays, is_index_name,
@@ -198,14 +210,105 @@ class IndexService(Dispatcher):
         end_phy = end_ts = 0
         if prev is not None:
             end_phy, end_ts = prev.end_phy_offset, prev.end_timestamp
-        f = IndexFile(os.path.join(self.store_path, name), self.hash_slot_num, self.index_num,
-                      self._k, self._fs, writable=True, end_phy_offset=end_phy,
-                      end_timestamp=end_ts, populator=self.populator)
+        path = os.path.join(self.store_path, name)
+        f = self._take_spare(path)
+        if f is None:
+            f = IndexFile(path, self.hash_slot_num, self.index_num, self._k, self._fs,
+                          writable=True, end_phy_offset=end_phy, end_timestamp=end_ts,
+                          populator=self.populator)
+        else:
+            f.begin_after(end_phy, end_ts)
         with self._lock:
             self.index_file_list = files + [f]
             if prev is not None:
                 self._pending_flush.append(prev)
+        self.make_next_ahead()
         return f
+
+    def make_next_ahead(self):
+        """Have the populator make the file after the last one ahead of the roll (_spare)."""
+        if self.populator is not None and self.writable and self.index_num >= 2:
+            self.populator.make_ahead(self._make_spare)
+
+    def _make_spare(self):
+        """On the populator's thread: the next file, sized and mapped under `<last file's
+        name>.creating`, then reserved (_reserve_spare)."""
+        with self._lock:
+            files = self.index_file_list
+            if (self._spare is not None or self._making is not None or self._closed
+                    or not files):
+                return
+            path = os.path.join(self.store_path, files[-1].file_name + CREATING_SUFFIX)
+        if self._fs.exists(path):
+            return          # a stray load kept, holding data: not ours to reuse
+        try:
+            spare = IndexFile(path, self.hash_slot_num, self.index_num, self._k, self._fs,
+                              writable=True, populator=self.populator, reserve=False)
+        except OSError as exc:
+            # The roll makes its file itself, and meets the error then, with a put to refuse.
+            log.info("could not make the next index file ahead: %s", exc)
+            return
+        with self._lock:
+            if not self._closed:
+                self._making, spare = spare, None
+        if spare is not None:
+            spare.destroy()
+            return
+        self._reserve_spare()
+
+    def _reserve_spare(self):
+        """On the populator's thread: reserve the next step of the slot table of the file
+        being made ahead (MappedFile.RESERVE_STEP), and queue the next step behind the
+        windows asked for meanwhile: a 20 MB fallocate behind writeback can take a hundred
+        ms, and the queues' windows must not wait for all of it. Once the table is
+        reserved, so are the first entries, and the file is ready for the roll."""
+        with self._lock:
+            spare = self._making
+        if spare is None:
+            return
+        mf = spare.mf
+        try:
+            if (mf.reserved_position < spare.table_end
+                    and mf.reserve_step(spare.table_end) < spare.table_end):
+                self.populator.make_ahead(self._reserve_spare)
+                return
+            spare.reserve_entries(1)
+        except OSError as exc:
+            log.info("could not make the next index file ahead: %s", exc)
+            with self._lock:
+                if self._making is spare:
+                    self._making = None
+            spare.destroy()
+            return
+        with self._lock:
+            if self._making is spare:
+                self._making, self._spare = None, spare
+
+    def _take_spare(self, path):
+        """The file made ahead, renamed to `path`; None when there is none (or it cannot be
+        renamed: the roll then makes its file itself)."""
+        with self._lock:
+            spare, self._spare = self._spare, None
+        if spare is None:
+            return None
+        if (spare.slot_num, spare.index_num) == (self.hash_slot_num, self.index_num):
+            try:
+                spare.mf.rename(path)
+                return spare
+            except OSError as exc:
+                log.warning("could not take the index file made ahead: %s", exc)
+        spare.destroy()
+        return None
+
+    def _drop_spare(self):
+        """No file is made ahead from now on; the one made (or being made) is deleted: it
+        holds nothing."""
+        with self._lock:
+            self._closed = True
+            gone = [f for f in (self._spare, self._making) if f is not None]
+            self._spare = self._making = None
+        for f in gone:
+            f.destroy()
 
     def _writable_file(self, store_timestamp):
         files = self.index_file_list
@@ -434,12 +537,14 @@ class IndexService(Dispatcher):
         return deleted
 
     def close(self):
+        self._drop_spare()
         for f in self.index_file_list:
             f.close()
         self.index_file_list = []
 
     def destroy(self):
         """Delete every index file (DefaultMessageStore#destroy)."""
+        self._drop_spare()
         for f in self.index_file_list:
             f.destroy(3.0)
         self.index_file_list = []

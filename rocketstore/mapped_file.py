@@ -115,9 +115,7 @@ class MappedFile:
 
     def __init__(self, path, file_size, kernels, fs, writable=True, create=True, pool=None,
                  reserve_window=0, reserve_window_max=None):
-        self.path = path
-        self.file_name = os.path.basename(path)
-        self.file_from_offset = int(self.file_name)
+        self._name(path)
         self.file_size = file_size
         self.writable = writable
         self._k = kernels
@@ -161,6 +159,19 @@ class MappedFile:
         # set_positions calls so far: a flush that read its end before a truncation must not
         # mark that end flushed after it (the units written there next are not synced).
         self.truncations = 0
+
+    def _name(self, path):
+        """The file's path and name, and the offset (or, for an index file, the time) its
+        name stands for: a file made ahead of its name under `<name>.creating` (an index
+        file, IndexService) counts from `<name>` until it is renamed."""
+        self.path = path
+        self.file_name = os.path.basename(path)
+        self.file_from_offset = int(self.file_name.partition(".")[0])
+
+    def rename(self, path):
+        """Move the file to `path` (same directory); its mapping and positions stay."""
+        self._fs.rename(self.path, path)
+        self._name(path)
 
     # ---- positions -------------------------------------------------------------------
     @property
@@ -247,6 +258,17 @@ class MappedFile:
                 if stop == want or not ok:
                     return first, self._reserved(end, want, ok)
                 self.reserved_position = stop
+
+    def reserve_step(self, end):
+        """Reserve toward `end`, exactly (no window past it) and one RESERVE_STEP at most:
+        for the maker of a file nobody writes yet, a step per turn (IndexService makes the
+        next index file so). Returns the new reserved_position."""
+        with self._reserve_lock:
+            old = self.reserved_position
+            stop = min(end, self.file_size, _page_up(old + self.RESERVE_STEP))
+            if stop <= old:
+                return old
+            return self._reserved(stop, stop, self._fs.reserve(self.path, old, stop - old))
 
     def _reserve_plan(self, end, required):
         """Under _reserve_lock: (want, need) for reserve(end, required), the positions to

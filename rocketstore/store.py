@@ -34,7 +34,8 @@ from .errors import (ConfigError, CorruptRecordError, InvalidArgumentError, Stor
 from .format import MAX_TOPIC_LENGTH, SCHEDULE_TOPIC
 from .fs import DEFAULT as DEFAULT_FS, is_inside, mappings_hold_descriptors, raise_fd_limit
 from .lockfile import StoreLock, abort_path
-from .mapped_file_queue import is_index_name, is_queue_dir_name, split_segment_names
+from .mapped_file_queue import (drop_creating_leftovers, is_index_name, is_queue_dir_name,
+                               split_segment_names)
 from .message import PROPERTY_WAIT, MessageExt, compressed_message, keep_stored, topic_problem
 from .running_flags import NOT_WRITEABLE_MASK, RunningFlags
 from .services.clean import (CleanCommitLogService, CleanConsumeQueueService, Consumption,
@@ -527,8 +528,11 @@ class MessageStore:
                 out += [os.path.join(qdir, n)
                         for n in split_segment_names(fs, qdir, self.config.cq_file_size)[1]]
         idx_dir = os.path.join(self.root, "index")
+        # Not the file a running writer made ahead under `<name>.creating` (zeros: ours).
         out += [os.path.join(idx_dir, n)
-                for n in split_segment_names(fs, idx_dir, None, is_index_name)[1]]
+                for n in drop_creating_leftovers(
+                    fs, idx_dir, split_segment_names(fs, idx_dir, None, is_index_name)[1],
+                    is_index_name, writable=False)]
         return [os.path.relpath(p, self.root) for p in out]
 
     def start(self):
@@ -549,6 +553,7 @@ class MessageStore:
             self.commitlog, self.kernels, self.dispatchers, reput_from, arrivals=self.arrivals,
             running_flags=self.running_flags, is_slave=self.is_slave)
         self.reput_service.do_reput()               # catch up before accepting puts
+        self.index_service.make_next_ahead()
         recovery.recover_topic_queue_table(self.commitlog, self.all_consume_queues())
         # HA next (doc/03 §7); bound before any thread starts, so a taken port fails clean.
         self.ha_service = HAService(self.config, self.commitlog, self.reput_service.wakeup)

@@ -5,7 +5,9 @@ queries that never return a message for a colliding key."""
 import json
 import mmap
 import os
+import shutil
 import struct
+import threading
 
 import numpy as np
 import pytest
@@ -16,6 +18,8 @@ from rocketstore import Message, MessageStore, QueryMessageResult, testing
 from rocketstore import format as F
 from rocketstore.clock import StepClock
 from rocketstore.errors import KernelArgumentError, KernelBoundsError
+from rocketstore.fs import FileSystem
+from rocketstore.mapped_file import MappedFile
 from rocketstore.index_file import (IndexFile, index_file_size, infer_geometry,
                                     time_millis_to_human_string)
 from rocketstore.index_service import index_keys
@@ -741,7 +745,11 @@ def test_delete_expired_file_removes_files_ending_below_the_offset_but_never_the
         assert svc.delete_expired_file(files[1].end_phy_offset) == 1
         assert svc.delete_expired_file(10 ** 12) == 2
         assert svc.index_file_list == files[3:]
-        assert sorted(os.listdir(tmp_path / "index")) == [files[3].file_name]
+        # Left: the last file, and the one made ahead of its roll.
+        spare = _made_ahead(store)
+        assert spare is not None and spare.file_name.endswith(".creating")
+        assert sorted(os.listdir(tmp_path / "index")) == sorted([files[3].file_name,
+                                                                 spare.file_name])
         assert store.query_message("T", "k12").messages[0].commit_log_offset == \
             results[12].commit_log_offset
     finally:
@@ -988,5 +996,151 @@ def test_flushing_an_index_file_takes_its_pages_off_the_page_tables_and_keeps_it
         assert testing.resident_bytes(f.mf.path) == 0
         hits = store.query_message("T", "k42", 10, 0, 1 << 62)
         assert [m.keys for m in hits.messages] == ["k42"]
+    finally:
+        store.shutdown()
+
+
+class _RecordingIndexReserves(FileSystem):
+    """Records each index file reservation: (path, offset, thread name, length)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def reserve(self, path, offset, length):
+        if os.sep + "index" + os.sep in path:
+            self.calls.append((path, offset, threading.current_thread().name, length))
+        return super().reserve(path, offset, length)
+
+
+def _made_ahead(store):
+    """The index file made ahead, once the populator is idle (None if there is none)."""
+    populator = store.populate_service
+    testing.wait_until(lambda: populator.pending == 0, what="the populator idle")
+    return store.index_service._spare
+
+
+def test_the_next_index_file_is_made_ahead_and_taken_at_the_roll(tmp_path, backend):
+    """The file after the last one is made on the populator's thread, its slot table and
+    first entries reserved, under `<last>.creating`; the roll renames it to the time of the
+    record that needs it and seeds its header, so the dispatching thread (the putting one,
+    when dispatch runs inline) reserves no slot table."""
+    root = tmp_path / "s"
+    fs = _RecordingIndexReserves()
+    store = testing.open_store(root, backend, testing.small_config(max_index_num=5,
+                                                                   max_hash_slot_num=4),
+                               clock=StepClock(1_800_000_000_000, 7), fs=fs)
+    index_dir = root / "index"
+    try:
+        results = [store.put_message(Message("T", b"x", keys=f"k{i}")) for i in range(4)]
+        testing.wait_dispatched(store)
+        svc = store.index_service
+        first = svc.index_file_list[-1]
+        spare = _made_ahead(store)
+        assert spare is not None and spare.path == str(index_dir / (first.file_name
+                                                                      + ".creating"))
+        table = F.INDEX_HEADER_SIZE + 4 * F.INDEX_SLOT_SIZE
+        assert spare.mf.reserved_position > table
+        assert spare.header() == (0, 0, 0, 0, 0, 1)         # zeros until taken
+        assert {(offset, who) for path, offset, who, _ in fs.calls if path == spare.path} >= \
+            {(0, "PopulateAheadService")}
+        # Full after 4 entries (the first is never used): the 5th key rolls.
+        results += [store.put_message(Message("T", b"x", keys=f"k{i}")) for i in range(4, 8)]
+        testing.wait_dispatched(store)
+        files = svc.index_file_list
+        assert len(files) == 2 and files[-1] is spare
+        assert spare.path == str(index_dir / spare.file_name) and spare.file_name > \
+            first.file_name
+        assert spare.mf.file_from_offset == int(spare.file_name)
+        # The roll reserved no slot table: the file's first reservation was made ahead.
+        assert not [c for c in fs.calls if c[:2] == (spare.path, 0)]
+        # And the next one is made ahead of the next roll.
+        nxt = _made_ahead(store)
+        assert nxt is not None and nxt.path == spare.path + ".creating"
+        for i in range(8):
+            got = store.query_message("T", f"k{i}").messages
+            assert [m.commit_log_offset for m in got] == [results[i].commit_log_offset]
+    finally:
+        store.shutdown()
+    # Nothing made ahead outlives the store.
+    assert sorted(os.listdir(index_dir)) == sorted(f.file_name for f in files)
+
+
+def test_the_index_files_are_the_same_bytes_whether_made_ahead_or_at_the_roll(tmp_path,
+                                                                             backend):
+    def index_bytes(root, ahead):
+        store = testing.open_store(root, backend, testing.small_config(max_index_num=9,
+                                                                       max_hash_slot_num=4),
+                                   clock=StepClock(1_800_000_000_000, 7))
+        if not ahead:
+            store.index_service.populator = None
+        try:
+            for i in range(40):
+                assert store.put_message(Message("T", b"x", keys=f"k{i} j{i}")).ok
+                testing.wait_dispatched(store)
+                if ahead:
+                    _made_ahead(store)
+            assert (store.index_service._spare is not None) == ahead
+        finally:
+            store.shutdown()
+        return {p.name: p.read_bytes() for p in (root / "index").iterdir()}
+
+    made = index_bytes(tmp_path / "ahead", True)
+    assert len(made) >= 9
+    assert made == index_bytes(tmp_path / "inline", False)
+
+
+def test_an_index_file_made_ahead_that_a_crash_leaves_is_removed_at_load(tmp_path, backend):
+    root = tmp_path / "s"
+    copy = tmp_path / "copy"
+    store = _store(root, backend, max_index_num=5, max_hash_slot_num=4)
+    try:
+        for i in range(6):
+            assert store.put_message(Message("T", b"x", keys=f"k{i}")).ok
+        testing.wait_dispatched(store)
+        spare = _made_ahead(store)
+        assert spare is not None
+        store.flush()
+        # What a kill leaves: the files as they are, the file made ahead among them.
+        shutil.copytree(root, copy, ignore=shutil.ignore_patterns("lock"))
+    finally:
+        store.shutdown()
+    leftover = copy / "index" / os.path.basename(spare.path)
+    assert leftover.exists()
+    again = MessageStore(str(copy), testing.small_config(max_index_num=5, max_hash_slot_num=4),
+                         clock=StepClock(1_900_000_000_000, 7), kernels=backend)
+    try:
+        again.load()
+        assert not leftover.exists()
+        again.start()
+        assert [str(p) for p in again.verify().problems] == []
+        for i in range(6):
+            assert len(again.query_message("T", f"k{i}").messages) == 1
+    finally:
+        again.shutdown()
+
+
+def test_the_slot_table_of_the_file_made_ahead_is_reserved_a_step_at_a_time(tmp_path, backend,
+                                                                           monkeypatch):
+    """A step per turn of the populator, so the queues' windows asked for meanwhile wait for
+    one step of a 20 MB table at most, not all of it."""
+    step = 16 << 10
+    monkeypatch.setattr(MappedFile, "RESERVE_STEP", step)
+    fs = _RecordingIndexReserves()
+    store = testing.open_store(tmp_path / "s", backend,
+                               testing.small_config(max_index_num=8, max_hash_slot_num=16384),
+                               clock=StepClock(1_800_000_000_000, 7), fs=fs)
+    try:
+        assert store.put_message(Message("T", b"x", keys="k")).ok
+        testing.wait_dispatched(store)
+        spare = _made_ahead(store)
+        assert spare is not None
+        table = spare.table_end
+        steps = [(offset, length) for path, offset, who, length in fs.calls
+                 if path == spare.path and offset < table]
+        assert steps == [(offset, min(step, table - offset)) for offset in range(0, table, step)]
+        assert len(steps) == 5
+        assert {who for path, _, who, _ in fs.calls if path == spare.path} == \
+            {"PopulateAheadService"}
+        assert spare.mf.reserved_position > table
     finally:
         store.shutdown()

@@ -20,6 +20,7 @@ reserve_window_max (a few MiB), and this thread populates one window past the wr
 Separate from AllocateMappedFileService, which populates the CommitLog ahead in steps of up
 to tens of MB: a queue's request must not wait behind one of those."""
 import collections
+import functools
 import logging
 import threading
 
@@ -49,9 +50,10 @@ class PopulateAheadService(ServiceThread):
         # (MappedFile, writer's end (None: give its readahead back), populate from or None,
         #  reserve, its MappedFileQueue or None)
         self._todo = []
-        # (MappedFileQueue, its last file) whose next file is to be made once no window is
-        # asked for; each still counted in `pending`. Taken from the front: with 40 000
-        # queues filling their files at once it is thousands long.
+        # Calls that make a file ahead of its writer, run once no window is asked for: a
+        # queue's next file (_prepare_next), the next index file (make_ahead); each still
+        # counted in `pending`. Taken from the front: with 40 000 queues filling their files
+        # at once it is thousands long.
         self._next_files = collections.deque()
         # Bytes populated, and requests served on this thread / in the asking thread (the
         # service not running: before start, after shutdown). Read by stats and tests.
@@ -89,6 +91,17 @@ class PopulateAheadService(ServiceThread):
         if not self._queue((mf, end, start, reserve, mfq)):
             self.served_inline += 1
             self._fill(mf, end, start, reserve, mfq)
+
+    def make_ahead(self, make):
+        """Have `make()` make a file ahead of its writer, on this thread, once no window is
+        asked for (as a queue's next file is made). Nothing when this service is not
+        running: the writer makes its file itself at its roll."""
+        if not self._running():
+            return
+        with self._lock:
+            self._next_files.append(make)
+            self.pending += 1
+        self.wakeup()
 
     def give_readahead_back(self, mf):
         """`mf` is no longer written (its queue rolled to a file made here): readers get its
@@ -130,10 +143,10 @@ class PopulateAheadService(ServiceThread):
             with self._lock:
                 if not self._next_files:
                     return
-                mfq, mf = self._next_files.popleft()
+                make = self._next_files.popleft()
             try:
                 if not self.is_stopped:
-                    self._prepare_next(mfq, mf)
+                    make()
             finally:
                 with self._lock:
                     self.pending -= 1
@@ -198,7 +211,8 @@ class PopulateAheadService(ServiceThread):
                  if pos is not None and mfq is not None and mf.reserved_position >= mf.file_size]
         if defer and files:
             with self._lock:
-                self._next_files.extend(files)
+                self._next_files.extend(functools.partial(self._prepare_next, mfq, mf)
+                                        for mfq, mf in files)
         return files
 
     def _prepare_next(self, mfq, mf):
