@@ -217,6 +217,11 @@ class AllocateMappedFileService(ServiceThread):
                 return
             for mf, end, start, asked in todo:
                 self._fill(mf, end, start, asked=asked)
+            # Between rounds of requests, not only once none waits: under sustained writes
+            # on 2 cores this thread is always behind, and a writer rolling into a file
+            # nobody made makes it inside its put and reserves its first window there (64
+            # MiB; 7-10 rolls a minute in bench_sustained.py went so). A few ms a file.
+            self._make_wanted()
 
     def _fill(self, mf, end, start=None, urgent=True, asked=None):
         """Reserve the window ahead of `end` in `mf` and populate it from `start` (default:
