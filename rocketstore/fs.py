@@ -162,6 +162,9 @@ class FileSystem:
     def is_dir(self, path):
         return os.path.isdir(path)
 
+    def is_link(self, path):
+        return os.path.islink(path)
+
     def ensure_dir(self, path, root=None):
         """Create `path` and its parents. With `root` (an ancestor of `path`), refuse a path
         that a symlinked directory takes outside `root`, before and after creating it: files

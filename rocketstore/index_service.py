@@ -22,6 +22,9 @@ from .mapped_file_queue import drop_creating_leftovers, is_index_name, split_seg
 log = logging.getLogger(__name__)
 
 LONG_MAX = (1 << 63) - 1
+# The next index file, made ahead of its roll beside the index directory (IndexService._spare):
+# a broker lists and loads every file in index/, and would take one there for its last file.
+INDEX_MADE_AHEAD = "index" + CREATING_SUFFIX
 _SECOND_MS = 1000              # an entry's time resolution
 _KEYS = b"KEYS\x01"
 _UNIQ_KEY = b"UNIQ_KEY\x01"
@@ -101,14 +104,15 @@ class IndexService(Dispatcher):
         self._k_dispatch = getattr(self._k, "index_dispatch", None)
         # The store's PopulateAheadService, given to every file opened or made from now on.
         self.populator = None
-        # The next file, made ahead on the populator's thread under a temporary name
-        # (`<last file's name>.creating`) and renamed at the roll to the time of the record
-        # that needs it. Making a file reserves its 20 MB slot table: in the dispatching
-        # thread, which is the putting one when dispatch runs inline, a fallocate behind
-        # writeback stalled puts (doc/performance.md, "Sustained writes"). Its header is
-        # seeded at the roll, so it holds only zeros until then: a crash leaves a leftover
-        # that load removes. Guarded by _lock; None: a roll makes its file itself.
+        # The next file, made ahead on the populator's thread as INDEX_MADE_AHEAD in the
+        # store root, and renamed into index/ at the roll, to the time of the record that
+        # needs it. Making a file reserves its 20 MB slot table: in the dispatching thread,
+        # which is the putting one when dispatch runs inline, a fallocate behind writeback
+        # stalled puts (doc/performance.md, "Sustained writes"). Its header is seeded at the
+        # roll, so it holds only zeros until then: a crash leaves a leftover that a writable
+        # load removes. Guarded by _lock; None: a roll makes its file itself.
         self._spare = None
+        self._ahead_path = os.path.join(root, INDEX_MADE_AHEAD)
         self._making = None             # the next file while its table is being reserved
         self._closed = False
 
@@ -126,6 +130,8 @@ class IndexService(Dispatcher):
         §2.7). A read-only store destroys nothing."""
         self.checkpoint = checkpoint
         self._closed = False
+        if self.writable:
+            self._drop_made_ahead_leftover()
         paths = []
         names, strays = split_segment_names(self._fs, self.store_path, None, is_index_name)
         strays = drop_creating_leftovers(self._fs, self.store_path, strays, is_index_name,
@@ -230,17 +236,30 @@ class IndexService(Dispatcher):
         if self.populator is not None and self.writable and self.index_num >= 2:
             self.populator.make_ahead(self._make_spare)
 
+    def _drop_made_ahead_leftover(self):
+        """The file made ahead, left by a crash: zeros (nothing is written to it before the
+        roll renames it), removed. One holding data, or a link, is not ours: it stays, with a
+        warning, and no file is made ahead while it is there."""
+        path = self._ahead_path
+        fs = self._fs
+        if not (fs.exists(path) or fs.is_link(path)):
+            return
+        if not fs.is_link(path) and not fs.is_dir(path) and fs.holds_only_zeros(path):
+            log.info("removing %s: the next index file, made ahead before a crash", path)
+            fs.remove(path)
+        else:
+            log.warning("%s is not an index file this store made ahead: left as it is, and no "
+                        "index file is made ahead while it is there", path)
+
     def _make_spare(self):
-        """On the populator's thread: the next file, sized and mapped under `<last file's
-        name>.creating`, then reserved (_reserve_spare)."""
+        """On the populator's thread: the next file, sized and mapped as INDEX_MADE_AHEAD,
+        then reserved (_reserve_spare)."""
         with self._lock:
-            files = self.index_file_list
-            if (self._spare is not None or self._making is not None or self._closed
-                    or not files):
+            if self._spare is not None or self._making is not None or self._closed:
                 return
-            path = os.path.join(self.store_path, files[-1].file_name + CREATING_SUFFIX)
-        if self._fs.exists(path):
-            return          # a stray load kept, holding data: not ours to reuse
+        path = self._ahead_path
+        if self._fs.exists(path) or self._fs.is_link(path):
+            return          # not ours (_drop_made_ahead_leftover)
         try:
             spare = IndexFile(path, self.hash_slot_num, self.index_num, self._k, self._fs,
                               writable=True, populator=self.populator, reserve=False)
@@ -294,6 +313,7 @@ class IndexService(Dispatcher):
         if (spare.slot_num, spare.index_num) == (self.hash_slot_num, self.index_num):
             try:
                 spare.mf.rename(path)
+                spare.populator = self.populator    # the service's, should it have changed
                 return spare
             except OSError as exc:
                 log.warning("could not take the index file made ahead: %s", exc)

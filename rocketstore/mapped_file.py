@@ -162,14 +162,15 @@ class MappedFile:
 
     def _name(self, path):
         """The file's path and name, and the offset (or, for an index file, the time) its
-        name stands for: a file made ahead of its name under `<name>.creating` (an index
-        file, IndexService) counts from `<name>` until it is renamed."""
+        name stands for: a file made ahead of its name (the next index file, IndexService)
+        counts from 0 until it is renamed."""
         self.path = path
         self.file_name = os.path.basename(path)
-        self.file_from_offset = int(self.file_name.partition(".")[0])
+        self.file_from_offset = int(self.file_name) if self.file_name.isdigit() else 0
 
     def rename(self, path):
-        """Move the file to `path` (same directory); its mapping and positions stay."""
+        """Move the file to `path` (on the same file system); its mapping and positions
+        stay."""
         self._fs.rename(self.path, path)
         self._name(path)
 

@@ -28,14 +28,13 @@ from .consume_queue import ConsumeQueue, DirtyQueues
 from .dispatch import ConsumeQueueDispatcher
 from .ha.master import HAService
 from .index_file import infer_geometry
-from .index_service import IndexService
+from .index_service import INDEX_MADE_AHEAD, IndexService
 from .errors import (ConfigError, CorruptRecordError, InvalidArgumentError, StoreClosedError,
                      StoreError, StoreLoadError, UnsafePathError)
 from .format import MAX_TOPIC_LENGTH, SCHEDULE_TOPIC
 from .fs import DEFAULT as DEFAULT_FS, is_inside, mappings_hold_descriptors, raise_fd_limit
 from .lockfile import StoreLock, abort_path
-from .mapped_file_queue import (drop_creating_leftovers, is_index_name, is_queue_dir_name,
-                               split_segment_names)
+from .mapped_file_queue import is_index_name, is_queue_dir_name, split_segment_names
 from .message import PROPERTY_WAIT, MessageExt, compressed_message, keep_stored, topic_problem
 from .running_flags import NOT_WRITEABLE_MASK, RunningFlags
 from .services.clean import (CleanCommitLogService, CleanConsumeQueueService, Consumption,
@@ -84,7 +83,7 @@ def _resolves_outside(root, path):
 # What a store keeps under its root ("rebuild" is repair.REBUILD_MARKER); only these are
 # checked for links out of it.
 STORE_ENTRIES = ("lock", "abort", "checkpoint", "rebuild", "commitlog", "consumequeue", "index",
-                 "config")
+                 "config", INDEX_MADE_AHEAD)
 
 _SLAVE_REASON = "message store is slave mode, so putMessage is forbidden"
 
@@ -528,11 +527,8 @@ class MessageStore:
                 out += [os.path.join(qdir, n)
                         for n in split_segment_names(fs, qdir, self.config.cq_file_size)[1]]
         idx_dir = os.path.join(self.root, "index")
-        # Not the file a running writer made ahead under `<name>.creating` (zeros: ours).
         out += [os.path.join(idx_dir, n)
-                for n in drop_creating_leftovers(
-                    fs, idx_dir, split_segment_names(fs, idx_dir, None, is_index_name)[1],
-                    is_index_name, writable=False)]
+                for n in split_segment_names(fs, idx_dir, None, is_index_name)[1]]
         return [os.path.relpath(p, self.root) for p in out]
 
     def start(self):

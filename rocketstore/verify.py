@@ -16,8 +16,7 @@ import numpy as np
 from . import format as F
 from .errors import CorruptRecordError, StoreError
 from .mapped_file import offset_to_file_name
-from .mapped_file_queue import (drop_creating_leftovers, is_index_name, is_queue_dir_name,
-                                is_segment_name)
+from .mapped_file_queue import is_queue_dir_name, is_segment_name
 from .message import MessageExt, java_string_hash, PROPERTY_DELAY
 from .repair import REBUILD_MARKER, pending_rebuild
 
@@ -337,15 +336,11 @@ def _check_layout(parts, report):
     idx_dir = os.path.join(parts.root, "index")
     loaded = {f.file_name for f in parts.index_service.index_file_list}
     loaded |= {os.path.basename(p) for p in _empty_unreadable(parts)}
-    # A `<name>.creating` holding only zeros is ours: a file made ahead of its name (a
-    # running writer's next index file), or one a crash left, which a writable open removes.
-    others = drop_creating_leftovers(fs, idx_dir, [n for n in sorted(fs.list_dir(idx_dir))
-                                                   if n not in loaded],
-                                     is_index_name, writable=False)
-    for name in others:
-        report.problems.append(Problem("index", f"index/{name}", -1,
-                                       "not an index file of this store's geometry "
-                                       "(ignored by the store)"))
+    for name in sorted(fs.list_dir(idx_dir)):
+        if name not in loaded:
+            report.problems.append(Problem("index", f"index/{name}", -1,
+                                           "not an index file of this store's geometry "
+                                           "(ignored by the store)"))
 
 
 def _expected_tags_code(parts, m):

@@ -186,6 +186,7 @@ LINK_KINDS = {
     "consumerOffset.json": "config/consumerOffset.json",
     "commitlog segment": lambda root: "commitlog/" + _first(root / "commitlog"),
     "next commitlog .creating": "commitlog/00000000000000065536.creating",
+    "next index file made ahead": "index.creating",
     "consumequeue segment": lambda root: "consumequeue/T0/0/" + _first(
         root / "consumequeue" / "T0" / "0"),
     "index file": lambda root: "index/" + _first(root / "index"),

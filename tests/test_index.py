@@ -746,10 +746,7 @@ def test_delete_expired_file_removes_files_ending_below_the_offset_but_never_the
         assert svc.delete_expired_file(10 ** 12) == 2
         assert svc.index_file_list == files[3:]
         # Left: the last file, and the one made ahead of its roll.
-        spare = _made_ahead(store)
-        assert spare is not None and spare.file_name.endswith(".creating")
-        assert sorted(os.listdir(tmp_path / "index")) == sorted([files[3].file_name,
-                                                                 spare.file_name])
+        assert sorted(os.listdir(tmp_path / "index")) == [files[3].file_name]
         assert store.query_message("T", "k12").messages[0].commit_log_offset == \
             results[12].commit_log_offset
     finally:
@@ -993,7 +990,10 @@ def test_flushing_an_index_file_takes_its_pages_off_the_page_tables_and_keeps_it
         f = store.index_service.index_file_list[0]
         assert testing.resident_bytes(f.mf.path) > 0
         f.flush()
-        assert testing.resident_bytes(f.mf.path) == 0
+        # All but the page holding the file's end, which a sync never drops (the page a
+        # writer fills, in a file still written): this small file's end lies in the first
+        # window of entries, which was populated ahead.
+        assert testing.resident_bytes(f.mf.path) <= 4096
         hits = store.query_message("T", "k42", 10, 0, 1 << 62)
         assert [m.keys for m in hits.messages] == ["k42"]
     finally:
@@ -1007,7 +1007,7 @@ class _RecordingIndexReserves(FileSystem):
         self.calls = []
 
     def reserve(self, path, offset, length):
-        if os.sep + "index" + os.sep in path:
+        if os.sep + "index" + os.sep in path or path.endswith(os.sep + "index.creating"):
             self.calls.append((path, offset, threading.current_thread().name, length))
         return super().reserve(path, offset, length)
 
@@ -1036,8 +1036,9 @@ def test_the_next_index_file_is_made_ahead_and_taken_at_the_roll(tmp_path, backe
         svc = store.index_service
         first = svc.index_file_list[-1]
         spare = _made_ahead(store)
-        assert spare is not None and spare.path == str(index_dir / (first.file_name
-                                                                      + ".creating"))
+        # Beside index/, not in it: a broker loads every file there.
+        assert spare is not None and spare.path == str(root / "index.creating")
+        assert sorted(os.listdir(index_dir)) == [first.file_name]
         table = F.INDEX_HEADER_SIZE + 4 * F.INDEX_SLOT_SIZE
         assert spare.mf.reserved_position > table
         assert spare.header() == (0, 0, 0, 0, 0, 1)         # zeros until taken
@@ -1055,7 +1056,7 @@ def test_the_next_index_file_is_made_ahead_and_taken_at_the_roll(tmp_path, backe
         assert not [c for c in fs.calls if c[:2] == (spare.path, 0)]
         # And the next one is made ahead of the next roll.
         nxt = _made_ahead(store)
-        assert nxt is not None and nxt.path == spare.path + ".creating"
+        assert nxt is not None and nxt is not spare and nxt.path == str(root / "index.creating")
         for i in range(8):
             got = store.query_message("T", f"k{i}").messages
             assert [m.commit_log_offset for m in got] == [results[i].commit_log_offset]
@@ -1063,6 +1064,7 @@ def test_the_next_index_file_is_made_ahead_and_taken_at_the_roll(tmp_path, backe
         store.shutdown()
     # Nothing made ahead outlives the store.
     assert sorted(os.listdir(index_dir)) == sorted(f.file_name for f in files)
+    assert not (root / "index.creating").exists()
 
 
 def test_the_index_files_are_the_same_bytes_whether_made_ahead_or_at_the_roll(tmp_path,
@@ -1082,6 +1084,7 @@ def test_the_index_files_are_the_same_bytes_whether_made_ahead_or_at_the_roll(tm
             assert (store.index_service._spare is not None) == ahead
         finally:
             store.shutdown()
+        assert not (root / "index.creating").exists()
         return {p.name: p.read_bytes() for p in (root / "index").iterdir()}
 
     made = index_bytes(tmp_path / "ahead", True)
@@ -1104,8 +1107,8 @@ def test_an_index_file_made_ahead_that_a_crash_leaves_is_removed_at_load(tmp_pat
         shutil.copytree(root, copy, ignore=shutil.ignore_patterns("lock"))
     finally:
         store.shutdown()
-    leftover = copy / "index" / os.path.basename(spare.path)
-    assert leftover.exists()
+    leftover = copy / "index.creating"
+    assert leftover.exists() and spare.path == str(root / "index.creating")
     again = MessageStore(str(copy), testing.small_config(max_index_num=5, max_hash_slot_num=4),
                          clock=StepClock(1_900_000_000_000, 7), kernels=backend)
     try:
@@ -1135,8 +1138,10 @@ def test_the_slot_table_of_the_file_made_ahead_is_reserved_a_step_at_a_time(tmp_
         spare = _made_ahead(store)
         assert spare is not None
         table = spare.table_end
-        steps = [(offset, length) for path, offset, who, length in fs.calls
-                 if path == spare.path and offset < table]
+        # This spare's calls: the first file was made ahead under the same name before it.
+        mine = [c for c in fs.calls if c[0] == spare.path]
+        first = max(i for i, c in enumerate(mine) if c[1] == 0)
+        steps = [(offset, length) for _, offset, _, length in mine[first:] if offset < table]
         assert steps == [(offset, min(step, table - offset)) for offset in range(0, table, step)]
         assert len(steps) == 5
         assert {who for path, _, who, _ in fs.calls if path == spare.path} == \

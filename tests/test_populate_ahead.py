@@ -22,6 +22,8 @@ SERVICE = PopulateAheadService.name
 
 
 def _part(path):
+    if (path or "").endswith(os.sep + "index.creating"):
+        return "index"              # the next index file, made ahead beside index/
     parts = (path or "").split(os.sep)
     return next((p for p in ("commitlog", "consumequeue", "index") if p in parts), None)
 
