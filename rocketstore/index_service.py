@@ -310,7 +310,9 @@ class IndexService(Dispatcher):
             spare, self._spare = self._spare, None
         if spare is None:
             return None
-        if (spare.slot_num, spare.index_num) == (self.hash_slot_num, self.index_num):
+        # Never over a file there (a rename would replace it; the roll's own create keeps it).
+        if ((spare.slot_num, spare.index_num) == (self.hash_slot_num, self.index_num)
+                and not (self._fs.exists(path) or self._fs.is_link(path))):
             try:
                 spare.mf.rename(path)
                 spare.populator = self.populator    # the service's, should it have changed
