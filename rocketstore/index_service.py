@@ -238,18 +238,15 @@ class IndexService(Dispatcher):
 
     def _drop_made_ahead_leftover(self):
         """The file made ahead, left by a crash: zeros (nothing is written to it before the
-        roll renames it), removed. One holding data, or a link, is not ours: it stays, with a
-        warning, and no file is made ahead while it is there."""
-        path = self._ahead_path
-        fs = self._fs
-        if not (fs.exists(path) or fs.is_link(path)):
+        roll renames it), removed as any `.creating` leftover is. One holding data is not
+        ours: it stays, with a warning, and no file is made ahead while it is there. (A link
+        there never gets this far: a writable open refuses it, STORE_ENTRIES.)"""
+        if not self._fs.exists(self._ahead_path):
             return
-        if not fs.is_link(path) and not fs.is_dir(path) and fs.holds_only_zeros(path):
-            log.info("removing %s: the next index file, made ahead before a crash", path)
-            fs.remove(path)
-        else:
+        if drop_creating_leftovers(self._fs, self._root, [INDEX_MADE_AHEAD],
+                                   lambda base: base == "index", writable=True):
             log.warning("%s is not an index file this store made ahead: left as it is, and no "
-                        "index file is made ahead while it is there", path)
+                        "index file is made ahead while it is there", self._ahead_path)
 
     def _make_spare(self):
         """On the populator's thread: the next file, sized and mapped as INDEX_MADE_AHEAD,
