@@ -13,7 +13,9 @@ putting thread's page faults (in all, puts with any, puts with FAULTED_PUT or mo
 past the pages the allocator had populated), and every
 put slower than 50 ms with what overlapped it: file-system calls of the store's threads (block
 reservation, prefault, msync, file creation), a CommitLog file roll inside the put, and the
-Dirty / Writeback page counts of /proc/meminfo at the time.
+Dirty / Writeback page counts of /proc/meminfo at the time, and the host's steal time on each
+CPU around it (time the hypervisor gave the virtual CPUs to other guests: the putter's own
+clocks count it as its CPU time).
 
 Where the putting thread's time went, by the kernel's schedstat: on a CPU, runnable but waiting
 for one (other threads had both: of this process, or of other sessions, which the scheduler's
@@ -56,6 +58,8 @@ FAULTED_PUT = 8
 NOTABLE_NS = 1_000_000         # file-system calls shorter than this are not listed by a stall
 KEY_SETS = 64                  # keys repeat every KEY_SETS * BATCH messages
 SAMPLE_EVERY_S = 0.1
+STEAL_EVERY_S = 0.01
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 STACK_EVERY_S = 0.005
 TOPIC = "SustainedTopic"
 
@@ -164,18 +168,45 @@ class TimedFileSystem(FileSystem):
     del _timed
 
 
+def steal_ticks():
+    """The machine's steal time so far, per CPU, in USER_HZ ticks (/proc/stat's eighth
+    column): time the hypervisor ran something else while a virtual CPU wanted to run. A
+    guest thread's own clocks (schedstat, rusage) count it as time on a CPU, so a put slowed
+    by the host looks like a put doing more work."""
+    with open("/proc/stat") as f:
+        return tuple(int(ln.split()[8]) for ln in f
+                     if ln.startswith("cpu") and ln[3].isdigit())
+
+
 class MemSampler(threading.Thread):
-    """Dirty and Writeback bytes every SAMPLE_EVERY_S, stamped with perf_counter_ns."""
+    """Dirty and Writeback bytes every SAMPLE_EVERY_S, and the steal ticks of each CPU every
+    STEAL_EVERY_S, stamped with perf_counter_ns."""
 
     def __init__(self):
         super().__init__(daemon=True, name="bench-meminfo")
         self.samples = []
+        self.steal = []             # (perf_counter_ns, (ticks of cpu0, cpu1, ...))
         self.stop = threading.Event()
 
     def run(self):
-        while not self.stop.wait(SAMPLE_EVERY_S):
-            m = meminfo()
-            self.samples.append((time.perf_counter_ns(), m["Dirty"], m["Writeback"]))
+        every = max(1, round(SAMPLE_EVERY_S / STEAL_EVERY_S))
+        n = 0
+        while not self.stop.wait(STEAL_EVERY_S):
+            now = time.perf_counter_ns()
+            self.steal.append((now, steal_ticks()))
+            n += 1
+            if n % every == 0:
+                m = meminfo()
+                self.samples.append((now, m["Dirty"], m["Writeback"]))
+
+    def stolen_ms(self, t0, t1):
+        """Steal of each CPU (ms) between the samples just before t0 and just after t1."""
+        s = self.steal
+        if not s:
+            return None
+        i = max(0, bisect.bisect_right(s, (t0,)) - 1)
+        j = min(len(s) - 1, bisect.bisect_left(s, (t1,)))
+        return [(b - a) * 1000 / TICKS_PER_S for a, b in zip(s[i][1], s[j][1])]
 
 
 class KernelStacks(threading.Thread):
@@ -270,7 +301,7 @@ def _percentile(sorted_values, q):
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
-def _stall_report(stall, fs_calls, gc_runs, stacks, samples, start_ns):
+def _stall_report(stall, fs_calls, gc_runs, stacks, samples, stolen, start_ns):
     t0, t1, rolled, utime, stime, minflt, majflt, nvcsw, nivcsw, on_cpu, waiting = stall
     gcs = [g for g in gc_runs if g[0] < t1 and g[1] > t0 and g[1] - g[0] >= NOTABLE_NS]
     seen = {}
@@ -287,6 +318,10 @@ def _stall_report(stall, fs_calls, gc_runs, stacks, samples, start_ns):
         asleep = max(0, t1 - t0 - on_cpu - waiting)     # the clocks are read apart
         parts.insert(1, f"putter on a CPU {on_cpu / 1e6:.1f} ms, waiting for one "
                         f"{waiting / 1e6:.1f} ms, asleep {asleep / 1e6:.1f} ms")
+    steal = stolen(t0, t1)
+    if steal is not None:
+        # Over the sampling interval around the put (STEAL_EVERY_S each side), in ticks.
+        parts.append("host steal " + " + ".join(f"{ms:.0f}" for ms in steal) + " ms (per CPU)")
     if rolled:
         parts.append("CommitLog file roll in this put")
     for g in gcs:
@@ -497,6 +532,11 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path):
         f"puts_with_{FAULTED_PUT}_or_more_faults": faults["overtook"],
         "puts": state["calls"],
         "load_average": os.getloadavg(),
+        # The hypervisor's share of each CPU over the run: time the putter and the store's
+        # threads could not run however idle the guest looked.
+        "host_steal_s_per_cpu": [round(ms / 1e3, 2) for ms in
+                                 sampler.stolen_ms(state["start"], state["start"]
+                                                   + int(state["seconds"] * 1e9)) or []],
         "thread_ids": thread_ids,
         "autogroup": _autogroup(),
     }
@@ -517,7 +557,7 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path):
     samples = sorted(sampler.samples)
     report = [f"{k}: {v}" for k, v in figures.items()]
     report += [_stall_report(s, fs_calls, gc_times.runs, sorted(kstacks.samples), samples,
-                             state["start"])
+                             sampler.stolen_ms, state["start"])
                for s in stalls]
     benchmark.extra_info["stalls"] = report[len(figures):]
     # CLOCK_MONOTONIC ns (perf_counter_ns on Linux), as `perf record -k CLOCK_MONOTONIC` stamps
