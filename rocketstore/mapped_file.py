@@ -105,7 +105,7 @@ class MappedFile:
                  "reserve_window", "reserve_window_max", "refill_lead", "store_timestamp",
                  "first_create_in_queue", "writable", "wbuf", "_pool", "_k", "_fs", "_refs",
                  "_available", "_lock", "_cond", "_reserve_lock", "_first_shutdown_ms",
-                 "truncations")
+                 "truncations", "_commit_lock", "_commit_fd")
     # The most one fallocate reserves ahead of a writer with the reserve lock held
     # (_reserve_in_steps).
     RESERVE_STEP = 4 << 20
@@ -149,6 +149,11 @@ class MappedFile:
         # only when committed; readers see committed bytes only.
         self._pool = pool
         self.wbuf = pool.borrow() if pool is not None else None
+        # A commit writes the buffer into the file with pwrite, without the GIL: the buffer
+        # goes back to the pool only under this lock, so no other file refills it under a
+        # pwrite still reading it. The descriptor it writes through, opened at the first.
+        self._commit_lock = threading.Lock()
+        self._commit_fd = None
         self._refs = 0                    # views lent out between hold() and release()
         self._available = True
         # hold()/release() run per read: a bare Lock's C-level `with` is far cheaper than a
@@ -420,19 +425,52 @@ class MappedFile:
         return write > commit
 
     def commit(self, least_pages=0):
-        """Copy [committed, wrote) from the write buffer into the mapping (MappedFile#commit);
-        a file committed to its end gives its buffer back to the pool."""
+        """Write [committed, wrote) from the write buffer into the file (MappedFile#commit);
+        a file committed to its end gives its buffer back to the pool.
+
+        With pwrite, as Java's commit0 writes through the file's channel, not through the
+        mapping: the page cache takes the bytes without the mapping's pages being faulted
+        in, so nobody populates them ahead (the allocator only reserves a pooled file's
+        blocks), and the GIL is released while the kernel copies (and, past the dirty
+        budget, throttles). A copy into the mapping held the GIL throughout, and the
+        allocator populated every page of it first, only for the copy to overwrite it: 19 s
+        of the allocator's CPU in a 60 s run of sustained writes (doc/performance.md).
+        An OSError (the disk refused the write) leaves the committed position where it was:
+        the bytes stay in the buffer, and the next commit writes them again."""
         if self.wbuf is None:
             return self.wrote_position
-        if self.is_able_to_commit(least_pages):
-            start = self.committed_position
-            end = self.wrote_position
-            self.mm[start:end] = self.wbuf[start:end]
-            self.committed_position = end
-        if self.committed_position >= self.file_size:
-            wbuf, self.wbuf = self.wbuf, None
-            self._pool.give_back(wbuf)
+        with self._commit_lock:
+            wbuf = self.wbuf
+            if wbuf is None:                # given back meanwhile: closed or destroyed
+                return self.committed_position
+            if self.is_able_to_commit(least_pages):
+                start = self.committed_position
+                end = self.wrote_position
+                truncations = self.truncations
+                if self._commit_fd is None:
+                    self._commit_fd = self.open_writer_fd()
+                with memoryview(wbuf) as mv, mv[start:end] as part:
+                    self._fs.pwrite(self._commit_fd, part, start, self.path)
+                if truncations == self.truncations:     # else cut back meanwhile
+                    self.committed_position = end
+            if self.committed_position >= self.file_size:
+                self._give_back_wbuf_locked()
         return self.committed_position
+
+    def _give_back_wbuf(self):
+        """Return the write buffer to the pool and close the commit's descriptor, once no
+        commit is using them."""
+        if self.wbuf is not None or self._commit_fd is not None:
+            with self._commit_lock:
+                self._give_back_wbuf_locked()
+
+    def _give_back_wbuf_locked(self):
+        wbuf, self.wbuf = self.wbuf, None
+        fd, self._commit_fd = self._commit_fd, None
+        if wbuf is not None:
+            self._pool.give_back(wbuf)
+        if fd is not None:
+            self.close_fd(fd)
 
     def is_able_to_flush(self, least_pages):
         flush = self.flushed_position
@@ -548,9 +586,8 @@ class MappedFile:
         (_unmap); a plain close does not wait for one."""
         with self._cond:
             self._available = False
-            if self.wbuf is not None:
-                wbuf, self.wbuf = self.wbuf, None
-                self._pool.give_back(wbuf)
+        self._give_back_wbuf()
+        with self._cond:
             if self._refs > 0:
                 self._cond.wait_for(lambda: self._refs <= 0, timeout=wait_s)
             if self._refs > 0:
@@ -606,12 +643,11 @@ class MappedFile:
             if self._available:
                 self._available = False
                 self._first_shutdown_ms = now_ms
-                if self.wbuf is not None:
-                    wbuf, self.wbuf = self.wbuf, None
-                    self._pool.give_back(wbuf)
             forced = now_ms - self._first_shutdown_ms >= interval_forcibly_ms
-            if self._refs > 0 and not forced:
-                return False
+            busy = self._refs > 0 and not forced
+        self._give_back_wbuf()
+        if busy:
+            return False
         try:
             self.mm.close()
         except BufferError:

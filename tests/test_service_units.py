@@ -134,3 +134,115 @@ def test_the_committer_copies_write_buffers_to_the_files_and_wakes_the_flusher(t
     committer = CommitRealTimeService(config, log.mfq, woken.set)
     committer.run_once()
     assert log.mfq.committed_where == log.max_offset and woken.is_set()
+
+
+class _RecordingPwrites(FileSystem):
+    """Records each pwrite (path, position, length) and each populate (the mapping's id);
+    a pwrite can be made to fail once (`fail`) or to wait for `go` after saying it began."""
+
+    def __init__(self):
+        super().__init__()
+        self.pwrites = []
+        self.populated = set()
+        self.fail = None
+        self.go = None
+        self.began = threading.Event()
+
+    def pwrite(self, fd, data, pos, path):
+        self.began.set()
+        if self.go is not None:
+            assert self.go.wait(10)
+        if self.fail is not None:
+            exc, self.fail = self.fail, None
+            raise exc
+        self.pwrites.append((path, pos, memoryview(data).nbytes))
+        super().pwrite(fd, data, pos, path)
+
+    def prefault(self, mm, start=0, length=None, chunk=1 << 20):
+        self.populated.add(id(mm))
+        return super().prefault(mm, start, length, chunk)
+
+
+def _pooled_commitlog(root, backend, fs):
+    config = testing.small_config(transient_store_pool_enable=True, transient_store_pool_size=2,
+                                  commit_interval_commit_log=1, commit_commit_log_least_pages=0)
+    log = CommitLog(str(root), config, backend, fs)
+    log.load()
+    return config, log
+
+
+def test_a_pooled_file_is_committed_with_pwrite_and_its_mapping_is_never_populated(
+        tmp_path, backend, closing):
+    fs = _RecordingPwrites()
+    config, log = _pooled_commitlog(tmp_path, backend, fs)
+    closing(log)
+    log.start()                         # the allocator: it reserves the pooled file ahead
+    try:
+        clock = StepClock()
+        first = [log.put_message(Message(topic="T", queue_id=0, body=b"a%d" % i), clock)
+                 for i in range(3)]
+        mf = log.mfq.last_file
+        assert mf.wbuf is not None
+        committer = CommitRealTimeService(config, log.mfq, None)
+        committer.run_once()
+        middle = log.max_offset
+        assert fs.pwrites == [(mf.path, 0, middle)]
+        log.put_message(Message(topic="T", queue_id=0, body=b"b"), clock)
+        end = log.mfq.get_max_wrote_position()
+        committer.run_once()
+        assert fs.pwrites[1:] == [(mf.path, middle, end - middle)]
+        assert log.max_offset == end
+        # Readers see the committed bytes through the mapping, as they were put.
+        assert bytes(mf.mm[:log.max_offset]) == bytes(mf.wbuf[:log.max_offset])
+        with open(mf.path, "rb") as f:
+            assert f.read(log.max_offset) == bytes(mf.wbuf[:log.max_offset])
+        assert all(r.status.name == "PUT_OK" for r in first)
+        # The allocator reserved the pooled file's window but populated none of its pages
+        # (the commit's pwrite fills the page cache itself).
+        testing.wait_until(lambda: mf.reserved_position > mf.wrote_position)
+        assert id(mf.mm) not in fs.populated
+    finally:
+        log.shutdown()
+
+
+def test_a_commit_the_disk_refuses_keeps_the_bytes_for_the_next_commit(tmp_path, backend,
+                                                                       closing):
+    fs = _RecordingPwrites()
+    config, log = _pooled_commitlog(tmp_path, backend, fs)
+    closing(log)
+    log.put_message(Message(topic="T", queue_id=0, body=b"kept"), StepClock())
+    end = log.mfq.get_max_wrote_position()
+    fs.fail = OSError(28, "No space left on device")
+    with pytest.raises(OSError):
+        log.mfq.commit(0)
+    assert log.mfq.committed_where == 0             # nothing counts as committed
+    CommitRealTimeService(config, log.mfq, None).run_once()
+    assert log.mfq.committed_where == end
+    mf = log.mfq.last_file
+    with open(mf.path, "rb") as f:
+        assert f.read(end) == bytes(mf.wbuf[:end])
+
+
+def test_a_pooled_file_closed_during_a_commit_keeps_its_buffer_until_the_pwrite_ends(
+        tmp_path, backend, closing):
+    """The pwrite reads the buffer without the GIL: handed back to the pool meanwhile, it
+    could be given to the next file and overwritten under it."""
+    fs = _RecordingPwrites()
+    config, log = _pooled_commitlog(tmp_path, backend, fs)
+    closing(log)
+    log.put_message(Message(topic="T", queue_id=0, body=b"x" * 100), StepClock())
+    mf = log.mfq.last_file
+    free_before = log.pool.available
+    fs.go = threading.Event()
+    committing = threading.Thread(target=log.mfq.commit, args=(0,))
+    committing.start()
+    assert fs.began.wait(10)
+    closed = threading.Thread(target=mf.close)
+    closed.start()
+    closed.join(0.3)
+    assert log.pool.available == free_before        # still the file's, under the pwrite
+    fs.go.set()
+    committing.join(10)
+    closed.join(10)
+    assert not committing.is_alive() and not closed.is_alive()
+    assert log.pool.available == free_before + 1 and mf.wbuf is None

@@ -247,6 +247,11 @@ class AllocateMappedFileService(ServiceThread):
         # which prefault ignores.
         nogil = isinstance(mf.mm, getattr(self._k, "Mapping", ()))
         chunk = end if urgent and nogil else 1 << 20
+        if mf.wbuf is not None:
+            # A pooled file's puts go to its write buffer, and its commits pwrite them into
+            # the page cache (MappedFile.commit): its blocks need reserving, its mapping no
+            # populating, which would only zero pages the commit then overwrites.
+            pos = end
         while pos < end and mf.is_available and not self.is_stopped:
             if not urgent:
                 self._refill_pending()
