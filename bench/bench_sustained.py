@@ -6,6 +6,11 @@ bandwidth measured first in the same run, on the same file system.
 
     python -m pytest bench/bench_sustained.py --benchmark-only -s -q
 
+Two stores, one after the other: "mapped" (the default: puts write into the CommitLog's
+mapping, which the allocator populates ahead) and "transient_pool" (transientStorePoolEnable:
+puts write into pooled buffers, which a commit thread writes into the file with pwrite every
+200 ms); `-k mapped` or `-k transient_pool` runs one.
+
 It reports (on the terminal and in extra_info): the page cache's dirty budget and how it was
 computed, the disk ceiling, the store's MB/s of CommitLog bytes and its ratio to the ceiling,
 whether the run wrote past the dirty budget, the put latency p50 / p99 / p99.9 / max, the
