@@ -22,6 +22,14 @@ Dirty / Writeback page counts of /proc/meminfo at the time, and the host's steal
 CPU around it (time the hypervisor gave the virtual CPUs to other guests: the putter's own
 clocks count it as its CPU time).
 
+What fresh memory costs on the machine: the first write to 256 MiB of new anonymous memory
+(GB/s, before the disk probe), and the guest's free page reporting (virtio-balloon: its order,
+and how much freed memory the guest handed back to the host during the run). Where the host
+backs handed-back memory again only on its next use, each page-cache page the store fills
+costs that first touch: on the 2-core VM this ran at 0.35-0.7 GB/s, against 6-20 GB/s for
+memory the host still backed, and dominated the allocator's CPU and the runs' stalls
+(doc/performance.md, "Memory the host backs again").
+
 Where the putting thread's time went, by the kernel's schedstat: on a CPU, runnable but waiting
 for one (other threads had both: of this process, or of other sessions, which the scheduler's
 autogroups serve first, each its fair share), or asleep (the GIL, a page lock, I/O). In all and
@@ -67,6 +75,7 @@ STEAL_EVERY_S = 0.01
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 STACK_EVERY_S = 0.005
 TOPIC = "SustainedTopic"
+MEM_PROBE_BYTES = 256 * MIB     # fresh memory touched once before the run (first_touch_gb_s)
 
 
 # ---- the machine ---------------------------------------------------------------------------
@@ -129,6 +138,38 @@ def disk_bandwidth(directory, total):
 def free_bytes(path):
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
+
+
+_REPORTING = "/sys/module/page_reporting/parameters/"
+
+
+def page_reporting():
+    """(page_reporting_order, KiB reported so far) of the guest's free page reporting
+    (virtio-balloon), or None without it. A guest that reports hands its free memory back to
+    the host, which backs each page again only on its next use: here that first touch ran
+    at 0.35-0.7 GB/s against 6-20 GB/s for memory the host still backed (doc/performance.md,
+    "Memory the host backs again"). Page cache the store fills counts: every run that starts
+    after its predecessors' files were deleted pays it for each page it writes."""
+    try:
+        return (_read_int(_REPORTING + "page_reporting_order"),
+                _read_int(_REPORTING + "reported_kib"))
+    except (OSError, ValueError):
+        return None
+
+
+def first_touch_gb_s(nbytes=MEM_PROBE_BYTES):
+    """GB/s of a first write to `nbytes` of fresh anonymous memory: the host's cost to back
+    memory the guest hands out (a page-cache page the allocator populates is such memory)."""
+    import mmap
+    chunk = b"\x01" * MIB
+    mm = mmap.mmap(-1, nbytes)
+    try:
+        t0 = time.perf_counter()
+        for pos in range(0, nbytes, MIB):
+            mm[pos:pos + MIB] = chunk
+        return nbytes / (time.perf_counter() - t0) / 1e9
+    finally:
+        mm.close()
 
 
 # ---- what the store's threads were doing -----------------------------------------------------
@@ -377,6 +418,8 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path, writes):
     born = {"born_timestamp": msgs[0].born_timestamp, "born_host": msgs[0].born_host}
 
     budget = dirty_budget()
+    # Before the disk probe, whose page cache the guest frees and may hand back meanwhile.
+    touch_gb_s = first_touch_gb_s()
     ceiling = disk_bandwidth(str(tmp_path), PROBE_BYTES)
     # The store outruns the disk only until the dirty budget is full; then the kernel holds it
     # to the disk's pace. The run also stops at that many CommitLog bytes, should the probe
@@ -428,6 +471,7 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path, writes):
             results = []
             last_end = 0
             state["cpu_before"] = thread_cpu_ns()
+            state["reporting_before"] = page_reporting()
             start = clock()
             state["start"] = start
             deadline = start + int(SECONDS * 1e9)
@@ -480,6 +524,7 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path, writes):
             state["calls"] = calls
             state["seconds"] = (clock() - start) / 1e9
             state["cpu_after"] = thread_cpu_ns()
+            state["reporting_after"] = page_reporting()
 
         sampler.start()
         if kstacks.available():
@@ -542,6 +587,13 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path, writes):
         f"puts_with_{FAULTED_PUT}_or_more_faults": faults["overtook"],
         "puts": state["calls"],
         "load_average": os.getloadavg(),
+        # Whether fresh memory is dear on this machine: the host backs again, page by page,
+        # what the guest handed back (page_reporting); the store's page cache is such memory.
+        "first_touch_gb_s": round(touch_gb_s, 2),
+        "page_reporting_order": (state["reporting_after"] or (None,))[0],
+        "reported_to_host_during_run_gb": (
+            round((state["reporting_after"][1] - state["reporting_before"][1]) * 1024 / 1e9, 1)
+            if state.get("reporting_after") and state.get("reporting_before") else None),
         # The hypervisor's share of each CPU over the run: time the putter and the store's
         # threads could not run however idle the guest looked.
         "host_steal_s_per_cpu": [round(ms / 1e3, 2) for ms in
