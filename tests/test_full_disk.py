@@ -75,10 +75,11 @@ def field(lines, key):
     return found[0] if found else None
 
 
-def check_reopen(backend, root, acks, next_id, room):
+def check_reopen(backend, root, acks, next_id, room, extra=()):
     """Reopen (full disk or not): no signal, every acknowledged message is there. Returns
     the acknowledged ids, with the reopened store's own put if it was acknowledged."""
-    lines = child(backend, "check", root, "--start", next_id, *(["--room"] if room else []))
+    lines = child(backend, "check", root, "--start", next_id, *(["--room"] if room else []),
+                  *extra)
     load_error = field(lines, "load_error")
     walk = field(lines, "walk")["walk"]
     put = field(lines, "put")
@@ -100,13 +101,13 @@ def check_reopen(backend, root, acks, next_id, room):
     return acks
 
 
-def reopen_full_then_freed(name, root, filler, acks, refusals):
+def reopen_full_then_freed(name, root, filler, acks, refusals, extra=()):
     """The refusals name the full disk; every acknowledged message reads back after a reopen
     on the still-full disk, and again once the filler is gone."""
     assert_refused_for_disk_full(refusals)
-    acks = check_reopen(name, root, acks, 900_000, room=False)
+    acks = check_reopen(name, root, acks, 900_000, room=False, extra=extra)
     os.remove(filler)
-    check_reopen(name, root, acks, 900_001, room=True)
+    check_reopen(name, root, acks, 900_001, room=True, extra=extra)
 
 
 @pytest.mark.slow
@@ -119,6 +120,50 @@ def test_full_disk_after_data_refuses_puts_and_keeps_every_acknowledged_message(
         child(name, "put", root, "--fill", filler, "--fill-after", 200))
     assert len(acks) >= 200 and acks == list(range(len(acks)))
     reopen_full_then_freed(name, root, filler, acks, refusals)
+
+
+@pytest.fixture
+def small_ext4(tmp_path):
+    """A 96 MiB ext4 on a loop device, mounted for the test: unlike tmpfs, it fills its page
+    cache in large folios where a mapping asks for them (Linux 6.16+)."""
+    image, mnt = tmp_path / "ext4.img", tmp_path / "ext4"
+    mnt.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(96 * MiB)
+    try:
+        subprocess.run(["mkfs.ext4", "-q", "-F", "-b", "4096", str(image)], check=True, capture_output=True)
+        subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], check=True,
+                       capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"no loop-mounted ext4 here: {exc}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", testing.backend_params())
+def test_full_ext4_with_large_folios_refuses_puts_and_never_raises_sigbus(small_ext4, name):
+    """The allocator populates the CommitLog in large folios (2 MiB on x86-64). A write into
+    one makes ext4 allocate every block it covers, so a folio straddling the reserved end
+    would allocate past the reservation: once the disk is too full for a whole window, the
+    write into the window shrunk to what it needs would die by SIGBUS. Reserved ends fall
+    on whole folios (MappedFile.use_large_folios). The store fills its own disk here, so its
+    last windows shrink as the space runs out."""
+    if not FileSystem().large_folio_size():
+        pytest.skip("the kernel has no large page-cache folios (no THP)")
+    root = small_ext4 / "store"
+    ballast = small_ext4 / "ballast"            # removed at the end, to make room again
+    with open(ballast, "wb") as f:
+        f.write(bytes(8 * MiB))
+        os.fsync(f.fileno())
+    acks, refusals = acks_and_refusals(child(name, "put", root, "--large"))
+    assert len(acks) > 1000 and acks == list(range(len(acks)))
+    assert_refused_for_disk_full(refusals)
+    acks = check_reopen(name, root, acks, 900_000, room=False, extra=("--large",))
+    os.remove(ballast)
+    check_reopen(name, root, acks, 900_001, room=True, extra=("--large",))
 
 
 @pytest.mark.slow

@@ -659,3 +659,73 @@ def test_an_async_flush_store_brings_no_page_past_the_reserved_end_into_the_page
         assert testing.cached_bytes(mf.path) <= mf.reserved_position
     finally:
         store.shutdown()
+
+
+class FolioRecording(FileSystem):
+    """Large folios of FOLIO bytes (1 MiB, so a test's files stay small); records the end of
+    each CommitLog reservation and the mappings advised to take large folios."""
+
+    FOLIO = 1 << 20
+
+    def __init__(self):
+        self.ends = []
+        self.large = set()
+
+    def large_folio_size(self):
+        return self.FOLIO
+
+    def advise_hugepage(self, mm):
+        self.large.add(id(mm))
+        return super().advise_hugepage(mm)
+
+    def reserve(self, path, offset, length):
+        if os.sep + "commitlog" + os.sep in path:
+            self.ends.append(offset + length)
+        return super().reserve(path, offset, length)
+
+
+def test_commitlog_files_populated_in_large_folios_are_reserved_to_whole_folios(tmp_path,
+                                                                                backend):
+    """A write into a large folio allocates all of its blocks: a reserved end inside one would
+    let a write below it allocate past it (SIGBUS on a full disk; test_full_disk.py has the
+    real one). Every end the store reserves to falls on a whole folio or the file's end."""
+    fs = FolioRecording()
+    size = 8 << 20
+    cfg = config(mapped_file_size_commit_log=size, commit_log_reserve_window=4 * fs.FOLIO)
+    store = testing.open_store(tmp_path / "s", backend, config=cfg, fs=fs)
+    try:
+        while len(store.commitlog.mfq.files) < 3:
+            assert store.put_message(Message("TopicA", b"f" * 3000)).ok
+        files = store.commitlog.mfq.files
+        assert all(id(mf.mm) in fs.large and mf.reserve_align == fs.FOLIO for mf in files)
+        assert len(fs.ends) > 3
+        assert all(end % fs.FOLIO == 0 or end % size == 0 for end in fs.ends), fs.ends
+    finally:
+        store.shutdown()
+
+
+def test_a_window_smaller_than_four_folios_keeps_4k_pages(tmp_path, backend):
+    """Rounding a small window's end up to whole folios would reserve far more than it:
+    such files keep page-sized reservations and no large folios."""
+    fs = FolioRecording()
+    store = testing.open_store(tmp_path / "s", backend, config=config(), fs=fs)
+    try:
+        assert store.put_message(Message("TopicA", b"f" * 3000)).ok
+        mf = store.commitlog.mfq.files[-1]
+        assert mf.reserve_align == 4096 and id(mf.mm) not in fs.large
+    finally:
+        store.shutdown()
+
+
+def test_a_file_given_large_folios_reserves_first_to_the_next_whole_folio(tmp_path, backend):
+    fs = FolioRecording()
+    mf = MappedFile(str(tmp_path / "00000000000000000000"), 4 << 20, backend, fs)
+    try:
+        mf.reserve(5000)                      # page-granular: 8 KiB
+        assert mf.reserved_position == 8192
+        assert mf.use_large_folios(fs.FOLIO)
+        assert mf.reserved_position == fs.FOLIO and mf.refill_position == fs.FOLIO
+        mf.reserve(fs.FOLIO + 1)
+        assert mf.reserved_position == 2 * fs.FOLIO
+    finally:
+        mf.close()

@@ -79,6 +79,8 @@ class ReserveAheadService(ServiceThread):
 
 class AllocateMappedFileService(ServiceThread):
     name = "AllocateMappedFileService"
+    # Large folios only where the reserve window holds at least this many of them.
+    FOLIO_WINDOWS = 4
 
     def __init__(self, file_size, kernels, fs, prefault=True, pool=None, reserve_window=0,
                  fill_cache=False):
@@ -135,7 +137,16 @@ class AllocateMappedFileService(ServiceThread):
             # Made to be written (see adopt): advised here, usually on this thread, since a
             # madvise waits for the mmap lock, which a populate elsewhere may hold long.
             mf.advise_random(True)
+            self._use_large_folios(mf)
         return mf
+
+    def _use_large_folios(self, mf):
+        """Large page-cache folios for a file this thread populates (use_large_folios),
+        where the window is at least FOLIO_WINDOWS folios: its reserved ends then round up
+        to whole folios, which adds at most a quarter to a window."""
+        size = self._fs.large_folio_size()
+        if size and self._window >= self.FOLIO_WINDOWS * size:
+            mf.use_large_folios(size)
 
     def adopt(self, mf, end=None, advised=False):
         """Keep a window reserved and populated ahead of the writer of `mf` from now on, the
@@ -156,6 +167,7 @@ class AllocateMappedFileService(ServiceThread):
                 self.wakeup()
             if not advised:
                 mf.advise_random(True)
+                self._use_large_folios(mf)
             self._size_window(mf)
             # From the writer on: a window the reserving thread or _fill_ready took already
             # may not be populated yet (populating pages already in costs a page-table walk).
@@ -255,12 +267,15 @@ class AllocateMappedFileService(ServiceThread):
         while pos < end and mf.is_available and not self.is_stopped:
             if not urgent:
                 self._refill_pending()
-            if self._fill_cache:
+            if self._fill_cache and mf.reserve_align <= OS_PAGE_SIZE:
                 # The page cache filled for exactly this reserved range first (see
                 # FileSystem.cache_range), then the writer's populate only maps the pages:
                 # a populate a page per fault (~1 GB/s here) fell behind a putter at
                 # 0.6-0.9 GB/s, which then took 180-325 major faults a round itself; with
                 # this, 1-23 (doc/performance.md, "Where `put_messages` loses its rounds").
+                # Not with large folios (MappedFile.use_large_folios): the populate then
+                # faults them in at about 7 GB/s itself, and a fill would cache the range
+                # in 4 KiB pages first.
                 self._fs.cache_range(mf.path, pos, min(chunk, end - pos))
             self._fs.prefault(mf.mm, pos, min(chunk, end - pos))
             pos = max(pos + chunk, mf.wrote_position - mf.wrote_position % OS_PAGE_SIZE)

@@ -32,13 +32,16 @@ TOPICS = ("FullA", "FullB")
 REFUSALS = 3        # puts tried after the first refusal: all must be refused too
 
 
-def config(sync=False):
-    # Small files and windows, so a 16-24 MiB file system holds many of each.
+def config(sync=False, large=False):
+    # Small files and windows, so a 16-24 MiB file system holds many of each. `large`: the
+    # default CommitLog window (16 MiB) in 32 MiB files, so that the allocator populates them
+    # in large page-cache folios (AllocateMappedFileService.FOLIO_WINDOWS).
     return StoreConfig(flush_disk_type=FlushDiskType.SYNC_FLUSH if sync else
                        FlushDiskType.ASYNC_FLUSH,
-                       mapped_file_size_commit_log=1 << 20,
+                       mapped_file_size_commit_log=(32 << 20) if large else 1 << 20,
                        mapped_file_size_consume_queue=20 * 2000,
-                       commit_log_reserve_window=256 * 1024, consume_queue_reserve_window=4096,
+                       commit_log_reserve_window=(16 << 20) if large else 256 * 1024,
+                       consume_queue_reserve_window=4096,
                        max_hash_slot_num=256, max_index_num=2000)
 
 
@@ -73,7 +76,7 @@ def fill(path):
 
 
 def put(args):
-    store = MessageStore(args.root, config(args.sync), kernels=args.backend)
+    store = MessageStore(args.root, config(args.sync, args.large), kernels=args.backend)
     store.load()
     store.start()
     refused = 0
@@ -115,7 +118,7 @@ def check(args):
     if os.path.exists(checkpoint):
         with open(checkpoint, "rb") as f:       # as the last run left it
             say(checkpoint_physic=int.from_bytes(f.read(8), "big"))
-    store = MessageStore(args.root, config(args.sync), kernels=args.backend)
+    store = MessageStore(args.root, config(args.sync, args.large), kernels=args.backend)
     try:
         report = store.load()
     except StoreLoadError as exc:
@@ -134,7 +137,7 @@ def check(args):
                 say(queues=read_queues(store))
         finally:
             store.shutdown()
-    ro = MessageStore.open_read_only(args.root, config(), kernels=args.backend)
+    ro = MessageStore.open_read_only(args.root, config(large=args.large), kernels=args.backend)
     try:
         walk, stored = [], []
         for m in ro.iter_messages():
@@ -159,6 +162,8 @@ def main():
     ap.add_argument("--room", action="store_true", help="the disk has room again")
     ap.add_argument("--kill", action="store_true", help="die by SIGKILL instead of shutdown")
     ap.add_argument("--sync", action="store_true", help="SYNC_FLUSH; only PUT_OK acknowledges")
+    ap.add_argument("--large", action="store_true",
+                    help="CommitLog files populated in large folios (config)")
     args = ap.parse_args()
     put(args) if args.action == "put" else check(args)
 
