@@ -131,7 +131,8 @@ def small_ext4(tmp_path):
     with open(image, "wb") as f:
         f.truncate(96 * MiB)
     try:
-        subprocess.run(["mkfs.ext4", "-q", "-F", "-b", "4096", str(image)], check=True, capture_output=True)
+        subprocess.run(["mkfs.ext4", "-q", "-F", "-b", "4096", str(image)], check=True,
+                       capture_output=True)
         subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], check=True,
                        capture_output=True)
     except (OSError, subprocess.CalledProcessError) as exc:
