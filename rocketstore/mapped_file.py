@@ -12,8 +12,12 @@ from .format import OS_PAGE_SIZE
 log = logging.getLogger(__name__)
 
 
+def _round_up(n, unit):
+    return -(-n // unit) * unit
+
+
 def _page_up(n):
-    return -(-n // OS_PAGE_SIZE) * OS_PAGE_SIZE
+    return _round_up(n, OS_PAGE_SIZE)
 
 
 def offset_to_file_name(offset):
@@ -314,8 +318,7 @@ class MappedFile:
         return want
 
     def _align_up(self, n):
-        a = self.reserve_align
-        return -(-n // a) * a
+        return _round_up(n, self.reserve_align)
 
     def use_large_folios(self, size):
         """Let this file's mapping fill the page cache in folios of up to `size` bytes
@@ -331,7 +334,7 @@ class MappedFile:
             return False
         with self._reserve_lock:
             old = self.reserved_position
-            up = min(self.file_size, -(-old // size) * size)
+            up = min(self.file_size, _round_up(old, size))
             if 0 < old < up:
                 try:
                     ok = self._fs.reserve(self.path, old, up - old)

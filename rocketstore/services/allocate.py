@@ -136,14 +136,15 @@ class AllocateMappedFileService(ServiceThread):
         if self._prefault:
             # Made to be written (see adopt): advised here, usually on this thread, since a
             # madvise waits for the mmap lock, which a populate elsewhere may hold long.
-            mf.advise_random(True)
-            self._use_large_folios(mf)
+            self._advise_for_writer(mf)
         return mf
 
-    def _use_large_folios(self, mf):
-        """Large page-cache folios for a file this thread populates (use_large_folios),
-        where the window is at least FOLIO_WINDOWS folios: its reserved ends then round up
-        to whole folios, which adds at most a quarter to a window."""
+    def _advise_for_writer(self, mf):
+        """A file this thread populates ahead of its writer: no readahead (see adopt), and
+        large page-cache folios (use_large_folios) where the window is at least
+        FOLIO_WINDOWS folios: its reserved ends then round up to whole folios, which adds at
+        most a quarter to a window."""
+        mf.advise_random(True)
         size = self._fs.large_folio_size()
         if size and self._window >= self.FOLIO_WINDOWS * size:
             mf.use_large_folios(size)
@@ -166,8 +167,7 @@ class AllocateMappedFileService(ServiceThread):
             if left is not None and left is not mf:
                 self.wakeup()
             if not advised:
-                mf.advise_random(True)
-                self._use_large_folios(mf)
+                self._advise_for_writer(mf)
             self._size_window(mf)
             # From the writer on: a window the reserving thread or _fill_ready took already
             # may not be populated yet (populating pages already in costs a page-table walk).
