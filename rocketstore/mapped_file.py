@@ -291,7 +291,7 @@ class MappedFile:
         # A writer filling the file asks for its end plus the blank record's 8 bytes:
         # nothing exists past the file to reserve, and a zero-length fallocate is EINVAL.
         end = min(end, self.file_size)
-        want = min(self.file_size, self._align_up(end + self.reserve_window))
+        want = min(self.file_size, self._window_end(end))
         need = min(self.file_size, self._align_up(end)) if required else old
         if end <= old if required else want <= old:
             return old, old
@@ -309,7 +309,7 @@ class MappedFile:
         # Past refill_position the writer asks for more: a lead below a whole window
         # leaves populated pages ahead of it meanwhile; a shrunk window has no lead,
         # the disk having nothing more to give.
-        whole = want == self._align_up(end + self.reserve_window)
+        whole = want == self._window_end(end)
         lead = self.refill_lead if whole else 0
         if whole and self.reserve_window < self.reserve_window_max:
             self.reserve_window = min(2 * self.reserve_window, self.reserve_window_max)
@@ -319,6 +319,16 @@ class MappedFile:
 
     def _align_up(self, n):
         return _round_up(n, self.reserve_align)
+
+    def _window_end(self, end):
+        """Where the window ahead of a writer at `end` ends: reserve_window past it, on a
+        reserve_align boundary. With whole folios, rounded down (but never below the folio
+        holding `end`), so that the window holds no more disk and memory than
+        reserve_window, as with pages."""
+        a = self.reserve_align
+        if a <= OS_PAGE_SIZE:
+            return _page_up(end + self.reserve_window)
+        return max(_round_up(end, a), (end + self.reserve_window) // a * a)
 
     def use_large_folios(self, size):
         """Let this file's mapping fill the page cache in folios of up to `size` bytes
