@@ -142,8 +142,8 @@ class AllocateMappedFileService(ServiceThread):
     def _advise_for_writer(self, mf):
         """A file this thread populates ahead of its writer: no readahead (see adopt), and
         large page-cache folios (use_large_folios) where the window is at least
-        FOLIO_WINDOWS folios: its reserved ends then round up to whole folios, which adds at
-        most a quarter to a window."""
+        FOLIO_WINDOWS folios: its windows then end on whole folios, a quarter of a window
+        at most below where they would end on pages (MappedFile._window_end)."""
         mf.advise_random(True)
         size = self._fs.large_folio_size()
         if size and self._window >= self.FOLIO_WINDOWS * size:
