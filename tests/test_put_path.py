@@ -363,11 +363,16 @@ def test_batch_puts_allocate_no_garbage_collected_object_per_message(tmp_path):
         gc.disable()
         for name, call in calls.items():
             call()                                  # warm: topic caches, files
-            before = gc.get_count()[0]
-            assert call().count == 1000
-            # The result and its few arrays; nothing per message. (The store's own threads
-            # allocate meanwhile too, a few dozen objects at most.)
-            assert gc.get_count()[0] - before < 200, name
+            # The result and its few arrays; nothing per message. The store's own threads
+            # allocate meanwhile too: a few dozen objects, and now and then a burst (a file
+            # made ahead) that took one call to 308 in CI. The fewest of three calls counts;
+            # an object per message would be in every one of them.
+            counts = []
+            for _ in range(3):
+                before = gc.get_count()[0]
+                assert call().count == 1000
+                counts.append(gc.get_count()[0] - before)
+            assert min(counts) < 200, (name, counts)
     finally:
         gc.enable()
         store.shutdown()
