@@ -37,11 +37,14 @@ per stalled put, with every thread's CPU time over the run. For who had the CPUs
 take a scheduler trace of the run and read it with bench/stall_trace.py (its docstring says how).
 
 A run writes up to about the dirty budget plus SECONDS x the disk bandwidth (tens of GB for the
-default): it skips, saying why, unless the disk has twice that free. Not run by CI (.ci/run
-runs tests/ only); ROCKETSTORE_SUSTAINED_SECONDS=5 is a quick check of the harness.
+default), and stops there: it skips, saying why, unless the disk has a quarter more than
+that free. Not run by CI (.ci/run runs tests/ only); ROCKETSTORE_SUSTAINED_SECONDS=5 is a
+quick check of the harness.
 
 Knobs: ROCKETSTORE_SUSTAINED_SECONDS, ROCKETSTORE_SUSTAINED_PROBE_MB (bytes the disk probe
-writes, default 4096), ROCKETSTORE_SUSTAINED_BATCH (messages per put_batch, default 1000).
+writes, default 4096), ROCKETSTORE_SUSTAINED_BATCH (messages per put_batch, default 1000),
+ROCKETSTORE_SUSTAINED_DROP_COLD=0 (StoreConfig.drop_cold_commit_log_cache off: the kernel
+alone decides what the page cache keeps).
 """
 import bisect
 import gc
@@ -62,6 +65,8 @@ MIB = 1 << 20
 SECONDS = float(os.environ.get("ROCKETSTORE_SUSTAINED_SECONDS", "60"))
 PROBE_BYTES = int(os.environ.get("ROCKETSTORE_SUSTAINED_PROBE_MB", "4096")) * MIB
 BATCH = int(os.environ.get("ROCKETSTORE_SUSTAINED_BATCH", "1000"))
+# StoreConfig.drop_cold_commit_log_cache (on by default): 0 leaves the page cache to the kernel.
+DROP_COLD = os.environ.get("ROCKETSTORE_SUSTAINED_DROP_COLD", "1") != "0"
 PROBE_WRITE = 4 * MIB          # one pwrite
 PROBE_SYNC_EVERY = 64 * MIB    # one fdatasync per this many bytes
 STALL_NS = 50_000_000
@@ -428,18 +433,21 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path, writes):
     cap = int(budget["dirty"] + SECONDS * ceiling)
     record = commitlog_bytes(msgs) / BATCH
     will_write = int(cap * (record + 40) / record) + 1024 * MIB
+    # The run stops at the cap, so it never writes more than will_write: a quarter more is
+    # wanted free, for the machine's other users (twice skipped 60 s runs on an 85 GB disk).
     free = free_bytes(tmp_path)
-    if free < 2 * will_write:
+    if free < 1.25 * will_write:
         pytest.skip(f"{SECONDS:.0f} s of writes may take {will_write / 1e9:.1f} GB (dirty budget "
                     f"{budget['dirty'] / 1e9:.1f} GB + {SECONDS:.0f} s x {ceiling / 1e6:.0f} MB/s, "
-                    f"with queue and index files); twice that is wanted free, "
+                    f"with queue and index files); a quarter more is wanted free, "
                     f"{free / 1e9:.1f} GB is")
 
     fs = TimedFileSystem()
     # "mapped": puts write into the CommitLog's mapping, populated ahead by the allocator (the
     # default); "transient_pool": into pooled write buffers that a commit thread writes into
     # the file every 200 ms (transientStorePoolEnable, RocketMQ's read-write separation).
-    config = StoreConfig(transient_store_pool_enable=writes == "transient_pool")
+    config = StoreConfig(transient_store_pool_enable=writes == "transient_pool",
+                         drop_cold_commit_log_cache=DROP_COLD)
     store = MessageStore(tmp_path / "store", config, kernels=kernels, fs=fs)
     store.load()
     store.start()
@@ -451,7 +459,7 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path, writes):
     # (start_ns, end_ns, rolled a CommitLog file, the putter's user and system CPU seconds,
     #  minor and major faults, voluntary and involuntary context switches)
     stalls = []
-    state = {"stored": 0, "calls": 0}
+    state = {"stored": 0, "calls": 0, "mem_limit": store.mem_limit}
     faults = {"total": 0, "puts": 0, "overtook": 0}
     # Where the putter's time inside puts went (ns): on a CPU, runnable but waiting for a CPU
     # (other threads, of this process or others, had them), asleep (the GIL, I/O, faults).
@@ -577,6 +585,10 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path, writes):
         "wrote_past_dirty_budget": written > budget["dirty"],
         "stopped_at_byte_cap": written >= cap,
         "peak_dirty_plus_writeback_bytes": peak_dirty,
+        # The CommitLog's flushed bytes farther behind its end than the in-memory window leave
+        # the page cache, so the writer's next pages reuse their memory.
+        "drop_cold_commit_log_cache": DROP_COLD,
+        "in_memory_window_bytes": state["mem_limit"],
         "put_ms_p50": round(_percentile(lat, 0.5) / 1e6, 3),
         "put_ms_p99": round(_percentile(lat, 0.99) / 1e6, 3),
         "put_ms_p999": round(_percentile(lat, 0.999) / 1e6, 3),

@@ -586,12 +586,18 @@ class FileSystem:
         kernel marks the pages it could not write clean and may keep them, and a recovery
         reading those would find records the disk does not hold. Pages a mapping still holds
         (another process's) stay."""
+        self.drop_cached_range(path, 0, 0)
+
+    def drop_cached_range(self, path, start, length):
+        """Evict the clean cached pages of [start, start+length) of the file at `path`
+        (posix_fadvise DONTNEED; length 0: to the end); nothing where there is no fadvise.
+        Pages still mapped somewhere, or dirty, stay (the kernel skips them)."""
         advise = getattr(os, "posix_fadvise", None)
         if advise is None:
             return
         fd = os.open(path, os.O_RDONLY)
         try:
-            advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            advise(fd, start, length, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
 

@@ -126,6 +126,7 @@ class MappedFileQueue:
         # a roll instead of growing it again from the configured size.
         self.populator = populator
         self._prepared = None        # the next file, made ahead; guarded by _lock
+        self._cache_dropped = 0      # drop_cache_below's mark
         self._lock = threading.Lock()
         self.root = None             # the store root: no directory is created outside it
         self.stray_names = []        # names load() found and left alone, not being segments
@@ -475,6 +476,36 @@ class MappedFileQueue:
         unchanged = where == self.committed_where
         self.committed_where = where
         return unchanged
+
+    # ---- the page cache behind the writer --------------------------------------------
+    def drop_cache_below(self, offset):
+        """Evict the page cache of the files' bytes below `offset`, which the caller knows
+        to be flushed (clean), from where the last call stopped: off this process's page
+        tables, then out of the cache; pages another process maps stay (the kernel skips
+        them). A file removed or being destroyed meanwhile is passed over. Where a truncation
+        moved `offset` back, the mark follows it, and what is written again there is
+        evicted once passed again."""
+        files = self.files
+        start = max(min(self._cache_dropped, offset), files[0].file_from_offset if files else 0)
+        for mf in files:
+            if mf.file_from_offset >= offset:
+                break
+            lo = max(start, mf.file_from_offset) - mf.file_from_offset
+            hi = min(offset, mf.file_from_offset + mf.file_size) - mf.file_from_offset
+            lo -= lo % F.OS_PAGE_SIZE
+            hi -= hi % F.OS_PAGE_SIZE
+            if hi <= lo or not mf.hold():
+                continue        # nothing on whole pages, or the file is being destroyed
+            try:
+                # Off this process's page tables first (a reader may have mapped pages back
+                # since their flush): the kernel evicts no page a mapping holds.
+                self._fs.unmap_written(mf.mm, lo, hi - lo)
+                self._fs.drop_cached_range(mf.path, lo, hi - lo)
+            except FileNotFoundError:
+                pass            # cleaned meanwhile: nothing of it is cached any more
+            finally:
+                mf.release()
+        self._cache_dropped = max(offset, 0)
 
     def delete_files(self, files):
         """Drop destroyed files from the list (MappedFileQueue#deleteExpiredFile). Under the

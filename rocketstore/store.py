@@ -124,6 +124,9 @@ class MessageStore:
     DISK_CHECK_INITIAL_DELAY_MS = 1000
     DISK_CHECK_INTERVAL_MS = 10_000
     CONSUMER_OFFSET_PERSIST_INTERVAL_MS = 5000   # BrokerConfig.flushConsumerOffsetInterval
+    # drop_cold_commit_log_cache's period: well within the 2 s after which a guest with free
+    # page reporting hands freed memory back to its host, so the writer's next pages reuse it.
+    COLD_CACHE_INTERVAL_MS = 500
     # Waits here are woken by the reput dispatch; a live.LiveReader polls (consumer.py).
     poll_backoff = None
 
@@ -614,7 +617,8 @@ class MessageStore:
              self.CONSUMER_OFFSET_PERSIST_INTERVAL_MS, self.consumer_offsets.persist_if_dirty),
             ("delay-offsets", cfg.flush_delay_offset_interval, cfg.flush_delay_offset_interval,
              self.delay_offsets.persist_if_dirty),
-        ])
+        ] + ([("cold-cache", self.COLD_CACHE_INTERVAL_MS, self.COLD_CACHE_INTERVAL_MS,
+               self._drop_cold_cache)] if cfg.drop_cold_commit_log_cache else []))
         self.scheduled_service.start()
         self.handle_schedule_message_service(cfg.broker_role)
         self.stats_service.start()
@@ -1417,6 +1421,12 @@ class MessageStore:
         if deleted is None:
             raise StoreClosedError("the store shut down before the cleaning round could run")
         return deleted
+
+    def _drop_cold_cache(self):
+        """drop_cold_commit_log_cache: evict the CommitLog's flushed bytes farther behind its
+        end than mem_limit (where a read counts them as on disk) from the page cache."""
+        mfq = self.commitlog.mfq
+        mfq.drop_cache_below(min(mfq.flushed_where, mfq.get_max_offset() - self.mem_limit))
 
     def _clean_files(self, now_ms=None):
         """One cleaning round; None, with nothing done, once shutdown has begun: shutdown

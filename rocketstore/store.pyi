@@ -33,6 +33,7 @@ class MessageStore:
     DISK_CHECK_INITIAL_DELAY_MS: int
     DISK_CHECK_INTERVAL_MS: int
     CONSUMER_OFFSET_PERSIST_INTERVAL_MS: int
+    COLD_CACHE_INTERVAL_MS: int
     poll_backoff: Optional[tuple[float, float]]
     root: str
     config: StoreConfig

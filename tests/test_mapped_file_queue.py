@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """MappedFile and MappedFileQueue below the facade: segment names, finding the file of an
-offset, growth, truncation, flushing, holding a file through its deletion, and the segments
-a load refuses or drops."""
+offset, growth, truncation, flushing, holding a file through its deletion, the segments
+a load refuses or drops, and evicting the page cache behind the writer."""
 import errno
 import os
 import resource
@@ -17,8 +17,8 @@ from rocketstore.mapped_file_queue import MappedFileQueue, drop_creating_leftove
 SIZE = 4096
 
 
-def _queue(path, backend, writable=True, fs=DEFAULT):
-    q = MappedFileQueue(str(path), SIZE, backend, fs, writable)
+def _queue(path, backend, writable=True, fs=DEFAULT, size=SIZE):
+    q = MappedFileQueue(str(path), size, backend, fs, writable)
     q.root = str(path.parent)
     q.load()
     return q
@@ -26,11 +26,12 @@ def _queue(path, backend, writable=True, fs=DEFAULT):
 
 def _fill(q, n_files):
     """Grow the queue to `n_files` files, each written to its end with one byte pattern."""
+    size = q.file_size
     for i in range(n_files):
         mf = q.get_last_mapped_file(0)
-        mf.reserve(SIZE)
-        mf.mm[0:SIZE] = bytes([i + 1]) * SIZE
-        mf.wrote_position = mf.committed_position = SIZE
+        mf.reserve(size)
+        mf.mm[0:size] = bytes([i + 1]) * size
+        mf.wrote_position = mf.committed_position = size
     return q
 
 
@@ -288,3 +289,57 @@ def test_a_read_only_load_passes_over_a_file_cleaning_deleted_while_it_loads(tmp
     writer = MappedFileQueue(str(tmp_path), SIZE, backend, CleanedMeanwhile(), writable=True)
     with pytest.raises(FileNotFoundError):
         writer.load()
+
+
+# ---- the page cache behind the writer (MessageStore's drop_cold_commit_log_cache) ------------
+class Evicted(FileSystem):
+    """Records the ranges evicted from the page cache, as (file name, start, length)."""
+
+    def __init__(self):
+        self.ranges = []
+
+    def drop_cached_range(self, path, start, length):
+        self.ranges.append((os.path.basename(path), start, length))
+        super().drop_cached_range(path, start, length)
+
+
+PAGE = 4096
+FILE = 64 * PAGE
+
+
+def test_each_range_leaves_the_page_cache_once_and_again_after_a_truncation(tmp_path, backend):
+    fs = Evicted()
+    q = _fill(_queue(tmp_path / "log", backend, fs=fs, size=FILE), 3)
+    names = [os.path.basename(mf.path) for mf in q.files]
+    try:
+        q.drop_cache_below(-FILE)                     # a store younger than its window
+        assert fs.ranges == []
+        q.drop_cache_below(FILE + 3 * PAGE + 100)     # whole pages only
+        assert fs.ranges == [(names[0], 0, FILE), (names[1], 0, 3 * PAGE)]
+        fs.ranges.clear()
+        q.drop_cache_below(FILE + 3 * PAGE + 200)     # nothing new on whole pages
+        assert fs.ranges == []
+        # A truncation back into the first file: what is written again there is evicted
+        # when passed again, from the page holding the truncation point on.
+        q.drop_cache_below(FILE // 2 + 10)
+        assert fs.ranges == []
+        q.drop_cache_below(2 * FILE + PAGE)
+        assert fs.ranges == [(names[0], FILE // 2, FILE // 2), (names[1], 0, FILE),
+                             (names[2], 0, PAGE)]
+    finally:
+        q.close()
+
+
+def test_a_file_removed_before_its_eviction_is_passed_over(tmp_path, backend):
+    fs = Evicted()
+    q = _fill(_queue(tmp_path / "log", backend, fs=fs, size=FILE), 2)
+    names = [os.path.basename(mf.path) for mf in q.files]
+    try:
+        os.unlink(q.files[0].path)
+        q.drop_cache_below(2 * FILE)
+        assert fs.ranges == [(names[0], 0, FILE), (names[1], 0, FILE)]
+        fs.ranges.clear()
+        q.drop_cache_below(2 * FILE)
+        assert fs.ranges == []
+    finally:
+        q.close()

@@ -1,0 +1,98 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The CommitLog's flushed bytes farther behind its end than the in-memory window (the
+store's mem_limit: access_message_in_memory_max_ratio of the machine's memory, past which a
+read counts a message as on disk) leave the page cache (StoreConfig.drop_cold_commit_log_cache):
+the writer's next pages then reuse their memory. What is nearer stays cached, and every
+message still reads back, from the disk. (Which ranges are evicted, and when again:
+test_mapped_file_queue.py.)"""
+import os
+import time
+
+import pytest
+
+from rocketstore import FlushDiskType, Message, testing
+
+MiB = 1 << 20
+FILE = 1 * MiB
+PAGE = 4096
+
+
+def _file_system_type(path):
+    """The type of the file system holding `path` (the longest mount point above it)."""
+    real = os.path.realpath(path)
+    best, kind = "", ""
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            fields = line.split()
+            point = fields[1].replace("\\040", " ")
+            inside = real == point or real.startswith(point.rstrip("/") + "/")
+            if inside and len(point) > len(best):
+                best, kind = point, fields[2]
+    return kind
+
+
+@pytest.fixture
+def disk_path(tmp_path):
+    # tmpfs pages are the file itself: fadvise cannot evict them, nor needs to.
+    if not os.path.exists("/proc/self/mounts") or _file_system_type(tmp_path) == "tmpfs":
+        pytest.skip("needs a disk file system (Linux; not tmpfs) whose page cache fadvise evicts")
+    return tmp_path
+
+
+def _config(**kw):
+    return testing.small_config(mapped_file_size_commit_log=FILE,
+                                commit_log_reserve_window=256 * 1024,
+                                flush_disk_type=FlushDiskType.ASYNC_FLUSH, **kw)
+
+
+def _fill(store, files):
+    """Put messages until the CommitLog holds `files` full files and part of one more;
+    returns (physical offset, body) of each."""
+    put = []
+    i = 0
+    while store.commitlog.max_offset < files * FILE + FILE // 2:
+        body = b"%06d" % i + b"c" * 2000
+        r = store.put_message(Message("ColdTopic", body))
+        assert r.ok
+        put.append((r.commit_log_offset, body))
+        i += 1
+    return put
+
+
+def test_flushed_bytes_behind_the_in_memory_window_leave_the_page_cache_and_still_read_back(
+        disk_path, backend):
+    store = testing.open_store(disk_path / "s", backend, config=_config())
+    try:
+        store.mem_limit = FILE          # a 1 MiB in-memory window
+        put = _fill(store, 4)
+        assert store.flush() >= store.commitlog.max_offset
+        files = store.commitlog.mfq.files
+        end = store.commitlog.max_offset
+        # Not the first file: the runtime statistics read its first record's store time
+        # every second (earliestMessageTimeStamp), and that read brings a readahead window
+        # of it back.
+        cold = [mf for mf in files[1:] if mf.file_from_offset + mf.file_size <= end - FILE]
+        assert len(cold) >= 2
+        testing.wait_until(lambda: all(testing.cached_bytes(mf.path) == 0 for mf in cold))
+        # The window itself stays: the last file's written pages are still cached.
+        last = files[-1]
+        assert testing.cached_bytes(last.path) >= last.wrote_position - PAGE
+        for offset, body in put:
+            assert store.look_message_by_offset(offset).body == body
+    finally:
+        store.shutdown()
+
+
+def test_with_drop_cold_commit_log_cache_off_the_page_cache_is_left_to_the_kernel(
+        disk_path, backend):
+    store = testing.open_store(disk_path / "s", backend,
+                               config=_config(drop_cold_commit_log_cache=False))
+    try:
+        store.mem_limit = FILE
+        _fill(store, 4)
+        assert store.flush() >= store.commitlog.max_offset
+        first = store.commitlog.mfq.files[0]
+        time.sleep(3 * store.COLD_CACHE_INTERVAL_MS / 1000)    # the task's period, thrice
+        assert testing.cached_bytes(first.path) > FILE // 2
+    finally:
+        store.shutdown()
