@@ -41,6 +41,51 @@ def _pmd_size():
     return _PMD_SIZE
 
 
+def machine_memory(cgroup_root="/sys/fs/cgroup", self_cgroup="/proc/self/cgroup"):
+    """Bytes of memory this process may use: the machine's physical memory, or the lowest
+    memory limit on the path of the cgroup it runs in where that is lower. Java 17's
+    OperatingSystemMXBean reports the same in a container, and a broker sizes its in-memory
+    window from it (accessMessageInMemoryMaxRatio). 8 GiB where neither can be read."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 8 << 30
+    limit = _cgroup_memory_limit(cgroup_root, self_cgroup)
+    return total if limit is None else min(total, limit)
+
+
+def _cgroup_memory_limit(root, self_cgroup):
+    """The lowest memory limit set on this process's cgroup or its ancestors (cgroup v2
+    `memory.max`, under `root` or, on a hybrid layout, `root`/unified; v1
+    `memory.limit_in_bytes` under `root`/memory), or None where none is set or readable.
+    "max" (v2) and v1's near-2^63 mean no limit; the caller's min() absorbs the latter."""
+    try:
+        with open(self_cgroup) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    places = []
+    for line in lines:
+        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        parts = [p for p in path.split("/") if p]
+        if hierarchy == "0" and controllers == "":
+            places += [(os.path.join(root, "unified"), parts, "memory.max"),
+                       (root, parts, "memory.max")]
+        elif "memory" in controllers.split(","):
+            places.append((os.path.join(root, "memory"), parts, "memory.limit_in_bytes"))
+    lowest = None
+    for base, parts, name in places:
+        for depth in range(len(parts), -1, -1):
+            try:
+                with open(os.path.join(base, *parts[:depth], name)) as f:
+                    text = f.read().strip()
+            except OSError:
+                continue
+            if text.isdigit():
+                lowest = int(text) if lowest is None else min(lowest, int(text))
+    return lowest
+
+
 def _libc_syncfs():
     """libc's syncfs(2) (Linux 2.6.39+, glibc 2.14+), or None."""
     if not sys.platform.startswith("linux"):

@@ -32,7 +32,8 @@ from .index_service import INDEX_MADE_AHEAD, IndexService
 from .errors import (ConfigError, CorruptRecordError, InvalidArgumentError, StoreClosedError,
                      StoreError, StoreLoadError, UnsafePathError)
 from .format import MAX_TOPIC_LENGTH, SCHEDULE_TOPIC
-from .fs import DEFAULT as DEFAULT_FS, is_inside, mappings_hold_descriptors, raise_fd_limit
+from .fs import (DEFAULT as DEFAULT_FS, is_inside, machine_memory, mappings_hold_descriptors,
+                 raise_fd_limit)
 from .lockfile import StoreLock, abort_path
 from .mapped_file_queue import is_index_name, is_queue_dir_name, split_segment_names
 from .message import PROPERTY_WAIT, MessageExt, compressed_message, keep_stored, topic_problem
@@ -93,13 +94,6 @@ def _stored(result):
     (decompress=False)."""
     keep_stored(result.messages or ())
     return result
-
-
-def _total_physical_memory():
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 8 << 30
 
 
 class MessageStore:
@@ -218,9 +212,10 @@ class MessageStore:
         self._running = False
         self._confirm_offset = -1
         # Bytes behind the CommitLog's end past which a read is "suggest pull from slave"
-        # (accessMessageInMemoryMaxRatio of physical memory); read by the read paths.
-        self.mem_limit = _total_physical_memory() * \
-            self.config.access_message_in_memory_max_ratio // 100
+        # (accessMessageInMemoryMaxRatio of the memory the process may use: a container's
+        # limit where lower, as Java 17 reports it); read by the read paths, and past it the
+        # CommitLog's page cache is evicted (drop_cold_commit_log_cache).
+        self.mem_limit = machine_memory() * self.config.access_message_in_memory_max_ratio // 100
         # The backend's ReadPath: get/pull entries, decode_rows and its get counters; its
         # users (query, stats, cli dump) call it through this attribute.
         self.read_path = read_path.make_read_path(self.kernels)

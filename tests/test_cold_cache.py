@@ -1,16 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The CommitLog's flushed bytes farther behind its end than the in-memory window (the
-store's mem_limit: access_message_in_memory_max_ratio of the machine's memory, past which a
-read counts a message as on disk) leave the page cache (StoreConfig.drop_cold_commit_log_cache):
-the writer's next pages then reuse their memory. What is nearer stays cached, and every
-message still reads back, from the disk. (Which ranges are evicted, and when again:
-test_mapped_file_queue.py.)"""
+"""The CommitLog's flushed bytes farther behind its end than the in-memory window leave the
+page cache (StoreConfig.drop_cold_commit_log_cache): the writer's next pages then reuse their
+memory. What is nearer stays cached, and every message still reads back, from the disk. The
+window is the store's mem_limit: access_message_in_memory_max_ratio of the memory the process
+may use (a container's limit where lower), past which a read counts a message as on disk.
+(Which ranges are evicted, and when again: test_mapped_file_queue.py.)"""
 import os
 import time
 
 import pytest
 
 from rocketstore import FlushDiskType, Message, testing
+from rocketstore.fs import machine_memory
 
 MiB = 1 << 20
 FILE = 1 * MiB
@@ -96,3 +97,43 @@ def test_with_drop_cold_commit_log_cache_off_the_page_cache_is_left_to_the_kerne
         assert testing.cached_bytes(first.path) > FILE // 2
     finally:
         store.shutdown()
+
+
+# ---- the window's memory: a container's limit where lower, as Java 17 reports it ------------
+def _cgroup_tree(root, files, self_cgroup):
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+    proc = root / "proc-self-cgroup"
+    proc.write_text(self_cgroup)
+    return str(root / "sys"), str(proc)
+
+
+PHYSICAL = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+@pytest.mark.parametrize("files, self_cgroup, expected", [
+    # cgroup v2: the lowest limit on the path, the process's own cgroup or an ancestor
+    ({"sys/app/memory.max": "max", "sys/app/worker/memory.max": str(2 << 30)},
+     "0::/app/worker\n", 2 << 30),
+    ({"sys/app/memory.max": str(1 << 30), "sys/app/worker/memory.max": "max"},
+     "0::/app/worker\n", 1 << 30),
+    # v2 on a hybrid layout (mounted at unified/)
+    ({"sys/unified/pod/memory.max": str(3 << 30)}, "0::/pod\n", 3 << 30),
+    # cgroup v1: the memory controller's hierarchy; its "unlimited" is near 2^63
+    ({"sys/memory/docker/abc/memory.limit_in_bytes": str(512 << 20)},
+     "4:memory:/docker/abc\n0::/\n", 512 << 20),
+    ({"sys/memory/memory.limit_in_bytes": "9223372036854771712"}, "4:memory:/\n", PHYSICAL),
+    # no limit set, or nothing readable: the machine's memory
+    ({"sys/app/memory.max": "max"}, "0::/app\n", PHYSICAL),
+    ({}, "0::/gone\n", PHYSICAL),
+])
+def test_the_in_memory_window_counts_a_containers_memory_limit_where_lower(
+        tmp_path, files, self_cgroup, expected):
+    root, proc = _cgroup_tree(tmp_path, files, self_cgroup)
+    assert machine_memory(root, proc) == min(expected, PHYSICAL)
+
+
+def test_the_in_memory_window_is_the_machines_memory_without_a_cgroup_file(tmp_path):
+    assert machine_memory(str(tmp_path), str(tmp_path / "missing")) == PHYSICAL
