@@ -41,9 +41,9 @@ def disk_path(tmp_path):
 
 
 def _config(**kw):
-    return testing.small_config(mapped_file_size_commit_log=FILE,
-                                commit_log_reserve_window=256 * 1024,
-                                flush_disk_type=FlushDiskType.ASYNC_FLUSH, **kw)
+    return testing.small_config(**{"mapped_file_size_commit_log": FILE,
+                                   "commit_log_reserve_window": 256 * 1024,
+                                   "flush_disk_type": FlushDiskType.ASYNC_FLUSH, **kw})
 
 
 def _fill(store, files):
@@ -60,9 +60,19 @@ def _fill(store, files):
     return put
 
 
+# Each way the CommitLog is written and made durable: puts into the mapping flushed every
+# 500 ms, puts synced before they return, puts into write buffers committed with pwrite.
+WRITES = {
+    "async": {},
+    "sync": {"flush_disk_type": FlushDiskType.SYNC_FLUSH},
+    "write_buffers": {"transient_store_pool_enable": True, "transient_store_pool_size": 4},
+}
+
+
+@pytest.mark.parametrize("writes", sorted(WRITES))
 def test_flushed_bytes_behind_the_in_memory_window_leave_the_page_cache_and_still_read_back(
-        disk_path, backend):
-    store = testing.open_store(disk_path / "s", backend, config=_config())
+        disk_path, backend, writes):
+    store = testing.open_store(disk_path / "s", backend, config=_config(**WRITES[writes]))
     try:
         store.mem_limit = FILE          # a 1 MiB in-memory window
         put = _fill(store, 4)
