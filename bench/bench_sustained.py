@@ -47,7 +47,8 @@ runs tests/ only); ROCKETSTORE_SUSTAINED_SECONDS=5 is a quick check of the harne
 Knobs: ROCKETSTORE_SUSTAINED_SECONDS, ROCKETSTORE_SUSTAINED_PROBE_MB (bytes the disk probe
 writes, default 4096), ROCKETSTORE_SUSTAINED_BATCH (messages per put_batch, default 1000),
 ROCKETSTORE_SUSTAINED_DROP_COLD=0 (StoreConfig.drop_cold_commit_log_cache off: the kernel
-alone decides what the page cache keeps).
+alone decides what the page cache keeps), ROCKETSTORE_SUSTAINED_SAMPLERS=0 (no sampling
+threads: no Dirty/Writeback, steal or kernel stacks in the report).
 """
 import bisect
 import gc
@@ -70,6 +71,9 @@ PROBE_BYTES = int(os.environ.get("ROCKETSTORE_SUSTAINED_PROBE_MB", "4096")) * MI
 BATCH = int(os.environ.get("ROCKETSTORE_SUSTAINED_BATCH", "1000"))
 # StoreConfig.drop_cold_commit_log_cache (on by default): 0 leaves the page cache to the kernel.
 DROP_COLD = os.environ.get("ROCKETSTORE_SUSTAINED_DROP_COLD", "1") != "0"
+# The two sampling threads (meminfo and steal every 10 ms, the putter's kernel stack every
+# 5 ms) take the GIL at each sample: 0 runs without them, and without what they explain.
+SAMPLERS = os.environ.get("ROCKETSTORE_SUSTAINED_SAMPLERS", "1") != "0"
 PROBE_WRITE = 4 * MIB          # one pwrite
 PROBE_SYNC_EVERY = 64 * MIB    # one fdatasync per this many bytes
 STALL_NS = 50_000_000
@@ -549,9 +553,10 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path, writes):
             state["cpu_after"] = thread_cpu_ns()
             state["reporting_after"] = page_reporting()
 
-        sampler.start()
-        if kstacks.available():
-            kstacks.start()
+        if SAMPLERS:
+            sampler.start()
+            if kstacks.available():
+                kstacks.start()
         gc.callbacks.append(gc_times)
         benchmark.group = "sustained writes beyond the dirty budget"
         benchmark.extra_info["messages_per_call"] = BATCH
