@@ -532,7 +532,8 @@ class MappedFile:
     def flush(self, least_pages=0, queue=None):
         """Make [flushed_position, read_position) durable if at least `least_pages` are dirty.
         A periodic flush (least_pages > 0) of a file still being written stops at the page
-        boundary below read_position: the partial page the writer is filling is left for the
+        boundary below read_position (in large folios, at the folio boundary while anything
+        lies before it: flush_end): the partial page the writer is filling is left for the
         next flush (a thorough one, least_pages == 0, takes everything). Writing a page back
         write-protects it and locks it while the I/O is submitted, so the writer's next
         append to that page would fault and could wait for a busy disk (doc/03 §2.3).
@@ -559,7 +560,14 @@ class MappedFile:
             return None
         end = self.read_position
         if least_pages > 0 and not self.is_full:
-            end -= end % OS_PAGE_SIZE
+            # Not into the page the writer is filling (see flush). In large folios
+            # (use_large_folios) the unit written back is the folio: syncing any page of the
+            # writer's folio write-protects all of it, and the writer's next append waited
+            # behind that I/O (59 ms in one put, beside a 70 ms sync). So up to the folio
+            # boundary, where something lies before it; a writer slow enough to be still in
+            # the folio it was in at the last round is synced to its page, as before.
+            folio = end - end % self.reserve_align
+            end = folio if folio > self.flushed_position else end - end % OS_PAGE_SIZE
         return end
 
     def mark_flushed(self, end, truncations=None, queue=None, advance_only=True):

@@ -729,3 +729,32 @@ def test_a_file_given_large_folios_reserves_first_to_the_next_whole_folio(tmp_pa
         assert mf.reserved_position == 2 * fs.FOLIO
     finally:
         mf.close()
+
+
+def test_a_periodic_flush_leaves_the_large_folio_the_writer_is_filling(tmp_path, backend):
+    """Syncing any page of a large folio write-protects all of it, and the writer's next
+    append to it then waited behind the folio's write-back. A periodic flush (least pages > 0)
+    stops at the folio boundary below the writer while something lies before it; a writer
+    still in the folio it was in at the last flush is synced to its page, as 4 KiB files
+    are; a thorough flush takes everything."""
+    fs = FolioRecording()
+    folio = fs.FOLIO
+    mf = MappedFile(str(tmp_path / "00000000000000000000"), 4 * folio, backend, fs)
+    try:
+        mf.use_large_folios(folio)
+
+        def write_to(pos):
+            mf.reserve(pos)
+            start = mf.wrote_position
+            mf.mm[start:pos] = b"w" * (pos - start)
+            mf.wrote_position = mf.committed_position = pos
+
+        write_to(2 * folio + folio // 2)
+        assert mf.flush(4) == 2 * folio
+        write_to(2 * folio + 3 * folio // 4 + 100)
+        assert mf.flush(4) == 2 * folio + 3 * folio // 4
+        write_to(3 * folio + 4096 * 5 + 7)
+        assert mf.flush(4) == 3 * folio
+        assert mf.flush(0) == 3 * folio + 4096 * 5 + 7
+    finally:
+        mf.close()
