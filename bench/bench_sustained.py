@@ -444,17 +444,11 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path, writes):
     # CommitLog file, IndexFile) take about 1 GiB. A quarter more than the run may write is
     # wanted free, for the machine's other users.
     record = commitlog_bytes(msgs) / BATCH
-
-    def disk_bytes(commitlog):
-        return int(commitlog * (record + 40) / record) + 1024 * MIB
-
     free = free_bytes(tmp_path)
+    room = int((free / 1.25 - 1024 * MIB) * record / (record + 40))   # CommitLog bytes
     least = int(budget["dirty"] + SECONDS * ceiling)
-    cap = int(budget["dirty"] + SECONDS * ceiling * CAP_OVER_PROBE)
-    while cap > least and 1.25 * disk_bytes(cap) > free:
-        cap -= 1024 * MIB
-    cap = max(cap, least)
-    will_write = disk_bytes(cap)
+    cap = max(least, min(room, int(budget["dirty"] + SECONDS * ceiling * CAP_OVER_PROBE)))
+    will_write = int(cap * (record + 40) / record) + 1024 * MIB
     if free < 1.25 * will_write:
         pytest.skip(f"{SECONDS:.0f} s of writes may take {will_write / 1e9:.1f} GB (dirty budget "
                     f"{budget['dirty'] / 1e9:.1f} GB + {SECONDS:.0f} s x {ceiling / 1e6:.0f} MB/s, "
@@ -478,7 +472,7 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path, writes):
     # (start_ns, end_ns, rolled a CommitLog file, the putter's user and system CPU seconds,
     #  minor and major faults, voluntary and involuntary context switches)
     stalls = []
-    state = {"stored": 0, "calls": 0, "mem_limit": store.mem_limit}
+    state = {"stored": 0, "calls": 0}
     faults = {"total": 0, "puts": 0, "overtook": 0}
     # Where the putter's time inside puts went (ns): on a CPU, runnable but waiting for a CPU
     # (other threads, of this process or others, had them), asleep (the GIL, I/O, faults).
@@ -616,7 +610,7 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path, writes):
         # The CommitLog's flushed bytes farther behind its end than the in-memory window leave
         # the page cache, so the writer's next pages reuse their memory.
         "drop_cold_commit_log_cache": DROP_COLD,
-        "in_memory_window_bytes": state["mem_limit"],
+        "in_memory_window_bytes": store.mem_limit,
         "put_ms_p50": round(_percentile(lat, 0.5) / 1e6, 3),
         "put_ms_p99": round(_percentile(lat, 0.99) / 1e6, 3),
         "put_ms_p999": round(_percentile(lat, 0.999) / 1e6, 3),

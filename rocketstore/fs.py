@@ -66,7 +66,10 @@ def _cgroup_memory_limit(root, self_cgroup):
         return None
     places = []
     for line in lines:
-        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        hierarchy, controllers, path = fields
         parts = [p for p in path.split("/") if p]
         if hierarchy == "0" and controllers == "":
             places += [(os.path.join(root, "unified"), parts, "memory.max"),
