@@ -83,12 +83,17 @@ class CommitLog:
             # are still created and reserved ahead.
             prefault = ((config.prefault_next_file or config.warm_maped_file_enable)
                         and config.broker_role is not BrokerRole.SLAVE)
-            # The page cache filled ahead of the populate only for ASYNC_FLUSH: SYNC_FLUSH's
-            # batch rounds measured no faster with it (doc/performance.md).
-            fill_cache = config.flush_disk_type is FlushDiskType.ASYNC_FLUSH
+            # The page cache filled ahead of the populate, and large folios, only for
+            # ASYNC_FLUSH, whose flushes cover many pages at once. SYNC_FLUSH's batch rounds
+            # measured no faster with the fill (doc/performance.md); and the page cache writes
+            # a folio back whole, so each group commit would write the writer's 2 MiB folio
+            # for a few KiB of records (16 threads of single puts: 8.4 GB written for 16 MB
+            # of records, each sync 3.5x slower; doc/performance.md, "Group commits in
+            # 2 MiB folios").
+            bulk_flush = config.flush_disk_type is FlushDiskType.ASYNC_FLUSH
             self.allocator = AllocateMappedFileService(
                 self.file_size, kernels, fs,
-                prefault=prefault, fill_cache=fill_cache,
+                prefault=prefault, fill_cache=bulk_flush, large_folios=bulk_flush,
                 pool=self.pool, reserve_window=config.commit_log_reserve_window)
         # Decides what a put waits for after the lock (sync flush, replication); set by the
         # store when its services start. None: return at once (ASYNC_FLUSH).
