@@ -88,8 +88,9 @@ class AllocateMappedFileService(ServiceThread):
         writer's mapping (FileSystem.cache_range); `large_folios`: populate in large
         page-cache folios where the kernel has them (_advise_for_writer). Both for stores
         whose syncs cover many pages at once (ASYNC_FLUSH): a folio is written back whole,
-        so a sync of a few KiB in the writer's folio would write all of it. Never through a mapping with readahead: its read-around
-        reads past the reserved end, and where that makes a large folio (XFS) straddling
+        so a sync of a few KiB in the writer's folio would write all of it. The fill never
+        goes through a mapping with readahead: its read-around reads past the reserved
+        end, and where that makes a large folio (XFS) straddling
         reserved_position, the writer's first write to the folio allocates all of it: past
         the reservation, and on a full disk SIGBUS instead of ENOSPC at reserve."""
         super().__init__()
@@ -144,9 +145,9 @@ class AllocateMappedFileService(ServiceThread):
 
     def _advise_for_writer(self, mf):
         """A file this thread populates ahead of its writer: no readahead (see adopt), and
-        with `large_folios`, large page-cache folios (use_large_folios) where the window is at least
-        FOLIO_WINDOWS folios: its windows then end on whole folios, a quarter of a window
-        at most below where they would end on pages (MappedFile._window_end)."""
+        with `large_folios`, large page-cache folios (use_large_folios) where the window is
+        at least FOLIO_WINDOWS folios: its windows then end on whole folios, a quarter of a
+        window at most below where they would end on pages (MappedFile._window_end)."""
         mf.advise_random(True)
         size = self._fs.large_folio_size() if self._large_folios else 0
         if size and self._window >= self.FOLIO_WINDOWS * size:
