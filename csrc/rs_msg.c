@@ -226,6 +226,10 @@ static int rs_topic_ok(const uint8_t *p, int32_t n)
     return 1;
 }
 
+/* rs_row_set's `tags` beside the RS_ROW_TAGS_* modes, for rs_msg_check_read: whether TAGS has
+ * a value is found as RS_ROW_TAGS_FIND finds it, and tags_code is left 0 (not hashed). */
+#define ROW_TAGS_SEEN -2
+
 /* The one place a rs_scan_rec is set: from the record's fields, which rs_row_fill reads from
  * its bytes and rs_msg_encode_row has in hand.  `topic` is the record's topic bytes (for the
  * SCHEDULE_TOPIC_XXXX mark), `props` its properties (for RS_ROW_TAGS_FIND). */
@@ -245,6 +249,12 @@ static inline void rs_row_set(rs_scan_rec *row, int64_t pos, int32_t size, int32
     if (tags == RS_ROW_TAGS_FIND) {
         tags_code = 0;
         has_tags = props_len ? rs_tags_code(props, (size_t)props_len, &tags_code) : 0;
+    } else if (tags == ROW_TAGS_SEEN) {
+        const uint8_t *value;
+        size_t value_len;
+
+        tags_code = 0;
+        has_tags = props_len ? rs_props_tags(props, (size_t)props_len, &value, &value_len) : 0;
     } else {
         has_tags = tags == RS_ROW_TAGS_GIVEN;
         if (!has_tags)
@@ -428,13 +438,16 @@ int rs_msg_encode_row(uint8_t *out, size_t out_len, int64_t pos,
                            topic_hash, tags, tags_code);
 }
 
-int rs_msg_check(const uint8_t *buf, size_t len, int64_t pos, int check_crc,
-                 rs_scan_rec *row, int32_t *size_out)
+/* rs_msg_check and rs_msg_check_read: `known` (known_len bytes, known_hash its topic hash) is a
+ * topic that passed the topic rule, or NULL; `tags` RS_ROW_TAGS_FIND or ROW_TAGS_SEEN. */
+static int msg_check(const uint8_t *buf, size_t len, int64_t pos, int check_crc,
+                     const uint8_t *known, size_t known_len, int32_t known_hash, int tags,
+                     rs_scan_rec *row, int32_t *size_out)
 {
     const uint8_t *rec;
     int32_t size, magic, sys_flag, body_len, props_len, topic_len;
     int64_t q, fixed, body_off, topic_off, props_off;
-    int v2;
+    int v2, same;
     size_t avail;
 
     *size_out = 0;
@@ -489,7 +502,11 @@ int rs_msg_check(const uint8_t *buf, size_t len, int64_t pos, int check_crc,
         (rs_crc32(0, rec + body_off, (size_t)body_len) & RS_CRC_MASK) !=
             rs_load_be32(rec + RS_POS_BODYCRC))
         return RS_SCAN_CORRUPT;   /* a stored CRC with bit 31 set can never match */
-    if (!rs_topic_ok(rec + topic_off, topic_len))
+    /* A queue's records share one topic: bytes equal to a topic that passed the rule pass it,
+     * and hash to its hash. */
+    same = known != NULL && known_len == (size_t)topic_len &&
+           memcmp(rec + topic_off, known, known_len) == 0;
+    if (!same && !rs_topic_ok(rec + topic_off, topic_len))
         return RS_SCAN_TOPIC;
     if (props_off + props_len != size) {
         *size_out = size;
@@ -497,10 +514,23 @@ int rs_msg_check(const uint8_t *buf, size_t len, int64_t pos, int check_crc,
     }
 
     rs_row_fill(rec, pos, size, sys_flag, v2, fixed, body_len, topic_off, topic_len, props_off,
-                props_len, rs_topic_hash(rec + topic_off, (size_t)topic_len), RS_ROW_TAGS_FIND,
-                0, row);
+                props_len, same ? known_hash : rs_topic_hash(rec + topic_off, (size_t)topic_len),
+                tags, 0, row);
     *size_out = size;
     return RS_OK;
+}
+
+int rs_msg_check(const uint8_t *buf, size_t len, int64_t pos, int check_crc,
+                 rs_scan_rec *row, int32_t *size_out)
+{
+    return msg_check(buf, len, pos, check_crc, NULL, 0, 0, RS_ROW_TAGS_FIND, row, size_out);
+}
+
+int rs_msg_check_read(const uint8_t *buf, size_t len, int64_t pos, const uint8_t *topic,
+                      size_t topic_len, int32_t topic_hash, rs_scan_rec *row, int32_t *size_out)
+{
+    return msg_check(buf, len, pos, 0, topic, topic_len, topic_hash, ROW_TAGS_SEEN, row,
+                     size_out);
 }
 
 int32_t rs_msg_topic_hash(const uint8_t *topic, size_t len)

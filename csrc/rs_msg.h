@@ -133,6 +133,18 @@ int rs_msg_check(const uint8_t *buf, size_t len, int64_t pos, int check_crc,
                  rs_scan_rec *row, int32_t *size);
 
 /*
+ * rs_msg_check_read - rs_msg_check without the CRC check, for a reader that found the record
+ * through its ConsumeQueue unit, which carries the tagsCode: the same answers and the same row,
+ * except that row->tags_code is left 0 (RS_SCAN_INFO_HAS_TAGS is set as rs_msg_check sets it;
+ * the caller takes the unit's code). `topic` (topic_len bytes; NULL for none) is a topic that
+ * passed the topic rule before, with topic_hash its rs_msg_topic_hash: a record whose topic
+ * bytes are equal passes the rule and gets that hash without either being computed again (a
+ * queue's records share one topic). GIL: callable without it.
+ */
+int rs_msg_check_read(const uint8_t *buf, size_t len, int64_t pos, const uint8_t *topic,
+                      size_t topic_len, int32_t topic_hash, rs_scan_rec *row, int32_t *size);
+
+/*
  * rs_msg_row - the row rs_msg_check makes for the record at buf[pos, len), for a record the
  * caller has just encoded there itself (rs_msg_encode_parts, rs_batch_encode), with its
  * topic's topic_hash (rs_msg_topic_hash, computed once per topic): a put hands the rows of what

@@ -4,7 +4,7 @@
 # read_path.PyReadPath is the reference for every backend; this class walks the same units in
 # the same order and gives the same results. The ConsumeQueue's units are read where they lie
 # in its mapping (the queue's tail is never copied, so a call costs the same whatever the
-# backlog), each unit's record is validated by rs_msg_check where it lies in its CommitLog
+# backlog), each unit's record is validated by rs_msg_check_read where it lies in its CommitLog
 # file, and the call either builds the MessageExt objects (get_message) or copies the kernel's
 # rows out (get_batch, whose bodies stay in the mapping).
 #
@@ -29,6 +29,8 @@ _EXT_SLOTS = ("store_size", "queue_id", "flag", "sys_flag", "born_host_raw", "st
               "store_host_raw", "reconsume_times", "prepared_transaction_offset", "topic",
               "magic", "_rec", "_crc", "_qoff", "_phy", "_bts", "_stored", "_body", "_praw",
               "_pstr", "_props")
+# The longest topic a walk keeps to pass on to rs_msg_check_read (a broker's are at most 127).
+DEF TOPIC_KEPT = 256
 DEF X_SIZE = 0
 DEF X_QID = 1
 DEF X_FLAG = 2
@@ -225,12 +227,29 @@ cdef class ReadPath:
             self.miss += 1
         if ms > self.time_max:
             self.time_max = ms
-    # get_message() / get_batch(): what holds MAX_MSG_NUMS and MAX_BYTES (read_path), read on
-    # each call as MessageStore reads them.
+    # get_message() / get_batch(): what holds MAX_MSG_NUMS and MAX_BYTES (read_path), whose
+    # values each call uses as they are then, as MessageStore reads them.
     cdef object _limits
+    # Its two values, read again only when its __dict__ changed (a module's attributes are
+    # its dict; a module attribute read costs ~250 instructions, a dict version compare few).
+    cdef dict _limits_d
+    cdef uint64_t _limits_ver
+    cdef bint _limits_valid
+    cdef long long _max_msg_nums
+    cdef object _max_bytes
     # query_message(): QueryMessageResult's type and members.
     cdef type _query_result
     cdef Py_ssize_t _qr[4]
+    # The store last read (a weak reference: the store owns this path) and the attributes a
+    # call reads from it, copied from its instance dict and read again only when that dict
+    # changed (any assignment to a store attribute changes its version), as PutPath's
+    # _sync_state copies the CommitLog's: five attribute reads cost ~200 instructions each,
+    # a tenth of a get_batch of 32.
+    cdef object _st
+    cdef dict _std
+    cdef uint64_t _std_ver
+    cdef bint _std_valid
+    cdef object _s_loaded, _s_table, _s_commit, _s_reput, _s_commitlog, _s_mem_limit
     # The CommitLog of the store last read (set once in MessageStore.__init__) and what of it
     # never changes: its MappedFileQueue and file size, read once instead of on every call.
     cdef object _log
@@ -514,19 +533,23 @@ cdef class ReadPath:
         reput service called only when it is behind the CommitLog's readable end."""
         cdef int overflow = 0
         cdef long long v
-        if self._limits is None or store.loaded is not True:
+        if self._limits is None:
+            return None
+        self._store_fields(store)
+        if self._s_loaded is not True:
             return None
         if type(group) is not str or type(queue_id) is not int or type(offset) is not int \
                 or type(max_n) is not int \
                 or (message_filter is not None and not callable(message_filter)):
             return None
         v = PyLong_AsLongLongAndOverflow(max_n, &overflow)
-        if overflow or not 0 < v <= self._limits.MAX_MSG_NUMS:
+        self._limit_values()
+        if overflow or not 0 < v <= self._max_msg_nums:
             return None
         PyLong_AsLongLongAndOverflow(offset, &overflow)
         if overflow:
             return None
-        table = store.consume_queue_table
+        table = self._s_table
         queues = table.get(topic) if type(table) is not dict else _dict_get(table, topic)
         if queues is None:
             return None
@@ -536,10 +559,50 @@ cdef class ReadPath:
         self._catch_up(store)
         return cq
 
+    cdef int _limit_values(self) except -1:
+        """_max_msg_nums and _max_bytes from `limits` as they are now."""
+        cdef uint64_t ver
+        if self._limits_d is None:
+            d = getattr(self._limits, "__dict__", None)
+            self._limits_d = d if type(d) is dict else {}
+        ver = rs_dict_version(self._limits_d)
+        if self._limits_valid and ver == self._limits_ver and rs_dict_versioned() \
+                and len(self._limits_d):
+            return 0
+        self._limits_valid = False
+        self._max_msg_nums = self._limits.MAX_MSG_NUMS
+        self._max_bytes = self._limits.MAX_BYTES
+        self._limits_ver = ver
+        self._limits_valid = True
+        return 0
+
+    cdef int _store_fields(self, store) except -1:
+        """Bring the copies of `store`'s attributes (_s_*) up to date: a compare while its
+        instance dict is unchanged, the reads when it changed (or without dict versions)."""
+        cdef uint64_t ver
+        if self._st is None or PyWeakref_GET_OBJECT(self._st) is not <PyObject *>store:
+            self._st = PyWeakref_NewRef(store, None)
+            self._std = store.__dict__
+            self._std_valid = False
+        ver = rs_dict_version(self._std)
+        if self._std_valid and ver == self._std_ver and rs_dict_versioned():
+            return 0
+        self._std_valid = False
+        self._s_loaded = store.loaded
+        self._s_table = store.consume_queue_table
+        self._s_commit = store.commit_service
+        self._s_reput = store.reput_service
+        self._s_commitlog = store.commitlog
+        self._s_mem_limit = store.mem_limit
+        self._std_ver = ver
+        self._std_valid = True
+        return 0
+
     cdef object _log_queue(self, store):
         """The MappedFileQueue of `store`'s CommitLog (cached with its file size, which
         _log_file_size then holds)."""
-        commitlog = store.commitlog
+        self._store_fields(store)
+        commitlog = self._s_commitlog
         if commitlog is not self._log:
             self._log_mfq = commitlog.mfq
             self._log_file_size = commitlog.file_size
@@ -573,10 +636,11 @@ cdef class ReadPath:
         """MessageStore.catch_up (read-your-writes), the reput service called only when it is
         behind the CommitLog's readable end."""
         cdef int64_t max_py = 0
-        if store.commit_service is not None:
+        self._store_fields(store)
+        if self._s_commit is not None:
             store.catch_up()
             return 0
-        reput = store.reput_service
+        reput = self._s_reput
         if reput is None:
             return 0
         log_files = self._log_queue(store).files
@@ -632,7 +696,7 @@ cdef class ReadPath:
         if cq is None:
             return None
         return self._pull(store, cq, offset, max_msg_nums, message_filter,
-                          self._limits.MAX_BYTES, None, None)
+                          self._max_bytes, None, None)
 
     def get_batch(self, store, group, topic, queue_id, offset, max_msg_nums, message_filter):
         """MessageStore.get_batch's common call as one, as get_message() for pull_batch()."""
@@ -641,7 +705,7 @@ cdef class ReadPath:
         if cq is None:
             return None
         return self._pull_batch(store, cq, offset, max_msg_nums, message_filter,
-                                self._limits.MAX_BYTES, None, None)
+                                self._max_bytes, None, None)
 
     def pull_batch(self, store, cq, int64_t offset, Py_ssize_t max_n, message_filter,
                    int64_t max_bytes, subscription=None, property_filter=None):
@@ -688,7 +752,7 @@ cdef class ReadPath:
         r = PyType_GenericAlloc(<PyTypeObject *>self._batch, 0)
         if n:
             _set_member(r, b[0], self._found)
-            _set_member(r, b[4], max_py - max_phy > <int64_t>store.mem_limit)
+            _set_member(r, b[4], max_py - max_phy > <int64_t>self._s_mem_limit)
             _set_member(r, b[6], rows)
             _set_member(r, b[7], row_file)
         else:
@@ -749,7 +813,7 @@ cdef class ReadPath:
         r = PyType_GenericAlloc(<PyTypeObject *>self._result, 0)
         if messages:
             _set_member(r, g[0], self._found)
-            _set_member(r, g[5], max_py - max_phy > <int64_t>store.mem_limit)
+            _set_member(r, g[5], max_py - max_phy > <int64_t>self._s_mem_limit)
         else:
             _set_member(r, g[0], self._removing if removing else self._no_matched)
             _set_member(r, g[5], False)
@@ -785,6 +849,11 @@ cdef class ReadPath:
         cdef const uint8_t *u
         cdef int r
         cdef list messages = None
+        # The topic of the records checked so far, for rs_msg_check_read.
+        cdef uint8_t topic_buf[TOPIC_KEPT]
+        cdef const uint8_t *topic = NULL
+        cdef size_t topic_len = 0
+        cdef int32_t topic_hash = 0
         memset(&qv, 0, sizeof(qv))
         memset(&lv, 0, sizeof(lv))
         memset(&rv, 0, sizeof(rv))
@@ -877,12 +946,21 @@ cdef class ReadPath:
                             removing = True
                         skip_below = phy + log_file_size - phy % log_file_size
                         continue
-                    r = rs_msg_check(lw.buf, <size_t>(phy + size - lw.start), phy - lw.start,
-                                     0, &row, &rsize)
+                    r = rs_msg_check_read(lw.buf, <size_t>(phy + size - lw.start),
+                                          phy - lw.start, topic, topic_len, topic_hash, &row,
+                                          &rsize)
                     if r != RS_OK or row.phy_offset != phy:
                         if r != RS_OK:
                             self._on_corrupt(offset + scanned - 1, phy, r)
                         continue                # a damaged unit: skipped, as a filter would
+                    if topic == NULL or row.topic_hash != topic_hash:
+                        # The first record's topic, passed on to the next checks: a queue's
+                        # records share it (a copy: the file may be released meanwhile).
+                        if row.topic_len <= TOPIC_KEPT:
+                            topic_len = <size_t>row.topic_len
+                            memcpy(topic_buf, lw.buf + row.pos + row.topic_off, topic_len)
+                            topic = topic_buf
+                            topic_hash = row.topic_hash
                     if by_tags:
                         # The record's TAGS string: a hash collision passed the unit's test.
                         r = rs_tags_match(lw.buf + row.pos + row.props_off,
