@@ -18,7 +18,7 @@ import pytest
 
 from rocketstore import GetMessageStatus as G, Message, MessageExt, testing
 from rocketstore import format as F, read_path
-from rocketstore.errors import StoreError
+from rocketstore.errors import StoreClosedError, StoreError
 from rocketstore.read_path import PyReadPath, make_read_path
 from rocketstore.clock import ManualClock
 from rocketstore.message import PY_LAZY_FIELDS, compressed_message
@@ -590,6 +590,30 @@ def _answer(r):
         return (r.status, r.next_begin_offset, r.min_offset, r.max_offset,
                 r.suggest_pulling_from_slave, r.rows.tobytes(), r.file_index.tolist(),
                 [bytes(b) for b in r.bodies()])
+
+
+def test_the_fused_entry_sees_the_store_change_between_calls(tmp_path, backend):
+    """The compiled entry keeps copies of the store's attributes while the store's instance
+    dict is unchanged: a queue table replaced, and a shutdown, are seen by the next call."""
+    store = testing.open_store(tmp_path / "s", backend)
+    try:
+        assert store.put_message(Message("Seen", b"x")).ok
+        assert len(store.get_message("g", "Seen", 0, 0).messages) == 1
+        with store.get_batch("g", "Seen", 0, 0) as b:
+            assert len(b) == 1
+        table = store.consume_queue_table
+        store.consume_queue_table = {}
+        assert store.get_message("g", "Seen", 0, 0).status is \
+            G.NO_MESSAGE_IN_QUEUE
+        store.consume_queue_table = table
+        with store.get_batch("g", "Seen", 0, 0) as b:
+            assert len(b) == 1
+    finally:
+        store.shutdown()
+    with pytest.raises(StoreClosedError):
+        store.get_batch("g", "Seen", 0, 0)
+    with pytest.raises(StoreClosedError):
+        store.get_message("g", "Seen", 0, 0)
 
 
 def test_the_fused_entry_answers_common_calls_as_the_store_s_separate_steps_do(tmp_path,
