@@ -4,7 +4,6 @@ pwrite + fdatasync (measured first, in the same run: extra_info["vs_peer"] is th
 over the peer's), ASYNC_FLUSH against no flush service at all, and abnormal recovery speed
 (with CRC check). extra_info also says how many messages (or batches) one sync served."""
 import os
-import shutil
 import threading
 import time
 
@@ -292,27 +291,20 @@ def _put_threads(store, msgs, threads, results, latencies, cost):
         t.join()
 
 
-def _no_sync_rate(backend, directory, msgs, threads, rounds=3):
+def _no_sync_rate(store_factory, backend, msgs, threads, rounds=3):
     """Messages per second of the same rounds on a store whose syncs take no time (_NoSync),
-    median round, the puts checked and read back; the store is deleted."""
-    cfg = sized_config(msgs, rounds + 1, flush_disk_type=FlushDiskType.SYNC_FLUSH)
-    root = os.path.join(directory, "no-sync")
-    store = MessageStore(root, cfg, kernels=backend, fs=_NoSync())
+    median round, the puts checked and read back (store_factory deletes the store)."""
+    store = store_factory(backend, msgs, rounds + 1, fs=_NoSync(),
+                          flush_disk_type=FlushDiskType.SYNC_FLUSH)
     results = []
     walls = []
-    try:
-        store.load()
-        store.start()
-        for i in range(rounds + 1):         # the first round warms up
-            t0 = time.perf_counter()
-            _put_threads(store, msgs, threads, results, [], _ThreadCost())
-            if i:
-                walls.append(time.perf_counter() - t0)
-        check_puts(results, (rounds + 1) * len(msgs))
-        check_read_back(store, msgs, rounds + 1, ordered=False)
-    finally:
-        store.shutdown()
-        shutil.rmtree(root, ignore_errors=True)
+    for i in range(rounds + 1):         # the first round warms up
+        t0 = time.perf_counter()
+        _put_threads(store, msgs, threads, results, [], _ThreadCost())
+        if i:
+            walls.append(time.perf_counter() - t0)
+    check_puts(results, (rounds + 1) * len(msgs))
+    check_read_back(store, msgs, rounds + 1, ordered=False)
     return len(msgs) / sorted(walls)[len(walls) // 2]
 
 
@@ -353,7 +345,7 @@ def test_sync_flush_put_message_threads(benchmark, backend, tmp_path, store_fact
     # The other bound: the same rounds with syncs that take no time. On the 2-core VM this
     # ran about 1.5x the peer (doc/performance.md, "Group commits in 2 MiB folios"): the
     # waiting threads' wake-ups, not the disk, limit 16 threads of single puts there.
-    no_sync = _no_sync_rate(backend, str(tmp_path), msgs, threads)
+    no_sync = _no_sync_rate(store_factory, backend, msgs, threads)
     benchmark.extra_info["no_sync_msgs_per_s"] = round(no_sync)
     if peer is not None:
         benchmark.extra_info["no_sync_vs_peer"] = round(no_sync * peer / len(msgs), 2)

@@ -36,13 +36,14 @@ def module_tmp(tmp_path_factory):
 
 @pytest.fixture
 def store_factory(tmp_path):
-    """make(backend, msgs, rounds, **config): a started store sized for `msgs` put `rounds`
-    times; every store made is shut down and deleted at teardown."""
+    """make(backend, msgs, rounds, fs=None, **config): a started store sized for `msgs` put
+    `rounds` times, on `fs` (a FileSystem; the real one by default); every store made is shut
+    down and deleted at teardown."""
     stores = []
 
-    def make(backend, msgs, rounds=1, **config):
+    def make(backend, msgs, rounds=1, fs=None, **config):
         s = MessageStore(tmp_path / f"s{len(stores)}", sized_config(msgs, rounds, **config),
-                         kernels=backend)
+                         kernels=backend, fs=fs)
         s.load()
         s.start()
         stores.append(s)
