@@ -249,9 +249,9 @@ cdef class ReadPath:
     cdef dict _std
     cdef uint64_t _std_ver
     cdef bint _std_valid
-    cdef object _s_loaded, _s_table, _s_commit, _s_reput, _s_commitlog, _s_mem_limit
-    # The CommitLog of the store last read (set once in MessageStore.__init__) and what of it
-    # never changes: its MappedFileQueue and file size, read once instead of on every call.
+    cdef object _s_loaded, _s_table, _s_commit, _s_reput, _s_mem_limit
+    # The store's CommitLog (set once in MessageStore.__init__; _store_fields reads it) and
+    # what of it never changes: its MappedFileQueue and file size.
     cdef object _log
     cdef object _log_mfq
     cdef int64_t _log_file_size
@@ -592,7 +592,11 @@ cdef class ReadPath:
         self._s_table = store.consume_queue_table
         self._s_commit = store.commit_service
         self._s_reput = store.reput_service
-        self._s_commitlog = store.commitlog
+        commitlog = store.commitlog
+        if commitlog is not self._log:
+            self._log_mfq = commitlog.mfq
+            self._log_file_size = commitlog.file_size
+            self._log = commitlog
         self._s_mem_limit = store.mem_limit
         self._std_ver = ver
         self._std_valid = True
@@ -602,11 +606,6 @@ cdef class ReadPath:
         """The MappedFileQueue of `store`'s CommitLog (cached with its file size, which
         _log_file_size then holds)."""
         self._store_fields(store)
-        commitlog = self._s_commitlog
-        if commitlog is not self._log:
-            self._log_mfq = commitlog.mfq
-            self._log_file_size = commitlog.file_size
-            self._log = commitlog
         return self._log_mfq
 
     cdef object _queue_parts(self, cq, int64_t *file_size, int64_t *min_logic):
