@@ -48,7 +48,8 @@ cdef class Mapping:
     (MAP_SHARED), keeping no descriptor; the caller closes `fd` when it likes.
 
     The mmap.mmap subset the store uses: len(), item and slice reads (int, bytes) and
-    assignment, find(), flush([offset[, size]]) (msync), madvise(option[, start[, length]]),
+    assignment, find(), flush([offset[, size]]) (msync), madvise(option[, start[, length[,
+    from_end]]]),
     close() and `closed`, the buffer protocol (writable when `writable`) and `with`.  Copies of
     64 KiB or more, find(), flush() and madvise() release the GIL.  close() raises BufferError
     while an export or such a call is live, as mmap.mmap does; use after close raises
@@ -282,11 +283,12 @@ cdef class Mapping:
         if rc != 0:
             raise _os_error(errno, "msync")
 
-    def madvise(self, int option, start=0, length=None):
+    def madvise(self, int option, start=0, length=None, bint from_end=False):
         """madvise(2) on [start, start+length) (clamped to the mapping), without the GIL, so
         MADV_POPULATE_WRITE faults pages in while producers run; a populate goes 2 MiB per
         madvise call, so other threads' mmap and madvise calls (and the page faults queued
-        behind them) wait for a chunk at most, not the whole range."""
+        behind them) wait for a chunk at most, not the whole range. `from_end` (populates
+        only): the chunks from the last to the first (FileSystem.prefault says why)."""
         cdef Py_ssize_t lo, n, off = 0, step
         cdef int rc = 0
         self._live()
@@ -301,10 +303,19 @@ cdef class Mapping:
         try:
             with nogil:
                 if option == RS_MADV_POPULATE_WRITE or option == RS_MADV_POPULATE_READ:
-                    while off < n and rc == 0:
-                        step = min(<Py_ssize_t>POPULATE_CHUNK, n - off)
-                        rc = madvise(self._addr + lo + off, <size_t>step, option)
-                        off += step
+                    if from_end:
+                        # The last chunk is the partial one: the others stay aligned to
+                        # `lo`, as they are going forward.
+                        off = n
+                        while off > 0 and rc == 0:
+                            step = (off - 1) % <Py_ssize_t>POPULATE_CHUNK + 1
+                            off -= step
+                            rc = madvise(self._addr + lo + off, <size_t>step, option)
+                    else:
+                        while off < n and rc == 0:
+                            step = min(<Py_ssize_t>POPULATE_CHUNK, n - off)
+                            rc = madvise(self._addr + lo + off, <size_t>step, option)
+                            off += step
                 else:
                     rc = madvise(self._addr + lo, <size_t>n, option)
         finally:

@@ -132,9 +132,9 @@ class _CountingFileSystem(FileSystem):
         super().splice(pipe_fd, fd, count, pos, path)
         self.spliced += count
 
-    def prefault(self, mm, start=0, length=None, chunk=1 << 20):
+    def prefault(self, mm, start=0, length=None, chunk=1 << 20, from_end=False):
         self.populates += 1
-        return super().prefault(mm, start, length, chunk)
+        return super().prefault(mm, start, length, chunk, from_end)
 
     def open_fd(self, path, writable=True):
         fd = super().open_fd(path, writable)

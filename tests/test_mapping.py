@@ -237,10 +237,12 @@ def test_mapping_populates_pages_as_mmap_does(Mapping, tmp_path):
         ref.close()
 
 
-def test_mapping_populates_a_range_longer_than_its_populate_chunk_whole(Mapping, tmp_path):
+@pytest.mark.parametrize("from_end", [False, True], ids=["forward", "from_end"])
+def test_mapping_populates_a_range_longer_than_its_populate_chunk_whole(Mapping, tmp_path,
+                                                                         from_end):
     """A populate goes 2 MiB per madvise call (so other threads' mmap calls wait for one
-    chunk, not the range): every page of a range of several chunks and a bit is allocated,
-    and nothing past it, as mmap.mmap's single call does."""
+    chunk, not the range), forward or from the end: every page of a range of several chunks
+    and a bit is allocated, and nothing past it, as mmap.mmap's single call does."""
     from rocketstore.fs import MADV_POPULATE_WRITE
     size = 8 << 20
     length = (5 << 20) + 3 * mmap.PAGESIZE            # 2.5 chunks, from an odd start
@@ -249,8 +251,8 @@ def test_mapping_populates_a_range_longer_than_its_populate_chunk_whole(Mapping,
     with open(ref_path, "r+b") as f:
         ref = mmap.mmap(f.fileno(), size)
     try:
-        got = [_outcome(m.madvise, MADV_POPULATE_WRITE, 5 * mmap.PAGESIZE, length)
-               for m in (ours, ref)]
+        got = [_outcome(ours.madvise, MADV_POPULATE_WRITE, 5 * mmap.PAGESIZE, length, from_end),
+               _outcome(ref.madvise, MADV_POPULATE_WRITE, 5 * mmap.PAGESIZE, length)]
         assert got[0] == got[1]
         if got[0][0] == "ok":
             # Blocks, not cached pages: readahead may bring in more around a fault.

@@ -5,6 +5,7 @@ writer, first file included: the writer asks for the next window at refill_posit
 itself only on reaching reserved_position. A put never waits for a populate, and a disk that
 fills meanwhile still refuses puts cleanly."""
 import errno
+import mmap
 import os
 import threading
 import time
@@ -46,11 +47,11 @@ class Recording(FileSystem):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
         return super().reserve(path, offset, length)
 
-    def prefault(self, mm, start=0, length=None, chunk=1 << 20):
+    def prefault(self, mm, start=0, length=None, chunk=1 << 20, from_end=False):
         if self.hold is not None:
             self.populating.set()
             self.hold.wait(30)
-        return super().prefault(mm, start, length, chunk)
+        return super().prefault(mm, start, length, chunk, from_end)
 
 
 def settled(mf):
@@ -101,11 +102,11 @@ class SlowPopulate(Recording):
         self.done = 0
         self.slow = True
 
-    def prefault(self, mm, start=0, length=None, chunk=1 << 20):
+    def prefault(self, mm, start=0, length=None, chunk=1 << 20, from_end=False):
         if self.slow:
             time.sleep(0.02)
         try:
-            return super().prefault(mm, start, length, chunk)
+            return super().prefault(mm, start, length, chunk, from_end)
         finally:
             self.done += 1
 
@@ -614,10 +615,73 @@ class PopulatedThrough(Recording):
         super().__init__()
         self.mappings = []
 
-    def prefault(self, mm, start=0, length=None, chunk=1 << 20):
+    def prefault(self, mm, start=0, length=None, chunk=1 << 20, from_end=False):
         if threading.current_thread().name == ALLOCATOR:
             self.mappings.append(mm)
-        return super().prefault(mm, start, length, chunk)
+        return super().prefault(mm, start, length, chunk, from_end)
+
+
+class PopulatedFromEnd(Recording):
+    """Records, for each populate the CommitLog's allocator makes, whether it went from the
+    end of its range and whether a writer was heading there (the file being written)."""
+
+    def __init__(self):
+        super().__init__()
+        self.writing = None
+        self.calls = []       # (the file being written, from_end)
+
+    def prefault(self, mm, start=0, length=None, chunk=1 << 20, from_end=False):
+        if threading.current_thread().name == ALLOCATOR:
+            self.calls.append((self.writing is not None and mm is self.writing(), from_end))
+        return super().prefault(mm, start, length, chunk, from_end)
+
+
+def test_the_allocator_populates_the_writers_windows_from_their_end_and_files_ahead_forward(
+        tmp_path, backend):
+    # From the end, so that a writer catching up with a populate meets it once instead of
+    # waiting on each folio it locks (FileSystem.prefault); a file prepared ahead has no
+    # writer to meet.
+    fs = PopulatedFromEnd()
+    store = testing.open_store(tmp_path / "s", backend, config=config(), fs=fs)
+    try:
+        fs.writing = lambda: store.commitlog.mfq.files[-1].mm
+        while len(store.commitlog.mfq.files) < 2:
+            assert store.put_message(Message("TopicA", b"e" * 30000)).ok
+            testing.wait_until(lambda: settled(store.commitlog.mfq.files[-1]))
+        calls = list(fs.calls)
+        assert (True, True) in calls                # the writer's windows, from their end
+        assert (False, False) in calls              # the next file's first window, forward
+        assert (True, False) not in calls
+    finally:
+        store.shutdown()
+
+
+class _RecordedMmap(mmap.mmap):
+    """An mmap.mmap that records where each madvise call starts."""
+
+    def madvise(self, option, start=0, length=None):
+        self.starts.append(start)
+        return super().madvise(option, start, length)
+
+
+@pytest.mark.parametrize("from_end", [False, True], ids=["forward", "from_end"])
+def test_a_populate_of_an_mmap_goes_a_chunk_at_a_time_in_its_order_and_covers_the_range(
+        tmp_path, from_end):
+    size, chunk = 8 << 20, 1 << 20
+    length = (5 << 20) + 3 * mmap.PAGESIZE
+    path = tmp_path / "f"
+    with open(path, "wb") as f:
+        f.truncate(size)
+    with open(path, "r+b") as f:
+        mm = _RecordedMmap(f.fileno(), size)
+    mm.starts = []
+    try:
+        FileSystem().prefault(mm, mmap.PAGESIZE, length, chunk, from_end=from_end)
+        forward = list(range(mmap.PAGESIZE, mmap.PAGESIZE + length, chunk))
+        assert mm.starts == (forward[::-1] if from_end else forward)
+        assert os.stat(path).st_blocks * 512 == length
+    finally:
+        mm.close()
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux's /proc/self/smaps")

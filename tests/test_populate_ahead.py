@@ -57,12 +57,12 @@ class Recording(FileSystem):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
         return super().reserve(path, offset, length)
 
-    def prefault(self, mm, start=0, length=None, chunk=1 << 20):
+    def prefault(self, mm, start=0, length=None, chunk=1 << 20, from_end=False):
         thread = threading.current_thread().name
         if self.hold is not None and thread == SERVICE:
             self.hold.wait(30)
         self.populates.append((thread, _part(self.paths.get(id(mm))), start, length))
-        return super().prefault(mm, start, length, chunk)
+        return super().prefault(mm, start, length, chunk, from_end)
 
 
 def _page_up(n):
@@ -409,12 +409,12 @@ class _PopulateInFlight(FileSystem):
         self.started = threading.Event()
         self.go = threading.Event()
 
-    def prefault(self, mm, start=0, length=None, chunk=1 << 20):
+    def prefault(self, mm, start=0, length=None, chunk=1 << 20, from_end=False):
         if mm is self.target:
             with memoryview(mm):
                 self.started.set()
                 self.go.wait(30)
-        return super().prefault(mm, start, length, chunk)
+        return super().prefault(mm, start, length, chunk, from_end)
 
 
 def test_a_file_truncated_away_while_its_window_is_populated_is_deleted_not_taken_up_again(
@@ -490,11 +490,11 @@ class _BeforeFirstPopulate(FileSystem):
 
     during = None
 
-    def prefault(self, mm, start=0, length=None, chunk=1 << 20):
+    def prefault(self, mm, start=0, length=None, chunk=1 << 20, from_end=False):
         if self.during is not None:
             during, self.during = self.during, None
             during()
-        return super().prefault(mm, start, length, chunk)
+        return super().prefault(mm, start, length, chunk, from_end)
 
 
 def test_a_file_made_ahead_and_deleted_before_its_populate_is_not_populated(tmp_path, backend):

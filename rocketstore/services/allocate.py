@@ -281,7 +281,10 @@ class AllocateMappedFileService(ServiceThread):
                 # faults them in at about 7 GB/s itself, and a fill would cache the range
                 # in 4 KiB pages first.
                 self._fs.cache_range(mf.path, pos, min(chunk, end - pos))
-            self._fs.prefault(mf.mm, pos, min(chunk, end - pos))
+            # Urgent: the writer is heading into the range, and where new memory is slow to
+            # come by it catches up with the (GIL-free) populate: from the end, so that it
+            # meets it once rather than waiting on each folio it locks (FileSystem.prefault).
+            self._fs.prefault(mf.mm, pos, min(chunk, end - pos), from_end=urgent)
             pos = max(pos + chunk, mf.wrote_position - mf.wrote_position % OS_PAGE_SIZE)
         if urgent:
             self._writing = mf
