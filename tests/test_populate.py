@@ -621,18 +621,21 @@ class PopulatedThrough(Recording):
         return super().prefault(mm, start, length, chunk, from_end)
 
 
-class PopulatedFromEnd(Recording):
-    """Records, for each populate the CommitLog's allocator makes, whether it went from the
-    end of its range and whether a writer was heading there (the file being written)."""
+class PopulatedFromEnd(FileSystem):
+    """Records (path, from_end) for each populate the allocator's thread makes."""
 
     def __init__(self):
-        super().__init__()
-        self.writing = None
-        self.calls = []       # (the file being written, from_end)
+        self.calls = []
+        self.paths = {}
+
+    def map(self, path, size, writable=True, kernels=None):
+        mm = super().map(path, size, writable, kernels=kernels)
+        self.paths[id(mm)] = path
+        return mm
 
     def prefault(self, mm, start=0, length=None, chunk=1 << 20, from_end=False):
         if threading.current_thread().name == ALLOCATOR:
-            self.calls.append((self.writing is not None and mm is self.writing(), from_end))
+            self.calls.append((self.paths.get(id(mm)), from_end))
         return super().prefault(mm, start, length, chunk, from_end)
 
 
@@ -642,18 +645,26 @@ def test_the_allocator_populates_the_writers_windows_from_their_end_and_files_ah
     # waiting on each folio it locks (FileSystem.prefault); a file prepared ahead has no
     # writer to meet.
     fs = PopulatedFromEnd()
-    store = testing.open_store(tmp_path / "s", backend, config=config(), fs=fs)
+    allocator = AllocateMappedFileService(2 << 20, backend, fs, prefault=True,
+                                          reserve_window=WINDOW)
+    allocator.start()
     try:
-        fs.writing = lambda: store.commitlog.mfq.files[-1].mm
-        while len(store.commitlog.mfq.files) < 2:
-            assert store.put_message(Message("TopicA", b"e" * 30000)).ok
-            testing.wait_until(lambda: settled(store.commitlog.mfq.files[-1]))
+        path = str(tmp_path / f"{0:020d}")
+        nxt = str(tmp_path / f"{2 << 20:020d}")
+        first = allocator.take(path, 2 << 20)          # the writer's file; nxt is wanted
+        # The writer heads to the end of its file: windows asked for all the way, and then
+        # the file prepared ahead gets its first window.
+        for end in range(WINDOW // 2, first.file_size + 1, WINDOW // 2):
+            allocator.populate(first, end)
+        testing.wait_until(lambda: (nxt, False) in fs.calls, timeout=10,
+                           what="the file prepared ahead populated")
         calls = list(fs.calls)
-        assert (True, True) in calls                # the writer's windows, from their end
-        assert (False, False) in calls              # the next file's first window, forward
-        assert (True, False) not in calls
+        assert (path, True) in calls
+        assert (path, False) not in calls
+        assert (nxt, True) not in calls
     finally:
-        store.shutdown()
+        allocator.shutdown()
+    first.destroy()
 
 
 class _RecordedMmap(mmap.mmap):
