@@ -622,20 +622,14 @@ class PopulatedThrough(Recording):
 
 
 class PopulatedFromEnd(FileSystem):
-    """Records (path, from_end) for each populate the allocator's thread makes."""
+    """Records (mapping, from_end) for each populate the allocator's thread makes."""
 
     def __init__(self):
         self.calls = []
-        self.paths = {}
-
-    def map(self, path, size, writable=True, kernels=None):
-        mm = super().map(path, size, writable, kernels=kernels)
-        self.paths[id(mm)] = path
-        return mm
 
     def prefault(self, mm, start=0, length=None, chunk=1 << 20, from_end=False):
         if threading.current_thread().name == ALLOCATOR:
-            self.calls.append((self.paths.get(id(mm)), from_end))
+            self.calls.append((mm, from_end))
         return super().prefault(mm, start, length, chunk, from_end)
 
 
@@ -650,18 +644,18 @@ def test_the_allocator_populates_the_writers_windows_from_their_end_and_files_ah
     allocator.start()
     try:
         path = str(tmp_path / f"{0:020d}")
-        nxt = str(tmp_path / f"{2 << 20:020d}")
-        first = allocator.take(path, 2 << 20)          # the writer's file; nxt is wanted
+        first = allocator.take(path, 2 << 20)          # the writer's file; the next is wanted
         # The writer heads to the end of its file: windows asked for all the way, and then
         # the file prepared ahead gets its first window.
         for end in range(WINDOW // 2, first.file_size + 1, WINDOW // 2):
             allocator.populate(first, end)
-        testing.wait_until(lambda: (nxt, False) in fs.calls, timeout=10,
-                           what="the file prepared ahead populated")
-        calls = list(fs.calls)
-        assert (path, True) in calls
-        assert (path, False) not in calls
-        assert (nxt, True) not in calls
+        testing.wait_until(lambda: any(mm is not first.mm and not back
+                                       for mm, back in fs.calls),
+                           timeout=10, what="the file prepared ahead populated")
+        calls = [(mm is first.mm, back) for mm, back in fs.calls]
+        assert (True, True) in calls                # the writer's file, from the end
+        assert (True, False) not in calls
+        assert (False, True) not in calls           # the file prepared ahead, forward
     finally:
         allocator.shutdown()
     first.destroy()
