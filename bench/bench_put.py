@@ -96,6 +96,8 @@ def test_plain_file_write_baseline(benchmark, tmp_path, group):
     f.close()
     # The baseline's "read back": every round's records reached the file.
     assert (tmp_path / "baseline.bin").stat().st_size == sum(runs) >= len(runs) * N * 128
+    # pytest keeps the last runs' tmp_path directories: the file goes now, as a store does.
+    os.remove(tmp_path / "baseline.bin")
 
 
 def test_get_message_batch_32(benchmark, backend, store_factory):
