@@ -93,6 +93,7 @@ class MappedFile:
     flushed_position    bytes known durable      (written by the flush thread only)
     reserved_position   bytes whose blocks exist (see reserve())
     refill_position     a writer reaching it asks for more reserved space (<= reserved_position)
+    blocks_position     blocks exist below it too (>= reserved_position; reserve_blocks_ahead)
 
     Files are sparse: a writer calls reserve(end) before writing below `end` whenever `end`
     passes reserved_position (one integer compare in the common case), and a full disk then
@@ -106,6 +107,7 @@ class MappedFile:
 
     __slots__ = ("path", "file_name", "file_from_offset", "file_size", "mm", "wrote_position",
                  "committed_position", "flushed_position", "reserved_position", "refill_position",
+                 "blocks_position",
                  "reserve_window", "reserve_window_max", "refill_lead", "store_timestamp",
                  "first_create_in_queue", "writable", "wbuf", "_pool", "_k", "_fs", "_refs",
                  "_available", "_lock", "_cond", "_reserve_lock", "_first_shutdown_ms",
@@ -140,6 +142,7 @@ class MappedFile:
         # A file sized here holds no blocks; a loaded one holds its data (set_positions).
         self.reserved_position = 0
         self.refill_position = 0
+        self.blocks_position = 0
         self.reserve_window = reserve_window
         # A file written fast reserves in growing windows, doubling up to this: a busy queue
         # then makes a few fallocate calls, not one per few hundred units.
@@ -210,7 +213,7 @@ class MappedFile:
         their blocks exist; nothing is known to be reserved past them."""
         with self._lock:            # against a flush marking what it synced (mark_flushed)
             self.wrote_position = self.committed_position = self.flushed_position = pos
-            self.reserved_position = self.refill_position = pos
+            self.reserved_position = self.refill_position = self.blocks_position = pos
             self.truncations += 1
 
     def data_end(self):
@@ -235,11 +238,11 @@ class MappedFile:
             if want <= old:
                 return old, old
             try:
-                ok = self._fs.reserve(self.path, old, want - old)
+                ok = self._allocate(old, want)
             except OSError as exc:
                 if exc.errno != errno.ENOSPC or need <= old or want == need:
                     raise
-                ok = self._fs.reserve(self.path, old, need - old)
+                ok = self._allocate(old, need)
                 want = need
             return old, self._reserved(end, want, ok)
 
@@ -265,12 +268,13 @@ class MappedFile:
                     # ahead), or cut back (recovery, truncation): that write plans again.
                     return first, old
                 stop = min(want, self._align_up(old + self.RESERVE_STEP))
-                ok = self._fs.reserve(self.path, old, stop - old)
+                ok = self._allocate(old, stop)
                 if self.truncations != truncations:
                     return first, self.reserved_position
                 if stop == want or not ok:
                     return first, self._reserved(end, want, ok)
                 self.reserved_position = stop
+                self.blocks_position = max(self.blocks_position, stop)
 
     def reserve_step(self, end):
         """Reserve toward `end`, exactly (no window past it) and one RESERVE_STEP at most:
@@ -281,7 +285,7 @@ class MappedFile:
             stop = min(end, self.file_size, _page_up(old + self.RESERVE_STEP))
             if stop <= old:
                 return old
-            return self._reserved(stop, stop, self._fs.reserve(self.path, old, stop - old))
+            return self._reserved(stop, stop, self._allocate(old, stop))
 
     def _reserve_plan(self, end, required):
         """Under _reserve_lock: (want, need) for reserve(end, required), the positions to
@@ -314,8 +318,48 @@ class MappedFile:
         if whole and self.reserve_window < self.reserve_window_max:
             self.reserve_window = min(2 * self.reserve_window, self.reserve_window_max)
         self.reserved_position = want
+        self.blocks_position = max(self.blocks_position, want)
         self.refill_position = want - lead if want < self.file_size else want
         return want
+
+    def _allocate(self, old, want):
+        """Under _reserve_lock: FileSystem.reserve of [old, want), less what
+        reserve_blocks_ahead holds already; no call at all when it holds the whole range."""
+        start = max(old, self.blocks_position)
+        if start >= want:
+            return True
+        return self._fs.reserve(self.path, start, want - start)
+
+    def reserve_blocks_ahead(self, lead):
+        """For the thread reserving ahead of this file's writer: the blocks of one more
+        RESERVE_STEP toward `lead` bytes past reserved_position, and only the blocks:
+        reserved_position and refill_position stay, so memory and the writer's requests
+        follow the window as before. True while more remains to reserve.
+
+        Why: a fallocate can wait 50-150 ms for ext4 to read a block bitmap behind gigabytes
+        of writeback, and a writer at 0.8 GB/s crossed the whole window lead meanwhile, then
+        reserved inside its put or waited for the lock (doc/performance.md, "Blocks ahead of
+        the window"). Here the fallocate runs without the reserve lock, and a window then
+        planned below blocks_position is published with no file-system call (_allocate).
+        OSError when the disk refuses; the writer reserves what it needs itself then."""
+        with self._reserve_lock:
+            if not self.is_available:
+                return False
+            target = min(self.file_size, self._align_up(self.reserved_position + lead))
+            start = max(self.reserved_position, self.blocks_position)
+            if start >= target:
+                return False
+            stop = min(target, self._align_up(start + self.RESERVE_STEP))
+            truncations = self.truncations
+        ok = self._fs.reserve(self.path, start, stop - start)
+        with self._reserve_lock:
+            # Cut back meanwhile (recovery, truncation): what was planned no longer holds.
+            if not ok or self.truncations != truncations or not self.is_available:
+                return False
+            # Everything below `start` had its blocks when planned, and blocks_position
+            # only grows between truncations.
+            self.blocks_position = max(self.blocks_position, stop)
+            return stop < target
 
     def _align_up(self, n):
         return _round_up(n, self.reserve_align)
@@ -347,12 +391,13 @@ class MappedFile:
             up = min(self.file_size, _round_up(old, size))
             if 0 < old < up:
                 try:
-                    ok = self._fs.reserve(self.path, old, up - old)
+                    ok = self._allocate(old, up)
                 except OSError as exc:
                     self._not_reserved_ahead(exc)
                     return False
                 if ok:
                     self.reserved_position = up
+                    self.blocks_position = max(self.blocks_position, up)
                     if self.refill_position >= old:
                         self.refill_position = up
             self.reserve_align = size

@@ -5,6 +5,7 @@ writer, first file included: the writer asks for the next window at refill_posit
 itself only on reaching reserved_position. A put never waits for a populate, and a disk that
 fills meanwhile still refuses puts cleanly."""
 import errno
+import logging
 import mmap
 import os
 import threading
@@ -16,7 +17,8 @@ from rocketstore import FlushDiskType, Message, PutMessageStatus, testing
 from rocketstore.config import BrokerRole
 from rocketstore.fs import FileSystem
 from rocketstore.mapped_file import MappedFile
-from rocketstore.services.allocate import LEAD_WINDOWS, AllocateMappedFileService
+from rocketstore.services.allocate import (BLOCK_WINDOWS, LEAD_WINDOWS,
+                                           AllocateMappedFileService)
 
 KiB = 1 << 10
 WINDOW = 256 * KiB
@@ -447,15 +449,22 @@ class FullAfter(FileSystem):
         return super().reserve(path, offset, length)
 
 
-def test_a_window_reserved_ahead_that_the_disk_refuses_partway_keeps_the_steps_before(
-        tmp_path, backend, monkeypatch):
+def stepped_file(tmp_path, backend, monkeypatch, fs, window_steps):
+    """A 1 MiB file on `fs` reserving a 64 KiB RESERVE_STEP at a time, with a window of
+    `window_steps` steps and a lead of one; returns (file, step)."""
     step = 64 * KiB
     monkeypatch.setattr(MappedFile, "RESERVE_STEP", step)
-    fs = FullAfter(2)
     mf = MappedFile(str(tmp_path / f"{0:020d}"), 1 << 20, backend, fs,
-                    reserve_window=5 * step)
+                    reserve_window=window_steps * step)
+    mf.refill_lead = step
+    return mf, step
+
+
+def test_a_window_reserved_ahead_that_the_disk_refuses_partway_keeps_the_steps_before(
+        tmp_path, backend, monkeypatch):
+    fs = FullAfter(2)
+    mf, step = stepped_file(tmp_path, backend, monkeypatch, fs, 5)
     try:
-        mf.refill_lead = step
         assert mf.reserve_ahead(0) is None          # a log line; the writer meets it later
         assert fs.calls == [(0, step), (step, step), (2 * step, step)]
         # The two steps the disk gave stay reserved, and the writer writes below them
@@ -472,6 +481,180 @@ def test_a_window_reserved_ahead_that_the_disk_refuses_partway_keeps_the_steps_b
         assert (mf.reserved_position, mf.refill_position) == (6 * step, 5 * step)
     finally:
         mf.close()
+
+
+def test_blocks_held_past_the_window_make_the_next_window_a_publish_without_a_fallocate(
+        tmp_path, backend, monkeypatch):
+    fs = FullAfter(100)
+    mf, step = stepped_file(tmp_path, backend, monkeypatch, fs, 2)
+    try:
+        assert mf.reserve_ahead(0) == 0
+        assert (mf.reserved_position, mf.refill_position, mf.blocks_position) == \
+            (2 * step, step, 2 * step)
+        del fs.calls[:]
+        # A step per call, three steps past the reserved end, and then nothing more.
+        assert [mf.reserve_blocks_ahead(3 * step) for _ in range(4)] == \
+            [True, True, False, False]
+        assert fs.calls == [(2 * step, step), (3 * step, step), (4 * step, step)]
+        # Blocks only: the window and the writer's next request stay where they were.
+        assert (mf.reserved_position, mf.refill_position, mf.blocks_position) == \
+            (2 * step, step, 5 * step)
+        # The writer's next window lies below the blocks held: published, no fallocate.
+        assert mf.reserve(3 * step) == (2 * step, 5 * step)
+        assert (mf.refill_position, len(fs.calls)) == (4 * step, 3)
+        # A window reaching past them takes only what they do not cover.
+        assert mf.reserve_ahead(4 * step) == 5 * step
+        assert fs.calls[3:] == [(5 * step, step)]
+        assert mf.blocks_position == mf.reserved_position == 6 * step
+        # A truncation forgets them: nothing is known to be reserved past the data.
+        mf.reserve_blocks_ahead(2 * step)
+        mf.set_positions(step)
+        assert mf.blocks_position == mf.reserved_position == step
+    finally:
+        mf.close()
+
+
+class HeldPast(FileSystem):
+    """Holds every reservation ending past `past` until `release` is set (`held` is set
+    meanwhile); `cut()`, when set, runs inside the held call first."""
+
+    def __init__(self):
+        self.past = 1 << 62
+        self.cut = None
+        self.held = threading.Event()
+        self.release = threading.Event()
+
+    def reserve(self, path, offset, length):
+        if offset + length > self.past:
+            self.held.set()
+            if self.cut is not None:
+                self.cut()
+            self.release.wait(30)
+        return super().reserve(path, offset, length)
+
+
+def test_a_writer_publishing_below_the_blocks_held_never_waits_for_a_step_stuck_on_the_disk(
+        tmp_path, backend, monkeypatch):
+    """A fallocate can wait 50-150 ms behind writeback: the step ahead runs without the
+    reserve lock, so a writer whose window lies below the blocks already held goes on."""
+    fs = HeldPast()
+    mf, step = stepped_file(tmp_path, backend, monkeypatch, fs, 2)
+    fs.past = 5 * step
+    try:
+        mf.reserve_ahead(0)
+        while mf.reserve_blocks_ahead(3 * step):
+            pass
+        assert mf.blocks_position == 5 * step
+        stuck = threading.Thread(target=mf.reserve_blocks_ahead, args=(5 * step,))
+        stuck.start()
+        assert fs.held.wait(10)
+        t0 = time.monotonic()
+        assert mf.reserve(3 * step) == (2 * step, 5 * step)
+        assert time.monotonic() - t0 < 5 and stuck.is_alive()
+        fs.release.set()
+        stuck.join(10)
+        assert mf.blocks_position == 6 * step
+    finally:
+        fs.release.set()
+        mf.close()
+
+
+def test_a_step_ahead_that_a_truncation_overtakes_publishes_nothing(tmp_path, backend,
+                                                                      monkeypatch):
+    fs = HeldPast()
+    mf, step = stepped_file(tmp_path, backend, monkeypatch, fs, 2)
+    fs.past = 2 * step
+    fs.cut = lambda: mf.set_positions(step // 2)
+    fs.release.set()
+    try:
+        mf.reserve_ahead(0)
+        assert mf.reserve_blocks_ahead(4 * step) is False
+        assert mf.blocks_position == mf.reserved_position == step // 2
+    finally:
+        mf.close()
+
+
+def test_a_fast_writer_gets_blocks_held_past_its_window_and_reserves_nothing_itself_there(
+        tmp_path, backend):
+    """The reserving thread holds blocks for what the writer writes in BLOCKS_LEAD_S at its
+    measured rate, past the populated window, and bounded; a writer that catches up with
+    its window below them publishes the next one without a fallocate of its own."""
+    fs = Recording()
+    window = 1 << 20
+    store = testing.open_store(tmp_path / "s", backend, fs=fs, config=config(
+        mapped_file_size_commit_log=64 << 20, commit_log_reserve_window=window))
+    batch = [Message("TopicA", b"%06d" % i + b"f" * 10_000) for i in range(10)]
+
+    def put():
+        r = store.put_messages(batch)
+        assert r.ok and r.count == len(batch)
+    try:
+        put()
+        mf = store.commitlog.mfq.files[-1]
+        while mf.blocks_position - mf.reserved_position < MappedFile.RESERVE_STEP:
+            assert mf.wrote_position < 40 << 20, "no blocks held past the window"
+            put()
+            assert mf.blocks_position - mf.reserved_position <= BLOCK_WINDOWS * window
+        asked, held = len(fs.reservers), mf.blocks_position
+        while mf.wrote_position < held - 2 * window:
+            put()
+        assert store.commitlog.mfq.files == [mf]
+        assert "MainThread" not in fs.reservers[asked:]
+    finally:
+        store.shutdown()
+
+
+def test_a_disk_that_fills_under_blocks_held_ahead_refuses_puts_cleanly_and_keeps_the_acked(
+        tmp_path, backend, caplog):
+    """The writer goes on into the blocks held ahead, then is refused with the disk's
+    reason; the reserving thread asks the disk again only once the writer moved on."""
+    fs = Recording()
+    window = 1 << 20
+    cfg = config(mapped_file_size_commit_log=64 << 20, commit_log_reserve_window=window)
+    store = testing.open_store(tmp_path / "s", backend, fs=fs, config=cfg)
+    batch = [Message("TopicA", b"%06d" % i + b"d" * 10_000) for i in range(10)]
+    acked = 0
+    try:
+        mf = None
+        while mf is None or mf.blocks_position - mf.reserved_position < MappedFile.RESERVE_STEP:
+            r = store.put_messages(batch)
+            assert r.ok
+            acked += r.count
+            mf = store.commitlog.mfq.files[-1]
+            assert mf.wrote_position < 40 << 20, "no blocks held past the window"
+        caplog.set_level(logging.INFO, logger="rocketstore.services.allocate")
+        fs.full = True
+        while True:
+            r = store.put_messages(batch)
+            acked += r.count
+            if not r.ok:
+                break
+        assert r.status == PutMessageStatus.SERVICE_NOT_AVAILABLE and "disk full" in r.reason
+        time.sleep(0.3)
+        # Asked again only where the blocks held moved on: no loop against a full disk.
+        refused = [m for m in caplog.messages if "could not hold blocks ahead" in m]
+        assert len(refused) <= 2
+    finally:
+        store.shutdown()
+    again = testing.open_store(tmp_path / "s", backend, config=cfg)
+    try:
+        assert sum(1 for _ in again.iter_messages()) == acked
+    finally:
+        again.shutdown()
+
+
+def test_a_quiet_writer_holds_no_blocks_past_its_window(tmp_path, backend):
+    store = testing.open_store(tmp_path / "s", backend, config=config(
+        mapped_file_size_commit_log=64 << 20, commit_log_reserve_window=1 << 20))
+    try:
+        for i in range(40):
+            assert store.put_message(Message("TopicA", b"q" * 60_000)).ok
+            time.sleep(0.02)
+        mf = store.commitlog.mfq.files[-1]
+        time.sleep(0.2)
+        assert mf.blocks_position == mf.reserved_position
+    finally:
+        store.shutdown()
 
 
 def test_the_next_file_is_made_while_the_writers_requests_keep_the_allocator_busy(tmp_path,

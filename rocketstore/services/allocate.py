@@ -31,6 +31,12 @@ log = logging.getLogger(__name__)
 
 # The lead is bounded to this many configured windows ("tens of MB", not the next file).
 LEAD_WINDOWS = 4
+# Past the window, the reserving thread holds blocks alone (MappedFile.reserve_blocks_ahead)
+# for what the writer writes in BLOCKS_LEAD_S at its measured rate, at most BLOCK_WINDOWS
+# configured windows: a fallocate behind writeback took up to 150 ms here, and this thread
+# waits for the GIL and a CPU besides. A quiet writer holds nothing past its window.
+BLOCKS_LEAD_S = 0.25
+BLOCK_WINDOWS = 8
 # The writer's rate and the time to serve a request are smoothed with these weights for a new sample
 # lower than the estimate; a higher sample is taken at once (a burst must not overtake).
 DECAY = 0.75
@@ -45,16 +51,22 @@ class ReserveAheadService(ServiceThread):
     behind gigabytes of writeback took 50-130 ms (doc/performance.md, "Sustained writes").
     A reservation is a short call, so this thread keeps the reserved end ahead of the writer
     while the populates lag; a disk that refuses one costs a log line here, and the writer
-    meets the error when it gets there, with a put to refuse."""
+    meets the error when it gets there, with a put to refuse.
+
+    Between requests it also holds blocks past the writer's window (`blocks_ahead`), so that
+    one slow fallocate delays this thread and not the writer's next window."""
     name = "ReserveAheadService"
 
-    def __init__(self, after=None):
+    def __init__(self, after=None, blocks_ahead=None):
         """`after()`: called after each round of requests (the allocator's first windows of
-        the files it prepared ahead)."""
+        the files it prepared ahead). `blocks_ahead()`: (file, bytes) whose blocks to hold
+        past its reserved window once no request waits, or None."""
         super().__init__()
         self._lock = threading.Lock()
         self._todo = []            # (MappedFile, writer's end)
         self._after = after
+        self._blocks_ahead = blocks_ahead
+        self._refused = None       # (file, its blocks_position) where the disk said no
 
     def ask(self, mf, end):
         with self._lock:
@@ -63,14 +75,36 @@ class ReserveAheadService(ServiceThread):
 
     def run_once(self):
         self.wait_for_running(1000)
-        with self._lock:
-            todo, self._todo = self._todo, []
-        for mf, end in todo:
-            if self.is_stopped:
+        while not self.is_stopped:
+            with self._lock:
+                todo, self._todo = self._todo, []
+            for mf, end in todo:
+                if self.is_stopped:
+                    return
+                mf.reserve_ahead(end)
+            if todo and self._after is not None:
+                self._after()
+            with self._lock:
+                if self._todo:
+                    continue
+            # Then blocks past the window, a step at a time, requests first between steps.
+            if not self._step_blocks_ahead():
                 return
-            mf.reserve_ahead(end)
-        if todo and self._after is not None:
-            self._after()
+
+    def _step_blocks_ahead(self):
+        """One step of blocks past the writer's window; True while more remains."""
+        ahead = self._blocks_ahead() if self._blocks_ahead is not None else None
+        if ahead is None:
+            return False
+        mf, lead = ahead
+        if self._refused == (mf, mf.blocks_position):
+            return False            # until the writer moves on: it meets the error itself
+        try:
+            return mf.reserve_blocks_ahead(lead)
+        except OSError as exc:
+            self._refused = (mf, mf.blocks_position)
+            log.info("%s: could not hold blocks ahead of the writer: %s", mf.path, exc)
+            return False
 
     def on_shutdown(self):
         with self._lock:
@@ -120,7 +154,8 @@ class AllocateMappedFileService(ServiceThread):
         self._last_request = None
         self._rate = 0.0
         self._latency_s = 0.0
-        self._reserver = ReserveAheadService(self._reserve_ready) if prefault else None
+        self._reserver = (ReserveAheadService(self._reserve_ready, self._blocks_ahead)
+                          if prefault else None)
 
     def start(self):
         if self._reserver is not None:
@@ -188,6 +223,18 @@ class AllocateMappedFileService(ServiceThread):
         want = self._rate * 2 * self._latency_s
         lead = int(min(max(want, w // 2), LEAD_WINDOWS * w - step))
         return lead - lead % OS_PAGE_SIZE
+
+    def _blocks_ahead(self):
+        """For the reserving thread: the writer's file and the blocks to hold past its
+        window (BLOCKS_LEAD_S at the writer's rate, at most BLOCK_WINDOWS windows), or None
+        while that is less than a reservation step."""
+        mf = self._adopted
+        if mf is None or not self._window:
+            return None
+        lead = min(BLOCK_WINDOWS * self._window, int(self._rate * BLOCKS_LEAD_S))
+        if lead < MappedFile.RESERVE_STEP:
+            return None
+        return mf, lead
 
     def _size_window(self, mf):
         """Give `mf` the current lead: its next reservation reaches a step past it, and at
