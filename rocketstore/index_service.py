@@ -288,6 +288,11 @@ class IndexService(Dispatcher):
                     and mf.reserve_step(spare.table_end) < spare.table_end):
                 self.populator.make_ahead(self._reserve_spare)
                 return
+            # A store that filled a file writes keys fast: the next one starts with the
+            # window its predecessor grew to, or its writer, right after the roll, would
+            # overtake a 64 KiB first window and reserve the next ones itself.
+            spare.mf.reserve_window = max([spare.mf.reserve_window] + [
+                f.mf.reserve_window for f in self.index_file_list[-2:]])
             spare.reserve_entries(1)
         except OSError as exc:
             log.info("could not make the next index file ahead: %s", exc)

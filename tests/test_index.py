@@ -20,8 +20,8 @@ from rocketstore.clock import StepClock
 from rocketstore.errors import KernelArgumentError, KernelBoundsError
 from rocketstore.fs import FileSystem
 from rocketstore.mapped_file import MappedFile
-from rocketstore.index_file import (IndexFile, index_file_size, infer_geometry,
-                                    time_millis_to_human_string)
+from rocketstore.index_file import (ENTRY_RESERVE_WINDOW, IndexFile, index_file_size,
+                                    infer_geometry, time_millis_to_human_string)
 from rocketstore.index_service import index_keys
 from rocketstore.message import java_string_hash
 
@@ -1017,6 +1017,31 @@ def _made_ahead(store):
     populator = store.populate_service
     testing.wait_until(lambda: populator.pending == 0, what="the populator idle")
     return store.index_service._spare
+
+
+def test_the_index_file_made_ahead_after_a_full_one_starts_with_the_window_it_grew_to(
+        tmp_path, backend):
+    """A store that filled an index file writes keys fast: its next file's first window is
+    the one the full file grew to, not 64 KiB that its writer would overtake at the roll."""
+    cfg = testing.small_config(max_index_num=40_000, max_hash_slot_num=1024)
+    store = testing.open_store(tmp_path / "s", backend, cfg, fs=_RecordingIndexReserves())
+    try:
+        svc = store.index_service
+        n = 0
+        while len(svc.index_file_list) < 2:
+            assert store.put_messages(
+                [Message("T", b"x", keys=f"k{n + i}") for i in range(1000)]).ok
+            n += 1000
+            testing.wait_dispatched(store)
+        full = svc.index_file_list[0]
+        assert full.mf.reserve_window > ENTRY_RESERVE_WINDOW
+        spare = _made_ahead(store)
+        assert spare is not None and spare.mf.reserve_window >= full.mf.reserve_window
+        table = F.INDEX_HEADER_SIZE + 1024 * F.INDEX_SLOT_SIZE
+        assert spare.mf.reserved_position >= min(spare.file_size,
+                                                 table + full.mf.reserve_window)
+    finally:
+        store.shutdown()
 
 
 def test_the_next_index_file_is_made_ahead_and_taken_at_the_roll(tmp_path, backend):

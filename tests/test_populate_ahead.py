@@ -132,8 +132,10 @@ def test_queue_and_index_windows_populated_ahead_stay_bounded(tmp_path, backend)
                 assert mf.reserved_position - written <= cap + 4096, mf
             # Nothing populated outside reserved blocks (a full disk would SIGBUS there).
             assert testing.cached_bytes(cq.path) <= _page_up(cq.reserved_position)
-        sizes = [p[3] for p in fs.populates if p[1] in ("consumequeue", "index")]
-        assert sizes and max(sizes) <= POPULATED_WINDOW_MAX
+        for kind, cap in (("consumequeue", POPULATED_WINDOW_MAX),
+                          ("index", ENTRY_RESERVE_WINDOW_MAX)):
+            sizes = [p[3] for p in fs.populates if p[1] == kind]
+            assert sizes and max(sizes) <= cap, kind
     finally:
         store.shutdown()
 
