@@ -277,12 +277,15 @@ class MappedFile:
                 self.blocks_position = max(self.blocks_position, stop)
 
     def reserve_step(self, end):
-        """Reserve toward `end`, exactly (no window past it) and one RESERVE_STEP at most:
-        for the maker of a file nobody writes yet, a step per turn (IndexService makes the
-        next index file so). Returns the new reserved_position."""
+        """Reserve toward `end`, with no window past it (but to a whole folio in a file
+        given large folios: see use_large_folios) and one RESERVE_STEP at most: for the
+        maker of a file nobody writes yet, a step per turn (IndexService makes the next
+        index file so). Returns the new reserved_position."""
         with self._reserve_lock:
             old = self.reserved_position
             stop = min(end, self.file_size, _page_up(old + self.RESERVE_STEP))
+            if self.reserve_align > OS_PAGE_SIZE:
+                stop = min(self.file_size, self._align_up(stop))
             if stop <= old:
                 return old
             return self._reserved(stop, stop, self._allocate(old, stop))

@@ -956,6 +956,20 @@ def test_commitlog_files_populated_in_large_folios_are_reserved_to_whole_folios(
         store.shutdown()
 
 
+def test_a_step_reserved_in_a_file_given_large_folios_ends_on_a_whole_folio(tmp_path, backend):
+    fs = FolioRecording()
+    mf = MappedFile(str(tmp_path / f"{0:020d}"), 8 * fs.FOLIO, backend, fs)
+    try:
+        # In pages: exactly to the end asked for.
+        assert mf.reserve_step(1000) == 1000
+        mf.use_large_folios(fs.FOLIO)       # reserved to the next whole folio first
+        assert mf.reserved_position == fs.FOLIO
+        # A folio straddling the reserved end would allocate past it when written.
+        assert mf.reserve_step(fs.FOLIO + 1000) == 2 * fs.FOLIO
+    finally:
+        mf.close()
+
+
 def test_a_sync_flush_commitlog_keeps_4k_pages_so_a_group_commit_writes_only_its_pages(
         tmp_path, backend):
     """The page cache writes a folio back whole: in 2 MiB folios each group commit of a few
