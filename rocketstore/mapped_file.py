@@ -273,8 +273,7 @@ class MappedFile:
                     return first, self.reserved_position
                 if stop == want or not ok:
                     return first, self._reserved(end, want, ok)
-                self.reserved_position = stop
-                self.blocks_position = max(self.blocks_position, stop)
+                self._set_reserved(stop)
 
     def reserve_step(self, end):
         """Reserve toward `end`, with no window past it (but to a whole folio in a file
@@ -320,10 +319,15 @@ class MappedFile:
         lead = self.refill_lead if whole else 0
         if whole and self.reserve_window < self.reserve_window_max:
             self.reserve_window = min(2 * self.reserve_window, self.reserve_window_max)
-        self.reserved_position = want
-        self.blocks_position = max(self.blocks_position, want)
+        self._set_reserved(want)
         self.refill_position = want - lead if want < self.file_size else want
         return want
+
+    def _set_reserved(self, pos):
+        """Under _reserve_lock: blocks exist below `pos` (reserved_position), and so below
+        blocks_position, which never trails it."""
+        self.reserved_position = pos
+        self.blocks_position = max(self.blocks_position, pos)
 
     def _allocate(self, old, want):
         """Under _reserve_lock: FileSystem.reserve of [old, want), less what
@@ -399,8 +403,7 @@ class MappedFile:
                     self._not_reserved_ahead(exc)
                     return False
                 if ok:
-                    self.reserved_position = up
-                    self.blocks_position = max(self.blocks_position, up)
+                    self._set_reserved(up)
                     if self.refill_position >= old:
                         self.refill_position = up
             self.reserve_align = size
