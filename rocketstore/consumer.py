@@ -120,23 +120,28 @@ class Arrivals:
 
 
 class PutWake:
-    """CommitLog.wake_on_put while consumers wait: a put wakes the reput service as well as
-    the flusher it woke before (`inner`, None when nothing was woken), so the put is
-    dispatched, and its waiters woken, at once rather than at reput's next 1 ms cycle."""
+    """CommitLog.wake_on_put while consumers wait (or reput is idle): a put wakes the reput
+    service as well as what it woke before (`inner`, None when nothing was woken), so the put
+    is dispatched, and its waiters woken, at once rather than at reput's next 1 ms cycle.
+    `written_end()` is the CommitLog's written end: `inner` is woken, as by the plain hook,
+    only once the records reach its own mark (`inner.wake_from`: the flusher's least pages),
+    not by every put."""
 
     # Read by the compiled put path before each wakeup(): never set, so every put calls it;
     # wakeup() itself skips the services already notified.
     has_notified = False
-    # Every put wakes reput, whatever the flusher's own mark (`inner.wake_from`).
+    # Every put wakes reput, whatever the flusher's own mark.
     wake_from = 0
 
-    def __init__(self, inner, reput):
+    def __init__(self, inner, reput, written_end):
         self.inner = inner
         self.reput = reput
+        self._written_end = written_end
 
     def wakeup(self):
         inner = self.inner
-        if inner is not None and not inner.has_notified:
+        if (inner is not None and not inner.has_notified
+                and (not inner.wake_from or self._written_end() >= inner.wake_from)):
             inner.wakeup()
         reput = self.reput
         if not reput.has_notified:

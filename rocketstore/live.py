@@ -48,8 +48,8 @@ Waiting: no reput runs in this process to wake a consumer, so a wait (`get_messa
 wait_ms=N)`, `consume`, `aconsume`) reads the queue's next unit again after a short bounded
 backoff, from POLL_FIRST_S doubling up to POLL_MAX_S (consumer.py's wait loop, with
 `poll_backoff` set). A check of the next unit is one 20-byte read of a mapped page. The
-writer's reput writes units on its 1 ms cycle unless the writer sets
-StoreConfig.wake_reput_on_put, which wakes it on every put.
+writer's reput writes units on its 1 ms cycle (after 100 ms without a write, on the next put's
+wake-up) unless the writer sets StoreConfig.wake_reput_on_put, which wakes it on every put.
 
 Key queries (the index files) are not served here: use MessageStore.open_read_only for them.
 """

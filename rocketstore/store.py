@@ -210,6 +210,10 @@ class MessageStore:
         # between load() and shutdown(); a plain attribute, as the read path reads it per call.
         self.loaded = False
         self._running = False
+        # The put hook's choice (_update_put_wake), made by consumer threads and the reput
+        # thread: under this lock, and only between start() and shutdown().
+        self._put_wake_lock = threading.Lock()
+        self._put_wake_on = False
         self._confirm_offset = -1
         # Bytes behind the CommitLog's end past which a read is "suggest pull from slave"
         # (accessMessageInMemoryMaxRatio of the memory the process may use: a container's
@@ -545,7 +549,8 @@ class MessageStore:
             reput_from = max(reput_from, cq.max_physic_offset)
         self.reput_service = ReputMessageService(
             self.commitlog, self.kernels, self.dispatchers, reput_from, arrivals=self.arrivals,
-            running_flags=self.running_flags, is_slave=self.is_slave)
+            running_flags=self.running_flags, is_slave=self.is_slave,
+            on_idle=self._reput_idle)
         self.reput_service.do_reput()               # catch up before accepting puts
         self.index_service.make_next_ahead()
         recovery.recover_topic_queue_table(self.commitlog, self.all_consume_queues())
@@ -590,12 +595,14 @@ class MessageStore:
             self.commitlog.wake_on_put = self.commit_service
         if cfg.broker_role is BrokerRole.SYNC_MASTER:
             self.commitlog.after_put = self.ha_service.make_after_put(self.commitlog.after_put)
-        # While consumers wait, or always with wake_reput_on_put (readers in other
-        # processes), puts wake reput too (consumer.PutWake); the hook as set above is what
-        # puts wake otherwise.
+        # While consumers wait, while reput is idle, or always with wake_reput_on_put
+        # (readers in other processes), puts wake reput too (consumer.PutWake); the hook as
+        # set above is what puts wake otherwise.
         self._plain_put_wake = self.commitlog.wake_on_put
         self.arrivals.on_waiting = self._consumers_waiting
-        self._consumers_waiting(self.arrivals.waiting)
+        with self._put_wake_lock:
+            self._put_wake_on = True
+        self._update_put_wake()
         self.fs.write_bytes(abort_path(self.root), b"", sync=False)
         self._running = True
         self._install_put_path()
@@ -666,7 +673,9 @@ class MessageStore:
                 pass
             self.ha_service.shutdown()              # HA first: doc/03 §7 reversed
             self.commitlog.after_put = None
-            self.commitlog.wake_on_put = None
+            with self._put_wake_lock:
+                self._put_wake_on = False       # reput, still running, sets no hook now
+                self.commitlog.wake_on_put = None
             # Whether every service whose last work makes data durable (or vouches for it)
             # ended: one still running (a sync outlasting its join time) may yet fail.
             ended = True
@@ -728,12 +737,27 @@ class MessageStore:
         self.loaded = False
 
     def _consumers_waiting(self, waiting):
-        """Arrivals.on_waiting: the put hook with or without the reput wake-up."""
-        plain = self._plain_put_wake
-        if waiting or self.config.wake_reput_on_put:
-            self.commitlog.wake_on_put = PutWake(plain, self.reput_service)
-        else:
-            self.commitlog.wake_on_put = plain
+        """Arrivals.on_waiting (`waiting`: whether any consumer waits now)."""
+        self._update_put_wake()
+
+    def _reput_idle(self, idle):
+        """ReputMessageService's on_idle (`idle`: whether it now waits for a put to wake it)."""
+        self._update_put_wake()
+
+    def _update_put_wake(self):
+        """The put hook with the reput wake-up (consumer.PutWake) while a consumer waits,
+        while reput is idle, or always with wake_reput_on_put; the plain one otherwise. Made
+        from what holds now, under a lock, so the last of concurrent calls sets the right one."""
+        with self._put_wake_lock:
+            if not self._put_wake_on:
+                return
+            plain = self._plain_put_wake
+            reput = self.reput_service
+            if self.arrivals.waiting or reput.idle or self.config.wake_reput_on_put:
+                self.commitlog.wake_on_put = PutWake(
+                    plain, reput, self.commitlog.mfq.get_max_wrote_position)
+            else:
+                self.commitlog.wake_on_put = plain
 
     def queue_ends_before_recovery(self):
         """The ConsumeQueues as recovery finds them, for a plan made before recovering

@@ -18,6 +18,7 @@ from rocketstore.mapped_file_queue import MappedFileQueue
 from rocketstore.errors import StoreError
 from rocketstore.format import CQ_UNIT
 from rocketstore.fs import FileSystem
+from rocketstore.services.reput import ReputMessageService
 
 from test_store_interface import _six_master_records
 
@@ -1422,20 +1423,33 @@ def test_units_written_after_a_cut_during_a_flush_s_sync_are_flushed(tmp_path, b
         assert CQ_UNIT.struct.unpack(fh.read(20)) == new_unit
 
 
+@pytest.mark.parametrize("reput_too", [False, True], ids=["plain hook", "reput woken too"])
 def test_an_async_put_wakes_the_flusher_only_once_it_has_least_pages_to_flush(tmp_path,
-                                                                              backend):
+                                                                              backend,
+                                                                              monkeypatch,
+                                                                              reput_too):
     """Without flush_commit_log_timed, RocketMQ's FlushRealTimeService is woken by every put
     and flushes only when flush_commit_log_least_pages pages are unflushed: a put that
     leaves fewer need not wake it (each wake-up cost the putter a Python call and the
     flusher the GIL), one that reaches them must, and the flush follows at once, not at the
-    interval. Every put path: put_message, put_messages and put_batch."""
+    interval. Every put path: put_message, put_messages and put_batch; and the same while
+    puts wake reput too (consumer.PutWake: a consumer waits, reput is idle, or here
+    wake_reput_on_put), which before woke the flusher at every put. (Reput kept from idling,
+    so the hook stays the one the test chose.)"""
+    from rocketstore.consumer import PutWake
+    monkeypatch.setattr(ReputMessageService, "IDLE_AFTER_MS", 3_600_000)
     store = testing.open_store(tmp_path / "s", backend, testing.small_config(
         flush_disk_type=FlushDiskType.ASYNC_FLUSH, flush_commit_log_timed=False,
-        flush_interval_commit_log=60_000, flush_commit_log_least_pages=4))
+        flush_interval_commit_log=60_000, flush_commit_log_least_pages=4,
+        wake_reput_on_put=reput_too))
     try:
         flusher = store.flush_service
         mfq = store.commitlog.mfq
-        assert store.commitlog.wake_on_put is flusher
+        hook = store.commitlog.wake_on_put
+        if reput_too:
+            assert isinstance(hook, PutWake) and hook.inner is flusher
+        else:
+            assert hook is flusher
         woken = []
         real = flusher.wakeup
 

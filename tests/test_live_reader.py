@@ -632,12 +632,17 @@ def test_the_compiled_walk_refuses_units_outside_its_mapping():
         (0, type(walk.__self__).LIVE_ZERO)
 
 
-def test_wake_reput_on_put_makes_each_put_visible_without_reputs_cycle(tmp_path, backend):
+def test_wake_reput_on_put_makes_each_put_visible_without_reputs_cycle(tmp_path, backend,
+                                                                        monkeypatch):
     """With wake_reput_on_put, a put wakes the writer's reput itself, so a LiveReader sees it
     at once: here reput's own cycle is made an hour long, and each put still arrives."""
     from rocketstore.consumer import PutWake
+    from rocketstore.services.reput import ReputMessageService
+    # A store wakes reput per put only while a consumer of its own waits, or while reput is
+    # idle (tests/test_reput_idle.py), which it is kept from here.
+    monkeypatch.setattr(ReputMessageService, "IDLE_AFTER_MS", 3_600_000)
     plain = _writer(tmp_path / "plain", backend)
-    try:        # a store wakes reput per put only while a consumer of its own waits
+    try:
         assert not isinstance(plain.commitlog.wake_on_put, PutWake)
     finally:
         plain.shutdown()

@@ -1,0 +1,103 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ReputMessageService on an idle store: it stops looking for records every millisecond once
+nothing is written (ReputMessageService.IDLE_AFTER_MS), and the next put wakes it, whatever
+path wrote the record. Timeouts are hang guards, never speed claims."""
+import sys
+import time
+
+import pytest
+
+from rocketstore import Message, testing
+from rocketstore.consumer import PutWake
+
+GUARD = 60          # seconds for something that should take milliseconds
+HOUR_MS = 3_600_000
+
+
+def _open(tmp_path, backend, **config):
+    return testing.open_store(tmp_path / "s", backend, testing.small_config(**config))
+
+
+def _wait_idle(store):
+    testing.wait_until(lambda: store.reput_service.idle, GUARD, "reput to become idle")
+
+
+def _dispatched(store, end):
+    """Whether reput alone (no read: every read catches up first) dispatched up to `end`."""
+    return store.reput_service.reput_from_offset >= end
+
+
+def _switches(tid):
+    with open(f"/proc/self/task/{tid}/status") as fh:
+        return sum(int(line.split()[1]) for line in fh if "ctxt_switches" in line)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="counts the thread's switches in Linux's /proc/self/task")
+def test_an_idle_stores_reput_thread_sleeps_instead_of_polling_every_millisecond(tmp_path,
+                                                                                  backend):
+    store = _open(tmp_path, backend)
+    try:
+        assert store.put_message(Message("T", b"x")).ok
+        _wait_idle(store)
+        tid = store.reput_service._thread.native_id
+        before = _switches(tid)
+        time.sleep(0.5)
+        # Polling every millisecond made about 450 switches in half a second; idle, it
+        # waits IDLE_WAIT_MS (a second) at a time.
+        assert _switches(tid) - before <= 5
+        # Puts wake it while it is idle, as while a consumer waits.
+        assert isinstance(store.commitlog.wake_on_put, PutWake)
+    finally:
+        store.shutdown()
+    assert store.commitlog.wake_on_put is None      # shutdown's, never an idle reput's
+
+
+@pytest.mark.parametrize("how", ["put_message", "put_messages", "put_batch"])
+def test_a_put_after_an_idle_spell_wakes_reput_and_is_dispatched_without_a_read(
+        tmp_path, backend, how):
+    """Reput's idle wait made an hour long: only the put's own wake-up can get its record
+    dispatched within the guard. Then the plain put hook is back, until idle again."""
+    store = _open(tmp_path, backend)
+    try:
+        reput = store.reput_service
+        plain = store._plain_put_wake
+        reput.IDLE_WAIT_MS = HOUR_MS
+        assert store.put_message(Message("T", b"first")).ok
+        _wait_idle(store)
+        if how == "put_message":
+            r = store.put_message(Message("T", b"after the idle spell"))
+        elif how == "put_messages":
+            r = store.put_messages([Message("T", b"after"), Message("T", b"the idle spell")])
+        else:
+            r = store.put_batch("T", 0, [b"after", b"the idle spell"])
+        assert r.ok
+        end = store.commitlog.max_offset
+        testing.wait_until(lambda: _dispatched(store, end), GUARD, "the put dispatched")
+        testing.wait_until(lambda: store.commitlog.wake_on_put is plain or reput.idle, GUARD,
+                           "the plain hook back")
+        _wait_idle(store)
+    finally:
+        store.shutdown()
+
+
+def test_reput_stays_awake_while_a_record_written_is_not_yet_readable(tmp_path, backend):
+    """With write buffers a put's record is readable only after its commit, here at least
+    half a second later (longer than IDLE_AFTER_MS), and the committer does not wake reput:
+    woken by the put before the commit, reput must not go idle with the record written but
+    not dispatched, or it would sleep through the commit (its idle wait made an hour)."""
+    store = _open(tmp_path, backend, mapped_file_size_commit_log=1 << 20,
+                  transient_store_pool_enable=True, transient_store_pool_size=2,
+                  commit_interval_commit_log=500, commit_commit_log_thorough_interval=500)
+    try:
+        reput = store.reput_service
+        reput.IDLE_WAIT_MS = HOUR_MS
+        assert store.put_message(Message("T", b"first")).ok
+        _wait_idle(store)
+        r = store.put_message(Message("T", b"buffered"))
+        assert r.ok
+        end = r.commit_log_offset + r.wrote_bytes
+        testing.wait_until(lambda: _dispatched(store, end), GUARD,
+                           "the buffered put dispatched after its commit")
+    finally:
+        store.shutdown()
