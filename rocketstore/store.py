@@ -555,7 +555,7 @@ class MessageStore:
         self.index_service.make_next_ahead()
         recovery.recover_topic_queue_table(self.commitlog, self.all_consume_queues())
         # HA next (doc/03 §7); bound before any thread starts, so a taken port fails clean.
-        self.ha_service = HAService(self.config, self.commitlog, self.reput_service.wakeup)
+        self.ha_service = HAService(self.config, self.commitlog, self._appended)
         if self.ha_service.client is not None:
             self.reput_service.halt_replication = self.ha_service.client.halt
         self.ha_service.start()
@@ -735,6 +735,14 @@ class MessageStore:
         if self._lock is not None:
             self._lock.release()
         self.loaded = False
+
+    def _appended(self):
+        """The HA client appended a frame: reput dispatches it now, and a SYNC_FLUSH group
+        commit syncs it (its thread looks by itself only every second once idle)."""
+        self.reput_service.wakeup()
+        flusher = self.flush_service
+        if isinstance(flusher, GroupCommitService):
+            flusher.wakeup()
 
     def _consumers_waiting(self, waiting):
         """Arrivals.on_waiting (`waiting`: whether any consumer waits now)."""

@@ -275,6 +275,34 @@ def test_slave_restarted_with_a_record_cut_short_fetches_its_tail_again(tmp_path
     assert_same_commitlog(tmp_path / "m", tmp_path / "s")
 
 
+def test_a_sync_flush_slave_syncs_what_it_receives_after_an_idle_spell(tmp_path):
+    """A SYNC_FLUSH slave's group commit thread looks by itself only every IDLE_WAIT_MS once
+    idle (an hour here): each frame the HA client appends wakes it, so replicated records
+    are synced at once."""
+    master = open_node(tmp_path / "m", "ASYNC_MASTER")
+    try:
+        assert master.put_message(message(0)).ok
+        slave = open_node(tmp_path / "s", "SLAVE", master=f"127.0.0.1:{master.ha_service.port}",
+                          flush="sync")
+        try:
+            flusher = slave.flush_service
+            flusher.IDLE_WAIT_MS = 3_600_000
+            flushed = slave.commitlog.mfq
+
+            def synced():
+                return flushed.flushed_where >= master.get_max_phy_offset()
+            testing.wait_until(synced, 20, "the first record synced on the slave")
+            testing.wait_until(lambda: flusher._poll_ms() == flusher.IDLE_WAIT_MS, 20,
+                               "the slave's group commit to go quiet")
+            for i in range(1, 5):
+                assert master.put_message(message(i)).ok
+            testing.wait_until(synced, 20, "the records after the idle spell synced")
+        finally:
+            slave.shutdown()
+    finally:
+        master.shutdown()
+
+
 # ---- replication across processes --------------------------------------------------------------
 def test_slave_commitlog_is_byte_identical_across_files_and_serves_the_same_messages(tmp_path):
     master = Node(tmp_path / "m", "ASYNC_MASTER", tmp_path, produce=3000, wait_slave=True,

@@ -98,7 +98,7 @@ def test_client_appends_a_frame_at_its_max_offset_reports_it_and_wakes_the_reput
                                                                                  master):
     config, commitlog = slave_log
     woken = threading.Event()
-    client = HAClient(config, commitlog, master.address, wake_reput=woken.set)
+    client = HAClient(config, commitlog, master.address, on_append=woken.set)
     client.start()
     try:
         master.accept()

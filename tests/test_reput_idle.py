@@ -1,14 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
-"""ReputMessageService on an idle store: it stops looking for records every millisecond once
-nothing is written (ReputMessageService.IDLE_AFTER_MS), and the next put wakes it, whatever
-path wrote the record. Timeouts are hang guards, never speed claims."""
+"""An idle store's threads: ReputMessageService stops looking for records every millisecond
+once nothing is written (IDLE_AFTER_MS), and the next put wakes it, whatever path wrote the
+record; a SYNC_FLUSH store's group commit thread stops looking every 10 ms, and what needs it
+wakes it (tests/test_ha.py: a slave's appends). Timeouts are hang guards, never speed
+claims."""
 import sys
 import time
 
 import pytest
 
-from rocketstore import Message, testing
+from rocketstore import FlushDiskType, Message, testing
 from rocketstore.consumer import PutWake
+from rocketstore.message import PROPERTY_WAIT
 
 GUARD = 60          # seconds for something that should take milliseconds
 HOUR_MS = 3_600_000
@@ -99,5 +102,50 @@ def test_reput_stays_awake_while_a_record_written_is_not_yet_readable(tmp_path, 
         end = r.commit_log_offset + r.wrote_bytes
         testing.wait_until(lambda: _dispatched(store, end), GUARD,
                            "the buffered put dispatched after its commit")
+    finally:
+        store.shutdown()
+
+
+# ---- the SYNC_FLUSH group commit's thread --------------------------------------------------
+def _open_sync(tmp_path, backend):
+    return _open(tmp_path, backend, flush_disk_type=FlushDiskType.SYNC_FLUSH)
+
+
+def _quiet(flusher):
+    return flusher._poll_ms() == flusher.IDLE_WAIT_MS
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="counts the thread's switches in Linux's /proc/self/task")
+def test_an_idle_sync_flush_stores_group_commit_thread_sleeps_instead_of_polling(tmp_path,
+                                                                                 backend):
+    store = _open_sync(tmp_path, backend)
+    try:
+        flusher = store.flush_service
+        assert store.put_message(Message("T", b"x")).ok
+        testing.wait_until(lambda: _quiet(flusher), GUARD, "the group commit to go quiet")
+        tid = flusher._thread.native_id
+        before = _switches(tid)
+        time.sleep(0.5)
+        # Looking every 10 ms made about 50 switches in half a second.
+        assert _switches(tid) - before <= 5
+    finally:
+        store.shutdown()
+
+
+def test_a_put_that_does_not_wait_is_synced_after_an_idle_spell(tmp_path, backend):
+    """WAIT=false: the put returns before its sync, and wakes the group commit's thread,
+    which syncs it at once, not at its next look (made an hour away)."""
+    store = _open_sync(tmp_path, backend)
+    try:
+        flusher = store.flush_service
+        flusher.IDLE_WAIT_MS = HOUR_MS
+        assert store.put_message(Message("T", b"x")).ok
+        testing.wait_until(lambda: _quiet(flusher), GUARD, "the group commit to go quiet")
+        r = store.put_message(Message("T", b"no wait", properties={PROPERTY_WAIT: "false"}))
+        assert r.ok
+        end = r.commit_log_offset + r.wrote_bytes
+        testing.wait_until(lambda: store.commitlog.mfq.flushed_where >= end, GUARD,
+                           "the put synced")
     finally:
         store.shutdown()

@@ -70,9 +70,9 @@ class _DataNotifier:
 class HAService:
     """Replication for one store: the listener and its connections on a master, the client
     on a slave, and the SYNC_MASTER acknowledgement wait. It uses the store's config and
-    CommitLog only; `wake_reput` is called when a slave appended replicated records."""
+    CommitLog only; `on_append` is called when a slave appended replicated records."""
 
-    def __init__(self, config, commitlog, wake_reput=None):
+    def __init__(self, config, commitlog, on_append=None):
         self.config = config
         self.commitlog = commitlog
         self.role = self.config.broker_role
@@ -90,7 +90,7 @@ class HAService:
         self._drops = {}                   # slave host -> (acked offset, drops there in a row)
         if self.role is BrokerRole.SLAVE:
             from .slave import HAClient
-            self.client = HAClient(config, commitlog, config.ha_master_address, wake_reput)
+            self.client = HAClient(config, commitlog, config.ha_master_address, on_append)
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self):

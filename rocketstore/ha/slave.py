@@ -89,13 +89,14 @@ class HAClient(ServiceThread):
     name = "HAClient"
     join_time_s = 10.0
 
-    def __init__(self, config, commitlog, master_address=None, wake_reput=None):
-        """`commitlog` is the one this client appends to; `wake_reput` (no arguments) is
-        called after each complete frame, so the reput dispatches it at once."""
+    def __init__(self, config, commitlog, master_address=None, on_append=None):
+        """`commitlog` is the one this client appends to; `on_append` (no arguments) is
+        called after each complete frame, so the store dispatches it (and a SYNC_FLUSH store
+        syncs it) at once."""
         super().__init__()
         self.config = config
         self.commitlog = commitlog
-        self._wake_reput = wake_reput
+        self._on_append = on_append
         self.master_address = master_address      # rebound by update_master_address
         self.connected = False
         self.connections_made = 0                 # for tests and logs
@@ -525,8 +526,8 @@ class HAClient(ServiceThread):
                         "CommitLog was cut meanwhile")
             return False
         self.frames_received += 1
-        if self._wake_reput is not None:
-            self._wake_reput()
+        if self._on_append is not None:
+            self._on_append()
         return True
 
     def _drop_frame(self):
