@@ -35,20 +35,28 @@ def _switches(tid):
         return sum(int(line.split()[1]) for line in fh if "ctxt_switches" in line)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"),
-                    reason="counts the thread's switches in Linux's /proc/self/task")
+def _switches_in_half_a_second(service):
+    """The thread switches `service`'s thread made in half a second (Linux)."""
+    tid = service._thread.native_id
+    before = _switches(tid)
+    time.sleep(0.5)
+    return _switches(tid) - before
+
+
+LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="counts the thread's switches in Linux's /proc/self/task")
+
+
+@LINUX_ONLY
 def test_an_idle_stores_reput_thread_sleeps_instead_of_polling_every_millisecond(tmp_path,
                                                                                   backend):
     store = _open(tmp_path, backend)
     try:
         assert store.put_message(Message("T", b"x")).ok
         _wait_idle(store)
-        tid = store.reput_service._thread.native_id
-        before = _switches(tid)
-        time.sleep(0.5)
         # Polling every millisecond made about 450 switches in half a second; idle, it
         # waits IDLE_WAIT_MS (a second) at a time.
-        assert _switches(tid) - before <= 5
+        assert _switches_in_half_a_second(store.reput_service) <= 5
         # Puts wake it while it is idle, as while a consumer waits.
         assert isinstance(store.commitlog.wake_on_put, PutWake)
     finally:
@@ -115,8 +123,7 @@ def _quiet(flusher):
     return flusher._poll_ms() == flusher.IDLE_WAIT_MS
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"),
-                    reason="counts the thread's switches in Linux's /proc/self/task")
+@LINUX_ONLY
 def test_an_idle_sync_flush_stores_group_commit_thread_sleeps_instead_of_polling(tmp_path,
                                                                                  backend):
     store = _open_sync(tmp_path, backend)
@@ -124,11 +131,8 @@ def test_an_idle_sync_flush_stores_group_commit_thread_sleeps_instead_of_polling
         flusher = store.flush_service
         assert store.put_message(Message("T", b"x")).ok
         testing.wait_until(lambda: _quiet(flusher), GUARD, "the group commit to go quiet")
-        tid = flusher._thread.native_id
-        before = _switches(tid)
-        time.sleep(0.5)
         # Looking every 10 ms made about 50 switches in half a second.
-        assert _switches(tid) - before <= 5
+        assert _switches_in_half_a_second(flusher) <= 5
     finally:
         store.shutdown()
 
