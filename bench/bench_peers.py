@@ -484,8 +484,6 @@ def test_peer(benchmark, bench_state, workload, variant, op):
         assert got == N
     else:
         store = bench_state.written(variant, workload)
-        if isinstance(store, RocketStore) and not hasattr(store.store, "query_message"):
-            pytest.skip("MessageStore.query_message is not there yet (IndexFile work)")
         keys = workload["keys"]
         bodies = benchmark.pedantic(store.lookup, args=(keys,), rounds=ROUNDS, iterations=1)
         found = sum(1 for got, want in zip(bodies, workload["bodies"]) if got == want)
