@@ -639,7 +639,7 @@ def test_wake_reput_on_put_makes_each_put_visible_without_reputs_cycle(tmp_path,
     from rocketstore.consumer import PutWake
     from rocketstore.services.reput import ReputMessageService
     # A store wakes reput per put only while a consumer of its own waits, or while reput is
-    # idle (tests/test_reput_idle.py), which it is kept from here.
+    # idle (tests/test_idle_threads.py), which it is kept from here.
     monkeypatch.setattr(ReputMessageService, "IDLE_AFTER_MS", 3_600_000)
     plain = _writer(tmp_path / "plain", backend)
     try:

@@ -19,7 +19,7 @@ from rocketstore.config_manager import parse_fastjson
 from rocketstore.errors import ConfigError
 from rocketstore.message import (Message, MessageExt, properties_to_string,
                                  string_to_properties, tags_code_of)
-from rocketstore.services.schedule import DELAY_FOR_A_WHILE_MS, message_timeup
+from rocketstore.services.schedule import DELAY_FOR_A_WHILE_MS, IDLE_WAIT_MS, message_timeup
 from rocketstore.clock import ManualClock
 
 from broker_data import DATA
@@ -91,6 +91,27 @@ def test_delay_level_1_messages_are_delivered_within_a_few_seconds(tmp_path, bac
                            "the 5 delayed messages to be delivered")
         assert sorted(real_bodies(store)) == sorted(f"body-{i}".encode() for i in range(5))
         assert store.delay_offsets.get_offset(1) == 5
+    finally:
+        store.shutdown()
+
+
+def test_a_level_with_nothing_past_its_offset_waits_its_delay_at_most_a_second(tmp_path,
+                                                                              backend):
+    """A level whose queue holds nothing past its offset runs next after its delay (at most
+    IDLE_WAIT_MS) rather than 100 ms: whatever is put meanwhile is due a delay after the
+    put at the earliest, so that run still comes in time. Once a unit waits, 100 ms again."""
+    clock = ManualClock(T0)
+    store = open_store(tmp_path / "s", backend, clock, levels="1s 5s")
+    svc = store.schedule_message_service
+    try:
+        assert svc.execute_on_timeup(1) == 1000             # empty: its delay, 1 s
+        assert svc.execute_on_timeup(2) == IDLE_WAIT_MS     # 5 s, capped
+        assert store.put_message(delayed(0, level=1)).ok    # due at T0 + 1000
+        store.catch_up()
+        assert svc.execute_on_timeup(1) == DELAY_FOR_A_WHILE_MS     # waiting: every 100 ms
+        clock.now = T0 + 1000
+        assert svc.execute_on_timeup(1) == 1000             # delivered: empty again
+        assert real_bodies(store) == [b"body-0"]
     finally:
         store.shutdown()
 

@@ -139,7 +139,7 @@ def test_a_waiter_on_another_queue_keeps_waiting(store):
 
 
 def test_puts_wake_reput_only_while_a_consumer_waits(store, monkeypatch):
-    """(Or while reput is idle, tests/test_reput_idle.py: kept from idling here; the put
+    """(Or while reput is idle, tests/test_idle_threads.py: kept from idling here; the put
     moves it out of an idle spell that began before.)"""
     from rocketstore.consumer import PutWake
     from rocketstore.services.reput import ReputMessageService

@@ -11,7 +11,8 @@ The rules carried over from 4.9.8:
 
 - Levels come from `message_delay_level` ("1s 5s ... 2h", units s/m/h/d).
 - Each level runs its own timer: first run 1 s after start, then 100 ms after each run,
-  10 s after a run that failed.
+  10 s after a run that failed. (Departure: after a run that found nothing past the level's
+  offset, the next is up to IDLE_WAIT_MS later, see below.)
 - A unit is due when its tagsCode is not after now; a tagsCode beyond now + the level's delay
   is taken as now (correctDeliverTimestamp: abnormal recovery of a broker writes the TAGS hash
   there). The first unit not yet due ends the run.
@@ -29,7 +30,12 @@ The rules carried over from 4.9.8:
   is skipped, as 4.9.8 does.
 - Only a master delivers (handleScheduleMessageService): a slave never starts this service.
 
-Departures: one thread serves every level (4.9.8 has a pool of one thread per level), each
+Departures: a level whose queue holds nothing past its offset runs next after the level's
+delay, at most IDLE_WAIT_MS (1 s), instead of 100 ms: a message put after that run is due at
+least the delay after it, so the next run still comes by its time (late by no more than its
+unit's dispatch took, where 100 ms runs were up to 100 ms late), and from then on the level
+runs every 100 ms. Idle, the 100 ms runs of every level were 9-15 wake-ups and about 2 ms
+of CPU a second. One thread serves every level (4.9.8 has a pool of one thread per level), each
 run delivers what is due in batches under one put lock, and a record without a usable
 REAL_TOPIC / REAL_QID (or whose real topic is not a valid name) is logged and skipped where
 4.9.8 would retry it every 100 ms forever and deliver nothing more of that level.
@@ -53,6 +59,7 @@ log = logging.getLogger(__name__)
 FIRST_DELAY_TIME_MS = 1000
 DELAY_FOR_A_WHILE_MS = 100
 DELAY_FOR_A_PERIOD_MS = 10_000
+IDLE_WAIT_MS = 1000        # the longest wait after a run that found the level's queue empty
 TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 # Units read and delivered per put-lock acquisition (4.9.8 reads to the end of the CQ file
 # and puts one by one; the batch keeps one lock per many records).
@@ -233,7 +240,8 @@ class ScheduleMessageService(ServiceThread):
 
     def execute_on_timeup(self, level):
         """Deliver every due unit of `level` from its offset on. Returns the delay (ms) to the
-        level's next run: 100 ms, as DeliverDelayedMessageTimerTask reschedules itself."""
+        level's next run: 100 ms, as DeliverDelayedMessageTimerTask reschedules itself, or up
+        to IDLE_WAIT_MS when the level's queue held nothing past its offset."""
         with self._lock:
             return self._execute(level)
 
@@ -266,7 +274,11 @@ class ScheduleMessageService(ServiceThread):
                     continue                            # cut by bytes: the next batch
             if n_due < len(units):
                 break
-        return DELAY_FOR_A_WHILE_MS
+        if offset < hi:
+            return DELAY_FOR_A_WHILE_MS
+        # Nothing past the offset: what is put from now on is due a delay from now at the
+        # earliest, so the level may wait that long (IDLE_WAIT_MS at most) and be on time.
+        return max(DELAY_FOR_A_WHILE_MS, min(delay_ms, IDLE_WAIT_MS))
 
     def is_stopped_or_closed(self):
         return self.is_stopped or not self._is_running()

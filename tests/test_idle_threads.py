@@ -2,8 +2,9 @@
 """An idle store's threads: ReputMessageService stops looking for records every millisecond
 once nothing is written (IDLE_AFTER_MS), and the next put wakes it, whatever path wrote the
 record; a SYNC_FLUSH store's group commit thread stops looking every 10 ms, and what needs it
-wakes it (tests/test_ha.py: a slave's appends). Timeouts are hang guards, never speed
-claims."""
+wakes it (tests/test_ha.py: a slave's appends); ScheduleMessageService runs an empty level
+about once a second, not every 100 ms (tests/test_schedule.py: still on time). Timeouts are
+hang guards, never speed claims."""
 import sys
 import time
 
@@ -35,11 +36,11 @@ def _switches(tid):
         return sum(int(line.split()[1]) for line in fh if "ctxt_switches" in line)
 
 
-def _switches_in_half_a_second(service):
-    """The thread switches `service`'s thread made in half a second (Linux)."""
+def _switches_in_half_a_second(service, seconds=0.5):
+    """The thread switches `service`'s thread made in half a second, or `seconds` (Linux)."""
     tid = service._thread.native_id
     before = _switches(tid)
-    time.sleep(0.5)
+    time.sleep(seconds)
     return _switches(tid) - before
 
 
@@ -151,5 +152,23 @@ def test_a_put_that_does_not_wait_is_synced_after_an_idle_spell(tmp_path, backen
         end = r.commit_log_offset + r.wrote_bytes
         testing.wait_until(lambda: store.commitlog.mfq.flushed_where >= end, GUARD,
                            "the put synced")
+    finally:
+        store.shutdown()
+
+
+# ---- ScheduleMessageService -----------------------------------------------------------------
+@LINUX_ONLY
+def test_an_idle_stores_schedule_service_runs_its_empty_levels_about_once_a_second(tmp_path,
+                                                                                  backend):
+    store = _open(tmp_path, backend)
+    try:
+        svc = store.schedule_message_service
+        # Its first runs come 1 s after start (FIRST_DELAY_TIME_MS); then every level is
+        # empty, and each waits a second (its delay, at most IDLE_WAIT_MS) instead of 100 ms.
+        first = min(svc._next_run.values())
+        testing.wait_until(lambda: min(svc._next_run.values()) >= first + 1000, GUARD,
+                           "the first runs")
+        # Every 100 ms made 18-30 switches in two seconds.
+        assert _switches_in_half_a_second(svc, seconds=2.0) <= 8
     finally:
         store.shutdown()
