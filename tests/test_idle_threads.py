@@ -44,6 +44,16 @@ def _switches_in_half_a_second(service, seconds=0.5):
     return _switches(tid) - before
 
 
+def _assert_quiet(store, service, settled, what, at_most, seconds=0.5):
+    """Once `settled()`, `service`'s thread makes at most `at_most` switches in `seconds`;
+    `store` is shut down either way."""
+    try:
+        testing.wait_until(settled, GUARD, what)
+        assert _switches_in_half_a_second(service, seconds) <= at_most
+    finally:
+        store.shutdown()
+
+
 LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="counts the thread's switches in Linux's /proc/self/task")
 
@@ -128,14 +138,10 @@ def _quiet(flusher):
 def test_an_idle_sync_flush_stores_group_commit_thread_sleeps_instead_of_polling(tmp_path,
                                                                                  backend):
     store = _open_sync(tmp_path, backend)
-    try:
-        flusher = store.flush_service
-        assert store.put_message(Message("T", b"x")).ok
-        testing.wait_until(lambda: _quiet(flusher), GUARD, "the group commit to go quiet")
-        # Looking every 10 ms made about 50 switches in half a second.
-        assert _switches_in_half_a_second(flusher) <= 5
-    finally:
-        store.shutdown()
+    flusher = store.flush_service
+    assert store.put_message(Message("T", b"x")).ok
+    # Looking every 10 ms made about 50 switches in half a second.
+    _assert_quiet(store, flusher, lambda: _quiet(flusher), "the group commit to go quiet", 5)
 
 
 def test_a_put_that_does_not_wait_is_synced_after_an_idle_spell(tmp_path, backend):
@@ -161,14 +167,10 @@ def test_a_put_that_does_not_wait_is_synced_after_an_idle_spell(tmp_path, backen
 def test_an_idle_stores_schedule_service_runs_its_empty_levels_about_once_a_second(tmp_path,
                                                                                   backend):
     store = _open(tmp_path, backend)
-    try:
-        svc = store.schedule_message_service
-        # Its first runs come 1 s after start (FIRST_DELAY_TIME_MS); then every level is
-        # empty, and each waits a second (its delay, at most IDLE_WAIT_MS) instead of 100 ms.
-        first = min(svc._next_run.values())
-        testing.wait_until(lambda: min(svc._next_run.values()) >= first + 1000, GUARD,
-                           "the first runs")
-        # Every 100 ms made 18-30 switches in two seconds.
-        assert _switches_in_half_a_second(svc, seconds=2.0) <= 8
-    finally:
-        store.shutdown()
+    svc = store.schedule_message_service
+    # Its first runs come 1 s after start (FIRST_DELAY_TIME_MS); then every level is empty,
+    # and each waits a second (its delay, at most IDLE_WAIT_MS) instead of 100 ms. Every
+    # 100 ms made 18-30 switches in two seconds.
+    first = min(svc._next_run.values())
+    _assert_quiet(store, svc, lambda: min(svc._next_run.values()) >= first + 1000,
+                  "the first runs", 8, seconds=2.0)
