@@ -550,7 +550,7 @@ class MessageStore:
         self.reput_service = ReputMessageService(
             self.commitlog, self.kernels, self.dispatchers, reput_from, arrivals=self.arrivals,
             running_flags=self.running_flags, is_slave=self.is_slave,
-            on_idle=self._reput_idle)
+            on_idle=self._update_put_wake)
         self.reput_service.do_reput()               # catch up before accepting puts
         self.index_service.make_next_ahead()
         recovery.recover_topic_queue_table(self.commitlog, self.all_consume_queues())
@@ -599,7 +599,7 @@ class MessageStore:
         # (readers in other processes), puts wake reput too (consumer.PutWake); the hook as
         # set above is what puts wake otherwise.
         self._plain_put_wake = self.commitlog.wake_on_put
-        self.arrivals.on_waiting = self._consumers_waiting
+        self.arrivals.on_waiting = self._update_put_wake
         with self._put_wake_lock:
             self._put_wake_on = True
         self._update_put_wake()
@@ -744,18 +744,12 @@ class MessageStore:
         if isinstance(flusher, GroupCommitService):
             flusher.wakeup()
 
-    def _consumers_waiting(self, waiting):
-        """Arrivals.on_waiting (`waiting`: whether any consumer waits now)."""
-        self._update_put_wake()
-
-    def _reput_idle(self, idle):
-        """ReputMessageService's on_idle (`idle`: whether it now waits for a put to wake it)."""
-        self._update_put_wake()
-
-    def _update_put_wake(self):
+    def _update_put_wake(self, _changed=None):
         """The put hook with the reput wake-up (consumer.PutWake) while a consumer waits,
         while reput is idle, or always with wake_reput_on_put; the plain one otherwise. Made
-        from what holds now, under a lock, so the last of concurrent calls sets the right one."""
+        from what holds now, under a lock, so the last of concurrent calls sets the right one.
+        Also Arrivals.on_waiting and ReputMessageService's on_idle: the flag they pass
+        (`_changed`) is read here from its source instead."""
         with self._put_wake_lock:
             if not self._put_wake_on:
                 return
