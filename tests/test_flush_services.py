@@ -203,8 +203,14 @@ def test_puts_and_batches_written_while_syncs_run_share_the_next_sync(tmp_path, 
 
 def _two_producers(store):
     """The main thread and a second one each put and sync once: the service counts two
-    producers, so the next put that finds the other one away gathers."""
+    producers, so the next put that finds the other one away gathers. The service's own
+    thread is sent to sleep first (idle at once, for an hour): looking every 10 ms, it could
+    sync a put's bytes between the put's write and its wait, on a loaded machine, and that
+    put would return without waiting, uncounted (seen once in CI)."""
     svc = store.flush_service
+    svc.IDLE_AFTER_MS = 0
+    svc.IDLE_WAIT_MS = 3_600_000
+    time.sleep(0.05)                # past the 10 ms look it may be in
     done = []
     t = threading.Thread(target=lambda: done.append(store.put_message(Message("T", b"a0"))))
     t.start()
