@@ -8,7 +8,9 @@
  * offset, whether a sync is running (its "leader"), and the waits: each wait is a small record on
  * the waiting thread's own stack, linked into the state and woken by a futex on Linux (a condition
  * variable elsewhere), so a sync wakes exactly the waits it served, each with one system call, and
- * the woken thread needs no lock to learn its answer.
+ * the woken thread needs no lock to learn its answer.  They wake as a relay, each woken wait
+ * waking the next, so that they reach the interpreter lock one after another rather than all
+ * at once (rs_gc.c).
  *
  * One sync at a time: a wait that finds no sync running becomes the leader, and the caller syncs
  * everything written, then calls rs_gc_done.  A sync that ends hands leadership to the waiting
@@ -42,7 +44,8 @@
 #define RS_GC_ST_GATHERING 4   /* 1 while a leader gathers */
 #define RS_GC_ST_GATHER_NS 5   /* the gathering bound: the recent mean sync time */
 #define RS_GC_ST_CLOSED 6
-#define RS_GC_ST_N 7
+#define RS_GC_ST_RELAYED 7     /* served waits woken by the wait served before them */
+#define RS_GC_ST_N 8
 
 /* rs_gc_init - initialise st[0, len) with `flushed` durable.  RS_E_ARG if len is too small. */
 int rs_gc_init(uint8_t *st, size_t len, int64_t flushed);
@@ -66,10 +69,11 @@ int rs_gc_try_lead(uint8_t *st, size_t len);
 
 /*
  * rs_gc_done - the leader's sync ended.  ok: [.., flushed) is durable; the waits it covers are
- * woken with RS_GC_DONE (or LATE) and the lowest waiting offset left is handed the lead.  Not ok:
+ * answered RS_GC_DONE (or LATE), as a relay: this call wakes the oldest, and each wakes the next
+ * on its way out of rs_gc_wait.  The lowest waiting offset left is handed the lead at once.  Not ok:
  * nothing moves and no one is handed the lead (the caller closes the state: a failed sync is
  * never retried, see rocketstore/services/flush.py SyncLatch).  sync_ns feeds the gathering
- * bound (0: no sample).  Returns the number of waits woken.
+ * bound (0: no sample).  Returns the number of waits served.
  */
 int64_t rs_gc_done(uint8_t *st, size_t len, int64_t flushed, int ok, int64_t sync_ns);
 

@@ -64,7 +64,8 @@ cdef class GroupCommit:
 
     def done(self, int64_t flushed, bint ok, int64_t sync_ns=0):
         """The leader's sync ended: with `ok`, [.., flushed) is durable and the waits it
-        covers wake; the lowest wait left leads next. Returns how many waits woke."""
+        covers wake, one after another (`relayed` counts the hops); the lowest wait left leads
+        next. Returns how many waits it served."""
         cdef int64_t n
         with nogil:
             n = rs_gc_done(self._st, self._len, flushed, ok, sync_ns)
@@ -112,6 +113,10 @@ cdef class GroupCommit:
     @property
     def closed(self):
         return bool(self._stat(RS_GC_ST_CLOSED))
+
+    @property
+    def relayed(self):
+        return self._stat(RS_GC_ST_RELAYED)
 
     @property
     def gather_ns(self):

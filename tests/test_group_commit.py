@@ -109,6 +109,30 @@ def test_a_sync_wakes_the_waits_it_covers_and_hands_the_lead_to_the_lowest_left(
     assert gc.wait(450, 0) == DONE                # durable already: no wait at all
 
 
+def test_the_waits_a_sync_serves_wake_as_a_relay_each_waking_the_next(group_commit):
+    """The sync wakes the oldest wait it served, and each woken wait the next: they come to
+    the interpreter lock one after another instead of all at once (csrc/rs_gc.c). Waits that
+    close() answers are answered each by close, not relayed."""
+    gc = group_commit(0)
+    gc.gather_bytes = 0
+    assert gc.try_lead()
+    waits = [_Wait(gc, 10 * (i + 1)) for i in range(6)]
+    _asleep(gc, 6)
+    assert gc.done(60, True) == 6
+    for w in waits:
+        w.join(30)
+    assert [w.answer for w in waits] == [DONE] * 6
+    assert gc.relayed == 5 and gc.waiting == 0 and not gc.leading
+    assert gc.try_lead()
+    more = [_Wait(gc, 100 + i) for i in range(3)]
+    _asleep(gc, 3)
+    gc.close()
+    for w in more:
+        w.join(30)
+    assert [w.answer for w in more] == [CLOSED] * 3
+    assert gc.relayed == 5
+
+
 def test_a_failed_sync_counts_nothing_and_hands_nothing_on(group_commit):
     gc = group_commit(0)
     gc.gather_bytes = 0

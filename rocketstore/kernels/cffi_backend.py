@@ -527,6 +527,7 @@ class GroupCommit:
     producers = property(lambda self: self._stat(self._lib.RS_GC_ST_PRODUCERS))
     gathering = property(lambda self: bool(self._stat(self._lib.RS_GC_ST_GATHERING)))
     closed = property(lambda self: bool(self._stat(self._lib.RS_GC_ST_CLOSED)))
+    relayed = property(lambda self: self._stat(self._lib.RS_GC_ST_RELAYED))
 
     @property
     def gather_ns(self):

@@ -135,8 +135,9 @@ KERNEL_NAMES = (
 #   GroupCommit(flushed): SYNC_FLUSH's group commit waits (csrc/rs_gc.h) as a compiled object:
 #   wait(offset, deadline_ns) sleeps without the GIL and answers RS_GC_DONE / LEAD / TIMEOUT /
 #   CLOSED / LATE; try_lead(), done(flushed, ok, sync_ns), close(), reset(flushed), and the
-#   state read for tests (flushed, leading, waiting, producers, gathering, gather_ns); a
-#   leader gathers only while its sync would cover less than `gather_bytes` (settable). Used by
+#   state read for tests (flushed, leading, waiting, producers, gathering, gather_ns, relayed:
+#   the served waits that the one served before woke); a leader gathers only while its sync
+#   would cover less than `gather_bytes` (settable). Used by
 #   services.flush.CompiledGroupCommitService. Without it, GroupCommitService's Python waits.
 #   SyncWait(group_commit, resume, wakeup, config, ok, timed_out, wait_key): with GroupCommit,
 #   CommitLog.after_put for SYNC_FLUSH (MessageStore._after_put_sync) as a compiled callable;
