@@ -4,8 +4,11 @@ answered by the sync that covers it and by nothing before, a sync hands the lead
 wait it left, a failed sync counts nothing, timeouts and shutdown end waits; and a store on that
 backend acknowledges a put only once its bytes are durable. The waits run on Linux's futexes and,
 built with -DRS_GC_CONDVAR, on the condition variable other platforms use."""
+import collections
 import importlib.util
+import itertools
 import os
+import random
 import shutil
 import sysconfig
 import threading
@@ -131,6 +134,48 @@ def test_the_waits_a_sync_serves_wake_as_a_relay_each_waking_the_next(group_comm
         w.join(30)
     assert [w.answer for w in more] == [CLOSED] * 3
     assert gc.relayed == 5
+
+
+def test_relayed_waits_among_timeouts_leads_and_a_close_all_end_answered_rightly(group_commit):
+    """16 threads wait on rising offsets with deadlines from 50 us to never, leading the syncs
+    they are handed, for half a second, and then the state closes: every thread ends, and no
+    wait is answered DONE for an offset the syncs had not reached."""
+    gc = group_commit(0)
+    offsets = itertools.count(1)        # next() is one step under the GIL: no offset twice
+    stop = threading.Event()
+    answers = collections.Counter()
+    wrong = []
+
+    def producer(seed):
+        rng = random.Random(seed)
+        while True:
+            off = next(offsets)
+            r = gc.wait(off, time.monotonic_ns() + rng.choice([50_000, 2_000_000, FAR]))
+            answers[r] += 1
+            if r in (DONE, LATE) and gc.flushed < off:
+                wrong.append((off, r, gc.flushed))
+            if r == LEAD:
+                # Syncs what was handed out so far, sometimes after a while.
+                if rng.random() < 0.2:
+                    time.sleep(0.0005)
+                gc.done(next(offsets), True)
+            if r == CLOSED or stop.is_set() and r != LEAD:
+                return
+
+    threads = [threading.Thread(target=producer, args=(i,), daemon=True) for i in range(16)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    stop.set()
+    time.sleep(0.05)
+    gc.close()
+    deadline = time.monotonic() + 20
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in threads)
+    assert wrong == []
+    assert answers[DONE] > 0 and answers[LEAD] > 0 and answers[TIMEOUT] > 0
+    assert gc.relayed > 0 and gc.waiting == 0
 
 
 def test_a_failed_sync_counts_nothing_and_hands_nothing_on(group_commit):
