@@ -70,10 +70,10 @@ int rs_gc_try_lead(uint8_t *st, size_t len);
 /*
  * rs_gc_done - the leader's sync ended.  ok: [.., flushed) is durable; the waits it covers are
  * answered RS_GC_DONE (or LATE), as a relay: this call wakes the oldest, and each wakes the next
- * on its way out of rs_gc_wait.  The lowest waiting offset left is handed the lead at once.  Not ok:
- * nothing moves and no one is handed the lead (the caller closes the state: a failed sync is
- * never retried, see rocketstore/services/flush.py SyncLatch).  sync_ns feeds the gathering
- * bound (0: no sample).  Returns the number of waits served.
+ * on its way out of rs_gc_wait.  The lowest waiting offset left is handed the lead at once.
+ * Not ok: nothing moves and no one is handed the lead (the caller closes the state: a failed
+ * sync is never retried, see rocketstore/services/flush.py SyncLatch).  sync_ns feeds the
+ * gathering bound (0: no sample).  Returns the number of waits served.
  */
 int64_t rs_gc_done(uint8_t *st, size_t len, int64_t flushed, int ok, int64_t sync_ns);
 
