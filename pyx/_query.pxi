@@ -179,6 +179,12 @@ cdef extern from *:
     void rs_query_prefetch(const void *p) noexcept nogil
 
 
+cdef inline bint _time_matched(int64_t walk_begin, int64_t end, int64_t fb,
+                               int64_t fe) noexcept:
+    """IndexFile#isTimeMatched: whether an index file of [fb, fe] may hold the window."""
+    return (walk_begin < fb and end > fe) or (fb <= walk_begin <= fe) or (fb <= end <= fe)
+
+
 cdef int _prefetch_chain_heads(files, Py_ssize_t nf, int32_t key_hash, int64_t walk_begin,
                                int64_t end) except -1:
     """Start the loads of the key's slot, then of its chain's first entry, in each of the
@@ -192,11 +198,12 @@ cdef int _prefetch_chain_heads(files, Py_ssize_t nf, int32_t key_hash, int64_t w
     32, 38 of 40 blocks faster (doc/performance.md, "Key queries at 10 M"). The views are held
     while their slots are read, as the walk holds them."""
     cdef Py_buffer views[PREFETCH_FILES]
-    cdef int32_t slot_nums[PREFETCH_FILES]
+    cdef size_t slot_at[PREFETCH_FILES]   # the key's slot in each file
+    cdef size_t entries[PREFETCH_FILES]   # where each file's entries begin
     cdef int32_t index_nums[PREFETCH_FILES]
     cdef Py_ssize_t i, k = 0              # views[0:k) are held
     cdef int32_t slot_num, index_num, n
-    cdef size_t slot_at, entry_at
+    cdef size_t entry_at
     cdef const uint8_t *b
     cdef int64_t fb, fe
     cdef bint keep, stop
@@ -221,11 +228,11 @@ cdef int _prefetch_chain_heads(files, Py_ssize_t nf, int32_t key_hash, int64_t w
                 fb = rs_load_i64(b + RS_INDEX_POS_BEGIN_TIMESTAMP)
                 fe = rs_load_i64(b + RS_INDEX_POS_END_TIMESTAMP)
                 stop = fb < walk_begin        # the walk stops after this file
-                # IndexFile#isTimeMatched, as the walk decides it
-                keep = ((walk_begin < fb and end > fe) or (fb <= walk_begin <= fe)
-                        or (fb <= end <= fe))
+                keep = _time_matched(walk_begin, end, fb, fe)
             if keep:
-                slot_nums[k] = slot_num
+                slot_at[k] = (RS_INDEX_HEADER_SIZE
+                              + <size_t>(key_hash % slot_num) * RS_INDEX_SLOT_SIZE)
+                entries[k] = RS_INDEX_HEADER_SIZE + <size_t>slot_num * RS_INDEX_SLOT_SIZE
                 index_nums[k] = index_num
                 k += 1
             else:
@@ -233,16 +240,12 @@ cdef int _prefetch_chain_heads(files, Py_ssize_t nf, int32_t key_hash, int64_t w
             if stop:
                 break
         for i in range(k):
-            rs_query_prefetch(<const uint8_t *>views[i].buf + RS_INDEX_HEADER_SIZE
-                              + <size_t>(key_hash % slot_nums[i]) * RS_INDEX_SLOT_SIZE)
+            rs_query_prefetch(<const uint8_t *>views[i].buf + slot_at[i])
         for i in range(k):
             b = <const uint8_t *>views[i].buf
-            slot_at = (RS_INDEX_HEADER_SIZE
-                       + <size_t>(key_hash % slot_nums[i]) * RS_INDEX_SLOT_SIZE)
-            n = rs_load_i32(b + slot_at)
+            n = rs_load_i32(b + slot_at[i])
             if 0 < n < index_nums[i]:
-                entry_at = (RS_INDEX_HEADER_SIZE + <size_t>slot_nums[i] * RS_INDEX_SLOT_SIZE
-                            + <size_t>n * RS_INDEX_ENTRY_SIZE)
+                entry_at = entries[i] + <size_t>n * RS_INDEX_ENTRY_SIZE
                 if entry_at + RS_INDEX_ENTRY_SIZE <= <size_t>views[i].len:
                     rs_query_prefetch(b + entry_at)
     finally:
@@ -302,9 +305,7 @@ cdef tuple _index_query(files, mfq, topic, key, int64_t want, int64_t begin, int
             if i == nf - 1:
                 last_ts = fe
                 last_phy = rs_load_i64(<const uint8_t *>iv.buf + RS_INDEX_POS_END_PHY_OFFSET)
-            # IndexFile#isTimeMatched
-            matched = (walk_begin < fb and end > fe) or (fb <= walk_begin <= fe) or \
-                (fb <= end <= fe)
+            matched = _time_matched(walk_begin, end, fb, fe)
             slot_num = f.slot_num
             index_num = f.index_num
             at = 0
