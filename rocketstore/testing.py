@@ -276,6 +276,22 @@ def resident_bytes(path):
     return rss
 
 
+def mapping_flags(path):
+    """The VmFlags of each of this process's mappings of the file `path` (/proc/self/smaps),
+    one set per mapping: "hg" marks a mapping advised MADV_HUGEPAGE, "rr" MADV_RANDOM."""
+    real = os.path.realpath(path)
+    found = []
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+                inside = len(head) >= 6 and head[5] == real
+            elif inside and head[0] == "VmFlags:":
+                found.append(set(head[1:]))
+    return found
+
+
 @contextlib.contextmanager
 def tmpfs(mountpoint, size):
     """A real small file system (tmpfs of `size`, e.g. "16m") mounted at `mountpoint` for the

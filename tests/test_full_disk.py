@@ -146,12 +146,12 @@ def small_ext4(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", testing.backend_params())
 def test_full_ext4_with_large_folios_refuses_puts_and_never_raises_sigbus(small_ext4, name):
-    """The allocator populates the CommitLog in large folios (2 MiB on x86-64). A write into
-    one makes ext4 allocate every block it covers, so a folio straddling the reserved end
-    would allocate past the reservation: once the disk is too full for a whole window, the
-    write into the window shrunk to what it needs would die by SIGBUS. Reserved ends fall
-    on whole folios (MappedFile.use_large_folios). The store fills its own disk here, so its
-    last windows shrink as the space runs out."""
+    """The allocator populates the CommitLog in large folios (2 MiB on x86-64), and index
+    files are written in them. A write into one makes ext4 allocate every block it covers,
+    so a folio straddling the reserved end would allocate past the reservation: once the
+    disk is too full for a whole window, the write into the window shrunk to what it needs
+    would die by SIGBUS. Reserved ends fall on whole folios (MappedFile.use_large_folios).
+    The store fills its own disk here, so its last windows shrink as the space runs out."""
     if not FileSystem().large_folio_size():
         pytest.skip("the kernel has no large page-cache folios (no THP)")
     root = small_ext4 / "store"
@@ -165,6 +165,55 @@ def test_full_ext4_with_large_folios_refuses_puts_and_never_raises_sigbus(small_
     acks = check_reopen(name, root, acks, 900_000, room=False, extra=("--large",))
     os.remove(ballast)
     check_reopen(name, root, acks, 900_001, room=True, extra=("--large",))
+
+
+# Makes an index file of 8.4 MB (written in large folios), fills the rest of the disk, then
+# puts keys until the disk refuses one; prints the keys put and the refusal's errno.
+INDEX_FILLER = """
+import errno, os, sys
+from rocketstore import testing
+from rocketstore.fs import FileSystem
+from rocketstore.index_file import IndexFile
+path, ballast, backend = sys.argv[1:4]
+f = IndexFile(path, 256, 420_000, testing.load_backend(backend), FileSystem())
+fd = os.open(ballast, os.O_WRONLY | os.O_CREAT)
+size, step = 0, 1 << 20
+while step >= 4096:
+    try:
+        os.posix_fallocate(fd, size, step)
+        size += step
+    except OSError:
+        step //= 2
+os.close(fd)
+n = 0
+try:
+    while f.put_key("T#k%d" % n, n * 100, 1_800_000_000_000 + n):
+        n += 1
+    print(n, 0)
+except OSError as exc:
+    print(n, exc.errno)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", testing.backend_params())
+def test_an_index_file_in_large_folios_meets_a_full_disk_as_enospc_never_sigbus(small_ext4,
+                                                                                name):
+    """A new index file is written in large folios, so its reserved end falls on a whole
+    folio: the first write into the folio after the disk filled needs no block it does not
+    have. Reserved only to the entries' 64 KiB window, that write makes ext4 allocate the
+    rest of the folio, and on a full disk the writer dies by SIGBUS."""
+    if not FileSystem().large_folio_size():
+        pytest.skip("the kernel has no large page-cache folios (no THP)")
+    proc = subprocess.run([sys.executable, "-c", INDEX_FILLER, str(small_ext4 / "index"),
+                           str(small_ext4 / "ballast"), name],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != -signal.SIGBUS, "killed by SIGBUS:\n" + proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    put, err = map(int, proc.stdout.split())
+    assert err == errno.ENOSPC
+    # Every entry of the first folio (the header and 256 slots before them) went in.
+    assert put >= (FileSystem().large_folio_size() - 40 - 256 * 4) // 20 - 1
 
 
 @pytest.mark.slow
@@ -226,7 +275,8 @@ def test_one_small_message_takes_a_window_of_disk_and_memory_not_whole_files(tmp
                                                                              backend):
     """RocketMQ's default file sizes (1 GiB CommitLog, 6 MB ConsumeQueue, 420 MB index):
     the files keep their apparent sizes, but hold blocks and memory for a bounded window
-    ahead of the writer (16 MiB CommitLog, 16 KiB queue) plus the index slot table."""
+    ahead of the writer (16 MiB CommitLog, 16 KiB queue) plus the index slot table and its
+    first entries."""
     root = tmp_path / "store"
     cfg = StoreConfig()
     with MessageStore(root, cfg, kernels=backend) as store:
@@ -238,9 +288,12 @@ def test_one_small_message_takes_a_window_of_disk_and_memory_not_whole_files(tmp
         rss = testing.resident_bytes(root)
     window = cfg.commit_log_reserve_window
     slots = cfg.max_hash_slot_num * 4
+    # An index file written in large folios reserves on whole folios: the slot table's end
+    # rounded up to one, and the first entries a whole one (IndexFile).
+    folios = 2 * FileSystem().large_folio_size()
     assert apparent > 1 << 30
     # The file being written and the next one (made ahead of time) hold a window each.
-    assert disk <= 2 * window + slots + 4 * MiB, disk
+    assert disk <= 2 * window + slots + folios + 4 * MiB, disk
     assert rss <= 2 * window + 4 * MiB, rss
     # Reopened, nothing new is allocated for what is already there.
     with MessageStore(root, cfg, kernels=backend) as store:

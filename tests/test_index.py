@@ -1000,6 +1000,49 @@ def test_flushing_an_index_file_takes_its_pages_off_the_page_tables_and_keeps_it
         store.shutdown()
 
 
+@pytest.mark.skipif(not FileSystem().large_folio_size() or
+                    not os.path.exists("/proc/self/smaps"),
+                    reason="large page-cache folios (THP) and Linux's /proc/self/smaps")
+def test_a_new_index_file_is_written_in_large_folios_and_one_loaded_from_disk_is_not(
+        tmp_path, backend):
+    """A file the store makes fills the page cache in 2 MiB folios, so the queries' chain
+    walks over it map whole folios; its reservations end on whole folios, so a write into a
+    folio never makes the file system allocate past them. A file loaded from disk keeps
+    pages: a cold query reads the page it needs, not 2 MiB around it. A small file keeps
+    pages too: one folio step would reserve it whole."""
+    folio = FileSystem().large_folio_size()
+    root = tmp_path / "s"
+    store = testing.open_store(root, backend, testing.small_config(
+        max_hash_slot_num=SLOTS, max_index_num=ENTRIES))
+    try:
+        assert store.put_message(Message("T", b"x", keys="k0")).ok
+        testing.wait_dispatched(store)
+        f = store.index_service.index_file_list[-1]
+        assert f.mf.reserve_align == folio
+        assert f.mf.reserved_position % folio == 0 and f.mf.reserved_position > f.table_end
+        assert [flags >= {"hg", "rr"} for flags in testing.mapping_flags(f.path)] == [True]
+        path = f.path
+    finally:
+        store.shutdown()
+    store = testing.open_store(root, backend, testing.small_config(
+        max_hash_slot_num=SLOTS, max_index_num=ENTRIES))
+    try:
+        f = store.index_service.index_file_list[-1]
+        assert f.path == path and f.mf.reserve_align < folio
+        assert ["hg" in flags for flags in testing.mapping_flags(path)] == [False]
+        assert [m.keys for m in store.query_message("T", "k0", 1, 0, 1 << 62).messages] == \
+            ["k0"]
+    finally:
+        store.shutdown()
+    small = IndexFile(str(tmp_path / "small"), 1024, 4 * folio // F.INDEX_ENTRY_SIZE - 1000,
+                      backend, FileSystem())
+    try:
+        assert small.file_size < 4 * folio and small.mf.reserve_align < folio
+        assert ["hg" in flags for flags in testing.mapping_flags(small.path)] == [False]
+    finally:
+        small.close()
+
+
 class _RecordingIndexReserves(FileSystem):
     """Records each index file reservation: (path, offset, thread name, length)."""
 

@@ -35,14 +35,16 @@ REFUSALS = 3        # puts tried after the first refusal: all must be refused to
 def config(sync=False, large=False):
     # Small files and windows, so a 16-24 MiB file system holds many of each. `large`: the
     # default CommitLog window (16 MiB) in 32 MiB files, so that the allocator populates them
-    # in large page-cache folios (AllocateMappedFileService.FOLIO_WINDOWS).
+    # in large page-cache folios (AllocateMappedFileService.FOLIO_WINDOWS), and index files
+    # of 8.4 MB, which are written in large folios too (index_file.LARGE_FOLIOS_FROM).
     return StoreConfig(flush_disk_type=FlushDiskType.SYNC_FLUSH if sync else
                        FlushDiskType.ASYNC_FLUSH,
                        mapped_file_size_commit_log=(32 << 20) if large else 1 << 20,
                        mapped_file_size_consume_queue=20 * 2000,
                        commit_log_reserve_window=(16 << 20) if large else 256 * 1024,
                        consume_queue_reserve_window=4096,
-                       max_hash_slot_num=256, max_index_num=2000)
+                       max_hash_slot_num=256,
+                       max_index_num=420_000 if large else 2000)
 
 
 def message(i):
