@@ -306,59 +306,148 @@ int rs_index_put_batch(uint8_t *buf, size_t len, int32_t slot_num, int32_t index
     return RS_OK;
 }
 
+/* Where one chain of rs_index_walk_chains stands between its steps. */
+typedef struct {
+    const uint8_t *entries;     /* the file's entry 0 */
+    int64_t begin_ts;           /* the header's beginTimestamp */
+    int32_t index_count;
+    int32_t n;                  /* the entry the next step reads */
+    int64_t h;                  /* hops so far, over all calls */
+    int live;                   /* 0 once the chain stopped (its at says why) */
+} rs_walk_state;
+
+/* Start chain c: find its first entry (its slot's, for at == 0), or stop it. */
+static void rs_walk_start(rs_index_chain *c, rs_walk_state *s, int32_t key_hash)
+{
+    int32_t n = c->at;
+
+    s->live = 0;
+    s->h = c->hops;
+    if (c->at < 0 || c->cap <= 0)
+        return;                 /* the walk ended in an earlier call, or no room */
+    s->index_count = rs_index_count(c->buf);
+    if (n == 0)
+        n = rs_load_i32(c->buf + RS_INDEX_HEADER_SIZE +
+                        (size_t)(key_hash % c->slot_num) * RS_INDEX_SLOT_SIZE);
+    /* n >= index_num: a corrupt header may claim more entries than the file holds. */
+    c->at = -1;
+    if (n <= 0 || n > s->index_count || n >= c->index_num || s->index_count <= 1)
+        return;
+    s->begin_ts = rs_load_i64(c->buf + RS_INDEX_POS_BEGIN_TIMESTAMP);
+    s->entries = c->buf + RS_INDEX_HEADER_SIZE + (size_t)c->slot_num * RS_INDEX_SLOT_SIZE;
+    s->n = n;
+    s->live = 1;
+}
+
+/* One hop of chain c: judge entry s->n and move to its prevIndex, or stop the chain. */
+static void rs_walk_step(rs_index_chain *c, rs_walk_state *s, int32_t key_hash, int64_t begin,
+                         int64_t end)
+{
+    const uint8_t *e = s->entries + (size_t)s->n * RS_INDEX_ENTRY_SIZE;
+    int32_t hash_read, prev;
+    int64_t phy_read, diff, time_read;
+
+    if (s->h >= c->index_num) {
+        s->live = 0;            /* a corrupt chain that loops ends here */
+        return;
+    }
+    hash_read = rs_load_i32(e + RS_INDEX_ENTRY_POS_KEY_HASH);
+    phy_read = rs_load_i64(e + RS_INDEX_ENTRY_POS_PHY_OFFSET);
+    diff = rs_load_i32(e + RS_INDEX_ENTRY_POS_TIME_DIFF);
+    prev = rs_load_i32(e + RS_INDEX_ENTRY_POS_PREV_INDEX);
+    if (diff < 0) {
+        s->live = 0;
+        return;
+    }
+    time_read = (int64_t)((uint64_t)s->begin_ts + (uint64_t)(diff * 1000));
+    if (hash_read == key_hash && time_read >= begin && time_read <= end)
+        c->out[c->count++] = phy_read;
+    if (prev <= 0 || prev > s->index_count || prev >= c->index_num || prev == s->n ||
+        time_read < begin) {
+        s->live = 0;
+        return;
+    }
+    s->n = prev;
+    s->h++;
+    if (c->count == c->cap) {
+        /* Out of room with the chain going on: the next call starts at prev. */
+        c->at = prev;
+        s->live = 0;
+    }
+}
+
+int rs_index_walk_chains(rs_index_chain *chains, size_t n, int32_t key_hash, int64_t begin,
+                         int64_t end, int64_t want)
+{
+    rs_walk_state s[RS_INDEX_MAX_CHAINS];
+    int64_t before;
+    size_t i;
+    int r, live;
+
+    if (n > RS_INDEX_MAX_CHAINS || want < 1)
+        return RS_E_ARG;
+    for (i = 0; i < n; i++) {
+        r = rs_index_geometry(chains[i].len, chains[i].slot_num, chains[i].index_num);
+        if (r != RS_OK)
+            return r;
+        if (key_hash < 0 || chains[i].hops < 0)
+            return RS_E_ARG;
+    }
+    /* Every chain's slot load starts before the first is needed. */
+    for (i = 0; i < n; i++) {
+        chains[i].count = 0;
+        if (chains[i].at == 0 && chains[i].cap > 0)
+            __builtin_prefetch(chains[i].buf + RS_INDEX_HEADER_SIZE +
+                               (size_t)(key_hash % chains[i].slot_num) * RS_INDEX_SLOT_SIZE);
+    }
+    for (i = 0; i < n; i++)
+        rs_walk_start(&chains[i], &s[i], key_hash);
+    do {
+        /* A step: each live chain's entry load starts, then each is judged in turn. */
+        for (i = 0; i < n; i++)
+            if (s[i].live)
+                __builtin_prefetch(s[i].entries + (size_t)s[i].n * RS_INDEX_ENTRY_SIZE);
+        live = 0;
+        before = 0;
+        for (i = 0; i < n; i++) {
+            if (s[i].live && before >= want) {
+                chains[i].at = s[i].n;  /* the newer chains hold enough: resume here */
+                s[i].live = 0;
+            }
+            if (s[i].live) {
+                rs_walk_step(&chains[i], &s[i], key_hash, begin, end);
+                live |= s[i].live;
+            }
+            before += chains[i].count;
+        }
+    } while (live);
+    for (i = 0; i < n; i++)
+        chains[i].hops = s[i].h;
+    return RS_OK;
+}
+
 int rs_index_walk(const uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
                   int32_t key_hash, int64_t begin, int64_t end, int32_t *at, int64_t *hops,
                   int64_t *out, int64_t cap, int64_t *count)
 {
-    int r = rs_index_geometry(len, slot_num, index_num);
-    const uint8_t *entries;
-    int32_t index_count, n;
-    int64_t begin_ts, found = 0, h;
+    rs_index_chain c;
+    int r;
 
+    c.buf = buf;
+    c.len = len;
+    c.slot_num = slot_num;
+    c.index_num = index_num;
+    c.at = *at;
+    c.hops = *hops;
+    c.out = out;
+    c.cap = cap;
     *count = 0;
+    r = rs_index_walk_chains(&c, 1, key_hash, begin, end, INT64_MAX);
     if (r != RS_OK)
         return r;
-    if (key_hash < 0 || *hops < 0)
-        return RS_E_ARG;
-    if (*at < 0 || cap <= 0)
-        return RS_OK;                   /* the walk ended in an earlier call, or no room */
-    index_count = rs_index_count(buf);
-    n = *at;
-    if (n == 0)
-        n = rs_load_i32(buf + RS_INDEX_HEADER_SIZE +
-                        (size_t)(key_hash % slot_num) * RS_INDEX_SLOT_SIZE);
-    /* n >= index_num: a corrupt header may claim more entries than the file holds. */
-    *at = -1;
-    if (n <= 0 || n > index_count || n >= index_num || index_count <= 1)
-        return RS_OK;
-    begin_ts = rs_load_i64(buf + RS_INDEX_POS_BEGIN_TIMESTAMP);
-    entries = buf + RS_INDEX_HEADER_SIZE + (size_t)slot_num * RS_INDEX_SLOT_SIZE;
-    for (h = *hops; h < index_num && found < cap; h++) {
-        const uint8_t *e = entries + (size_t)n * RS_INDEX_ENTRY_SIZE;
-        int32_t hash_read = rs_load_i32(e + RS_INDEX_ENTRY_POS_KEY_HASH);
-        int64_t phy_read = rs_load_i64(e + RS_INDEX_ENTRY_POS_PHY_OFFSET);
-        int64_t diff = rs_load_i32(e + RS_INDEX_ENTRY_POS_TIME_DIFF);
-        int32_t prev = rs_load_i32(e + RS_INDEX_ENTRY_POS_PREV_INDEX);
-        int64_t time_read;
-
-        if (diff < 0)
-            break;
-        time_read = (int64_t)((uint64_t)begin_ts + (uint64_t)(diff * 1000));
-        if (hash_read == key_hash && time_read >= begin && time_read <= end)
-            out[found++] = phy_read;
-        if (prev <= 0 || prev > index_count || prev >= index_num || prev == n ||
-            time_read < begin)
-            break;
-        n = prev;
-        if (found == cap) {
-            /* Out of room with the chain going on: the next call starts at prev. */
-            *at = n;
-            h++;
-            break;
-        }
-    }
-    *hops = h;
-    *count = found;
+    *at = c.at;
+    *hops = c.hops;
+    *count = c.count;
     return RS_OK;
 }
 

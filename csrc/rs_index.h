@@ -129,6 +129,45 @@ int rs_index_walk(const uint8_t *buf, size_t len, int32_t slot_num, int32_t inde
                   int32_t key_hash, int64_t begin, int64_t end, int32_t *at, int64_t *hops,
                   int64_t *out, int64_t cap, int64_t *count);
 
+/* The most chains one rs_index_walk_chains call walks. */
+#define RS_INDEX_MAX_CHAINS 8
+
+/*
+ * rs_index_chain - one index file's chain in rs_index_walk_chains: the file (buf, len,
+ * slot_num, index_num), where its walk stands (at, hops: rs_index_walk's *at and *hops,
+ * updated the same way), and room for its offsets (out[0, cap)); count is set to how many
+ * were written there.
+ */
+typedef struct rs_index_chain {
+    const uint8_t *buf;
+    size_t len;
+    int32_t slot_num;
+    int32_t index_num;
+    int32_t at;
+    int64_t hops;
+    int64_t *out;
+    int64_t cap;
+    int64_t count;
+} rs_index_chain;
+
+/*
+ * rs_index_walk_chains - rs_index_walk of key_hash's chain in each of n index files at once,
+ * a hop of every chain a step, so that their loads overlap: a chain walk is a run of
+ * dependent loads, each a miss once the index outgrows the caches, and a key query walks
+ * the chain of every file its window matches, newest first.  chains[i] ends as
+ * rs_index_walk alone would leave it, except that it stops early, with at set to the entry
+ * to resume from, once chains[0, i) together hold `want` offsets (a query wanting no more
+ * has no use for it yet).  Each chain's offsets are a prefix of its own walk, so a caller
+ * that takes chains[0]'s, resuming it with rs_index_walk while it wants more, then
+ * chains[1]'s, and so on, sees exactly what walking the files one after another gives.
+ * Returns RS_OK; RS_E_ARG for n > RS_INDEX_MAX_CHAINS or want < 1, and any chain's
+ * rs_index_walk error (nothing is walked then).
+ * GIL: walks up to index_num entries a chain over all calls; wrappers keep it.
+ * Java: IndexService#queryOffset's walk over IndexFile#selectPhyOffset, file by file.
+ */
+int rs_index_walk_chains(rs_index_chain *chains, size_t n, int32_t key_hash, int64_t begin,
+                         int64_t end, int64_t want);
+
 /*
  * rs_index_has_key - the properties string props[0, props_len) carries key (non-empty) as its
  * UNIQ_KEY or as a piece of its KEYS split on single spaces, the values read as

@@ -7,9 +7,9 @@ __all__ += ("index_walk", "index_match", "index_query")
 
 # Offsets taken from a chain per rs_index_walk call: a query mostly wants a handful.
 DEF WALK_CHUNK = 64
-# Index files whose chain heads a query prefetches before it walks the newest (see
-# _prefetch_chain_heads): a query walks on into older files only while it wants more.
-DEF PREFETCH_FILES = 4
+# Index files whose chains a query walks together, a hop of each a step (see _start_chains):
+# a query walks on into older files only while it wants more.
+DEF CHAIN_FILES = 4
 cdef const uint8_t *_EMPTY = <const uint8_t *>b""
 
 
@@ -185,72 +185,74 @@ cdef inline bint _time_matched(int64_t walk_begin, int64_t end, int64_t fb,
     return (walk_begin < fb and end > fe) or (fb <= walk_begin <= fe) or (fb <= end <= fe)
 
 
-cdef int _prefetch_chain_heads(files, Py_ssize_t nf, int32_t key_hash, int64_t walk_begin,
-                               int64_t end) except -1:
-    """Start the loads of the key's slot, then of its chain's first entry, in each of the
-    newest PREFETCH_FILES index files that the walk would enter, before any is walked.
+cdef int _start_chains(files, Py_ssize_t nf, int32_t key_hash, int64_t walk_begin,
+                       int64_t end, int64_t want, Py_buffer *views, Py_ssize_t *which,
+                       rs_index_chain *chains, int64_t (*outs)[WALK_CHUNK],
+                       Py_ssize_t *held) except -1:
+    """Walk the chains of the newest CHAIN_FILES index files the query would walk, all at
+    once (rs_index_walk_chains), each into outs[k], stopping each older one where the newer
+    hold `want` offsets. Sets *held to how many were started: chains[k] is files[which[k]]'s,
+    and views[0:*held) are held, even on an error (the caller releases them once the query
+    is over). The query then takes each file's offsets from its chain, resuming it where it
+    stopped.
 
     A chain walk is a run of dependent loads, each a miss once the index outgrows the caches,
-    and the walk goes file by file. Started together, the older files' first two loads wait
-    beside the newest file's instead of after its whole walk. Measured with 10 M messages
-    (two index files, about five entries a query), blocks of 40 000 queries alternated in one
-    process: 396-430 k/s against 369-399 with max_num 1, 322-329 against 285-292 with max_num
-    32, 38 of 40 blocks faster (doc/performance.md, "Key queries at 10 M"). The views are held
-    while their slots are read, as the walk holds them."""
-    cdef Py_buffer views[PREFETCH_FILES]
-    cdef size_t slot_at[PREFETCH_FILES]   # the key's slot in each file
-    cdef size_t entries[PREFETCH_FILES]   # where each file's entries begin
-    cdef int32_t index_nums[PREFETCH_FILES]
-    cdef Py_ssize_t i, k = 0              # views[0:k) are held
-    cdef int32_t slot_num, index_num, n
-    cdef size_t entry_at
+    and a query needing the older files walked them only after the newest's whole chain.
+    With 10 M messages (two index files, about five entries a query), blocks of 40 000
+    queries alternated in one process against the chain heads prefetched alone: 4 % more
+    queries a second with max_num 1, 9 % with 32 (doc/performance.md, "Key queries at
+    10 M"). Only files whose geometry the walk accepts are started; any other is walked when
+    the query gets to it, and raises there, as before."""
+    cdef Py_ssize_t i, k = 0
+    cdef int32_t slot_num, index_num
     cdef const uint8_t *b
     cdef int64_t fb, fe
+    cdef int64_t cap = want if want < WALK_CHUNK else WALK_CHUNK
     cdef bint keep, stop
-    try:
-        for i in range(nf - 1, -1, -1):
-            if k == PREFETCH_FILES:
-                break
-            f = files[i]
-            slot_num = f.slot_num
-            index_num = f.index_num
-            mm = f.mf.mm
-            memset(&views[k], 0, sizeof(Py_buffer))
-            try:
-                PyObject_GetBuffer(mm, &views[k], PyBUF_SIMPLE)
-            except ValueError:            # unmapped: the walk passes it over too
-                continue
-            b = <const uint8_t *>views[k].buf
-            keep = slot_num >= 1 and views[k].len >= (
-                RS_INDEX_HEADER_SIZE + <Py_ssize_t>slot_num * RS_INDEX_SLOT_SIZE)
-            stop = False
-            if keep:
-                fb = rs_load_i64(b + RS_INDEX_POS_BEGIN_TIMESTAMP)
-                fe = rs_load_i64(b + RS_INDEX_POS_END_TIMESTAMP)
-                stop = fb < walk_begin        # the walk stops after this file
-                keep = _time_matched(walk_begin, end, fb, fe)
-            if keep:
-                slot_at[k] = (RS_INDEX_HEADER_SIZE
-                              + <size_t>(key_hash % slot_num) * RS_INDEX_SLOT_SIZE)
-                entries[k] = RS_INDEX_HEADER_SIZE + <size_t>slot_num * RS_INDEX_SLOT_SIZE
-                index_nums[k] = index_num
-                k += 1
-            else:
-                PyBuffer_Release(&views[k])
-            if stop:
-                break
-        for i in range(k):
-            rs_query_prefetch(<const uint8_t *>views[i].buf + slot_at[i])
-        for i in range(k):
-            b = <const uint8_t *>views[i].buf
-            n = rs_load_i32(b + slot_at[i])
-            if 0 < n < index_nums[i]:
-                entry_at = entries[i] + <size_t>n * RS_INDEX_ENTRY_SIZE
-                if entry_at + RS_INDEX_ENTRY_SIZE <= <size_t>views[i].len:
-                    rs_query_prefetch(b + entry_at)
-    finally:
-        for i in range(k):
-            PyBuffer_Release(&views[i])
+    held[0] = 0
+    for i in range(nf - 1, -1, -1):
+        if k == CHAIN_FILES:
+            break
+        f = files[i]
+        slot_num = f.slot_num
+        index_num = f.index_num
+        mm = f.mf.mm
+        memset(&views[k], 0, sizeof(Py_buffer))
+        try:
+            PyObject_GetBuffer(mm, &views[k], PyBUF_SIMPLE)
+        except ValueError:                # unmapped: the walk passes it over too
+            continue
+        b = <const uint8_t *>views[k].buf
+        if views[k].len < RS_INDEX_HEADER_SIZE:
+            PyBuffer_Release(&views[k])
+            continue                      # passed over by the walk too
+        fb = rs_load_i64(b + RS_INDEX_POS_BEGIN_TIMESTAMP)
+        fe = rs_load_i64(b + RS_INDEX_POS_END_TIMESTAMP)
+        stop = fb < walk_begin            # the walk stops after this file
+        keep = (_time_matched(walk_begin, end, fb, fe) and slot_num >= 1 and index_num >= 1
+                and views[k].len >= RS_INDEX_HEADER_SIZE
+                + <Py_ssize_t>slot_num * RS_INDEX_SLOT_SIZE
+                + <Py_ssize_t>index_num * RS_INDEX_ENTRY_SIZE)
+        if keep:
+            chains[k].buf = b
+            chains[k].len = <size_t>views[k].len
+            chains[k].slot_num = slot_num
+            chains[k].index_num = index_num
+            chains[k].at = 0
+            chains[k].hops = 0
+            chains[k].out = outs[k]
+            chains[k].cap = cap
+            chains[k].count = 0
+            which[k] = i
+            k += 1
+            held[0] = k
+        else:
+            PyBuffer_Release(&views[k])
+        if stop:
+            break
+    if k:
+        _check(rs_index_walk_chains(chains, <size_t>k, key_hash, walk_begin, end, want),
+               "index_query")
     return 0
 
 
@@ -258,11 +260,21 @@ cdef tuple _index_query(files, mfq, topic, key, int64_t want, int64_t begin, int
                         decode):
     cdef Py_buffer iv
     cdef int64_t out[WALK_CHUNK]
+    cdef int64_t *judged = out            # the offsets being judged
+    # The newest files' chains, walked together first (_start_chains).
+    cdef Py_buffer views[CHAIN_FILES]
+    cdef Py_ssize_t which[CHAIN_FILES]
+    cdef rs_index_chain chains[CHAIN_FILES]
+    cdef int64_t outs[CHAIN_FILES][WALK_CHUNK]
+    cdef Py_ssize_t nheld = 0, c = 0      # chains[c] is the next the file loop gets to
+    cdef const uint8_t *ib
+    cdef size_t ilen
+    cdef bint started, own
     cdef int64_t seen[WALK_CHUNK]         # offsets judged, the first WALK_CHUNK of them
     cdef int64_t walk_begin = begin, count = 0, hops, fb = 0, fe, nbytes = 0, last_ts = 0
     cdef int64_t last_phy = 0, j, cap, off, first_off = 0
     cdef int32_t key_hash = 0, at, slot_num, index_num, size
-    cdef Py_ssize_t i, nf, nkept = 0, nseen = 0, s
+    cdef Py_ssize_t i, k, nf, nkept = 0, nseen = 0, s
     cdef const char *tp
     cdef const char *kp
     cdef Py_ssize_t tlen, klen
@@ -288,84 +300,110 @@ cdef tuple _index_query(files, mfq, topic, key, int64_t want, int64_t begin, int
     # `begin` may read up to 999 ms earlier (IndexService.lookup_offsets).
     if begin > 0:
         walk_begin = begin - 999 if begin > 999 else 0
-    if nf > 1:
-        _prefetch_chain_heads(files, nf, key_hash, walk_begin, end)
-    for i in range(nf - 1, -1, -1):
-        f = files[i]
-        memset(&iv, 0, sizeof(iv))
-        try:
-            PyObject_GetBuffer(f.mf.mm, &iv, PyBUF_SIMPLE)
-        except ValueError:                # unmapped: a destroyed file holds nothing
-            continue
-        try:
-            if iv.len < RS_INDEX_HEADER_SIZE:
-                continue
-            fb = rs_load_i64(<const uint8_t *>iv.buf + RS_INDEX_POS_BEGIN_TIMESTAMP)
-            fe = rs_load_i64(<const uint8_t *>iv.buf + RS_INDEX_POS_END_TIMESTAMP)
-            if i == nf - 1:
-                last_ts = fe
-                last_phy = rs_load_i64(<const uint8_t *>iv.buf + RS_INDEX_POS_END_PHY_OFFSET)
-            matched = _time_matched(walk_begin, end, fb, fe)
-            slot_num = f.slot_num
-            index_num = f.index_num
-            at = 0
-            hops = 0
-            # A file outside the window is not walked, but its begin still ends the loop.
-            while matched and at >= 0 and nkept < want:
-                cap = want - nkept
-                if cap > WALK_CHUNK:
-                    cap = WALK_CHUNK
-                r = rs_index_walk(<const uint8_t *>iv.buf, <size_t>iv.len, slot_num, index_num,
-                                  key_hash, walk_begin, end, &at, &hops, out, cap, &count)
-                _check(r, "index_query")
-                for j in range(count):
-                    off = out[j]
-                    # Each offset is judged once: one record's keys may share a chain.
-                    dup = False
-                    for s in range(nseen):
-                        if seen[s] == off:
-                            dup = True
-                            break
-                    if dup or (more_seen is not None and off in more_seen):
-                        continue
-                    if nseen < WALK_CHUNK:
-                        seen[nseen] = off
-                        nseen += 1
+    try:
+        if nf > 1:                        # one chain alone is walked as it goes
+            _start_chains(files, nf, key_hash, walk_begin, end, want, views, which, chains,
+                          outs, &nheld)
+        for i in range(nf - 1, -1, -1):
+            f = files[i]
+            started = c < nheld and which[c] == i
+            own = not started             # else views[c] holds it until the query ends
+            if started:
+                ib = <const uint8_t *>views[c].buf
+                ilen = <size_t>views[c].len
+            else:
+                memset(&iv, 0, sizeof(iv))
+                try:
+                    PyObject_GetBuffer(f.mf.mm, &iv, PyBUF_SIMPLE)
+                except ValueError:        # unmapped: a destroyed file holds nothing
+                    continue
+                ib = <const uint8_t *>iv.buf
+                ilen = <size_t>iv.len
+            try:
+                if ilen < RS_INDEX_HEADER_SIZE:
+                    continue
+                fb = rs_load_i64(ib + RS_INDEX_POS_BEGIN_TIMESTAMP)
+                fe = rs_load_i64(ib + RS_INDEX_POS_END_TIMESTAMP)
+                if i == nf - 1:
+                    last_ts = fe
+                    last_phy = rs_load_i64(ib + RS_INDEX_POS_END_PHY_OFFSET)
+                matched = _time_matched(walk_begin, end, fb, fe)
+                slot_num = f.slot_num
+                index_num = f.index_num
+                at = 0
+                hops = 0
+                if started:               # its first offsets are in, and where it stopped
+                    at = chains[c].at
+                    hops = chains[c].hops
+                    count = chains[c].count
+                    judged = outs[c]
+                    c += 1
+                # A file outside the window is not walked, but its begin still ends the loop.
+                while matched and nkept < want:
+                    if started:
+                        started = False
+                    elif at >= 0:
+                        cap = want - nkept
+                        if cap > WALK_CHUNK:
+                            cap = WALK_CHUNK
+                        r = rs_index_walk(ib, ilen, slot_num, index_num, key_hash, walk_begin,
+                                          end, &at, &hops, out, cap, &count)
+                        _check(r, "index_query")
+                        judged = out
                     else:
-                        if more_seen is None:
-                            more_seen = set()
-                        more_seen.add(off)
-                    if rp is not None:
-                        if log_files is None:
-                            log_files = mfq.files
-                            log_file_size = mfq.file_size
-                        msg = _query_judge_row(rp, log_files, log_file_size, off,
-                                               <const uint8_t *>tp, <size_t>tlen,
-                                               <const uint8_t *>kp, <size_t>klen, begin, end,
-                                               &size)
-                    else:
-                        if logs is None:
-                            logs = _CommitLogFiles(mfq)
-                        msg = _query_judge(logs, off, <const uint8_t *>tp, <size_t>tlen,
-                                           <const uint8_t *>kp, <size_t>klen, begin, end,
-                                           decode, &size)
-                    if msg is None:
-                        continue
-                    messages.append(msg)
-                    nbytes += size
-                    nkept += 1
-                    if nkept == 1:
-                        first_off = off
-                    elif nkept == 2:
-                        offsets = [first_off, off]
-                    elif nkept > 2:
-                        offsets.append(off)
-                    if nkept == want:
                         break
-        finally:
-            PyBuffer_Release(&iv)
-        if fb < walk_begin or nkept >= want:
-            break
+                    for j in range(count):
+                        off = judged[j]
+                        # Each offset is judged once: one record's keys may share a chain.
+                        dup = False
+                        for s in range(nseen):
+                            if seen[s] == off:
+                                dup = True
+                                break
+                        if dup or (more_seen is not None and off in more_seen):
+                            continue
+                        if nseen < WALK_CHUNK:
+                            seen[nseen] = off
+                            nseen += 1
+                        else:
+                            if more_seen is None:
+                                more_seen = set()
+                            more_seen.add(off)
+                        if rp is not None:
+                            if log_files is None:
+                                log_files = mfq.files
+                                log_file_size = mfq.file_size
+                            msg = _query_judge_row(rp, log_files, log_file_size, off,
+                                                   <const uint8_t *>tp, <size_t>tlen,
+                                                   <const uint8_t *>kp, <size_t>klen, begin, end,
+                                                   &size)
+                        else:
+                            if logs is None:
+                                logs = _CommitLogFiles(mfq)
+                            msg = _query_judge(logs, off, <const uint8_t *>tp, <size_t>tlen,
+                                               <const uint8_t *>kp, <size_t>klen, begin, end,
+                                               decode, &size)
+                        if msg is None:
+                            continue
+                        messages.append(msg)
+                        nbytes += size
+                        nkept += 1
+                        if nkept == 1:
+                            first_off = off
+                        elif nkept == 2:
+                            offsets = [first_off, off]
+                        elif nkept > 2:
+                            offsets.append(off)
+                        if nkept == want:
+                            break
+            finally:
+                if own:
+                    PyBuffer_Release(&iv)
+            if fb < walk_begin or nkept >= want:
+                break
+    finally:
+        for k in range(nheld):
+            PyBuffer_Release(&views[k])
     if nkept > 1:
         order = sorted(range(nkept), key=offsets.__getitem__)
         messages = [messages[o] for o in order]

@@ -11,7 +11,7 @@ import threading
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from rocketstore import Message, MessageStore, QueryMessageResult, testing
@@ -257,6 +257,120 @@ def test_lookup_agrees_across_backends_on_random_bytes(backends, slots, entries,
         assert n <= entries
         answers.append(out[:n].tolist())
     assert all(a == answers[0] for a in answers[1:])
+
+
+def _walk_alone(lib, ffi, buf, slots, entries, h, begin, end, cap, at=0, hops=0):
+    """rs_index_walk of one file's chain from (at, hops) to its end, cap offsets a call:
+    (offsets, the final hops)."""
+    b = ffi.from_buffer(buf)
+    at_p, hops_p = ffi.new("int32_t *", at), ffi.new("int64_t *", hops)
+    out, count = ffi.new("int64_t[]", cap), ffi.new("int64_t *")
+    found = []
+    while at_p[0] >= 0:
+        assert lib.rs_index_walk(b, len(buf), slots, entries, h, begin, end, at_p, hops_p,
+                                 out, cap, count) == lib.RS_OK
+        found += [out[j] for j in range(count[0])]
+    return found, hops_p[0]
+
+
+@given(st.data())
+def test_chains_walked_together_each_give_a_prefix_of_their_own_walk_and_resume_to_the_rest(
+        data):
+    """rs_index_walk_chains (the cext key query's first walk over its newest files): each
+    chain's offsets are the first of its file's own walk, it resumes with rs_index_walk to
+    exactly the rest (hops included), and it stops early only once the chains before it hold
+    `want` offsets. Chains are built by index_put over a few hashes, some bytes then
+    overwritten at random, so that chains also loop, point out of range and end early."""
+    testing.load_backend("cffi")        # fails, never skips, when cffi is not built
+    from rocketstore.kernels._cffi_lib import ffi, lib
+    k = testing.load_backend("pure")
+    slots = data.draw(st.integers(1, 4))
+    entries = data.draw(st.integers(2, 24))
+    bufs = []
+    for _ in range(data.draw(st.integers(1, 5))):
+        buf = bytearray(index_file_size(slots, entries))
+        for h, phy, ts in data.draw(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 999),
+                                                       st.integers(0, 9_000)), max_size=40)):
+            k.index_put(buf, slots, entries, h, phy, 1_800_000_000_000 + ts)
+        for pos, byte in data.draw(st.lists(st.tuples(st.integers(0, len(buf) - 1),
+                                                      st.integers(0, 255)), max_size=2)):
+            buf[pos] = byte
+        bufs.append(buf)
+    h = data.draw(st.integers(0, 2))
+    begin = 1_800_000_000_000 + data.draw(st.integers(-1000, 9_000))
+    end = begin + data.draw(st.integers(0, 20_000))
+    want, cap = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 8))
+    stopped = 0
+    chains = ffi.new("rs_index_chain[]", len(bufs))
+    keep = [ffi.from_buffer(b) for b in bufs]
+    outs = [ffi.new("int64_t[]", cap) for _ in bufs]
+    for c, b, buf, out in zip(chains, keep, bufs, outs):
+        c.buf, c.len, c.slot_num, c.index_num = b, len(buf), slots, entries
+        c.at, c.hops, c.out, c.cap = 0, 0, out, cap
+    assert lib.rs_index_walk_chains(chains, len(bufs), h, begin, end, want) == lib.RS_OK
+    before = 0
+    for c, buf, out in zip(chains, bufs, outs):
+        alone = _walk_alone(lib, ffi, buf, slots, entries, h, begin, end, cap)
+        got = [out[j] for j in range(c.count)]
+        rest = _walk_alone(lib, ffi, buf, slots, entries, h, begin, end, cap, c.at, c.hops) \
+            if c.at >= 0 else ([], c.hops)
+        assert (got + rest[0], rest[1]) == alone
+        if c.count < cap and c.at >= 0:             # stopped by neither its end nor cap
+            assert before >= want
+            stopped += 1
+        if before < want:                           # walked as far as alone, in one call
+            assert got == alone[0][:cap]
+        before += c.count
+    event(f"chains stopped early: {min(stopped, 2)}")
+
+
+def test_a_chain_stopped_for_the_newer_files_offsets_resumes_where_it_stopped():
+    """The newer file's first entry is the one offset a query wants: the older file's chain
+    stops in the same step, before its first hop, at its head entry, and resumes from
+    there with rs_index_walk to the whole of it."""
+    testing.load_backend("cffi")        # fails, never skips, when cffi is not built
+    from rocketstore.kernels._cffi_lib import ffi, lib
+    k = testing.load_backend("pure")
+    newer, older = bytearray(index_file_size(2, 16)), bytearray(index_file_size(2, 16))
+    k.index_put(newer, 2, 16, 7, 500, 1_800_000_000_000)
+    for i in range(10):
+        k.index_put(older, 2, 16, 7, 100 + i, 1_800_000_000_000)
+    chains = ffi.new("rs_index_chain[]", 2)
+    keep = [ffi.from_buffer(b) for b in (newer, older)]
+    outs = [ffi.new("int64_t[]", 8) for _ in range(2)]
+    for c, b, out in zip(chains, keep, outs):
+        c.buf, c.len, c.slot_num, c.index_num = b, len(newer), 2, 16
+        c.at, c.hops, c.out, c.cap = 0, 0, out, 8
+    assert lib.rs_index_walk_chains(chains, 2, 7, 0, 1 << 62, 1) == lib.RS_OK
+    assert (chains[0].count, outs[0][0], chains[0].at) == (1, 500, -1)
+    assert (chains[1].count, chains[1].at, chains[1].hops) == (0, 10, 0)
+    rest = _walk_alone(lib, ffi, older, 2, 16, 7, 0, 1 << 62, 8, chains[1].at, chains[1].hops)
+    assert rest == _walk_alone(lib, ffi, older, 2, 16, 7, 0, 1 << 62, 8)
+    assert rest[0] == list(range(109, 99, -1))
+
+
+def test_chains_walked_together_refuse_bad_arguments_and_walk_nothing():
+    testing.load_backend("cffi")        # fails, never skips, when cffi is not built
+    from rocketstore.kernels._cffi_lib import ffi, lib
+    k = testing.load_backend("pure")
+    good = bytearray(index_file_size(4, 8))
+    k.index_put(good, 4, 8, 3, 77, 1_800_000_000_000)
+    short = bytearray(index_file_size(4, 8) - 1)
+    bufs = [ffi.from_buffer(b) for b in (good, short)]
+    chains = ffi.new("rs_index_chain[]", lib.RS_INDEX_MAX_CHAINS + 1)
+    out = ffi.new("int64_t[]", 4)
+    for c in chains:
+        c.buf, c.len, c.slot_num, c.index_num = bufs[0], len(good), 4, 8
+        c.at, c.hops, c.out, c.cap, c.count = 0, 0, out, 4, -5
+    walk = lib.rs_index_walk_chains
+    assert walk(chains, lib.RS_INDEX_MAX_CHAINS + 1, 3, 0, 1 << 62, 1) == lib.RS_E_ARG
+    assert walk(chains, 1, 3, 0, 1 << 62, 0) == lib.RS_E_ARG
+    assert walk(chains, 1, -3, 0, 1 << 62, 1) == lib.RS_E_ARG
+    chains[1].buf, chains[1].len = bufs[1], len(short)
+    assert walk(chains, 2, 3, 0, 1 << 62, 1) == lib.RS_E_BOUNDS
+    assert chains[0].at == 0 and chains[0].count == -5       # nothing walked
+    assert walk(chains, 1, 3, 0, 1 << 62, 1) == lib.RS_OK
+    assert (chains[0].count, out[0], chains[0].at) == (1, 77, -1)
 
 
 @given(st.one_of(st.binary(max_size=40), st.text(max_size=20).map(str.encode)))
