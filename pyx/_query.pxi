@@ -168,17 +168,6 @@ def index_query(files, mfq, topic, key, int64_t want, int64_t begin, int64_t end
     return _index_query(files, mfq, topic, key, want, begin, end, decode)
 
 
-cdef extern from *:
-    """
-    #if defined(__GNUC__) || defined(__clang__)
-    #  define rs_query_prefetch(p) __builtin_prefetch((const void *)(p), 0, 3)
-    #else
-    #  define rs_query_prefetch(p) ((void)(p))
-    #endif
-    """
-    void rs_query_prefetch(const void *p) noexcept nogil
-
-
 cdef inline bint _time_matched(int64_t walk_begin, int64_t end, int64_t fb,
                                int64_t fe) noexcept:
     """IndexFile#isTimeMatched: whether an index file of [fb, fe] may hold the window."""
@@ -201,14 +190,14 @@ cdef int _start_chains(files, Py_ssize_t nf, int32_t key_hash, int64_t walk_begi
     With 10 M messages (two index files, about five entries a query), blocks of 40 000
     queries alternated in one process against the chain heads prefetched alone: 4 % more
     queries a second with max_num 1, 9 % with 32 (doc/performance.md, "Key queries at
-    10 M"). Only files whose geometry the walk accepts are started; any other is walked when
-    the query gets to it, and raises there, as before."""
+    10 M"). If the walk refuses one of the files (its geometry), none is started: the query
+    walks file by file, and raises when it gets to that file, as before."""
     cdef Py_ssize_t i, k = 0
     cdef int32_t slot_num, index_num
     cdef const uint8_t *b
     cdef int64_t fb, fe
     cdef int64_t cap = want if want < WALK_CHUNK else WALK_CHUNK
-    cdef bint keep, stop
+    cdef bint stop
     held[0] = 0
     for i in range(nf - 1, -1, -1):
         if k == CHAIN_FILES:
@@ -229,11 +218,7 @@ cdef int _start_chains(files, Py_ssize_t nf, int32_t key_hash, int64_t walk_begi
         fb = rs_load_i64(b + RS_INDEX_POS_BEGIN_TIMESTAMP)
         fe = rs_load_i64(b + RS_INDEX_POS_END_TIMESTAMP)
         stop = fb < walk_begin            # the walk stops after this file
-        keep = (_time_matched(walk_begin, end, fb, fe) and slot_num >= 1 and index_num >= 1
-                and views[k].len >= RS_INDEX_HEADER_SIZE
-                + <Py_ssize_t>slot_num * RS_INDEX_SLOT_SIZE
-                + <Py_ssize_t>index_num * RS_INDEX_ENTRY_SIZE)
-        if keep:
+        if _time_matched(walk_begin, end, fb, fe):
             chains[k].buf = b
             chains[k].len = <size_t>views[k].len
             chains[k].slot_num = slot_num
@@ -250,9 +235,13 @@ cdef int _start_chains(files, Py_ssize_t nf, int32_t key_hash, int64_t walk_begi
             PyBuffer_Release(&views[k])
         if stop:
             break
-    if k:
-        _check(rs_index_walk_chains(chains, <size_t>k, key_hash, walk_begin, end, want),
-               "index_query")
+    if k and rs_index_walk_chains(chains, <size_t>k, key_hash, walk_begin, end,
+                                  want) != RS_OK:
+        # A file the walk refuses (its geometry): the query walks file by file instead, and
+        # raises when it gets there, not while newer files may still answer it.
+        for i in range(k):
+            PyBuffer_Release(&views[i])
+        held[0] = 0
     return 0
 
 

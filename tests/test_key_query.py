@@ -5,6 +5,7 @@ with hash collisions, keys spread over many index files, time ranges and max_num
 damaged record at an indexed offset is passed over, never an error."""
 import random
 import struct
+import types
 
 import numpy as np
 import pytest
@@ -542,3 +543,28 @@ def test_a_query_passes_over_an_unmapped_index_file_among_the_newest(random_stor
     assert all(a == first for a in answers.values())
     assert sum(bool(a[0]) for a in first) > 50
 
+
+
+def test_an_index_file_the_walk_refuses_raises_only_once_the_query_gets_to_it(random_store):
+    """A second-newest index file one byte short: a query the newest file answers never
+    reaches it, in any backend (the compiled one walks the newest files' chains together,
+    and starts none when the walk refuses one); one that wants more raises a bounds error
+    there, in every backend."""
+    root, config, puts = random_store
+    off, _, last = next((p for p in reversed(puts) if p[2].keys), None)
+    key = last.keys.split(" ")[0]
+    for name in BACKENDS:
+        store = _open(root, config, name)
+        try:
+            files = list(store.index_service.index_file_list)
+            real = files[-2]
+            files[-2] = types.SimpleNamespace(
+                slot_num=real.slot_num, index_num=real.index_num,
+                mf=types.SimpleNamespace(mm=bytes(real.mf.mm)[:-1]))
+            k, mfq = store.kernels, store.commitlog.mfq
+            got = k.index_query(files, mfq, last.topic, key, 1, 0, LONG_MAX, bytes)[0]
+            assert len(got) == 1 and last.body in bytes(got[0])
+            with pytest.raises(KernelBoundsError):
+                k.index_query(files, mfq, last.topic, key, 100, 0, LONG_MAX, bytes)
+        finally:
+            store.shutdown()
