@@ -317,16 +317,19 @@ cdef tuple _index_query(files, mfq, topic, key, int64_t want, int64_t begin, int
                     last_ts = fe
                     last_phy = rs_load_i64(ib + RS_INDEX_POS_END_PHY_OFFSET)
                 matched = _time_matched(walk_begin, end, fb, fe)
-                slot_num = f.slot_num
-                index_num = f.index_num
-                at = 0
-                hops = 0
                 if started:               # its first offsets are in, and where it stopped
+                    slot_num = chains[c].slot_num
+                    index_num = chains[c].index_num
                     at = chains[c].at
                     hops = chains[c].hops
                     count = chains[c].count
                     judged = outs[c]
                     c += 1
+                else:
+                    slot_num = f.slot_num
+                    index_num = f.index_num
+                    at = 0
+                    hops = 0
                 # A file outside the window is not walked, but its begin still ends the loop.
                 while matched and nkept < want:
                     if started:

@@ -249,7 +249,7 @@ cdef class ReadPath:
     cdef dict _std
     cdef uint64_t _std_ver
     cdef bint _std_valid
-    cdef object _s_loaded, _s_table, _s_commit, _s_reput, _s_mem_limit
+    cdef object _s_loaded, _s_table, _s_commit, _s_reput, _s_mem_limit, _s_index, _s_config
     # The store's CommitLog (set once in MessageStore.__init__; _store_fields reads it) and
     # what of it never changes: its MappedFileQueue and file size.
     cdef object _log
@@ -598,6 +598,8 @@ cdef class ReadPath:
             self._log_file_size = commitlog.file_size
             self._log = commitlog
         self._s_mem_limit = store.mem_limit
+        self._s_index = store.index_service
+        self._s_config = store.config
         self._std_ver = ver
         self._std_valid = True
         return 0
@@ -657,7 +659,10 @@ cdef class ReadPath:
         and answers in Python."""
         cdef int overflow = 0
         cdef long long want, b, e = LLONG_MAX
-        if self._query_result is None or store.loaded is not True:
+        if self._query_result is None:
+            return None
+        self._store_fields(store)
+        if self._s_loaded is not True:
             return None
         if type(topic) is not str or type(key) is not str or type(max_num) is not int \
                 or type(begin) is not int or (end is not None and type(end) is not int):
@@ -673,11 +678,11 @@ cdef class ReadPath:
             if overflow:
                 return None
         self._catch_up(store)
-        cap = store.config.max_msgs_num_batch
+        cap = self._s_config.max_msgs_num_batch
         if cap < want:
             want = cap
         messages, nbytes, last_ts, last_phy = _index_query(
-            store.index_service.index_file_list, store.commitlog.mfq, topic, key, want, b, e, self)
+            self._s_index.index_file_list, self._log_mfq, topic, key, want, b, e, self)
         r = PyType_GenericAlloc(<PyTypeObject *>self._query_result, 0)
         _set_member(r, self._qr[0], messages)
         _set_member(r, self._qr[1], nbytes)
