@@ -230,6 +230,12 @@ static inline int32_t rs_index_count(const uint8_t *buf)
     return n <= 0 ? 1 : n;
 }
 
+/* Where key_hash's slot lies in the file, as an offset: header + (keyHash % slot_num) * 4. */
+static inline size_t rs_index_slot_pos(int32_t slot_num, int32_t key_hash)
+{
+    return RS_INDEX_HEADER_SIZE + (size_t)(key_hash % slot_num) * RS_INDEX_SLOT_SIZE;
+}
+
 /* One putKey after the geometry check; returns the new indexCount or 0 when full. */
 static int32_t rs_index_put1(uint8_t *buf, int32_t slot_num, int32_t index_num,
                              int32_t key_hash, int64_t phy_offset, int64_t store_timestamp)
@@ -241,7 +247,7 @@ static int32_t rs_index_put1(uint8_t *buf, int32_t slot_num, int32_t index_num,
 
     if (count >= index_num)
         return 0;
-    slot = buf + RS_INDEX_HEADER_SIZE + (size_t)(key_hash % slot_num) * RS_INDEX_SLOT_SIZE;
+    slot = buf + rs_index_slot_pos(slot_num, key_hash);
     slot_value = rs_load_i32(slot);
     if (slot_value <= 0 || slot_value > count)
         slot_value = 0;
@@ -327,8 +333,7 @@ static void rs_walk_start(rs_index_chain *c, rs_walk_state *s, int32_t key_hash)
         return;                 /* the walk ended in an earlier call, or no room */
     s->index_count = rs_index_count(c->buf);
     if (n == 0)
-        n = rs_load_i32(c->buf + RS_INDEX_HEADER_SIZE +
-                        (size_t)(key_hash % c->slot_num) * RS_INDEX_SLOT_SIZE);
+        n = rs_load_i32(c->buf + rs_index_slot_pos(c->slot_num, key_hash));
     /* n >= index_num: a corrupt header may claim more entries than the file holds. */
     c->at = -1;
     if (n <= 0 || n > s->index_count || n >= c->index_num || s->index_count <= 1)
@@ -397,8 +402,7 @@ int rs_index_walk_chains(rs_index_chain *chains, size_t n, int32_t key_hash, int
     for (i = 0; i < n; i++) {
         chains[i].count = 0;
         if (chains[i].at == 0 && chains[i].cap > 0)
-            __builtin_prefetch(chains[i].buf + RS_INDEX_HEADER_SIZE +
-                               (size_t)(key_hash % chains[i].slot_num) * RS_INDEX_SLOT_SIZE);
+            __builtin_prefetch(chains[i].buf + rs_index_slot_pos(chains[i].slot_num, key_hash));
     }
     for (i = 0; i < n; i++)
         rs_walk_start(&chains[i], &s[i], key_hash);

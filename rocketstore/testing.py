@@ -258,38 +258,36 @@ def cached_bytes(path):
         os.close(fd)
 
 
-def resident_bytes(path):
-    """Bytes of this process's mappings of the file `path`, or of files under the directory
-    `path`, that are in memory (Rss in /proc/self/smaps): what populating or touching them
-    brought in."""
+def _smaps_field(path, field, whole_dir=False):
+    """The values of `field` (its words after the name) in each of this process's mappings
+    of the file `path`, or with whole_dir of files under the directory `path`
+    (/proc/self/smaps), one list per mapping."""
     real = os.path.realpath(path)
     prefix = real.rstrip(os.sep) + os.sep
-    rss = 0
-    inside = False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()
-            if "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
-                inside = len(head) >= 6 and (head[5] == real or head[5].startswith(prefix))
-            elif inside and head[0] == "Rss:":
-                rss += int(head[1]) * 1024
-    return rss
-
-
-def mapping_flags(path):
-    """The VmFlags of each of this process's mappings of the file `path` (/proc/self/smaps),
-    one set per mapping: "hg" marks a mapping advised MADV_HUGEPAGE, "rr" MADV_RANDOM."""
-    real = os.path.realpath(path)
     found = []
     inside = False
     with open("/proc/self/smaps") as f:
         for line in f:
             head = line.split()
             if "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
-                inside = len(head) >= 6 and head[5] == real
-            elif inside and head[0] == "VmFlags:":
-                found.append(set(head[1:]))
+                inside = len(head) >= 6 and (
+                    head[5] == real or whole_dir and head[5].startswith(prefix))
+            elif inside and head[0] == field:
+                found.append(head[1:])
     return found
+
+
+def resident_bytes(path):
+    """Bytes of this process's mappings of the file `path`, or of files under the directory
+    `path`, that are in memory (Rss in /proc/self/smaps): what populating or touching them
+    brought in."""
+    return sum(int(kb) * 1024 for kb, *_ in _smaps_field(path, "Rss:", whole_dir=True))
+
+
+def mapping_flags(path):
+    """The VmFlags of each of this process's mappings of the file `path` (/proc/self/smaps),
+    one set per mapping: "hg" marks a mapping advised MADV_HUGEPAGE, "rr" MADV_RANDOM."""
+    return [set(flags) for flags in _smaps_field(path, "VmFlags:")]
 
 
 @contextlib.contextmanager

@@ -259,6 +259,23 @@ def test_lookup_agrees_across_backends_on_random_bytes(backends, slots, entries,
     assert all(a == answers[0] for a in answers[1:])
 
 
+def _cffi():
+    testing.load_backend("cffi")        # fails, never skips, when cffi is not built
+    from rocketstore.kernels._cffi_lib import ffi, lib
+    return ffi, lib
+
+
+def _chains(ffi, bufs, slots, entries, outs, cap):
+    """rs_index_chain[len(bufs)] at the start of each file's chain (at and hops 0), chain i
+    writing to outs[i]; the buffers it points into are kept alive with it."""
+    chains = ffi.new("rs_index_chain[]", len(bufs))
+    keep = [ffi.from_buffer(b) for b in bufs]
+    for c, b, buf, out in zip(chains, keep, bufs, outs):
+        c.buf, c.len, c.slot_num, c.index_num = b, len(buf), slots, entries
+        c.at, c.hops, c.out, c.cap = 0, 0, out, cap
+    return chains, keep
+
+
 def _walk_alone(lib, ffi, buf, slots, entries, h, begin, end, cap, at=0, hops=0):
     """rs_index_walk of one file's chain from (at, hops) to its end, cap offsets a call:
     (offsets, the final hops)."""
@@ -281,8 +298,7 @@ def test_chains_walked_together_each_give_a_prefix_of_their_own_walk_and_resume_
     exactly the rest (hops included), and it stops early only once the chains before it hold
     `want` offsets. Chains are built by index_put over a few hashes, some bytes then
     overwritten at random, so that chains also loop, point out of range and end early."""
-    testing.load_backend("cffi")        # fails, never skips, when cffi is not built
-    from rocketstore.kernels._cffi_lib import ffi, lib
+    ffi, lib = _cffi()
     k = testing.load_backend("pure")
     slots = data.draw(st.integers(1, 4))
     entries = data.draw(st.integers(2, 24))
@@ -301,12 +317,8 @@ def test_chains_walked_together_each_give_a_prefix_of_their_own_walk_and_resume_
     end = begin + data.draw(st.integers(0, 20_000))
     want, cap = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 8))
     stopped = 0
-    chains = ffi.new("rs_index_chain[]", len(bufs))
-    keep = [ffi.from_buffer(b) for b in bufs]
     outs = [ffi.new("int64_t[]", cap) for _ in bufs]
-    for c, b, buf, out in zip(chains, keep, bufs, outs):
-        c.buf, c.len, c.slot_num, c.index_num = b, len(buf), slots, entries
-        c.at, c.hops, c.out, c.cap = 0, 0, out, cap
+    chains, keep = _chains(ffi, bufs, slots, entries, outs, cap)
     assert lib.rs_index_walk_chains(chains, len(bufs), h, begin, end, want) == lib.RS_OK
     before = 0
     for c, buf, out in zip(chains, bufs, outs):
@@ -328,19 +340,14 @@ def test_a_chain_stopped_for_the_newer_files_offsets_resumes_where_it_stopped():
     """The newer file's first entry is the one offset a query wants: the older file's chain
     stops in the same step, before its first hop, at its head entry, and resumes from
     there with rs_index_walk to the whole of it."""
-    testing.load_backend("cffi")        # fails, never skips, when cffi is not built
-    from rocketstore.kernels._cffi_lib import ffi, lib
+    ffi, lib = _cffi()
     k = testing.load_backend("pure")
     newer, older = bytearray(index_file_size(2, 16)), bytearray(index_file_size(2, 16))
     k.index_put(newer, 2, 16, 7, 500, 1_800_000_000_000)
     for i in range(10):
         k.index_put(older, 2, 16, 7, 100 + i, 1_800_000_000_000)
-    chains = ffi.new("rs_index_chain[]", 2)
-    keep = [ffi.from_buffer(b) for b in (newer, older)]
     outs = [ffi.new("int64_t[]", 8) for _ in range(2)]
-    for c, b, out in zip(chains, keep, outs):
-        c.buf, c.len, c.slot_num, c.index_num = b, len(newer), 2, 16
-        c.at, c.hops, c.out, c.cap = 0, 0, out, 8
+    chains, keep = _chains(ffi, [newer, older], 2, 16, outs, 8)
     assert lib.rs_index_walk_chains(chains, 2, 7, 0, 1 << 62, 1) == lib.RS_OK
     assert (chains[0].count, outs[0][0], chains[0].at) == (1, 500, -1)
     assert (chains[1].count, chains[1].at, chains[1].hops) == (0, 10, 0)
@@ -350,8 +357,7 @@ def test_a_chain_stopped_for_the_newer_files_offsets_resumes_where_it_stopped():
 
 
 def test_chains_walked_together_refuse_bad_arguments_and_walk_nothing():
-    testing.load_backend("cffi")        # fails, never skips, when cffi is not built
-    from rocketstore.kernels._cffi_lib import ffi, lib
+    ffi, lib = _cffi()
     k = testing.load_backend("pure")
     good = bytearray(index_file_size(4, 8))
     k.index_put(good, 4, 8, 3, 77, 1_800_000_000_000)

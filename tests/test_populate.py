@@ -149,18 +149,6 @@ def test_the_lead_grows_for_a_writer_faster_than_the_populates_and_stays_bounded
         store.shutdown()
 
 
-def vm_flags(path):
-    """The VmFlags of this process's mappings of `path` (/proc/self/smaps), one set each."""
-    out, current = [], None
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            if "-" in line.split(" ", 1)[0] and ":" not in line.split(" ", 1)[0]:
-                current = line.rstrip("\n").endswith(" " + path)
-            elif current and line.startswith("VmFlags:"):
-                out.append(set(line.split()[1:]))
-    return out
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux's /proc/self/smaps")
 def test_the_file_being_written_has_no_readahead_and_the_file_it_leaves_gets_it_back(
         tmp_path, backend):
@@ -173,9 +161,11 @@ def test_the_file_being_written_has_no_readahead_and_the_file_it_leaves_gets_it_
         # costs the writer that page alone, not a readahead window zero-filled in the put.
         # Waited for: while the allocator populates, it maps the file a second time, with
         # readahead, for the populate alone.
-        testing.wait_until(lambda: [("rr" in f) for f in vm_flags(second.path)] == [True])
+        testing.wait_until(
+            lambda: [("rr" in f) for f in testing.mapping_flags(second.path)] == [True])
         # Given back on the allocator's thread (a madvise waits for the mmap lock).
-        testing.wait_until(lambda: [("rr" in f) for f in vm_flags(first.path)] == [False])
+        testing.wait_until(
+            lambda: [("rr" in f) for f in testing.mapping_flags(first.path)] == [False])
     finally:
         store.shutdown()
 
@@ -780,7 +770,7 @@ def test_queue_and_index_files_being_written_bring_in_their_pages_without_readah
         held = len(set(used.tolist()) | {0, *first_entries})
         del header, slots, entries
         assert 0 < cached <= held * unit
-        assert [("rr" in f) for f in vm_flags(index.path)] == [True]
+        assert [("rr" in f) for f in testing.mapping_flags(index.path)] == [True]
     finally:
         store.shutdown()
 
@@ -794,9 +784,10 @@ def test_the_queue_file_being_written_has_no_readahead_and_the_file_it_leaves_ge
             assert store.put_message(Message("TopicA", b"u", queue_id=0)).ok
             testing.wait_dispatched(store)
         first, second = store.find_consume_queue("TopicA", 0).mfq.files[:2]
-        assert [("rr" in f) for f in vm_flags(second.path)] == [True]
+        assert [("rr" in f) for f in testing.mapping_flags(second.path)] == [True]
         # Given back on the populate service's thread when it made the next file ahead.
-        testing.wait_until(lambda: [("rr" in f) for f in vm_flags(first.path)] == [False])
+        testing.wait_until(
+            lambda: [("rr" in f) for f in testing.mapping_flags(first.path)] == [False])
     finally:
         store.shutdown()
 
@@ -894,7 +885,7 @@ def test_the_allocator_populates_the_writers_mapping_and_maps_no_other(tmp_path,
         while len(store.commitlog.mfq.files) < 2:
             assert store.put_message(Message("TopicA", b"r" * 30000)).ok
         files = store.commitlog.mfq.files
-        testing.wait_until(lambda: all(len(vm_flags(f.path)) == 1 for f in files))
+        testing.wait_until(lambda: all(len(testing.mapping_flags(f.path)) == 1 for f in files))
         writers = [f.mm for f in files]
         assert fs.mappings
         assert [mm for mm in fs.mappings if not any(mm is w for w in writers)] == []
