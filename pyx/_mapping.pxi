@@ -39,6 +39,14 @@ cdef char *_FORMAT_B = b"B"      # unsigned bytes, as mmap.mmap exports
 __all__ += ("Mapping",)
 
 
+cdef inline void _unmap_nogil(char *addr, Py_ssize_t size) noexcept:
+    """munmap without the GIL, as CPython's mmap does: unmapping tears down a page-table
+    entry per page mapped in 4 KiB, ~20 ms for a 1 GiB file mapped that way (measured), and
+    a put in another thread must not wait for it."""
+    with nogil:
+        munmap(addr, <size_t>size)
+
+
 cdef inline object _os_error(int err, str what):
     return OSError(err, f"{_strerror(err)} ({what})")
 
@@ -82,9 +90,10 @@ cdef class Mapping:
 
     def __dealloc__(self):
         # No export can outlive the object: each one holds a reference to it.
-        if self._addr != NULL:
-            munmap(self._addr, <size_t>self._size)
+        cdef char *addr = self._addr
+        if addr != NULL:
             self._addr = NULL
+            _unmap_nogil(addr, self._size)
 
     cdef inline int _live(self) except -1:
         if self._addr == NULL:
@@ -103,12 +112,14 @@ cdef class Mapping:
 
     def close(self):
         """Unmap; BufferError while a view or a GIL-free call still uses the pages."""
+        cdef char *addr
         if self._addr == NULL:
             return
         if self._exports > 0:
             raise BufferError("cannot close exported pointers exist")
-        munmap(self._addr, <size_t>self._size)
-        self._addr = NULL
+        addr = self._addr
+        self._addr = NULL           # closed to every other thread before the GIL goes
+        _unmap_nogil(addr, self._size)
 
     def __enter__(self):
         return self
