@@ -284,6 +284,14 @@ def resident_bytes(path):
     return sum(int(kb) * 1024 for kb, *_ in _smaps_field(path, "Rss:", whole_dir=True))
 
 
+def pmd_mapped_bytes(path):
+    """Bytes of this process's mappings of the file `path`, or of files under the directory
+    `path`, mapped by 2 MiB page-table entries (FilePmdMapped in /proc/self/smaps): the
+    page-cache folios of that size a read maps whole, one TLB entry each. Whether the kernel
+    made such folios depends on the free memory it had in 2 MiB blocks when they were filled."""
+    return sum(int(kb) * 1024 for kb, *_ in _smaps_field(path, "FilePmdMapped:", whole_dir=True))
+
+
 def mapping_flags(path):
     """The VmFlags of each of this process's mappings of the file `path` (/proc/self/smaps),
     one set per mapping: "hg" marks a mapping advised MADV_HUGEPAGE, "rr" MADV_RANDOM."""

@@ -1141,6 +1141,9 @@ def test_a_new_index_file_is_written_in_large_folios_and_one_loaded_from_disk_is
         assert f.mf.reserve_align == folio
         assert f.mf.reserved_position % folio == 0 and f.mf.reserved_position > f.table_end
         assert [flags >= {"hg", "rr"} for flags in testing.mapping_flags(f.path)] == [True]
+        # Whatever of it is mapped by 2 MiB entries is whole folios of what is resident.
+        pmd = testing.pmd_mapped_bytes(f.path)
+        assert pmd % folio == 0 and pmd <= testing.resident_bytes(f.path)
         path = f.path
     finally:
         store.shutdown()
