@@ -30,13 +30,14 @@ static void walk_rest(const uint8_t *buf, size_t len, int32_t slot_num, int32_t 
 }
 
 /* Two hostile files' chains walked together (rs_index_walk_chains): each chain's offsets are
- * a prefix of its file's own walk, resuming it gives the rest, and
- * only a chain after one holding offsets stops before its cap for `want`. */
+ * a prefix of its file's own walk, resuming it gives the rest, and only a chain after ones
+ * holding `want` offsets stops before its cap. */
 static void check_chains(const uint8_t *file, size_t need, int32_t slot_num, int32_t index_num,
                          int32_t key_hash, int64_t begin, int64_t end, int64_t cap)
 {
     uint8_t *files[2] = {rs_fuzz_dup(file, need), rs_fuzz_dup(file, need)};
-    int64_t outs[2][8], whole[WALK_MAX], again[WALK_MAX], want = (key_hash >> 4) % 8 + 1, held = 0;
+    int64_t outs[2][8], whole[WALK_MAX], again[WALK_MAX], held = 0;
+    int64_t want = (key_hash >> 4) % 8 + 1;
     rs_index_chain ch[2];
     size_t i, b;
     int r;
@@ -51,7 +52,7 @@ static void check_chains(const uint8_t *file, size_t need, int32_t slot_num, int
     r = rs_index_walk_chains(ch, 2, key_hash, begin, end, want);
     RS_FUZZ_CHECK(r == RS_OK);
     for (i = 0; i < 2; i++) {
-        int64_t n = 0, m = 0;
+        int64_t n = 0, m;
 
         RS_FUZZ_CHECK(ch[i].count >= 0 && ch[i].count <= ch[i].cap && ch[i].hops <= index_num);
         walk_rest(files[i], need, slot_num, index_num, key_hash, begin, end, 0, 0, whole, &n);

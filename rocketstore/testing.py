@@ -277,11 +277,17 @@ def _smaps_field(path, field, whole_dir=False):
     return found
 
 
+def _smaps_bytes(path, field):
+    """The sum of `field` (a size in kB) over this process's mappings of the file `path` or
+    of files under the directory `path`, in bytes."""
+    return sum(int(kb) * 1024 for kb, *_ in _smaps_field(path, field, whole_dir=True))
+
+
 def resident_bytes(path):
     """Bytes of this process's mappings of the file `path`, or of files under the directory
     `path`, that are in memory (Rss in /proc/self/smaps): what populating or touching them
     brought in."""
-    return sum(int(kb) * 1024 for kb, *_ in _smaps_field(path, "Rss:", whole_dir=True))
+    return _smaps_bytes(path, "Rss:")
 
 
 def pmd_mapped_bytes(path):
@@ -289,7 +295,7 @@ def pmd_mapped_bytes(path):
     `path`, mapped by 2 MiB page-table entries (FilePmdMapped in /proc/self/smaps): the
     page-cache folios of that size a read maps whole, one TLB entry each. Whether the kernel
     made such folios depends on the free memory it had in 2 MiB blocks when they were filled."""
-    return sum(int(kb) * 1024 for kb, *_ in _smaps_field(path, "FilePmdMapped:", whole_dir=True))
+    return _smaps_bytes(path, "FilePmdMapped:")
 
 
 def mapping_flags(path):

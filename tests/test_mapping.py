@@ -128,32 +128,28 @@ def test_mapping_refuses_to_close_while_a_view_is_exported(Mapping, tmp_path):
             use()
 
 
-def _runs_during(call, tries=3):
+def _runs_during(call):
     """Whether another Python thread gets to run while `call()` runs: a thread waiting for the
     GIL records perf_counter stamps, and with a switch interval far longer than the call, it
-    can only run inside the call if the call releases the GIL. A few tries: a thread woken on
-    a loaded machine may miss a short call."""
+    can only run inside the call if the call releases the GIL."""
     switch = sys.getswitchinterval()
     sys.setswitchinterval(5.0)
     try:
-        for _ in range(tries):
-            stamps, go = [], threading.Event()
+        stamps, go = [], threading.Event()
 
-            def spin():
-                go.wait()
-                end = time.perf_counter() + 0.05
-                while (now := time.perf_counter()) < end:
-                    stamps.append(now)
-            t = threading.Thread(target=spin)
-            t.start()
-            go.set()            # from here the spinner waits for the GIL this thread holds
-            t0 = time.perf_counter()
-            call()
-            t1 = time.perf_counter()
-            t.join()
-            if any(t0 < s < t1 for s in stamps):
-                return True
-        return False
+        def spin():
+            go.wait()
+            end = time.perf_counter() + 0.05
+            while (now := time.perf_counter()) < end:
+                stamps.append(now)
+        t = threading.Thread(target=spin)
+        t.start()
+        go.set()                # from here the spinner waits for the GIL this thread holds
+        t0 = time.perf_counter()
+        call()
+        t1 = time.perf_counter()
+        t.join()
+        return any(t0 < s < t1 for s in stamps)
     finally:
         sys.setswitchinterval(switch)
 
@@ -162,8 +158,9 @@ def _runs_during(call, tries=3):
 def test_unmapping_a_mapping_with_every_page_mapped_lets_other_threads_run(Mapping, tmp_path,
                                                                            drop):
     # Unmapping tears down a page-table entry per mapped page: ~20 ms for a 1 GiB file whose
-    # every page was mapped (measured). A file deleted by the cleaner must not stall every put that
-    # long, so the unmap runs without the GIL (as mmap.mmap's close and dealloc do).
+    # every page was mapped (measured). A file deleted by the cleaner must not stall every put
+    # that long, so the unmap runs without the GIL (as mmap.mmap's close and dealloc do). A
+    # few tries: a thread woken on a loaded machine may miss a short unmap.
     size = 256 << 20
     path = _file(tmp_path, size)
     maps = []
@@ -181,7 +178,7 @@ def test_unmapping_a_mapping_with_every_page_mapped_lets_other_threads_run(Mappi
         del pages
         maps.append(m)
         del m
-        if _runs_during(unmap, tries=1):
+        if _runs_during(unmap):
             break
     else:
         pytest.fail(f"no other thread ran while {drop} unmapped {size >> 20} MiB")
