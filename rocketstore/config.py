@@ -294,7 +294,8 @@ class StoreConfig:
     # Beyond RocketMQ (no Java key): the most bytes the store's files (CommitLog, ConsumeQueues,
     # index) may take on disk, counted as allocated blocks; 0 = no budget. Past it, cleaning
     # deletes the oldest CommitLog files, and the queue and index files they alone cover,
-    # expired or not (an embedded store shares its disk with its application).
+    # expired or not (an embedded store shares its disk with its application). With a budget,
+    # the first cleaning round comes after clean_resource_interval, not a minute after start.
     store_size_budget: int = 0
     # Beyond RocketMQ (no Java key): evict the page cache of CommitLog bytes that are flushed
     # and farther behind its end than access_message_in_memory_max_ratio of the machine's

@@ -122,6 +122,23 @@ def test_budget_deletes_the_oldest_commitlog_files_and_their_queue_files_first(m
     assert store.clean_files_periodically() == []
 
 
+def test_a_budget_is_kept_from_the_first_cleaning_interval_after_start(make):
+    """The scheduled round, not a manual one, brings the store within its budget: with a
+    budget the first round comes after clean_resource_interval (RocketMQ's first round, a
+    minute after start, would leave the store over it meanwhile)."""
+    probe = make()
+    fill(probe)
+    budget = probe.store_size() // 2
+    probe.shutdown()
+    store = make(root=probe.root + "-b", store_size_budget=budget, clean_resource_interval=50)
+    fill(store)
+    deadline = time.monotonic() + 20
+    while store.store_size() > budget and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert store.store_size() <= budget
+    assert store.get_min_phy_offset() > 0
+
+
 def test_budget_never_deletes_unconsumed_data_when_protected(make):
     store = make(store_size_budget=1, clean_protect_unconsumed=True)
     results = fill(store)
