@@ -127,11 +127,12 @@ class MappedFileQueue:
         self.no_readahead_while_written = no_readahead_while_written
         # A PopulateAheadService populating this queue's windows ahead of its writer, when
         # set. It also makes the next file once the last one is reserved to its end, or two
-        # ahead from the roll on for a queue that fills its files fast (prepare_next), so the writer's roll takes a file made, mapped and populated off
-        # its thread: no create, mmap or madvise there (each of those waits for the
-        # process's mmap lock, which a long populate elsewhere holds). A new file starts with
-        # the reservation window its predecessor grew to: a busy queue keeps its lead across
-        # a roll instead of growing it again from the configured size.
+        # ahead from the roll on for a queue that fills its files fast (prepare_next), so
+        # the writer's roll takes a file made, mapped and populated off its thread: no
+        # create, mmap or madvise there (each of those waits for the process's mmap lock,
+        # which a long populate elsewhere holds). A new file starts with the reservation
+        # window its predecessor grew to: a busy queue keeps its lead across a roll instead
+        # of growing it again from the configured size.
         self.populator = populator
         # Files made ahead, in offset order, the first the next to roll into; guarded by
         # _lock, and so is _making, the offset of the one being made (outside the lock: a
