@@ -724,6 +724,16 @@ class FileSystem:
         with open(path, "rb") as f:
             return f.read()
 
+    def read_at(self, path, offset, length):
+        """Up to `length` bytes of `path` from `offset` (fewer at its end), read with pread:
+        a hole reads as zeros, where reading it through a mapping allocates it on tmpfs and,
+        on a full one, kills the reader with SIGBUS."""
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
+
     def write_bytes(self, path, data, sync=True):
         fd = open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:

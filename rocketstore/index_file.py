@@ -269,15 +269,16 @@ def valid_geometry(path, fs, slot_num, index_num):
     """True when the file at `path` reads consistently as `slot_num` slots and `index_num`
     entries: the size matches, every used slot points at an entry of its own slot and every
     entry's prevIndex at an older entry of the same slot. Used to infer a foreign store's
-    sizes; numpy over a read-only mapping, so only the slots and used entries are read."""
+    sizes; only the header, the slots and the used entries are read (_HoleSafe)."""
     size = fs.size(path)
     if slot_num < 1 or index_num < 2 or size != index_file_size(slot_num, index_num):
         return False
-    mm = fs.map(path, size, writable=False)
-    try:
-        return _consistent(mm, slot_num, index_num)
-    finally:
-        mm.close()
+    data = _HoleSafe(path, fs, size)
+    count = _index_count(data[:F.INDEX_HEADER_SIZE])
+    if count > index_num:
+        return False
+    base = F.INDEX_HEADER_SIZE + slot_num * F.INDEX_SLOT_SIZE
+    return _consistent(data[:base + count * F.INDEX_ENTRY_SIZE], slot_num, index_num)
 
 
 def _consistent(mm, slot_num, index_num):
@@ -306,6 +307,24 @@ def _consistent(mm, slot_num, index_num):
         return bool((hashes[prev[linked]] % slot_num == hashes[idx[linked]] % slot_num).all())
     finally:
         del slots, entries                # the views pin the mapping
+
+
+class _HoleSafe:
+    """A file's bytes by slices, read with pread (FileSystem.read_at): infer_geometry and
+    valid_geometry read files a store may not have finished writing, whose holes a mapping
+    would allocate on tmpfs (on a full one: SIGBUS, seen after a writable open that failed
+    for the full disk had made an index file and reserved only its first page)."""
+
+    def __init__(self, path, fs, size):
+        self.path, self.fs, self.size = path, fs, size
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, s):
+        start, stop, _ = s.indices(self.size)
+        data = self.fs.read_at(self.path, start, max(0, stop - start))
+        return data + bytes(max(0, stop - start) - len(data))     # a short file: zeros
 
 
 def _ends_where_entries_end(mm, slot_num, index_num, count):
@@ -387,13 +406,8 @@ def infer_geometry(paths, fs, slot_num, index_num):
     configured = size == index_file_size(slot_num, index_num)
     if size < F.INDEX_HEADER_SIZE:
         return None
-    counts = []
-    for p in paths:
-        mm = fs.map(p, F.INDEX_HEADER_SIZE, writable=False)
-        try:
-            counts.append((_I32.unpack_from(mm, F.INDEX_POS_INDEX_COUNT)[0], p))
-        finally:
-            mm.close()
+    counts = [(_I32.unpack_from(_HoleSafe(p, fs, size)[:F.INDEX_HEADER_SIZE],
+                                F.INDEX_POS_INDEX_COUNT)[0], p) for p in paths]
     # A header whose indexCount no file of this size can hold is damaged: it tells nothing.
     most = (size - F.INDEX_HEADER_SIZE) // F.INDEX_ENTRY_SIZE + 1
     counts = [(c, p) for c, p in counts if c <= most] or [(0, paths[0])]
@@ -423,13 +437,10 @@ _GEOMETRY_WITNESSES = 8
 
 def _geometry_told_by(fullest, fs, size, count, counts, slot_num, index_num, configured):
     """infer_geometry's answer from one file holding `count` - 1 entries, or None."""
-    mm = fs.map(fullest, size, writable=False)
-    try:
-        if configured and _ends_where_entries_end(mm, slot_num, index_num, count):
-            return slot_num, index_num
-        found = _geometry_from_data_end(mm, size, count)
-    finally:
-        mm.close()
+    mm = _HoleSafe(fullest, fs, size)
+    if configured and _ends_where_entries_end(mm, slot_num, index_num, count):
+        return slot_num, index_num
+    found = _geometry_from_data_end(mm, size, count)
     if found is not None and found != (slot_num, index_num) and \
             valid_geometry(fullest, fs, *found):
         return found
