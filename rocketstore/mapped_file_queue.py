@@ -4,6 +4,7 @@ import datetime
 import logging
 import os
 import threading
+import time
 
 from . import format as F
 from .errors import StoreLoadError
@@ -96,6 +97,13 @@ class MappedFileQueue:
     """Segments in ascending offset order. The list is replaced, never mutated in place, so a
     reader thread can take `self.files` once and walk it without a lock."""
 
+    # A queue whose last file filled in less than this many seconds has two files made ahead
+    # of its writer, not one, and the next made as it rolls rather than a window before the
+    # roll. At 5.8 M units a second a 6 MB ConsumeQueue file lasts 50 ms, a window's lead
+    # 10-20 ms, and making a file (its create waits behind the file system's journal while
+    # writeback converts the CommitLog's blocks) took up to 141 ms: the writer waited for it.
+    FAST_ROLL_S = 1.0
+
     def __init__(self, store_path, file_size, kernels, fs, writable=True, allocator=None,
                  reserve_window=0, reserve_window_max=None, no_readahead_while_written=False,
                  populator=None, file_type=MappedFile):
@@ -118,16 +126,24 @@ class MappedFileQueue:
         # ConsumeQueue file) in the writer's thread. The file it leaves gets readahead back.
         self.no_readahead_while_written = no_readahead_while_written
         # A PopulateAheadService populating this queue's windows ahead of its writer, when
-        # set. It also makes the next file once the last one is reserved to its end
-        # (prepare_next), so the writer's roll takes a file made, mapped and populated off
-        # its thread: no create, mmap or madvise there (each of those waits for the
-        # process's mmap lock, which a long populate elsewhere holds). A new file starts with
-        # the reservation window its predecessor grew to: a busy queue keeps its lead across
-        # a roll instead of growing it again from the configured size.
+        # set. It also makes the next file once the last one is reserved to its end, or two
+        # ahead from the roll on for a queue that fills its files fast (prepare_next), so
+        # the writer's roll takes a file made, mapped and populated off its thread: no
+        # create, mmap or madvise there (each of those waits for the process's mmap lock,
+        # which a long populate elsewhere holds). A new file starts with the reservation
+        # window its predecessor grew to: a busy queue keeps its lead across a roll instead
+        # of growing it again from the configured size.
         self.populator = populator
-        self._prepared = None        # the next file, made ahead; guarded by _lock
+        # Files made ahead, in offset order, the first the next to roll into; guarded by
+        # _lock, and so is _making, the offset of the one being made (outside the lock: a
+        # roll that needs another file does not wait for it).
+        self._ready = []
+        self._making = None
+        self._ahead = 1              # files to keep made ahead (2 for a fast queue)
+        self._rolled_at = None       # time.monotonic() of the last roll (or first file)
         self._cache_dropped = 0      # drop_cache_below's mark
         self._lock = threading.Lock()
+        self._made = threading.Condition(self._lock)    # _making cleared
         self.root = None             # the store root: no directory is created outside it
         self.stray_names = []        # names load() found and left alone, not being segments
 
@@ -284,12 +300,15 @@ class MappedFileQueue:
             last = self.last_file
             if last is not None and last.file_from_offset >= offset:
                 return last
-            prepared, self._prepared = self._prepared, None
-            if prepared is not None:
+            while self._making == offset:
+                # The populator is making this very file: the path is made once.
+                self._made.wait()
+            ready, self._ready, prepared = self._ready, [], None
+            if ready and ready[0].file_from_offset == offset:
+                prepared, self._ready = ready[0], ready[1:]    # the rest stays made ahead
                 self.populator.prepared_gone()
-            if prepared is not None and prepared.file_from_offset != offset:
-                prepared.destroy()          # made for an end since truncated: never used
-                prepared = None
+            else:
+                self._destroy_made(ready)   # made for an end since truncated: never used
             if prepared is not None:
                 mf = prepared
                 if self.no_readahead_while_written and last is not None:
@@ -303,7 +322,15 @@ class MappedFileQueue:
             if not self.files:
                 mf.first_create_in_queue = True
             self.files = self.files + [mf]
-        if prepared is not None and mf.reserved_position >= self.file_size:
+            now = time.monotonic()
+            fast = self._rolled_at is not None and now - self._rolled_at < self.FAST_ROLL_S
+            self._rolled_at = now
+            self._ahead = 2 if fast else 1
+        if fast and self.populator is not None:
+            # Made from now on, a whole file's time before the roll (outside the lock, which
+            # prepare_next takes).
+            self.populator.prepare_after(self, mf)
+        elif prepared is not None and mf.reserved_position >= self.file_size:
             # Reserved whole already (a file no larger than its window): its writer never
             # asks for a window in it, so the file after it is asked for now (outside the
             # lock, which prepare_next takes).
@@ -322,28 +349,53 @@ class MappedFileQueue:
         return mf
 
     def prepare_next(self, after):
-        """Make the file that follows `after` (the last file, reserved to its end) for the
-        roll to come, on the populator's thread; the file, or None when there is nothing to
-        make (made already, or `after` is no longer the last file). The caller reserves and
-        populates its first window. OSError (a full disk) leaves the roll to the writer,
-        which meets the error with a write to refuse."""
+        """Make one more file ahead of the writer of `after` (the last file): the one after
+        `after`, or after those made already, unless `_ahead` are made. Runs on the
+        populator's thread, the making outside the lock: a roll into a file made earlier
+        does not wait for it, and a roll into this one waits for it rather than make its path
+        too. Returns the file, or None when there is nothing to make (made or being made
+        already, or `after` no longer the last file). The caller reserves and populates its
+        first window. OSError (a full disk) leaves the roll to the writer, which meets the
+        error with a write to refuse."""
         with self._lock:
-            # Under the lock _create takes: the writer never makes this path meanwhile.
             files = self.files
-            if (self._prepared is not None or not files or files[-1] is not after
-                    or not after.is_available or not self.writable):
+            if (self._making is not None or not files or files[-1] is not after
+                    or not after.is_available or not self.writable
+                    or len(self._ready) >= self._ahead):
                 return None
-            mf = self._make(after.file_from_offset + self.file_size, after)
-            self._prepared = mf
-            self.populator.prepared_made()
-            return mf
+            base = self._ready[-1] if self._ready else after
+            offset = self._making = base.file_from_offset + self.file_size
+        mf = None
+        try:
+            mf = self._make(offset, base)
+        finally:
+            with self._lock:
+                # Still the next file to make: the writer may have rolled meanwhile (into a
+                # file made before), but nothing was truncated, dropped or closed.
+                end = self._ready[-1] if self._ready else \
+                    (self.files[-1] if self.files else None)
+                kept = (mf is not None and end is not None and self.writable
+                        and end.file_from_offset + self.file_size == offset)
+                if kept:
+                    self._ready = self._ready + [mf]
+                    self.populator.prepared_made()
+                elif mf is not None:
+                    mf.destroy()            # before _making clears: the path is free then
+                self._making = None
+                self._made.notify_all()
+        return mf if kept else None
 
     def drop_prepared(self):
-        """Delete the file made ahead, if any: it was never written, and left on disk it
-        would load as an empty segment past the end."""
+        """Delete the files made ahead, if any: they were never written, and left on disk
+        they would load as empty segments past the end."""
         with self._lock:
-            mf, self._prepared = self._prepared, None
-        if mf is not None:
+            ready, self._ready = self._ready, []
+        self._destroy_made(ready)
+
+    def _destroy_made(self, made):
+        """Delete files made ahead (consecutive, in offset order) from the last: a kill
+        between two deletions leaves the segments on disk adjacent, which load requires."""
+        for mf in reversed(made):
             self.populator.prepared_gone()
             mf.destroy()
 

@@ -325,16 +325,101 @@ def test_a_queue_rolls_into_a_file_made_and_populated_off_the_putting_thread(tmp
         store.shutdown()
 
 
-def test_a_file_made_ahead_is_deleted_when_the_queue_is_truncated_before_it(tmp_path, backend):
+@pytest.mark.parametrize("fast_roll_s, made_at_roll", [(3600.0, True), (0.0, False)])
+def test_a_queue_whose_files_fill_fast_keeps_two_files_made_ahead_from_the_roll(
+        tmp_path, backend, monkeypatch, fast_roll_s, made_at_roll):
+    """A file filled in under FAST_ROLL_S has the two files after the one the writer rolls
+    into made at once, not the next one once that is reserved to its end: two files' time of
+    lead, not a window's. (The threshold is set here, so that the test does not depend on
+    the machine's pace.)"""
+    monkeypatch.setattr(MappedFileQueue, "FAST_ROLL_S", fast_roll_s)
+    size = 300_000 * 20
+    store = testing.open_store(tmp_path / "s", backend, config=config())
+    try:
+        _put_keyed_batches(store, 301)              # 301 000 units: into the second file
+        testing.wait_dispatched(store)
+        testing.wait_until(lambda: store.populate_service.pending == 0)
+        mfq = store.find_consume_queue("TopicA", 0).mfq
+        assert len(mfq.files) == 2
+        # The file rolled into is not reserved to its end: the making that waits for that
+        # has not begun.
+        assert mfq.files[-1].reserved_position < size
+        made = [f.file_from_offset for f in mfq._ready]
+        assert made == ([2 * size, 3 * size] if made_at_roll else [])
+        # Either way the queue rolls on, into the files made, and reads back.
+        _put_keyed_batches(store, 300, start=301)
+        testing.wait_dispatched(store)
+        assert len(mfq.files) == 3
+        assert store.find_consume_queue("TopicA", 0).max_offset_in_queue == 601_000
+        assert store.get_message("g", "TopicA", 0, 600_999, 1).messages
+    finally:
+        store.shutdown()
+    # The files made ahead were never written: shutdown deleted them.
+    names = sorted(os.listdir(tmp_path / "s" / "consumequeue" / "TopicA" / "0"))
+    assert names == [f"{i * size:020d}" for i in range(3)]
+
+
+def test_a_roll_into_a_file_being_made_waits_for_it_and_the_path_is_made_once(tmp_path,
+                                                                              backend):
+    """The next file is made outside the queue's lock; a writer rolling into it meanwhile
+    waits for it and takes it, never making (or, once rejected, deleting) the same path."""
+    class SlowCreate(FileSystem):
+        def __init__(self):
+            self.creates = []
+            self.entered = threading.Event()
+            self.gate = threading.Event()
+
+        def create_sized(self, path, size, preallocate=False):
+            self.creates.append((threading.current_thread().name, path))
+            if threading.current_thread().name == SERVICE:
+                self.entered.set()
+                assert self.gate.wait(30)
+            return super().create_sized(path, size, preallocate)
+
+    fs = SlowCreate()
+    service = PopulateAheadService()
+    service.start()
+    size = 64 << 10
+    mfq = MappedFileQueue(str(tmp_path / "q"), size, backend, fs, reserve_window=size,
+                          reserve_window_max=size, populator=service)
+    try:
+        first = mfq.get_last_mapped_file(0)
+        service.prepare_after(mfq, first)       # as a fast queue's roll asks
+        assert fs.entered.wait(30)              # the service is making the second file
+        rolled = []
+        first.wrote_position = size             # full: the writer rolls
+        writer = threading.Thread(target=lambda: rolled.append(mfq.get_last_mapped_file(0)),
+                                  name="writer")
+        writer.start()
+        writer.join(0.3)
+        assert writer.is_alive() and not rolled  # waiting for the file being made
+        fs.gate.set()
+        writer.join(30)
+        assert rolled and rolled[0].file_from_offset == size
+        assert [f.file_from_offset for f in mfq.files] == [0, size]
+        second = os.path.join(str(tmp_path / "q"), f"{size:020d}")
+        assert [c for c in fs.creates if c[1] == second] == [(SERVICE, second)]
+        assert os.path.exists(second)
+    finally:
+        fs.gate.set()
+        service.shutdown()
+        mfq.drop_prepared()
+        mfq.close()
+
+
+@pytest.mark.parametrize("fast_roll_s, made", [(0.0, 1), (3600.0, 2)])
+def test_files_made_ahead_are_deleted_when_the_queue_is_truncated_before_them(
+        tmp_path, backend, monkeypatch, fast_roll_s, made):
+    monkeypatch.setattr(MappedFileQueue, "FAST_ROLL_S", fast_roll_s)   # one ahead, or two
     service = PopulateAheadService()             # not started: served in this thread
     cq = ConsumeQueue(str(tmp_path), "TopicA", 0, 20_000 * 20, backend, FileSystem(),
                       reserve_window=16 << 10, populator=service)
     for i in range(39_000):                      # the second file reserved to its end
         cq.put_unit(1000 + 100 * i, 100, 0, i)
     directory = os.path.join(str(tmp_path), "consumequeue", "TopicA", "0")
-    assert sorted(os.listdir(directory)) == [f"{i * 400_000:020d}" for i in range(3)]
+    assert sorted(os.listdir(directory)) == [f"{i * 400_000:020d}" for i in range(2 + made)]
     assert len(cq.mfq.files) == 2
-    # Back into the first file: the second is deleted, and the one made after it too.
+    # Back into the first file: the second is deleted, and those made after it too.
     cq.truncate_dirty_logic_files(1000 + 100 * 10_000)
     assert sorted(os.listdir(directory)) == [f"{0:020d}"]
     for i in range(10_000, 40_010):              # rolls into files made afresh
@@ -608,7 +693,7 @@ def test_windows_asked_for_are_served_before_the_next_files_are_made(tmp_path, b
             service.ask(mf, 0)
         fs.gate.set()
         testing.wait_until(lambda: service.pending == 0, what="the service idle")
-        assert len(mfq.files) == 1 and mfq._prepared is not None
+        assert len(mfq.files) == 1 and len(mfq._ready) == 1
         creates = [i for i, call in enumerate(fs.calls) if call[0] == "create"]
         reserves = [i for i, call in enumerate(fs.calls) if call[0] == "reserve"]
         # The next file (a dozen system calls) waited for every window asked for; its own

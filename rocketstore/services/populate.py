@@ -103,6 +103,12 @@ class PopulateAheadService(ServiceThread):
             self.pending += 1
         self.wakeup()
 
+    def prepare_after(self, mfq, mf):
+        """Have `mfq`'s files made ahead of its writer, who just rolled into `mf`, now
+        rather than once `mf` is reserved to its end: the queue fills its files fast
+        (MappedFileQueue.FAST_ROLL_S)."""
+        self.make_ahead(functools.partial(self._prepare_next, mfq, mf))
+
     def give_readahead_back(self, mf):
         """`mf` is no longer written (its queue rolled to a file made here): readers get its
         readahead back, advised on this thread (a madvise waits for the mmap lock)."""
@@ -216,24 +222,26 @@ class PopulateAheadService(ServiceThread):
         return files
 
     def _prepare_next(self, mfq, mf):
-        """The file after `mf`, made with its first window reserved and populated."""
-        if self.prepared >= self.MAX_PREPARED:
-            return
-        try:
-            nxt = mfq.prepare_next(mf)
-            if nxt is None:
+        """The files `mfq` keeps made ahead of its writer in `mf` (one, or two for a queue
+        that fills its files fast), each with its first window reserved and populated."""
+        while self.prepared < self.MAX_PREPARED:
+            try:
+                nxt = mfq.prepare_next(mf)
+                if nxt is None:
+                    return
+                lead = nxt.reserve_window // 2
+                nxt.refill_lead = lead - lead % OS_PAGE_SIZE
+                _, new = nxt.reserve(0, required=False)
+            except OSError as exc:
+                # The writer makes the file (or reserves in it) itself at the roll, and meets
+                # the error then, with a write to refuse.
+                log.info("%s: could not prepare a file after %s: %s", mfq.store_path,
+                         mf.file_name, exc)
                 return
-            lead = nxt.reserve_window // 2
-            nxt.refill_lead = lead - lead % OS_PAGE_SIZE
-            _, new = nxt.reserve(0, required=False)
-        except OSError as exc:
-            # The writer makes the file (or reserves in it) itself at the roll, and meets
-            # the error then, with a write to refuse.
-            log.info("%s: could not prepare the file after %s: %s", mfq.store_path,
-                     mf.file_name, exc)
-            return
-        nxt.populate(0, new)
-        self.populated_bytes += new
+            nxt.populate(0, new)
+            self.populated_bytes += new
+            if not nxt.is_available:
+                return                  # dropped meanwhile (a truncation): none after it
 
     def prepared_made(self):
         """A queue made its next file ahead (MappedFileQueue.prepare_next)."""
