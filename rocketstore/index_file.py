@@ -306,7 +306,7 @@ def _consistent(mm, slot_num, index_num):
             return False
         return bool((hashes[prev[linked]] % slot_num == hashes[idx[linked]] % slot_num).all())
     finally:
-        del slots, entries                # the views pin the mapping
+        del slots, entries                # views of `mm` (a mapping pinned by them)
 
 
 class _HoleSafe:

@@ -330,7 +330,7 @@ class MappedFileQueue:
             # Made from now on, a whole file's time before the roll (outside the lock, which
             # prepare_next takes).
             self.populator.prepare_after(self, mf)
-        elif prepared is not None and mf.reserved_position >= self.file_size:
+        if prepared is not None and mf.reserved_position >= self.file_size:
             # Reserved whole already (a file no larger than its window): its writer never
             # asks for a window in it, so the file after it is asked for now (outside the
             # lock, which prepare_next takes).
