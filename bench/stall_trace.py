@@ -134,6 +134,17 @@ def main(bench_json, perf_data):
                 slept_by[trace.name(waker, names) if waker else "?"] += \
                     _overlap(out, woke, w0, w1)
             trace.ran(max(out, w0), min(back, w1), names, others)
+    print("Each stalled put: the putter's sleeps by kind (S: a futex, the GIL or a lock; D: "
+          "uninterruptible, I/O, a page or inode lock) and waker (ms):")
+    first = windows[0][0] if windows else 0
+    for w0, w1 in windows:
+        each = collections.Counter()
+        for out, state, woken, waker, back in trace.off_within(w0, w1):
+            if not state.startswith("R"):
+                who = trace.name(waker, names) if waker else "?"
+                each[f"{state[:1]} {who}"] += _overlap(out, woken or back, w0, w1)
+        print(f"  +{(w0 - first) / 1e9:6.2f} s {(w1 - w0) / ms:6.1f} ms: " + ", ".join(
+            f"{k} {v / ms:.0f}" for k, v in each.most_common() if v >= ms))
     print(f"{len(windows)} stalled puts, {total / ms:,.0f} ms: the putter waited for a CPU "
           f"{waiting / ms:,.0f} ms and slept {asleep / ms:,.0f} ms")
     for who, ns in slept_by.most_common(12):

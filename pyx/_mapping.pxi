@@ -161,10 +161,10 @@ cdef class Mapping:
             raise IndexError("mmap index out of range")
         return i
 
-    cdef object _copy_out(self, Py_ssize_t start, Py_ssize_t n):
+    cdef object _copy_out(self, Py_ssize_t start, Py_ssize_t n, bint release=False):
         cdef object out = PyBytes_FromStringAndSize(NULL, n)
         cdef char *dst = PyBytes_AS_STRING(out)
-        if n < NOGIL_MAP_BYTES:
+        if n < NOGIL_MAP_BYTES and not release:
             memcpy(dst, self._addr + start, <size_t>n)
             return out
         self._exports += 1
@@ -174,6 +174,15 @@ cdef class Mapping:
         finally:
             self._exports -= 1
         return out
+
+    def copy_released(self, Py_ssize_t start, Py_ssize_t n):
+        """The `n` bytes at `start`, copied with the GIL released however few they are: for
+        bytes that may be off the page cache, whose fault waits on the disk. A slice this
+        short copies with the GIL held, and every thread of the process waited with it."""
+        self._live()
+        if start < 0 or n < 0 or n > self._size - start:
+            raise IndexError("mmap slice out of range")
+        return self._copy_out(start, n, True)
 
     def __getitem__(self, key):
         cdef Py_ssize_t start, stop, step

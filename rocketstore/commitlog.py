@@ -839,11 +839,8 @@ class CommitLog:
         mf = self.mfq.find_by_offset(offset, offset == 0)
         if mf is None:
             return None
-        rel = offset - mf.file_from_offset
-        if rel < 0 or rel + size > mf.read_position:
-            return None
         try:
-            return mf.mm[rel:rel + size]
+            return mf.copy(offset - mf.file_from_offset, size)
         except ValueError:        # unmapped by cleaning meanwhile
             return None
 

@@ -680,11 +680,18 @@ class MappedFile:
             if self._refs <= 0 and not self._available:
                 self._cond.notify_all()         # a close() is waiting for the last borrower
 
-    def slice(self, pos, size):
-        """A copy of `size` bytes at `pos`, or None past the read position."""
+    def copy(self, pos, size):
+        """A copy of `size` bytes at `pos`, or None past the read position; ValueError once
+        unmapped. With the GIL released where the mapping can (a compiled Mapping's
+        copy_released), however few the bytes: they may be off the page cache (CommitLog
+        files behind the in-memory window are dropped from it), and a fault there waits for
+        the disk. The stats thread reading the oldest record's time once a second through a
+        slice held the GIL for 50-220 ms so, and the putter waited with it
+        (doc/performance.md, "A fault with the GIL held")."""
         if pos < 0 or pos + size > self.read_position:
             return None
-        return self.mm[pos:pos + size]
+        copy = getattr(self.mm, "copy_released", None)
+        return copy(pos, size) if copy is not None else self.mm[pos:pos + size]
 
     # ---- lifecycle -------------------------------------------------------------------
     def close(self, wait_s=1.0, unmap_wait_s=0):

@@ -129,6 +129,34 @@ def wait_until(cond, timeout=10.0, what="the condition"):
         time.sleep(0.002)
 
 
+def runs_during(call):
+    """(call()'s result, whether another Python thread ran while it ran): a thread waiting
+    for the GIL records perf_counter stamps, and with a switch interval far longer than the
+    call, it can only run inside the call if the call releases the GIL."""
+    import sys
+    import time
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(5.0)
+    try:
+        stamps, go = [], threading.Event()
+
+        def spin():
+            go.wait()
+            end = time.perf_counter() + 0.05
+            while (now := time.perf_counter()) < end:
+                stamps.append(now)
+        t = threading.Thread(target=spin)
+        t.start()
+        go.set()                # from here the spinner waits for the GIL this thread holds
+        t0 = time.perf_counter()
+        result = call()
+        t1 = time.perf_counter()
+        t.join()
+        return result, any(t0 < s < t1 for s in stamps)
+    finally:
+        sys.setswitchinterval(switch)
+
+
 # The store calls that read or write files, sync, or wait: an event loop must never run them
 # itself (the asyncio API hands them to the loop's executor).
 BLOCKING_CALLS = ("put_message", "put_messages", "put_batch", "get_message", "get_batch",

@@ -8,8 +8,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -128,32 +126,6 @@ def test_mapping_refuses_to_close_while_a_view_is_exported(Mapping, tmp_path):
             use()
 
 
-def _runs_during(call):
-    """Whether another Python thread gets to run while `call()` runs: a thread waiting for the
-    GIL records perf_counter stamps, and with a switch interval far longer than the call, it
-    can only run inside the call if the call releases the GIL."""
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(5.0)
-    try:
-        stamps, go = [], threading.Event()
-
-        def spin():
-            go.wait()
-            end = time.perf_counter() + 0.05
-            while (now := time.perf_counter()) < end:
-                stamps.append(now)
-        t = threading.Thread(target=spin)
-        t.start()
-        go.set()                # from here the spinner waits for the GIL this thread holds
-        t0 = time.perf_counter()
-        call()
-        t1 = time.perf_counter()
-        t.join()
-        return any(t0 < s < t1 for s in stamps)
-    finally:
-        sys.setswitchinterval(switch)
-
-
 @pytest.mark.parametrize("drop", ["close", "last reference"])
 def test_unmapping_a_mapping_with_every_page_mapped_lets_other_threads_run(Mapping, tmp_path,
                                                                            drop):
@@ -178,7 +150,7 @@ def test_unmapping_a_mapping_with_every_page_mapped_lets_other_threads_run(Mappi
         del pages
         maps.append(m)
         del m
-        if _runs_during(unmap):
+        if testing.runs_during(unmap)[1]:
             break
     else:
         pytest.fail(f"no other thread ran while {drop} unmapped {size >> 20} MiB")

@@ -43,8 +43,9 @@ KERNEL_NAMES = (
 #   Mapping(fd, size, writable=True): a shared mapping of the open file `fd` that keeps no
 #   descriptor (FileSystem.map closes it at once), offering the mmap.mmap subset the store
 #   uses (madvise with a fourth argument, from_end: a populate's chunks from the last, in one
-#   GIL-free call), the buffer protocol, and BufferError from close() while an export is
-#   live. Without
+#   GIL-free call), copy_released(start, n) (a GIL-free copy however short, for bytes that
+#   may be off the page cache), the buffer protocol, and BufferError from close() while an
+#   export is live. Without
 #   it, mmap.mmap keeps a duplicate descriptor per mapped file (before Python 3.13).
 #   cq_dispatch(rows, buf, slots, slow) and CqSlots(mapped_file_type, consume_queue_type): the
 #   ConsumeQueue dispatcher's row loop, appending each common row's unit in compiled code
