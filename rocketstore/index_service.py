@@ -224,6 +224,10 @@ class IndexService(Dispatcher):
                           populator=self.populator)
         else:
             f.begin_after(end_phy, end_ts)
+            if prev is not None:
+                # Made while `prev` was young, it may have a smaller window than `prev` grew
+                # to since: its writer would reserve its windows itself while they double.
+                f.mf.reserve_window = max(f.mf.reserve_window, prev.mf.reserve_window)
         with self._lock:
             self.index_file_list = files + [f]
             if prev is not None:
@@ -291,9 +295,15 @@ class IndexService(Dispatcher):
             # A store that filled a file writes keys fast: the next one starts with the
             # window its predecessor grew to, or its writer, right after the roll, would
             # overtake a 64 KiB first window and reserve the next ones itself.
-            spare.mf.reserve_window = max([spare.mf.reserve_window] + [
+            mf.reserve_window = max([mf.reserve_window] + [
                 f.mf.reserve_window for f in self.index_file_list[-2:]])
-            spare.reserve_entries(1)
+            # Its first window of entries, asked for as its writer would ask. The table's
+            # last reservation, on a large folio's boundary, may reach past the first entries
+            # already; reserve_entries then asked for nothing, and the writer reserved the
+            # whole first window in its put at the roll (a 32 MiB fallocate each file).
+            lead = mf.reserve_window // 2
+            mf.refill_lead = lead - lead % F.OS_PAGE_SIZE
+            self.populator.ask(mf, spare.table_end)
         except OSError as exc:
             log.info("could not make the next index file ahead: %s", exc)
             with self._lock:

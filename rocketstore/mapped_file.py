@@ -37,7 +37,7 @@ def reserve_ahead_many(requests):
     reserved for itself meanwhile) and the file was not truncated in between: blocks a
     plan allocated and nobody publishes are only allocated space."""
     answers = [None] * len(requests)
-    planned = []                    # (index, mf, end, start, old, want, truncations)
+    planned = []            # (index, mf, end, start, old, want, truncations, first)
     for i, (mf, end, start, reserve) in enumerate(requests):
         if not mf.is_available:
             continue
@@ -48,14 +48,20 @@ def reserve_ahead_many(requests):
             old = mf.reserved_position
             want, _ = mf._reserve_plan(end, False)
             truncations = mf.truncations
+            # What is held past the reserved end already (reserve_blocks_ahead) is not
+            # asked for again: a window inside it is published with no call.
+            first = max(old, mf.blocks_position)
+            if old < want <= first:
+                mf._reserved(end, want, True)
+                want = old
         if want <= old:
             answers[i] = mf._populate_start(old, start)
         else:
-            planned.append((i, mf, end, start, old, want, truncations))
+            planned.append((i, mf, end, start, old, want, truncations, first))
     for (fs, kernels), group in _by_file_system((p[1], p) for p in planned).items():
-        oks = fs.reserve_many(kernels, [(mf.path, old, want - old)
-                                        for _, mf, _, _, old, want, _ in group])
-        for (i, mf, end, start, old, want, truncations), ok in zip(group, oks):
+        oks = fs.reserve_many(kernels, [(mf.path, first, want - first)
+                                        for _, mf, _, _, _, want, _, first in group])
+        for (i, mf, end, start, old, want, truncations, _), ok in zip(group, oks):
             if isinstance(ok, OSError):
                 mf._not_reserved_ahead(ok)
                 continue
@@ -337,9 +343,9 @@ class MappedFile:
             return True
         return self._fs.reserve(self.path, start, want - start)
 
-    def reserve_blocks_ahead(self, lead):
-        """For the thread reserving ahead of this file's writer: the blocks of one more
-        RESERVE_STEP toward `lead` bytes past reserved_position, and only the blocks:
+    def reserve_blocks_ahead(self, lead, step=None):
+        """For the thread reserving ahead of this file's writer: the blocks of one more `step`
+        (default RESERVE_STEP) toward `lead` bytes past reserved_position, and only the blocks:
         reserved_position and refill_position stay, so memory and the writer's requests
         follow the window as before. True while more remains to reserve.
 
@@ -356,7 +362,7 @@ class MappedFile:
             start = max(self.reserved_position, self.blocks_position)
             if start >= target:
                 return False
-            stop = min(target, self._align_up(start + self.RESERVE_STEP))
+            stop = min(target, self._align_up(start + (step or self.RESERVE_STEP)))
             truncations = self.truncations
         ok = self._fs.reserve(self.path, start, stop - start)
         with self._reserve_lock:

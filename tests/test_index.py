@@ -22,6 +22,7 @@ from rocketstore.fs import FileSystem
 from rocketstore.mapped_file import MappedFile
 from rocketstore.index_file import (ENTRY_RESERVE_WINDOW, IndexFile, index_file_size,
                                     infer_geometry, time_millis_to_human_string)
+from rocketstore import index_file
 from rocketstore.index_service import index_keys
 from rocketstore.message import java_string_hash
 
@@ -1206,6 +1207,29 @@ def test_the_index_file_made_ahead_after_a_full_one_starts_with_the_window_it_gr
         table = F.INDEX_HEADER_SIZE + 1024 * F.INDEX_SLOT_SIZE
         assert spare.mf.reserved_position >= min(spare.file_size,
                                                  table + full.mf.reserve_window)
+    finally:
+        store.shutdown()
+
+
+def test_the_index_file_made_ahead_has_its_first_window_of_entries_reserved_past_the_table(
+        tmp_path, backend, monkeypatch):
+    """Where the slot table ends inside a large folio, its last reservation (on the folio's
+    boundary) reaches past the first entries already: the file made ahead still has its
+    first window of entries reserved, or its writer reserves that whole window (32 MiB for a
+    fast writer) inside its put at the roll."""
+    window = 8 << 20
+    monkeypatch.setattr(index_file, "ENTRY_RESERVE_WINDOW", window)
+    slots, entries = 1_600_000, 600_000        # a table of 6.4 MB: it ends inside a folio
+    cfg = testing.small_config(max_index_num=entries, max_hash_slot_num=slots)
+    store = testing.open_store(tmp_path / "s", backend, cfg)
+    try:
+        assert store.put_message(Message("T", b"x", keys="k")).ok
+        testing.wait_dispatched(store)
+        spare = _made_ahead(store)
+        assert spare is not None and spare.mf.reserve_window >= window
+        folio = max(spare.mf.reserve_align, mmap.PAGESIZE)
+        table = F.INDEX_HEADER_SIZE + slots * F.INDEX_SLOT_SIZE
+        assert spare.mf.reserved_position >= (table + window) // folio * folio
     finally:
         store.shutdown()
 

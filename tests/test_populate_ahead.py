@@ -728,3 +728,69 @@ def test_a_writer_reserving_in_a_file_of_a_batch_does_not_wait_for_the_batch(tmp
     # The writer's window stands: the service's smaller one was not published over it.
     assert mf.reserved_position == new
     assert mf.refill_position <= mf.reserved_position
+
+
+class _Reserves(FileSystem):
+    """Records each reservation: (thread, offset, length)."""
+
+    def __init__(self):
+        self.reserves = []
+
+    def reserve(self, path, offset, length):
+        self.reserves.append((threading.current_thread().name, offset, length))
+        return super().reserve(path, offset, length)
+
+
+def test_a_file_whose_window_grew_to_the_most_has_blocks_held_ahead_and_windows_there_cost_no_call(
+        tmp_path, backend):
+    # Behind writeback a fallocate waited 60-140 ms, and a writer at millions of units a
+    # second crossed its half-window lead meanwhile, then waited in its own fallocate
+    # for the service's. Once a writer is that fast, the service holds its file's blocks
+    # BLOCK_WINDOWS windows ahead, so the next windows are published with no call at all.
+    fs = _Reserves()
+    service = PopulateAheadService()
+    service.start()
+    window_max = 64 << 10
+    mfq = MappedFileQueue(str(tmp_path / "q"), 1 << 20, backend, fs, reserve_window=16 << 10,
+                          reserve_window_max=window_max, populator=service)
+    try:
+        mf = mfq.get_last_mapped_file(0)
+
+        def write_to_refill():
+            # The writer passes refill_position and asks, as a queue's dispatch does.
+            service.refill(mf, mf.refill_position + 20, mfq=mfq)
+            testing.wait_until(lambda: service.pending == 0, what="the service idle")
+        while mf.reserve_window < window_max:
+            write_to_refill()
+        held = min(mf.file_size, mf.reserved_position + service.BLOCK_WINDOWS * window_max)
+        assert mf.blocks_position == held
+        assert _blocks(mf) >= held                    # the blocks are there
+        fs.reserves.clear()
+        reserved = mf.reserved_position
+        write_to_refill()
+        assert reserved < mf.reserved_position <= held    # a window inside what was held
+        # Only the blocks past what was held were asked for, by the service, ahead.
+        assert fs.reserves and all(thread == SERVICE and offset >= held
+                                   for thread, offset, _ in fs.reserves)
+        assert mf.blocks_position == min(mf.file_size,
+                                         mf.reserved_position + service.BLOCK_WINDOWS * window_max)
+    finally:
+        service.shutdown()
+        mfq.drop_prepared()
+
+
+def test_a_slow_file_holds_no_blocks_past_its_window(tmp_path, backend):
+    fs = _Reserves()
+    service = PopulateAheadService()
+    service.start()
+    mfq = MappedFileQueue(str(tmp_path / "q"), 1 << 20, backend, fs, reserve_window=16 << 10,
+                          reserve_window_max=64 << 10, populator=service)
+    try:
+        mf = mfq.get_last_mapped_file(0)
+        service.refill(mf, 20, mfq=mfq)
+        testing.wait_until(lambda: service.pending == 0, what="the service idle")
+        assert mf.reserve_window < mf.reserve_window_max
+        assert mf.blocks_position == mf.reserved_position
+    finally:
+        service.shutdown()
+        mfq.drop_prepared()

@@ -43,6 +43,14 @@ class PopulateAheadService(ServiceThread):
     # behind a dispatcher in long compiled calls. Bounded so that a call borrows a few dozen
     # mappings at most (a file being destroyed waits for the populate call that borrows it).
     BATCH = 64
+    # A file whose writer grew its window to the most (a queue or the index taking millions
+    # of entries a second) has its blocks held this many windows past its reserved end, two
+    # windows a step, once no window or file is asked for. Behind writeback a fallocate
+    # waited 60-140 ms, the writer crossed its half-window lead (2 MiB of a queue: 17 ms at
+    # 5.8 M units/s) meanwhile and reserved inside its put, where its fallocate waited for
+    # this thread's (doc/performance.md, "Blocks ahead of fast queues"). Within what is held,
+    # a window is published with no file-system call, this thread's and the writer's alike.
+    BLOCK_WINDOWS = 4
 
     def __init__(self):
         super().__init__()
@@ -55,6 +63,10 @@ class PopulateAheadService(ServiceThread):
         # counted in `pending`. Taken from the front: with 40 000 queues filling their files
         # at once it is thousands long.
         self._next_files = collections.deque()
+        # Fast files whose blocks to hold ahead (BLOCK_WINDOWS), by id, each counted in
+        # `pending`; and (file, its blocks_position) where the disk last refused.
+        self._hold = {}
+        self._refused = None
         # Bytes populated, and requests served on this thread / in the asking thread (the
         # service not running: before start, after shutdown). Read by stats and tests.
         self.populated_bytes = 0
@@ -146,16 +158,51 @@ class PopulateAheadService(ServiceThread):
             # writer needs it; a file is made ahead a whole window before the roll, and takes
             # a dozen system calls (1-3 ms here). When 400 queues filled their files at once,
             # making their next files between their windows left the windows late.
+            # Then blocks ahead of fast writers, a step at a time, all of the above first.
+            hold = make = None
             with self._lock:
-                if not self._next_files:
+                if self._next_files:
+                    make = self._next_files.popleft()
+                elif self._hold:
+                    hold = self._hold.pop(next(iter(self._hold)))
+                else:
                     return
-                make = self._next_files.popleft()
+            more = False
             try:
-                if not self.is_stopped:
+                if self.is_stopped:
+                    pass
+                elif make is not None:
                     make()
+                else:
+                    more = self._hold_step(hold)
             finally:
                 with self._lock:
-                    self.pending -= 1
+                    if more and id(hold) not in self._hold:
+                        self._hold[id(hold)] = hold     # to the back: others step too
+                    else:
+                        self.pending -= 1
+
+    def _hold_if_fast(self, mf):
+        """Hold `mf`'s blocks ahead (BLOCK_WINDOWS) if its window grew to the most."""
+        if (0 < mf.reserve_window_max <= mf.reserve_window and mf.reserved_position < mf.file_size
+                and self._running()):
+            with self._lock:
+                if id(mf) not in self._hold:
+                    self._hold[id(mf)] = mf
+                    self.pending += 1
+
+    def _hold_step(self, mf):
+        """One step of `mf`'s blocks ahead; True while more remains. A disk that refuses
+        costs a log line; the writer meets the error itself when it gets there."""
+        if self._refused == (mf, mf.blocks_position):
+            return False
+        try:
+            return mf.reserve_blocks_ahead(self.BLOCK_WINDOWS * mf.reserve_window,
+                                           step=2 * mf.reserve_window)
+        except OSError as exc:
+            self._refused = (mf, mf.blocks_position)
+            log.info("%s: could not hold blocks ahead of the writer: %s", mf.path, exc)
+            return False
 
     def _next_batch(self, todo):
         """Up to BATCH requests of `todo`, each file once (a second request for a file would
@@ -213,6 +260,9 @@ class PopulateAheadService(ServiceThread):
         # A closed mapping is passed over; one being populated cannot close meanwhile
         # (close() raises BufferError while it is borrowed: MappedFile._unmap waits).
         populate_many(populates)
+        for (mf, _, _, _, _), pos in zip(fills, starts):
+            if pos is not None:
+                self._hold_if_fast(mf)
         files = [(mfq, mf) for (mf, _, _, _, mfq), pos in zip(fills, starts)
                  if pos is not None and mfq is not None and mf.reserved_position >= mf.file_size]
         if defer and files:
@@ -240,6 +290,7 @@ class PopulateAheadService(ServiceThread):
                 return
             nxt.populate(0, new)
             self.populated_bytes += new
+            self._hold_if_fast(nxt)
             if not nxt.is_available:
                 return                  # dropped meanwhile (a truncation): none after it
 
@@ -255,6 +306,7 @@ class PopulateAheadService(ServiceThread):
 
     def on_shutdown(self):
         with self._lock:
-            self.pending -= len(self._todo) + len(self._next_files)
+            self.pending -= len(self._todo) + len(self._next_files) + len(self._hold)
             self._todo = []
             self._next_files.clear()
+            self._hold.clear()
