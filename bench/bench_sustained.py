@@ -50,7 +50,9 @@ ROCKETSTORE_SUSTAINED_SECONDS=5 is a quick check of the harness.
 Knobs: ROCKETSTORE_SUSTAINED_SECONDS, ROCKETSTORE_SUSTAINED_PROBE_MB (bytes the disk probe
 writes, default 4096), ROCKETSTORE_SUSTAINED_BATCH (messages per put_batch, default 1000),
 ROCKETSTORE_SUSTAINED_DROP_COLD=0 (StoreConfig.drop_cold_commit_log_cache off: the kernel
-alone decides what the page cache keeps), ROCKETSTORE_SUSTAINED_SAMPLERS=0 (no sampling
+alone decides what the page cache keeps), ROCKETSTORE_SUSTAINED_DISPATCH_LAG=<bytes>
+(StoreConfig.dispatch_in_put_lag: the reput thread dispatches until it is that far behind),
+ROCKETSTORE_SUSTAINED_SAMPLERS=0 (no sampling
 threads: no Dirty/Writeback, steal or kernel stacks in the report).
 """
 import bisect
@@ -75,6 +77,10 @@ PROBE_BYTES = int(os.environ.get("ROCKETSTORE_SUSTAINED_PROBE_MB", "4096")) * MI
 BATCH = int(os.environ.get("ROCKETSTORE_SUSTAINED_BATCH", "1000"))
 # StoreConfig.drop_cold_commit_log_cache (on by default): 0 leaves the page cache to the kernel.
 DROP_COLD = os.environ.get("ROCKETSTORE_SUSTAINED_DROP_COLD", "1") != "0"
+# StoreConfig.dispatch_in_put_lag (0 by default: each put dispatches what it wrote); a lag in
+# bytes leaves the ConsumeQueue units and index keys to the reput thread, as a Java broker
+# does, until it falls that far behind.
+DISPATCH_LAG = int(os.environ.get("ROCKETSTORE_SUSTAINED_DISPATCH_LAG", "0"))
 # The two sampling threads (meminfo and steal every 10 ms, the putter's kernel stack every
 # 5 ms) take the GIL at each sample: 0 runs without them, and without what they explain.
 SAMPLERS = os.environ.get("ROCKETSTORE_SUSTAINED_SAMPLERS", "1") != "0"
@@ -485,6 +491,7 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path, writes):
     # the file every 200 ms (transientStorePoolEnable, RocketMQ's read-write separation).
     config = StoreConfig(transient_store_pool_enable=writes == "transient_pool",
                          drop_cold_commit_log_cache=DROP_COLD, store_size_budget=size_budget,
+                         dispatch_in_put_lag=DISPATCH_LAG,
                          clean_resource_interval=CLEAN_EVERY_MS if size_budget else
                          StoreConfig.clean_resource_interval)
     store = MessageStore(tmp_path / "store", config, kernels=kernels, fs=fs)
@@ -644,6 +651,7 @@ def test_sustained_put_batch_beyond_dirty_budget(benchmark, tmp_path, writes):
         # The CommitLog's flushed bytes farther behind its end than the in-memory window leave
         # the page cache, so the writer's next pages reuse their memory.
         "drop_cold_commit_log_cache": DROP_COLD,
+        "dispatch_in_put_lag": DISPATCH_LAG,
         "in_memory_window_bytes": store.mem_limit,
         "put_ms_p50": round(_percentile(lat, 0.5) / 1e6, 3),
         "put_ms_p99": round(_percentile(lat, 0.99) / 1e6, 3),

@@ -794,3 +794,45 @@ def test_a_slow_file_holds_no_blocks_past_its_window(tmp_path, backend):
     finally:
         service.shutdown()
         mfq.drop_prepared()
+
+
+def test_blocks_the_disk_refuses_to_hold_ahead_leave_the_writer_to_meet_enospc(tmp_path,
+                                                                                backend):
+    fs = _Reserves()
+    service = PopulateAheadService()
+    service.start()
+    window_max = 64 << 10
+    mfq = MappedFileQueue(str(tmp_path / "q"), 1 << 20, backend, fs, reserve_window=16 << 10,
+                          reserve_window_max=window_max, populator=service)
+    try:
+        mf = mfq.get_last_mapped_file(0)
+        refuse = {"over": window_max}      # reservations longer than this: only held blocks
+        real = fs.reserve
+
+        def reserve(path, offset, length):
+            if length > refuse["over"]:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+            return real(path, offset, length)
+        fs.reserve = reserve
+
+        def write_to_refill():
+            service.refill(mf, mf.refill_position + 20, mfq=mfq)
+            testing.wait_until(lambda: service.pending == 0, what="the service idle")
+        while mf.reserve_window < window_max:
+            write_to_refill()
+        write_to_refill()
+        # Refused: a log line, nothing held past the window, the service idle.
+        assert mf.blocks_position == mf.reserved_position
+        # The disk full: the writer, past what is reserved, meets the error itself, with a
+        # write to refuse.
+        refuse["over"] = 0
+        with pytest.raises(OSError) as err:
+            service.refill(mf, mf.reserved_position + 20, mfq=mfq)
+        assert err.value.errno == errno.ENOSPC
+        # Room again: blocks are held ahead once more.
+        refuse["over"] = 1 << 30
+        write_to_refill()
+        assert mf.blocks_position > mf.reserved_position
+    finally:
+        service.shutdown()
+        mfq.drop_prepared()
