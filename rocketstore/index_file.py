@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from . import format as F
-from .mapped_file import MappedFile
+from .mapped_file import MappedFile, read_cold
 
 _HEAD = F.INDEX_HEADER.struct
 _I32 = F.I32
@@ -135,21 +135,26 @@ class IndexFile:
         h = _HEAD.unpack_from(self.mf.mm, 0)
         return h if h[5] > 0 else h[:5] + (1,)
 
+    # The header's fields, read by the cleaning thread, at load, at a roll and by a query
+    # per file: an old file's header page may be off the page cache, so without the GIL.
+    def _header_i64(self, pos):
+        return _I64.unpack(read_cold(self.mf.mm, pos, 8))[0]
+
     @property
     def begin_timestamp(self):
-        return _I64.unpack_from(self.mf.mm, F.INDEX_POS_BEGIN_TIMESTAMP)[0]
+        return self._header_i64(F.INDEX_POS_BEGIN_TIMESTAMP)
 
     @property
     def end_timestamp(self):
-        return _I64.unpack_from(self.mf.mm, F.INDEX_POS_END_TIMESTAMP)[0]
+        return self._header_i64(F.INDEX_POS_END_TIMESTAMP)
 
     @property
     def begin_phy_offset(self):
-        return _I64.unpack_from(self.mf.mm, F.INDEX_POS_BEGIN_PHY_OFFSET)[0]
+        return self._header_i64(F.INDEX_POS_BEGIN_PHY_OFFSET)
 
     @property
     def end_phy_offset(self):
-        return _I64.unpack_from(self.mf.mm, F.INDEX_POS_END_PHY_OFFSET)[0]
+        return self._header_i64(F.INDEX_POS_END_PHY_OFFSET)
 
     @property
     def hash_slot_count(self):

@@ -74,6 +74,17 @@ def reserve_ahead_many(requests):
     return answers
 
 
+def read_cold(mm, pos, size):
+    """`size` bytes at `pos` of the mapping `mm`, copied with the GIL released where the
+    mapping can (a compiled Mapping's copy_released), however few: bytes that may be off the
+    page cache (an old file's), whose fault waits for the disk. A thread faulting there with
+    the GIL held stalled every other thread of the process with it: puts waited 50-220 ms
+    behind the stats and cleaning threads' reads of old files (doc/performance.md, "A fault
+    with the GIL held"). ValueError once unmapped."""
+    copy = getattr(mm, "copy_released", None)
+    return copy(pos, size) if copy is not None else mm[pos:pos + size]
+
+
 def populate_many(requests):
     """MappedFile.populate(start, end) of each (mf, start, end) of `requests`, with one
     FileSystem.populate_many call per file system (reserve_ahead_many says why)."""
@@ -688,16 +699,11 @@ class MappedFile:
 
     def copy(self, pos, size):
         """A copy of `size` bytes at `pos`, or None past the read position; ValueError once
-        unmapped. With the GIL released where the mapping can (a compiled Mapping's
-        copy_released), however few the bytes: they may be off the page cache (CommitLog
-        files behind the in-memory window are dropped from it), and a fault there waits for
-        the disk. The stats thread reading the oldest record's time once a second through a
-        slice held the GIL for 50-220 ms so, and the putter waited with it
-        (doc/performance.md, "A fault with the GIL held")."""
+        unmapped. Read as bytes off the page cache are (read_cold): CommitLog files behind
+        the in-memory window are dropped from it."""
         if pos < 0 or pos + size > self.read_position:
             return None
-        copy = getattr(self.mm, "copy_released", None)
-        return copy(pos, size) if copy is not None else self.mm[pos:pos + size]
+        return read_cold(self.mm, pos, size)
 
     # ---- lifecycle -------------------------------------------------------------------
     def close(self, wait_s=1.0, unmap_wait_s=0):

@@ -11,7 +11,11 @@ import time
 import pytest
 
 from rocketstore import FlushDiskType, Message, testing
-from rocketstore.fs import machine_memory
+from rocketstore.format import CQ_UNIT
+from rocketstore.fs import FileSystem, machine_memory
+from rocketstore.index_file import IndexFile
+from rocketstore.mapped_file import MappedFile
+from rocketstore.services.clean import _last_unit_phy
 
 MiB = 1 << 20
 FILE = 1 * MiB
@@ -130,6 +134,54 @@ def test_a_read_of_commitlog_bytes_off_the_page_cache_lets_other_threads_run(dis
             pytest.fail("no other thread ran while a read waited for the disk")
     finally:
         store.shutdown()
+
+
+def _off_the_page_cache(path):
+    """Written to the disk, then out of the page cache (nothing maps it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    assert testing.cached_bytes(path) == 0
+
+
+@pytest.mark.parametrize("name", RELEASING)
+def test_the_cleaning_thread_s_reads_of_old_queue_and_index_files_let_other_threads_run(
+        disk_path, name):
+    # Cleaning reads the last unit of each old ConsumeQueue file and the header of the
+    # oldest index file, pages long gone from the page cache on a busy store: puts waited
+    # 60-110 ms behind such a fault taken with the GIL held (doc/performance.md, "A fault
+    # with the GIL held").
+    kernels = testing.load_backend(name)
+    fs = FileSystem()
+    cq_path = str(disk_path / "cq")
+    mf = MappedFile(cq_path, 1 << 20, kernels, fs)
+    mf.mm[(1 << 20) - 20:] = CQ_UNIT.struct.pack(123_456_789, 100, 7)
+    mf.close()
+    index_path = str(disk_path / "index")
+    index = IndexFile(index_path, 64, 64, kernels, fs)
+    index.begin_after(987_654_321, 1_800_000_000_000)
+    index.mf.close()
+    cold = [
+        (cq_path, lambda: MappedFile(cq_path, 1 << 20, kernels, fs, create=False),
+         lambda f: _last_unit_phy(f, 20), 123_456_789),
+        (index_path, lambda: IndexFile(index_path, 64, 64, kernels, fs, writable=False),
+         lambda f: f.end_phy_offset, 987_654_321),
+    ]
+    for path, open_file, read, expected in cold:
+        for _ in range(3):          # a thread woken on a loaded machine may miss a quick read
+            _off_the_page_cache(path)
+            f = open_file()         # mapped, nothing read
+            assert testing.cached_bytes(path) == 0
+            value, ran = testing.runs_during(lambda: read(f))
+            (f.mf if isinstance(f, IndexFile) else f).close()
+            assert value == expected
+            if ran:
+                break
+        else:
+            pytest.fail(f"no other thread ran while a read of {path} waited for the disk")
 
 
 def test_with_drop_cold_commit_log_cache_off_the_page_cache_is_left_to_the_kernel(

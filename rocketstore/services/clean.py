@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from .. import format as F
+from ..mapped_file import read_cold
 
 
 log = logging.getLogger(__name__)
@@ -97,9 +98,11 @@ def allocated_bytes(fs, path):
 
 def _last_unit_phy(mf, unit_size):
     """The physical offset in the last unit of a full ConsumeQueue file, as
-    deleteExpiredFileByOffset reads it; None when the file was unmapped meanwhile."""
+    deleteExpiredFileByOffset reads it; None when the file was unmapped meanwhile. An old
+    file's page may be off the page cache: read without the GIL (read_cold)."""
     try:
-        return F.I64.unpack_from(mf.mm, mf.file_size - unit_size + F.CQ_POS_OFFSET)[0]
+        return F.I64.unpack(read_cold(mf.mm, mf.file_size - unit_size + F.CQ_POS_OFFSET,
+                                      8))[0]
     except ValueError:
         return None
 
