@@ -48,8 +48,9 @@ class PopulateAheadService(ServiceThread):
     # windows a step, once no window or file is asked for. Behind writeback a fallocate
     # waited 60-140 ms, the writer crossed its half-window lead (2 MiB of a queue: 17 ms at
     # 5.8 M units/s) meanwhile and reserved inside its put, where its fallocate waited for
-    # this thread's (doc/performance.md, "Blocks ahead of fast queues"). Within what is held,
-    # a window is published with no file-system call, this thread's and the writer's alike.
+    # this thread's (doc/performance.md, "A fault with the GIL held, and blocks ahead of fast
+    # queues"). Within what is held, a window is published with no file-system call, this
+    # thread's and the writer's alike.
     BLOCK_WINDOWS = 4
 
     def __init__(self):
