@@ -741,98 +741,84 @@ class _Reserves(FileSystem):
         return super().reserve(path, offset, length)
 
 
+WINDOW_MAX = 64 << 10
+
+
+@pytest.fixture
+def served_queue(tmp_path, backend):
+    """A queue of 1 MiB files whose windows grow from 16 KiB to WINDOW_MAX, served by a
+    started PopulateAheadService, on a _Reserves file system: (fs, service, its first file,
+    write_to_refill). write_to_refill(end) has the writer ask at `end` (by default just past
+    refill_position), as a queue's dispatch does, and waits for the service to be idle."""
+    fs = _Reserves()
+    service = PopulateAheadService()
+    service.start()
+    mfq = MappedFileQueue(str(tmp_path / "q"), 1 << 20, backend, fs, reserve_window=16 << 10,
+                          reserve_window_max=WINDOW_MAX, populator=service)
+    mf = mfq.get_last_mapped_file(0)
+
+    def write_to_refill(end=None):
+        service.refill(mf, mf.refill_position + 20 if end is None else end, mfq=mfq)
+        testing.wait_until(lambda: service.pending == 0, what="the service idle")
+    try:
+        yield fs, service, mf, write_to_refill
+    finally:
+        service.shutdown()
+        mfq.drop_prepared()
+
+
 def test_a_file_whose_window_grew_to_the_most_has_blocks_held_ahead_and_windows_there_cost_no_call(
-        tmp_path, backend):
+        served_queue):
     # Behind writeback a fallocate waited 60-140 ms, and a writer at millions of units a
     # second crossed its half-window lead meanwhile, then waited in its own fallocate
     # for the service's. Once a writer is that fast, the service holds its file's blocks
     # BLOCK_WINDOWS windows ahead, so the next windows are published with no call at all.
-    fs = _Reserves()
-    service = PopulateAheadService()
-    service.start()
-    window_max = 64 << 10
-    mfq = MappedFileQueue(str(tmp_path / "q"), 1 << 20, backend, fs, reserve_window=16 << 10,
-                          reserve_window_max=window_max, populator=service)
-    try:
-        mf = mfq.get_last_mapped_file(0)
-
-        def write_to_refill():
-            # The writer passes refill_position and asks, as a queue's dispatch does.
-            service.refill(mf, mf.refill_position + 20, mfq=mfq)
-            testing.wait_until(lambda: service.pending == 0, what="the service idle")
-        while mf.reserve_window < window_max:
-            write_to_refill()
-        held = min(mf.file_size, mf.reserved_position + service.BLOCK_WINDOWS * window_max)
-        assert mf.blocks_position == held
-        assert _blocks(mf) >= held                    # the blocks are there
-        fs.reserves.clear()
-        reserved = mf.reserved_position
+    fs, service, mf, write_to_refill = served_queue
+    while mf.reserve_window < WINDOW_MAX:
         write_to_refill()
-        assert reserved < mf.reserved_position <= held    # a window inside what was held
-        # Only the blocks past what was held were asked for, by the service, ahead.
-        assert fs.reserves and all(thread == SERVICE and offset >= held
-                                   for thread, offset, _ in fs.reserves)
-        assert mf.blocks_position == min(mf.file_size,
-                                         mf.reserved_position + service.BLOCK_WINDOWS * window_max)
-    finally:
-        service.shutdown()
-        mfq.drop_prepared()
+    held = min(mf.file_size, mf.reserved_position + service.BLOCK_WINDOWS * WINDOW_MAX)
+    assert mf.blocks_position == held
+    assert _blocks(mf) >= held                    # the blocks are there
+    fs.reserves.clear()
+    reserved = mf.reserved_position
+    write_to_refill()
+    assert reserved < mf.reserved_position <= held    # a window inside what was held
+    # Only the blocks past what was held were asked for, by the service, ahead.
+    assert fs.reserves and all(thread == SERVICE and offset >= held
+                               for thread, offset, _ in fs.reserves)
+    assert mf.blocks_position == min(mf.file_size,
+                                     mf.reserved_position + service.BLOCK_WINDOWS * WINDOW_MAX)
 
 
-def test_a_slow_file_holds_no_blocks_past_its_window(tmp_path, backend):
-    fs = _Reserves()
-    service = PopulateAheadService()
-    service.start()
-    mfq = MappedFileQueue(str(tmp_path / "q"), 1 << 20, backend, fs, reserve_window=16 << 10,
-                          reserve_window_max=64 << 10, populator=service)
-    try:
-        mf = mfq.get_last_mapped_file(0)
-        service.refill(mf, 20, mfq=mfq)
-        testing.wait_until(lambda: service.pending == 0, what="the service idle")
-        assert mf.reserve_window < mf.reserve_window_max
-        assert mf.blocks_position == mf.reserved_position
-    finally:
-        service.shutdown()
-        mfq.drop_prepared()
+def test_a_slow_file_holds_no_blocks_past_its_window(served_queue):
+    _, _, mf, write_to_refill = served_queue
+    write_to_refill(20)
+    assert mf.reserve_window < mf.reserve_window_max
+    assert mf.blocks_position == mf.reserved_position
 
 
-def test_blocks_the_disk_refuses_to_hold_ahead_leave_the_writer_to_meet_enospc(tmp_path,
-                                                                                backend):
-    fs = _Reserves()
-    service = PopulateAheadService()
-    service.start()
-    window_max = 64 << 10
-    mfq = MappedFileQueue(str(tmp_path / "q"), 1 << 20, backend, fs, reserve_window=16 << 10,
-                          reserve_window_max=window_max, populator=service)
-    try:
-        mf = mfq.get_last_mapped_file(0)
-        refuse = {"over": window_max}      # reservations longer than this: only held blocks
-        real = fs.reserve
+def test_blocks_the_disk_refuses_to_hold_ahead_leave_the_writer_to_meet_enospc(served_queue):
+    fs, service, mf, write_to_refill = served_queue
+    refuse = {"over": WINDOW_MAX}      # reservations longer than this: only held blocks
+    real = fs.reserve
 
-        def reserve(path, offset, length):
-            if length > refuse["over"]:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-            return real(path, offset, length)
-        fs.reserve = reserve
-
-        def write_to_refill():
-            service.refill(mf, mf.refill_position + 20, mfq=mfq)
-            testing.wait_until(lambda: service.pending == 0, what="the service idle")
-        while mf.reserve_window < window_max:
-            write_to_refill()
+    def reserve(path, offset, length):
+        if length > refuse["over"]:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return real(path, offset, length)
+    fs.reserve = reserve
+    while mf.reserve_window < WINDOW_MAX:
         write_to_refill()
-        # Refused: a log line, nothing held past the window, the service idle.
-        assert mf.blocks_position == mf.reserved_position
-        # The disk full: the writer, past what is reserved, meets the error itself, with a
-        # write to refuse.
-        refuse["over"] = 0
-        with pytest.raises(OSError) as err:
-            service.refill(mf, mf.reserved_position + 20, mfq=mfq)
-        assert err.value.errno == errno.ENOSPC
-        # Room again: blocks are held ahead once more.
-        refuse["over"] = 1 << 30
-        write_to_refill()
-        assert mf.blocks_position > mf.reserved_position
-    finally:
-        service.shutdown()
-        mfq.drop_prepared()
+    write_to_refill()
+    # Refused: a log line, nothing held past the window, the service idle.
+    assert mf.blocks_position == mf.reserved_position
+    # The disk full: the writer, past what is reserved, meets the error itself, with a
+    # write to refuse.
+    refuse["over"] = 0
+    with pytest.raises(OSError) as err:
+        write_to_refill(mf.reserved_position + 20)
+    assert err.value.errno == errno.ENOSPC
+    # Room again: blocks are held ahead once more.
+    refuse["over"] = 1 << 30
+    write_to_refill()
+    assert mf.blocks_position > mf.reserved_position
