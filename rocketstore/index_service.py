@@ -301,9 +301,7 @@ class IndexService(Dispatcher):
             # last reservation, on a large folio's boundary, may reach past the first entries
             # already; reserve_entries then asked for nothing, and the writer reserved the
             # whole first window in its put at the roll (a 32 MiB fallocate each file).
-            lead = mf.reserve_window // 2
-            mf.refill_lead = lead - lead % F.OS_PAGE_SIZE
-            self.populator.ask(mf, spare.table_end)
+            self.populator.ask_as_writer(mf, spare.table_end)
         except OSError as exc:
             log.info("could not make the next index file ahead: %s", exc)
             with self._lock:

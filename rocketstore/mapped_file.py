@@ -74,6 +74,27 @@ def reserve_ahead_many(requests):
     return answers
 
 
+class BlockHolder:
+    """For a service thread holding blocks ahead of writers (MappedFile.reserve_blocks_ahead):
+    a file whose disk refused is not asked again until its blocks_position moves. The
+    refusal costs a log line; the writer meets the error itself when it gets there, with a
+    write to refuse."""
+
+    def __init__(self):
+        self._refused = None        # (file, its blocks_position) where the disk said no
+
+    def step(self, mf, lead, step=None):
+        """One step of `mf`'s blocks toward `lead` past its window; True while more remains."""
+        if self._refused == (mf, mf.blocks_position):
+            return False
+        try:
+            return mf.reserve_blocks_ahead(lead, step)
+        except OSError as exc:
+            self._refused = (mf, mf.blocks_position)
+            log.info("%s: could not hold blocks ahead of the writer: %s", mf.path, exc)
+            return False
+
+
 def read_cold(mm, pos, size):
     """`size` bytes at `pos` of the mapping `mm`, copied with the GIL released where the
     mapping can (a compiled Mapping's copy_released), however few: bytes that may be off the

@@ -24,7 +24,7 @@ import threading
 import time
 
 from ..format import OS_PAGE_SIZE
-from ..mapped_file import MappedFile
+from ..mapped_file import BlockHolder, MappedFile
 from .base import ServiceThread
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class ReserveAheadService(ServiceThread):
         self._todo = []            # (MappedFile, writer's end)
         self._after = after
         self._blocks_ahead = blocks_ahead
-        self._refused = None       # (file, its blocks_position) where the disk said no
+        self._holder = BlockHolder()
 
     def ask(self, mf, end):
         with self._lock:
@@ -97,14 +97,7 @@ class ReserveAheadService(ServiceThread):
         if ahead is None:
             return False
         mf, lead = ahead
-        if self._refused == (mf, mf.blocks_position):
-            return False            # until the writer moves on: it meets the error itself
-        try:
-            return mf.reserve_blocks_ahead(lead)
-        except OSError as exc:
-            self._refused = (mf, mf.blocks_position)
-            log.info("%s: could not hold blocks ahead of the writer: %s", mf.path, exc)
-            return False
+        return self._holder.step(mf, lead)
 
     def on_shutdown(self):
         with self._lock:

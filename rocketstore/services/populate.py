@@ -25,10 +25,16 @@ import logging
 import threading
 
 from ..format import OS_PAGE_SIZE
-from ..mapped_file import populate_many, reserve_ahead_many
+from ..mapped_file import BlockHolder, populate_many, reserve_ahead_many
 from .base import ServiceThread
 
 log = logging.getLogger(__name__)
+
+
+def _half_window_lead(mf):
+    """The writer of `mf` asks for its next window half a window before the reserved end."""
+    lead = mf.reserve_window // 2
+    mf.refill_lead = lead - lead % OS_PAGE_SIZE
 
 
 class PopulateAheadService(ServiceThread):
@@ -65,9 +71,9 @@ class PopulateAheadService(ServiceThread):
         # at once it is thousands long.
         self._next_files = collections.deque()
         # Fast files whose blocks to hold ahead (BLOCK_WINDOWS), by id, each counted in
-        # `pending`; and (file, its blocks_position) where the disk last refused.
+        # `pending`.
         self._hold = {}
-        self._refused = None
+        self._holder = BlockHolder()
         # Bytes populated, and requests served on this thread / in the asking thread (the
         # service not running: before start, after shutdown). Read by stats and tests.
         self.populated_bytes = 0
@@ -76,14 +82,19 @@ class PopulateAheadService(ServiceThread):
         self.pending = 0           # requests asked and not yet served (0: idle)
         self.prepared = 0          # files made ahead and not yet taken or deleted
 
+    def ask_as_writer(self, mf, end):
+        """Reserve and populate the window ahead of `end` in `mf` as its writer's first ask
+        would: with a lead of half a window, where the writer asks for the next one."""
+        _half_window_lead(mf)
+        self.ask(mf, end)
+
     def refill(self, mf, end, mfq=None):
         """The writer of `mf` is about to write below `end`, past mf.refill_position. Reserve
         what it needs now if that is past reserved_position (OSError(ENOSPC) on a full
         disk: the write is refused), and have the next window reserved and populated. With
         `mfq` (the file's queue), the file after it is made here once `mf` is reserved to
         its end (MappedFileQueue.prepare_next)."""
-        lead = mf.reserve_window // 2
-        mf.refill_lead = lead - lead % OS_PAGE_SIZE
+        _half_window_lead(mf)
         if end > mf.reserved_position:
             # This thread lagged or the file is new: the writer reserves a window itself
             # (its refill_position half a window on, where it asks again), faults what it
@@ -171,7 +182,7 @@ class PopulateAheadService(ServiceThread):
             more = False
             try:
                 if self.is_stopped:
-                    pass
+                    pass                        # dropped, and counted off below
                 elif make is not None:
                     make()
                 else:
@@ -193,17 +204,9 @@ class PopulateAheadService(ServiceThread):
                     self.pending += 1
 
     def _hold_step(self, mf):
-        """One step of `mf`'s blocks ahead; True while more remains. A disk that refuses
-        costs a log line; the writer meets the error itself when it gets there."""
-        if self._refused == (mf, mf.blocks_position):
-            return False
-        try:
-            return mf.reserve_blocks_ahead(self.BLOCK_WINDOWS * mf.reserve_window,
-                                           step=2 * mf.reserve_window)
-        except OSError as exc:
-            self._refused = (mf, mf.blocks_position)
-            log.info("%s: could not hold blocks ahead of the writer: %s", mf.path, exc)
-            return False
+        """One step of `mf`'s blocks ahead; True while more remains."""
+        return self._holder.step(mf, self.BLOCK_WINDOWS * mf.reserve_window,
+                                 step=2 * mf.reserve_window)
 
     def _next_batch(self, todo):
         """Up to BATCH requests of `todo`, each file once (a second request for a file would
@@ -280,8 +283,7 @@ class PopulateAheadService(ServiceThread):
                 nxt = mfq.prepare_next(mf)
                 if nxt is None:
                     return
-                lead = nxt.reserve_window // 2
-                nxt.refill_lead = lead - lead % OS_PAGE_SIZE
+                _half_window_lead(nxt)
                 _, new = nxt.reserve(0, required=False)
             except OSError as exc:
                 # The writer makes the file (or reserves in it) itself at the roll, and meets
