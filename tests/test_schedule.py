@@ -416,9 +416,9 @@ import sys, time
 sys.path.insert(0, sys.argv[3])
 from test_schedule import delayed, open_store
 store = open_store(sys.argv[1], sys.argv[2], levels="1s 2s", flush_delay_offset_interval=100)
-n = int(sys.argv[4])
-for start in range(0, n, 1000):
-    r = store.put_messages([delayed(i) for i in range(start, min(n, start + 1000))])
+first, end = int(sys.argv[4]), int(sys.argv[5])
+for start in range(first, end, 1000):
+    r = store.put_messages([delayed(i) for i in range(start, min(end, start + 1000))])
     assert r.ok
 print("up", flush=True)
 time.sleep(60)
@@ -439,12 +439,14 @@ def _written_units(root):
     return total
 
 
-def _kill_mid_delivery(root, name, n, rng):
-    """Run a child store on `root` (putting `n` delayed messages when n > 0) and SIGKILL it
-    a random few ms after its first delivery reached the real queue's file."""
+def _kill_mid_delivery(root, name, first, end, rng):
+    """Run a child store on `root`, putting delayed messages `first`..`end`-1, and SIGKILL it
+    a random few ms after its first delivery reached the real queue's file. The child always
+    has messages of its own to deliver: a child with none might never write a unit (a slow
+    parent can let the child before it deliver everything before the kill)."""
     before = _written_units(root)
     child = subprocess.Popen([sys.executable, "-c", _CRASH_CHILD, str(root), name, HERE,
-                              str(n)], stdout=subprocess.PIPE, text=True)
+                              str(first), str(end)], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "up"
         testing.wait_until(lambda: _written_units(root) > before, 30,
@@ -458,14 +460,14 @@ def _kill_mid_delivery(root, name, n, rng):
 @pytest.mark.slow
 def test_sigkill_during_delivery_delivers_every_message_at_least_once(tmp_path, backend):
     """A child puts N messages with DELAY=1 and is killed while its service delivers them
-    (offsets persisted every 100 ms); a second child resumes and is killed too; reopened, the
-    store delivers the rest. Every message is in its real queue at least once; duplicates
-    are allowed (at least once), none is missing (never zero times)."""
+    (offsets persisted every 100 ms); a second child resumes, puts a few more, and is killed
+    too; reopened, the store delivers the rest. Every message is in its real queue at least
+    once; duplicates are allowed (at least once), none is missing (never zero times)."""
     root = tmp_path / "s"
-    n = 40_000
+    n, more = 40_000, 2_000
     name = getattr(backend, "NAME", "cext")
     rng = __import__("random").Random(testing.fixed_seed("schedule-kill"))
-    _kill_mid_delivery(root, name, n, rng)
+    _kill_mid_delivery(root, name, 0, n, rng)
     counts = []
     store = MessageStore(root, config(root), kernels=backend)
     store.load()                                # not started: count what the kill left
@@ -473,18 +475,18 @@ def test_sigkill_during_delivery_delivers_every_message_at_least_once(tmp_path, 
         counts.append((len(real_bodies(store)), store.delay_offsets.get_offset(1)))
     finally:
         store.shutdown()
-    _kill_mid_delivery(root, name, 0, rng)
+    _kill_mid_delivery(root, name, n, n + more, rng)
     store = open_store(root, backend)
     try:
-        testing.wait_until(lambda: store.delay_offsets.get_offset(1) == n, 60,
+        testing.wait_until(lambda: store.delay_offsets.get_offset(1) == n + more, 60,
                            "the reopened store to deliver the rest")
         bodies = real_bodies(store)
     finally:
         store.shutdown()
     print(f"after the first kill: {counts[0][0]} in real queues, delay offset "
           f"{counts[0][1]} of {n}; in the end {len(bodies)} (duplicates: "
-          f"{len(bodies) - n})")
-    assert set(bodies) == {f"body-{i}".encode() for i in range(n)}
+          f"{len(bodies) - n - more})")
+    assert set(bodies) == {f"body-{i}".encode() for i in range(n + more)}
 
 
 # ---- master only -----------------------------------------------------------------------------
