@@ -7,7 +7,7 @@ import threading
 import time
 from array import array
 
-from .format import OS_PAGE_SIZE
+from .format import CQ_POS_OFFSET, I64, OS_PAGE_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,9 @@ class MappedFile:
     # The most one fallocate reserves ahead of a writer with the reserve lock held
     # (_reserve_in_steps).
     RESERVE_STEP = 4 << 20
+    # How long a forced try_destroy waits for a call that uses the pages without hold() to
+    # end (_unmap): a cold read faults on the disk, tens of ms on a busy one.
+    FORCED_UNMAP_WAIT_S = 0.5
     # Private slots the compiled read path (pyx/_read.pxi) reads and writes itself: it holds
     # and releases files inline, by hold() and release()'s protocol on these.
     LENT_SLOTS = ("_lock", "_available", "_refs", "_cond")  # type: tuple[str, ...]
@@ -726,6 +729,16 @@ class MappedFile:
             return None
         return read_cold(self.mm, pos, size)
 
+    def last_unit_phy(self, unit_size):
+        """The physical offset in the last unit of a full ConsumeQueue file, as
+        deleteExpiredFileByOffset reads it; None once unmapped. An old file's page may be off
+        the page cache: read without the GIL (read_cold)."""
+        try:
+            return I64.unpack(read_cold(self.mm, self.file_size - unit_size + CQ_POS_OFFSET,
+                                        8))[0]
+        except ValueError:
+            return None
+
     # ---- lifecycle -------------------------------------------------------------------
     def close(self, wait_s=1.0, unmap_wait_s=0):
         """Unmap once no borrower holds a view; returns False if borrowers remain.
@@ -795,14 +808,13 @@ class MappedFile:
         self._give_back_wbuf()
         if busy:
             return False
-        try:
-            self.mm.close()
-        except BufferError:
-            # An exported view (numpy array, memoryview) pins the mapping and Python cannot
-            # unmap under it, unlike Java's forced cleaner. Forced: unlink the file anyway;
-            # the pages stay valid for the last view and go with it.
-            if not forced:
-                return False
+        # A call using the pages without hold() (a cold read's GIL-free copy, a populate)
+        # is over in moments: a forced destroy waits that long, lest it leave the mapping to
+        # it. An exported view (numpy array, memoryview) pins the mapping and Python cannot
+        # unmap under it, unlike Java's forced cleaner. Forced: unlink the file anyway; the
+        # pages stay valid for the last view and go with it.
+        if not self._unmap(self.FORCED_UNMAP_WAIT_S if forced else 0) and not forced:
+            return False
         self._fs.remove(self.path)
         return True
 

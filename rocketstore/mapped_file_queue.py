@@ -603,10 +603,8 @@ class MappedFileQueue:
             if not f.is_available:      # a hanged file from an earlier round
                 destroy = True
             else:
-                try:
-                    last_phy = F.I64.unpack_from(
-                        f.mm, self.file_size - unit_size + F.CQ_POS_OFFSET)[0]
-                except ValueError:      # unmapped meanwhile
+                last_phy = f.last_unit_phy(unit_size)
+                if last_phy is None:    # unmapped meanwhile
                     break
                 destroy = last_phy < offset
             if destroy and f.try_destroy(now_ms, interval_forcibly_ms, truncations):

@@ -15,7 +15,6 @@ from rocketstore.format import CQ_UNIT
 from rocketstore.fs import FileSystem, machine_memory
 from rocketstore.index_file import IndexFile
 from rocketstore.mapped_file import MappedFile
-from rocketstore.services.clean import _last_unit_phy
 
 MiB = 1 << 20
 FILE = 1 * MiB
@@ -150,10 +149,11 @@ def _off_the_page_cache(path):
 @pytest.mark.parametrize("name", RELEASING)
 def test_the_cleaning_thread_s_reads_of_old_queue_and_index_files_let_other_threads_run(
         disk_path, name):
-    # Cleaning reads the last unit of each old ConsumeQueue file and the header of the
-    # oldest index file, pages long gone from the page cache on a busy store: puts waited
-    # 60-110 ms behind such a fault taken with the GIL held (doc/performance.md, "A fault
-    # with the GIL held").
+    # Cleaning reads the last unit of each old ConsumeQueue file (last_unit_phy: the store
+    # service's scan and each queue's own deletion) and the header of the oldest index
+    # file, pages long gone from the page cache on a busy store: puts waited 60-110 ms
+    # behind such a fault taken with the GIL held (doc/performance.md, "A fault with the
+    # GIL held").
     kernels = testing.load_backend(name)
     fs = FileSystem()
     cq_path = str(disk_path / "cq")
@@ -166,7 +166,7 @@ def test_the_cleaning_thread_s_reads_of_old_queue_and_index_files_let_other_thre
     index.mf.close()
     cold = [
         (cq_path, lambda: MappedFile(cq_path, 1 << 20, kernels, fs, create=False),
-         lambda f: _last_unit_phy(f, 20), 123_456_789),
+         lambda f: f.last_unit_phy(20), 123_456_789),
         (index_path, lambda: IndexFile(index_path, 64, 64, kernels, fs, writable=False),
          lambda f: f.end_phy_offset, 987_654_321),
     ]

@@ -5,6 +5,7 @@ a load refuses or drops, and evicting the page cache behind the writer."""
 import errno
 import os
 import resource
+import threading
 
 import pytest
 
@@ -207,6 +208,23 @@ def test_a_held_file_is_deleted_only_when_released_or_forced(tmp_path, backend):
     assert not os.path.exists(second.path)
     assert bytes(view) == b"\x02" * 20
     view.release()
+    q.close()
+
+
+def test_a_forced_destroy_waits_for_a_short_use_of_the_pages_then_unmaps(tmp_path, backend):
+    # A cold read copies without the GIL and without hold() (read_cold); a forced destroy
+    # landing in it once gave up the unmap at the first try and left the mapping behind,
+    # readable by a batch that should have been told its file was deleted.
+    q = _fill(_queue(tmp_path / "log", backend), 2)
+    first = q.files[0]
+    view = memoryview(first.mm)[:8]             # the short use: over in 50 ms
+    timer = threading.Timer(0.05, view.release)
+    timer.start()
+    try:
+        assert first.try_destroy(now_ms=0, interval_forcibly_ms=0) is True
+    finally:
+        timer.join()
+    assert first.mm.closed and not os.path.exists(first.path)
     q.close()
 
 

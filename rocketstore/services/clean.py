@@ -14,8 +14,6 @@ import time
 
 import numpy as np
 
-from .. import format as F
-from ..mapped_file import read_cold
 
 
 log = logging.getLogger(__name__)
@@ -96,17 +94,6 @@ def allocated_bytes(fs, path):
         return 0
 
 
-def _last_unit_phy(mf, unit_size):
-    """The physical offset in the last unit of a full ConsumeQueue file, as
-    deleteExpiredFileByOffset reads it; None when the file was unmapped meanwhile. An old
-    file's page may be off the page cache: read without the GIL (read_cold)."""
-    try:
-        return F.I64.unpack(read_cold(mf.mm, mf.file_size - unit_size + F.CQ_POS_OFFSET,
-                                      8))[0]
-    except ValueError:
-        return None
-
-
 class StoreSize:
     """The bytes a store's files take on disk, and what deleting a prefix of its CommitLog
     would free.
@@ -142,7 +129,7 @@ class StoreSize:
                 size = allocated_bytes(fs, f.path)
                 other += size
                 if f is not files[-1]:
-                    key = _last_unit_phy(f, CQ_STORE_UNIT_SIZE)
+                    key = f.last_unit_phy(CQ_STORE_UNIT_SIZE)
                     if key is not None:
                         covered.append((key, size))
         for f in index_files:
