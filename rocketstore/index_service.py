@@ -22,8 +22,12 @@ from .mapped_file_queue import drop_creating_leftovers, is_index_name, split_seg
 log = logging.getLogger(__name__)
 
 LONG_MAX = (1 << 63) - 1
-# The next index file, made ahead of its roll beside the index directory (IndexService._spare):
-# a broker lists and loads every file in index/, and would take one there for its last file.
+# The next index file, made ahead of its roll (IndexService._spare) as INDEX_MADE_AHEAD in a
+# directory of its own beside index/: a broker lists and loads every file in index/, and would
+# take one there for its last file. Not in the store root, which the stats thread's rename of
+# its runtime file locks (and dirties) every second: the roll's rename out of the root waited
+# 50 ms behind it once, and for the root directory's block under writeback before.
+INDEX_AHEAD_DIR = "index.ahead"
 INDEX_MADE_AHEAD = "index" + CREATING_SUFFIX
 _SECOND_MS = 1000              # an entry's time resolution
 _KEYS = b"KEYS\x01"
@@ -104,15 +108,17 @@ class IndexService(Dispatcher):
         self._k_dispatch = getattr(self._k, "index_dispatch", None)
         # The store's PopulateAheadService, given to every file opened or made from now on.
         self.populator = None
-        # The next file, made ahead on the populator's thread as INDEX_MADE_AHEAD in the
-        # store root, and renamed into index/ at the roll, to the time of the record that
+        # The next file, made ahead on the populator's thread as INDEX_MADE_AHEAD in
+        # INDEX_AHEAD_DIR, and renamed into index/ at the roll, to the time of the record that
         # needs it. Making a file reserves its 20 MB slot table: in the dispatching thread,
         # which is the putting one when dispatch runs inline, a fallocate behind writeback
         # stalled puts (doc/performance.md, "Sustained writes"). Its header is seeded at the
         # roll, so it holds only zeros until then: a crash leaves a leftover that a writable
         # load removes. Guarded by _lock; None: a roll makes its file itself.
         self._spare = None
-        self._ahead_path = os.path.join(root, INDEX_MADE_AHEAD)
+        self._ahead_dir = os.path.join(root, INDEX_AHEAD_DIR)
+        self._ahead_path = os.path.join(self._ahead_dir, INDEX_MADE_AHEAD)
+        self._made_ahead_dir = False    # made by _make_spare: removed at close when empty
         self._making = None             # the next file while its table is being reserved
         self._closed = False
 
@@ -244,13 +250,18 @@ class IndexService(Dispatcher):
         """The file made ahead, left by a crash: zeros (nothing is written to it before the
         roll renames it), removed as any `.creating` leftover is. One holding data is not
         ours: it stays, with a warning, and no file is made ahead while it is there. (A link
-        there never gets this far: a writable open refuses it, STORE_ENTRIES.)"""
-        if not self._fs.exists(self._ahead_path):
-            return
-        if drop_creating_leftovers(self._fs, self._root, [INDEX_MADE_AHEAD],
-                                   lambda base: base == "index", writable=True):
-            log.warning("%s is not an index file this store made ahead: left as it is, and no "
-                        "index file is made ahead while it is there", self._ahead_path)
+        there never gets this far: a writable open refuses it, STORE_ENTRIES.) Releases before
+        INDEX_AHEAD_DIR made it in the store root: a leftover there goes the same way, and
+        one holding data stays there without stopping anything."""
+        for directory in (self._root, self._ahead_dir):
+            path = os.path.join(directory, INDEX_MADE_AHEAD)
+            if not self._fs.exists(path):
+                continue
+            if drop_creating_leftovers(self._fs, directory, [INDEX_MADE_AHEAD],
+                                       lambda base: base == "index", writable=True):
+                log.warning("%s is not an index file this store made ahead: left as it is%s",
+                            path, ", and no index file is made ahead while it is there"
+                            if directory == self._ahead_dir else "")
 
     def _make_spare(self):
         """On the populator's thread: the next file, sized and mapped as INDEX_MADE_AHEAD,
@@ -262,6 +273,8 @@ class IndexService(Dispatcher):
         if self._fs.exists(path) or self._fs.is_link(path):
             return          # not ours (_drop_made_ahead_leftover)
         try:
+            self._fs.ensure_dir(self._ahead_dir, self._root)
+            self._made_ahead_dir = True
             spare = IndexFile(path, self.hash_slot_num, self.index_num, self._k, self._fs,
                               writable=True, populator=self.populator, reserve=False)
         except OSError as exc:
@@ -341,6 +354,8 @@ class IndexService(Dispatcher):
             self._spare = self._making = None
         for f in gone:
             f.destroy()
+        if self._made_ahead_dir and not self._fs.is_link(self._ahead_dir):
+            self._fs.remove_dir_if_empty(self._ahead_dir)
 
     def _writable_file(self, store_timestamp):
         files = self.index_file_list

@@ -28,7 +28,7 @@ from .consume_queue import ConsumeQueue, DirtyQueues
 from .dispatch import ConsumeQueueDispatcher
 from .ha.master import HAService
 from .index_file import infer_geometry
-from .index_service import INDEX_MADE_AHEAD, IndexService
+from .index_service import INDEX_AHEAD_DIR, INDEX_MADE_AHEAD, IndexService
 from .errors import (ConfigError, CorruptRecordError, InvalidArgumentError, StoreClosedError,
                      StoreError, StoreLoadError, UnsafePathError)
 from .format import MAX_TOPIC_LENGTH, SCHEDULE_TOPIC
@@ -83,8 +83,9 @@ def _resolves_outside(root, path):
 
 # What a store keeps under its root ("rebuild" is repair.REBUILD_MARKER); only these are
 # checked for links out of it.
+# INDEX_MADE_AHEAD in the root is where releases before INDEX_AHEAD_DIR made that file.
 STORE_ENTRIES = ("lock", "abort", "checkpoint", "rebuild", "commitlog", "consumequeue", "index",
-                 "config", INDEX_MADE_AHEAD)
+                 "config", INDEX_AHEAD_DIR, INDEX_MADE_AHEAD)
 
 _SLAVE_REASON = "message store is slave mode, so putMessage is forbidden"
 
@@ -1029,7 +1030,7 @@ class MessageStore:
             for name in split_segment_names(fs, cl_dir, None)[0]:
                 fs.remove(os.path.join(cl_dir, name))
             fs.remove_dir_if_empty(cl_dir)
-            for name in ("consumequeue", "index", "config"):
+            for name in ("consumequeue", "index", "config", INDEX_AHEAD_DIR):
                 path = os.path.join(self.root, name)
                 if fs.is_dir(path) and not _resolves_outside(self.root, path):
                     topic_delete.remove_tree(fs, path)

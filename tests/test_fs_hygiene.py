@@ -186,7 +186,9 @@ LINK_KINDS = {
     "consumerOffset.json": "config/consumerOffset.json",
     "commitlog segment": lambda root: "commitlog/" + _first(root / "commitlog"),
     "next commitlog .creating": "commitlog/00000000000000065536.creating",
-    "next index file made ahead": "index.creating",
+    "next index file made ahead": "index.ahead/index.creating",
+    "made-ahead index dir": "index.ahead",
+    "index file made ahead by an older release": "index.creating",
     "consumequeue segment": lambda root: "consumequeue/T0/0/" + _first(
         root / "consumequeue" / "T0" / "0"),
     "index file": lambda root: "index/" + _first(root / "index"),
@@ -232,10 +234,11 @@ def _plant_link(tmp_path, kind):
     elif inside.exists():
         outside.write_bytes(inside.read_bytes())
         inside.unlink()
-    elif kind == "future topic dir":
+    elif kind in ("future topic dir", "made-ahead index dir"):
         outside.mkdir()
     else:
         outside.write_bytes(b"outside the store\n")
+    inside.parent.mkdir(parents=True, exist_ok=True)
     os.symlink(outside, inside)
     return root, inside, outside
 

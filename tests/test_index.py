@@ -23,7 +23,7 @@ from rocketstore.mapped_file import MappedFile
 from rocketstore.index_file import (ENTRY_RESERVE_WINDOW, IndexFile, index_file_size,
                                     infer_geometry, time_millis_to_human_string)
 from rocketstore import index_file
-from rocketstore.index_service import index_keys
+from rocketstore.index_service import INDEX_AHEAD_DIR, INDEX_MADE_AHEAD, index_keys
 from rocketstore.message import java_string_hash
 
 from broker_data import BASIC, broker_messages
@@ -1167,6 +1167,10 @@ def test_a_new_index_file_is_written_in_large_folios_and_one_loaded_from_disk_is
         small.close()
 
 
+# The next index file, made ahead of its roll.
+AHEAD = os.path.join(INDEX_AHEAD_DIR, INDEX_MADE_AHEAD)
+
+
 class _RecordingIndexReserves(FileSystem):
     """Records each index file reservation: (path, offset, thread name, length)."""
 
@@ -1174,7 +1178,7 @@ class _RecordingIndexReserves(FileSystem):
         self.calls = []
 
     def reserve(self, path, offset, length):
-        if os.sep + "index" + os.sep in path or path.endswith(os.sep + "index.creating"):
+        if os.sep + "index" + os.sep in path or path.endswith(os.sep + AHEAD):
             self.calls.append((path, offset, threading.current_thread().name, length))
         return super().reserve(path, offset, length)
 
@@ -1252,7 +1256,7 @@ def test_the_next_index_file_is_made_ahead_and_taken_at_the_roll(tmp_path, backe
         first = svc.index_file_list[-1]
         spare = _made_ahead(store)
         # Beside index/, not in it: a broker loads every file there.
-        assert spare is not None and spare.path == str(root / "index.creating")
+        assert spare is not None and spare.path == str(root / AHEAD)
         assert sorted(os.listdir(index_dir)) == [first.file_name]
         table = F.INDEX_HEADER_SIZE + 4 * F.INDEX_SLOT_SIZE
         assert spare.mf.reserved_position > table
@@ -1271,15 +1275,15 @@ def test_the_next_index_file_is_made_ahead_and_taken_at_the_roll(tmp_path, backe
         assert not [c for c in fs.calls if c[:2] == (spare.path, 0)]
         # And the next one is made ahead of the next roll.
         nxt = _made_ahead(store)
-        assert nxt is not None and nxt is not spare and nxt.path == str(root / "index.creating")
+        assert nxt is not None and nxt is not spare and nxt.path == str(root / AHEAD)
         for i in range(8):
             got = store.query_message("T", f"k{i}").messages
             assert [m.commit_log_offset for m in got] == [results[i].commit_log_offset]
     finally:
         store.shutdown()
-    # Nothing made ahead outlives the store.
+    # Nothing made ahead outlives the store, nor the directory it was made in.
     assert sorted(os.listdir(index_dir)) == sorted(f.file_name for f in files)
-    assert not (root / "index.creating").exists()
+    assert not (root / INDEX_AHEAD_DIR).exists()
 
 
 def test_the_index_files_are_the_same_bytes_whether_made_ahead_or_at_the_roll(tmp_path,
@@ -1299,7 +1303,7 @@ def test_the_index_files_are_the_same_bytes_whether_made_ahead_or_at_the_roll(tm
             assert (store.index_service._spare is not None) == ahead
         finally:
             store.shutdown()
-        assert not (root / "index.creating").exists()
+        assert not (root / AHEAD).exists()
         return {p.name: p.read_bytes() for p in (root / "index").iterdir()}
 
     made = index_bytes(tmp_path / "ahead", True)
@@ -1322,13 +1326,16 @@ def test_an_index_file_made_ahead_that_a_crash_leaves_is_removed_at_load(tmp_pat
         shutil.copytree(root, copy, ignore=shutil.ignore_patterns("lock"))
     finally:
         store.shutdown()
-    leftover = copy / "index.creating"
-    assert leftover.exists() and spare.path == str(root / "index.creating")
+    leftover = copy / AHEAD
+    assert leftover.exists() and spare.path == str(root / AHEAD)
+    # And one where releases before INDEX_AHEAD_DIR made it, in the store root.
+    older = copy / INDEX_MADE_AHEAD
+    shutil.copyfile(leftover, older)
     again = MessageStore(str(copy), testing.small_config(max_index_num=5, max_hash_slot_num=4),
                          clock=StepClock(1_900_000_000_000, 7), kernels=backend)
     try:
         again.load()
-        assert not leftover.exists()
+        assert not leftover.exists() and not older.exists()
         again.start()
         assert [str(p) for p in again.verify().problems] == []
         for i in range(6):

@@ -23,7 +23,7 @@ SERVICE = PopulateAheadService.name
 
 def _part(path):
     if (path or "").endswith(os.sep + "index.creating"):
-        return "index"              # the next index file, made ahead beside index/
+        return "index"              # the next index file, made ahead in index.ahead/
     parts = (path or "").split(os.sep)
     return next((p for p in ("commitlog", "consumequeue", "index") if p in parts), None)
 
