@@ -662,8 +662,20 @@ class FileSystem:
             os.close(fd)
 
     def sync_checkpoint(self, mm, path):
-        """msync the small checkpoint mapping (4 KiB: holding the GIL is cheaper than a call)."""
-        mm.flush()
+        """Make the small checkpoint mapping durable with the GIL released: fdatasync of its
+        file, which writes the pages dirtied through the mapping as msync does. mmap.flush
+        (msync) holds the GIL, and on ext4 it waits for the inode's buffer and a device cache
+        flush behind whatever the disk is writing: 61 ms once in a sustained run, the putter
+        and every other thread of the process waiting with it."""
+        sync = getattr(os, "fdatasync", None)
+        if sync is None:                # no fdatasync (macOS): the mapping's own msync
+            mm.flush()
+            return
+        fd = open_nofollow(path, os.O_RDWR)
+        try:
+            sync(fd)
+        finally:
+            os.close(fd)
 
     def open_fd(self, path, writable=True):
         return open_nofollow(path, os.O_RDWR) if writable else os.open(path, os.O_RDONLY)

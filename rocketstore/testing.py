@@ -129,6 +129,23 @@ def wait_until(cond, timeout=10.0, what="the condition"):
         time.sleep(0.002)
 
 
+def file_system_type(path):
+    """The type of the file system holding `path` (the longest mount point above it), from
+    /proc/self/mounts; "" where there is none."""
+    if not os.path.exists("/proc/self/mounts"):
+        return ""
+    real = os.path.realpath(path)
+    best, kind = "", ""
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            fields = line.split()
+            point = fields[1].replace("\\040", " ")
+            inside = real == point or real.startswith(point.rstrip("/") + "/")
+            if inside and len(point) > len(best):
+                best, kind = point, fields[2]
+    return kind
+
+
 def runs_during(call):
     """(call()'s result, whether another Python thread ran while it ran): a thread waiting
     for the GIL records perf_counter stamps, and with a switch interval far longer than the

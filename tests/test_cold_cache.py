@@ -21,24 +21,10 @@ FILE = 1 * MiB
 PAGE = 4096
 
 
-def _file_system_type(path):
-    """The type of the file system holding `path` (the longest mount point above it)."""
-    real = os.path.realpath(path)
-    best, kind = "", ""
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            fields = line.split()
-            point = fields[1].replace("\\040", " ")
-            inside = real == point or real.startswith(point.rstrip("/") + "/")
-            if inside and len(point) > len(best):
-                best, kind = point, fields[2]
-    return kind
-
-
 @pytest.fixture
 def disk_path(tmp_path):
     # tmpfs pages are the file itself: fadvise cannot evict them, nor needs to.
-    if not os.path.exists("/proc/self/mounts") or _file_system_type(tmp_path) == "tmpfs":
+    if not os.path.exists("/proc/self/mounts") or testing.file_system_type(tmp_path) == "tmpfs":
         pytest.skip("needs a disk file system (Linux; not tmpfs) whose page cache fadvise evicts")
     return tmp_path
 
