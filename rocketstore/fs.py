@@ -671,11 +671,11 @@ class FileSystem:
         if sync is None:                # no fdatasync (macOS): the mapping's own msync
             mm.flush()
             return
-        fd = open_nofollow(path, os.O_RDWR)
+        fd = self.open_fd(path)
         try:
             sync(fd)
         finally:
-            os.close(fd)
+            self.close_fd(fd)
 
     def open_fd(self, path, writable=True):
         return open_nofollow(path, os.O_RDWR) if writable else os.open(path, os.O_RDONLY)

@@ -32,6 +32,15 @@ def broker_store(tmp_path):
     return dst
 
 
+@pytest.fixture
+def disk_path(tmp_path):
+    """tmp_path on a disk file system: tmpfs pages are the file itself, so fadvise cannot
+    evict them, nor does a sync wait for a device."""
+    if testing.file_system_type(tmp_path) in ("", "tmpfs"):
+        pytest.skip("needs a disk file system (Linux; not tmpfs)")
+    return tmp_path
+
+
 def pytest_report_header(config):
     from rocketstore import kernels
     return (f"rocketstore backends available: {', '.join(kernels.available())}; "

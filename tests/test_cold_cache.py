@@ -21,14 +21,6 @@ FILE = 1 * MiB
 PAGE = 4096
 
 
-@pytest.fixture
-def disk_path(tmp_path):
-    # tmpfs pages are the file itself: fadvise cannot evict them, nor needs to.
-    if not os.path.exists("/proc/self/mounts") or testing.file_system_type(tmp_path) == "tmpfs":
-        pytest.skip("needs a disk file system (Linux; not tmpfs) whose page cache fadvise evicts")
-    return tmp_path
-
-
 def _config(**kw):
     return testing.small_config(**{"mapped_file_size_commit_log": FILE,
                                    "commit_log_reserve_window": 256 * 1024,

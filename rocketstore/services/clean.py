@@ -14,8 +14,6 @@ import time
 
 import numpy as np
 
-
-
 log = logging.getLogger(__name__)
 
 HOUR_MS = 3_600_000
