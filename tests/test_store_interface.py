@@ -293,9 +293,11 @@ def test_a_cut_and_a_topic_deletion_at_once_do_not_deadlock(store, monkeypatch):
 
 def test_commit_log_data_is_a_view_to_the_files_written_end_that_holds_the_file(store):
     rs = _fill(store)
-    # Flushed now: the flusher's thorough round (every 10 s) would hold the file while it
-    # synced, and count among the views held.
+    # Flushed and dispatched now: the flusher's thorough round (every 10 s) would hold the
+    # file while it synced, and the reput thread while it caught up, and count among the
+    # views held.
     assert store.flush() >= rs[-1].commit_log_offset + rs[-1].wrote_bytes
+    testing.wait_dispatched(store)
     off = rs[1].commit_log_offset
     mf = store.commitlog.mfq.find_by_offset(off)
     before = mf.ref_count
