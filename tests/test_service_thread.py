@@ -1,8 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """ServiceThread (services/base.py), the one thread lifecycle of the store, and the store's
 scheduled thread built on it (services/scheduler.py), driven without a store."""
+import os
 import socket
 import threading
+
+import pytest
 
 from rocketstore import testing
 from rocketstore.clock import ManualClock
@@ -129,3 +132,49 @@ def test_scheduled_tasks_run_when_due_then_every_period_and_a_failing_one_spares
     now.now += 1
     svc.run_once()
     assert ran == ["fail", "clean", "fail", "clean", "fail"]
+
+
+BATCH_POLICY = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"),
+                                  reason="SCHED_BATCH is Linux's scheduling policy")
+WORK_AHEAD = ("PopulateAheadService", "ReserveAheadService", "AllocateMappedFileService")
+
+
+def _policies(names):
+    """The scheduling policy of each running thread named in `names`, by name."""
+    return {t.name: os.sched_getscheduler(t.native_id) for t in threading.enumerate()
+            if t.name in names}
+
+
+@BATCH_POLICY
+def test_a_service_that_works_ahead_runs_as_batch_and_any_other_as_before():
+    seen = {}
+
+    def body(svc):
+        seen[svc.name] = os.sched_getscheduler(0)
+        svc.stop()
+    ahead, other = Recorder(body), Recorder(body)
+    ahead.name, ahead.works_ahead = "Ahead", True
+    other.name = "Other"
+    for svc in (ahead, other):
+        svc.start()
+        assert svc.join(), "the loop ended"
+    assert seen == {"Ahead": os.SCHED_BATCH, "Other": os.SCHED_OTHER}
+
+
+@BATCH_POLICY
+def test_a_stores_threads_that_work_ahead_of_the_writer_never_preempt_it(tmp_path, backend):
+    """Populating, reserving and making files ahead run as SCHED_BATCH; flushing, dispatch,
+    scheduling and the statistics keep the policy the process has."""
+    store = testing.open_store(tmp_path / "s", backend, testing.small_config())
+    try:
+        running = {t.name for t in threading.enumerate()}
+        assert set(WORK_AHEAD) <= running
+        policies = _policies(running)
+        assert {n: p for n, p in policies.items() if n in WORK_AHEAD} == \
+            dict.fromkeys(WORK_AHEAD, os.SCHED_BATCH)
+        others = {n: p for n, p in policies.items() if n.endswith("Service")
+                  and n not in WORK_AHEAD}
+        assert "ReputMessageService" in others and "FlushRealTimeService" in others
+        assert set(others.values()) == {os.sched_getscheduler(0)}
+    finally:
+        store.shutdown()

@@ -56,6 +56,7 @@ class ReserveAheadService(ServiceThread):
     Between requests it also holds blocks past the writer's window (`blocks_ahead`), so that
     one slow fallocate delays this thread and not the writer's next window."""
     name = "ReserveAheadService"
+    works_ahead = True
 
     def __init__(self, after=None, blocks_ahead=None):
         """`after()`: called after each round of requests (the allocator's first windows of
@@ -106,6 +107,7 @@ class ReserveAheadService(ServiceThread):
 
 class AllocateMappedFileService(ServiceThread):
     name = "AllocateMappedFileService"
+    works_ahead = True
     # Large folios only where the reserve window holds at least this many of them.
     FOLIO_WINDOWS = 4
 

@@ -39,6 +39,7 @@ def _half_window_lead(mf):
 
 class PopulateAheadService(ServiceThread):
     name = "PopulateAheadService"
+    works_ahead = True
     # Files made ahead at once, across every queue. Each is one more mapping, and a process
     # has vm.max_map_count of them (65 530 by default): 40 000 queues each with a next file
     # made ahead failed their mmaps with ENOMEM. A queue past the bound rolls as before.
