@@ -3,7 +3,8 @@
  * rs_sync.c - msync of a byte range (with rs_space.c, the kernels that do I/O).
  */
 #if defined(__linux__)
-#define _DEFAULT_SOURCE           /* madvise, MADV_DONTNEED under -std=c99 */
+#define _GNU_SOURCE               /* madvise, MADV_DONTNEED, sync_file_range under -std=c99 */
+#include <fcntl.h>
 #endif
 #if !defined(_WIN32)
 #define _POSIX_C_SOURCE 200809L   /* msync, sysconf under -std=c99 */
@@ -62,4 +63,40 @@ int rs_sync_written(const uint8_t *buf, size_t len, int64_t start, int64_t lengt
     (void)drop;
 #endif
     return rs_sync_range(buf, len, start, length);
+}
+
+int rs_write_behind(int fd, int64_t start, int64_t length, int64_t chunk)
+{
+    if (start < 0 || length < 0 || chunk < 1 || length > INT64_MAX - start)
+        return RS_E_BOUNDS;
+#if defined(__linux__)
+    {
+        int64_t lo = start, end = start + length, prev = -1, prev_len = 0;
+
+        while (lo < end) {
+            /* Chunks end on multiples of `chunk`, as FileSystem.sync_written's msyncs do. */
+            int64_t hi = lo - lo % chunk + chunk;
+
+            if (hi > end)
+                hi = end;
+            if (sync_file_range(fd, lo, hi - lo, SYNC_FILE_RANGE_WRITE) != 0)
+                return RS_E_ERRNO_BASE - errno;
+            if (prev >= 0 && sync_file_range(fd, prev, prev_len, SYNC_FILE_RANGE_WAIT_BEFORE |
+                                             SYNC_FILE_RANGE_WRITE |
+                                             SYNC_FILE_RANGE_WAIT_AFTER) != 0)
+                return RS_E_ERRNO_BASE - errno;
+            prev = lo;
+            prev_len = hi - lo;
+            lo = hi;
+        }
+        if (prev >= 0 && sync_file_range(fd, prev, prev_len, SYNC_FILE_RANGE_WAIT_BEFORE |
+                                         SYNC_FILE_RANGE_WRITE |
+                                         SYNC_FILE_RANGE_WAIT_AFTER) != 0)
+            return RS_E_ERRNO_BASE - errno;
+        return RS_OK;
+    }
+#else
+    (void)fd;
+    return RS_OK;
+#endif
 }

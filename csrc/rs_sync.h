@@ -35,4 +35,22 @@ int rs_sync_range(const uint8_t *buf, size_t len, int64_t start, int64_t length)
  */
 int rs_sync_written(const uint8_t *buf, size_t len, int64_t start, int64_t length, int drop);
 
+/*
+ * rs_write_behind - write the dirty pages of [start, start + length) of the file open as `fd`
+ * back to the disk and wait for them, `chunk` bytes at a time with two chunks in flight
+ * (Linux's sync_file_range: the next chunk is started before the one before it is waited
+ * for), without making them durable: no metadata and no device cache flush, which the msync
+ * that follows does once.  Why: the ASYNC_FLUSH flusher's msync of each 16 MiB chunk wrote,
+ * waited, and flushed the device's cache, one chunk at a time, and kept up with a writer
+ * near 1 GB/s and no faster; the kernel's own writeback then took the rest, with the
+ * ConsumeQueue and index folios the writer appends to locked while it waited for the disk
+ * (doc/performance.md, "The device's queue behind those folios").  A hint: where the system
+ * has no sync_file_range it writes nothing and returns RS_OK.
+ * Returns RS_OK; RS_E_BOUNDS for a negative start or length or a chunk below 1;
+ * RS_E_ERRNO_BASE - errno if sync_file_range fails (EBADF, EIO: the msync after it reports a
+ * write-back error again, on its own file).
+ * GIL: blocks on disk I/O; wrappers always release it.
+ */
+int rs_write_behind(int fd, int64_t start, int64_t length, int64_t chunk);
+
 #endif /* RS_SYNC_H */

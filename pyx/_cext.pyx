@@ -41,6 +41,7 @@ __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_ap
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
            "cq_encode_batch", "cq_search", "tags_match", "index_hash", "index_put",
            "index_put_batch", "index_keys", "index_lookup", "sync_range", "sync_written",
+           "write_behind",
            "space_prepare", "batch_encode", "column_join", "batch_columns", "timeup_encode",
            "SYNC_RANGE_FD_UNUSED")
 
@@ -470,6 +471,15 @@ def sync_written(buf, int64_t start, int64_t length, bint drop):
     range's whole pages below the one holding its end off the page tables (rs_sync_written):
     one release of the GIL for both."""
     _sync_mapping(buf, start, length, drop, "sync_written")
+
+
+def write_behind(int fd, int64_t start, int64_t length, int64_t chunk):
+    """Write [start, start+length) of the file open as `fd` back, `chunk` bytes at a time, and
+    wait for it, without the GIL and without making it durable (rs_write_behind)."""
+    cdef int r
+    with nogil:
+        r = rs_write_behind(fd, start, length, chunk)
+    _check(r, "write_behind")
 
 
 cdef int _sync_mapping(buf, int64_t start, int64_t length, bint drop, str what) except -1:

@@ -608,6 +608,28 @@ class FileSystem:
                 self.sync_mapped(kernels, mm, path, lo, hi - lo)
             lo = hi
 
+    def write_behind(self, kernels, path, start, end):
+        """Write [start, end) of the file at `path` back to the disk, SYNC_CHUNK bytes at a
+        time with two in flight, and wait for it, without making it durable (the backend's
+        write_behind: no metadata, no device cache flush); the sync_written that follows then
+        finds clean pages and makes them durable. True once written; False where the backend
+        has no write_behind or the call failed: the sync that follows writes them, and reports
+        a write-back error itself, on the mapping's own file."""
+        fn = getattr(kernels, "write_behind", None)
+        if fn is None or end <= start:
+            return False
+        try:
+            fd = open_nofollow(path, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            fn(fd, start, end - start, self.SYNC_CHUNK)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
     def sync_mapped(self, kernels, mm, path, start, length):
         """Make mm[start:start+length] of the file at `path` durable (the kernel's msync, or
         fdatasync on the file for the pure backend). Fault-injecting doubles hook here."""

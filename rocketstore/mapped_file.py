@@ -645,6 +645,21 @@ class MappedFile:
         self.mark_flushed(end, truncations, queue, advance_only=False)
         return self.flushed_position
 
+    def write_behind(self, least_pages=0):
+        """Write back what flush(least_pages) would sync, without making it durable
+        (FileSystem.write_behind): the ASYNC_FLUSH flusher's first step of a round. The writes
+        then go out two chunks at a time, where each msync wrote a chunk, waited for it and
+        flushed the device's cache before the next; the msyncs that follow find the pages
+        clean. False when nothing was written."""
+        end = self.flush_end(least_pages)
+        start = self.flushed_position
+        if end is None or end <= start or not self.hold():
+            return False
+        try:
+            return self._fs.write_behind(self._k, self.path, start, end)
+        finally:
+            self.release()
+
     def flush_end(self, least_pages=0):
         """Where flush(least_pages) would make the file durable to now; None if it would not
         flush."""

@@ -400,6 +400,11 @@ class MappedFileQueue:
             mf.destroy()
 
     # ---- flush -------------------------------------------------------------------------
+    def write_behind(self, least_pages=0):
+        """MappedFile.write_behind of the file flush(least_pages) would flush next."""
+        f = self.find_by_offset(self.flushed_where, self.flushed_where == 0)
+        return f is not None and f.write_behind(least_pages)
+
     def flush(self, least_pages=0):
         """Flush the file holding flushed_where; True if nothing moved (MappedFileQueue#flush)."""
         files = self.files

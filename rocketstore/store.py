@@ -584,12 +584,11 @@ class MessageStore:
         else:
             self.flush_service = FlushRealTimeService(self.config, self.commitlog.mfq,
                                                       self.checkpoint, latch)
-            if not cfg.flush_commit_log_timed:
-                self.commitlog.wake_on_put = self.flush_service
+            self.commitlog.wake_on_put = self.flush_service
         self.flush_service.start()
         if self.commitlog.pool is not None:
             self.commit_service = CommitRealTimeService(self.config, self.commitlog.mfq,
-                                                        self.flush_service.wakeup)
+                                                        self.flush_service.wake_for)
             self.commit_service.start()
             # ASYNC_FLUSH with write buffers: the committer wakes, and it wakes the flusher.
             self.commitlog.after_put = None

@@ -852,6 +852,34 @@ def test_sync_written_goes_to_the_disk_a_chunk_at_a_time(backend, tmp_path, hook
     assert path.read_bytes()[100:5 * page + 10] == b"y" * (5 * page - 90)
 
 
+def test_write_behind_writes_a_files_range_back_and_refuses_bad_arguments(backend, tmp_path):
+    """FileSystem.write_behind opens the file and hands its descriptor to the backend's
+    write_behind (Linux's sync_file_range, `chunk` bytes at a time); the pure backend has none
+    and writes nothing back (False), leaving it to the sync that follows. Nothing read or
+    written through the file changes."""
+    fs = FileSystem()
+    path = tmp_path / "00000000000000000000"
+    data = bytes(range(256)) * (3 << 12)                # 3 MiB, dirty in the page cache
+    path.write_bytes(data)
+    has = hasattr(backend, "write_behind")
+    assert fs.write_behind(backend, str(path), 4096, len(data)) is has
+    assert fs.write_behind(backend, str(path), 4096, 4096) is False     # nothing to write
+    assert fs.write_behind(backend, str(tmp_path / "gone"), 0, 4096) is False
+    if has:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for start, length, chunk in ((-1, 10, 4096), (0, -1, 4096), (0, 10, 0)):
+                with pytest.raises(KernelBoundsError):
+                    backend.write_behind(fd, start, length, chunk)
+        finally:
+            os.close(fd)
+        if sys.platform.startswith("linux"):
+            with pytest.raises(OSError) as e:
+                backend.write_behind(fd, 0, 10, 4096)         # closed: not a descriptor
+            assert e.value.errno == errno.EBADF
+    assert path.read_bytes() == data
+
+
 COMPILED = [b for b in BACKENDS if b != "pure"]
 
 

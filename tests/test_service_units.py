@@ -130,10 +130,11 @@ def test_the_committer_copies_write_buffers_to_the_files_and_wakes_the_flusher(t
     assert log.pool is not None
     log.put_message(Message(topic="T", queue_id=0, body=b"x"), StepClock())
     assert log.mfq.committed_where == 0                # in the write buffer only
-    woken = threading.Event()
-    committer = CommitRealTimeService(config, log.mfq, woken.set)
+    woken = []
+    committer = CommitRealTimeService(config, log.mfq, woken.append)
     committer.run_once()
-    assert log.mfq.committed_where == log.max_offset and woken.is_set()
+    assert log.mfq.committed_where == log.max_offset
+    assert woken == [log.max_offset]          # the flusher is told how far the files reach
 
 
 class _RecordingPwrites(FileSystem):

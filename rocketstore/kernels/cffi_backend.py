@@ -26,8 +26,8 @@ __all__ = ("NAME", "crc32", "java_hash", "msg_size", "msg_encode", "commitlog_ap
            "commitlog_append_batch", "commitlog_blank", "commitlog_scan", "cq_encode",
            "cq_encode_batch", "cq_search", "tags_match", "index_hash", "index_put",
            "index_put_batch", "index_keys", "index_lookup", "index_walk", "index_match",
-           "index_query", "sync_range", "sync_written", "space_prepare", "batch_encode",
-           "column_join", "SYNC_RANGE_FD_UNUSED", "GroupCommit")
+           "index_query", "sync_range", "sync_written", "write_behind", "space_prepare",
+           "batch_encode", "column_join", "SYNC_RANGE_FD_UNUSED", "GroupCommit")
 
 _from_buffer = _ffi.from_buffer
 _release_cdata = _ffi.release
@@ -349,6 +349,11 @@ def sync_range(buf, fd, start, length):
 def sync_written(buf, start, length, drop):
     # One C call: cffi releases the GIL once for its madvise and msync.
     _sync_mapping(buf, start, length, drop, "sync_written")
+
+
+def write_behind(fd, start, length, chunk):
+    # cffi releases the GIL around the call.
+    _check(_lib.rs_write_behind(fd, start, length, chunk), "write_behind")
 
 
 def _sync_mapping(buf, start, length, drop, what):

@@ -125,6 +125,11 @@ KERNEL_NAMES = (
 #   buf[start:start+length] preceded (drop true, on Linux) by FileSystem.unmap_written's
 #   MADV_DONTNEED of the range's whole pages below the one holding its end, in one call that
 #   releases the GIL once: FileSystem.sync_written. Without it, the two calls.
+#   write_behind(fd, start, length, chunk): write [start, start+length) of the file open as
+#   `fd` back to the disk and wait for it, `chunk` bytes at a time with two in flight, without
+#   making it durable (no metadata, no device cache flush), releasing the GIL (Linux's
+#   sync_file_range; elsewhere nothing). Used by FileSystem.write_behind before the ASYNC_FLUSH
+#   flusher's msyncs (MappedFile.write_behind). Without it, the msyncs alone.
 #   space_prepare(requests): for each (path, offset, length, map, pop_start, pop_length),
 #   posix_fallocate [offset, offset+length) of the file at `path` (never through a link) and,
 #   if that succeeded, MADV_POPULATE_WRITE map[pop_start:pop_start+pop_length] (clipped to
@@ -160,6 +165,7 @@ OPTIONAL_NAMES = (
     "batch_columns",
     "SYNC_RANGE_FD_UNUSED",
     "sync_written",
+    "write_behind",
     "space_prepare",
 )
 

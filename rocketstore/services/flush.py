@@ -91,9 +91,18 @@ class SyncLatch:
 
 class FlushRealTimeService(ServiceThread):
     """ASYNC_FLUSH: every flush_interval_commit_log ms, flush if at least
-    flush_commit_log_least_pages pages are dirty; everything every thorough interval."""
+    flush_commit_log_least_pages pages are dirty; everything every thorough interval. Timed
+    (flush_commit_log_timed, the default), a write that leaves WRITE_BEHIND bytes unflushed
+    ends the interval early (doc/03 §2.3)."""
 
     name = "FlushRealTimeService"
+    # Timed, the flusher slept its interval whatever came: a writer at 1.2-1.5 GB/s left
+    # hundreds of MB dirty a round for the kernel's background writeback, which held the
+    # ConsumeQueue and index folios the writer appends to locked for 100-200 ms while the
+    # disk's writeback throttling kept it waiting: 0-9 puts over 50 ms a 60 s run. Woken at
+    # this backlog, each round written back before its msyncs (write_behind): none in five
+    # runs (doc/performance.md, "The device's queue behind those folios").
+    WRITE_BEHIND = 16 << 20
 
     def __init__(self, config, mfq, checkpoint, latch):
         """Flushes the CommitLog's files (`mfq`); the checkpoint's physicMsgTimestamp follows.
@@ -109,15 +118,25 @@ class FlushRealTimeService(ServiceThread):
         self._note_flushed()
 
     def _note_flushed(self):
-        """Without flush_commit_log_timed, puts wake this thread (CommitLog.wake_on_put) only
-        once the CommitLog's end reaches flush_commit_log_least_pages pages past the flushed
-        offset, where a round can write (MappedFile's isAbleToFlush): 4.9.8 wakes it on every
-        put, and each round that finds less costs a thread switch and the GIL here (doc/03
-        §2.3). The thorough flush, and whatever a stale mark misses (another flusher moved
-        the offset, a cut CommitLog), wait for the interval, as when timed."""
-        least = max(0, self._config.flush_commit_log_least_pages)
+        """Puts wake this thread (CommitLog.wake_on_put) only once the CommitLog's end is far
+        enough past the flushed offset: without flush_commit_log_timed, at
+        flush_commit_log_least_pages pages, where a round can write (MappedFile's
+        isAbleToFlush; 4.9.8 wakes it on every put, and each round that finds less costs a
+        thread switch and the GIL here); timed, at WRITE_BEHIND bytes (doc/03 §2.3). The
+        thorough flush, and whatever a stale mark misses (another flusher moved the offset, a
+        cut CommitLog), wait for the interval."""
         flushed = self._mfq.flushed_where
-        self.wake_from = (flushed // OS_PAGE_SIZE + least) * OS_PAGE_SIZE
+        if self._config.flush_commit_log_timed:
+            behind = self.WRITE_BEHIND
+        else:
+            behind = max(0, self._config.flush_commit_log_least_pages) * OS_PAGE_SIZE
+        self.wake_from = flushed - flushed % OS_PAGE_SIZE + behind
+
+    def wake_for(self, end):
+        """Wake this thread if the CommitLog's bytes up to `end` are written (committed, with
+        write buffers) past its mark (wake_from)."""
+        if not self.has_notified and end >= self.wake_from:
+            self.wakeup()
 
     def run_once(self):
         cfg = self._config
@@ -126,21 +145,26 @@ class FlushRealTimeService(ServiceThread):
         if now >= self._last_flush + cfg.flush_commit_log_thorough_interval:
             self._last_flush = now
             least = 0
-        if cfg.flush_commit_log_timed:
-            self._stopped.wait(cfg.flush_interval_commit_log / 1000.0)
-        else:
-            self.wait_for_running(cfg.flush_interval_commit_log)
+        self.wait_for_running(cfg.flush_interval_commit_log)
         if self.is_stopped:
             return
         mfq = self._mfq
         try:
             with self.flush_lock:
-                if not self.run_flush(mfq.flush, least):
+                if not self.run_flush(self._write_behind_then_flush, least):
                     return
         finally:
             self._note_flushed()
         if mfq.store_timestamp > 0:
             self._checkpoint.physic_msg_timestamp = mfq.store_timestamp
+
+    def _write_behind_then_flush(self, least):
+        """A round: the pages it will sync written back first, two chunks in flight and no
+        device cache flush between them (MappedFileQueue.write_behind), then its msyncs, which
+        find them clean. The msyncs alone wrote, waited for and flushed each 16 MiB chunk in
+        turn, and fell behind a writer faster than about 1 GB/s."""
+        self._mfq.write_behind(least)
+        return self._mfq.flush(least)
 
     def run_flush(self, flush, *args):
         """Under flush_lock: SyncLatch.flush_commitlog of `flush(*args)`."""
@@ -732,7 +756,8 @@ class CommitRealTimeService(ServiceThread):
     name = "CommitRealTimeService"
 
     def __init__(self, config, mfq, wake_flusher=None):
-        """Commits the CommitLog's write buffers (`mfq`); `wake_flusher()` after each move."""
+        """Commits the CommitLog's write buffers (`mfq`); `wake_flusher(committed_where)` after
+        each move (FlushRealTimeService.wake_for)."""
         super().__init__()
         self._config = config
         self._mfq = mfq
@@ -753,7 +778,7 @@ class CommitRealTimeService(ServiceThread):
         if moved:
             self._last_commit = now
             if self._wake_flusher is not None:
-                self._wake_flusher()
+                self._wake_flusher(mfq.committed_where)
         self.wait_for_running(cfg.commit_interval_commit_log)
 
     def _commit_all(self):
