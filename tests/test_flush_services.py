@@ -1430,6 +1430,34 @@ def test_units_written_after_a_cut_during_a_flush_s_sync_are_flushed(tmp_path, b
         assert CQ_UNIT.struct.unpack(fh.read(20)) == new_unit
 
 
+def _count_wakeups(flusher, mfq):
+    """The CommitLog's end at each wakeup() of `flusher`, from now on."""
+    woken = []
+    real = flusher.wakeup
+
+    def counting():
+        woken.append(mfq.get_max_offset())
+        real()
+    flusher.wakeup = counting
+    return woken
+
+
+def _each_put_path_wakes_the_flusher_and_is_flushed(store, woken, big, behind):
+    """put_message, put_messages and put_batch of `big` each wake the flusher once, which
+    flushes it without waiting for its interval; its next mark is `behind` bytes further."""
+    flusher, mfq = store.flush_service, store.commitlog.mfq
+    for put in (lambda: store.put_message(big), lambda: store.put_messages([big]),
+                lambda: store.put_batch("T", 0, [big.body])):
+        before = len(woken)
+        assert put().status is PutMessageStatus.PUT_OK
+        end = mfq.get_max_offset()
+        assert len(woken) == before + 1 and woken[-1] == end
+        testing.wait_until(lambda: mfq.flushed_where >= end - end % 4096,
+                           what="the flush, long before the interval")
+        testing.wait_until(lambda: flusher.wake_from == mfq.flushed_where
+                           - mfq.flushed_where % 4096 + behind, what="the next mark")
+
+
 @pytest.mark.parametrize("reput_too", [False, True], ids=["plain hook", "reput woken too"])
 def test_an_async_put_wakes_the_flusher_only_once_it_has_least_pages_to_flush(tmp_path,
                                                                               backend,
@@ -1457,13 +1485,7 @@ def test_an_async_put_wakes_the_flusher_only_once_it_has_least_pages_to_flush(tm
             assert isinstance(hook, PutWake) and hook.inner is flusher
         else:
             assert hook is flusher
-        woken = []
-        real = flusher.wakeup
-
-        def counting():
-            woken.append(mfq.get_max_offset())
-            real()
-        flusher.wakeup = counting
+        woken = _count_wakeups(flusher, mfq)
         flushed = mfq.flushed_where
         assert flusher.wake_from == flushed - flushed % 4096 + 4 * 4096
         # Well under 4 pages by each path: nothing to flush, nobody woken.
@@ -1475,17 +1497,8 @@ def test_an_async_put_wakes_the_flusher_only_once_it_has_least_pages_to_flush(tm
         # The put whose record reaches the 4th page past the flushed one wakes the flusher,
         # which flushes it (its whole pages, least pages > 0 leaving a partial one dirty)
         # without waiting for its 60 s interval; its next mark is 4 pages further.
-        big = Message("T", b"d" * (4 * 4096))
-        for put in (lambda: store.put_message(big), lambda: store.put_messages([big]),
-                    lambda: store.put_batch("T", 0, [big.body])):
-            before = len(woken)
-            assert put().status is PutMessageStatus.PUT_OK
-            end = mfq.get_max_offset()
-            assert len(woken) == before + 1 and woken[-1] == end
-            testing.wait_until(lambda: mfq.flushed_where >= end - end % 4096,
-                               what="the flush")
-            testing.wait_until(lambda: flusher.wake_from == mfq.flushed_where
-                               - mfq.flushed_where % 4096 + 4 * 4096, what="the next mark")
+        _each_put_path_wakes_the_flusher_and_is_flushed(store, woken,
+                                                        Message("T", b"d" * (4 * 4096)), 4 * 4096)
     finally:
         store.shutdown()
 
@@ -1510,13 +1523,7 @@ def test_a_timed_flusher_sleeps_its_interval_unless_a_put_leaves_write_behind_by
         flusher = store.flush_service
         mfq = store.commitlog.mfq
         assert store.commitlog.wake_on_put is flusher
-        woken = []
-        real = flusher.wakeup
-
-        def counting():
-            woken.append(mfq.get_max_offset())
-            real()
-        flusher.wakeup = counting
+        woken = _count_wakeups(flusher, mfq)
         flushed = mfq.flushed_where
         assert flusher.wake_from == flushed - flushed % 4096 + (64 << 10)
         # Past the 4 least pages, but under 64 KiB, by each path: nobody woken, and nothing
@@ -1528,17 +1535,8 @@ def test_a_timed_flusher_sleeps_its_interval_unless_a_put_leaves_write_behind_by
         assert woken == []
         time.sleep(0.2)
         assert mfq.flushed_where == flushed
-        big = Message("T", b"d" * (64 << 10))
-        for put in (lambda: store.put_message(big), lambda: store.put_messages([big]),
-                    lambda: store.put_batch("T", 0, [big.body])):
-            before = len(woken)
-            assert put().status is PutMessageStatus.PUT_OK
-            end = mfq.get_max_offset()
-            assert len(woken) == before + 1 and woken[-1] == end
-            testing.wait_until(lambda: mfq.flushed_where >= end - end % 4096,
-                               what="the flush, long before the interval")
-            testing.wait_until(lambda: flusher.wake_from == mfq.flushed_where
-                               - mfq.flushed_where % 4096 + (64 << 10), what="the next mark")
+        _each_put_path_wakes_the_flusher_and_is_flushed(store, woken,
+                                                        Message("T", b"d" * (64 << 10)), 64 << 10)
     finally:
         store.shutdown()
 
