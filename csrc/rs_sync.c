@@ -65,6 +65,17 @@ int rs_sync_written(const uint8_t *buf, size_t len, int64_t start, int64_t lengt
     return rs_sync_range(buf, len, start, length);
 }
 
+#if defined(__linux__)
+/* Start [off, off + len)'s write-back if not yet under way and wait for it to end. */
+static int wait_written(int fd, int64_t off, int64_t len)
+{
+    if (sync_file_range(fd, off, len, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                        SYNC_FILE_RANGE_WAIT_AFTER) != 0)
+        return RS_E_ERRNO_BASE - errno;
+    return RS_OK;
+}
+#endif
+
 int rs_write_behind(int fd, int64_t start, int64_t length, int64_t chunk)
 {
     if (start < 0 || length < 0 || chunk < 1 || length > INT64_MAX - start)
@@ -72,6 +83,7 @@ int rs_write_behind(int fd, int64_t start, int64_t length, int64_t chunk)
 #if defined(__linux__)
     {
         int64_t lo = start, end = start + length, prev = -1, prev_len = 0;
+        int r;
 
         while (lo < end) {
             /* Chunks end on multiples of `chunk`, as FileSystem.sync_written's msyncs do. */
@@ -81,19 +93,13 @@ int rs_write_behind(int fd, int64_t start, int64_t length, int64_t chunk)
                 hi = end;
             if (sync_file_range(fd, lo, hi - lo, SYNC_FILE_RANGE_WRITE) != 0)
                 return RS_E_ERRNO_BASE - errno;
-            if (prev >= 0 && sync_file_range(fd, prev, prev_len, SYNC_FILE_RANGE_WAIT_BEFORE |
-                                             SYNC_FILE_RANGE_WRITE |
-                                             SYNC_FILE_RANGE_WAIT_AFTER) != 0)
-                return RS_E_ERRNO_BASE - errno;
+            if (prev >= 0 && (r = wait_written(fd, prev, prev_len)) != RS_OK)
+                return r;
             prev = lo;
             prev_len = hi - lo;
             lo = hi;
         }
-        if (prev >= 0 && sync_file_range(fd, prev, prev_len, SYNC_FILE_RANGE_WAIT_BEFORE |
-                                         SYNC_FILE_RANGE_WRITE |
-                                         SYNC_FILE_RANGE_WAIT_AFTER) != 0)
-            return RS_E_ERRNO_BASE - errno;
-        return RS_OK;
+        return prev >= 0 ? wait_written(fd, prev, prev_len) : RS_OK;
     }
 #else
     (void)fd;

@@ -616,7 +616,7 @@ class FileSystem:
         has no write_behind or the call failed: the sync that follows writes them, and reports
         a write-back error itself, on the mapping's own file."""
         fn = getattr(kernels, "write_behind", None)
-        if fn is None or end <= start:
+        if fn is None or end <= start:      # nothing to write, or no way to: the sync does it
             return False
         try:
             fd = open_nofollow(path, os.O_RDONLY)

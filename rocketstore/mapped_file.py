@@ -621,7 +621,7 @@ class MappedFile:
             return write // OS_PAGE_SIZE - flush // OS_PAGE_SIZE >= least_pages
         return write > flush
 
-    def flush(self, least_pages=0, queue=None):
+    def flush(self, least_pages=0, queue=None, write_behind=False):
         """Make [flushed_position, read_position) durable if at least `least_pages` are dirty.
         A periodic flush (least_pages > 0) of a file still being written stops at the page
         boundary below read_position (in large folios, at the folio boundary while anything
@@ -632,11 +632,18 @@ class MappedFile:
 
         With `queue` (the MappedFileQueue holding this file), its flushed_where follows: this
         file's start plus its flushed position, flushed or not. Neither moves when the file
-        was truncated or destroyed since the end was read (see mark_flushed)."""
+        was truncated or destroyed since the end was read (see mark_flushed).
+
+        With `write_behind` (the ASYNC_FLUSH flusher), the range is first written back without
+        being made durable (FileSystem.write_behind): two chunks in flight, where each msync
+        wrote a chunk, waited for it and flushed the device's cache before the next; the
+        msyncs then find the pages clean."""
         truncations = self.truncations
         end = self.flush_end(least_pages)
         if end is not None and self.hold():
             try:
+                if write_behind:
+                    self._fs.write_behind(self._k, self.path, self.flushed_position, end)
                 self._sync_written(self.flushed_position, end)
             finally:
                 self.release()
@@ -644,21 +651,6 @@ class MappedFile:
             end = self.flushed_position
         self.mark_flushed(end, truncations, queue, advance_only=False)
         return self.flushed_position
-
-    def write_behind(self, least_pages=0):
-        """Write back what flush(least_pages) would sync, without making it durable
-        (FileSystem.write_behind): the ASYNC_FLUSH flusher's first step of a round. The writes
-        then go out two chunks at a time, where each msync wrote a chunk, waited for it and
-        flushed the device's cache before the next; the msyncs that follow find the pages
-        clean. False when nothing was written."""
-        end = self.flush_end(least_pages)
-        start = self.flushed_position
-        if end is None or end <= start or not self.hold():
-            return False
-        try:
-            return self._fs.write_behind(self._k, self.path, start, end)
-        finally:
-            self.release()
 
     def flush_end(self, least_pages=0):
         """Where flush(least_pages) would make the file durable to now; None if it would not

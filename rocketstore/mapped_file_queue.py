@@ -400,13 +400,9 @@ class MappedFileQueue:
             mf.destroy()
 
     # ---- flush -------------------------------------------------------------------------
-    def write_behind(self, least_pages=0):
-        """MappedFile.write_behind of the file flush(least_pages) would flush next."""
-        f = self.find_by_offset(self.flushed_where, self.flushed_where == 0)
-        return f is not None and f.write_behind(least_pages)
-
-    def flush(self, least_pages=0):
-        """Flush the file holding flushed_where; True if nothing moved (MappedFileQueue#flush)."""
+    def flush(self, least_pages=0, write_behind=False):
+        """Flush the file holding flushed_where; True if nothing moved (MappedFileQueue#flush).
+        `write_behind`: see MappedFile.flush."""
         files = self.files
         if files and self.flushed_where < files[0].file_from_offset:
             # Cleaning removed files the flusher had not reached (a ConsumeQueue's go as soon
@@ -418,7 +414,7 @@ class MappedFileQueue:
             return True
         ts = f.store_timestamp
         old = self.flushed_where
-        f.flush(least_pages, self)
+        f.flush(least_pages, self, write_behind)
         unchanged = self.flushed_where == old
         if least_pages == 0:
             self.store_timestamp = ts

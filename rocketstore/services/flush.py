@@ -151,20 +151,15 @@ class FlushRealTimeService(ServiceThread):
         mfq = self._mfq
         try:
             with self.flush_lock:
-                if not self.run_flush(self._write_behind_then_flush, least):
+                # Each round's pages written back before its msyncs (MappedFile.flush): the
+                # msyncs alone wrote, waited for and cache-flushed each 16 MiB chunk in turn,
+                # and fell behind a writer faster than about 1 GB/s.
+                if not self.run_flush(mfq.flush, least, True):
                     return
         finally:
             self._note_flushed()
         if mfq.store_timestamp > 0:
             self._checkpoint.physic_msg_timestamp = mfq.store_timestamp
-
-    def _write_behind_then_flush(self, least):
-        """A round: the pages it will sync written back first, two chunks in flight and no
-        device cache flush between them (MappedFileQueue.write_behind), then its msyncs, which
-        find them clean. The msyncs alone wrote, waited for and flushed each 16 MiB chunk in
-        turn, and fell behind a writer faster than about 1 GB/s."""
-        self._mfq.write_behind(least)
-        return self._mfq.flush(least)
 
     def run_flush(self, flush, *args):
         """Under flush_lock: SyncLatch.flush_commitlog of `flush(*args)`."""
