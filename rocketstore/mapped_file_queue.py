@@ -297,12 +297,15 @@ class MappedFileQueue:
 
     def _create(self, offset):
         with self._lock:
+            # The populator making this very file: the path is made once. Making another
+            # while the files made are not the ones rolled into: those are deleted below,
+            # and the one being made, past them, must go (or be kept) first.
+            while self._making is not None and not (
+                    self._ready and self._ready[0].file_from_offset == offset):
+                self._made.wait()
             last = self.last_file
             if last is not None and last.file_from_offset >= offset:
                 return last
-            while self._making == offset:
-                # The populator is making this very file: the path is made once.
-                self._made.wait()
             ready, self._ready, prepared = self._ready, [], None
             if ready and ready[0].file_from_offset == offset:
                 prepared, self._ready = ready[0], ready[1:]    # the rest stays made ahead
@@ -387,8 +390,13 @@ class MappedFileQueue:
 
     def drop_prepared(self):
         """Delete the files made ahead, if any: they were never written, and left on disk
-        they would load as empty segments past the end."""
+        they would load as empty segments past the end. A file still being made lies past
+        them: it is waited for, so that it is kept (and deleted first, below) or deleted by its
+        maker before these are; deleted after them, a kill in between would leave a gap
+        before it, which load refuses."""
         with self._lock:
+            while self._making is not None:
+                self._made.wait()
             ready, self._ready = self._ready, []
         self._destroy_made(ready)
 

@@ -407,6 +407,59 @@ def test_a_roll_into_a_file_being_made_waits_for_it_and_the_path_is_made_once(tm
         mfq.close()
 
 
+class _RemovesWhileMaking(FileSystem):
+    """Holds the making of the file at `held` until `gate` is set, and records each file
+    removed, in order."""
+
+    def __init__(self, held):
+        self.held = held
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.removed = []
+
+    def create_sized(self, path, size, preallocate=False):
+        if path == self.held:
+            self.entered.set()
+            assert self.gate.wait(30)
+        return super().create_sized(path, size, preallocate)
+
+    def remove(self, path):
+        self.removed.append(os.path.basename(path))
+        return super().remove(path)
+
+
+@pytest.mark.parametrize("drop", ["close", "delete_last_file"])
+def test_files_made_ahead_are_deleted_from_the_last_even_while_one_is_being_made(
+        tmp_path, backend, drop):
+    """Files made ahead are deleted from the last, so that a kill between two deletions
+    leaves adjacent segments, which load requires. One still being made lies past the others:
+    it goes first too. (A kill between them once left a topic's queue unloadable: CI.)"""
+    size = 64 << 10
+    directory = str(tmp_path / "q")
+    fs = _RemovesWhileMaking(os.path.join(directory, f"{2 * size:020d}"))
+    service = PopulateAheadService()            # not running: made in the caller's thread
+    mfq = MappedFileQueue(directory, size, backend, fs, reserve_window=size,
+                          reserve_window_max=size, populator=service)
+    first = mfq.get_last_mapped_file(0)
+    mfq._ahead = 2                              # as a fast-filling queue's roll sets it
+    assert mfq.prepare_next(first).file_from_offset == size
+    maker = threading.Thread(target=mfq.prepare_next, args=(first,), name="maker")
+    maker.start()
+    assert fs.entered.wait(30)                  # the file after it is being made
+    dropper = threading.Thread(target=getattr(mfq, drop), name="dropper")
+    dropper.start()
+    dropper.join(0.3)
+    fs.gate.set()
+    maker.join(30)
+    dropper.join(30)
+    assert not maker.is_alive() and not dropper.is_alive()
+    made = [f"{2 * size:020d}", f"{size:020d}"]
+    assert [name for name in fs.removed if name in made] == made
+    # close keeps the queue's own file; delete_last_file deletes it (the last) too.
+    assert os.listdir(directory) == ([f"{0:020d}"] if drop == "close" else [])
+    mfq.close()
+
+
 @pytest.mark.parametrize("fast_roll_s, made", [(0.0, 1), (3600.0, 2)])
 def test_files_made_ahead_are_deleted_when_the_queue_is_truncated_before_them(
         tmp_path, backend, monkeypatch, fast_roll_s, made):
