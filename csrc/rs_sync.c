@@ -103,6 +103,6 @@ int rs_write_behind(int fd, int64_t start, int64_t length, int64_t chunk)
     }
 #else
     (void)fd;
-    return RS_OK;
+    return RS_WRITE_BEHIND_NONE;
 #endif
 }

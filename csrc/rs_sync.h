@@ -45,12 +45,14 @@ int rs_sync_written(const uint8_t *buf, size_t len, int64_t start, int64_t lengt
  * near 1 GB/s and no faster; the kernel's own writeback then took the rest, with the
  * ConsumeQueue and index folios the writer appends to locked while it waited for the disk
  * (doc/performance.md, "The device's queue behind those folios").  A hint: where the system
- * has no sync_file_range it writes nothing and returns RS_OK.
- * Returns RS_OK; RS_E_BOUNDS for a negative start or length or a chunk below 1;
+ * has no sync_file_range it writes nothing and says so (RS_WRITE_BEHIND_NONE), so that the
+ * caller does not count the range as written.
+ * Returns RS_OK once written; RS_WRITE_BEHIND_NONE where nothing could be; RS_E_BOUNDS for a negative start or length or a chunk below 1;
  * RS_E_ERRNO_BASE - errno if sync_file_range fails (EBADF, EIO: the msync after it reports a
  * write-back error again, on its own file).
  * GIL: blocks on disk I/O; wrappers always release it.
  */
+#define RS_WRITE_BEHIND_NONE 1
 int rs_write_behind(int fd, int64_t start, int64_t length, int64_t chunk);
 
 #endif /* RS_SYNC_H */

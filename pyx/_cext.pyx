@@ -475,11 +475,12 @@ def sync_written(buf, int64_t start, int64_t length, bint drop):
 
 def write_behind(int fd, int64_t start, int64_t length, int64_t chunk):
     """Write [start, start+length) of the file open as `fd` back, `chunk` bytes at a time, and
-    wait for it, without the GIL and without making it durable (rs_write_behind)."""
+    wait for it, without the GIL and without making it durable (rs_write_behind). True once
+    written; False where the system has no way to (nothing written)."""
     cdef int r
     with nogil:
         r = rs_write_behind(fd, start, length, chunk)
-    _check(r, "write_behind")
+    return _check(r, "write_behind") != RS_WRITE_BEHIND_NONE
 
 
 cdef int _sync_mapping(buf, int64_t start, int64_t length, bint drop, str what) except -1:

@@ -353,7 +353,8 @@ def sync_written(buf, start, length, drop):
 
 def write_behind(fd, start, length, chunk):
     # cffi releases the GIL around the call.
-    _check(_lib.rs_write_behind(fd, start, length, chunk), "write_behind")
+    return _check(_lib.rs_write_behind(fd, start, length, chunk),
+                  "write_behind") != _lib.RS_WRITE_BEHIND_NONE
 
 
 def _sync_mapping(buf, start, length, drop, what):
