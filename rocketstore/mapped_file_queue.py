@@ -167,6 +167,7 @@ class MappedFileQueue:
             log.warning("ignoring %s: not a segment (%d digits, a multiple of %d, next to the "
                         "others or of their size); left as it is",
                         os.path.join(self.store_path, name), SEGMENT_NAME_LEN, self.file_size)
+        names = self._drop_unwritten_past_a_gap(names)
         for a, b in zip(names, names[1:]):
             if int(b) - int(a) != self.file_size and self.writable:
                 # Recovery would take the first run for the whole queue and write over or
@@ -350,6 +351,25 @@ class MappedFileQueue:
         if self.no_readahead_while_written:
             self._fs.advise_random(mf.mm, True)
         return mf
+
+    def _drop_unwritten_past_a_gap(self, names):
+        """`names` without the segments past the first gap when none of them was ever written
+        (all zeros): files made ahead that a kill left behind a deleted one (earlier builds
+        could delete a file being made ahead after those made before it). They hold nothing,
+        so a writable load deletes them rather than refuse the queue; segments past a gap
+        that hold anything are left for load to refuse."""
+        gap = next((i for i, (a, b) in enumerate(zip(names, names[1:]), 1)
+                    if int(b) - int(a) != self.file_size), None)
+        if gap is None or not self.writable:
+            return names
+        past = [os.path.join(self.store_path, n) for n in names[gap:]]
+        if not all(self._fs.holds_only_zeros(p) for p in past):
+            return names
+        for path in reversed(past):
+            log.warning("removing %s: past a missing segment and never written (a file made "
+                        "ahead, left by a kill)", path)
+            self._fs.remove(path)
+        return names[:gap]
 
     def prepare_next(self, after):
         """Make one more file ahead of the writer of `after` (the last file): the one after

@@ -175,6 +175,25 @@ def test_a_writable_load_refuses_segments_that_are_not_adjacent(tmp_path, backen
     reader.close()
 
 
+def test_a_writable_load_deletes_never_written_segments_past_a_gap_and_keeps_the_rest(
+        tmp_path, backend):
+    """Files made ahead, all zeros, that a kill left past a deleted one: nothing is lost by
+    deleting them, and the queue opens. One written segment past the gap keeps the refusal."""
+    _fill(_queue(tmp_path / "log", backend), 2).close()
+    for k in (3, 4):                               # made ahead, never written; 2 was deleted
+        (tmp_path / "log" / offset_to_file_name(k * SIZE)).write_bytes(bytes(SIZE))
+    q = _queue(tmp_path / "log", backend)
+    assert [f.file_from_offset for f in q.files] == [0, SIZE]
+    assert sorted(os.listdir(tmp_path / "log")) == [offset_to_file_name(k * SIZE)
+                                                    for k in (0, 1)]
+    q.close()
+    (tmp_path / "log" / offset_to_file_name(3 * SIZE)).write_bytes(bytes(SIZE))
+    (tmp_path / "log" / offset_to_file_name(4 * SIZE)).write_bytes(bytes(SIZE - 1) + b"x")
+    with pytest.raises(StoreLoadError, match="not adjacent"):
+        _queue(tmp_path / "log", backend)
+    assert len(os.listdir(tmp_path / "log")) == 4   # nothing deleted
+
+
 def test_a_writable_load_drops_an_empty_last_segment_a_crash_left(tmp_path, backend):
     _fill(_queue(tmp_path / "log", backend), 1).close()
     (tmp_path / "log" / offset_to_file_name(SIZE)).write_bytes(b"")
