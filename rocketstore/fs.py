@@ -613,8 +613,8 @@ class FileSystem:
         time with two in flight, and wait for it, without making it durable (the backend's
         write_behind: no metadata, no device cache flush); the sync_written that follows then
         finds clean pages and makes them durable. True once written; False where the backend
-        or the system has no write_behind, or the call failed: the sync that follows writes them, and reports
-        a write-back error itself, on the mapping's own file."""
+        or the system has no write_behind, or the call failed: the sync that follows writes
+        them, and reports a write-back error itself, on the mapping's own file."""
         fn = getattr(kernels, "write_behind", None)
         if fn is None or end <= start:      # nothing to write, or no way to: the sync does it
             return False

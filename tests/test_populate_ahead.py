@@ -17,6 +17,7 @@ from rocketstore.index_file import ENTRY_RESERVE_WINDOW_MAX
 from rocketstore.mapped_file import MappedFile
 from rocketstore.mapped_file_queue import MappedFileQueue
 from rocketstore.services.populate import PopulateAheadService
+from test_populate import SlowCreate
 
 SERVICE = PopulateAheadService.name
 
@@ -407,21 +408,13 @@ def test_a_roll_into_a_file_being_made_waits_for_it_and_the_path_is_made_once(tm
         mfq.close()
 
 
-class _RemovesWhileMaking(FileSystem):
-    """Holds the making of the file at `held` until `gate` is set, and records each file
-    removed, in order."""
+class _RemovesWhileMaking(SlowCreate):
+    """SlowCreate (the making of `path` waits for `go`), recording each file removed, in
+    order."""
 
-    def __init__(self, held):
-        self.held = held
-        self.gate = threading.Event()
-        self.entered = threading.Event()
+    def __init__(self, path):
+        super().__init__(path)
         self.removed = []
-
-    def create_sized(self, path, size, preallocate=False):
-        if path == self.held:
-            self.entered.set()
-            assert self.gate.wait(30)
-        return super().create_sized(path, size, preallocate)
 
     def remove(self, path):
         self.removed.append(os.path.basename(path))
@@ -445,11 +438,11 @@ def test_files_made_ahead_are_deleted_from_the_last_even_while_one_is_being_made
     assert mfq.prepare_next(first).file_from_offset == size
     maker = threading.Thread(target=mfq.prepare_next, args=(first,), name="maker")
     maker.start()
-    assert fs.entered.wait(30)                  # the file after it is being made
+    assert fs.creating.wait(30)                 # the file after it is being made
     dropper = threading.Thread(target=getattr(mfq, drop), name="dropper")
     dropper.start()
     dropper.join(0.3)
-    fs.gate.set()
+    fs.go.set()
     maker.join(30)
     dropper.join(30)
     assert not maker.is_alive() and not dropper.is_alive()
