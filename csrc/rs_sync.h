@@ -47,7 +47,8 @@ int rs_sync_written(const uint8_t *buf, size_t len, int64_t start, int64_t lengt
  * (doc/performance.md, "The device's queue behind those folios").  A hint: where the system
  * has no sync_file_range it writes nothing and says so (RS_WRITE_BEHIND_NONE), so that the
  * caller does not count the range as written.
- * Returns RS_OK once written; RS_WRITE_BEHIND_NONE where nothing could be; RS_E_BOUNDS for a negative start or length or a chunk below 1;
+ * Returns RS_OK once written; RS_WRITE_BEHIND_NONE where nothing could be; RS_E_BOUNDS for a
+ * negative start or length or a chunk below 1;
  * RS_E_ERRNO_BASE - errno if sync_file_range fails (EBADF, EIO: the msync after it reports a
  * write-back error again, on its own file).
  * GIL: blocks on disk I/O; wrappers always release it.

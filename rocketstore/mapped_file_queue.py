@@ -167,14 +167,7 @@ class MappedFileQueue:
             log.warning("ignoring %s: not a segment (%d digits, a multiple of %d, next to the "
                         "others or of their size); left as it is",
                         os.path.join(self.store_path, name), SEGMENT_NAME_LEN, self.file_size)
-        names = self._drop_unwritten_past_a_gap(names)
-        for a, b in zip(names, names[1:]):
-            if int(b) - int(a) != self.file_size and self.writable:
-                # Recovery would take the first run for the whole queue and write over or
-                # truncate the rest: refuse, as a broker's load does.
-                raise StoreLoadError(
-                    f"segments {a} and {b} in {self.store_path} are not adjacent: a segment "
-                    "between them is missing, or one of them is not ours; move it away")
+        names = self._check_adjacent(names)
         sizes = {}
         for n in names:
             try:
@@ -298,9 +291,9 @@ class MappedFileQueue:
 
     def _create(self, offset):
         with self._lock:
-            # The populator making this very file: the path is made once. Making another
-            # while the files made are not the ones rolled into: those are deleted below,
-            # and the one being made, past them, must go (or be kept) first.
+            # Waits for a file being made unless the roll takes a file made already: the
+            # one being made may be this very file (its path is made once), or lie past the
+            # files made, which are deleted below and must not go before it.
             while self._making is not None and not (
                     self._ready and self._ready[0].file_from_offset == offset):
                 self._made.wait()
@@ -352,19 +345,23 @@ class MappedFileQueue:
             self._fs.advise_random(mf.mm, True)
         return mf
 
-    def _drop_unwritten_past_a_gap(self, names):
-        """`names` without the segments past the first gap when none of them was ever written
-        (all zeros): files made ahead that a kill left behind a deleted one (earlier builds
-        could delete a file being made ahead after those made before it). They hold nothing,
-        so a writable load deletes them rather than refuse the queue; segments past a gap
-        that hold anything are left for load to refuse."""
+    def _check_adjacent(self, names):
+        """The segments a writable load takes: `names`, refused (StoreLoadError) past a gap,
+        since recovery would take the first run for the whole queue and write over or
+        truncate the rest, as a broker's load refuses it. Segments past the gap that were
+        never written (all zeros) are deleted instead: files made ahead that a kill left
+        behind a deleted one (earlier builds could delete a file being made ahead after those
+        made before it), which hold nothing. A reader takes every segment."""
         gap = next((i for i, (a, b) in enumerate(zip(names, names[1:]), 1)
                     if int(b) - int(a) != self.file_size), None)
         if gap is None or not self.writable:
             return names
         past = [os.path.join(self.store_path, n) for n in names[gap:]]
         if not all(self._fs.holds_only_zeros(p) for p in past):
-            return names
+            raise StoreLoadError(
+                f"segments {names[gap - 1]} and {names[gap]} in {self.store_path} are not "
+                "adjacent: a segment between them is missing, or one of them is not ours; "
+                "move it away")
         for path in reversed(past):
             log.warning("removing %s: past a missing segment and never written (a file made "
                         "ahead, left by a kill)", path)

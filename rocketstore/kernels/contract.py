@@ -129,8 +129,8 @@ KERNEL_NAMES = (
 #   `fd` back to the disk and wait for it, `chunk` bytes at a time with two in flight, without
 #   making it durable (no metadata, no device cache flush), releasing the GIL (Linux's
 #   sync_file_range). True once written; False where the system has no way to (nothing
-#   written). Used by FileSystem.write_behind before the ASYNC_FLUSH
-#   flusher's msyncs (MappedFile.flush). Without it, the msyncs alone.
+#   written). Used by FileSystem.write_behind before the ASYNC_FLUSH flusher's msyncs
+#   (MappedFile.flush). Without it, the msyncs alone.
 #   space_prepare(requests): for each (path, offset, length, map, pop_start, pop_length),
 #   posix_fallocate [offset, offset+length) of the file at `path` (never through a link) and,
 #   if that succeeded, MADV_POPULATE_WRITE map[pop_start:pop_start+pop_length] (clipped to
