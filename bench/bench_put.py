@@ -6,9 +6,7 @@ Messages per second = extra_info["messages"] * ops (rounds per second). The put 
 report the putting thread's CPU time per message (extra_info["thread_cpu_ns_per_msg"], timed
 rounds only), the per-thread figure to set beside bench/java/PutBench's on a loaded machine."""
 import os
-import statistics
 import struct
-import time
 
 import pytest
 
@@ -60,9 +58,10 @@ def test_put_messages(benchmark, backend, store_factory, thread_cpu):
     check_read_back(store, msgs, len(results) // len(batches))
 
 
-class PlainWriter:
-    """The f.write baseline: the same messages, length-prefixed (topic, keys, tags, body) into
-    a buffered file, one call of `round()` per pass over them.
+@pytest.mark.parametrize("group", ["put_message (one at a time)",
+                                   "put_messages (batches of 1000)"])
+def test_plain_file_write_baseline(benchmark, tmp_path, group):
+    """The same messages, length-prefixed (topic, keys, tags, body) into a buffered file.
 
     Like for like: the peer reads the same Message attributes (topic, the KEYS and TAGS
     properties, body) and encodes the same str to UTF-8, with the cheapest plain-Python idiom
@@ -73,19 +72,15 @@ class PlainWriter:
     offsets, store time, all properties in HashMap order), and it builds no ConsumeQueue
     unit or index entry; the store's reput and flush threads run on the same cores during
     its timed rounds, while the peer runs alone."""
+    msgs = make_messages(N)
+    pack = struct.Struct(">iHH").pack
+    f = open(tmp_path / "baseline.bin", "wb")
+    runs = []
 
-    def __init__(self, path, msgs):
-        self.path = path
-        self.msgs = msgs
-        self.f = open(path, "wb")
-        self.rounds = []            # bytes each round wrote
-
-    def round(self):
-        pack = _PREFIX.pack
-        f = self.f
+    def run():
         write = f.write
         start = f.tell()
-        for m in self.msgs:
+        for m in msgs:
             props = (m.properties.get("KEYS", "") + "\x02" + m.properties.get("TAGS", "")).encode()
             topic = m.topic.encode()
             write(pack(len(m.body), len(topic), len(props)))
@@ -93,90 +88,16 @@ class PlainWriter:
             write(props)
             write(m.body)
         f.flush()
-        self.rounds.append(f.tell() - start)
-
-    def check_and_remove(self):
-        """The baseline's "read back": every round's records reached the file. Then the file
-        goes, as a store does (pytest keeps the last runs' tmp_path directories)."""
-        self.f.close()
-        size = os.stat(self.path).st_size
-        os.remove(self.path)
-        assert size == sum(self.rounds) >= len(self.rounds) * len(self.msgs) * 128
-
-
-_PREFIX = struct.Struct(">iHH")
-
-
-@pytest.mark.parametrize("group", ["put_message (one at a time)",
-                                   "put_messages (batches of 1000)"])
-def test_plain_file_write_baseline(benchmark, tmp_path, group):
-    """The same messages through PlainWriter, as a test of their own in each put table."""
-    plain = PlainWriter(tmp_path / "baseline.bin", make_messages(N))
+        runs.append(f.tell() - start)
     benchmark.group = group
     benchmark.name = "plain f.write"
     benchmark.extra_info["messages"] = N
-    benchmark.pedantic(plain.round, rounds=ROUNDS, iterations=1, warmup_rounds=1)
-    plain.check_and_remove()
-
-
-# Rounds of each side in test_put_messages_beside_plain_write.
-PAIRED_ROUNDS = int(os.environ.get("ROCKETSTORE_PAIRED_ROUNDS", "9"))
-
-
-def test_put_messages_beside_plain_write(benchmark, backend, store_factory, tmp_path):
-    """put_messages of 1 000 and the f.write baseline in turn, a round of each, so that both
-    sides of each ratio ran within the same second.
-
-    The two tests of the "put_messages (batches of 1000)" table run seconds apart, and on this
-    shared machine either side's time per message moved up to 2x from one run to the next with
-    nothing changed (README, issue 11's row): a ratio of two such tables measured the host as
-    much as the store. Here the store's rounds are the benchmark's (the f.write round before
-    each runs in pedantic's untimed setup, timed by itself), and extra_info has each side's
-    median round and the median of the round-by-round ratios."""
-    msgs = make_messages(N)
-    store = store_factory(backend, msgs, PAIRED_ROUNDS + 1)
-    plain = PlainWriter(tmp_path / "baseline.bin", msgs)
-    batches = [msgs[i:i + BATCH] for i in range(0, N, BATCH)]
-    results = []
-    keep = results.append
-    plain_ns = []
-    store_ns = []
-    clock = time.perf_counter_ns
-
-    def plain_round():
-        t0 = clock()
-        plain.round()
-        plain_ns.append(clock() - t0)
-
-    def run():
-        t0 = clock()
-        for b in batches:
-            keep(store.put_messages(b))
-        store_ns.append(clock() - t0)
-    benchmark.group = "put_messages (batches of 1000) beside f.write, round by round"
-    benchmark.extra_info["messages"] = N
-    benchmark.pedantic(run, setup=plain_round, rounds=PAIRED_ROUNDS, iterations=1,
-                       warmup_rounds=1)
-    check_puts(results, len(results) // len(batches) * N)
-    check_read_back(store, msgs, len(results) // len(batches))
-    plain.check_and_remove()
-    # The warm-up round's pair is left out (pedantic runs setup before it too); with
-    # --benchmark-disable the one round is all there is.
-    pairs = list(zip(plain_ns, store_ns))
-    pairs = pairs[1:] if len(pairs) > 1 else pairs
-    ratios = sorted(p / s for p, s in pairs)
-    benchmark.extra_info["plain_ns_per_msg_median"] = round(
-        statistics.median(p for p, _ in pairs) / N, 1)
-    benchmark.extra_info["store_ns_per_msg_median"] = round(
-        statistics.median(s for _, s in pairs) / N, 1)
-    benchmark.extra_info["x_plain_median"] = round(statistics.median(ratios), 2)
-    benchmark.extra_info["x_plain_min"] = round(ratios[0], 2)
-    benchmark.extra_info["x_plain_max"] = round(ratios[-1], 2)
-    print(f"\nput_messages beside f.write, {len(pairs)} rounds each: store "
-          f"{benchmark.extra_info['store_ns_per_msg_median']} ns/msg, f.write "
-          f"{benchmark.extra_info['plain_ns_per_msg_median']} ns/msg (medians); f.write/store "
-          f"round by round: median {benchmark.extra_info['x_plain_median']}x, min "
-          f"{benchmark.extra_info['x_plain_min']}x, max {benchmark.extra_info['x_plain_max']}x")
+    benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    f.close()
+    # The baseline's "read back": every round's records reached the file.
+    assert (tmp_path / "baseline.bin").stat().st_size == sum(runs) >= len(runs) * N * 128
+    # pytest keeps the last runs' tmp_path directories: the file goes now, as a store does.
+    os.remove(tmp_path / "baseline.bin")
 
 
 def test_get_message_batch_32(benchmark, backend, store_factory):
