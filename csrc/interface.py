@@ -22,7 +22,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Include order: a header after the headers whose types it uses.
 HEADERS = ["rs_common.h", "rs_format.h", "rs_crc32.h", "rs_msg.h", "rs_commitlog.h", "rs_cq.h",
-           "rs_index.h", "rs_sync.h", "rs_space.h", "rs_batch.h", "rs_sched.h", "rs_gc.h"]
+           "rs_index.h", "rs_index_worker.h", "rs_sync.h", "rs_space.h", "rs_batch.h", "rs_sched.h",
+           "rs_gc.h"]
 
 _DEFINE = re.compile(r"^\s*#\s*define\s+(RS_\w+)\s+\(?-?(?:0x[0-9A-Fa-f]+|\d+)\)?\s*$", re.M)
 _STRUCT = re.compile(r"^typedef struct (\w+) \{(.*)\} (\w+);$")

@@ -30,6 +30,7 @@ cdef extern from "Python.h":
     Py_ssize_t PyUnicode_GET_LENGTH(object o)
 
 from array import array as _array
+from _thread import allocate_lock as _ThreadLock
 from os import fsencode as _os_fsencode
 
 from rocketstore.errors import raise_for_status as _raise_for_status

@@ -678,11 +678,15 @@ cdef class ReadPath:
             if overflow:
                 return None
         self._catch_up(store)
+        index = self._s_index
+        worker = index.worker
+        if worker is not None and worker.pending:
+            index.settle_for_reader()       # a batch put's keys, from the index worker
         cap = self._s_config.max_msgs_num_batch
         if cap < want:
             want = cap
         messages, nbytes, last_ts, last_phy = _index_query(
-            self._s_index.index_file_list, self._log_mfq, topic, key, want, b, e, self)
+            index.index_file_list, self._log_mfq, topic, key, want, b, e, self)
         r = PyType_GenericAlloc(<PyTypeObject *>self._query_result, 0)
         _set_member(r, self._qr[0], messages)
         _set_member(r, self._qr[1], nbytes)

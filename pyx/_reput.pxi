@@ -218,20 +218,198 @@ cdef class PutDispatch:
             target = idx.fused_target(offset)
             if target is False:         # the index needs the scan's path
                 return -1
+            # Enough rows for the index worker to be worth a hand-off: their keys are put
+            # on the other core while this thread returns (IndexWorker).
+            worker = (idx.worker if target is not None and n >= NOGIL_DISPATCH_ROWS else None)
             buf = <object>_member(mf, self._f[R_MM])
             rows = written.rows
             (count, _, _, _, cq_row, last_ts, index_row, index_skip,
-             _) = run(buf, start, end, rows, 0, slots, target, n)
+             _) = run(buf, start, end, rows, 0, slots, target if worker is None else None, n)
             if count:
                 if last_ts:
                     cqd.dispatched_until(last_ts)
                 if cq_row < count:
                     cqd.dispatch_array(rows[cq_row:count], buf)
-                if target is not None and index_row < count:
+                if worker is None and target is not None and index_row < count:
                     idx.dispatch_from(rows[:count], buf, target, index_row, index_skip)
             if self._arrivals.waiting:
                 self._arrivals.notify(rows[:n])
+            if worker is not None and count:
+                # The rows go with the job; the put gets the job before's back.
+                written.rows = (<IndexWorker>worker).submit(rows, count, buf, mf, target)
             return offset + nbytes
         finally:
             _mf_release(mf, self._f)
             written.n = 0
+
+
+__all__ += ("IndexWorker",)
+
+
+cdef class IndexWorker:
+    """IndexWorker(finish)
+
+    The index keys of a put's rows, put into their IndexFile by the worker thread of
+    csrc/rs_index_worker.h while the putting thread goes on (PutDispatch submits them). They were a
+    tenth of that thread's CPU in put_messages of 1 000 (doc/performance.md, "The index on the
+    other core"). One job at a time: `settle()` waits for it, then -- where the worker stopped
+    before the last key (a full file to roll, blocks to reserve) -- calls
+    `finish(rows, buf, target, row, skip, again)` with the GIL (IndexService._finish_worker),
+    then lets go of the job's buffers and files. Whatever uses the index settles first: the
+    index service does, at each of its entry points.
+
+    A job holds (MappedFile.hold) the CommitLog file whose records it reads and the index file
+    it writes, and pins their mappings, until it is settled. When `finish` raises (an OSError
+    rolling a file on a full disk) the job stays pending, and the next settle calls it again
+    with `again` True: from the first row then, the index service skipping what the file
+    holds already. A job of a process that is not the worker's (a fork's child) runs in the
+    caller's thread. The worker never runs Python and never takes the GIL."""
+
+    cdef uint8_t *_st
+    cdef size_t _len
+    cdef bint _started
+    cdef rs_index_job _job
+    cdef Py_buffer _b, _iv, _rv
+    cdef object _rows, _spare, _buf, _mf, _target, _lock, _finish
+    cdef readonly bint pending      # a job submitted and not yet settled
+    cdef bint _again
+    cdef readonly int64_t jobs      # submitted so far
+    cdef readonly int64_t waited    # settles that found the worker still at it
+
+    def __cinit__(self, finish):
+        self._len = RS_INDEX_WORKER_STATE_BYTES
+        self._st = <uint8_t *>PyMem_Calloc(1, self._len)
+        if self._st == NULL:
+            raise MemoryError()
+        _check(rs_index_worker_init(self._st, self._len), "IndexWorker: starting the index worker")
+        self._started = True
+
+    def __init__(self, finish):
+        self._finish = finish
+        self._lock = _ThreadLock()
+
+    def __dealloc__(self):
+        if self._started:
+            rs_index_worker_close(self._st, self._len)       # waits for a job still running
+            self._started = False
+        PyBuffer_Release(&self._b)
+        PyBuffer_Release(&self._iv)
+        PyBuffer_Release(&self._rv)
+        PyMem_Free(self._st)
+        self._st = NULL
+
+    def submit(self, rows, Py_ssize_t count, buf, mf, target):
+        """Put the keys of rows[:count] (format.SCAN_DTYPE, of records in `buf`, the mapping
+        of CommitLog file `mf`) into IndexFile `target` from its first key, on the worker.
+        The caller settled the job before. Returns the rows array of the job before (None
+        for the first), for the caller's next rows: `rows` is the job's until it is
+        settled."""
+        cdef int r
+        cdef size_t row = 0, skip = 0
+        cdef int32_t stop = 0
+        if self.pending:
+            raise RuntimeError("IndexWorker.submit: the job before is not settled")
+        if count <= 0 or count > len(rows):
+            raise ValueError("IndexWorker.submit: count outside rows")
+        imf = target.mf
+        if not mf.hold():
+            raise OSError("IndexWorker.submit: the CommitLog file is being destroyed")
+        if not imf.hold():
+            mf.release()
+            raise OSError("IndexWorker.submit: the index file is being destroyed")
+        try:
+            _ro(buf, &self._b)
+            _rw(imf.mm, &self._iv)
+            _ro(rows, &self._rv)
+            if self._rv.len < count * SCAN_REC_SIZE:
+                _raise_for_status(RS_E_ARG, "IndexWorker.submit: rows")
+        except BaseException:
+            self._let_go(mf, imf)
+            raise
+        self._job.ibuf = <uint8_t *>self._iv.buf
+        self._job.ilen = <size_t>self._iv.len
+        self._job.buf = <const uint8_t *>self._b.buf
+        self._job.len = <size_t>self._b.len
+        self._job.rows = <const rs_scan_rec *>self._rv.buf
+        self._job.nrows = <size_t>count
+        self._job.limit = imf.refill_position       # see index_dispatch
+        self._job.slot_num = target.slot_num
+        self._job.index_num = target.index_num
+        self._job.row = 0
+        self._job.skip = 0
+        self._job.stop = RS_INDEX_STOP_NONE
+        self._job.status = RS_OK
+        self._rows = rows
+        self._buf = buf
+        self._mf = mf
+        self._target = target
+        self.pending = True
+        self.jobs += 1
+        if rs_index_worker_submit(self._st, self._len, &self._job) != RS_OK:
+            # No worker in this process (a fork's child): the job runs here.
+            with nogil:
+                r = rs_index_dispatch(self._job.ibuf, self._job.ilen, self._job.slot_num,
+                                      self._job.index_num, self._job.limit, self._job.buf,
+                                      self._job.len, self._job.rows, self._job.nrows, &row,
+                                      &skip, &stop)
+            self._job.row = row
+            self._job.skip = skip
+            self._job.stop = stop
+            self._job.status = r
+        spare = self._spare
+        self._spare = None
+        return spare
+
+    def settle(self):
+        """Wait for the job, finish it where the worker stopped, and let go of its buffers and
+        files. Nothing when none is pending. Raises what the job or `finish` raised (the job
+        then stays pending; see the class)."""
+        cdef int status
+        if not self.pending:
+            return
+        with self._lock:
+            if not self.pending:
+                return
+            if rs_index_worker_pending(self._st, self._len):
+                self.waited += 1
+                with nogil:
+                    rs_index_worker_wait(self._st, self._len)
+            status = self._job.status
+            if status != RS_OK:
+                # The kernel refused before any write (bad geometry or rows outside the
+                # CommitLog file): the job cannot be done again any better.
+                self._done()
+                _check(status, "IndexWorker: index dispatch")
+            if self._again or self._job.row < self._job.nrows:
+                try:
+                    self._finish(self._rows[:self._job.nrows], self._buf, self._target,
+                                 <Py_ssize_t>self._job.row, <Py_ssize_t>self._job.skip,
+                                 self._again)
+                except BaseException:
+                    self._again = True
+                    raise
+            self._done()
+
+    cdef _done(self):
+        self._let_go(self._mf, self._target.mf)
+        self._spare = self._rows
+        self._rows = self._buf = self._mf = self._target = None
+        self._again = False
+        self.pending = False
+
+    cdef _let_go(self, mf, imf):
+        PyBuffer_Release(&self._b)
+        PyBuffer_Release(&self._iv)
+        PyBuffer_Release(&self._rv)
+        imf.release()
+        mf.release()
+
+    def close(self):
+        """Settle the job, then stop the worker and join its thread. Idempotent."""
+        try:
+            self.settle()
+        finally:
+            if self._started:
+                with nogil:
+                    rs_index_worker_close(self._st, self._len)
+                self._started = False

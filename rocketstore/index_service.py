@@ -106,6 +106,18 @@ class IndexService(Dispatcher):
         self.dropped = []               # names load() destroyed as past the checkpoint
         # The backend's compiled row loop (index_dispatch), if it has one.
         self._k_dispatch = getattr(self._k, "index_dispatch", None)
+        # The backend's IndexWorker, if it has one: a batch put's keys are put on its thread
+        # while the putter goes on (PutDispatch hands them over). Every entry point below that
+        # reads or writes the files settles its job first (settle), so that in this process
+        # a key is found as soon as its put returned, as before.
+        self.worker = None
+        make = getattr(self._k, "IndexWorker", None)
+        if writable and make is not None:
+            try:
+                self.worker = make(self._finish_worker)
+            except OSError as exc:
+                log.warning("no index worker thread (%s): a put's keys are put by the putting "
+                            "thread", exc)
         # The store's PopulateAheadService, given to every file opened or made from now on.
         self.populator = None
         # The next file, made ahead on the populator's thread as INDEX_MADE_AHEAD in
@@ -364,6 +376,11 @@ class IndexService(Dispatcher):
         return self._new_file(store_timestamp)
 
     def dispatch_array(self, arr, buf):
+        """See _dispatch_array; the worker's job is settled first."""
+        self.settle()
+        self._dispatch_array(arr, buf)
+
+    def _dispatch_array(self, arr, buf):
         """CommitLogDispatcherBuildIndex over a batch of scanned records (doc/02 §2.4): per
         record, UNIQ_KEY then each KEYS piece under `topic#key` (hashed by the index_keys
         kernel); ROLLBACK records and records below the current file's endPhyOffset (a
@@ -435,6 +452,7 @@ class IndexService(Dispatcher):
         filters those)."""
         if not self.writable or self.index_num < 2:
             return None
+        self.settle()
         files = self.index_file_list
         if not files or self._k_dispatch is None:
             return False
@@ -448,6 +466,32 @@ class IndexService(Dispatcher):
         n = len(arr)
         self._k_dispatch(np.ascontiguousarray(arr[row:]), buf, f, skip,
                          lambda g, r: self._make_room(g, int(stamps[row + r]), n - row - r))
+
+    def _finish_worker(self, arr, buf, f, row, skip, again):
+        """IndexWorker's way on from where its job stopped: the keys of arr[row:] (the first
+        `skip` of row `row` in already) into `f` and on; `again` (after this raised once):
+        every row's keys, less those the files hold."""
+        if again:
+            self._dispatch_array(arr, buf)
+        else:
+            self.dispatch_from(arr, buf, f, row, skip)
+
+    def settle(self):
+        """Wait for the worker's job and finish it (IndexWorker.settle): before anything
+        reads or writes the files. Raises what finishing it raised (an OSError rolling a
+        file on a full disk): the job stays pending and is tried again at the next settle."""
+        worker = self.worker
+        if worker is not None and worker.pending:
+            worker.settle()
+
+    def settle_for_reader(self):
+        """settle for a reader (a query, the flush thread): a job that cannot be finished
+        now is left to the dispatch path, which reports and retries it; the reader reads
+        what the files hold."""
+        try:
+            self.settle()
+        except Exception as exc:
+            log.debug("index: the worker's job is left unfinished for now: %s", exc)
 
     def _make_room(self, f, store_timestamp, rows_left):
         """index_dispatch's way on where file `f` cannot take a record's next key: a new file
@@ -478,6 +522,7 @@ class IndexService(Dispatcher):
         An entry keeps its time as whole seconds after its file's begin, rounded down, so a
         record stored at `begin` may read up to 999 ms earlier: the window starts that much
         sooner, and the caller filters on the records' exact store times."""
+        self.settle_for_reader()
         files = self.index_file_list
         if not files or max_num <= 0:
             return [], 0, 0
@@ -510,6 +555,7 @@ class IndexService(Dispatcher):
         """IndexService#flush for each file that filled up since the last call: force it, then
         advance the checkpoint's indexMsgTimestamp to its endTimestamp and flush the
         checkpoint (doc/02 §2.7). Called by the flush-cq thread and at shutdown."""
+        self.settle_for_reader()
         with self._lock:
             pending, self._pending_flush = self._pending_flush, []
         checkpoint = self.checkpoint
@@ -541,6 +587,7 @@ class IndexService(Dispatcher):
         but the populate service may be populating a window of one of them: the destroy waits
         for that, since a file left on disk would be loaded at the next start with entries
         past the cut."""
+        self.settle()
         files = self.index_file_list
         keep = 0
         while keep < len(files) and files[keep].end_phy_offset < offset:
@@ -563,6 +610,7 @@ class IndexService(Dispatcher):
         """IndexService#deleteExpiredFile (doc/02 §2.8): when the first file ends below
         `offset`, destroy files in order (never the last) while their endPhyOffset < offset.
         Returns the number deleted. Called by the clean thread."""
+        self.settle_for_reader()
         files = self.index_file_list
         if not files or files[0].end_phy_offset >= offset:
             return 0
@@ -583,7 +631,16 @@ class IndexService(Dispatcher):
             deleted += 1
         return deleted
 
+    def _stop_worker(self):
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            try:
+                worker.close()
+            except Exception:
+                log.exception("index: the worker's last job could not be finished")
+
     def close(self):
+        self._stop_worker()
         self._drop_spare()
         for f in self.index_file_list:
             f.close()
@@ -591,6 +648,7 @@ class IndexService(Dispatcher):
 
     def destroy(self):
         """Delete every index file (DefaultMessageStore#destroy)."""
+        self._stop_worker()
         self._drop_spare()
         for f in self.index_file_list:
             f.destroy(3.0)

@@ -36,6 +36,7 @@ def query_message(commitlog, index_service, kernels, read_path, cap, topic, key,
     # A compiled ReadPath builds each hit from the record check's row, as get_message builds
     # its messages, instead of parsing the record a second time (MessageExt.decode).
     rp = read_path
+    index_service.settle_for_reader()     # a batch put's keys, from the index worker
     r = _new(QueryMessageResult)
     (r.messages, r.buffer_total_size, r.index_last_update_timestamp,
      r.index_last_update_phy_offset) = kernels.index_query(

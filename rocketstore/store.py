@@ -1523,6 +1523,8 @@ class MessageStore:
     def dispatch_behind_bytes(self):
         """CommitLog bytes written but not yet dispatched to the ConsumeQueues and index."""
         self.check_open()
+        # A batch put's keys still with the index worker count as dispatched once settled.
+        self.index_service.settle_for_reader()
         return self.reput_service.behind() if self.reput_service else 0
 
     def next_offset_correction(self, old, new):
@@ -2001,6 +2003,8 @@ class MessageStore:
             # accounting) before the cut, so the cut leaves no pending range behind.
             if not reput.is_stopped:
                 reput.do_reput()
+            # The index worker's job reads records the cut may remove: done before it.
+            self.index_service.settle()
             # The cut sets the flushed offset to `offset`, and syncs start from there on: what
             # lies below it must be durable first. Left dirty, no later sync would cover it,
             # and a put acknowledged after the cut would sit behind bytes a power cut loses

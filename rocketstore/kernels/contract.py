@@ -85,6 +85,12 @@ KERNEL_NAMES = (
 #   PutDispatch(mfq, arrivals, mapped_file_type, file_size): with reput_dispatch, a put's
 #   own rows (WrittenRows) dispatched without a scan as one compiled call; see
 #   services/reput.ReputMessageService.dispatch_if_behind. Without it, puts make no rows.
+#   IndexWorker(finish): with PutDispatch, a batch put's index keys put on a thread of its own
+#   (csrc/rs_index_worker.h) while the putter goes on: `.submit(rows, count, buf, mf,
+#   target)` hands rows[:count] over and returns the rows array of the job before (or None);
+#   `.settle()` waits for the job and calls finish(rows, buf, target, row, skip, again)
+#   where the worker stopped before the last key; `.pending`, `.jobs`, `.waited`, and
+#   `.close()`. See index_service.IndexService.settle. Without it, the putter puts the keys.
 #   ReadPath(message_type, mapped_file_type, on_corrupt, result_type, statuses,
 #   batch_result_type): get_message's and get_batch's unit walk as one compiled call
 #   (`.read(...)`; `.pull(store, cq, offset, max_n, filter, max_bytes, subscription,
@@ -158,6 +164,7 @@ OPTIONAL_NAMES = (
     "index_dispatch",
     "reput_dispatch",
     "PutDispatch",
+    "IndexWorker",
     "PutPath",
     "ReadPath",
     "LazyField",

@@ -122,7 +122,19 @@ class ReputMessageService(ServiceThread):
             return
         with self.dispatch_lock:
             self.do_reput()
+            self._settle_index()
         self._note_idle()
+
+    def _settle_index(self):
+        """The index worker's last job (a batch put's keys), finished and let go of once puts
+        pause: the putter settles each job itself at its next put, but the last one would
+        otherwise keep its CommitLog and index files held until a reader came."""
+        parts = self._fused_parts(self._dispatchers)
+        if parts is not None:
+            try:
+                parts[1].settle()
+            except OSError as exc:
+                self._failed(exc, True)
 
     def _note_idle(self, busy=False):
         """After a cycle: become idle once the written end (committed or still in a write
@@ -331,7 +343,12 @@ class ReputMessageService(ServiceThread):
         dispatch failed. (A put's own rows take the same steps in PutDispatch, without the
         scan.)"""
         cqd, idx = parts
-        target = idx.fused_target(mf.file_from_offset + start)
+        try:
+            # Settles the index worker's job first, which may fail as a dispatch does.
+            target = idx.fused_target(mf.file_from_offset + start)
+        except OSError as exc:
+            self._failed(exc, retry_wait)
+            return False
         if target is False:
             return None
         buf = mf.mm
@@ -398,5 +415,6 @@ class ReputMessageService(ServiceThread):
         try:
             with self.dispatch_lock:
                 self.do_reput()
+                self._settle_index()
         except Exception:
             log.exception("reput: final drain failed")

@@ -66,6 +66,8 @@ def main():
     ap.add_argument("--durability-log", default=None)
     ap.add_argument("--count", type=int, default=None,
                     help="put this many messages, print `done`, then wait to be killed")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="put_messages of exactly this many, every time")
     args = ap.parse_args()
     fs = RecordingFS(args.durability_log) if args.durability_log else None
     store = MessageStore(args.store, crash_config(args.mode), kernels=args.backend, fs=fs)
@@ -78,8 +80,8 @@ def main():
     i = args.start
     end = None if args.count is None else args.start + args.count
     while end is None or i < end:
-        if rng.random() < 0.2:
-            n = rng.randrange(2, 40)
+        if args.batch or rng.random() < 0.2:
+            n = args.batch or rng.randrange(2, 40)
             if end is not None:
                 n = min(n, end - i)
             rs = store.put_messages([message(j) for j in range(i, i + n)])
