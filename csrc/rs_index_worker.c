@@ -1,15 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * rs_index_worker.c - the index worker (rs_index_worker.h): one thread, one job slot, one
- * mutex and two condition variables (work for the worker, done for the waiter).  `pending` is
- * also read without the mutex, with acquire order, so that a caller whose job is done learns
- * it (and sees its results) without a system call: the common case, since the putter comes
- * back for the index only after encoding a whole batch.
+ * mutex and two condition variables (work for a sleeping worker, done for a waiting caller).
+ * `pending` is also read without the mutex, with acquire order, so that a caller whose job is
+ * done learns it (and sees its results) without a system call: the common case, since the
+ * putter comes back for the index only after encoding a whole batch.  While jobs come the
+ * worker naps instead of being woken (worker_main says why), and a job it has not started
+ * when the caller needs it is taken back (rs_index_worker_reclaim).
  */
 #define _GNU_SOURCE               /* pthread under -std=c99 */
 #include <errno.h>
 #include <pthread.h>
-#include <sched.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "rs_index.h"
@@ -21,6 +23,8 @@ typedef struct worker_state {
     uint32_t magic;
     int stop;
     int pending;                  /* written under mu; read atomically without it */
+    int asleep;                   /* in its condition wait: a submit must wake it */
+    int running;                  /* the worker has taken the job and is at it */
     pid_t pid;                    /* the process whose thread this is */
     rs_index_job *job;
     pthread_mutex_t mu;
@@ -41,36 +45,59 @@ static worker_state *worker_get(uint8_t *st, size_t len)
     return s;
 }
 
+/* While jobs come, the worker naps this long between looks instead of being woken. */
+#define WORKER_NAP_NS 50000L
+/* ...until none came for this long; then it sleeps until a submit wakes it. */
+#define WORKER_HOT_NS 20000000L
+
+static int64_t worker_now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 static void *worker_main(void *arg)
 {
     worker_state *s = (worker_state *)arg;
     rs_index_job *j;
-#if defined(SCHED_BATCH)
-    struct sched_param p;
-
-    /* Woken by the putter at each job: as an ordinary thread, the wake-up often ran it on the
-     * putter's own CPU, putting the putter off it (35 involuntary switches a round of 20 jobs,
-     * the putter's wall time 20-50 % over its CPU time).  A batch thread does not preempt on
-     * waking; the balancer moves it to the idle core.  A hint: its refusal changes nothing
-     * else (as services/base.py's run_as_batch). */
-    memset(&p, 0, sizeof(p));
-    (void)sched_setscheduler(0, SCHED_BATCH, &p);
-#endif
+    int64_t last = 0;
+    struct timespec nap = {0, WORKER_NAP_NS};
 
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (!s->stop && s->job == NULL)
-            pthread_cond_wait(&s->work, &s->mu);
+        /* Why naps, not a wake-up per job: woken by the putter, the worker was placed by the
+         * scheduler on the putter's own CPU whenever the other core was busy (the allocator
+         * populating the CommitLog ahead takes half of it), preempting the putter: 35
+         * involuntary switches a round of 20 jobs.  As SCHED_BATCH it no longer preempted,
+         * but then waited behind the populating threads for its turn on the other core, and
+         * the putter waited for it at most of its next puts.  A nap's timer wakes it on its own
+         * CPU. */
+        while (!s->stop && s->job == NULL) {
+            if (worker_now_ns() - last > WORKER_HOT_NS) {
+                s->asleep = 1;
+                pthread_cond_wait(&s->work, &s->mu);
+                s->asleep = 0;
+            } else {
+                pthread_mutex_unlock(&s->mu);
+                nanosleep(&nap, NULL);
+                pthread_mutex_lock(&s->mu);
+            }
+        }
         if (s->job == NULL)
             break;                /* stopped with nothing left to do */
         j = s->job;
+        s->running = 1;
         pthread_mutex_unlock(&s->mu);
         j->stop = RS_INDEX_STOP_NONE;
         j->status = rs_index_dispatch(j->ibuf, j->ilen, j->slot_num, j->index_num, j->limit,
                                       j->buf, j->len, j->rows, j->nrows, &j->row, &j->skip,
                                       &j->stop);
+        last = worker_now_ns();
         pthread_mutex_lock(&s->mu);
         s->job = NULL;
+        s->running = 0;
         __atomic_store_n(&s->pending, 0, __ATOMIC_RELEASE);   /* the results first */
         pthread_cond_broadcast(&s->done);
     }
@@ -115,7 +142,8 @@ int rs_index_worker_submit(uint8_t *st, size_t len, rs_index_job *job)
     }
     s->job = job;
     s->pending = 1;
-    pthread_cond_signal(&s->work);
+    if (s->asleep)
+        pthread_cond_signal(&s->work);
     pthread_mutex_unlock(&s->mu);
     return RS_OK;
 }
@@ -125,6 +153,23 @@ int rs_index_worker_pending(uint8_t *st, size_t len)
     worker_state *s = worker_get(st, len);
 
     return s != NULL && __atomic_load_n(&s->pending, __ATOMIC_ACQUIRE);
+}
+
+int rs_index_worker_reclaim(uint8_t *st, size_t len)
+{
+    worker_state *s = worker_get(st, len);
+    int taken = 0;
+
+    if (s == NULL)
+        return 0;
+    pthread_mutex_lock(&s->mu);
+    if (s->pending && !s->running) {
+        s->job = NULL;
+        s->pending = 0;
+        taken = 1;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return taken;
 }
 
 int rs_index_worker_wait(uint8_t *st, size_t len)
@@ -152,7 +197,7 @@ int rs_index_worker_close(uint8_t *st, size_t len)
     while (s->pending)
         pthread_cond_wait(&s->done, &s->mu);
     s->stop = 1;
-    pthread_cond_signal(&s->work);
+    pthread_cond_signal(&s->work);        /* asleep or napping, it sees stop */
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
     s->magic = 0;

@@ -61,6 +61,16 @@ int rs_index_worker_submit(uint8_t *st, size_t len, rs_index_job *job);
 int rs_index_worker_pending(uint8_t *st, size_t len);
 
 /*
+ * rs_index_worker_reclaim - take a pending job back before the worker started it: 1 when it
+ * was taken back (nothing of it is done, and it is no longer pending: the caller runs it
+ * itself), 0 when no job is pending or the worker is already at it (rs_index_worker_wait
+ * then).  Why: a worker that has not started its job by the time the caller needs the index
+ * is waiting for a CPU, and on a 2-core machine behind the threads that populate ahead of the
+ * writer that took milliseconds; the job itself takes tens of microseconds.
+ */
+int rs_index_worker_reclaim(uint8_t *st, size_t len);
+
+/*
  * rs_index_worker_wait - block until no job is pending; then the last job's results are set and
  * visible to the caller.  Returns RS_OK; RS_E_ARG for a state that is not a started worker.
  */

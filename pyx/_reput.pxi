@@ -252,8 +252,9 @@ cdef class IndexWorker:
     The index keys of a put's rows, put into their IndexFile by the worker thread of
     csrc/rs_index_worker.h while the putting thread goes on (PutDispatch submits them). They were a
     tenth of that thread's CPU in put_messages of 1 000 (doc/performance.md, "The index on the
-    other core"). One job at a time: `settle()` waits for it, then -- where the worker stopped
-    before the last key (a full file to roll, blocks to reserve) -- calls
+    other core"). One job at a time: `settle()` waits for it (or, when the worker has not
+    started it, takes it back and runs it in the caller's thread), then -- where the worker
+    stopped before the last key (a full file to roll, blocks to reserve) -- calls
     `finish(rows, buf, target, row, skip, again)` with the GIL (IndexService._finish_worker),
     then lets go of the job's buffers and files. Whatever uses the index settles first: the
     index service does, at each of its entry points.
@@ -275,6 +276,7 @@ cdef class IndexWorker:
     cdef bint _again
     cdef readonly int64_t jobs      # submitted so far
     cdef readonly int64_t waited    # settles that found the worker still at it
+    cdef readonly int64_t reclaimed  # jobs taken back before the worker started them
 
     def __cinit__(self, finish):
         self._len = RS_INDEX_WORKER_STATE_BYTES
@@ -304,9 +306,6 @@ cdef class IndexWorker:
         The caller settled the job before. Returns the rows array of the job before (None
         for the first), for the caller's next rows: `rows` is the job's until it is
         settled."""
-        cdef int r
-        cdef size_t row = 0, skip = 0
-        cdef int32_t stop = 0
         if self.pending:
             raise RuntimeError("IndexWorker.submit: the job before is not settled")
         if count <= 0 or count > len(rows):
@@ -346,16 +345,7 @@ cdef class IndexWorker:
         self.pending = True
         self.jobs += 1
         if rs_index_worker_submit(self._st, self._len, &self._job) != RS_OK:
-            # No worker in this process (a fork's child): the job runs here.
-            with nogil:
-                r = rs_index_dispatch(self._job.ibuf, self._job.ilen, self._job.slot_num,
-                                      self._job.index_num, self._job.limit, self._job.buf,
-                                      self._job.len, self._job.rows, self._job.nrows, &row,
-                                      &skip, &stop)
-            self._job.row = row
-            self._job.skip = skip
-            self._job.stop = stop
-            self._job.status = r
+            self._run_here()        # no worker in this process (a fork's child)
         spare = self._spare
         self._spare = None
         return spare
@@ -371,9 +361,14 @@ cdef class IndexWorker:
             if not self.pending:
                 return
             if rs_index_worker_pending(self._st, self._len):
-                self.waited += 1
-                with nogil:
-                    rs_index_worker_wait(self._st, self._len)
+                if rs_index_worker_reclaim(self._st, self._len):
+                    # Not started: the worker is waiting for a CPU. Done here instead.
+                    self.reclaimed += 1
+                    self._run_here()
+                else:
+                    self.waited += 1
+                    with nogil:
+                        rs_index_worker_wait(self._st, self._len)
             status = self._job.status
             if status != RS_OK:
                 # The kernel refused before any write (bad geometry or rows outside the
@@ -389,6 +384,21 @@ cdef class IndexWorker:
                     self._again = True
                     raise
             self._done()
+
+    cdef _run_here(self):
+        """The job, run in the caller's thread (without the GIL)."""
+        cdef int r
+        cdef size_t row = self._job.row, skip = self._job.skip
+        cdef int32_t stop = RS_INDEX_STOP_NONE
+        with nogil:
+            r = rs_index_dispatch(self._job.ibuf, self._job.ilen, self._job.slot_num,
+                                  self._job.index_num, self._job.limit, self._job.buf,
+                                  self._job.len, self._job.rows, self._job.nrows, &row, &skip,
+                                  &stop)
+        self._job.row = row
+        self._job.skip = skip
+        self._job.stop = stop
+        self._job.status = r
 
     cdef _done(self):
         self._let_go(self._mf, self._target.mf)
