@@ -45,6 +45,20 @@ static worker_state *worker_get(uint8_t *st, size_t len)
     return s;
 }
 
+/* With mu held: until the worker finished the pending job, if any. */
+static void wait_idle(worker_state *s)
+{
+    while (s->pending)
+        pthread_cond_wait(&s->done, &s->mu);
+}
+
+static void destroy_sync(worker_state *s)
+{
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->work);
+    pthread_cond_destroy(&s->done);
+}
+
 /* While jobs come, the worker naps this long between looks instead of being woken. */
 #define WORKER_NAP_NS 50000L
 /* ...until none came for this long; then it sleeps until a submit wakes it. */
@@ -120,9 +134,7 @@ int rs_index_worker_init(uint8_t *st, size_t len)
     s->pid = getpid();
     err = pthread_create(&s->thread, NULL, worker_main, s);
     if (err != 0) {
-        pthread_mutex_destroy(&s->mu);
-        pthread_cond_destroy(&s->work);
-        pthread_cond_destroy(&s->done);
+        destroy_sync(s);
         return RS_E_ERRNO_BASE - err;
     }
     s->magic = WORKER_MAGIC;
@@ -181,8 +193,7 @@ int rs_index_worker_wait(uint8_t *st, size_t len)
     if (!__atomic_load_n(&s->pending, __ATOMIC_ACQUIRE))
         return RS_OK;
     pthread_mutex_lock(&s->mu);
-    while (s->pending)
-        pthread_cond_wait(&s->done, &s->mu);
+    wait_idle(s);
     pthread_mutex_unlock(&s->mu);
     return RS_OK;
 }
@@ -194,15 +205,12 @@ int rs_index_worker_close(uint8_t *st, size_t len)
     if (s == NULL)
         return RS_E_ARG;
     pthread_mutex_lock(&s->mu);
-    while (s->pending)
-        pthread_cond_wait(&s->done, &s->mu);
+    wait_idle(s);
     s->stop = 1;
     pthread_cond_signal(&s->work);        /* asleep or napping, it sees stop */
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
     s->magic = 0;
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->work);
-    pthread_cond_destroy(&s->done);
+    destroy_sync(s);
     return RS_OK;
 }
