@@ -236,9 +236,12 @@ static inline size_t rs_index_slot_pos(int32_t slot_num, int32_t key_hash)
     return RS_INDEX_HEADER_SIZE + (size_t)(key_hash % slot_num) * RS_INDEX_SLOT_SIZE;
 }
 
-/* One putKey after the geometry check; returns the new indexCount or 0 when full. */
+/* One putKey after the geometry check, key_hash's slot at `slot_pos` (rs_index_slot_pos,
+ * which a caller that prefetched the slot has at hand); returns the new indexCount or 0 when
+ * full. */
 static int32_t rs_index_put1(uint8_t *buf, int32_t slot_num, int32_t index_num,
-                             int32_t key_hash, int64_t phy_offset, int64_t store_timestamp)
+                             int32_t key_hash, size_t slot_pos, int64_t phy_offset,
+                             int64_t store_timestamp)
 {
     int32_t count = rs_index_count(buf);
     int64_t begin_ts, diff;
@@ -247,7 +250,7 @@ static int32_t rs_index_put1(uint8_t *buf, int32_t slot_num, int32_t index_num,
 
     if (count >= index_num)
         return 0;
-    slot = buf + rs_index_slot_pos(slot_num, key_hash);
+    slot = buf + slot_pos;
     slot_value = rs_load_i32(slot);
     if (slot_value <= 0 || slot_value > count)
         slot_value = 0;
@@ -287,7 +290,8 @@ int rs_index_put(uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
         return r;
     if (key_hash < 0)
         return RS_E_ARG;
-    return rs_index_put1(buf, slot_num, index_num, key_hash, phy_offset, store_timestamp);
+    return rs_index_put1(buf, slot_num, index_num, key_hash,
+                         rs_index_slot_pos(slot_num, key_hash), phy_offset, store_timestamp);
 }
 
 int rs_index_put_batch(uint8_t *buf, size_t len, int32_t slot_num, int32_t index_num,
@@ -305,7 +309,8 @@ int rs_index_put_batch(uint8_t *buf, size_t len, int32_t slot_num, int32_t index
         if (key_hashes[i] < 0)
             return RS_E_ARG;
     for (i = 0; i < n; i++)
-        if (rs_index_put1(buf, slot_num, index_num, key_hashes[i], phy_offsets[i],
+        if (rs_index_put1(buf, slot_num, index_num, key_hashes[i],
+                          rs_index_slot_pos(slot_num, key_hashes[i]), phy_offsets[i],
                           store_timestamps[i]) == 0)
             break;
     *count = (int64_t)i;
@@ -536,6 +541,7 @@ typedef struct {
     uint32_t row;       /* index into rows */
     uint32_t key;       /* the key's number within its row */
     uint32_t last;      /* the row's last key */
+    uint32_t slot;      /* hash % slot_num: found once, for the prefetch and the put */
 } rs_index_key;
 
 /* Append row i's keys numbered >= *from to ks[*n, RS_INDEX_CHUNK), prefetching their slots.
@@ -618,7 +624,8 @@ static int rs_index_chunk_row(const uint8_t *buf, const rs_scan_rec *r, uint32_t
             return 0;
         }
         h = (uint32_t)rs_index_abs(rs_java_hash_continue(prefix, key, klen));
-        __builtin_prefetch(slots + (size_t)(h % (uint32_t)slot_num) * RS_INDEX_SLOT_SIZE, 1);
+        ks[*n].slot = h % (uint32_t)slot_num;
+        __builtin_prefetch(slots + (size_t)ks[*n].slot * RS_INDEX_SLOT_SIZE, 1);
         ks[*n].hash = h;
         ks[*n].row = i;
         ks[*n].key = (uint32_t)(k - 1);
@@ -686,6 +693,7 @@ int rs_index_dispatch(uint8_t *ibuf, size_t ilen, int32_t slot_num, int32_t inde
                 return RS_OK;
             }
             rs_index_put1(ibuf, slot_num, index_num, (int32_t)ks[j].hash,
+                          RS_INDEX_HEADER_SIZE + (size_t)ks[j].slot * RS_INDEX_SLOT_SIZE,
                           rows[ks[j].row].phy_offset, rows[ks[j].row].store_timestamp);
             full_row = ks[j].last ? ks[j].row + 1 : ks[j].row;
             full_key = ks[j].last ? 0 : ks[j].key + 1;
