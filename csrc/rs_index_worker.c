@@ -104,10 +104,7 @@ static void *worker_main(void *arg)
         j = s->job;
         s->running = 1;
         pthread_mutex_unlock(&s->mu);
-        j->stop = RS_INDEX_STOP_NONE;
-        j->status = rs_index_dispatch(j->ibuf, j->ilen, j->slot_num, j->index_num, j->limit,
-                                      j->buf, j->len, j->rows, j->nrows, &j->row, &j->skip,
-                                      &j->stop);
+        rs_index_job_run(j);
         last = worker_now_ns();
         pthread_mutex_lock(&s->mu);
         s->job = NULL;
@@ -117,6 +114,14 @@ static void *worker_main(void *arg)
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
+}
+
+void rs_index_job_run(rs_index_job *job)
+{
+    job->stop = RS_INDEX_STOP_NONE;
+    job->status = rs_index_dispatch(job->ibuf, job->ilen, job->slot_num, job->index_num,
+                                    job->limit, job->buf, job->len, job->rows, job->nrows,
+                                    &job->row, &job->skip, &job->stop);
 }
 
 int rs_index_worker_init(uint8_t *st, size_t len)

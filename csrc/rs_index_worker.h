@@ -45,6 +45,12 @@ typedef struct rs_index_job {
 } rs_index_job;
 
 /*
+ * rs_index_job_run - run `job` in the calling thread, as the worker runs it: what a caller does
+ * with a job it took back (rs_index_worker_reclaim) or could not submit.
+ */
+void rs_index_job_run(rs_index_job *job);
+
+/*
  * rs_index_worker_init - start the worker thread over st[0, len).  Returns RS_OK; RS_E_ARG for
  * a short or misaligned buffer; RS_E_ERRNO_BASE - errno when no thread could be started.
  */

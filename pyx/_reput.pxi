@@ -387,18 +387,8 @@ cdef class IndexWorker:
 
     cdef _run_here(self):
         """The job, run in the caller's thread (without the GIL)."""
-        cdef int r
-        cdef size_t row = self._job.row, skip = self._job.skip
-        cdef int32_t stop = RS_INDEX_STOP_NONE
         with nogil:
-            r = rs_index_dispatch(self._job.ibuf, self._job.ilen, self._job.slot_num,
-                                  self._job.index_num, self._job.limit, self._job.buf,
-                                  self._job.len, self._job.rows, self._job.nrows, &row, &skip,
-                                  &stop)
-        self._job.row = row
-        self._job.skip = skip
-        self._job.stop = stop
-        self._job.status = r
+            rs_index_job_run(&self._job)
 
     cdef _done(self):
         self._let_go(self._mf, self._target.mf)
