@@ -291,6 +291,27 @@ def test_every_backend_answers_and_writes_the_same_for_lists(tmp_path, size):
         assert results[name] == ref, name
 
 
+def test_hundreds_of_property_names_made_at_run_time_write_the_same_bytes(tmp_path):
+    """The compiled path remembers property names by address, two to a set: names made at
+    run time (not interned), far more than it remembers, each coming back as a new object
+    of the same text, evict one another and still order and encode as the broker's HashMap
+    does, in every backend."""
+    rng = random.Random(11)
+    msgs = []
+    for i in range(600):
+        names = ["n%d" % rng.randrange(400) for _ in range(rng.randrange(1, 8))]
+        props = {"".join(list(n)): "v%d" % i for n in names}    # a new str each time
+        props["TAGS"] = "T%d" % (i % 5)
+        msgs.append(Message("PathTopic%d" % (i % 2), b"b%d" % i, queue_id=i % 4,
+                            properties=props))
+    results = {n: _put_lists(tmp_path / n, testing.load_backend(n), msgs, 100)
+               for n in BACKENDS}
+    ref = results[BACKENDS[-1]]
+    assert all(a[0] is PutMessageStatus.PUT_OK for a in ref[0])
+    for name in BACKENDS:
+        assert results[name] == ref, name
+
+
 def test_a_list_whose_properties_outgrow_the_room_to_copy_them_writes_the_same(tmp_path):
     """put_list copies each record's properties string into one piece while its room lasts
     (128 bytes a record on average), and past it encodes them piece by piece: one list
