@@ -376,18 +376,7 @@ class MappedFile:
         start = max(old, self.blocks_position)
         if start >= want:
             return True
-        return self._reserve_blocks(start, want - start)
-
-    def _reserve_blocks(self, start, length):
-        """FileSystem.reserve of [start, start+length) of this file, as FileSystem.reserve_many
-        makes it: with a compiled backend the open, fallocate and close are one call that
-        releases the GIL once, not three. Each release is a moment the putter, back from its
-        own call without the GIL, finds it taken (doc/performance.md, "Who has the GIL while
-        the putter waits for it"); the reserving thread makes one every 4 MiB written."""
-        ok = self._fs.reserve_many(self._k, [(self.path, start, length)])[0]
-        if isinstance(ok, OSError):
-            raise ok
-        return ok
+        return self._fs.reserve(self.path, start, want - start)
 
     def reserve_blocks_ahead(self, lead, step=None):
         """For the thread reserving ahead of this file's writer: the blocks of one more `step`
@@ -410,7 +399,7 @@ class MappedFile:
                 return False
             stop = min(target, self._align_up(start + (step or self.RESERVE_STEP)))
             truncations = self.truncations
-        ok = self._reserve_blocks(start, stop - start)
+        ok = self._fs.reserve(self.path, start, stop - start)
         with self._reserve_lock:
             # Cut back meanwhile (recovery, truncation): what was planned no longer holds.
             if not ok or self.truncations != truncations or not self.is_available:
