@@ -2,8 +2,9 @@
 """A batch put's index keys are put by the compiled backend's index worker (csrc/rs_index_worker.h,
 kernels' IndexWorker) while the putting thread goes on. What must not change: a key is found as
 soon as its put returned, the index files hold the same bytes as without the worker (and as the
-pure backend's), a job the worker could not finish is finished by whoever settles it next, a
-failed finish is tried again, the last job's files are let go of once puts pause, and a kill
+pure backend's), a job the worker has not started is taken back by whoever needs the index,
+a job the worker could not finish is finished by whoever settles it next, a failed finish is
+tried again, the last job's files are let go of once puts pause, and a kill
 loses no acknowledged key."""
 import errno
 import os
@@ -95,6 +96,34 @@ def test_the_index_is_the_same_bytes_with_the_worker_as_without_it_and_as_pure(t
         got[label] = _index_bytes(root)
     assert len(got["worker"]) >= 5
     assert got["worker"] == got["inline"] == got["pure"]
+
+
+def test_a_query_right_after_a_batch_put_takes_its_job_back_and_finds_the_keys(tmp_path):
+    """A query straight after a batch put mostly comes before the worker looked for the job
+    (it naps 50 us between looks): the query's settle takes the job back and runs it itself
+    (IndexWorker.reclaimed). Whichever thread ran each job, every key is found at its record
+    and the files end as the pure backend's."""
+    size = 40                                   # past NOGIL_DISPATCH_ROWS: a job each
+    msgs = _messages(400 * size)
+    ref = testing.open_store(tmp_path / "pure", "pure")
+    try:
+        for i in range(0, len(msgs), size):
+            assert ref.put_messages(msgs[i:i + size]).ok
+    finally:
+        ref.shutdown()
+    store = testing.open_store(tmp_path / "cext", "cext")
+    try:
+        worker = store.index_service.worker
+        for i in range(0, len(msgs), size):
+            r = store.put_messages(msgs[i:i + size])
+            assert r.ok, r.status
+            k = i + size - 1
+            got = store.query_message(msgs[k].topic, f"k{k}").messages
+            assert [g.commit_log_offset for g in got] == [r.commit_log_offsets[-1]], k
+        assert worker.reclaimed >= 1, (worker.jobs, worker.reclaimed, worker.waited)
+    finally:
+        store.shutdown()
+    assert _index_bytes(tmp_path / "cext") == _index_bytes(tmp_path / "pure")
 
 
 def test_a_finish_that_failed_is_tried_again_and_the_index_ends_the_same(tmp_path):
