@@ -89,8 +89,9 @@ KERNEL_NAMES = (
 #   (csrc/rs_index_worker.h) while the putter goes on: `.submit(rows, count, buf, mf,
 #   target)` hands rows[:count] over and returns the rows array of the job before (or None);
 #   `.settle()` waits for the job and calls finish(rows, buf, target, row, skip, again)
-#   where the worker stopped before the last key; `.pending`, `.jobs`, `.waited`, and
-#   `.close()`. See index_service.IndexService.settle. Without it, the putter puts the keys.
+#   where the worker stopped before the last key; `.pending`, `.jobs`, `.waited`,
+#   `.reclaimed` (jobs taken back and run by the settling thread), and `.close()`. See
+#   index_service.IndexService.settle. Without it, the putter puts the keys.
 #   ReadPath(message_type, mapped_file_type, on_corrupt, result_type, statuses,
 #   batch_result_type): get_message's and get_batch's unit walk as one compiled call
 #   (`.read(...)`; `.pull(store, cq, offset, max_n, filter, max_bytes, subscription,
