@@ -421,8 +421,48 @@ cdef extern from *:
         return 0;
     #endif
     }
+    /* Python/thread_pthread.h makes a lock a POSIX semaphore on this condition. Its
+       non-blocking take (PyThread_acquire_lock) reads the monotonic clock for a deadline
+       it does not use (3.11: a vDSO clock_gettime, ~8 % of put() under perf): where the
+       lock is a semaphore, sem_trywait takes it the same way without the clock. Trusted
+       only after rs_lock_sem_check saw a lock's semaphore count follow acquire/release. */
+    #include <unistd.h>
+    #if defined(_POSIX_SEMAPHORES) && (_POSIX_SEMAPHORES+0) != -1 \
+        && !defined(HAVE_BROKEN_POSIX_SEMAPHORES) \
+        && (defined(HAVE_SEM_TIMEDWAIT) || defined(HAVE_SEM_CLOCKWAIT))
+    #include <semaphore.h>
+    #include <errno.h>
+    #define RS_LOCK_SEM 1
+    #endif
+    static int rs_lock_sem = 0;     /* set once by rs_lock_sem_check */
+    static inline int rs_lock_sem_value(PyObject *lock) {
+    #ifdef RS_LOCK_SEM
+        int v = -1;
+        if (sem_getvalue((sem_t *)((rs_lockobject *)lock)->lock_lock, &v) != 0)
+            return -1;
+        return v;
+    #else
+        (void)lock;
+        return -1;
+    #endif
+    }
+    /* `held` and `free`: one _thread.lock seen held and then free by acquire()/release(). */
+    static inline void rs_lock_sem_check(int held, int free) {
+        rs_lock_sem = held == 0 && free == 1;
+    }
     static inline int rs_lock_try(PyObject *lock) {
         rs_lockobject *o = (rs_lockobject *)lock;
+    #ifdef RS_LOCK_SEM
+        if (rs_lock_sem) {
+            int r;
+            while ((r = sem_trywait((sem_t *)o->lock_lock)) != 0 && errno == EINTR)
+                ;
+            if (r != 0)
+                return 0;
+            o->locked = 1;
+            return 1;
+        }
+    #endif
         if (PyThread_acquire_lock(o->lock_lock, NOWAIT_LOCK) != PY_LOCK_ACQUIRED)
             return 0;
         o->locked = 1;
@@ -439,10 +479,33 @@ cdef extern from *:
     """
     bint rs_lock_layout_known(Py_ssize_t basicsize) noexcept
     bint rs_lock_try(PyObject *lock) noexcept
+    int rs_lock_sem_value(PyObject *lock) noexcept
+    void rs_lock_sem_check(int held, int free) noexcept
+    int rs_lock_sem
     bint rs_lock_give(PyObject *lock) noexcept
 
 
-from _thread import LockType as _LockType
+from _thread import LockType as _LockType, allocate_lock as _allocate_lock
+
+
+cdef int _check_lock_sem() except -1:
+    """Whether a _thread.lock's lock_lock is the semaphore rs_lock_try takes directly: its
+    count read while one is held by acquire() and after release()."""
+    cdef int held, free
+    if not rs_lock_layout_known((<type>_LockType).__basicsize__):
+        return 0
+    probe = _allocate_lock()
+    probe.acquire()
+    held = rs_lock_sem_value(<PyObject *>probe)
+    probe.release()
+    free = rs_lock_sem_value(<PyObject *>probe)
+    rs_lock_sem_check(held, free)
+    return 0
+
+
+_check_lock_sem()
+# Whether put() takes a free put lock with sem_trywait (read by tests).
+LOCK_BY_SEMAPHORE = bool(rs_lock_sem)
 
 
 cdef struct _Batch:

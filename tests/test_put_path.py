@@ -3,6 +3,7 @@
 results and raises the errors of the Python path it stands in for, and hands every case it
 does not take to that path."""
 import random
+import sys
 
 import pytest
 
@@ -476,6 +477,14 @@ def test_a_put_waits_while_another_thread_holds_the_put_lock(tmp_path, backend):
         assert not lock.locked()
     finally:
         store.shutdown()
+
+
+@pytest.mark.skipif(sys.platform != "linux" or sys.version_info >= (3, 13),
+                    reason="a _thread.lock is a POSIX semaphore on Linux up to CPython 3.12")
+def test_the_compiled_put_takes_a_free_lock_as_a_semaphore_where_the_lock_is_one():
+    # Where CPython's lock is a semaphore, put() takes it with sem_trywait (no clock read);
+    # the two tests around this one then prove that path keeps the lock's Python view.
+    assert testing.load_backend("cext").LOCK_BY_SEMAPHORE
 
 
 def test_the_put_lock_is_free_after_every_kind_of_put(tmp_path, backend):
