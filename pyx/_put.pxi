@@ -505,7 +505,7 @@ cdef int _check_lock_sem() except -1:
 
 _check_lock_sem()
 # Whether put() takes a free put lock with sem_trywait (read by tests).
-LOCK_BY_SEMAPHORE = bool(rs_lock_sem)
+_LOCK_BY_SEMAPHORE = bool(rs_lock_sem)
 
 
 cdef struct _Batch:

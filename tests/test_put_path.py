@@ -484,7 +484,7 @@ def test_a_put_waits_while_another_thread_holds_the_put_lock(tmp_path, backend):
 def test_the_compiled_put_takes_a_free_lock_as_a_semaphore_where_the_lock_is_one():
     # Where CPython's lock is a semaphore, put() takes it with sem_trywait (no clock read);
     # the two tests around this one then prove that path keeps the lock's Python view.
-    assert testing.load_backend("cext").LOCK_BY_SEMAPHORE
+    assert testing.load_backend("cext")._LOCK_BY_SEMAPHORE
 
 
 def test_the_put_lock_is_free_after_every_kind_of_put(tmp_path, backend):
