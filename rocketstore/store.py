@@ -1448,9 +1448,15 @@ class MessageStore:
 
     def _drop_cold_cache(self):
         """drop_cold_commit_log_cache: evict the CommitLog's flushed bytes farther behind its
-        end than mem_limit (where a read counts them as on disk) from the page cache."""
+        end than mem_limit (where a read counts them as on disk) from the page cache. Not
+        those reput has yet to dispatch: it reads them next, and would fault them back in
+        from the disk, where they stayed (each range is evicted once)."""
         mfq = self.commitlog.mfq
-        mfq.drop_cache_below(min(mfq.flushed_where, mfq.get_max_offset() - self.mem_limit))
+        below = min(mfq.flushed_where, mfq.get_max_offset() - self.mem_limit)
+        dispatched = self._dispatched_offset()
+        if dispatched is not None:
+            below = min(below, dispatched)
+        mfq.drop_cache_below(below)
 
     def _clean_files(self, now_ms=None):
         """One cleaning round; None, with nothing done, once shutdown has begun: shutdown

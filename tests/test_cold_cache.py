@@ -75,6 +75,30 @@ def test_flushed_bytes_behind_the_in_memory_window_leave_the_page_cache_and_stil
         store.shutdown()
 
 
+def test_bytes_reput_has_yet_to_dispatch_stay_in_the_page_cache_until_it_has(disk_path, backend):
+    # Reput reads each record after the put: evicted before that, its pages came back from
+    # the disk on that read and stayed, since a range is evicted once (a CI run's wait for
+    # them to leave timed out).
+    store = testing.open_store(disk_path / "s", backend, config=_config())
+    try:
+        store.reput_service.shutdown()  # dispatches nothing from here on
+        reput_at = store.reput_service.reput_from_offset
+        store.mem_limit = FILE
+        _fill(store, 5)
+        assert store.flush() >= store.commitlog.max_offset
+        files = store.commitlog.mfq.files
+        assert reput_at < files[1].file_from_offset
+        store._drop_cold_cache()
+        assert all(testing.cached_bytes(mf.path) >= mf.wrote_position - PAGE for mf in files[1:])
+        # Dispatched through the third file: the second and third leave, the rest stay.
+        store.reput_service.reput_from_offset = files[3].file_from_offset
+        store._drop_cold_cache()
+        assert all(testing.cached_bytes(mf.path) == 0 for mf in files[1:3])
+        assert all(testing.cached_bytes(mf.path) >= mf.wrote_position - PAGE for mf in files[3:])
+    finally:
+        store.shutdown()
+
+
 # Backends whose mappings copy without the GIL (Mapping.copy_released); mmap.mmap's slices
 # hold it, and the pure and cffi backends read at their own speed.
 RELEASING = [b for b in testing.backend_params()
