@@ -423,7 +423,7 @@ cdef extern from *:
     }
     /* Python/thread_pthread.h makes a lock a POSIX semaphore on this condition. Its
        non-blocking take (PyThread_acquire_lock) reads the monotonic clock for a deadline
-       it does not use (3.11: a vDSO clock_gettime, ~8 % of put() under perf): where the
+       it does not use (3.11: a vDSO clock_gettime, ~4 % of put()'s perf samples): where the
        lock is a semaphore, sem_trywait takes it the same way without the clock. Trusted
        only after rs_lock_sem_check saw a lock's semaphore count follow acquire/release. */
     #include <unistd.h>

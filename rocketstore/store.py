@@ -1450,7 +1450,7 @@ class MessageStore:
         """drop_cold_commit_log_cache: evict the CommitLog's flushed bytes farther behind its
         end than mem_limit (where a read counts them as on disk) from the page cache. Not
         those reput has yet to dispatch: it reads them next, and would fault them back in
-        from the disk, where they stayed (each range is evicted once)."""
+        from the disk, cached again for good (each range is evicted once)."""
         mfq = self.commitlog.mfq
         below = min(mfq.flushed_where, mfq.get_max_offset() - self.mem_limit)
         dispatched = self._dispatched_offset()
