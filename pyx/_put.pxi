@@ -425,7 +425,7 @@ cdef extern from *:
        non-blocking take (PyThread_acquire_lock) reads the monotonic clock for a deadline
        it does not use (3.11: a vDSO clock_gettime, ~4 % of put()'s perf samples): where the
        lock is a semaphore, sem_trywait takes it the same way without the clock. Trusted
-       only after rs_lock_sem_check saw a lock's semaphore count follow acquire/release. */
+       only after _check_lock_sem saw a lock's semaphore count follow acquire/release. */
     #include <unistd.h>
     #if defined(_POSIX_SEMAPHORES) && (_POSIX_SEMAPHORES+0) != -1 \
         && !defined(HAVE_BROKEN_POSIX_SEMAPHORES) \
@@ -434,7 +434,7 @@ cdef extern from *:
     #include <errno.h>
     #define RS_LOCK_SEM 1
     #endif
-    static int rs_lock_sem = 0;     /* set once by rs_lock_sem_check */
+    static int rs_lock_sem = 0;     /* set once at import (_check_lock_sem) */
     static inline int rs_lock_sem_value(PyObject *lock) {
     #ifdef RS_LOCK_SEM
         int v = -1;
@@ -445,10 +445,6 @@ cdef extern from *:
         (void)lock;
         return -1;
     #endif
-    }
-    /* `held` and `free`: one _thread.lock seen held and then free by acquire()/release(). */
-    static inline void rs_lock_sem_check(int held, int free) {
-        rs_lock_sem = held == 0 && free == 1;
     }
     static inline int rs_lock_try(PyObject *lock) {
         rs_lockobject *o = (rs_lockobject *)lock;
@@ -480,7 +476,6 @@ cdef extern from *:
     bint rs_lock_layout_known(Py_ssize_t basicsize) noexcept
     bint rs_lock_try(PyObject *lock) noexcept
     int rs_lock_sem_value(PyObject *lock) noexcept
-    void rs_lock_sem_check(int held, int free) noexcept
     int rs_lock_sem
     bint rs_lock_give(PyObject *lock) noexcept
 
@@ -499,7 +494,8 @@ cdef int _check_lock_sem() except -1:
     held = rs_lock_sem_value(<PyObject *>probe)
     probe.release()
     free = rs_lock_sem_value(<PyObject *>probe)
-    rs_lock_sem_check(held, free)
+    global rs_lock_sem
+    rs_lock_sem = held == 0 and free == 1
     return 0
 
 
