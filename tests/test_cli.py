@@ -114,6 +114,33 @@ def test_serve_on_a_fresh_store_does_not_log_missing_config_files(tmp_path):
     assert proc.returncode == 0 and "missing or empty" not in err and "Traceback" not in err
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="tgkill and /proc/PID/task")
+def test_serve_stops_on_a_sigint_that_one_of_its_other_threads_receives(tmp_path):
+    # CPython handles a signal in the main thread; a wait there without a timeout ends early
+    # only when the kernel hands the signal to the main thread itself. Sent to one of the
+    # store's threads instead, Ctrl-C went unnoticed until the wait timed out (never).
+    import ctypes
+    import os
+    import signal
+    import subprocess
+    proc = subprocess.Popen([sys.executable, "-m", "rocketstore", "serve", str(tmp_path / "s"),
+                             "--listen", "0", "--status-interval", "0",
+                             "--file-size", str(1 << 20)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("listening")
+        other = next(int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid)
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.tgkill(proc.pid, other, signal.SIGINT) == 0, ctypes.get_errno()
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0 and "stopped" in out and "Traceback" not in err, err
+
+
 @pytest.mark.parametrize("args,error", [
     (["--role", "slave"], "--role slave needs --master HOST:PORT"),
     (["--role", "slave", "--master", "nohostport"], "--master is 'nohostport'; it must be "

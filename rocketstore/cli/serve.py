@@ -12,11 +12,14 @@ import logging
 import signal
 import sys
 import threading
+import time
 
 from ..services.base import ServiceThread
 
 log = logging.getLogger("rocketstore.serve")
 
+# The longest the main thread waits before it looks for a signal to handle (run_serve).
+SIGNAL_POLL_S = 0.5
 ROLES = {"master": "ASYNC_MASTER", "sync-master": "SYNC_MASTER", "slave": "SLAVE"}
 
 
@@ -161,8 +164,19 @@ def run_serve(args):
             producer = _Producer(store, args)
             producer.start()
         interval = args.status_interval if args.status_interval > 0 else None
-        while not stop.wait(interval):
-            log.info("%s", _status(store))
+        next_status = None if interval is None else time.monotonic() + interval
+        # Waited in steps of at most SIGNAL_POLL_S: CPython runs a signal's handler in the
+        # main thread only, and a wait without a timeout there is cut short only when the
+        # kernel hands the signal to the main thread itself; handed to one of the store's
+        # threads, a Ctrl-C went unnoticed (a CI run's `serve` did not stop within 120 s).
+        while True:
+            step = SIGNAL_POLL_S if next_status is None else min(
+                SIGNAL_POLL_S, max(0.0, next_status - time.monotonic()))
+            if stop.wait(step):
+                break
+            if next_status is not None and time.monotonic() >= next_status:
+                log.info("%s", _status(store))
+                next_status = time.monotonic() + interval
         stopped = True
     finally:
         stop.set()
