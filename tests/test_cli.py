@@ -141,6 +141,58 @@ def test_serve_stops_on_a_sigint_that_one_of_its_other_threads_receives(tmp_path
     assert proc.returncode == 0 and "stopped" in out and "Traceback" not in err, err
 
 
+# A store whose puts take 50 ms each: two producers of 100 000 messages in batches of 10
+# would put for 500 s unless something stops them.
+_SLOW_PRODUCE = """
+import threading, time
+from rocketstore.cli.bench import _produce
+from rocketstore.cli.progress import _Silent
+
+class SlowStore:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.puts = 0
+
+    def put_messages(self, part):
+        with self.lock:
+            self.puts += 1
+            if self.puts == 1:
+                print(threading.get_native_id(), flush=True)
+        time.sleep(0.05)
+        return [None] * len(part)
+
+store = SlowStore()
+try:
+    _produce(store, list(range(200_000)), 10, 2, _Silent())
+except KeyboardInterrupt:
+    puts = store.puts
+    time.sleep(0.3)
+    print("interrupted", puts, store.puts, flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="tgkill")
+def test_bench_with_producer_threads_stops_them_on_a_sigint_one_of_them_receives():
+    # The main thread, joining the producers, runs the handler; handed to a producer, Ctrl-C
+    # once waited for every put to end. The producers stop too: the store is shut down next.
+    import ctypes
+    import signal
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_PRODUCE], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        producer = int(proc.stdout.readline())
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.tgkill(proc.pid, producer, signal.SIGINT) == 0, ctypes.get_errno()
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    word, at_interrupt, later = out.split()
+    assert word == "interrupted" and int(at_interrupt) == int(later) < 2_000, out
+
+
 @pytest.mark.parametrize("args,error", [
     (["--role", "slave"], "--role slave needs --master HOST:PORT"),
     (["--role", "slave", "--master", "nohostport"], "--master is 'nohostport'; it must be "

@@ -22,12 +22,13 @@ from ..errors import WorkloadCheckError
 from ..store import MessageStore
 from ..workload import (check_puts, check_read_back, make_messages, sized_config,
                        wait_dispatched)
-from .common import check_counts
+from .common import SIGNAL_POLL_S, check_counts
 from .progress import progress_bar
 
 # Bodies compared per queue after the consume phase, which has just read every message.
 SAMPLE_PER_QUEUE = 100
 MAX_FILE_SIZE = 1 << 30        # RocketMQ's default CommitLog file size
+ONE_AT_A_TIME_STEP = 1000      # puts between a producer's looks at the stop flag
 
 
 def _fdatasync_latency_us(directory, rounds=20):
@@ -68,6 +69,7 @@ def _produce(store, msgs, batch, threads, bar):
     latencies = []
     results = []
     lock = threading.Lock()
+    stop = threading.Event()    # set on Ctrl-C; each producer looks at it between steps
 
     def work(chunk):
         local = []
@@ -75,14 +77,18 @@ def _produce(store, msgs, batch, threads, bar):
         keep = done.append
         if batch <= 1:
             put = store.put_message
-            for m in chunk:
-                t = perf()
-                keep(put(m))
-                local.append((perf() - t) * 1e6)
-                if len(local) % 1000 == 0:
-                    bar.update(1000)
+            for i in range(0, len(chunk), ONE_AT_A_TIME_STEP):
+                if stop.is_set():
+                    break
+                for m in chunk[i:i + ONE_AT_A_TIME_STEP]:
+                    t = perf()
+                    keep(put(m))
+                    local.append((perf() - t) * 1e6)
+                bar.update(min(ONE_AT_A_TIME_STEP, len(chunk) - i))
         else:
             for i in range(0, len(chunk), batch):
+                if stop.is_set():
+                    break
                 part = chunk[i:i + batch]
                 t = perf()
                 keep(store.put_messages(part))
@@ -105,10 +111,22 @@ def _produce(store, msgs, batch, threads, bar):
         except Exception as exc:
             errors.append(exc)
     ts = [threading.Thread(target=guarded, args=(c,)) for c in chunks]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    try:
+        for t in ts:
+            t.start()
+        # Joined in steps of SIGNAL_POLL_S, so that a Ctrl-C the kernel hands to a producer
+        # or to one of the store's threads still stops the run.
+        for t in ts:
+            while t.is_alive():
+                t.join(SIGNAL_POLL_S)
+    except BaseException:
+        # Stop the producers before the caller shuts the store down under them. One not yet
+        # alive (Ctrl-C came while starting it) has not run: its first step sees the flag.
+        stop.set()
+        for t in ts:
+            if t.is_alive():
+                t.join()
+        raise
     if errors:
         raise errors[0]
     return latencies, results

@@ -15,11 +15,10 @@ import threading
 import time
 
 from ..services.base import ServiceThread
+from .common import SIGNAL_POLL_S
 
 log = logging.getLogger("rocketstore.serve")
 
-# The longest the main thread waits before it looks for a signal to handle (run_serve).
-SIGNAL_POLL_S = 0.5
 ROLES = {"master": "ASYNC_MASTER", "sync-master": "SYNC_MASTER", "slave": "SLAVE"}
 
 
