@@ -33,6 +33,7 @@ cdef extern from "Python.h":
     int _PyDict_SetItem_KnownHash(object d, object key, object v, Py_hash_t h) except -1
     void Py_XINCREF(PyObject *o)
     void PyObject_GC_UnTrack(object op)
+    bint PyObject_IS_GC(object op)
     ctypedef struct PyMemberDef:
         Py_ssize_t offset
     ctypedef struct PyMemberDescrObject:
@@ -175,6 +176,81 @@ cdef extern from *:
     }
     """
     void _set_member "rs_set_member" (object obj, Py_ssize_t offset, object value) noexcept
+
+
+cdef extern from *:
+    """
+    #include <structmember.h>
+    /* A base class of object members only, for the result classes of rocketstore/status.py
+       (see _untracked_slots_type). Not a garbage-collected type: its instances neither are
+       tracked nor count toward generation 0's threshold, which even an untracked instance
+       of a __slots__ class does. A heap type: an instance holds a reference to its class,
+       which the dealloc of the class's nearest heap-type base gives back. */
+    static void rs_slots_dealloc(PyObject *self) {
+        PyTypeObject *tp = Py_TYPE(self), *base = tp;
+        PyObject **member = (PyObject **)((char *)self + sizeof(PyObject));
+        Py_ssize_t i, n;
+        while (base->tp_base != &PyBaseObject_Type)
+            base = base->tp_base;
+        n = (base->tp_basicsize - (Py_ssize_t)sizeof(PyObject)) / (Py_ssize_t)sizeof(PyObject *);
+        for (i = 0; i < n; i++)
+            Py_CLEAR(member[i]);
+        tp->tp_free(self);
+        Py_DECREF(tp);
+    }
+
+    /* The class `qualified` ("module.Name") with one object member per str of the tuple
+       `names`, in order. The names' UTF-8 and the qualified name must outlive the class: the
+       caller keeps them (the class's __slots__ and _tp_name). */
+    static PyObject *rs_untracked_slots_type(const char *qualified, PyObject *names) {
+        Py_ssize_t i, n = PyTuple_GET_SIZE(names);
+        PyMemberDef *members = PyMem_Calloc((size_t)n + 1, sizeof(PyMemberDef));
+        PyObject *type = NULL;
+        if (members == NULL)
+            return PyErr_NoMemory();
+        for (i = 0; i < n; i++) {
+            members[i].name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, i));
+            if (members[i].name == NULL)
+                goto done;
+            members[i].type = T_OBJECT_EX;
+            members[i].offset = (Py_ssize_t)(sizeof(PyObject) + (size_t)i * sizeof(PyObject *));
+        }
+        {
+            PyType_Slot slots[] = {
+                {Py_tp_dealloc, (void *)rs_slots_dealloc},
+                {Py_tp_new, (void *)PyType_GenericNew},
+                {Py_tp_members, members},   /* copied into the class */
+                {0, NULL},
+            };
+            PyType_Spec spec = {qualified, (int)(sizeof(PyObject) + (size_t)n * sizeof(PyObject *)),
+                                0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE, slots};
+            type = PyType_FromSpec(&spec);
+        }
+    done:
+        PyMem_Free(members);
+        return type;
+    }
+    """
+    object rs_untracked_slots_type(const char *qualified, object names)
+
+
+def _untracked_slots_type(str qualified, tuple names):
+    """A base class holding the members `names` (all str), named `qualified`
+    ("module.Name"), whose instances the garbage collector does not track or count: a class
+    deriving from it with `__slots__ = ()` is not garbage-collected either (CPython makes a
+    class collected only when its base is, or when it adds members). Only for classes whose
+    members can refer to no container that could refer back (rocketstore/status.py's
+    results): a cycle through one would never be collected. Its `__slots__` names the
+    members, so pickle and copy see them as a __slots__ class's."""
+    if not all(type(n) is str and n.isidentifier() for n in names) or len(set(names)) < len(names):
+        raise ValueError(f"member names must be distinct identifiers, not {names!r}")
+    name_b = qualified.encode()
+    if b"." not in name_b:
+        raise ValueError(f"{qualified!r} is not a qualified name (module.Name)")
+    cls = rs_untracked_slots_type(name_b, names)
+    cls.__slots__ = names
+    cls._tp_name = name_b              # holds the bytes the class's tp_name points into
+    return cls
 
 
 cdef inline int64_t _now_ms() noexcept nogil:
@@ -861,7 +937,8 @@ cdef class PutPath:
         _set_member(res, self._b[6], ts)
         _set_member(res, self._b[7], total)
         _set_member(res, self._b[8], self._store_raw)
-        PyObject_GC_UnTrack(res)
+        if PyObject_IS_GC(res):         # a class from _untracked_slots_type is not
+            PyObject_GC_UnTrack(res)
         return res
 
     cdef bint _prepare(self, object msg, _Rec *r, rs_part *parts, object limits,
@@ -1342,8 +1419,10 @@ cdef class PutPath:
             _set_member(res, self._r[6], self._store_raw)
             # Not tracked by the garbage collector: it refers to an enum member, ints and bytes
             # only, so it can be in no cycle, and a program keeping a million results would
-            # otherwise make every collection walk them all (measured: ~30 % of a put).
-            PyObject_GC_UnTrack(res)
+            # otherwise make every collection walk them all (measured: ~30 % of a put). The
+            # class status.py builds is not even a collected one (_untracked_slots_type).
+            if PyObject_IS_GC(res):
+                PyObject_GC_UnTrack(res)
             return res
         finally:
             _rec_release(&r)     # what the record pointed into (see _Rec)

@@ -3,6 +3,7 @@
 results and raises the errors of the Python path it stands in for, and hands every case it
 does not take to that path."""
 import random
+import subprocess
 import sys
 
 import pytest
@@ -258,6 +259,81 @@ def test_compiled_put_results_are_not_tracked_by_the_garbage_collector(tmp_path)
         assert rb.msg_ids == [m.msg_id for m in got]
     finally:
         store.shutdown()
+
+
+@needs_cext
+def test_put_results_a_program_keeps_bring_on_no_garbage_collection(tmp_path):
+    # Untracked or not, an instance of a class statement's class counts toward generation
+    # 0's threshold: keeping every result ran a collection every 700 puts (and in the
+    # put_message bench, the process's first full collection inside its first timed round).
+    import gc
+    store = testing.open_store(tmp_path / "s", testing.load_backend("cext"))
+    msgs = make_messages(3001)
+    try:
+        store.put_message(msgs[0])                  # warm: the topic, the first file
+        gc.disable()
+        counts = []
+        for i in range(3):
+            kept = []
+            before = gc.get_count()[0]
+            for m in msgs[1 + 1000 * i:1001 + 1000 * i]:
+                kept.append(store.put_message(m))
+            counts.append(gc.get_count()[0] - before)
+            assert all(r.ok for r in kept) and len({r.commit_log_offset for r in kept}) == 1000
+        # The list, and whatever the store's own threads allocate meanwhile (see
+        # test_batch_puts_allocate_no_garbage_collected_object_per_message); not a result.
+        assert min(counts) < 200, counts
+    finally:
+        gc.enable()
+        store.shutdown()
+
+
+HAVE_GC = 1 << 14          # Py_TPFLAGS_HAVE_GC: a class whose instances the collector counts
+_PLAIN_RESULTS = """
+import sys
+sys.modules["rocketstore.kernels._cext"] = None     # as where the module was never built
+import gc, pickle
+from rocketstore import status, testing
+from rocketstore.message import Message
+for cls in (status.PutMessageResult, status.PutMessagesResult):
+    print(sorted(dir(cls)))
+store = testing.open_store(sys.argv[1], testing.load_backend("pure"))
+try:
+    r = store.put_message(Message("T", b"x"))
+    back = pickle.loads(pickle.dumps(r))
+    print(repr(back), back.msg_id == r.msg_id, type(r).__flags__ >> 14 & 1)
+finally:
+    store.shutdown()
+"""
+
+
+@needs_cext
+def test_results_rebuilt_untracked_keep_the_plain_classes_attributes_and_pickle(tmp_path):
+    import copy
+    import gc
+    import pickle
+    from rocketstore.status import PutMessageResult, PutMessagesResult
+    out = subprocess.run([sys.executable, "-c", _PLAIN_RESULTS, str(tmp_path / "plain")],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    plain_one, plain_many, put = out.splitlines()
+    # Where the compiled module is missing, a plain __slots__ class (HAVE_GC set: 1).
+    assert put.startswith("PutMessageResult(PUT_OK, commit_log_offset=0") and put.endswith(
+        "True 1")
+    assert eval(plain_one) == sorted(set(dir(PutMessageResult)) - {"_tp_name"})
+    assert eval(plain_many) == sorted(set(dir(PutMessagesResult)) - {"_tp_name"})
+    store = testing.open_store(tmp_path / "s", testing.load_backend("cext"))
+    try:
+        one = store.put_message(Message("T", b"x"))
+        many = store.put_messages([Message("T", b"y"), Message("T", b"z")])
+    finally:
+        store.shutdown()
+    for r in (one, many):
+        assert not type(r).__flags__ & HAVE_GC and not gc.is_tracked(r)
+        for twin in (pickle.loads(pickle.dumps(r)), copy.copy(r)):
+            assert type(twin) is type(r) and repr(twin) == repr(r) and twin.msg_id == r.msg_id
+    assert PutMessageResult(PutMessageStatus.PUT_OK, 1, 2).queue_offset == 2
+    made = [PutMessageResult(PutMessageStatus.PUT_OK) for _ in range(500)]
+    assert not any(gc.is_tracked(r) for r in made)
 
 
 def _put_lists(root, backend, msgs, size):
