@@ -590,6 +590,47 @@ def test_the_put_lock_is_free_after_every_kind_of_put(tmp_path, backend):
         store.shutdown()
 
 
+def test_a_put_wakes_a_service_by_its_current_mark_and_notified_flag(tmp_path, backend):
+    # The compiled path reads a service's has_notified and wake_from in place (its
+    # wake_cell): every change made between puts must count, for a single put and a list.
+    from rocketstore.services.base import ServiceThread
+
+    class Idle(ServiceThread):
+        def run_once(self):                 # never started
+            pass
+    store = testing.open_store(tmp_path / "s", backend)
+    try:
+        cl = store.commitlog
+        plain = cl.wake_on_put
+        svc = Idle("idle")
+        cl.wake_on_put = svc
+        for put in (lambda: store.put_message(Message("T", b"m")),
+                    lambda: store.put_messages([Message("T", b"a"), Message("T", b"b")])):
+            put()                               # the topic known, the path warm
+            svc.has_notified = False
+            svc.wake_from = cl.max_offset + (1 << 30)
+            put()
+            assert not svc.has_notified         # the records end before the mark
+            svc.wake_from = cl.max_offset + 1
+            put()
+            assert svc.has_notified             # they pass it
+            woken = []
+            svc.wakeup = lambda: woken.append(1)
+            put()
+            # Pending: the compiled path does not call it; the Python path calls it, and
+            # wakeup() itself finds it pending.
+            assert woken == ([] if backend.NAME == "cext" else [1]) and svc.has_notified
+            del svc.wakeup
+            svc.has_notified = False
+            svc.wake_from = 0
+            put()
+            assert svc.has_notified             # 0: every put wakes
+        cl.wake_on_put = plain
+        assert store.put_message(Message("T", b"z")).ok
+    finally:
+        store.shutdown()
+
+
 def test_queue_offsets_run_on_when_the_compiled_and_python_paths_alternate(tmp_path, backend):
     # The Python path creates each queue's table entry (a topic's first put is its); the
     # compiled path then re-keys the entry with its own key. Every put, whichever path

@@ -7,6 +7,7 @@ The stop/join rule: `stop()` asks the loop to end and returns at once, from any 
 loop's own included); `interrupt()` is its hook to cut a blocking call short (a socket
 shutdown). `shutdown()` is `stop()` and then a join of at most `join_time_s`; a thread never
 joins itself. `on_shutdown()` runs on the service's own thread once its loop has ended."""
+import array
 import logging
 import os
 import threading
@@ -45,19 +46,37 @@ class ServiceThread:
     # Work done ahead of a writer, which the writer does itself when this thread lags: run as
     # SCHED_BATCH (run_as_batch), so that waking it never takes the writer's CPU.
     works_ahead = False
-    # As CommitLog.wake_on_put: a put whose records end before this CommitLog offset does not
-    # wake the service (the store's put paths read it before wakeup()). 0: every put does.
-    wake_from = 0
-
     def __init__(self, name=None):
         if name is not None:
             self.name = name
         self._stopped = threading.Event()
         self._notified = threading.Event()
-        # ServiceThread.hasNotified: a wakeup while one is pending costs one attribute read,
-        # not the Event's lock and notify (a put wakes the flusher every time).
-        self.has_notified = False
+        # has_notified (0 or 1) and wake_from, in one int64 cell that the compiled put path
+        # reads in place (pyx/_put.pxi, PutPath._wake): as attributes, their two lookups were
+        # 20-40 ns of a put_message of about 500 (doc/performance.md).
+        self.wake_cell = array.array("q", [0, 0])
         self._thread = None
+
+    @property
+    def has_notified(self):
+        """ServiceThread.hasNotified: a wakeup while one is pending costs one read, not the
+        Event's lock and notify (a put wakes the flusher every time)."""
+        return self.wake_cell[0] != 0
+
+    @has_notified.setter
+    def has_notified(self, value):
+        self.wake_cell[0] = 1 if value else 0
+
+    @property
+    def wake_from(self):
+        """As CommitLog.wake_on_put: a put whose records end before this CommitLog offset does
+        not wake the service (the store's put paths read it before wakeup()). 0: every put
+        does."""
+        return self.wake_cell[1]
+
+    @wake_from.setter
+    def wake_from(self, offset):
+        self.wake_cell[1] = offset
 
     @property
     def is_stopped(self):
