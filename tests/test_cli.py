@@ -119,26 +119,35 @@ def test_serve_stops_on_a_sigint_that_one_of_its_other_threads_receives(tmp_path
     # CPython handles a signal in the main thread; a wait there without a timeout ends early
     # only when the kernel hands the signal to the main thread itself. Sent to one of the
     # store's threads instead, Ctrl-C went unnoticed until the wait timed out (never).
-    import ctypes
     import os
+
+    def other_thread(proc):
+        assert proc.stdout.readline().startswith("listening")
+        return next(int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid)
+    proc, out, err = _sigint_to_thread([sys.executable, "-m", "rocketstore", "serve",
+                                        str(tmp_path / "s"), "--listen", "0",
+                                        "--status-interval", "0", "--file-size", str(1 << 20)],
+                                       other_thread)
+    assert proc.returncode == 0 and "stopped" in out and "Traceback" not in err, err
+
+
+def _sigint_to_thread(argv, thread_of):
+    """Run `argv`, send SIGINT to the thread `thread_of(proc)` names (it may read the
+    process's first lines), and return the process with the rest of its output once it has
+    ended (30 s at most; then it is killed and the test fails)."""
+    import ctypes
     import signal
-    import subprocess
-    proc = subprocess.Popen([sys.executable, "-m", "rocketstore", "serve", str(tmp_path / "s"),
-                             "--listen", "0", "--status-interval", "0",
-                             "--file-size", str(1 << 20)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        first = proc.stdout.readline()
-        assert first.startswith("listening")
-        other = next(int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid)
+        tid = thread_of(proc)
         libc = ctypes.CDLL(None, use_errno=True)
-        assert libc.tgkill(proc.pid, other, signal.SIGINT) == 0, ctypes.get_errno()
+        assert libc.tgkill(proc.pid, tid, signal.SIGINT) == 0, ctypes.get_errno()
         out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 0 and "stopped" in out and "Traceback" not in err, err
+    return proc, out, err
 
 
 # A store whose puts take 50 ms each: two producers of 100 000 messages in batches of 10
@@ -175,19 +184,8 @@ except KeyboardInterrupt:
 def test_bench_with_producer_threads_stops_them_on_a_sigint_one_of_them_receives():
     # The main thread, joining the producers, runs the handler; handed to a producer, Ctrl-C
     # once waited for every put to end. The producers stop too: the store is shut down next.
-    import ctypes
-    import signal
-    proc = subprocess.Popen([sys.executable, "-c", _SLOW_PRODUCE], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        producer = int(proc.stdout.readline())
-        libc = ctypes.CDLL(None, use_errno=True)
-        assert libc.tgkill(proc.pid, producer, signal.SIGINT) == 0, ctypes.get_errno()
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    proc, out, err = _sigint_to_thread([sys.executable, "-c", _SLOW_PRODUCE],
+                                       lambda proc: int(proc.stdout.readline()))
     assert proc.returncode == 0, err
     word, at_interrupt, later = out.split()
     assert word == "interrupted" and int(at_interrupt) == int(later) < 2_000, out
