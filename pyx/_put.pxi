@@ -55,6 +55,7 @@ DEF KEY_CACHE = 64                  # property names remembered with their HashM
 DEF FAST_MAX_BODY = 65536           # larger bodies take the path that CRCs without the GIL
 DEF PROPS_INLINE = 128              # put_list's room per record for its properties string
 DEF NOGIL_BATCH_BYTES = 65536       # put_columns encodes a batch this large without the GIL
+DEF MAX_WAKE_SERVICES = 4           # services a put's wake-up reads in place (PutPath._wake)
 
 # Cells of CommitLog.put_cells (rocketstore/stats.py; checked against it in PutPath.__init__).
 DEF C_LOCK_BEGIN = 0
@@ -766,9 +767,14 @@ cdef class PutPath:
     cdef readonly Py_ssize_t fast
     cdef readonly Py_ssize_t slow
     cdef int64_t[::1] _cells_view   # CommitLog.put_cells, held: the array cannot be resized
-    cdef object _wake_obj           # the CommitLog.wake_on_put that _wake_cell belongs to
-    cdef int64_t[::1] _wake_view    # its wake_cell, held (ServiceThread: has_notified, wake_from)
-    cdef int64_t *_wake_cell        # NULL: it has none, and _wake_on_put reads its attributes
+    # The CommitLog.wake_on_put last seen, and the services it wakes with their wake_cells
+    # (ServiceThread: has_notified, wake_from), exported into _wake_bufs; _n_wake 0: read by
+    # attribute (_wake_on_put).
+    cdef object _wake_obj
+    cdef tuple _wake_services
+    cdef Py_buffer _wake_bufs[MAX_WAKE_SERVICES]
+    cdef int64_t *_wake_cells[MAX_WAKE_SERVICES]
+    cdef Py_ssize_t _n_wake
     cdef int64_t *_cells
     cdef int64_t _busy_ms
     # put()'s copies of the CommitLog's put state (_sync_state), valid while the instance
@@ -803,6 +809,7 @@ cdef class PutPath:
         cdef size_t i
         for i in range(KEY_CACHE):
             Py_XDECREF(self._kc_obj[i])
+        self._unbind_wake()
         PyMem_Free(self._scratch)
         PyMem_Free(self._parts)
         PyMem_Free(self._lists_ints)
@@ -1288,32 +1295,49 @@ cdef class PutPath:
         return 0
 
     cdef inline int _wake(self, object wake, int64_t end) except -1:
-        """_wake_on_put, with a service's has_notified and wake_from read in place from its
-        wake_cell (services.base.ServiceThread): two attribute lookups fewer a put."""
+        """_wake_on_put, with each service's has_notified and wake_from read in place from its
+        wake_cell (services.base.ServiceThread): no attribute lookup a put, and for a wake
+        that names its services (consumer.PutWake.services) no Python frame of its own."""
+        cdef Py_ssize_t i
         if wake is None:
             return 0
         if wake is not self._wake_obj:
             self._bind_wake(wake)
-        if self._wake_cell == NULL:
+        if self._n_wake == 0:
             return _wake_on_put(wake, end)
-        if self._wake_cell[0] == 0 and end >= self._wake_cell[1]:
-            wake.wakeup()
+        for i in range(self._n_wake):
+            if self._wake_cells[i][0] == 0 and end >= self._wake_cells[i][1]:
+                (<tuple>self._wake_services)[i].wakeup()
         return 0
 
     cdef int _bind_wake(self, object wake) except -1:
-        self._wake_cell = NULL
-        self._wake_view = None
+        """Read what `wake` wakes: itself when it has a wake_cell, else the services of its
+        `services` when each has one; otherwise (_n_wake 0) its attributes at every put."""
+        cdef Py_ssize_t i
+        self._unbind_wake()
         self._wake_obj = wake
-        cell = getattr(wake, "wake_cell", None)
-        if cell is None:
+        services = (wake,) if hasattr(wake, "wake_cell") else getattr(wake, "services", None)
+        if (type(services) is not tuple or not 0 < len(<tuple>services) <= MAX_WAKE_SERVICES
+                or not all(type(getattr(w, "wake_cell", None)) is _array for w in services)):
             return 0
         try:
-            self._wake_view = cell
-        except (TypeError, ValueError, BufferError):
-            return 0                    # not an int64 array: the attributes are read
-        if self._wake_view.shape[0] >= 2:
-            self._wake_cell = &self._wake_view[0]
+            for i in range(len(<tuple>services)):
+                self._wake_cells[i] = _cell(services[i].wake_cell, &self._wake_bufs[i], 2)
+                self._n_wake = i + 1
+        except TypeError:
+            self._unbind_wake()             # not int64 cells: the attributes are read
+            self._wake_obj = wake
+            return 0
+        self._wake_services = services
         return 0
+
+    cdef void _unbind_wake(self) noexcept:
+        cdef Py_ssize_t i
+        for i in range(self._n_wake):
+            PyBuffer_Release(&self._wake_bufs[i])
+        self._n_wake = 0
+        self._wake_services = None
+        self._wake_obj = None
 
     cdef inline int64_t _now(self) except? -1:
         if self._system_clock:

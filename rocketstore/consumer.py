@@ -137,6 +137,10 @@ class PutWake:
         self.inner = inner
         self.reput = reput
         self._written_end = written_end
+        # What wakeup() wakes, in its order, for the compiled put path: it reads each one's
+        # wake_cell and calls its wakeup() itself, as wakeup() below decides (reput's own
+        # mark is 0), without this object's Python frame (pyx/_put.pxi, PutPath._wake).
+        self.services = (reput,) if inner is None else (inner, reput)
 
     def wakeup(self):
         inner = self.inner

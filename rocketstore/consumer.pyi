@@ -36,6 +36,7 @@ class PutWake:
     wake_from: int
     inner: Any
     reput: Any
+    services: tuple[Any, ...]
     def __init__(self, inner: Any, reput: Any, written_end: Callable[[], int]) -> None: ...
     def wakeup(self) -> None: ...
 

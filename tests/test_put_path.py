@@ -12,6 +12,7 @@ from rocketstore import Message, PutMessageStatus, testing
 from rocketstore.clock import StepClock
 from rocketstore.message import tags_code_of
 from rocketstore.errors import MessageIllegalError, StoreClosedError
+from rocketstore.services.base import ServiceThread
 from rocketstore.workload import make_messages
 
 BACKENDS = testing.backend_params()
@@ -590,15 +591,25 @@ def test_the_put_lock_is_free_after_every_kind_of_put(tmp_path, backend):
         store.shutdown()
 
 
+class _Idle(ServiceThread):
+    """A service never started: what puts wake shows in its has_notified."""
+
+    def run_once(self):
+        pass
+
+
+def _store_with_its_own_put_hook(root, backend):
+    # Reput stopped: going idle or busy, it would put the store's own hook back.
+    store = testing.open_store(root, backend)
+    store.reput_service.shutdown()
+    return store
+
+
 def test_a_put_wakes_a_service_by_its_current_mark_and_notified_flag(tmp_path, backend):
     # The compiled path reads a service's has_notified and wake_from in place (its
     # wake_cell): every change made between puts must count, for a single put and a list.
-    from rocketstore.services.base import ServiceThread
-
-    class Idle(ServiceThread):
-        def run_once(self):                 # never started
-            pass
-    store = testing.open_store(tmp_path / "s", backend)
+    Idle = _Idle
+    store = _store_with_its_own_put_hook(tmp_path / "s", backend)
     try:
         cl = store.commitlog
         plain = cl.wake_on_put
@@ -627,6 +638,45 @@ def test_a_put_wakes_a_service_by_its_current_mark_and_notified_flag(tmp_path, b
             assert svc.has_notified             # 0: every put wakes
         cl.wake_on_put = plain
         assert store.put_message(Message("T", b"z")).ok
+    finally:
+        store.shutdown()
+
+
+def test_while_a_consumer_waits_a_put_wakes_reput_and_the_flusher_by_their_own_flags(
+        tmp_path, backend):
+    # consumer.PutWake names its services; the compiled path wakes each by its own cell as
+    # PutWake.wakeup() would: reput whenever it has no wake-up pending, the flusher only
+    # past its mark.
+    from rocketstore.consumer import PutWake
+    store = _store_with_its_own_put_hook(tmp_path / "s", backend)
+    try:
+        cl = store.commitlog
+        flusher, reput = _Idle("flusher"), _Idle("reput")
+        cl.wake_on_put = PutWake(flusher, reput, cl.mfq.get_max_wrote_position)
+        for put in (lambda: store.put_message(Message("T", b"m")),
+                    lambda: store.put_messages([Message("T", b"a"), Message("T", b"b")])):
+            put()
+            flusher.has_notified = reput.has_notified = False
+            flusher.wake_from = cl.max_offset + (1 << 30)
+            put()
+            assert reput.has_notified and not flusher.has_notified
+            reput.has_notified = False
+            flusher.wake_from = cl.max_offset + 1
+            put()
+            assert reput.has_notified and flusher.has_notified
+            calls = []
+            reput.wakeup = lambda: calls.append("reput")
+            flusher.wakeup = lambda: calls.append("flusher")
+            put()
+            assert calls == []                  # both pending
+            reput.has_notified = False
+            put()
+            assert calls == ["reput"]
+            del reput.wakeup, flusher.wakeup
+        cl.wake_on_put = PutWake(None, reput, cl.mfq.get_max_wrote_position)
+        reput.has_notified = False
+        store.put_message(Message("T", b"z"))
+        assert reput.has_notified
     finally:
         store.shutdown()
 
