@@ -182,11 +182,12 @@ cdef extern from *:
 cdef extern from *:
     """
     #include <structmember.h>
-    /* A base class of object members only, for the result classes of rocketstore/status.py
-       (see _untracked_slots_type). Not a garbage-collected type: its instances neither are
+    /* A class of object members only, for the result classes of rocketstore/status.py (see
+       _untracked_slots_type). Not a garbage-collected type: its instances neither are
        tracked nor count toward generation 0's threshold, which even an untracked instance
        of a __slots__ class does. A heap type: an instance holds a reference to its class,
-       which the dealloc of the class's nearest heap-type base gives back. */
+       given back here. The members are those of the first class below object (a subclass a
+       class statement makes is collected, and clears its own members first). */
     static void rs_slots_dealloc(PyObject *self) {
         PyTypeObject *tp = Py_TYPE(self), *base = tp;
         PyObject **member = (PyObject **)((char *)self + sizeof(PyObject));
@@ -236,13 +237,13 @@ cdef extern from *:
 
 
 def _untracked_slots_type(str qualified, tuple names):
-    """A base class holding the members `names` (all str), named `qualified`
-    ("module.Name"), whose instances the garbage collector does not track or count: a class
-    deriving from it with `__slots__ = ()` is not garbage-collected either (CPython makes a
-    class collected only when its base is, or when it adds members). Only for classes whose
-    members can refer to no container that could refer back (rocketstore/status.py's
-    results): a cycle through one would never be collected. Its `__slots__` names the
-    members, so pickle and copy see them as a __slots__ class's."""
+    """A class holding the members `names` (all str), named `qualified` ("module.Name"),
+    whose instances the garbage collector does not track or count (status._untracked copies
+    a __slots__ class's methods onto it: CPython 3.11 makes any class a class statement
+    builds a collected one, a subclass of this included). Only for classes whose members can
+    refer to no container that could refer back (rocketstore/status.py's results): a cycle
+    through one would never be collected. Its `__slots__` names the members, so pickle and
+    copy see them as a __slots__ class's."""
     if not all(type(n) is str and n.isidentifier() for n in names) or len(set(names)) < len(names):
         raise ValueError(f"member names must be distinct identifiers, not {names!r}")
     name_b = qualified.encode()
@@ -1317,15 +1318,14 @@ cdef class PutPath:
         self._unbind_wake()
         self._wake_obj = wake
         services = (wake,) if hasattr(wake, "wake_cell") else getattr(wake, "services", None)
-        if (type(services) is not tuple or not 0 < len(<tuple>services) <= MAX_WAKE_SERVICES
-                or not all(type(getattr(w, "wake_cell", None)) is _array for w in services)):
+        if type(services) is not tuple or not 0 < len(<tuple>services) <= MAX_WAKE_SERVICES:
             return 0
         try:
             for i in range(len(<tuple>services)):
                 self._wake_cells[i] = _cell(services[i].wake_cell, &self._wake_bufs[i], 2)
                 self._n_wake = i + 1
-        except TypeError:
-            self._unbind_wake()             # not int64 cells: the attributes are read
+        except (AttributeError, TypeError):
+            self._unbind_wake()             # a service without an int64 cell: attributes
             self._wake_obj = wake
             return 0
         self._wake_services = services

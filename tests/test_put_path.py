@@ -293,7 +293,7 @@ HAVE_GC = 1 << 14          # Py_TPFLAGS_HAVE_GC: a class whose instances the col
 _PLAIN_RESULTS = """
 import sys
 sys.modules["rocketstore.kernels._cext"] = None     # as where the module was never built
-import gc, pickle
+import pickle
 from rocketstore import status, testing
 from rocketstore.message import Message
 for cls in (status.PutMessageResult, status.PutMessagesResult):
@@ -608,12 +608,11 @@ def _store_with_its_own_put_hook(root, backend):
 def test_a_put_wakes_a_service_by_its_current_mark_and_notified_flag(tmp_path, backend):
     # The compiled path reads a service's has_notified and wake_from in place (its
     # wake_cell): every change made between puts must count, for a single put and a list.
-    Idle = _Idle
     store = _store_with_its_own_put_hook(tmp_path / "s", backend)
     try:
         cl = store.commitlog
         plain = cl.wake_on_put
-        svc = Idle("idle")
+        svc = _Idle("idle")
         cl.wake_on_put = svc
         for put in (lambda: store.put_message(Message("T", b"m")),
                     lambda: store.put_messages([Message("T", b"a"), Message("T", b"b")])):

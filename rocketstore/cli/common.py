@@ -28,13 +28,13 @@ def check_counts(args, minimum, body_size_option):
                          f"most {cap} bytes (max_message_size)")
 
 
-# Where a user reaches for json.load: the config files stay byte for byte as a broker writes
-# them, so a broker can read a store we wrote.
 # The longest the main thread of a command waits before it looks for a signal to handle:
 # CPython runs a handler only in the main thread, and an untimed wait there wakes for
 # Ctrl-C only when the kernel happens to hand the signal to that thread.
 SIGNAL_POLL_S = 0.5
 
+# Where a user reaches for json.load: the config files stay byte for byte as a broker writes
+# them, so a broker can read a store we wrote.
 CONFIG_JSON_NOTE = (
     "config/*.json are written byte for byte as a RocketMQ 4.9 broker writes them: fastjson's "
     "dialect, where consumerOffset.json has bare integer keys ({0:1,1:5}) that json.load "

@@ -46,6 +46,7 @@ class ServiceThread:
     # Work done ahead of a writer, which the writer does itself when this thread lags: run as
     # SCHED_BATCH (run_as_batch), so that waking it never takes the writer's CPU.
     works_ahead = False
+
     def __init__(self, name=None):
         if name is not None:
             self.name = name
