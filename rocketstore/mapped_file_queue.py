@@ -16,6 +16,8 @@ log = logging.getLogger(__name__)
 SEGMENT_NAME_LEN = 20       # UtilAll#offset2FileName: CommitLog and ConsumeQueue segments
 INDEX_NAME_LEN = 17         # UtilAll#timeMillisToHumanString: yyyyMMddHHmmssSSS
 _QUEUE_ID_MAX = (1 << 31) - 1
+# MappedFileQueue._making while files are being deleted (_remove_files): no file is made then.
+DELETING = -1
 
 
 def is_segment_name(name, length=SEGMENT_NAME_LEN):
@@ -136,7 +138,8 @@ class MappedFileQueue:
         self.populator = populator
         # Files made ahead, in offset order, the first the next to roll into; guarded by
         # _lock, and so is _making, the offset of the one being made (outside the lock: a
-        # roll that needs another file does not wait for it).
+        # roll that needs another file does not wait for it), or DELETING while files are
+        # deleted (_remove_files).
         self._ready = []
         self._making = None
         self._ahead = 1              # files to keep made ahead (2 for a fast queue)
@@ -407,15 +410,41 @@ class MappedFileQueue:
 
     def drop_prepared(self):
         """Delete the files made ahead, if any: they were never written, and left on disk
-        they would load as empty segments past the end. A file still being made lies past
-        them: it is waited for, so that it is kept (and deleted first, below) or deleted by its
-        maker before these are; deleted after them, a kill in between would leave a gap
-        before it, which load refuses."""
+        they would load as empty segments past the end (_remove_files)."""
+        self._remove_files(None, ())
+
+    def _remove_files(self, files, gone):
+        """Make `files` (None: unchanged) the queue's files and delete `gone`, the files cut
+        off its end, and the files made ahead. No file is made until every one of them is
+        deleted (DELETING): a file made meanwhile at the path of one not yet deleted would
+        take up that file (create_sized keeps an existing file) and lose its units with it
+        when the path is removed, the next unit's flush failing on a file that is gone. A
+        truncation to a full file's end did that: the file after it was made ahead again,
+        at once, under the path of the made-ahead file being deleted.
+
+        A file still being made is waited for first, so that it is kept (and deleted here)
+        or deleted by its maker. The files go from the last: a kill in between leaves the
+        segments on disk adjacent, which load requires."""
         with self._lock:
             while self._making is not None:
                 self._made.wait()
-            ready, self._ready = self._ready, []
-        self._destroy_made(ready)
+            if files is not None:
+                self.files = files
+            made, self._ready = self._ready, []
+            self._making = DELETING
+        try:
+            for mf in reversed(made):
+                self.populator.prepared_gone()
+                mf.destroy()
+            for f in reversed(gone):
+                if self.writable:
+                    f.destroy()
+                else:
+                    f.close()
+        finally:
+            with self._lock:
+                self._making = None
+                self._made.notify_all()
 
     def _destroy_made(self, made):
         """Delete files made ahead (consecutive, in offset order) from the last: a kill
@@ -508,6 +537,7 @@ class MappedFileQueue:
         The OSError of a failed sync of the zeroed tail (MappedFile.zero_tail) is raised once
         the cut is done."""
         keep = []
+        gone = []
         failed = None
         for f in self.files:
             if f.file_from_offset + self.file_size > offset:
@@ -520,14 +550,10 @@ class MappedFileQueue:
                             failed = exc
                     keep.append(f)
                 else:
-                    if self.writable:
-                        f.destroy()
-                    else:
-                        f.close()
+                    gone.append(f)
             else:
                 keep.append(f)
-        self.files = keep
-        self.drop_prepared()
+        self._remove_files(keep, gone)
         if failed is not None:
             raise failed
 
@@ -643,23 +669,12 @@ class MappedFileQueue:
 
     def delete_last_file(self):
         files = self.files
-        if files:
-            self.files = files[:-1]
-            if self.writable:
-                files[-1].destroy()
-            else:
-                files[-1].close()
-        self.drop_prepared()
+        self._remove_files(files[:-1], files[-1:])
 
     def destroy(self):
-        for f in self.files:
-            if self.writable:
-                f.destroy()
-            else:
-                f.close()
-        self.files = []
+        files = self.files
         self.flushed_where = self.committed_where = 0
-        self.drop_prepared()
+        self._remove_files([], files)
 
     def close(self):
         for f in self.files:

@@ -868,3 +868,52 @@ def test_blocks_the_disk_refuses_to_hold_ahead_leave_the_writer_to_meet_enospc(s
     refuse["over"] = 1 << 30
     write_to_refill()
     assert mf.blocks_position > mf.reserved_position
+
+
+class _MakingAheadOnRemove(FileSystem):
+    """Before each file removal, runs `during()`: the populator's thread making the next file
+    ahead (MappedFileQueue.prepare_next) at that moment."""
+
+    during = None
+
+    def remove(self, path):
+        if self.during is not None:
+            self.during()
+        return super().remove(path)
+
+
+def test_a_file_made_ahead_while_a_cut_deletes_files_is_not_unlinked_under_its_writer(
+        tmp_path, backend):
+    # A ConsumeQueue cut back into its first file deletes the second file and the two made
+    # ahead after it (a fast queue keeps two). The populator, making files ahead of the new
+    # last file meanwhile, made one under the path of a made-ahead file not yet deleted
+    # (create_sized keeps an existing file); removing that path then unlinked the file the
+    # writer later rolled into, and every unit written there was gone at the next open (its
+    # flush failed with ENOENT first).
+    size = 16 * 1024
+    fs = _MakingAheadOnRemove()
+    service = PopulateAheadService()            # not running: prepare_next is called here
+    mfq = MappedFileQueue(str(tmp_path / "q"), size, backend, fs, reserve_window=size,
+                          populator=service)
+    first = mfq.get_last_mapped_file(0)
+    assert first.append_bytes(b"a" * size)
+    second = mfq.get_last_mapped_file(0)        # a fast roll: two files are made ahead
+    assert second.append_bytes(b"b" * size)
+    made = [mfq.prepare_next(second), mfq.prepare_next(second)]
+    assert [f.file_from_offset for f in made] == [2 * size, 3 * size]
+    fs.during = lambda: mfq.prepare_next(mfq.files[-1])
+    mfq.delete_last_file()
+    fs.during = None
+    # Nothing was made while the cut's files were being deleted.
+    assert os.listdir(tmp_path / "q") == ["%020d" % 0]
+    first.set_positions(size // 2)
+    assert first.append_bytes(b"c" * (size // 2))
+    for fill in (b"d", b"e"):
+        f = mfq.get_last_mapped_file(0)
+        assert f.append_bytes(fill * size)
+    assert [f.file_from_offset for f in mfq.files] == [0, size, 2 * size]
+    for f, fill in zip(mfq.files, (b"a" * (size // 2) + b"c" * (size // 2), b"d" * size,
+                                   b"e" * size)):
+        with open(f.path, "rb") as disk:
+            assert disk.read() == fill, f.path
+    mfq.destroy()
