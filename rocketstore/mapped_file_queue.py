@@ -419,8 +419,8 @@ class MappedFileQueue:
         deleted (DELETING): a file made meanwhile at the path of one not yet deleted would
         take up that file (create_sized keeps an existing file) and lose its units with it
         when the path is removed, the next unit's flush failing on a file that is gone. A
-        truncation to a full file's end did that: the file after it was made ahead again,
-        at once, under the path of the made-ahead file being deleted.
+        ConsumeQueue cut did that: the populator made the files after the new last one
+        again at once, one under the path of a made-ahead file still being deleted.
 
         A file still being made is waited for first, so that it is kept (and deleted here)
         or deleted by its maker. The files go from the last: a kill in between leaves the
@@ -433,9 +433,7 @@ class MappedFileQueue:
             made, self._ready = self._ready, []
             self._making = DELETING
         try:
-            for mf in reversed(made):
-                self.populator.prepared_gone()
-                mf.destroy()
+            self._destroy_made(made)
             for f in reversed(gone):
                 if self.writable:
                     f.destroy()
