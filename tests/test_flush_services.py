@@ -1516,8 +1516,10 @@ def test_a_timed_flusher_sleeps_its_interval_unless_a_put_leaves_write_behind_by
     """flush_commit_log_timed (the default): RocketMQ's flusher sleeps its interval whatever
     is written. Here a put that leaves WRITE_BEHIND bytes (64 KiB in this test) past the
     flushed offset ends the sleep, and the flush follows at once, not at the 60 s interval;
-    smaller puts wake nothing, every put path alike (doc/03 §2.3)."""
+    smaller puts wake nothing, every put path alike (doc/03 §2.3). (Reput kept from idling,
+    so the hook stays the flusher's own, on a machine slow enough to idle it in between.)"""
     monkeypatch.setattr(FlushRealTimeService, "WRITE_BEHIND", 64 << 10)
+    monkeypatch.setattr(ReputMessageService, "IDLE_AFTER_MS", 3_600_000)
     store = _timed_store(tmp_path, backend)
     try:
         flusher = store.flush_service

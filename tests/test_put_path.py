@@ -13,6 +13,7 @@ from rocketstore.clock import StepClock
 from rocketstore.message import tags_code_of
 from rocketstore.errors import MessageIllegalError, StoreClosedError
 from rocketstore.services.base import ServiceThread
+from rocketstore.services.reput import ReputMessageService
 from rocketstore.workload import make_messages
 
 BACKENDS = testing.backend_params()
@@ -145,11 +146,13 @@ def test_a_put_after_shutdown_through_a_kept_reference_raises_store_closed(tmp_p
 
 
 @needs_cext
-def test_the_compiled_put_follows_commitlog_state_changed_between_puts(tmp_path):
+def test_the_compiled_put_follows_commitlog_state_changed_between_puts(tmp_path, monkeypatch):
     # PutPath keeps copies of the CommitLog's put state (lock, hooks, queue table, limits,
     # the file list, the running flags) and refreshes them when the objects holding them
-    # change: every change made between two puts must be seen by the second.
+    # change: every change made between two puts must be seen by the second. (Reput kept
+    # from idling: it would set its own put hook over the one this test sets.)
     import threading
+    monkeypatch.setattr(ReputMessageService, "IDLE_AFTER_MS", 3_600_000)
     store = testing.open_store(tmp_path / "s", testing.load_backend("cext"),
                                testing.small_config(mapped_file_size_commit_log=1 << 20))
     cl = store.commitlog
