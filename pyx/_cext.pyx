@@ -34,7 +34,10 @@ from _thread import allocate_lock as _ThreadLock
 from os import fsencode as _os_fsencode
 
 from rocketstore.errors import raise_for_status as _raise_for_status
-from rocketstore.format import SCAN_DTYPE as _SCAN_DTYPE
+from rocketstore.format import OS_PAGE_SIZE as _OS_PAGE_SIZE, SCAN_DTYPE as _SCAN_DTYPE
+
+# The page a flush counts dirty pages in (MappedFile.is_able_to_flush).
+cdef int64_t _PAGE = _OS_PAGE_SIZE
 
 NAME = "cext"
 

@@ -538,6 +538,7 @@ cdef class CqSlots:
         cdef _CqState *ahead
         cdef Py_ssize_t k, n = self._n_touched
         cdef list written = []
+        cdef list same_pages = []
         cdef list due = []
         for k in range(n):
             if k + PF_ENTRY < n:
@@ -560,8 +561,14 @@ cdef class CqSlots:
                 if st.wrote != st.pub_wrote:
                     st.pos_cell[0] = st.wrote
                     st.pos_cell[1] = st.wrote
+                    # Whether the file's count of dirty pages grew, or the file filled
+                    # (MappedFile.is_able_to_flush): if neither, a periodic flush round need
+                    # not test it (DirtyQueues).
+                    if (st.wrote // _PAGE != st.pub_wrote // _PAGE) or st.wrote == st.size:
+                        written.append(<object>st.cq)
+                    else:
+                        same_pages.append(<object>st.cq)
                     st.pub_wrote = st.wrote
-                    written.append(<object>st.cq)
                 if st.max_phy != st.pub_max:
                     st.max_cell[0] = st.max_phy
                     st.pub_max = st.max_phy
@@ -573,7 +580,9 @@ cdef class CqSlots:
         self._n_touched = 0
         self.t.gen += 1
         if written:
-            self._mark(written)
+            self._mark(written, True)
+        if same_pages:
+            self._mark(same_pages, False)
         if due:
             self._refill(due)
         return 0
@@ -605,10 +614,14 @@ cdef class CqSlots:
                 s.st.reserved = <object>_member(s.file, self._f[CF_RESERVED])
         return 0
 
-    cdef int _mark(self, list written) except -1:
+    cdef int _mark(self, list written, bint grew) except -1:
+        """Mark the queues in `written` in their DirtyQueues as grown, or as written within
+        their pages when not `grew`, once per epoch (the epoch read after the positions
+        moved): not again while marked in this epoch, but for a queue marked within its
+        pages that grows now."""
         cdef PyObject *d
         cdef PyObject *m
-        cdef object dirty, last = None, epoch = None
+        cdef object dirty, last = None, epoch = None, marker = None
         cdef list marks = []
         for cq in written:
             d = _member(cq, self._cq[CQ_DIRTY])
@@ -616,24 +629,30 @@ cdef class CqSlots:
                 continue                    # no DirtyQueues tracks this queue
             dirty = <object>d
             if dirty is not last:
-                self._mark_all(last, marks, epoch)
+                self._mark_all(last, marks, marker, grew)
                 last = dirty
                 epoch = dirty.epoch         # read after the positions moved: DirtyQueues
+                marker = epoch if grew else ~epoch
             m = _member(cq, self._cq[CQ_MARKED])
-            if m == NULL or (m != <PyObject *>epoch and <object>m != epoch):
+            if m == NULL or not (_is_marker(m, epoch) or (not grew and _is_marker(m, marker))):
                 marks.append(cq)
-        self._mark_all(last, marks, epoch)
+        self._mark_all(last, marks, marker, grew)
         return 0
 
-    cdef int _mark_all(self, dirty, list marks, epoch) except -1:
-        """Mark `marks` in `dirty`, then record the epoch they were marked in."""
+    cdef int _mark_all(self, dirty, list marks, marker, bint grew) except -1:
+        """Mark `marks` in `dirty`, then record the epoch they were marked in (`marker`:
+        the epoch, or ~epoch for a mark within their pages)."""
         if not marks:
             return 0
-        dirty.mark_all(marks)
+        dirty.mark_all(marks, grew)
         for cq in marks:
-            _set_member(cq, self._cq[CQ_MARKED], epoch)
+            _set_member(cq, self._cq[CQ_MARKED], marker)
         del marks[:]
         return 0
+
+
+cdef inline bint _is_marker(PyObject *m, object marker) except -1:
+    return m == <PyObject *>marker or <object>m == marker
 
 
 cdef inline void _prefetch_unit(const _CqTable *t, const rs_scan_rec *r) noexcept nogil:

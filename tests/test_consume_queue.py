@@ -131,10 +131,10 @@ def test_a_written_queue_is_marked_dirty_once_per_flush_round(tmp_path, backend)
     _put(cq, 0, 3)
     cq.put_unit(300, 100, 0, 3)
     assert cq in dirty and len(dirty) == 1
-    assert dirty.take() == {cq}
+    assert dirty.take() == ({cq}, set())
     assert len(dirty) == 0
     cq.put_unit(400, 100, 0, 4)        # written after the take: marked again
-    assert dirty.take() == {cq}
+    assert dirty.take() == ({cq}, set())
     cq.close()
 
 

@@ -980,18 +980,30 @@ def test_a_flush_round_flushes_every_queue_written_since_the_last_and_no_other(
         store.shutdown()
 
 
-def test_a_queue_below_the_least_pages_waits_untested_for_a_thorough_round(
-        tmp_path, backend, flushed_cqs, monkeypatch):
-    tested = []
+@pytest.fixture
+def tested(monkeypatch):
+    """The MappedFileQueues a periodic round tests (flush_due), in order."""
+    calls = []
     real_due = MappedFileQueue.flush_due
 
     def spy(mfq, least_pages):
-        tested.append(mfq)
+        calls.append(mfq)
         return real_due(mfq, least_pages)
     monkeypatch.setattr(MappedFileQueue, "flush_due", spy)
-    store = testing.open_store(tmp_path / "s", backend,
-                               _cq_config(flush_consume_queue_least_pages=2,
-                                          flush_consume_queue_thorough_interval=3_600_000))
+    return calls
+
+
+def _least_two_pages_config():
+    # Periodic rounds want two dirty pages; thorough rounds only when a test asks; files of
+    # almost five pages.
+    return _cq_config(flush_consume_queue_least_pages=2,
+                      flush_consume_queue_thorough_interval=3_600_000,
+                      mapped_file_size_consume_queue=1000 * 20)
+
+
+def test_a_queue_below_the_least_pages_waits_untested_for_a_thorough_round(
+        tmp_path, backend, flushed_cqs, tested):
+    store = testing.open_store(tmp_path / "s", backend, _least_two_pages_config())
     try:
         store.put_message(Message("L", b"x"))
         testing.wait_dispatched(store)
@@ -1004,7 +1016,9 @@ def test_a_queue_below_the_least_pages_waits_untested_for_a_thorough_round(
         assert cq.mfq.flushed_where < cq.mfq.get_max_offset()
         svc.do_flush(1)
         assert tested == [cq.mfq]               # not written since: not tested again
-        store.put_message(Message("L", b"y"))
+        # Written onto a second page (a write within the first may go untested: see the
+        # next test): tested again, and one dirty page still waits.
+        assert store.put_messages([Message("L", b"y")] * 205).status.ok
         testing.wait_dispatched(store)
         svc.do_flush(1)
         assert tested == [cq.mfq, cq.mfq] and flushed_cqs == []
@@ -1016,12 +1030,53 @@ def test_a_queue_below_the_least_pages_waits_untested_for_a_thorough_round(
         store.shutdown()
 
 
+def test_a_queue_written_within_the_pages_it_had_dirtied_waits_untested_until_it_grows(
+        tmp_path, backend, flushed_cqs, tested):
+    """The compiled dispatcher marks a queue whose written end crossed no page boundary as
+    written within its pages (DirtyQueues): its count of dirty pages did not move, so a
+    periodic round files it with the queues below the least without testing it again. A
+    write that then crosses a page in the same round's epoch marks it as grown: tested, and
+    flushed once due; a thorough round flushes the rest. The Python dispatch (the cffi and
+    pure backends) marks every write as grown, and its queues are tested each time."""
+    store = testing.open_store(tmp_path / "s", backend, _least_two_pages_config())
+    try:
+        svc = store.flush_cq_service
+        store.put_message(Message("W", b"x"))
+        testing.wait_dispatched(store)
+        svc._last_thorough = time.monotonic_ns() // 1_000_000      # a thorough round just ran
+        cq = _queues(store, "W")[0]
+        svc.do_flush(1)
+        assert tested == [cq.mfq] and flushed_cqs == []
+        assert store.put_messages([Message("W", b"y")] * 3).status.ok
+        testing.wait_dispatched(store)
+        assert cq in store.dirty_cqs
+        svc.do_flush(1)
+        compiled = backend.NAME == "cext"
+        assert tested == ([cq.mfq] if compiled else [cq.mfq, cq.mfq]) and flushed_cqs == []
+        assert cq not in store.dirty_cqs
+        # Within the first page, then past the second boundary: due, and flushed to it.
+        assert store.put_messages([Message("W", b"z")] * 3).status.ok
+        testing.wait_dispatched(store)
+        assert store.put_messages([Message("W", b"z")] * 410).status.ok
+        testing.wait_dispatched(store)
+        svc.do_flush(1)
+        assert tested[-1] is cq.mfq and flushed_cqs == [cq]
+        assert cq.mfq.flushed_where == 2 * 4096 < cq.mfq.get_max_offset()
+        # The last page's units, written within the pages since: the thorough round's.
+        assert store.put_messages([Message("W", b"t")] * 2).status.ok
+        testing.wait_dispatched(store)
+        svc.do_flush(1)
+        assert cq.mfq.flushed_where == 2 * 4096
+        svc.do_flush(1, force=True)
+        assert cq.mfq.flushed_where == cq.mfq.get_max_offset() == 419 * 20
+        assert len(store.dirty_cqs) == 0
+    finally:
+        store.shutdown()
+
+
 def test_a_queue_still_due_after_a_round_is_flushed_on_by_the_next(tmp_path, backend):
     # A flush takes one file a call: a full first file, then 2.4 pages of the second.
-    store = testing.open_store(tmp_path / "s", backend,
-                               _cq_config(flush_consume_queue_least_pages=2,
-                                          flush_consume_queue_thorough_interval=3_600_000,
-                                          mapped_file_size_consume_queue=1000 * 20))
+    store = testing.open_store(tmp_path / "s", backend, _least_two_pages_config())
     try:
         for _ in range(3):
             assert store.put_messages([Message("D", b"d")] * 500).status.ok

@@ -878,12 +878,15 @@ class FlushConsumeQueueService(ServiceThread):
         (~1 ms each), and undid the one sync of their file system."""
         dirty = self._dirty
         left = []
-        queues = dirty.take()
+        queues, same_pages = dirty.take()
         below = self._below
         if least > 0:
             # Queues with fewer than `least` dirty pages wait for the thorough round, as
             # flush(least) would leave them, and are not looked at again until then unless
-            # written (the writer marks them again): only the test is paid, once.
+            # written (the writer marks them again): only the test is paid, once. Those
+            # written only within the pages they had dirtied would test as they last did
+            # (DirtyQueues): they wait untested.
+            below |= same_pages
             due = []
             for cq in queues:
                 if cq.mfq.flush_due(least):
@@ -892,6 +895,7 @@ class FlushConsumeQueueService(ServiceThread):
                     below.add(cq)
             queues = due
         else:
+            queues |= same_pages
             queues |= below
             below.clear()
         try:
