@@ -634,7 +634,8 @@ cdef class CqSlots:
                 epoch = dirty.epoch         # read after the positions moved: DirtyQueues
                 marker = epoch if grew else ~epoch
             m = _member(cq, self._cq[CQ_MARKED])
-            if m == NULL or not (_is_marker(m, epoch) or (not grew and _is_marker(m, marker))):
+            # Marked in this epoch already: as grown (the epoch), or as `marker` asks now.
+            if m == NULL or not (_is_marker(m, epoch) or _is_marker(m, marker)):
                 marks.append(cq)
         self._mark_all(last, marks, marker, grew)
         return 0
