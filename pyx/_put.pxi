@@ -34,6 +34,7 @@ cdef extern from "Python.h":
     void Py_XINCREF(PyObject *o)
     void PyObject_GC_UnTrack(object op)
     bint PyObject_IS_GC(object op)
+    bint PyObject_GC_IsTracked(object op)
     ctypedef struct PyMemberDef:
         Py_ssize_t offset
     ctypedef struct PyMemberDescrObject:
@@ -253,6 +254,14 @@ def _untracked_slots_type(str qualified, tuple names):
     cls.__slots__ = names
     cls._tp_name = name_b              # holds the bytes the class's tp_name points into
     return cls
+
+
+def _untrack_gc(obj):
+    """Stop the garbage collector tracking `obj` (rocketstore/leaves.py decides which objects
+    may be: those that refer to nothing that could refer back). No-op for an object it does
+    not track."""
+    if PyObject_IS_GC(obj) and PyObject_GC_IsTracked(obj):
+        PyObject_GC_UnTrack(obj)
 
 
 cdef inline int64_t _now_ms() noexcept nogil:

@@ -3,10 +3,10 @@
 import logging
 import os
 import threading
-from array import array
 
 import numpy as np
 
+from . import leaves
 from .format import CQ_DTYPE, CQ_UNIT, CQ_STORE_UNIT_SIZE as UNIT
 from .mapped_file import CqMappedFile, cell_property
 from .mapped_file_queue import MappedFileQueue
@@ -121,7 +121,7 @@ class ConsumeQueue:
                                    populator=populator, file_type=CqMappedFile)
         # A PopulateAheadService populating this queue's windows off the writer's thread.
         self.populator = populator
-        self._cell = array("q", (-1,))
+        self._cell = leaves.cells((-1,))
         self.max_physic_offset = -1     # end (offset + size) of the last unit's record
         self.min_logic_offset = 0       # byte offset of the first valid unit
         self._k = kernels

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 
+from . import leaves
 from .errors import StoreLockedError, UnsafePathError
 from .format import OS_PAGE_SIZE
 
@@ -370,9 +371,9 @@ class FileSystem:
             mapping = getattr(kernels, "Mapping", None)
             if mapping is not None:
                 return mapping(fd, size, writable)
-            return mmap.mmap(fd, size, mmap.MAP_SHARED,
-                             mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0),
-                             **_NO_TRACKFD)
+            return leaves.mapping(mmap.mmap(fd, size, mmap.MAP_SHARED,
+                                            mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0),
+                                            **_NO_TRACKFD))
         finally:
             os.close(fd)
 

@@ -3,10 +3,9 @@
 import errno
 import logging
 import os
-import threading
 import time
-from array import array
 
+from . import leaves
 from .format import CQ_POS_OFFSET, I64, OS_PAGE_SIZE
 
 log = logging.getLogger(__name__)
@@ -193,7 +192,7 @@ class MappedFile:
         # raises it to the largest page-cache folio, so that none straddles the end.
         self.reserve_align = OS_PAGE_SIZE
         # The writer and the allocator thread both reserve; never held across a populate.
-        self._reserve_lock = threading.Lock()
+        self._reserve_lock = leaves.lock()
         self.store_timestamp = 0          # store time of the last record appended
         self.first_create_in_queue = False
         # With a TransientStorePool, appends go to a pooled write buffer and reach the mapping
@@ -203,14 +202,14 @@ class MappedFile:
         # A commit writes the buffer into the file with pwrite, without the GIL: the buffer
         # goes back to the pool only under this lock, so no other file refills it under a
         # pwrite still reading it. The descriptor it writes through, opened at the first.
-        self._commit_lock = threading.Lock()
+        self._commit_lock = leaves.lock()
         self._commit_fd = None
         self._refs = 0                    # views lent out between hold() and release()
         self._available = True
         # hold()/release() run per read: a bare Lock's C-level `with` is far cheaper than a
         # Condition's; the Condition (on the same lock) only serves close() waiting.
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
+        self._lock = leaves.lock()
+        self._cond = leaves.condition(self._lock)
         self._first_shutdown_ms = 0
         # set_positions calls so far: a flush that read its end before a truncation must not
         # mark that end flushed after it (the units written there next are not synced).
@@ -857,7 +856,7 @@ class CqMappedFile(MappedFile):
     LENT_SLOTS = ("_lock", "_available", "_refs", "_cond", "_cell")
 
     def __init__(self, *args, **kwargs):
-        self._cell = array("q", (0, 0))
+        self._cell = leaves.cells((0, 0))
         super().__init__(*args, **kwargs)
         # MappedFile's own members for these stay None: code reading them at their member
         # offsets instead of through the cell fails at once rather than reading a stale int.

@@ -3,10 +3,11 @@
 import datetime
 import logging
 import os
-import threading
 import time
+from array import array
 
 from . import format as F
+from . import leaves
 from .errors import StoreLoadError
 from .fs import CREATING_SUFFIX
 from .mapped_file import MappedFile, offset_to_file_name
@@ -95,6 +96,44 @@ def split_segment_names(fs, directory, file_size, is_name=is_segment_name):
     return segments, sorted(strays)
 
 
+class FlushPlan:
+    """The files a sync of the whole file system is to make durable, and to where, for any
+    number of queues (MappedFileQueue.flush_plan adds each queue's). In flat columns, not a
+    tuple and a list per queue: those were objects the garbage collector tracks, and at
+    10 000 queues their promotion set off full collections that held the GIL for 108-135 ms
+    (doc/performance.md, "A full collection in the flush round")."""
+
+    __slots__ = ("queues", "files", "ends", "stamps", "truncations")
+
+    def __init__(self):
+        self.queues = []                # the MappedFileQueue of each entry, in queue order
+        self.files = []
+        self.ends = array("q")
+        self.stamps = array("q")        # each file's store time, read before its end
+        self.truncations = array("q")   # each file's truncation count when its end was read
+
+    def add(self, queue, f, end, store_timestamp, truncations):
+        self.queues.append(queue)
+        self.files.append(f)
+        self.ends.append(end)
+        self.stamps.append(store_timestamp)
+        self.truncations.append(truncations)
+
+    def settle(self, least_pages=0):
+        """The plan's bytes are durable (it was made with `least_pages`). A file truncated
+        meanwhile ends its queue's part: its end, and those after it in that queue, no
+        longer say what was written."""
+        cut = None                      # the queue whose part a truncation ended
+        for i, f in enumerate(self.files):
+            queue = self.queues[i]
+            if queue is cut:
+                continue
+            if not f.mark_flushed(self.ends[i], self.truncations[i], queue):
+                cut = queue
+            elif least_pages == 0:
+                queue.store_timestamp = self.stamps[i]
+
+
 class MappedFileQueue:
     """Segments in ascending offset order. The list is replaced, never mutated in place, so a
     reader thread can take `self.files` once and walk it without a lock."""
@@ -145,8 +184,8 @@ class MappedFileQueue:
         self._ahead = 1              # files to keep made ahead (2 for a fast queue)
         self._rolled_at = None       # time.monotonic() of the last roll (or first file)
         self._cache_dropped = 0      # drop_cache_below's mark
-        self._lock = threading.Lock()
-        self._made = threading.Condition(self._lock)    # _making cleared
+        self._lock = leaves.lock()
+        self._made = leaves.condition(self._lock)    # _making cleared
         self.root = None             # the store root: no directory is created outside it
         self.stray_names = []        # names load() found and left alone, not being segments
 
@@ -500,14 +539,14 @@ class MappedFileQueue:
             return True
         return last.is_able_to_flush(least_pages)
 
-    def flush_plan(self, least_pages=0):
-        """What flush(least_pages), called until nothing moves, would make durable now, as
-        [(file, end, store time, file's truncation count)]: for a sync of the whole file
-        system to cover, after which settle(plan) moves the positions as those flushes would
-        have."""
-        plan = []
+    def flush_plan(self, plan, least_pages=0):
+        """Add to `plan` (a FlushPlan) what flush(least_pages), called until nothing moves,
+        would make durable now, for a sync of the whole file system to cover, after which
+        plan.settle() moves the positions as those flushes would have. Returns how many
+        files it added."""
         where = self.flushed_where
         size = self.file_size
+        added = 0
         for f in self.files:
             if f.file_from_offset + size <= where:
                 continue
@@ -516,17 +555,9 @@ class MappedFileQueue:
             end = f.flush_end(least_pages)
             if end is None:
                 break
-            plan.append((f, end, ts, truncations))
-        return plan
-
-    def settle(self, plan, least_pages=0):
-        """The bytes of `plan` (flush_plan, same least_pages) are durable. A file truncated
-        meanwhile ends it: its end, and those after it, no longer say what was written."""
-        for f, end, ts, truncations in plan:
-            if not f.mark_flushed(end, truncations, self):
-                break
-            if least_pages == 0:
-                self.store_timestamp = ts
+            plan.add(self, f, end, ts, truncations)
+            added += 1
+        return added
 
     # ---- truncation and deletion ---------------------------------------------------------
     def truncate_dirty_files(self, offset):

@@ -3,6 +3,7 @@
 covered it) and the ConsumeQueue flusher (a round flushes the queues written, and only them)."""
 import contextlib
 import errno
+import gc
 import os
 import sys
 import threading
@@ -1186,6 +1187,43 @@ def test_a_round_of_many_queues_syncs_their_file_system_once_and_no_file(
         testing.wait_dispatched(store)
         store.flush_cq_service.do_flush(1, force=True)
         assert (fs.fs_syncs, fs.cq_file_syncs) == (1, 3)
+    finally:
+        store.shutdown()
+
+
+class _CountsObjectsAtSync(_CountingSyncs):
+    """Reads, as the file-system sync begins, how many objects the collector tracks were made
+    since `before` (gc.get_count's first count) and are still alive: the round's plan."""
+    before = None
+    planned_objects = None
+
+    def sync_filesystem(self, path):
+        if self.before is not None:
+            self.planned_objects = gc.get_count()[0] - self.before
+        return super().sync_filesystem(path)
+
+
+@needs_syncfs
+def test_a_round_of_many_queues_plans_them_without_an_object_per_queue_for_the_collector(
+        tmp_path, backend):
+    # A plan of a tuple and a list per queue set off a full collection at 10 000 queues,
+    # which held the GIL for 100-140 ms (doc/performance.md).
+    n = 200
+    fs = _CountsObjectsAtSync()
+    store = testing.open_store(tmp_path / "s", backend, _cq_config(), fs=fs)
+    try:
+        assert store.put_messages([Message("M", b"m%d" % q, queue_id=q)
+                                   for q in range(n)]).status.ok
+        testing.wait_dispatched(store)
+        gc.disable()            # the counts then only add up, with no collection between
+        try:
+            fs.before = gc.get_count()[0]
+            store.flush_cq_service.do_flush(1, force=True)
+        finally:
+            gc.enable()
+        assert fs.fs_syncs == 1
+        assert fs.planned_objects < n // 4
+        assert all(cq.mfq.flushed_where == 20 for cq in _queues(store, "M").values())
     finally:
         store.shutdown()
 

@@ -7,6 +7,7 @@ import time
 
 from ..clock import monotonic_ms, monotonic_ns
 from ..format import OS_PAGE_SIZE
+from ..mapped_file_queue import FlushPlan
 from .base import ServiceThread
 
 log = logging.getLogger(__name__)
@@ -926,16 +927,18 @@ class FlushConsumeQueueService(ServiceThread):
         A failed syncfs raises: the kernel may have dropped any of the pages it reported
         lost, and a sync of each file after it could succeed without them. Returns the
         queues it settled (none when it synced nothing)."""
-        plans = [(cq, cq.mfq.flush_plan(least)) for cq in queues]
-        plans = [(cq, plan) for cq, plan in plans if plan]
-        if len(plans) < self.SYNC_TOGETHER_MIN:
+        plan = FlushPlan()
+        planned = []
+        for cq in queues:
+            if cq.mfq.flush_plan(plan, least):
+                planned.append(cq)
+        if len(planned) < self.SYNC_TOGETHER_MIN:
             return ()
         if not self._fs.sync_filesystem(self._cq_root):
             return ()
-        for cq, plan in plans:
-            cq.mfq.settle(plan, least)
+        plan.settle(least)
         self.synced_together += 1
-        return {cq for cq, _ in plans}
+        return set(planned)
 
     def run_once(self):
         self.wait_for_running(self._config.flush_interval_consume_queue)
