@@ -17,6 +17,7 @@ deque, and the deque to the locks of waiting threads. Reference counting alone f
 and the collector could find no garbage in them. Only objects of those types are untracked;
 anything else is left as it is. Without the compiled backend (the helper is in `_cext`)
 they stay tracked, as any object."""
+import functools
 import mmap
 import threading
 from array import array
@@ -32,21 +33,16 @@ def _keep(obj):
     pass
 
 
+@functools.cache
 def _untracker():
     """The compiled helper, or _keep without the compiled backend. Imported at the first
     use, not with this module: fs imports this module while the package is still being
     imported, before the compiled backend can be."""
-    global _untrack_fn
-    if _untrack_fn is None:
-        try:
-            from .kernels._cext import _untrack_gc as gc_untrack
-        except ImportError:
-            gc_untrack = _keep
-        _untrack_fn = gc_untrack
-    return _untrack_fn
-
-
-_untrack_fn = None
+    try:
+        from .kernels._cext import _untrack_gc
+    except ImportError:
+        return _keep
+    return _untrack_gc
 
 
 def untracks():
