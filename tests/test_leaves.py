@@ -50,7 +50,8 @@ def test_no_lock_condition_or_cell_of_a_queue_is_tracked_by_the_collector(tmp_pa
 
 @needs_compiled
 def test_a_queue_costs_a_full_collection_a_few_objects(tmp_path, backend):
-    # 22 a queue before: at 10 000 queues a full collection took 95 ms, 59 after.
+    # 22 a queue of one file before, 7 after: a full collection of 10 000 queues took 95 ms,
+    # 59 after. Here each queue also has its next file made ahead (about 9 after, 30 before).
     store = testing.open_store(tmp_path / "s", backend)
     try:
         before = _tracked_count()
@@ -58,7 +59,7 @@ def test_a_queue_costs_a_full_collection_a_few_objects(tmp_path, backend):
         assert store.put_messages([Message(f"T{q // 4}", b"x", queue_id=q % 4)
                                    for q in range(n)]).status.ok
         testing.wait_dispatched(store)
-        assert _tracked_count() - before <= 10 * n
+        assert _tracked_count() - before <= 12 * n
     finally:
         store.shutdown()
 
