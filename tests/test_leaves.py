@@ -15,7 +15,8 @@ needs_compiled = pytest.mark.skipif(not leaves.untracks(),
 
 
 def _queue_objects(store):
-    """Every lock, condition (and its parts) and cell of the store's queues and files."""
+    """Every lock, condition (and its parts), cell and mapping of the store's queues and
+    files."""
     for queues in store.consume_queue_table.values():
         for cq in queues.values():
             mfq = cq.mfq
@@ -23,7 +24,7 @@ def _queue_objects(store):
             yield from (mfq._lock, mfq._made, mfq._made._waiters, mfq._made.acquire)
             for f in mfq.files:
                 yield from (f._cell, f._lock, f._reserve_lock, f._commit_lock, f._cond,
-                            f._cond._waiters, f._cond.acquire, f._cond.release)
+                            f._cond._waiters, f._cond.acquire, f._cond.release, f.mm)
 
 
 def _tracked_count():
@@ -32,18 +33,19 @@ def _tracked_count():
 
 
 @needs_compiled
-def test_no_lock_condition_or_cell_of_a_queue_is_tracked_by_the_collector(tmp_path, backend):
+def test_no_lock_condition_cell_or_mapping_of_a_queue_is_tracked_by_the_collector(
+        tmp_path, backend):
     store = testing.open_store(tmp_path / "s", backend)
     try:
         assert store.put_messages([Message(f"T{t}", b"x", queue_id=q)
                                    for t in range(3) for q in range(2)]).status.ok
         testing.wait_dispatched(store)
         objects = list(_queue_objects(store))
-        assert len(objects) == 6 * (5 + 8)     # six queues of one file each
+        assert len(objects) == 6 * (5 + 9)     # six queues of one file each
         assert not [o for o in objects if gc.is_tracked(o)]
         # The CommitLog's files too (MappedFile makes them the same way).
         f = store.commitlog.mfq.files[0]
-        assert not any(gc.is_tracked(o) for o in (f._lock, f._cond, f._reserve_lock))
+        assert not any(gc.is_tracked(o) for o in (f._lock, f._cond, f._reserve_lock, f.mm))
     finally:
         store.shutdown()
 
