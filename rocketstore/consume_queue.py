@@ -14,7 +14,8 @@ from .mapped_file_queue import MappedFileQueue
 log = logging.getLogger(__name__)
 
 _UNIT = CQ_UNIT.struct
-_FILLER = _UNIT.pack(0, 0x7FFFFFFF, 0)
+_FILLER_SIZE = 0x7FFFFFFF
+_FILLER = _UNIT.pack(0, _FILLER_SIZE, 0)
 
 
 # A queue's window grows from consume_queue_reserve_window up to this as it is written:
@@ -189,8 +190,12 @@ class ConsumeQueue:
         return ok
 
     def truncate_dirty_logic_files(self, phy_offset):
-        """Drop units pointing at or past `phy_offset` (ConsumeQueue#truncateDirtyLogicFiles).
-        OSError when the zeroed tail could not be synced, once the cut is done."""
+        """Drop units pointing at or past `phy_offset` (ConsumeQueue#truncateDirtyLogicFiles),
+        and, unlike 4.9.8, units whose record would end past it: the CommitLog keeps whole
+        records only, so such a unit is damaged (a flipped size bit). 4.9.8 keeps it, and its
+        end becomes the queue's max physical offset, from which reput starts: past the log's
+        end, so no record put after the open was ever dispatched. OSError when the zeroed
+        tail could not be synced, once the cut is done."""
         self._changed()
         self.max_physic_offset = phy_offset
         while True:
@@ -201,16 +206,23 @@ class ConsumeQueue:
             units = np.frombuffer(f.mm, dtype=CQ_DTYPE, count=end // UNIT)
             offs = units["offset"]
             sizes = units["size"]
-            if len(units) == 0 or int(offs[0]) >= phy_offset or sizes[0] <= 0:
-                del units, offs, sizes
+            # The filler units a late-starting queue begins with (fillPreBlank) point at no
+            # record; offs + sizes could overflow on a damaged offset: compared by difference.
+            filler = (offs == 0) & (sizes == _FILLER_SIZE)
+            ok = filler | ((offs >= 0) & (sizes > 0) & (offs < phy_offset)
+                           & (sizes <= phy_offset - offs))
+            if len(units) == 0 or not ok[0]:
+                del units, offs, sizes, filler, ok
                 if f.wrote_position == 0 and len(self.mfq.files) == 1:
                     break
                 self.mfq.delete_last_file()
                 continue
-            ok = (offs >= 0) & (sizes > 0) & (offs < phy_offset)
             n = int(np.argmin(ok)) if not ok.all() else len(ok)
-            self.max_physic_offset = int(offs[n - 1]) + int(sizes[n - 1])
-            del units, offs, sizes, ok
+            records = np.flatnonzero(~filler[:n])
+            if len(records):        # else (fillers only) phy_offset, set above
+                last = int(records[-1])
+                self.max_physic_offset = int(offs[last]) + int(sizes[last])
+            del units, offs, sizes, filler, ok
             f.set_positions(n * UNIT)
             if self.mfq.writable:
                 try:

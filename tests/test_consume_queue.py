@@ -85,15 +85,51 @@ def test_units_already_present_are_skipped_on_redispatch(tmp_path, backend):
     cq.close()
 
 
-def test_truncation_drops_the_units_at_and_past_a_commit_log_offset(tmp_path, backend):
+def test_truncation_drops_the_units_whose_record_does_not_end_below_a_commit_log_offset(
+        tmp_path, backend):
     cq = _queue(tmp_path, backend)
-    _put(cq, 0, 20)             # records at 0, 100, ..., 1900
+    _put(cq, 0, 20)             # records of 100 bytes at 0, 100, ..., 1900
     cq.truncate_dirty_logic_files(1050)
-    assert cq.max_offset_in_queue == 11          # units 0..10 point below 1050
-    assert cq.max_physic_offset == 1100
+    # Units 0..9 point at records that end by 1000; unit 10's record [1000, 1100) was cut
+    # in two by the cut (4.9.8 keeps that unit: it compares offsets alone).
+    assert cq.max_offset_in_queue == 10
+    assert cq.max_physic_offset == 1000
     assert _files(tmp_path) == [f"{i * PER_FILE * UNIT:020d}" for i in range(2)]
-    _put(cq, 11, 3, first_phy=1100)              # the queue goes on from there
-    assert list(cq.units(10, 4)["offset"]) == [1000, 1100, 1200, 1300]
+    _put(cq, 10, 3, first_phy=1000)              # the queue goes on from there
+    assert list(cq.units(9, 4)["offset"]) == [900, 1000, 1100, 1200]
+    cq.close()
+
+
+def test_truncation_drops_a_unit_whose_damaged_size_reaches_past_the_commit_log(
+        tmp_path, backend):
+    cq = _queue(tmp_path, backend)
+    _put(cq, 0, 12)             # records of 100 bytes at 0, ..., 1100: the log ends at 1200
+    cq.flush()
+    cq.close()
+    last = tmp_path / "consumequeue" / "T" / "0" / f"{PER_FILE * UNIT:020d}"
+    raw = bytearray(last.read_bytes())
+    struct.pack_into(">i", raw, 3 * UNIT + 8, 100 | 1 << 26)     # unit 11's size, one bit off
+    last.write_bytes(bytes(raw))
+    cq = _queue(tmp_path, backend)
+    cq.recover()
+    assert cq.max_physic_offset == 1100 + (100 | 1 << 26)        # as 4.9.8 would leave it
+    cq.truncate_dirty_logic_files(1200)
+    # Dropped: reput starts at the queues' largest max physical offset, and from past the
+    # log's end it would dispatch nothing put from then on.
+    assert cq.max_offset_in_queue == 11 and cq.max_physic_offset == 1100
+    cq.close()
+
+
+def test_truncation_keeps_the_filler_units_a_late_queue_starts_with(tmp_path, backend):
+    cq = _queue(tmp_path, backend)
+    _put(cq, 11, 2)             # three filler units, then records at 0 and 100
+    cq.truncate_dirty_logic_files(1000)
+    assert cq.min_offset_in_queue == 11 and cq.max_offset_in_queue == 13
+    assert cq.max_physic_offset == 200
+    cq.truncate_dirty_logic_files(150)      # the second record, [100, 200), is cut
+    assert cq.max_offset_in_queue == 12 and cq.max_physic_offset == 100
+    cq.truncate_dirty_logic_files(50)       # and the first: fillers alone point at no record
+    assert cq.max_offset_in_queue == 11 and cq.max_physic_offset == 50
     cq.close()
 
 

@@ -1,13 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Random bit flips and truncations in CommitLog, ConsumeQueue and checkpoint files: the store
-still opens, serves what is intact, and says what it dropped. It never raises or hangs."""
+"""Random bit flips and truncations in CommitLog, ConsumeQueue, index and checkpoint files: the
+store still opens, serves what is intact, and says what it dropped. It never crashes or hangs.
+The damage a writable open refuses is in index files of other sizes than they were written
+with (the index is not rewritten behind the operator's back): the refusal names the repair,
+and after it the store opens and serves."""
 import os
 import random
 import shutil
+import struct
 
 import pytest
 
-from rocketstore import Message, MessageStore, StoreError, testing
+from rocketstore import Message, MessageStore, StoreError, StoreLoadError, repair, testing
 from rocketstore.workload import make_messages
 
 SEEDS = int(os.environ.get("ROCKETSTORE_CORRUPTION_SEEDS", "40"))
@@ -70,17 +74,41 @@ def read_everything(store):
     return count
 
 
+# The refusals a writable open makes of damaged index files, and the repair each names.
+_INDEX_REFUSALS = {
+    "`rocketstore rebuild-index` rebuilds the index": {},
+    "set max_hash_slot_num and max_index_num to the values they were written with":
+        {"max_hash_slot_num": testing.small_config().max_hash_slot_num,
+         "max_index_num": testing.small_config().max_index_num},
+}
+
+
+def _opened_or_repaired(root, backend):
+    """The damaged store at `root`, loaded; where the open refuses damaged index files (the
+    index is not rewritten behind the operator's back), after the repair its error names."""
+    store = MessageStore(root, testing.small_config(), kernels=backend)
+    try:
+        store.load()
+        return store
+    except StoreLoadError as exc:
+        remedy = [numbers for said, numbers in _INDEX_REFUSALS.items() if said in str(exc)]
+        if not remedy:
+            pytest.fail(f"damaged store did not open: {exc!r}")
+    except StoreError as exc:
+        pytest.fail(f"damaged store did not open: {exc!r}")
+    repair.rebuild_index(str(root), kernels=backend, **remedy[0])
+    store = MessageStore(root, testing.small_config(), kernels=backend)
+    store.load()
+    return store
+
+
 @pytest.mark.parametrize("seed", range(SEEDS))
 def test_damaged_store_opens_serves_and_reports(tmp_path, backend, pristine, seed):
     rng = random.Random(seed)
     root = tmp_path / "store"
     shutil.copytree(pristine, root)
     damage(root, rng)
-    store = MessageStore(root, testing.small_config(), kernels=backend)
-    try:
-        store.load()
-    except StoreError as exc:       # documented refusals only, never a crash
-        pytest.fail(f"damaged store did not open: {exc!r}")
+    store = _opened_or_repaired(root, backend)
     store.start()
     try:
         report = store.recovery_report
@@ -89,6 +117,36 @@ def test_damaged_store_opens_serves_and_reports(tmp_path, backend, pristine, see
         r = store.put_message(Message("AfterDamage", b"still writable"))
         assert r.ok
         testing.wait_dispatched(store)
+        assert store.get_message("g", "AfterDamage", 0, 0).messages[0].body == b"still writable"
+    finally:
+        store.shutdown()
+
+
+def test_a_unit_whose_size_was_damaged_past_the_log_does_not_hide_later_puts(tmp_path, backend,
+                                                                           pristine):
+    # Seed 92 of the test above: the last unit of a queue had a size bit flipped, its end
+    # became that queue's max physical offset, 64 MiB past the log, and reput started there:
+    # every put after the open was acknowledged and never reached its queue.
+    root = tmp_path / "store"
+    shutil.copytree(pristine, root)
+    qdir = root / "consumequeue" / "BenchTopic1" / "1"
+    last = qdir / sorted(os.listdir(qdir))[-1]
+    raw = bytearray(last.read_bytes())
+    units = len(raw) // 20
+    while raw[(units - 1) * 20:units * 20] == bytes(20):      # zeros past the last unit
+        units -= 1
+    size_at = (units - 1) * 20 + 8
+    size = struct.unpack_from(">i", raw, size_at)[0]
+    struct.pack_into(">i", raw, size_at, size | 1 << 26)
+    last.write_bytes(bytes(raw))
+    store = testing.open_store(root, backend, testing.small_config())
+    try:
+        before = store.get_max_offset_in_queue("BenchTopic1", 1)
+        assert store.put_message(Message("BenchTopic1", b"after", queue_id=1)).ok
+        assert store.put_message(Message("AfterDamage", b"still writable")).ok
+        testing.wait_dispatched(store)
+        got = store.get_message("g", "BenchTopic1", 1, before).messages
+        assert [m.body for m in got] == [b"after"]
         assert store.get_message("g", "AfterDamage", 0, 0).messages[0].body == b"still writable"
     finally:
         store.shutdown()
