@@ -56,13 +56,21 @@ def row_topic(row, buf):
     return bytes(buf[pos:pos + row[R_TOPIC_LEN]]).decode("utf-8", "replace")
 
 
-def _queue_of(find_queue, topic, queue_id):
+def _queue_of(find_queue, topic, queue_id, phy_offset):
     """The ConsumeQueue a record goes to (found or made by `find_queue(topic bytes, queue
-    id)`). Its topic names a directory under consumequeue/, so bytes a put would refuse
-    ("../x", "/x") are refused here too, whoever scanned them."""
+    id)`), or None for a record whose queue id is negative, which gets no unit. Its topic
+    names a directory under consumequeue/, so bytes a put would refuse ("../x", "/x") are
+    refused here too, whoever scanned them. So is a negative queue id, which no put or
+    broker writes: one bit flipped in a record's queue id (its CRC covers the body only) had
+    made a queue named "-2147483647". The record stays readable by key and in the log; only
+    its queue cannot be told, and the records around it are dispatched as before."""
     if not valid_topic_bytes(topic):
         raise CorruptRecordError(f"record topic {bytes(topic)!r} is not a valid topic name; "
                                  "not dispatched")
+    if queue_id < 0:
+        log.error("record at %d names queue %d of %r, which no put writes: damaged; no unit "
+                  "written for it", phy_offset, queue_id, bytes(topic))
+        return None
     return find_queue(topic, queue_id)
 
 
@@ -135,7 +143,9 @@ class ConsumeQueueDispatcher(Dispatcher):
             if deleted and self._deleted(row, buf):
                 continue
             pos = row[R_POS] + row[R_TOPIC_OFF]
-            cq = _queue_of(find_queue, buf[pos:pos + row[R_TOPIC_LEN]], row[R_QID])
+            cq = _queue_of(find_queue, buf[pos:pos + row[R_TOPIC_LEN]], row[R_QID], row[R_PHY])
+            if cq is None:
+                continue
             tags = row[R_TAGS]
             if row[R_INFO] & F.SCAN_INFO_SCHEDULE:
                 tags = self._schedule_tags_code(row, buf)
@@ -166,11 +176,14 @@ class ConsumeQueueDispatcher(Dispatcher):
     def _dispatch_row(self, row, buf):
         """One row by ConsumeQueue.put_unit's rules; returns its queue (cq_dispatch's slow path,
         which then remembers the queue under the row's key), or None for a deleted topic's
-        record (the loop then does not remember it)."""
+        record or one with a negative queue id (the loop then does not remember it)."""
         if self._deleted_topics.offsets_raw and self._deleted(row, buf):
             return None
         pos = row[R_POS] + row[R_TOPIC_OFF]
-        cq = _queue_of(self._find_queue, buf[pos:pos + row[R_TOPIC_LEN]], row[R_QID])
+        cq = _queue_of(self._find_queue, buf[pos:pos + row[R_TOPIC_LEN]], row[R_QID],
+                       row[R_PHY])
+        if cq is None:
+            return None
         tags = row[R_TAGS]
         if row[R_INFO] & F.SCAN_INFO_SCHEDULE:
             tags = self._schedule_tags_code(row, buf)
@@ -228,7 +241,9 @@ class ConsumeQueueDispatcher(Dispatcher):
             g = g[g["phy_offset"] >= below]     # a deleted topic's records before deletion
             if not len(g):
                 return
-        cq = _queue_of(self._find_queue, topic, int(g["queue_id"][0]))
+        cq = _queue_of(self._find_queue, topic, int(g["queue_id"][0]), int(g["phy_offset"][0]))
+        if cq is None:
+            return
         tags = np.ascontiguousarray(g["tags_code"])
         schedule = np.flatnonzero(g["info"] & F.SCAN_INFO_SCHEDULE)
         for j in schedule:

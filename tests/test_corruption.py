@@ -150,3 +150,25 @@ def test_a_unit_whose_size_was_damaged_past_the_log_does_not_hide_later_puts(tmp
         assert store.get_message("g", "AfterDamage", 0, 0).messages[0].body == b"still writable"
     finally:
         store.shutdown()
+
+
+def test_a_record_whose_queue_id_was_damaged_negative_gets_no_queue(tmp_path, backend, pristine):
+    # Seed 1401 of the test above at 1 500 seeds: bit 31 of a record's queue id flipped (the
+    # CRC covers the body only), and recovery's dispatch made a queue named "-2147483647".
+    root = tmp_path / "store"
+    shutil.copytree(pristine, root)
+    first = root / "commitlog" / sorted(os.listdir(root / "commitlog"))[0]
+    raw = bytearray(first.read_bytes())
+    queue_id = struct.unpack_from(">i", raw, 12)[0]             # the first record's
+    struct.pack_into(">i", raw, 12, queue_id | -(1 << 31))
+    first.write_bytes(bytes(raw))
+    (root / "abort").touch()                                      # recovery dispatches again
+    store = testing.open_store(root, backend, testing.small_config())
+    try:
+        assert all(q >= 0 for queues in store.consume_queue_table.values() for q in queues)
+        assert not [d for d in root.glob("consumequeue/*/*") if d.name.startswith("-")]
+        got = store.get_message("g", "BenchTopic0", queue_id, 0, 2).messages
+        assert [m.queue_offset for m in got] == [0, 1]   # the queue kept its units
+        assert read_everything(store) > 0
+    finally:
+        store.shutdown()
