@@ -100,7 +100,7 @@ class FlushPlan:
     """The files a sync of the whole file system is to make durable, and to where, for any
     number of queues (MappedFileQueue.flush_plan adds each queue's). In flat columns, not a
     tuple and a list per queue: those were objects the garbage collector tracks, and at
-    10 000 queues their promotion set off full collections that held the GIL for 108-135 ms
+    10 000 queues their promotion set off full collections that held the GIL for 103-165 ms
     (doc/performance.md, "A full collection in the flush round")."""
 
     __slots__ = ("queues", "files", "ends", "stamps", "truncations")
@@ -124,14 +124,14 @@ class FlushPlan:
         meanwhile ends its queue's part: its end, and those after it in that queue, no
         longer say what was written."""
         cut = None                      # the queue whose part a truncation ended
-        for i, f in enumerate(self.files):
-            queue = self.queues[i]
+        for queue, f, end, truncations, stamp in zip(self.queues, self.files, self.ends,
+                                                     self.truncations, self.stamps):
             if queue is cut:
                 continue
-            if not f.mark_flushed(self.ends[i], self.truncations[i], queue):
+            if not f.mark_flushed(end, truncations, queue):
                 cut = queue
             elif least_pages == 0:
-                queue.store_timestamp = self.stamps[i]
+                queue.store_timestamp = stamp
 
 
 class MappedFileQueue:

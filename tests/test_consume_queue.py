@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rocketstore.consume_queue import ConsumeQueue, DirtyQueues
-from rocketstore.format import CQ_STORE_UNIT_SIZE as UNIT
+from rocketstore.format import CQ_POS_SIZE, CQ_STORE_UNIT_SIZE as UNIT, I32
 from rocketstore.fs import DEFAULT
 from rocketstore.mapped_file import CqMappedFile
 
@@ -108,7 +108,7 @@ def test_truncation_drops_a_unit_whose_damaged_size_reaches_past_the_commit_log(
     cq.close()
     last = tmp_path / "consumequeue" / "T" / "0" / f"{PER_FILE * UNIT:020d}"
     raw = bytearray(last.read_bytes())
-    struct.pack_into(">i", raw, 3 * UNIT + 8, 100 | 1 << 26)     # unit 11's size, one bit off
+    I32.pack_into(raw, 3 * UNIT + CQ_POS_SIZE, 100 | 1 << 26)     # unit 11's size, one bit off
     last.write_bytes(bytes(raw))
     cq = _queue(tmp_path, backend)
     cq.recover()

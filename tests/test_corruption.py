@@ -7,11 +7,12 @@ and after it the store opens and serves."""
 import os
 import random
 import shutil
-import struct
 
 import pytest
 
 from rocketstore import Message, MessageStore, StoreError, StoreLoadError, repair, testing
+from rocketstore import format as F
+from rocketstore.format import CQ_STORE_UNIT_SIZE as UNIT
 from rocketstore.workload import make_messages
 
 SEEDS = int(os.environ.get("ROCKETSTORE_CORRUPTION_SEEDS", "40"))
@@ -132,12 +133,12 @@ def test_a_unit_whose_size_was_damaged_past_the_log_does_not_hide_later_puts(tmp
     qdir = root / "consumequeue" / "BenchTopic1" / "1"
     last = qdir / sorted(os.listdir(qdir))[-1]
     raw = bytearray(last.read_bytes())
-    units = len(raw) // 20
-    while raw[(units - 1) * 20:units * 20] == bytes(20):      # zeros past the last unit
+    units = len(raw) // UNIT
+    while raw[(units - 1) * UNIT:units * UNIT] == bytes(UNIT):   # zeros past the last unit
         units -= 1
-    size_at = (units - 1) * 20 + 8
-    size = struct.unpack_from(">i", raw, size_at)[0]
-    struct.pack_into(">i", raw, size_at, size | 1 << 26)
+    size_at = (units - 1) * UNIT + F.CQ_POS_SIZE
+    size = F.I32.unpack_from(raw, size_at)[0]
+    F.I32.pack_into(raw, size_at, size | 1 << 26)
     last.write_bytes(bytes(raw))
     store = testing.open_store(root, backend, testing.small_config())
     try:
@@ -159,8 +160,8 @@ def test_a_record_whose_queue_id_was_damaged_negative_gets_no_queue(tmp_path, ba
     shutil.copytree(pristine, root)
     first = root / "commitlog" / sorted(os.listdir(root / "commitlog"))[0]
     raw = bytearray(first.read_bytes())
-    queue_id = struct.unpack_from(">i", raw, 12)[0]             # the first record's
-    struct.pack_into(">i", raw, 12, queue_id | -(1 << 31))
+    queue_id = F.I32.unpack_from(raw, F.POS_QUEUEID)[0]         # the first record's
+    F.I32.pack_into(raw, F.POS_QUEUEID, queue_id | -(1 << 31))
     first.write_bytes(bytes(raw))
     (root / "abort").touch()                                      # recovery dispatches again
     store = testing.open_store(root, backend, testing.small_config())

@@ -928,17 +928,15 @@ class FlushConsumeQueueService(ServiceThread):
         lost, and a sync of each file after it could succeed without them. Returns the
         queues it settled (none when it synced nothing)."""
         plan = FlushPlan()
-        planned = []
-        for cq in queues:
-            if cq.mfq.flush_plan(plan, least):
-                planned.append(cq)
+        # Each queue adds its files to the plan; those that added any are settled by it.
+        planned = {cq for cq in queues if cq.mfq.flush_plan(plan, least)}
         if len(planned) < self.SYNC_TOGETHER_MIN:
             return ()
         if not self._fs.sync_filesystem(self._cq_root):
             return ()
         plan.settle(least)
         self.synced_together += 1
-        return set(planned)
+        return planned
 
     def run_once(self):
         self.wait_for_running(self._config.flush_interval_consume_queue)
