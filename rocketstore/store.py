@@ -1590,11 +1590,17 @@ class MessageStore:
             return wait_for_message(self, group, topic, queue_id, offset, max_msg_nums,
                                     message_filter, wait_ms, subscription=subscription,
                                     property_filter=property_filter)
+        return self._read(self.read_path.get_message, self.read_path.pull, GetMessageResult,
+                          group, topic, queue_id, offset, max_msg_nums, message_filter,
+                          subscription, property_filter)
+
+    def _read(self, compiled, pull, result, group, topic, queue_id, offset, max_msg_nums,
+              message_filter, subscription, property_filter):
+        """get_message's and get_batch's walk: `compiled` takes the common call whole (the
+        checks, the catch-up and the pull) where the backend has it; `pull` reads from a queue
+        that exists, and `result` is the type of the answers decided before a unit is read."""
         if subscription is None and property_filter is None:
-            # The common call as one compiled call (the checks below, the catch-up and the
-            # pull); anything else, and every backend without it, takes the steps below.
-            r = self.read_path.get_message(self, group, topic, queue_id, offset,
-                                            max_msg_nums, message_filter)
+            r = compiled(self, group, topic, queue_id, offset, max_msg_nums, message_filter)
             if r is not None:
                 return r
         self.check_open()
@@ -1605,13 +1611,13 @@ class MessageStore:
         if cq is not None and self.loaded:
             # The common case as one call (it counts itself in the statistics); the rest
             # (statuses decided before a unit is read) below.
-            r = self.read_path.pull(self, cq, offset, max_msg_nums, message_filter,
-                                     read_path.MAX_BYTES, subscription, property_filter)
+            r = pull(self, cq, offset, max_msg_nums, message_filter, read_path.MAX_BYTES,
+                     subscription, property_filter)
             if r is not None:
                 return r
-        return self._read_past_pull(self.read_path.pull, GetMessageResult, topic, queue_id,
-                                    int(offset), int(max_msg_nums), message_filter, cq,
-                                    subscription, property_filter)
+        return self._read_past_pull(pull, result, topic, queue_id, int(offset),
+                                    int(max_msg_nums), message_filter, cq, subscription,
+                                    property_filter)
 
     def _checked_queue(self, group, topic, queue_id, offset, max_msg_nums, message_filter):
         """get_message's and get_batch's arguments checked; the queue when it exists."""
@@ -1640,24 +1646,9 @@ class MessageStore:
         per message (but one per message a property_filter is asked about). Body views are
         the stored bytes: the `compressed` column marks the records whose body is compressed
         (sys_flag has their codec), and original_body(i) decompresses one."""
-        if subscription is None and property_filter is None:
-            r = self.read_path.get_batch(self, group, topic, queue_id, offset, max_msg_nums,
-                                          message_filter)
-            if r is not None:
-                return r
-        self.check_open()
-        cq = self._checked_queue(group, topic, queue_id, offset, max_msg_nums, message_filter)
-        if subscription is not None or property_filter is not None:
-            subscription, property_filter = read_filters(subscription, property_filter)
-        self.catch_up()
-        if cq is not None and self.loaded:
-            r = self.read_path.pull_batch(self, cq, offset, max_msg_nums, message_filter,
-                                           read_path.MAX_BYTES, subscription, property_filter)
-            if r is not None:
-                return r
-        return self._read_past_pull(self.read_path.pull_batch, read_path.GetBatchResult, topic,
-                                    queue_id, int(offset), int(max_msg_nums), message_filter,
-                                    cq, subscription, property_filter)
+        return self._read(self.read_path.get_batch, self.read_path.pull_batch,
+                          read_path.GetBatchResult, group, topic, queue_id, offset,
+                          max_msg_nums, message_filter, subscription, property_filter)
 
     def _read_past_pull(self, pull, result, topic, queue_id, offset, max_msg_nums,
                         message_filter, cq, subscription, property_filter):
