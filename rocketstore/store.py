@@ -326,8 +326,7 @@ class MessageStore:
             # Before the queues and recovery: a deleted topic's leftovers are not loaded, and
             # its records are not dispatched again.
             if not self.deleted_topics.load():
-                raise StoreLoadError(f"{self.deleted_topics.path} and its .bak are both "
-                                     "corrupt")
+                self._corrupt_pair(self.deleted_topics.path)
             self.commitlog.load()
             self._load_consume_queues()
             self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"), self.fs,
@@ -394,12 +393,24 @@ class MessageStore:
         self.index_service.index_num = self.config.max_index_num
 
     def _load_configs(self):
-        """ConfigManager#load for each JSON file; a file whose `.bak` is corrupt too stops
-        the load, as it stops a broker's start."""
+        """ConfigManager#load for each JSON file (see _corrupt_pair for a file whose `.bak`
+        is corrupt too)."""
         for manager in (self.topic_configs, self.subscription_groups, self.consumer_offsets,
                         self.delay_offsets):
             if not manager.load():
-                raise StoreLoadError(f"{manager.path} and its .bak are both corrupt")
+                self._corrupt_pair(manager.path)
+
+    def _corrupt_pair(self, path):
+        """A config file whose `.bak` is corrupt too. It stops a writable load, as it stops a
+        broker's start: the store's next persist would overwrite what an operator may still
+        mend by hand. A read-only open (verify, dump, stat, query) goes on with that table
+        empty: no record depends on it, and verify reports the file."""
+        if not self.read_only:
+            raise StoreLoadError(
+                f"{path} and its .bak are both corrupt: mend one, restore it from a backup, "
+                f"or move both aside to start with an empty table; `rocketstore verify` "
+                f"checks the rest of the store meanwhile")
+        log.error("%s and its .bak are both corrupt: read without that table", path)
 
     def persist_configs(self):
         """Write every config file that changed since it was last written."""

@@ -197,6 +197,25 @@ def test_read_only_commands_on_a_damaged_store_answer_without_a_traceback(
             assert rc == 1, (argv, out, err)
 
 
+def test_a_config_file_whose_bak_is_corrupt_too_leaves_every_message_readable(clean_store,
+                                                                             tmp_path):
+    root = tmp_path / "store"
+    shutil.copytree(clean_store, root)
+    also_bak("topics.json", "{not json")(root)
+    rc, out, err = run("verify", root)
+    assert rc == 1
+    assert [x.split(": does not parse")[0] for x in out.splitlines() if "does not parse" in x] \
+        == ["config: config/topics.json", "config: config/topics.json.bak"]
+    assert "600 records, 600 consume-queue units" in out     # the rest was checked
+    rc, out, err = run("dump", root)
+    assert rc == 0 and len(out.splitlines()) == 600
+    # A command that writes refuses, on one line that names the ways out.
+    rc, out, err = run("recover", root)
+    assert rc == 1 and "Traceback" not in err
+    assert "topics.json and its .bak are both corrupt: mend one" in err
+    assert (root / "config" / "topics.json").read_text() == "{not json"
+
+
 def test_read_only_commands_on_the_clean_store_succeed(clean_store, msg_id):
     before = testing.tree_digest(clean_store)
     for argv in read_only_commands(clean_store, msg_id):

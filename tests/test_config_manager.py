@@ -194,8 +194,11 @@ def test_a_store_whose_config_and_bak_are_both_corrupt_refuses_to_load(tmp_path,
     (cfg / "topics.json").write_text("{nope")
     (cfg / "topics.json.bak").write_text("{nope")
     store = MessageStore(tmp_path / "s", testing.small_config(), kernels=backend)
-    with pytest.raises(StoreLoadError, match="topics.json"):
+    with pytest.raises(StoreLoadError, match="topics.json and its .bak are both corrupt: "
+                                             "mend one, restore it from a backup, or move"):
         store.load()
+    # Nothing was written over either: what an operator may still mend is as it was.
+    assert (cfg / "topics.json").read_text() == (cfg / "topics.json.bak").read_text() == "{nope"
 
 
 @pytest.fixture
