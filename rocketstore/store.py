@@ -13,9 +13,9 @@ import time
 from . import kernels as _kernels
 from .kernels.contract import KERNEL_NAMES
 from . import query, read_path, recovery
-from .arguments import (INT64_MAX, INT64_MIN, check_callable, check_int, check_offset_commit,
-                        check_offset_query, check_optional_int, check_queue, check_str,
-                        explain_put_failure)
+from .arguments import (INT32_MAX, INT64_MAX, INT64_MIN, check_callable, check_int,
+                        check_offset_commit, check_offset_query, check_optional_int, check_queue,
+                        check_str, explain_put_failure)
 from .batch import batch_template, columns, compress_bodies
 from .checkpoint import StoreCheckpoint
 from .clock import system_clock
@@ -781,7 +781,8 @@ class MessageStore:
         CommitLog's end, as {(topic, queue_id): (min_offset, max_offset, max_physic_offset)}.
         Only on a store not loaded (it opens the files and closes them again)."""
         if self.loaded:
-            raise RuntimeError("queue_ends_before_recovery reads a store that is not loaded")
+            raise RuntimeError("queue_ends_before_recovery plans before recovery: call it on a "
+                               "store not yet loaded")
         self.commitlog.load()
         try:
             self._load_consume_queues()
@@ -892,9 +893,22 @@ class MessageStore:
     consume_queue = find_consume_queue
 
     def find_consume_queue_raw(self, topic_bytes, queue_id):
+        """find_consume_queue by the topic's bytes as a record stores them: the dispatchers'
+        lookup, which recovery uses before the store is loaded. The queue it makes names a
+        directory, so its topic and queue id are checked as dispatch checks a record's."""
         cq = self._cq_raw.get((topic_bytes, queue_id))
         if cq is None:
-            cq = self._new_cq(bytes(topic_bytes).decode("utf-8", "replace"), queue_id)
+            if not isinstance(topic_bytes, (bytes, bytearray, memoryview)):
+                raise TypeError(f"topic_bytes must be bytes, not {type(topic_bytes).__name__}")
+            try:
+                topic = bytes(topic_bytes).decode("utf-8")
+            except UnicodeDecodeError:
+                raise InvalidArgumentError(f"topic_bytes {bytes(topic_bytes)!r} are not UTF-8") \
+                    from None
+            why = topic_problem(topic, None)
+            if why is not None:
+                raise InvalidArgumentError(f"topic_bytes: {why}")
+            cq = self._new_cq(topic, check_int(queue_id, "queue_id", 0, INT32_MAX))
         return cq
 
     def all_consume_queues(self):

@@ -188,6 +188,20 @@ BAD_CALLS = [
      InvalidArgumentError, "now_ms is"),
     ("clean plan now past a long", lambda s: s.clean_plan(1 << 70), InvalidArgumentError,
      "now_ms is"),
+    ("find queue path", lambda s: s.find_consume_queue("../x", 0), InvalidArgumentError,
+     "would name a path"),
+    # The dispatchers' lookup by a record's topic bytes is public too: a queue it makes
+    # names a directory.
+    ("raw topic path", lambda s: s.find_consume_queue_raw(b"../x", 0), InvalidArgumentError,
+     "would name a path"),
+    ("raw topic int", lambda s: s.find_consume_queue_raw(3, 0), TypeError,
+     "topic_bytes must be bytes, not int"),
+    ("raw topic not UTF-8", lambda s: s.find_consume_queue_raw(b"\xff", 0),
+     InvalidArgumentError, "are not UTF-8"),
+    ("raw queue_id -1", lambda s: s.find_consume_queue_raw(b"T", -1), InvalidArgumentError,
+     "queue_id is -1"),
+    ("raw queue_id str", lambda s: s.find_consume_queue_raw(b"T", "0"), TypeError,
+     "queue_id must be an int"),
 ]
 
 
