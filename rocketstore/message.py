@@ -136,9 +136,10 @@ def hashmap_order(names):
 
 def properties_to_string(props):
     """messageProperties2String (4.9.x): name\x01value pairs joined by \x02 in HashMap order,
-    with no separator after the last pair. None values are skipped. A name or value holding
-    \x01 or \x02 raises MessageIllegalError: it would be read back as other properties (a
-    forged UNIQ_KEY, say), so the client's Validators refuse it too."""
+    with no separator after the last pair. None values are skipped. A name or value that is not
+    a str raises MessageIllegalError, and so does one holding \x01 or \x02: it would be read
+    back as other properties (a forged UNIQ_KEY, say), so the client's Validators refuse it
+    too."""
     if not props:
         return ""
     order = _ORDER_CACHE.get(tuple(props))
@@ -147,6 +148,13 @@ def properties_to_string(props):
             return _checked("\x02".join([k + "\x01" + props[k] for k in order]), len(order))
         except TypeError:       # a None or non-str value: the general path below
             pass
+    for k, v in props.items():
+        if not isinstance(k, str) or not (v is None or isinstance(v, str)):
+            # A Java HashMap<String, String>: str() of anything else would store its repr
+            # (b'x' for bytes), and a name that is not a str could not be encoded at all.
+            bad, what = (k, "name") if not isinstance(k, str) else (v, f"value of {k!r}")
+            raise MessageIllegalError(f"property {what} must be a str, not "
+                                      f"{type(bad).__name__} ({bad!r:.40})")
     names = tuple(k for k, v in props.items() if v is not None)
     if not names:
         return ""

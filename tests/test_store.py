@@ -153,6 +153,13 @@ def test_properties_follow_java_hashmap_iteration_order():
     (Message("T", b"x" * (4 * 1024 * 1024 + 1)), "MESSAGE_ILLEGAL"),
     (Message("T", b"", properties={"big": "v" * 40000}), "PROPERTIES_SIZE_EXCEEDED"),
     (Message("T", b"", queue_id=-1), "MESSAGE_ILLEGAL"),
+    # Properties are a Java HashMap<String, String>: a name that is not a str raised
+    # AttributeError, and str() of a value stored b'x' for bytes.
+    (Message("T", b"", properties={7: "v"}), "MESSAGE_ILLEGAL"),
+    (Message("T", b"", properties={None: "v"}), "MESSAGE_ILLEGAL"),
+    (Message("T", b"", properties={"k": b"v"}), "MESSAGE_ILLEGAL"),
+    (Message("T", b"", properties={"k": 7}), "MESSAGE_ILLEGAL"),
+    (Message("T", b"", tags=5), "MESSAGE_ILLEGAL"),
 ])
 def test_bad_input_raises_with_the_rocketmq_status_and_stores_nothing(store, msg, status):
     store.put_message(Message("Keep", b"kept"))
