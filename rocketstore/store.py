@@ -311,6 +311,9 @@ class MessageStore:
         unsynced_cut = False
         try:
             self._check_links()
+            # First, as a broker loads its config files before its message store: a start
+            # they refuse has recovered, cut and rebuilt nothing.
+            self._load_configs()
             rebuilding = None
             if not self.read_only:
                 from . import repair        # imports this module: bound late
@@ -350,7 +353,6 @@ class MessageStore:
             if rebuilding is not None:
                 repair.end_pending_rebuild(self.fs, self.root, self.all_consume_queues(),
                                            self.index_service, self.checkpoint)
-            self._load_configs()
             self._finish_pending_deletions()
         except BaseException as exc:
             self._close_files()

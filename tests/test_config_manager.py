@@ -201,6 +201,30 @@ def test_a_store_whose_config_and_bak_are_both_corrupt_refuses_to_load(tmp_path,
     assert (cfg / "topics.json").read_text() == (cfg / "topics.json.bak").read_text() == "{nope"
 
 
+def test_a_refused_open_for_a_corrupt_config_pair_recovers_nothing_first(tmp_path, backend):
+    # The broker loads its config files before the message store, so a start refused for
+    # them has cut nothing: an operator who mends topics.json finds the store as it was.
+    root = tmp_path / "s"
+    store = testing.open_store(root, backend, testing.small_config())
+    for i in range(20):
+        store.put_message(Message("T", b"m%d" % i))
+    store.update_topic_config("T")
+    store.update_topic_config("T2")             # topics.json and its .bak
+    testing.wait_dispatched(store)
+    store.shutdown()
+    (root / "abort").touch()                    # the next open recovers abnormally...
+    log = sorted((root / "commitlog").iterdir())[0]
+    raw = bytearray(log.read_bytes())
+    raw[raw.index(b"m19")] ^= 0xFF             # ...and would cut the last record (its CRC)
+    log.write_bytes(bytes(raw))
+    for name in ("topics.json", "topics.json.bak"):
+        (root / "config" / name).write_text("{nope")
+    before = testing.tree_digest(root, ignore=("lock",))
+    with pytest.raises(StoreLoadError, match="both corrupt"):
+        MessageStore(root, testing.small_config(), kernels=backend).load()
+    assert testing.tree_digest(root, ignore=("lock",)) == before
+
+
 @pytest.fixture
 def store(tmp_path, backend):
     s = testing.open_store(tmp_path / "store", backend)
