@@ -783,8 +783,8 @@ class MessageStore:
         CommitLog's end, as {(topic, queue_id): (min_offset, max_offset, max_physic_offset)}.
         Only on a store not loaded (it opens the files and closes them again)."""
         if self.loaded:
-            raise RuntimeError("queue_ends_before_recovery plans before recovery: call it on a "
-                               "store not yet loaded")
+            raise StoreError("queue_ends_before_recovery plans before recovery: call it on a "
+                             "store not yet loaded")
         self.commitlog.load()
         try:
             self._load_consume_queues()
