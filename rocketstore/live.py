@@ -88,20 +88,22 @@ _R_PHY, _R_QOFF, _R_SIZE, _R_QID, _R_TOPIC_OFF, _R_TOPIC_LEN = (
                                         "topic_off", "topic_len"))
 
 
-def _segment_size(fs, directories):
+def _segment_size(fs, directories, unit=1):
     """The segment size of files in `directories`: the size most of their first files have
     (a file being created, still empty, does not count), else the least gap between two
-    neighbours' names; 0 when nothing tells yet."""
+    neighbours' names; 0 when nothing tells yet. Only whole multiples of `unit` count (a
+    ConsumeQueue file holds whole 20-byte units): a file cut short by damage must not size
+    every queue the reader maps."""
     gaps, sizes = [], {}
     for d in directories:
         starts = sorted(int(n) for n in split_segment_names(fs, d, None)[0])
-        gaps += [b - a for a, b in zip(starts, starts[1:]) if b > a]
+        gaps += [b - a for a, b in zip(starts, starts[1:]) if b > a and (b - a) % unit == 0]
         for s in starts[:2]:
             try:
                 size = fs.size(os.path.join(d, offset_to_file_name(s)))
             except OSError:
                 continue
-            if size:
+            if size and size % unit == 0:
                 sizes[size] = sizes.get(size, 0) + 1
     if sizes:
         return max(sizes, key=lambda s: (sizes[s], s))
@@ -323,10 +325,11 @@ class LiveReader:
             if fs.is_dir(tdir):
                 queue_dirs += [os.path.join(tdir, q) for q in fs.list_dir(tdir)[:2]
                                if is_queue_dir_name(q)]
-        for field, given, dirs in (
-                ("mapped_file_size_commit_log", self._cl_size, [self._commitlog.path]),
-                ("mapped_file_size_consume_queue", self._cq_size, queue_dirs)):
-            found = _segment_size(fs, dirs)
+        for field, given, dirs, unit in (
+                ("mapped_file_size_commit_log", self._cl_size, [self._commitlog.path], 1),
+                ("mapped_file_size_consume_queue", self._cq_size, queue_dirs,
+                 CQ_STORE_UNIT_SIZE)):
+            found = _segment_size(fs, dirs, unit)
             if found and found != given:
                 raise ConfigError(f"{field} is {given}, but the store's files are {found} "
                                   f"bytes (leave config out to take the sizes from the files)")
@@ -339,7 +342,7 @@ class LiveReader:
     def _queue_size(self, cq):
         if not self._cq_size:
             dirs = [cq.segments.path] + [q.segments.path for q in list(self._queues.values())]
-            self._cq_size = _segment_size(self.fs, dirs)
+            self._cq_size = _segment_size(self.fs, dirs, CQ_STORE_UNIT_SIZE)
         return self._cq_size
 
     def _queue(self, topic, queue_id):

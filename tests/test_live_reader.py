@@ -554,6 +554,25 @@ def test_file_sizes_come_from_the_config_when_given(tmp_path, backend):
         store.shutdown()
 
 
+def test_a_queue_file_cut_short_does_not_size_the_queues_the_reader_maps(tmp_path, backend):
+    # A truncated ConsumeQueue file read first had its length (not a multiple of 20) taken as
+    # every queue's file size: the next read raised numpy's "cannot reshape array".
+    store = _writer(tmp_path, backend)
+    try:
+        _put(store, 50, queue_id=0)
+        _put(store, 50, queue_id=1)
+        testing.wait_until(lambda: store.dispatch_behind_bytes() == 0)
+        path, _ = _unit_path(store, 0, queue_id=1)
+    finally:
+        store.shutdown()
+    with open(path, "r+b") as f:
+        f.truncate(31 * CQ_STORE_UNIT_SIZE + 7)
+    with LiveReader(store.root, kernels=backend) as reader:
+        got, last = _read_all(reader, queue_id=1)       # the damaged queue first
+        assert got == [] and last.status is G.NO_MATCHED_LOGIC_QUEUE
+        assert _read_all(reader, queue_id=0)[0] == list(range(50))
+
+
 # ---- the compiled walk (cext) and the writer's wake-up per put ------------------------------
 
 def _answers(reader, queue_id, calls):
