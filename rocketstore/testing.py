@@ -118,6 +118,37 @@ def tree_digest(root, ignore=()):
     return out
 
 
+def damage_at_random(root, rng):
+    """Damage the store at `root` as a failing disk or a careless operator might, driven by
+    `rng` (random.Random): one to four of its files (the lock file aside) each cut to a random
+    length, or given 1-20 flipped bits; half the time an `abort` file as a crash leaves. The
+    corruption tests' model: a seed names one damage, so a failure replays from its seed.
+    Returns the paths damaged."""
+    files = []
+    for d, _, names in os.walk(root):
+        for name in names:
+            if name not in ("lock",):
+                files.append(os.path.join(d, name))
+    victims = rng.sample(files, k=min(len(files), rng.randint(1, 4)))
+    for path in victims:
+        size = os.path.getsize(path)
+        with open(path, "r+b") as f:
+            if rng.random() < 0.3 and size:
+                f.truncate(rng.randrange(size))
+            else:
+                for _ in range(rng.randint(1, 20)):
+                    if size == 0:
+                        break
+                    pos = rng.randrange(size)
+                    f.seek(pos)
+                    byte = f.read(1)
+                    f.seek(pos)
+                    f.write(bytes([byte[0] ^ (1 << rng.randrange(8))]))
+    if rng.random() < 0.5:
+        open(os.path.join(root, "abort"), "wb").close()
+    return victims
+
+
 def wait_until(cond, timeout=10.0, what="the condition"):
     """Poll `cond()` until it is true; AssertionError naming `what` after `timeout` s. The
     timeout is a hang guard, never a speed claim: shared CI machines stall for seconds."""

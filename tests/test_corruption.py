@@ -33,32 +33,6 @@ def pristine(tmp_path_factory):
     return root
 
 
-def damage(root, rng):
-    files = []
-    for d, _, names in os.walk(root):
-        for name in names:
-            if name not in ("lock",):
-                files.append(os.path.join(d, name))
-    victims = rng.sample(files, k=min(len(files), rng.randint(1, 4)))
-    for path in victims:
-        size = os.path.getsize(path)
-        with open(path, "r+b") as f:
-            if rng.random() < 0.3 and size:
-                f.truncate(rng.randrange(size))
-            else:
-                for _ in range(rng.randint(1, 20)):
-                    if size == 0:
-                        break
-                    pos = rng.randrange(size)
-                    f.seek(pos)
-                    byte = f.read(1)
-                    f.seek(pos)
-                    f.write(bytes([byte[0] ^ (1 << rng.randrange(8))]))
-    if rng.random() < 0.5:
-        open(os.path.join(root, "abort"), "wb").close()
-    return victims
-
-
 def read_everything(store):
     count = 0
     for topic, queues in list(store.consume_queue_table.items()):
@@ -108,7 +82,7 @@ def test_damaged_store_opens_serves_and_reports(tmp_path, backend, pristine, see
     rng = random.Random(seed)
     root = tmp_path / "store"
     shutil.copytree(pristine, root)
-    damage(root, rng)
+    testing.damage_at_random(root, rng)
     store = _opened_or_repaired(root, backend)
     store.start()
     try:

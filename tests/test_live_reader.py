@@ -8,6 +8,8 @@ during the run (only those every reader has read). ROCKETSTORE_SOAK_S sets the l
 length (default 15 s)."""
 import json
 import os
+import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +18,7 @@ import threading
 import pytest
 
 from rocketstore import (ConfigError, GetMessageStatus as G, InvalidArgumentError, Message,
-                         StoreClosedError)
+                         StoreClosedError, StoreError)
 from rocketstore import testing
 from rocketstore.format import CQ_STORE_UNIT_SIZE
 from rocketstore.fs import FileSystem
@@ -28,6 +30,9 @@ import live_worker
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "live_worker.py")
 SOAK_S = float(os.environ.get("ROCKETSTORE_SOAK_S", "15"))
 HANG_S = 300        # hang guards only: a loaded machine may be slow, never this slow
+# Random damage (testing.damage_at_random), a quarter of the corruption tests' seeds
+# (ROCKETSTORE_CORRUPTION_SEEDS soaks).
+DAMAGE_SEEDS = max(1, int(os.environ.get("ROCKETSTORE_CORRUPTION_SEEDS", "40")) // 4)
 TOPIC = live_worker.TOPIC
 
 
@@ -571,6 +576,42 @@ def test_a_queue_file_cut_short_does_not_size_the_queues_the_reader_maps(tmp_pat
         got, last = _read_all(reader, queue_id=1)       # the damaged queue first
         assert got == [] and last.status is G.NO_MATCHED_LOGIC_QUEUE
         assert _read_all(reader, queue_id=0)[0] == list(range(50))
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """Three queues of 60 messages, one file each (so damage to it is all a reader has to
+    size the queue files by), over several CommitLog files; shut down."""
+    root = tmp_path_factory.mktemp("written") / "store"
+    store = testing.open_store(str(root), "pure", live_worker.small_config())
+    try:
+        for q in range(3):
+            _put(store, 60, queue_id=q)
+        testing.wait_dispatched(store)
+    finally:
+        store.shutdown()
+    return root
+
+
+@pytest.mark.parametrize("seed", range(DAMAGE_SEEDS))
+def test_a_reader_of_a_store_damaged_at_random_reads_each_queue_to_an_end(written, tmp_path,
+                                                                         backend, seed):
+    # Found this way: a queue file cut short sized every queue the reader mapped.
+    root = tmp_path / "store"
+    shutil.copytree(written, root)
+    testing.damage_at_random(root, random.Random(seed))
+    try:
+        reader = LiveReader(root, kernels=backend)
+    except StoreError:
+        return                      # refused, clearly: nothing to read
+    with reader:
+        for q in range(3):
+            try:
+                got, last = _read_all(reader, queue_id=q)
+            except StoreError:
+                continue
+            assert got == sorted(set(got)) and last.next_begin_offset >= (got[-1] + 1 if got
+                                                                          else 0)
 
 
 # ---- the compiled walk (cext) and the writer's wake-up per put ------------------------------
