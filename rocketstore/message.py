@@ -48,14 +48,19 @@ def topic_problem(topic, max_bytes=127):
     return None
 
 
-def valid_topic_bytes(raw):
-    """Whether stored topic bytes are a topic: well-formed UTF-8 obeying topic_problem (the
-    length is the record format's business)."""
+def topic_bytes_problem(raw):
+    """Why stored topic bytes are no topic, as one sentence; None when they are one:
+    well-formed UTF-8 obeying topic_problem (the length is the record format's business)."""
     try:
         topic = bytes(raw).decode("utf-8")
     except UnicodeDecodeError:
-        return False
-    return topic_problem(topic, None) is None
+        return f"{bytes(raw)!r} are not UTF-8"
+    return topic_problem(topic, None)
+
+
+def valid_topic_bytes(raw):
+    """Whether stored topic bytes are a topic (topic_bytes_problem)."""
+    return topic_bytes_problem(raw) is None
 
 
 def body_bytes(body):

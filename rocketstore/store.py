@@ -36,7 +36,8 @@ from .fs import (DEFAULT as DEFAULT_FS, is_inside, machine_memory, mappings_hold
                  raise_fd_limit)
 from .lockfile import StoreLock, abort_path
 from .mapped_file_queue import is_index_name, is_queue_dir_name, split_segment_names
-from .message import PROPERTY_WAIT, MessageExt, compressed_message, keep_stored, topic_problem
+from .message import (PROPERTY_WAIT, MessageExt, compressed_message, keep_stored,
+                      topic_bytes_problem, topic_problem)
 from .running_flags import NOT_WRITEABLE_MASK, RunningFlags
 from .services.clean import (CleanCommitLogService, CleanConsumeQueueService, Consumption,
                              StoreSize, disk_usage_source)
@@ -902,15 +903,11 @@ class MessageStore:
         if cq is None:
             if not isinstance(topic_bytes, (bytes, bytearray, memoryview)):
                 raise TypeError(f"topic_bytes must be bytes, not {type(topic_bytes).__name__}")
-            try:
-                topic = bytes(topic_bytes).decode("utf-8")
-            except UnicodeDecodeError:
-                raise InvalidArgumentError(f"topic_bytes {bytes(topic_bytes)!r} are not UTF-8") \
-                    from None
-            why = topic_problem(topic, None)
+            why = topic_bytes_problem(topic_bytes)
             if why is not None:
                 raise InvalidArgumentError(f"topic_bytes: {why}")
-            cq = self._new_cq(topic, check_int(queue_id, "queue_id", 0, INT32_MAX))
+            cq = self._new_cq(bytes(topic_bytes).decode("utf-8"),
+                              check_int(queue_id, "queue_id", 0, INT32_MAX))
         return cq
 
     def all_consume_queues(self):
