@@ -47,6 +47,19 @@ def test_help_lists_the_subcommands():
     assert "bench" in out.stdout and "dump" in out.stdout
 
 
+def test_help_names_a_default_only_where_there_is_one():
+    from rocketstore.cli.command import build_parser
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.choices and "bench" in a.choices).choices
+    for name in ("bench", "dump", "export", "serve"):
+        text = sub[name].format_help()
+        # An unset option's None, a flag's False, and a default said twice are noise.
+        assert "(default: None)" not in text and "(default: False)" not in text, name
+        assert "(default: a temporary one)\n" in text or name != "bench"
+    assert "(default: 200000)" in sub["bench"].format_help()
+    assert "(default: 10912)" in sub["serve"].format_help()
+
+
 def test_version_is_printed():
     from rocketstore import __version__
     assert rocketstore("--version").stdout.strip() == f"rocketstore {__version__}"

@@ -22,7 +22,7 @@ from ..errors import WorkloadCheckError
 from ..store import MessageStore
 from ..workload import (check_puts, check_read_back, make_messages, sized_config,
                        wait_dispatched)
-from .common import SIGNAL_POLL_S, check_counts
+from .common import SIGNAL_POLL_S, DefaultsHelpFormatter, check_counts
 from .progress import progress_bar
 
 # Bodies compared per queue after the consume phase, which has just read every message.
@@ -239,9 +239,8 @@ def run_bench(args):
 
 
 def add_parsers(sub):
-    import argparse
     b = sub.add_parser("bench", help="produce, consume and reopen a store; print a table",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelpFormatter)
     b.add_argument("--dir", default=None, help="store directory (default: a temporary one)")
     b.add_argument("--messages", type=int, default=200_000, help="messages to produce")
     b.add_argument("--size", type=int, default=128, help="body size in bytes")

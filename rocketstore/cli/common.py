@@ -11,6 +11,17 @@ class UsageError(StoreError):
     """A command line the tools cannot act on (not a store, a bad argument): exit status 2."""
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Help that names a default only where it tells the reader something: not an option's
+    None ("not given") or a flag's False, and not where the help text names its own default."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default is None or action.default is False or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 def check_counts(args, minimum, body_size_option):
     """Refuse counts a run cannot use before it builds or opens anything (`minimum`: option
     dest -> least value; `body_size_option`: the dest of a body size, capped at

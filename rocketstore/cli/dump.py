@@ -1,22 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
 """`dump` and `export`: the messages of a store, in commit-log order, as JSON lines or CSV."""
-import argparse
 import json
 import sys
 
 from ..errors import CorruptBodyError, MissingCodecError, StoreError
-from .common import UsageError
+from .common import DefaultsHelpFormatter, UsageError
 
 
 def add_parsers(sub):
     d = sub.add_parser("dump", help="print every message as one JSON object per line",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelpFormatter)
     d.add_argument("store_dir", help="store root (holds commitlog/, consumequeue/)")
     _add_selection(d)
     d.set_defaults(func=_dump)
 
     e = sub.add_parser("export", help="stream messages out for analysis (read-only)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelpFormatter)
     e.add_argument("store_dir", help="store root")
     e.add_argument("--format", choices=["jsonl", "csv"], default="jsonl", help="output format")
     e.add_argument("--body", choices=["text", "base64"], default="text",

@@ -15,7 +15,7 @@ import threading
 import time
 
 from ..services.base import ServiceThread
-from .common import SIGNAL_POLL_S
+from .common import SIGNAL_POLL_S, DefaultsHelpFormatter
 
 log = logging.getLogger("rocketstore.serve")
 
@@ -24,10 +24,9 @@ ROLES = {"master": "ASYNC_MASTER", "sync-master": "SYNC_MASTER", "slave": "SLAVE
 
 def add_parsers(sub):
     """Register the `serve` subcommand on an argparse subparsers object."""
-    import argparse
     sv = sub.add_parser("serve", help="run a store and its HA replication in the foreground "
                                       "(Ctrl-C for a clean shutdown)",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                        formatter_class=DefaultsHelpFormatter)
     sv.add_argument("store_dir", help="store root (created if missing)")
     sv.add_argument("--role", choices=sorted(ROLES), default="master",
                     help="master = ASYNC_MASTER, sync-master = SYNC_MASTER, slave = SLAVE")
