@@ -251,9 +251,25 @@ class ConsumeQueue:
                 self._marked = epoch
 
     def correct_min_offset(self, min_commit_log_offset):
-        """The first unit whose record is still in the CommitLog sets min_logic_offset. The
-        file is held while it is searched: the clean thread calls this, and a deletion of the
-        topic (or cleaning) may close the file meanwhile, which then holds nothing."""
+        """correctMinOffset as 5.x has it (doc/02 §1.7): when even the queue's last unit points
+        below the CommitLog minimum, the queue is logically empty and its minimum is its end.
+        4.9.8 searched only the first file and, finding nothing there, kept its minimum: once
+        cleaning had deleted the files below, that minimum pointed below every file left, and
+        the queue counted messages that were gone. Otherwise the first unit whose record is
+        still in the CommitLog sets min_logic_offset. Each file is held while it is read: the
+        clean thread calls this, and a deletion of the topic (or cleaning) may close the file
+        meanwhile, which then holds nothing."""
+        f = self.mfq.last_file
+        if f is None or not f.hold():
+            return
+        try:
+            end = f.read_position
+            below = end >= UNIT and _UNIT.unpack_from(f.mm, end - UNIT)[0] < min_commit_log_offset
+        finally:
+            f.release()
+        if below:
+            self.min_logic_offset = max(self.min_logic_offset, f.file_from_offset + end)
+            return
         f = self.mfq.first_file
         if f is None or not f.hold():
             return

@@ -160,6 +160,28 @@ def test_expiry_deletes_whole_files_below_the_commit_log_minimum_but_never_the_l
     cq.close()
 
 
+def test_a_queue_whose_every_unit_points_below_the_commit_log_minimum_is_empty_at_its_end(
+        tmp_path, backend):
+    """5.x's correctMinOffset: 4.9.8 kept the old minimum when the first file left held no
+    unit at or above the CommitLog minimum, a queue offset below every file left, counting
+    messages that are gone (found by tests/test_lifecycle_model.py)."""
+    cq = _queue(tmp_path, backend)
+    _put(cq, 0, 20)                                          # records 0..2000, 8 units a file
+    cq.delete_expired_file(500, now_ms=0)
+    assert cq.min_offset_in_queue == 5
+    assert cq.delete_expired_file(5000, now_ms=0) == 2       # the last file stays
+    assert (cq.min_offset_in_queue, cq.max_offset_in_queue) == (20, 20)
+    assert cq.message_total_in_queue == 0
+    _put(cq, 20, 1, first_phy=5000)                          # the queue goes on from its end
+    assert (cq.min_offset_in_queue, cq.max_offset_in_queue) == (20, 21)
+    cq.close()
+    cq = _queue(tmp_path, backend)                           # as recoverTopicQueueTable does
+    cq.recover()
+    cq.correct_min_offset(5000)
+    assert cq.min_offset_in_queue == 20
+    cq.close()
+
+
 def test_a_written_queue_is_marked_dirty_once_per_flush_round(tmp_path, backend):
     cq = _queue(tmp_path, backend)
     dirty = DirtyQueues()
