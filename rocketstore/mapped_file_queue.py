@@ -511,19 +511,38 @@ class MappedFileQueue:
             self.store_timestamp = ts
         return unchanged
 
+    def flush_round(self, least_pages=0, write_behind=False):
+        """A flusher's round: flush() file after file while the flushed offset lies in a
+        complete file (each one flushes whole, whatever least_pages), then the file being
+        written as flush(least_pages) would. MappedFileQueue#flush takes one file a call, and
+        a flusher calling it once an interval fell a file an interval behind any burst that
+        filled several: with small files, seconds of acknowledged ASYNC_FLUSH writes unsynced
+        after the writer stopped. True if nothing moved."""
+        return self._round(lambda: self.flushed_where, self.flush, least_pages, write_behind)
+
+    def commit_round(self, least_pages=0):
+        """commit() as flush_round flushes: every complete file, then the one being written."""
+        return self._round(lambda: self.committed_where, self.commit, least_pages)
+
+    def _round(self, where, step, *args):
+        """step(*args) while where() lies in a complete file (not the last), then once for the
+        file being written; True if nothing moved. Bounded: a writer may keep rolling."""
+        for i in range(len(self.files) + 10):
+            last = self.last_file
+            behind = last is not None and where() < last.file_from_offset
+            if step(*args):
+                return i == 0
+            if not behind:
+                return False
+        return False
+
     def flush_through(self):
-        """Full flushes until nothing moves, one file per flush(0): every file written so
-        far is covered. Bounded by the file count (plus a margin for files added meanwhile),
-        so a writer that keeps rolling cannot hold the caller forever."""
-        for _ in range(len(self.files) + 10):
-            if self.flush(0):
-                return
+        """Full flushes of every file written so far (flush_round(0))."""
+        self.flush_round(0)
 
     def commit_through(self):
-        """commit(0) until nothing moves, as flush_through does for flushes."""
-        for _ in range(len(self.files) + 10):
-            if self.commit(0):
-                return
+        """Full commits of every write buffer filled so far (commit_round(0))."""
+        self.commit_round(0)
 
     def flush_due(self, least_pages):
         """Whether flush(least_pages) would sync anything now: a file before the last one is

@@ -86,6 +86,32 @@ def test_flush_moves_the_flushed_offset_a_file_at_a_time(tmp_path, backend):
     q.close()
 
 
+def test_a_flusher_round_flushes_every_complete_file_then_the_one_being_written(tmp_path,
+                                                                               backend):
+    # A flusher calling flush() once an interval fell a file an interval behind a burst
+    # (found by tests/test_lifecycle_model.py: 32 KiB files stayed unsynced for seconds).
+    q = _fill(_queue(tmp_path / "log", backend), 4)
+    mf = q.get_last_mapped_file(0)
+    mf.reserve(SIZE)
+    mf.mm[0:100] = b"z" * 100
+    mf.wrote_position = mf.committed_position = 100
+    assert q.flush_round(1) is False and q.flushed_where == 4 * SIZE   # not the partial page
+    assert q.flush_round(1) is True
+    assert q.flush_round(0) is False and q.flushed_where == 4 * SIZE + 100
+    assert q.flush_round(0) is True
+    assert all(f.flushed_position == SIZE for f in q.files[:4])
+    q.close()
+
+
+def test_a_committer_round_commits_every_complete_write_buffer(tmp_path, backend):
+    q = _fill(_queue(tmp_path / "log", backend), 3)
+    for f in q.files:
+        f.committed_position = 0            # written, as into write buffers, not committed
+    assert q.commit_round(1) is False and q.committed_where == 3 * SIZE
+    assert q.commit_round(1) is True
+    q.close()
+
+
 def test_a_periodic_flush_leaves_the_page_the_writer_is_filling_to_a_thorough_one(tmp_path,
                                                                                  backend):
     # Writing back the page being appended to would make the writer's next append fault on

@@ -155,7 +155,7 @@ class FlushRealTimeService(ServiceThread):
                 # Each round's pages written back before its msyncs (MappedFile.flush): the
                 # msyncs alone wrote, waited for and cache-flushed each 16 MiB chunk in turn,
                 # and fell behind a writer faster than about 1 GB/s.
-                if not self.run_flush(mfq.flush, least, True):
+                if not self.run_flush(mfq.flush_round, least, True):
                     return
         finally:
             self._note_flushed()
@@ -770,7 +770,7 @@ class CommitRealTimeService(ServiceThread):
             least = 0
         mfq = self._mfq
         with self._lock:
-            moved = not mfq.commit(least)
+            moved = not mfq.commit_round(least)
         if moved:
             self._last_commit = now
             if self._wake_flusher is not None:
