@@ -280,6 +280,7 @@ class _Keyed:
 
     @property
     def keys(self):
+        """The KEYS property as stored: keys separated by spaces (Message.getKeys)."""
         return self.properties.get(PROPERTY_KEYS)
 
 

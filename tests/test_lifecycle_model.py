@@ -1,0 +1,212 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A seeded random life of one store, checked against a model of what it acknowledged.
+
+Each step is one of: put_message, put_messages of a mixed list, put_batch, a read of a queue
+range, a key query, a look-up by commit-log offset, a committed consumer offset, a topic
+deleted, a clean reopen, a reopen through abnormal recovery (the abort file left behind), and
+the ConsumeQueues or the index rebuilt offline, and a cleaning round that deletes the
+oldest CommitLog files (a small store_size_budget: what is acknowledged goes in file order). Every reopen picks a backend at random, so the
+three read and extend each other's files. The model is what a user was told: every message
+acknowledged is served at the queue offset and commit-log offset its put answered, with its
+body, keys and tags, and by its key, until its topic is deleted; a deleted topic serves nothing
+and starts again at offset 0; what cleaning deleted is below each queue's minimum offset, and
+what it kept is served as before; committed offsets survive reopens.
+
+CI runs a few seeds; ROCKETSTORE_LIFECYCLE_SEEDS=200 soaks."""
+import os
+import random
+
+import pytest
+
+from rocketstore import Message, repair, testing
+from rocketstore.status import PutMessageStatus
+
+SEEDS = int(os.environ.get("ROCKETSTORE_LIFECYCLE_SEEDS", "3"))
+STEPS = 90
+TOPICS = ("TopicA", "TopicB", "TopicC")
+QUEUES = 3
+GROUPS = ("g1", "g2")
+# Small files, so a life rolls CommitLog, ConsumeQueue and index files many times over.
+# Cleaning runs only when a step asks (clean_resource_interval: an hour), and then deletes the
+# oldest CommitLog files until the store fits its budget.
+CONFIG = dict(mapped_file_size_commit_log=32 * 1024, mapped_file_size_consume_queue=40 * 20,
+              max_hash_slot_num=32, max_index_num=200, store_size_budget=192 * 1024,
+              clean_resource_interval=3_600_000)
+
+
+class Model:
+    """What the store acknowledged: per queue, its messages in queue order, each as
+    (body, key, tags, commit-log offset); and each group's committed offsets."""
+
+    def __init__(self):
+        self.queues = {}
+        self.committed = {}
+        self.serial = 0
+        self.floor = 0          # the CommitLog's minimum offset: cleaning deleted what is below
+
+    def first_kept(self, topic, queue_id):
+        """The queue offset of the queue's first message at or above the floor."""
+        msgs = self.queues.get((topic, queue_id), [])
+        return next((i for i, m in enumerate(msgs) if m[3] >= self.floor), len(msgs))
+
+    def message(self, rng, topic, queue_id, tags=""):
+        self.serial += 1
+        key = f"k{self.serial}"
+        if tags == "":
+            tags = rng.choice((None, "a", "b"))
+        body = rng.randbytes(rng.choice((0, 1, 40, 300, 2000)))
+        return Message(topic, body, tags=tags, keys=key, queue_id=queue_id)
+
+    def acked(self, msg, queue_offset, commit_log_offset):
+        q = self.queues.setdefault((msg.topic, msg.queue_id), [])
+        assert queue_offset == len(q), (msg.topic, msg.queue_id, queue_offset, len(q))
+        q.append((msg.body, msg.properties.get("KEYS"), msg.properties.get("TAGS"),
+                  commit_log_offset))
+
+    def delete(self, topic):
+        for key in [k for k in self.queues if k[0] == topic]:
+            del self.queues[key]
+        for key in [k for k in self.committed if k[1] == topic]:
+            del self.committed[key]
+
+
+def _open(root, rng, backends):
+    backend = rng.choice(backends)
+    return testing.open_store(root, backend, testing.small_config(**CONFIG)), backend
+
+
+def _reopen(store, root, rng, backends, how):
+    store.shutdown()
+    if how == "abort":
+        # As a crash after the last flush leaves it: recovery runs over complete files.
+        open(os.path.join(root, "abort"), "w").close()
+    elif how == "rebuild-cq":
+        repair.rebuild_consume_queues(root, kernels=rng.choice(backends))
+    elif how == "rebuild-index":
+        repair.rebuild_index(root, kernels=rng.choice(backends), max_hash_slot_num=32,
+                             max_index_num=200)
+    return _open(root, rng, backends)
+
+
+def _check_queue(store, model, topic, queue_id, start=0, count=None):
+    expected = model.queues.get((topic, queue_id), [])
+    assert store.get_max_offset_in_queue(topic, queue_id) == len(expected), (topic, queue_id)
+    low = model.first_kept(topic, queue_id)
+    assert store.get_min_offset_in_queue(topic, queue_id) == low, (topic, queue_id)
+    start = max(start, low)
+    end = len(expected) if count is None else min(len(expected), start + count)
+    offset = start
+    while offset < end:
+        got = store.get_message("g", topic, queue_id, offset, min(32, end - offset))
+        assert got.messages, (topic, queue_id, offset, got.status)
+        for m in got.messages:
+            body, key, tags, phy = expected[m.queue_offset]
+            assert m.queue_offset == offset and m.topic == topic and m.queue_id == queue_id
+            assert (m.body, m.keys, m.tags, m.commit_log_offset) == (
+                body, key, tags, phy), (topic, queue_id, offset)
+            offset += 1
+    if count is None:
+        assert not store.get_message("g", topic, queue_id, len(expected), 8).messages
+
+
+def _check_key(store, model, topic, queue_id, i):
+    body, key, _, phy = model.queues[(topic, queue_id)][i]
+    found = store.query_message(topic, key, 64).messages
+    assert [(m.commit_log_offset, m.body) for m in found] == [(phy, body)], (topic, key)
+
+
+def _check_all(store, model):
+    for topic in TOPICS:
+        for q in range(QUEUES):
+            _check_queue(store, model, topic, q)
+    for (group, topic, q), offset in model.committed.items():
+        assert store.query_offset(group, topic, q) == offset, (group, topic, q)
+    for (topic, q), msgs in model.queues.items():
+        for i in range(model.first_kept(topic, q), len(msgs), 7):
+            _check_key(store, model, topic, q, i)
+
+
+@pytest.mark.parametrize("seed", range(SEEDS))
+def test_a_random_life_of_a_store_serves_what_it_acknowledged(tmp_path, seed):
+    rng = random.Random(seed)
+    backends = testing.backend_params()
+    root = str(tmp_path / "store")
+    model = Model()
+    store, backend = _open(root, rng, backends)
+    history = [f"open {backend}"]
+    try:
+        for _ in range(STEPS):
+            op = rng.choices(("put", "list", "batch", "read", "key", "offset", "commit",
+                              "delete", "reopen", "clean"),
+                             weights=(8, 6, 4, 6, 4, 2, 2, 1, 2, 1))[0]
+            topic, q = rng.choice(TOPICS), rng.randrange(QUEUES)
+            history.append(op)
+            if op == "put":
+                msg = model.message(rng, topic, q)
+                r = store.put_message(msg)
+                assert r.status == PutMessageStatus.PUT_OK, r
+                model.acked(msg, r.queue_offset, r.commit_log_offset)
+            elif op == "list":
+                msgs = [model.message(rng, rng.choice(TOPICS), rng.randrange(QUEUES))
+                        for _ in range(rng.randint(1, 60))]
+                r = store.put_messages(msgs)
+                assert r.status == PutMessageStatus.PUT_OK and r.count == len(msgs), r
+                for m, qo, phy in zip(msgs, r.queue_offsets, r.commit_log_offsets):
+                    model.acked(m, int(qo), int(phy))
+            elif op == "batch":
+                tags = rng.choice((None, "a"))
+                msgs = [model.message(rng, topic, q, tags) for _ in range(rng.randint(1, 80))]
+                r = store.put_batch(topic, q, [m.body for m in msgs], tags=tags,
+                                    keys=[m.properties["KEYS"] for m in msgs])
+                assert r.status == PutMessageStatus.PUT_OK and r.count == len(msgs), r
+                for m, qo, phy in zip(msgs, r.queue_offsets, r.commit_log_offsets):
+                    model.acked(m, int(qo), int(phy))
+            elif op in ("read", "key", "offset", "commit"):
+                msgs = model.queues.get((topic, q))
+                low = model.first_kept(topic, q)
+                if not msgs or low == len(msgs):
+                    continue
+                testing.wait_dispatched(store)
+                i = rng.randrange(low, len(msgs))
+                if op == "read":
+                    _check_queue(store, model, topic, q, i, rng.randint(1, 50))
+                elif op == "key":
+                    _check_key(store, model, topic, q, i)
+                elif op == "offset":
+                    assert store.look_message_by_offset(msgs[i][3]).body == msgs[i][0]
+                else:
+                    group = rng.choice(GROUPS)
+                    store.commit_offset(group, topic, q, i)
+                    model.committed[(group, topic, q)] = i
+            elif op == "delete":
+                testing.wait_dispatched(store)
+                store.delete_topic(topic)
+                model.delete(topic)
+                history[-1] = f"delete {topic}"
+                for qq in range(QUEUES):
+                    _check_queue(store, model, topic, qq)
+            elif op == "clean":
+                testing.wait_dispatched(store)
+                testing.wait_flushed(store.commitlog)
+                gone = store.clean_files_periodically()
+                floor = store.get_min_phy_offset()
+                assert floor >= model.floor
+                model.floor = floor
+                history[-1] = f"clean {len(gone)} files, floor {floor}"
+                _check_all(store, model)
+            else:
+                how = rng.choice(("clean", "abort", "rebuild-cq", "rebuild-index"))
+                store, backend = _reopen(store, root, rng, backends, how)
+                history[-1] = f"reopen {how} {backend}"
+                testing.wait_dispatched(store)
+                _check_all(store, model)
+        testing.wait_dispatched(store)
+        _check_all(store, model)
+        store, backend = _reopen(store, root, rng, backends, "abort")
+        history.append(f"reopen abort {backend}")
+        testing.wait_dispatched(store)
+        _check_all(store, model)
+    except AssertionError as e:
+        raise AssertionError(f"seed {seed} after {' / '.join(history[-12:])}: {e}") from e
+    finally:
+        store.shutdown()
