@@ -3,14 +3,16 @@
 
 Each step is one of: put_message, put_messages of a mixed list, put_batch, a read of a queue
 range, a key query, a look-up by commit-log offset, a committed consumer offset, a topic
-deleted, a clean reopen, a reopen through abnormal recovery (the abort file left behind), and
-the ConsumeQueues or the index rebuilt offline, and a cleaning round that deletes the
-oldest CommitLog files (a small store_size_budget: what is acknowledged goes in file order). Every reopen picks a backend at random, so the
+deleted, a cleaning round that deletes the oldest CommitLog files (a small store_size_budget),
+or a reopen: clean, through abnormal recovery (the abort file left behind), or after the
+ConsumeQueues or the index were rebuilt offline. Every reopen picks a backend at random, so the
 three read and extend each other's files. The model is what a user was told: every message
 acknowledged is served at the queue offset and commit-log offset its put answered, with its
 body, keys and tags, and by its key, until its topic is deleted; a deleted topic serves nothing
 and starts again at offset 0; what cleaning deleted is below each queue's minimum offset, and
-what it kept is served as before; committed offsets survive reopens.
+what it kept is served as before; committed offsets survive reopens. Found so far: a queue
+whose every message expired kept a minimum below its files, and the flusher synced one small
+file an interval, seconds behind a burst.
 
 CI runs a few seeds; ROCKETSTORE_LIFECYCLE_SEEDS=200 soaks."""
 import os
