@@ -851,11 +851,18 @@ class MessageStore:
     def catch_up(self):
         """Read-your-writes: commit what sits in write buffers and dispatch whatever reput
         has not yet, so every put that returned is visible to the read that follows it."""
-        if self.commit_service is not None:
-            self.commit_service.commit_now()
+        self._commit_pending()
         reput = self.reput_service
         if reput is not None:
             reput.catch_up()
+
+    def _commit_pending(self):
+        """Read-your-writes for a read by commit-log offset: with the TransientStorePool, a
+        record is readable once its write buffer is committed (the readers' view of a pooled
+        file ends at its committed position), which the commit thread does only every
+        commit_interval_commit_log ms."""
+        if self.commit_service is not None:
+            self.commit_service.commit_now()
 
     def _after_put_sync(self, end_offset, msg):
         """SYNC_FLUSH: wait for the group commit unless the message says WAIT=false."""
@@ -976,8 +983,7 @@ class MessageStore:
             with (reput.dispatch_lock if reput is not None else _NO_LOCK):
                 # Every record put so far reaches its queue now, so what is removed below
                 # is all the topic has, and what reput dispatches later was put later.
-                if self.commit_service is not None:
-                    self.commit_service.commit_now()
+                self._commit_pending()
                 if reput is not None and not reput.is_stopped:
                     reput.do_reput()
                 deleted_at = max(cl.max_offset, cl.mfq.get_max_wrote_position())
@@ -1742,6 +1748,7 @@ class MessageStore:
         the original one unless `decompress` is false (get_message)."""
         self.check_open()
         check_int(phy_offset, "phy_offset")
+        self._commit_pending()
         rec = self.commitlog.get_message_bytes(phy_offset)
         if rec is None:
             return None
@@ -1804,6 +1811,7 @@ class MessageStore:
         if it is no msgId). Its body is the original one unless `decompress` is false."""
         self.check_open()
         check_str(msg_id, "msg_id")
+        self._commit_pending()
         m = query.view_message_by_id(self.commitlog, self.kernels, msg_id)
         return m if decompress or m is None else m.keep_stored()
 
@@ -1881,6 +1889,7 @@ class MessageStore:
         unless given), or None: selectOneMessageByOffset, as a copy."""
         self.check_open()
         check_int(commit_log_offset, "commit_log_offset", 0)
+        self._commit_pending()
         if size is None:
             return self.commitlog.get_message_bytes(commit_log_offset)
         check_int(size, "size", 1)
@@ -1934,8 +1943,7 @@ class MessageStore:
         no file holds `offset` or nothing is written there yet."""
         self.check_open()
         check_int(offset, "offset", 0)
-        if self.commit_service is not None:
-            self.commit_service.commit_now()         # read-your-writes with write buffers
+        self._commit_pending()
         mf = self.commitlog.mfq.find_by_offset(offset, offset == 0)
         if mf is None:
             return None
@@ -2010,8 +2018,7 @@ class MessageStore:
         with self._clean_lock, cl.put_lock, reput.dispatch_lock:
             if cl.closed:
                 cl.refuse_closed()
-            if self.commit_service is not None:
-                self.commit_service.commit_now()
+            self._commit_pending()
             end = mfq.get_max_wrote_position()
             first = mfq.first_file
             if offset > end or (first is not None and offset < first.file_from_offset):
@@ -2129,6 +2136,7 @@ class MessageStore:
         goes on past it."""
         self.check_open()
         check_optional_int(from_offset, "from_offset")
+        self._commit_pending()
         it = read_path.iter_messages(self.commitlog, self.kernels, self.read_path.decode_rows,
                                      from_offset)
         return it if decompress else (m.keep_stored() for m in it)
