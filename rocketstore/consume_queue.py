@@ -251,35 +251,30 @@ class ConsumeQueue:
                 self._marked = epoch
 
     def correct_min_offset(self, min_commit_log_offset):
-        """correctMinOffset as 5.x has it (doc/02 §1.7): when even the queue's last unit points
-        below the CommitLog minimum, the queue is logically empty and its minimum is its end.
-        4.9.8 searched only the first file and, finding nothing there, kept its minimum: once
-        cleaning had deleted the files below, that minimum pointed below every file left, and
-        the queue counted messages that were gone. Otherwise the first unit whose record is
-        still in the CommitLog sets min_logic_offset. Each file is held while it is read: the
-        clean thread calls this, and a deletion of the topic (or cleaning) may close the file
-        meanwhile, which then holds nothing."""
-        f = self.mfq.last_file
-        if f is None or not f.hold():
-            return
-        try:
-            end = f.read_position
-            below = end >= UNIT and _UNIT.unpack_from(f.mm, end - UNIT)[0] < min_commit_log_offset
-        finally:
-            f.release()
-        if below:
-            self.min_logic_offset = max(self.min_logic_offset, f.file_from_offset + end)
-            return
-        f = self.mfq.first_file
-        if f is None or not f.hold():
-            return
-        try:
-            end = f.read_position
-            i = self._k.cq_search(f.mm, 0, end, min_commit_log_offset)
-        finally:
-            f.release()
-        if i * UNIT < end:
-            self.min_logic_offset = f.file_from_offset + i * UNIT
+        """correctMinOffset (doc/02 §1.7): the first unit whose record is still in the
+        CommitLog sets min_logic_offset; when none is, the queue is logically empty and its
+        minimum is its end, as in 5.x. 4.9.8 searched only the first file and kept its minimum
+        when nothing there was still in the CommitLog: once cleaning had deleted the files
+        below, that minimum pointed below every file left, and the queue counted messages that
+        were gone. Here the search goes on past a first file whose every unit is below (one a
+        reader held when cleaning tried to delete it, which a later round deletes). Each file
+        is held while it is read: the clean thread calls this, and a deletion of the topic (or
+        cleaning) may close a file meanwhile, which then holds nothing and is passed over."""
+        end_of_queue = None
+        for f in list(self.mfq.files):
+            if not f.hold():
+                continue
+            try:
+                end = f.read_position
+                i = self._k.cq_search(f.mm, 0, end, min_commit_log_offset)
+            finally:
+                f.release()
+            if i * UNIT < end:
+                self.min_logic_offset = f.file_from_offset + i * UNIT
+                return
+            end_of_queue = f.file_from_offset + end
+        if end_of_queue is not None:
+            self.min_logic_offset = max(self.min_logic_offset, end_of_queue)
 
     def delete_expired_file(self, min_commit_log_offset, now_ms):
         """ConsumeQueue#deleteExpiredFile (doc/02 §1.8): destroy whole files whose units all

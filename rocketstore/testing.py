@@ -298,7 +298,7 @@ def wait_flushed(commitlog, timeout=5.0):
     import time
     deadline = time.monotonic() + timeout
     mfq = commitlog.mfq
-    while mfq.flushed_where < mfq.last_file.file_from_offset:
+    while mfq.last_file is not None and mfq.flushed_where < mfq.last_file.file_from_offset:
         if time.monotonic() > deadline:
             raise AssertionError("the flush service did not catch up")
         time.sleep(0.001)

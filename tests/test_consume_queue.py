@@ -160,6 +160,25 @@ def test_expiry_deletes_whole_files_below_the_commit_log_minimum_but_never_the_l
     cq.close()
 
 
+def test_a_first_file_a_reader_held_through_cleaning_does_not_hold_the_minimum_back(
+        tmp_path, backend):
+    """Found by tests/test_lifecycle_model.py (once in 300 lives): a queue's first file was
+    held when cleaning came (a reader, the flusher), so it stayed that round, and the search
+    for the minimum, which looked only in the first file, found nothing there and left the
+    minimum at 0."""
+    cq = _queue(tmp_path, backend)
+    _put(cq, 0, 20)                                          # records 0..2000, 8 units a file
+    first = cq.mfq.files[0]
+    assert first.hold()
+    try:
+        cq.delete_expired_file(1000, now_ms=0)
+        assert cq.mfq.files[0] is first                      # held: not deleted this round
+        assert cq.min_offset_in_queue == 10
+    finally:
+        first.release()
+    cq.close()
+
+
 def test_a_queue_whose_every_unit_points_below_the_commit_log_minimum_is_empty_at_its_end(
         tmp_path, backend):
     """5.x's correctMinOffset: 4.9.8 kept the old minimum when the first file left held no
