@@ -3,7 +3,8 @@
 
 Each step is one of: put_message, put_messages of a mixed list, put_batch, a read of a queue
 range, a key query, a look-up by commit-log offset, a committed consumer offset, a topic
-deleted, a cleaning round that deletes the oldest CommitLog files (a small store_size_budget),
+deleted, a LiveReader's read of a queue (one reader for the whole life, open across every
+reopen), a cleaning round that deletes the oldest CommitLog files (a small store_size_budget),
 or a reopen: clean, through abnormal recovery (the abort file left behind), or after the
 ConsumeQueues or the index were rebuilt offline. Every open picks a backend and a way of
 flushing at random, so the three backends read and extend each other's files, with and without
@@ -22,7 +23,7 @@ import random
 
 import pytest
 
-from rocketstore import Message, repair, testing
+from rocketstore import LiveReader, Message, repair, testing
 from rocketstore.config import FlushDiskType
 from rocketstore.status import PutMessageStatus
 
@@ -134,6 +135,24 @@ def _check_key(store, model, topic, queue_id, i):
     assert [(m.commit_log_offset, m.body) for m in found] == [(phy, body)], (topic, key)
 
 
+def _check_live(reader, model, topic, queue_id, rng):
+    """A LiveReader serves the queue's messages the writer kept, at their offsets."""
+    expected = model.queues.get((topic, queue_id), [])
+    assert reader.get_max_offset_in_queue(topic, queue_id) == len(expected), (topic, queue_id)
+    low = model.first_kept(topic, queue_id)
+    if low == len(expected):
+        return
+    offset = rng.randrange(max(low, reader.get_min_offset_in_queue(topic, queue_id)),
+                           len(expected))
+    got = reader.get_message("g", topic, queue_id, offset, 32)
+    assert got.messages, (topic, queue_id, offset, got.status)
+    for m in got.messages:
+        body, key, tags, phy = expected[m.queue_offset]
+        assert (m.queue_offset, m.body, m.keys, m.tags, m.commit_log_offset) == (
+            offset, body, key, tags, phy), (topic, queue_id, offset)
+        offset += 1
+
+
 def _check_all(store, model):
     for topic in TOPICS:
         for q in range(QUEUES):
@@ -152,12 +171,13 @@ def test_a_random_life_of_a_store_serves_what_it_acknowledged(tmp_path, seed):
     root = str(tmp_path / "store")
     model = Model()
     store, backend = _open(root, rng, backends)
+    reader = None
     history = [f"open {backend}"]
     try:
         for _ in range(STEPS):
             op = rng.choices(("put", "list", "batch", "read", "key", "offset", "commit",
-                              "delete", "reopen", "clean"),
-                             weights=(8, 6, 4, 6, 4, 2, 2, 1, 2, 1))[0]
+                              "delete", "reopen", "clean", "live"),
+                             weights=(8, 6, 4, 6, 4, 2, 2, 1, 2, 1, 3))[0]
             topic, q = rng.choice(TOPICS), rng.randrange(QUEUES)
             history.append(op)
             if op == "put":
@@ -180,6 +200,19 @@ def test_a_random_life_of_a_store_serves_what_it_acknowledged(tmp_path, seed):
                 assert r.status == PutMessageStatus.PUT_OK and r.count == len(msgs), r
                 for m, qo, phy in zip(msgs, r.queue_offsets, r.commit_log_offsets):
                     model.acked(m, int(qo), int(phy))
+            elif op == "live":
+                # A reader in another process, as far as the files go: it stays open across
+                # the writer's reopens, rebuilds, cleaning and deletions.
+                if reader is None:
+                    reader = LiveReader(root, kernels=rng.choice(backends))
+                    # Exact answers: a deleted or rebuilt queue is seen at the next call, not
+                    # up to a millisecond later.
+                    reader.replaced_check_s = 0
+                # What the writer has made visible: with the TransientStorePool, what its
+                # commit thread has committed, and then dispatched.
+                store.catch_up()
+                testing.wait_dispatched(store)
+                _check_live(reader, model, topic, q, rng)
             elif op in ("read", "key", "offset", "commit"):
                 msgs = model.queues.get((topic, q))
                 low = model.first_kept(topic, q)
@@ -229,3 +262,5 @@ def test_a_random_life_of_a_store_serves_what_it_acknowledged(tmp_path, seed):
         raise AssertionError(f"seed {seed} after {' / '.join(history[-12:])}: {e!r}") from e
     finally:
         store.shutdown()
+        if reader is not None:
+            reader.close()

@@ -543,6 +543,32 @@ def test_a_topic_deleted_and_written_anew_is_read_anew(tmp_path, backend):
         store.shutdown()
 
 
+def test_a_reader_inside_a_queue_deleted_and_written_anew_never_serves_the_deleted_messages(
+        tmp_path, backend):
+    # Found by tests/test_lifecycle_model.py: the reader looked for new files only once a read
+    # found nothing new, and then only at the file its end lay in. Inside the old range it
+    # served deleted messages (their records stay in the CommitLog until they expire) for
+    # good, and get_max_offset_in_queue answered the old queue's end.
+    store = _writer(tmp_path, backend)
+    try:
+        _put(store, 10)
+        testing.wait_until(lambda: store.dispatch_behind_bytes() == 0)
+        with LiveReader(store.root, kernels=backend) as reader:
+            assert _read_all(reader)[0] == list(range(10))
+            store.delete_topic(TOPIC)
+            _put(store, 3)
+            testing.wait_until(lambda: store.dispatch_behind_bytes() == 0)
+            # Checked at most every replaced_check_s (a stat each time).
+            testing.wait_until(lambda: reader.get_max_offset_in_queue(TOPIC, 0) == 3,
+                               timeout=1.0, what="the reader to see the queue anew")
+            got = reader.get_message("g", TOPIC, 0, 1).messages
+            assert [m.body for m in got] == [live_worker.body(0, i) for i in (1, 2)]
+            assert [m.commit_log_offset for m in got] == \
+                [store.get_commit_log_offset_in_queue(TOPIC, 0, i) for i in (1, 2)]
+    finally:
+        store.shutdown()
+
+
 def test_file_sizes_come_from_the_config_when_given(tmp_path, backend):
     store = _writer(tmp_path, backend)
     try:
