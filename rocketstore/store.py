@@ -968,9 +968,16 @@ class MessageStore:
     def _delete_topic(self, topic, configs):
         cl = self.commitlog
         reput = self.reput_service
-        with cl.put_lock:
+        with cl.put_lock, (reput.dispatch_lock if reput is not None else _NO_LOCK):
             if cl.closed:
                 cl.refuse_closed()
+            # Every record put so far reaches its queue now, so what is removed below is all
+            # the topic has, and what reput dispatches later was put later. First: a topic
+            # whose records reput had not reached yet (or that sat in write buffers) looked
+            # as if it had nothing to delete, and its queues came after the call.
+            self._commit_pending()
+            if reput is not None and not reput.is_stopped:
+                reput.do_reput()
             queues = self.consume_queue_table.get(topic) or {}
             has_config = configs and self.topic_configs.select(topic) is not None
             has_offsets = configs and any(
@@ -980,39 +987,33 @@ class MessageStore:
                 self.fs.is_dir(os.path.join(self.root, "consumequeue", topic))
             if not (has_queues or has_config or has_offsets):
                 return False
-            with (reput.dispatch_lock if reput is not None else _NO_LOCK):
-                # Every record put so far reaches its queue now, so what is removed below
-                # is all the topic has, and what reput dispatches later was put later.
-                self._commit_pending()
-                if reput is not None and not reput.is_stopped:
-                    reput.do_reput()
-                deleted_at = max(cl.max_offset, cl.mfq.get_max_wrote_position())
-                # The commit point: from here on the topic is deleted, whatever happens.
-                self.deleted_topics.mark(topic, deleted_at, pending=True)
-                with self._cq_lock:
-                    queues = self.consume_queue_table.pop(topic, {})
-                    for qid in queues:
-                        self._cq_raw.pop((topic.encode("utf-8"), qid), None)
-                table = cl.topic_queue_table
-                for key in [k for k in table if k[0] == topic]:
-                    del table[key]          # the next put to it starts at queue offset 0
-                for d in self.dispatchers:
-                    forget = getattr(d, "forget_queues", None)
-                    if forget is not None:
-                        forget()
-                # Closed before the rename: a closed queue has no last file, so the
-                # PopulateAheadService can no longer make a next file for it, which would
-                # create the topic's directory again after the rename.
-                for cq in queues.values():
-                    cq.close()
-                base = os.path.join(self.root, "consumequeue")
-                tdir = os.path.join(base, topic)
-                aside = topic_delete.deleted_dir(base, topic)
-                if self.fs.is_dir(tdir):
-                    if self.fs.exists(aside):
-                        topic_delete.remove_tree(self.fs, aside)
-                    self.fs.rename(tdir, aside)
-                    self.fs.fsync_dir(base)
+            deleted_at = max(cl.max_offset, cl.mfq.get_max_wrote_position())
+            # The commit point: from here on the topic is deleted, whatever happens.
+            self.deleted_topics.mark(topic, deleted_at, pending=True)
+            with self._cq_lock:
+                queues = self.consume_queue_table.pop(topic, {})
+                for qid in queues:
+                    self._cq_raw.pop((topic.encode("utf-8"), qid), None)
+            table = cl.topic_queue_table
+            for key in [k for k in table if k[0] == topic]:
+                del table[key]          # the next put to it starts at queue offset 0
+            for d in self.dispatchers:
+                forget = getattr(d, "forget_queues", None)
+                if forget is not None:
+                    forget()
+            # Closed before the rename: a closed queue has no last file, so the
+            # PopulateAheadService can no longer make a next file for it, which would
+            # create the topic's directory again after the rename.
+            for cq in queues.values():
+                cq.close()
+            base = os.path.join(self.root, "consumequeue")
+            tdir = os.path.join(base, topic)
+            aside = topic_delete.deleted_dir(base, topic)
+            if self.fs.is_dir(tdir):
+                if self.fs.exists(aside):
+                    topic_delete.remove_tree(self.fs, aside)
+                self.fs.rename(tdir, aside)
+                self.fs.fsync_dir(base)
         self._finish_deletion(topic, configs)
         log.info("deleted topic %s (%d queue(s)); its records stay in the CommitLog until "
                  "they expire", topic, len(queues))

@@ -215,6 +215,23 @@ def test_a_put_after_delete_topic_starts_a_fresh_queue_at_offset_zero(make):
     assert g.status is G.FOUND and [m.body for m in g.messages] == [b"new"]
 
 
+def test_a_topic_deleted_before_its_records_reached_its_queues_is_deleted(make):
+    # Found by tests/test_lifecycle_model.py: with its records still in write buffers (or not
+    # yet dispatched), the topic looked as if it had nothing to delete; delete_topic answered
+    # False, and its queues came once the records were committed and dispatched.
+    store = make(transient_store_pool_enable=True, commit_interval_commit_log=10,
+                 commit_commit_log_least_pages=4,
+                 commit_commit_log_thorough_interval=2 ** 31 - 1)
+    puts = [store.put_message(Message("Fresh", b"x", queue_id=q)) for q in range(3)]
+    time.sleep(0.05)                        # five commit rounds: under 4 pages, none commits
+    assert store.commitlog.mfq.committed_where == 0 == store.dispatch_behind_bytes()
+    assert store.delete_topic("Fresh") is True
+    store.catch_up()
+    assert [store.get_max_offset_in_queue("Fresh", q) for q in range(3)] == [0, 0, 0]
+    assert store.get_message("g", "Fresh", 0, 0).messages == []
+    assert store.query_message("Fresh", puts[0].msg_id).messages == []
+
+
 @pytest.mark.parametrize("put_after", [False, True])
 @pytest.mark.parametrize("crash", [False, True])
 def test_a_deleted_topic_is_not_served_after_restart(tmp_path, backend, crash, put_after):
