@@ -110,19 +110,26 @@ def test_wait_false_does_not_wait_for_the_flush(tmp_path, backend):
         store.shutdown()
 
 
+# Write buffers committed every 10 ms once 4 pages are waiting, and no thorough commit for 24
+# days: after a first put of more than 4 pages is committed, a put smaller than 4 pages stays
+# in its write buffer until a reader asks.
+POOL = dict(transient_store_pool_enable=True, transient_store_pool_size=3,
+            commit_interval_commit_log=10, commit_commit_log_least_pages=4,
+            commit_commit_log_thorough_interval=2 ** 31 - 1)
+
+
+def _pool_store_past_its_first_commit(tmp_path, backend):
+    store = testing.open_store(tmp_path / "s", backend, testing.small_config(**POOL))
+    first = store.put_message(Message("Pool", b"f" * (4 * 4096 + 100)))
+    testing.wait_until(lambda: store.commitlog.mfq.committed_where > first.commit_log_offset,
+                       what="the first commit")
+    return store
+
+
 def test_transient_pool_shows_readers_only_committed_bytes(tmp_path, backend):
-    # A first put of more than the 4 least pages is committed; after it, no thorough commit for
-    # 24 days, so a put smaller than 4 pages stays in its write buffer until a reader asks.
-    cfg = testing.small_config(transient_store_pool_enable=True, transient_store_pool_size=3,
-                               commit_interval_commit_log=10,
-                               commit_commit_log_least_pages=4,
-                               commit_commit_log_thorough_interval=2 ** 31 - 1)
-    store = testing.open_store(tmp_path / "s", backend, cfg)
+    store = _pool_store_past_its_first_commit(tmp_path, backend)
     try:
         assert store.commitlog.pool is not None and store.commit_service is not None
-        first = store.put_message(Message("Pool", b"f" * (4 * 4096 + 100)))
-        testing.wait_until(lambda: store.get_max_phy_offset() > first.commit_log_offset,
-                           what="the first commit")
         r = store.put_message(Message("Pool", b"buffered"))
         assert r.status is PutMessageStatus.PUT_OK
         time.sleep(0.1)                         # ten commit rounds
@@ -138,7 +145,7 @@ def test_transient_pool_shows_readers_only_committed_bytes(tmp_path, backend):
             store.put_message(Message("Pool", b"y" * 500))
     finally:
         store.shutdown()
-    store = testing.open_store(tmp_path / "s", backend, cfg)
+    store = testing.open_store(tmp_path / "s", backend, testing.small_config(**POOL))
     try:
         assert store.get_max_offset_in_queue("Pool", 0) == 302
     finally:
@@ -148,11 +155,7 @@ def test_transient_pool_shows_readers_only_committed_bytes(tmp_path, backend):
 def test_a_read_by_commit_log_offset_sees_a_put_still_in_its_write_buffer(tmp_path, backend):
     # Found by tests/test_lifecycle_model.py: look_message_by_offset answered None for an
     # acknowledged put until the commit thread's next round.
-    cfg = testing.small_config(transient_store_pool_enable=True, transient_store_pool_size=3,
-                               commit_interval_commit_log=10,
-                               commit_commit_log_least_pages=4,
-                               commit_commit_log_thorough_interval=2 ** 31 - 1)
-    store = testing.open_store(tmp_path / "s", backend, cfg)
+    store = _pool_store_past_its_first_commit(tmp_path, backend)
     readers = {
         "look_message_by_offset": lambda r: store.look_message_by_offset(
             r.commit_log_offset).body,
@@ -162,9 +165,6 @@ def test_a_read_by_commit_log_offset_sees_a_put_still_in_its_write_buffer(tmp_pa
         "iter_messages": lambda r: next(store.iter_messages(r.commit_log_offset)).body,
     }
     try:
-        first = store.put_message(Message("Pool", b"f" * (4 * 4096 + 100)))
-        testing.wait_until(lambda: store.commitlog.mfq.committed_where > first.commit_log_offset,
-                           what="the first commit")
         for name, read in readers.items():
             body = name.encode()
             r = store.put_message(Message("Pool", body))
