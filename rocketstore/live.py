@@ -123,7 +123,7 @@ class _Segments:
         self._maps = {}             # start offset -> read-only mapping
         self._inodes = {}           # start offset -> the mapped file's inode number
         self.first_start = -1       # the oldest segment on disk when last listed
-        self._newest = None         # (path, inode) of the newest segment mapped
+        self._newest = None         # (start, path, inode) of the newest segment mapped
 
     def mapping(self, start, size):
         """The mapping of the segment starting at `start`, or None when it is not there (yet,
@@ -144,8 +144,8 @@ class _Segments:
             self._forget_deleted()
             self._maps[start] = mm
             self._inodes[start] = ino
-            if start >= max(self._inodes):
-                self._newest = (path, ino)
+            if self._newest is None or start >= self._newest[0]:
+                self._newest = (start, path, ino)
         return mm
 
     def newest_replaced(self):
@@ -155,7 +155,7 @@ class _Segments:
         if newest is None:
             return False
         try:
-            return os.stat(newest[0]).st_ino != newest[1]
+            return os.stat(newest[1]).st_ino != newest[2]
         except FileNotFoundError:
             return True
 

@@ -118,6 +118,13 @@ def tree_digest(root, ignore=()):
     return out
 
 
+def damage_seeds(share=1):
+    """How many random-damage seeds (damage_at_random) a test runs: ROCKETSTORE_CORRUPTION_SEEDS
+    (40 by default; a soak sets thousands), divided by `share` for a test whose seed costs
+    more, at least one."""
+    return max(1, int(os.environ.get("ROCKETSTORE_CORRUPTION_SEEDS", "40")) // share)
+
+
 def damage_at_random(root, rng):
     """Damage the store at `root` as a failing disk or a careless operator might, driven by
     `rng` (random.Random): one to four of its files (the lock file aside) each cut to a random

@@ -18,7 +18,7 @@ TOPICS = ("OrderTopic", "PayTopic", "LogTopic")
 CONFIG = testing.small_config(max_index_num=200)
 # Random damage (testing.damage_at_random), a quarter of the corruption tests' seeds: each
 # seed runs every command below (ROCKETSTORE_CORRUPTION_SEEDS soaks both).
-SEEDS = max(1, int(os.environ.get("ROCKETSTORE_CORRUPTION_SEEDS", "40")) // 4)
+SEEDS = testing.damage_seeds(4)
 
 
 @pytest.fixture(scope="module")

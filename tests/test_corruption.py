@@ -15,7 +15,7 @@ from rocketstore import format as F
 from rocketstore.format import CQ_STORE_UNIT_SIZE as UNIT
 from rocketstore.workload import make_messages
 
-SEEDS = int(os.environ.get("ROCKETSTORE_CORRUPTION_SEEDS", "40"))
+SEEDS = testing.damage_seeds()
 
 
 @pytest.fixture(scope="module")

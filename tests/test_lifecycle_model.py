@@ -103,8 +103,9 @@ def _reopen(store, root, rng, backends, how, model):
         # put starts it again at offset 0 (as a broker whose consumequeue/ was deleted).
         model.forget_expired_queues()
     elif how == "rebuild-index":
-        repair.rebuild_index(root, kernels=rng.choice(backends), max_hash_slot_num=32,
-                             max_index_num=200)
+        repair.rebuild_index(root, kernels=rng.choice(backends),
+                             max_hash_slot_num=CONFIG["max_hash_slot_num"],
+                             max_index_num=CONFIG["max_index_num"])
     return _open(root, rng, backends)
 
 
@@ -120,13 +121,21 @@ def _check_queue(store, model, topic, queue_id, start=0, count=None):
         got = store.get_message("g", topic, queue_id, offset, min(32, end - offset))
         assert got.messages, (topic, queue_id, offset, got.status)
         for m in got.messages:
-            body, key, tags, phy = expected[m.queue_offset]
-            assert m.queue_offset == offset and m.topic == topic and m.queue_id == queue_id
-            assert (m.body, m.keys, m.tags, m.commit_log_offset) == (
-                body, key, tags, phy), (topic, queue_id, offset)
-            offset += 1
+            assert m.topic == topic and m.queue_id == queue_id
+        offset = _check_served(got.messages, expected, offset, (topic, queue_id))
     if count is None:
         assert not store.get_message("g", topic, queue_id, len(expected), 8).messages
+
+
+def _check_served(messages, expected, offset, queue):
+    """`messages`, read from queue offset `offset`, are the model's `expected` there: queue
+    offset, body, keys, tags and commit-log offset. Returns the offset after them."""
+    for m in messages:
+        body, key, tags, phy = expected[m.queue_offset]
+        assert (m.queue_offset, m.body, m.keys, m.tags, m.commit_log_offset) == (
+            offset, body, key, tags, phy), (queue, offset)
+        offset += 1
+    return offset
 
 
 def _check_key(store, model, topic, queue_id, i):
@@ -146,11 +155,7 @@ def _check_live(reader, model, topic, queue_id, rng):
                            len(expected))
     got = reader.get_message("g", topic, queue_id, offset, 32)
     assert got.messages, (topic, queue_id, offset, got.status)
-    for m in got.messages:
-        body, key, tags, phy = expected[m.queue_offset]
-        assert (m.queue_offset, m.body, m.keys, m.tags, m.commit_log_offset) == (
-            offset, body, key, tags, phy), (topic, queue_id, offset)
-        offset += 1
+    _check_served(got.messages, expected, offset, (topic, queue_id))
 
 
 def _check_all(store, model):

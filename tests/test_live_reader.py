@@ -32,7 +32,7 @@ SOAK_S = float(os.environ.get("ROCKETSTORE_SOAK_S", "15"))
 HANG_S = 300        # hang guards only: a loaded machine may be slow, never this slow
 # Random damage (testing.damage_at_random), a quarter of the corruption tests' seeds
 # (ROCKETSTORE_CORRUPTION_SEEDS soaks).
-DAMAGE_SEEDS = max(1, int(os.environ.get("ROCKETSTORE_CORRUPTION_SEEDS", "40")) // 4)
+DAMAGE_SEEDS = testing.damage_seeds(4)
 TOPIC = live_worker.TOPIC
 
 
